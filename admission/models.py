@@ -1,0 +1,203 @@
+"""Admission policies and their window counters (seed 000), and the ledger (seed 003).
+
+Every CHECK of the seed's schema is a database constraint here and is mirrored in
+``admission/schemas.py`` so a bad request is refused naming the field before the database is asked.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+WINDOW_START_RE = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
+MAX_IN_FLIGHT = 10000
+MAX_CLAIMS_PER_WINDOW = 1000000
+
+
+class WindowPeriod(models.TextChoices):
+    HOUR = "hour"
+    DAY = "day"
+    WEEK = "week"
+
+
+class Weekday(models.TextChoices):
+    MON = "Mon"
+    TUE = "Tue"
+    WED = "Wed"
+    THU = "Thu"
+    FRI = "Fri"
+    SAT = "Sat"
+    SUN = "Sun"
+
+
+class Posture(models.TextChoices):
+    ENFORCE = "enforce"  # refuse over-limit claims
+    ADVISE = "advise"  # admit over-limit claims with a signed waiver in the ledger
+    OFF = "off"  # admit and only count
+
+
+class DeferralReason(models.TextChoices):
+    WINDOW_EXHAUSTED = "window_exhausted"
+    IN_FLIGHT_FULL = "in_flight_full"
+    PAUSED = "paused"  # a limit of 0
+    ADMISSION_UNAVAILABLE = "admission_unavailable"
+
+
+class AdmissionPolicy(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    endpoint = models.ForeignKey(
+        "queues.Endpoint", on_delete=models.CASCADE, related_name="admission_policies"
+    )
+    queue = models.CharField(max_length=64)
+    max_in_flight = models.IntegerField(null=True, blank=True)
+    max_claims_per_window = models.IntegerField(null=True, blank=True)
+    window_period = models.CharField(
+        max_length=4, choices=WindowPeriod.choices, null=True, blank=True
+    )
+    window_tz = models.CharField(max_length=64, null=True, blank=True)
+    window_start = models.CharField(max_length=5, null=True, blank=True)
+    window_weekday = models.CharField(max_length=3, choices=Weekday.choices, null=True, blank=True)
+    posture = models.CharField(max_length=7, choices=Posture.choices, default=Posture.ENFORCE)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["endpoint", "queue"]
+        verbose_name_plural = "admission policies"
+        constraints = [
+            models.UniqueConstraint(fields=["endpoint", "queue"], name="admission_policy_identity"),
+            models.CheckConstraint(
+                name="policy_max_in_flight_range",
+                condition=Q(max_in_flight__isnull=True)
+                | Q(max_in_flight__gte=0, max_in_flight__lte=MAX_IN_FLIGHT),
+            ),
+            models.CheckConstraint(
+                name="policy_max_claims_range",
+                condition=Q(max_claims_per_window__isnull=True)
+                | Q(max_claims_per_window__gte=0, max_claims_per_window__lte=MAX_CLAIMS_PER_WINDOW),
+            ),
+            models.CheckConstraint(
+                name="policy_window_period_valid",
+                condition=Q(window_period__isnull=True) | Q(window_period__in=WindowPeriod.values),
+            ),
+            models.CheckConstraint(
+                name="policy_window_start_format",
+                condition=Q(window_start__isnull=True) | Q(window_start__regex=WINDOW_START_RE),
+            ),
+            models.CheckConstraint(
+                name="policy_window_weekday_valid",
+                condition=Q(window_weekday__isnull=True) | Q(window_weekday__in=Weekday.values),
+            ),
+            models.CheckConstraint(
+                name="policy_has_a_limit",
+                condition=Q(max_in_flight__isnull=False) | Q(max_claims_per_window__isnull=False),
+            ),
+            models.CheckConstraint(
+                name="policy_window_complete",
+                condition=Q(max_claims_per_window__isnull=True)
+                | Q(
+                    window_period__isnull=False,
+                    window_tz__isnull=False,
+                    window_start__isnull=False,
+                ),
+            ),
+            # (window_period = 'week') = (window_weekday IS NOT NULL)
+            models.CheckConstraint(
+                name="policy_weekday_iff_week",
+                condition=Q(window_period=WindowPeriod.WEEK, window_weekday__isnull=False)
+                | (
+                    (~Q(window_period=WindowPeriod.WEEK) | Q(window_period__isnull=True))
+                    & Q(window_weekday__isnull=True)
+                ),
+            ),
+            models.CheckConstraint(
+                name="policy_posture_valid", condition=Q(posture__in=Posture.values)
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"budget on {self.endpoint_id}:{self.queue}"
+
+    @property
+    def scope(self) -> str:
+        return f"endpoint:{self.endpoint.slug}"
+
+
+class AdmissionWindow(models.Model):
+    """The counter of one window of one policy: claims charged, and claims refused."""
+
+    policy = models.ForeignKey(AdmissionPolicy, on_delete=models.CASCADE, related_name="windows")
+    window_start = models.DateTimeField()
+    used = models.IntegerField(default=0)
+    refused = models.IntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["policy", "-window_start"]
+        constraints = [
+            models.UniqueConstraint(fields=["policy", "window_start"], name="admission_window_key"),
+            models.CheckConstraint(name="window_used_nonnegative", condition=Q(used__gte=0)),
+            models.CheckConstraint(name="window_refused_nonnegative", condition=Q(refused__gte=0)),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.policy_id} @ {self.window_start:%Y-%m-%d %H:%M}"
+
+
+class LedgerKind(models.TextChoices):
+    POLICY_CREATE = "policy.create"
+    POLICY_UPDATE = "policy.update"
+    POLICY_DELETE = "policy.delete"
+    QUEUE_PAUSE = "queue.pause"
+    QUEUE_RESUME = "queue.resume"
+    ADMISSION_WAIVER = "admission.waiver"
+
+
+class LedgerEntry(models.Model):
+    """One append-only, hash-chained row. The app never updates or deletes these.
+
+    Actors are plain columns, not foreign keys, so the hashed history never changes when a user
+    or an endpoint is deleted.
+    """
+
+    seq = models.BigIntegerField(primary_key=True)
+    prev_hash = models.CharField(max_length=64)
+    kind = models.CharField(max_length=32, choices=LedgerKind.choices)
+    actor_human_id = models.BigIntegerField(null=True, blank=True)
+    actor_human_name = models.CharField(max_length=150, blank=True, default="")
+    actor_endpoint_id = models.UUIDField(null=True, blank=True)
+    actor_endpoint_slug = models.CharField(max_length=63, blank=True, default="")
+    scope = models.CharField(max_length=100, blank=True, default="")
+    queue = models.CharField(max_length=64, blank=True, default="")
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    at = models.DateTimeField()
+    entry_hash = models.CharField(max_length=64, unique=True)
+
+    class Meta:
+        ordering = ["seq"]
+        verbose_name_plural = "ledger entries"
+        indexes = [
+            # The audit tail of one policy (GET /api/v1/admission/{scope}/{queue}) and the filters.
+            models.Index(fields=["scope", "queue", "-seq"], name="ledger_scope_queue_idx"),
+            models.Index(fields=["kind", "-seq"], name="ledger_kind_idx"),
+            models.Index(fields=["at"], name="ledger_at_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(name="ledger_seq_positive", condition=Q(seq__gte=1)),
+            models.CheckConstraint(
+                name="ledger_kind_valid", condition=Q(kind__in=LedgerKind.values)
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.seq} {self.kind}"

@@ -1,0 +1,220 @@
+"""The claim statements, in raw SQL because the claim is the hot path.
+
+One predicate decides what is claimable on all three claim paths (claim_next, claim of one todo,
+the board's claim): pending with attempts left, a claimed todo whose lease lapsed with attempts
+left (a takeover), or a failed todo whose retry is due with attempts left; never the quarantine
+queue; never a paused queue name, checked inside the statement that locks the row.
+
+The candidate statement also probes for an admission policy on the candidate's queue identity and
+claims at once when there is none, so a queue without a policy costs exactly one statement: the
+same one it would cost if admission did not exist, with the probe folded into it (one lookup on
+the policy table's unique (endpoint_id, queue) index).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from django.db import connection
+from django.db.backends.utils import CursorWrapper
+
+from queues.models import Todo
+
+_TODO_FIELDS = list(Todo._meta.concrete_fields)
+# Every column of a todo, in model order, so a claim returns the whole row in one statement.
+TODO_COLUMNS = ", ".join(f"t.{f.column}" for f in _TODO_FIELDS)
+CLAIMED_COLUMNS = ", ".join(f"cl.{f.column}" for f in _TODO_FIELDS)
+
+CLAIMABLE = """
+    t.queue <> 'quarantine'
+    AND (
+        (t.state = 'pending' AND t.attempt < t.max_attempts)
+        OR (t.state = 'claimed' AND t.lease_expires_at <= now() AND t.attempt < t.max_attempts)
+        OR (t.state = 'failed' AND t.next_retry_at <= now() AND t.attempt < t.max_attempts)
+    )
+    AND NOT EXISTS (SELECT 1 FROM queues_queuepause qp WHERE qp.queue = t.queue)
+"""
+
+# The claim itself, applied to a row this transaction already holds locked. It also closes the
+# lapsed attempt a takeover replaces and writes the new Attempt row, in the same statement.
+_CLAIM_CTES = """
+claimed AS (
+    UPDATE queues_todo t
+    SET state = 'claimed',
+        attempt = t.attempt + 1,
+        owner = %(claimant)s,
+        claimed_at = clock_timestamp(),
+        lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
+        next_retry_at = NULL,
+        updated_at = clock_timestamp()
+    FROM cand c
+    WHERE t.id = c.id {admit}
+    RETURNING {TODO_COLUMNS}, c.prev_state, c.prev_attempt
+),
+superseded AS (
+    UPDATE queues_attempt a
+    SET ended_at = cl.claimed_at, outcome = 'superseded', disposition = 'requeued'
+    FROM claimed cl
+    WHERE cl.prev_state = 'claimed' AND a.todo_id = cl.id AND a.number = cl.prev_attempt
+      AND a.ended_at IS NULL
+    RETURNING a.id
+),
+attempt_row AS (
+    INSERT INTO queues_attempt (todo_id, number, endpoint_id, claimant, via, claimed_at,
+                                lease_expires_at, lease_token_hash, summary)
+    SELECT cl.id, cl.attempt, cl.endpoint_id, %(claimant)s, %(via)s, cl.claimed_at,
+           cl.lease_expires_at, %(fence_hash)s, ''
+    FROM claimed cl
+    -- An InitPlan: closes the superseded attempt before this insert, so the one-open-attempt
+    -- unique index never sees two open attempts of a taken-over todo.
+    WHERE (SELECT count(*) FROM superseded) >= 0
+    RETURNING todo_id
+)
+"""
+
+# claim_next: the oldest claimable todo of the endpoint's granted queues, skipping rows other
+# claimers hold (uses todo_pending_idx for the pending arm). Claims at once when the candidate's
+# queue identity has no admission policy; otherwise returns the candidate (locked) and the
+# policy id, and the caller runs admission.
+CLAIM_NEXT_SQL = f"""
+WITH cand AS (
+    SELECT t.id, t.state AS prev_state, t.attempt AS prev_attempt, t.endpoint_id, t.queue
+    FROM queues_todo t
+    WHERE t.endpoint_id = %(endpoint)s
+      AND t.queue = ANY(%(queues)s)
+      AND NOT (t.queue = ANY(%(excluded)s))
+      AND {CLAIMABLE}
+    ORDER BY t.created_at, t.id
+    LIMIT 1
+    FOR UPDATE OF t SKIP LOCKED
+),
+pol AS (
+    SELECT p.id FROM admission_admissionpolicy p, cand c
+    WHERE p.endpoint_id = c.endpoint_id AND p.queue = c.queue
+),
+{_CLAIM_CTES.format(admit="AND NOT EXISTS (SELECT 1 FROM pol)", TODO_COLUMNS=TODO_COLUMNS)}
+SELECT c.id, c.queue, (SELECT id FROM pol) AS policy_id, cl.id IS NOT NULL, {CLAIMED_COLUMNS}
+FROM cand c LEFT JOIN claimed cl ON cl.id = c.id
+"""
+
+# claim of one todo: lock it (waiting for any other holder), and report what it is, whether its
+# queue is paused and whether it has a policy. The caller decides and then runs CLAIM_ONE_SQL.
+LOCK_ONE_SQL = f"""
+SELECT t.id, t.queue, t.state, t.attempt, t.max_attempts, t.endpoint_id,
+       ({CLAIMABLE}) AS claimable,
+       EXISTS (SELECT 1 FROM queues_queuepause qp WHERE qp.queue = t.queue) AS paused,
+       (SELECT p.id FROM admission_admissionpolicy p
+        WHERE p.endpoint_id = t.endpoint_id AND p.queue = t.queue) AS policy_id
+FROM queues_todo t
+WHERE t.id = %(todo)s AND t.endpoint_id = ANY(%(endpoints)s)
+FOR UPDATE OF t
+"""
+
+# The claim of a row this transaction holds locked and has admitted.
+CLAIM_ONE_SQL = f"""
+WITH cand AS (
+    SELECT t.id, t.state AS prev_state, t.attempt AS prev_attempt
+    FROM queues_todo t WHERE t.id = %(todo)s
+),
+{_CLAIM_CTES.format(admit="", TODO_COLUMNS=TODO_COLUMNS)}
+SELECT cl.id, cl.queue, NULL::uuid AS policy_id, true, {CLAIMED_COLUMNS}
+FROM claimed cl
+"""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What a claim statement found: the claimed todo, or a locked candidate awaiting admission."""
+
+    todo_id: UUID
+    queue: str
+    policy_id: UUID | None
+    todo: Todo | None  # set when the statement claimed it
+
+    @property
+    def claimed(self) -> bool:
+        return self.todo is not None
+
+
+def todo_from_row(values: tuple[Any, ...] | list[Any]) -> Todo:
+    """A Todo from a raw row in TODO_COLUMNS order, with the fields' database converters applied."""
+    converted = []
+    for f, value in zip(_TODO_FIELDS, values, strict=True):
+        if value is not None and hasattr(f, "from_db_value"):
+            value = f.from_db_value(value, None, connection)
+        converted.append(value)
+    return Todo.from_db("default", [f.attname for f in _TODO_FIELDS], converted)
+
+
+def _candidate(row: tuple[Any, ...] | None) -> Candidate | None:
+    if row is None:
+        return None
+    todo_id, queue, policy_id, claimed, *columns = row
+    return Candidate(todo_id, queue, policy_id, todo_from_row(columns) if claimed else None)
+
+
+def claim_next_candidate(
+    cursor: CursorWrapper,
+    *,
+    endpoint_id: UUID,
+    queues: list[str],
+    excluded: list[str],
+    claimant: str,
+    via: str,
+    ttl: int,
+    fence_hash: str | None,
+) -> Candidate | None:
+    cursor.execute(
+        CLAIM_NEXT_SQL,
+        {
+            "endpoint": endpoint_id,
+            "queues": queues,
+            "excluded": excluded,
+            "claimant": claimant,
+            "via": via,
+            "ttl": ttl,
+            "fence_hash": fence_hash,
+        },
+    )
+    return _candidate(cursor.fetchone())
+
+
+@dataclass(frozen=True)
+class LockedTodo:
+    id: UUID
+    queue: str
+    state: str
+    attempt: int
+    max_attempts: int
+    endpoint_id: UUID
+    claimable: bool
+    paused: bool
+    policy_id: UUID | None
+
+
+def lock_one(
+    cursor: CursorWrapper, *, todo_id: UUID, endpoint_ids: list[UUID]
+) -> LockedTodo | None:
+    cursor.execute(LOCK_ONE_SQL, {"todo": todo_id, "endpoints": endpoint_ids})
+    row = cursor.fetchone()
+    return LockedTodo(*row) if row else None
+
+
+def claim_locked(
+    cursor: CursorWrapper,
+    *,
+    todo_id: UUID,
+    claimant: str,
+    via: str,
+    ttl: int,
+    fence_hash: str | None,
+) -> Candidate:
+    cursor.execute(
+        CLAIM_ONE_SQL,
+        {"todo": todo_id, "claimant": claimant, "via": via, "ttl": ttl, "fence_hash": fence_hash},
+    )
+    candidate = _candidate(cursor.fetchone())
+    assert candidate is not None, "the claimed row was locked by this transaction"
+    return candidate

@@ -1,0 +1,342 @@
+"""``manage.py serve``: the launcher behind ``make run``.
+
+It prepares the embedded services when the environment does not name real ones, migrates, seeds
+the demo data on first run, then runs three children and watches them:
+
+* uvicorn serving ``switchboard.asgi:application`` on HOST:PORT,
+* one Celery worker (outbound hooks, sweeps),
+* one Celery beat (the sweep schedule, kept in ``<data>/celerybeat-schedule``).
+
+The children get ``DATABASE_URL`` and ``REDIS_URL`` explicitly, so they never start or attach to
+the embedded machinery themselves. Each runs in its own process group: Ctrl-C in a terminal reaches
+only this launcher, which then stops the children in order (SIGTERM, up to ten seconds, then
+SIGKILL to the whole group), stops the Valkey it started and drops its PostgreSQL handle. If a child
+dies on its own, the launcher stops the rest and exits non-zero, naming the child.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import http.client
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from switchboard import embedded
+
+STOP_TIMEOUT_SECONDS = 10.0
+READY_TIMEOUT_SECONDS = 60.0
+POLL_SECONDS = 0.2
+FIRST_RUN_MARKER = "Demo login:"
+
+
+class _Interrupted(Exception):
+    """A second stop signal arrived while the launcher was still starting up."""
+
+
+@dataclass
+class _Child:
+    name: str
+    argv: list[str]
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+
+class Command(BaseCommand):
+    help = (
+        "Run Switchboard: embedded PostgreSQL and Valkey unless DATABASE_URL / REDIS_URL are set, "
+        "migrations, demo data on first run, then the web server, one Celery worker and one beat."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--port",
+            type=int,
+            default=None,
+            help="Port for the web server (default: SWITCHBOARD_PORT, else 8000).",
+        )
+        parser.add_argument(
+            "--host", default="127.0.0.1", help="Address to bind (default: 127.0.0.1)."
+        )
+
+    # -- signals -------------------------------------------------------------------------------
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        self._stop_signal: int | None = None
+        self._shutting_down = False
+        self._force = False
+        previous: dict[int, Any] = {}
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            previous[signum] = signal.signal(signum, self._on_signal)
+        return previous
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._shutting_down:
+            # A second Ctrl-C while stopping: do not wait for the children any longer.
+            self._force = True
+            return
+        if self._stop_signal is not None:
+            # A second signal during startup (migrate or seeding stuck): give up at once.
+            raise _Interrupted
+        self._stop_signal = signum
+
+    # -- main ----------------------------------------------------------------------------------
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        host: str = options["host"]
+        port: int = options["port"] or settings.PORT
+        # The default public URL (agents' MCP snippets) follows --port, which may differ from
+        # SWITCHBOARD_PORT; an explicit SWITCHBOARD_PUBLIC_URL stays as it is.
+        public_url: str = settings.PUBLIC_URL
+        if public_url == f"http://127.0.0.1:{settings.PORT}":
+            settings.PUBLIC_URL = f"http://127.0.0.1:{port}"
+        previous_handlers = self._install_signal_handlers()
+        children: list[_Child] = []
+        valkey: Any = None
+        failure: str | None = None
+        try:
+            database_url = os.environ.get("DATABASE_URL") or embedded.ensure_postgres().url()
+            redis_url = os.environ.get("REDIS_URL") or ""
+            if not redis_url:
+                redis_url = embedded.embedded_redis_url()
+                if embedded.valkey_running(redis_url):
+                    self._say(f"Valkey: reusing the server already listening at {redis_url}")
+                else:
+                    valkey = embedded.start_valkey(redis_url)
+                    self._say(f"Valkey: started at {redis_url} (data in {embedded.data_dir()})")
+            if self._stop_signal is None:
+                call_command("migrate", interactive=False, verbosity=1)
+            first_run_text = ""
+            if self._stop_signal is None:
+                first_run_text = self._seed()
+            if self._stop_signal is None:
+                children = self._start_children(host, port, database_url, redis_url)
+            if self._stop_signal is None:
+                failure = self._wait_until_ready(children, host, port)
+            if self._stop_signal is None and failure is None:
+                self._banner(host, port, first_run_text)
+                failure = self._supervise(children)
+        except _Interrupted:
+            pass
+        finally:
+            self._shutting_down = True
+            self._stop_children(children)
+            if valkey is not None:
+                with contextlib.suppress(Exception):
+                    valkey.stop()
+            embedded.stop_postgres()
+            for signum, handler in previous_handlers.items():
+                signal.signal(signum, handler)
+        if failure is not None:
+            raise CommandError(failure, returncode=1)
+        self._say("Switchboard stopped.")
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def _seed(self) -> str:
+        """Run seed_demo; return its output when it seeded (first run), else ""."""
+        buffer = io.StringIO()
+        call_command("seed_demo", stdout=buffer)
+        text = buffer.getvalue()
+        if text:
+            # Shown at once too: tokens are printed only once, and a child could still fail.
+            self.stdout.write(text, ending="")
+            self._flush()
+        return text if FIRST_RUN_MARKER in text else ""
+
+    def _child_env(self, port: int, database_url: str, redis_url: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env["DATABASE_URL"] = database_url
+        env["REDIS_URL"] = redis_url
+        env["SWITCHBOARD_PORT"] = str(port)
+        env["SWITCHBOARD_DATA_DIR"] = str(embedded.data_dir())
+        env["DJANGO_SETTINGS_MODULE"] = os.environ.get(
+            "DJANGO_SETTINGS_MODULE", "switchboard.settings"
+        )
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def _start_children(
+        self, host: str, port: int, database_url: str, redis_url: str
+    ) -> list[_Child]:
+        python = sys.executable
+        schedule = embedded.data_dir() / "celerybeat-schedule"
+        children = [
+            _Child(
+                "web (uvicorn)",
+                [
+                    python, "-m", "uvicorn", "switchboard.asgi:application",
+                    "--host", host, "--port", str(port), "--lifespan", "off",
+                    # Open event streams must not hold a shutdown past the stop timeout.
+                    "--timeout-graceful-shutdown", "5",
+                ],
+            ),
+            _Child(
+                "celery worker",
+                [
+                    python, "-m", "celery", "-A", "switchboard", "--quiet", "worker",
+                    "--loglevel", "INFO", "--concurrency", "2",
+                ],
+            ),
+            _Child(
+                "celery beat",
+                [
+                    python, "-m", "celery", "-A", "switchboard", "--quiet", "beat",
+                    "--loglevel", "INFO", "--schedule", str(schedule),
+                ],
+            ),
+        ]  # fmt: skip
+        env = self._child_env(port, database_url, redis_url)
+        started: list[_Child] = []
+        for child in children:
+            child.process = subprocess.Popen(
+                child.argv,
+                env=env,
+                cwd=str(settings.BASE_DIR),
+                stdin=subprocess.DEVNULL,
+                # Its own process group: a terminal's Ctrl-C reaches only this launcher, and a
+                # stuck child can be killed together with everything it started.
+                process_group=0,
+                preexec_fn=_die_with_parent(),
+            )
+            started.append(child)
+            if self._stop_signal is not None:
+                break
+        return started
+
+    def _wait_until_ready(self, children: list[_Child], host: str, port: int) -> str | None:
+        """Poll until the web server answers HTTP. Returns a failure message, or None."""
+        probe_host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        while self._stop_signal is None:
+            dead = self._first_dead(children)
+            if dead is not None:
+                return dead
+            if _answers_http(probe_host, port):
+                return None
+            if time.monotonic() > deadline:
+                return (
+                    f"The web server did not answer on http://{host}:{port}/ within "
+                    f"{READY_TIMEOUT_SECONDS:.0f} s; stopped everything."
+                )
+            time.sleep(POLL_SECONDS)
+        return None
+
+    def _supervise(self, children: list[_Child]) -> str | None:
+        while self._stop_signal is None:
+            dead = self._first_dead(children)
+            if dead is not None:
+                return dead
+            time.sleep(POLL_SECONDS)
+        return None
+
+    @staticmethod
+    def _first_dead(children: list[_Child]) -> str | None:
+        for child in children:
+            assert child.process is not None
+            code = child.process.poll()
+            if code is not None:
+                how = f"signal {-code}" if code < 0 else f"exit code {code}"
+                return f"The {child.name} child died unexpectedly ({how}); stopped the rest."
+        return None
+
+    def _stop_children(self, children: list[_Child]) -> None:
+        running = [c for c in children if c.process is not None and c.process.poll() is None]
+        if running:
+            self._say("Stopping: " + ", ".join(c.name for c in running) + " ...")
+        for child in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
+        while any(c.process.poll() is None for c in running if c.process is not None):
+            if self._force or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        for child in children:
+            assert child.process is not None
+            if child.process.poll() is None:
+                self._say(f"{child.name} did not stop in time; killing it.")
+            # Kill the whole group: it also takes anything the child left behind (pool workers).
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.process.wait(timeout=5)
+
+    # -- output --------------------------------------------------------------------------------
+
+    def _banner(self, host: str, port: int, first_run_text: str) -> None:
+        base = f"http://{host}:{port}/"
+        lines = ["", "=" * 72, f"Switchboard is running at {base}", f"  Admin:  {base}admin/"]
+        if first_run_text:
+            lines.append("")
+            lines.extend(
+                "  " + line
+                for line in first_run_text.splitlines()
+                if line.strip() and set(line.strip()) != {"="}
+            )
+            lines.append("  (Shown once: the tokens above are stored only as hashes.)")
+        else:
+            lines.append(
+                "  Login:  the demo credentials were printed on the first run. For a new login:"
+            )
+            lines.append("          .venv/bin/python manage.py createsuperuser")
+        lines.append(f"  Data:   {embedded.data_dir()}")
+        lines.append("  Stop:   Ctrl-C")
+        lines.append("=" * 72)
+        self.stdout.write("\n".join(lines))
+        self._flush()
+
+    def _say(self, text: str) -> None:
+        self.stdout.write(f"serve: {text}")
+        self._flush()
+
+    def _flush(self) -> None:
+        self.stdout.flush()
+        sys.stdout.flush()
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """On Linux, have each child receive SIGTERM if the launcher itself is killed (kill -9, OOM),
+    so no web server or worker outlives it holding the port. The embedded PostgreSQL and Valkey
+    may outlive it; the next ``serve`` reattaches to them."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def set_parent_death_signal() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+
+    return set_parent_death_signal
+
+
+def _answers_http(host: str, port: int) -> bool:
+    connection = http.client.HTTPConnection(host, port, timeout=2)
+    try:
+        connection.request("GET", "/admin/login/", headers={"Host": f"127.0.0.1:{port}"})
+        connection.getresponse().read()
+        return True
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        connection.close()

@@ -1,0 +1,58 @@
+"""The Switchboard counters (seed 000 and 001), moved after commit through Redis.
+
+Label values are queue names and small enumerations only: never an endpoint or an owner.
+The scrape-time collector (``queues/collectors.py``) caps the queue label.
+"""
+
+from __future__ import annotations
+
+from switchboard import counters
+
+CREATED = "switchboard_todos_created_total"
+CLAIMED = "switchboard_todos_claimed_total"
+COMPLETED = "switchboard_todos_completed_total"
+LEASES_EXPIRED = "switchboard_todo_leases_expired_total"
+ATTEMPTS = "switchboard_todo_attempts_total"
+CHARGED = "switchboard_admission_charged_total"
+REFUSALS = "switchboard_admission_refusals_total"
+
+COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    CREATED: ("Todos created.", ("queue", "source")),
+    CLAIMED: ("Claims committed, retries and takeovers included.", ("queue",)),
+    COMPLETED: ("Todos that left a claim for good, by outcome.", ("queue", "outcome")),
+    LEASES_EXPIRED: ("Claims whose lease lapsed and were reaped.", ("queue",)),
+    ATTEMPTS: ("Claims by the attempt number they started.", ("queue", "attempt_bucket")),
+    CHARGED: ("Claims charged to an admission policy.", ("queue",)),
+    REFUSALS: ("Claims refused by admission, by reason.", ("queue", "reason")),
+}
+
+
+def attempt_bucket(attempt: int) -> str:
+    if attempt <= 3:
+        return str(attempt)
+    if attempt <= 5:
+        return "4-5"
+    return "6+"
+
+
+def created(queue: str, source: str) -> None:
+    counters.incr(CREATED, {"queue": queue, "source": source})
+
+
+def claimed(queue: str, attempt: int, *, charged: bool) -> None:
+    counters.incr(CLAIMED, {"queue": queue})
+    counters.incr(ATTEMPTS, {"queue": queue, "attempt_bucket": attempt_bucket(attempt)})
+    if charged:
+        counters.incr(CHARGED, {"queue": queue})
+
+
+def completed(queue: str, outcome: str, amount: int = 1) -> None:
+    counters.incr(COMPLETED, {"queue": queue, "outcome": outcome}, amount)
+
+
+def leases_expired(queue: str, amount: int) -> None:
+    counters.incr(LEASES_EXPIRED, {"queue": queue}, amount)
+
+
+def refused(queue: str, reason: str) -> None:
+    counters.incr(REFUSALS, {"queue": queue, "reason": reason})

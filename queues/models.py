@@ -1,0 +1,351 @@
+"""Endpoints, todos, attempts, queue pauses and personal access tokens.
+
+The claim statements in ``queues/claims.py`` are raw SQL over these tables; the partial indexes
+below name the statement or sweep that uses each one.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
+from django.db import models
+from django.db.models import Q
+
+QUARANTINE_QUEUE = "quarantine"
+QUEUE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
+SLUG_RE = r"^[a-z0-9][a-z0-9-]{0,62}$"
+
+
+class Verb(models.TextChoices):
+    LIST_TODOS = "list_todos"
+    GET_TODO = "get_todo"
+    CLAIM = "claim"
+    CLAIM_NEXT = "claim_next"
+    HEARTBEAT = "heartbeat"
+    COMPLETE = "complete"
+    FAIL = "fail"
+    RELEASE = "release"
+    CREATE_TODO = "create_todo"
+    ADMISSION_STATUS = "admission_status"
+    SET_ADMISSION_POLICY = "set_admission_policy"
+    CLEAR_ADMISSION_POLICY = "clear_admission_policy"
+
+
+# What a vend grants unless told otherwise: exactly the todo verbs.
+BASIC_VERBS: tuple[str, ...] = (
+    Verb.LIST_TODOS,
+    Verb.GET_TODO,
+    Verb.CLAIM,
+    Verb.CLAIM_NEXT,
+    Verb.HEARTBEAT,
+    Verb.COMPLETE,
+    Verb.FAIL,
+    Verb.RELEASE,
+    Verb.CREATE_TODO,
+)
+# Their own family: never in the basic grant; "lets the agent change its own budget".
+POLICY_VERBS: tuple[str, ...] = (Verb.SET_ADMISSION_POLICY, Verb.CLEAR_ADMISSION_POLICY)
+# Granted by implication to an endpoint that holds claim or claim_next.
+DRAIN_VERBS: tuple[str, ...] = (Verb.CLAIM, Verb.CLAIM_NEXT)
+GRANTABLE_VERBS: tuple[str, ...] = (*BASIC_VERBS, Verb.ADMISSION_STATUS, *POLICY_VERBS)
+
+
+class EndpointState(models.TextChoices):
+    ACTIVE = "active"
+    REVOKED = "revoked"
+
+
+class Endpoint(models.Model):
+    """An agent's credential and scope. Scope never widens after vend: revoke and vend again."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    slug = models.CharField(max_length=63, unique=True)
+    name = models.CharField(max_length=200)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="endpoints"
+    )
+    token_hash = models.CharField(max_length=64, unique=True, editable=False)
+    token_prefix = models.CharField(max_length=16, editable=False)
+    scope_queues = ArrayField(models.CharField(max_length=64))
+    scope_verbs = ArrayField(models.CharField(max_length=40))
+    state = models.CharField(
+        max_length=10, choices=EndpointState.choices, default=EndpointState.ACTIVE
+    )
+    default_lease_ttl_seconds = models.PositiveIntegerField(null=True, blank=True)
+    # Request rate limit; null means the server default (ENDPOINT_RATE_LIMIT), 0 means unlimited.
+    rate_limit_rps = models.FloatField(null=True, blank=True)
+    rate_limit_burst = models.PositiveIntegerField(null=True, blank=True)
+    notify_url = models.URLField(max_length=500, blank=True, default="")
+    notify_secret = models.CharField(max_length=200, blank=True, default="", editable=False)
+    last_seen_at = models.DateTimeField(null=True, blank=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        ordering = ["slug"]
+        constraints = [
+            models.CheckConstraint(
+                name="endpoint_state_valid", condition=Q(state__in=EndpointState.values)
+            ),
+            models.CheckConstraint(name="endpoint_slug_format", condition=Q(slug__regex=SLUG_RE)),
+            models.CheckConstraint(
+                name="endpoint_lease_ttl_range",
+                condition=Q(default_lease_ttl_seconds__isnull=True)
+                | Q(default_lease_ttl_seconds__gte=1, default_lease_ttl_seconds__lte=86400),
+            ),
+            models.CheckConstraint(
+                name="endpoint_rate_limit_range",
+                condition=Q(rate_limit_rps__isnull=True)
+                | Q(rate_limit_rps__gte=0, rate_limit_rps__lte=100000),
+            ),
+            models.CheckConstraint(
+                name="endpoint_scope_queues_nonempty", condition=Q(scope_queues__len__gte=1)
+            ),
+            models.CheckConstraint(
+                name="endpoint_scope_verbs_known",
+                condition=Q(scope_verbs__contained_by=list(GRANTABLE_VERBS)),
+            ),
+            models.CheckConstraint(
+                name="endpoint_revoked_has_time",
+                condition=Q(state=EndpointState.ACTIVE) | Q(revoked_at__isnull=False),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.slug
+
+    @property
+    def is_active(self) -> bool:
+        return self.state == EndpointState.ACTIVE
+
+    def holds(self, verb: str) -> bool:
+        """Whether the grant covers a verb; admission_status rides on the drain grant."""
+        if verb == Verb.ADMISSION_STATUS:
+            return any(v in self.scope_verbs for v in DRAIN_VERBS) or verb in self.scope_verbs
+        return verb in self.scope_verbs
+
+
+class TodoState(models.TextChoices):
+    PENDING = "pending"
+    CLAIMED = "claimed"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class TodoSource(models.TextChoices):
+    API = "api"
+    MCP = "mcp"
+    CLI = "cli"
+    ADMIN = "admin"
+    BOARD = "board"
+    DEMO = "demo"
+
+
+# A live todo holds its idempotency slot: not done and not dead-lettered.
+LIVE_TODO = Q(state__in=[TodoState.PENDING, TodoState.CLAIMED]) | Q(
+    state=TodoState.FAILED, next_retry_at__isnull=False
+)
+
+
+class Todo(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="todos")
+    queue = models.CharField(max_length=64)
+    title = models.CharField(max_length=500)
+    kind = models.CharField(max_length=100, blank=True, default="")
+    payload = models.JSONField(default=dict, blank=True)
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    state = models.CharField(max_length=10, choices=TodoState.choices, default=TodoState.PENDING)
+    # Who holds the claim: the claimant the agent named, or the endpoint slug / operator.
+    owner = models.CharField(max_length=200, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    attempt = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=5)
+    next_retry_at = models.DateTimeField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    source = models.CharField(max_length=10, choices=TodoSource.choices, default=TodoSource.API)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        constraints = [
+            models.CheckConstraint(
+                name="todo_state_valid", condition=Q(state__in=TodoState.values)
+            ),
+            models.CheckConstraint(
+                name="todo_queue_format", condition=Q(queue__regex=QUEUE_NAME_RE)
+            ),
+            models.CheckConstraint(name="todo_title_nonempty", condition=~Q(title="")),
+            models.CheckConstraint(
+                name="todo_max_attempts_range",
+                condition=Q(max_attempts__gte=1, max_attempts__lte=100),
+            ),
+            models.CheckConstraint(
+                name="todo_attempt_within_max", condition=Q(attempt__lte=models.F("max_attempts"))
+            ),
+            models.CheckConstraint(
+                name="todo_claimed_has_lease",
+                condition=~Q(state=TodoState.CLAIMED)
+                | Q(lease_expires_at__isnull=False, attempt__gte=1),
+            ),
+            models.CheckConstraint(
+                name="todo_retry_only_when_failed",
+                condition=Q(next_retry_at__isnull=True) | Q(state=TodoState.FAILED),
+            ),
+            # Idempotency: one live todo per endpoint and key.
+            models.UniqueConstraint(
+                fields=["endpoint", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False) & LIVE_TODO,
+                name="todo_live_idempotency_key",
+            ),
+        ]
+        indexes = [
+            # claim_next candidate scan: oldest claimable row of the endpoint's granted queues,
+            # in created_at order (queues/claims.py CANDIDATE_SQL, FOR UPDATE SKIP LOCKED).
+            models.Index(
+                fields=["endpoint", "queue", "created_at"],
+                condition=Q(state=TodoState.PENDING),
+                name="todo_pending_idx",
+            ),
+            # In-flight count under the policy lock (admission) and the claimed gauges.
+            models.Index(
+                fields=["endpoint", "queue"],
+                condition=Q(state=TodoState.CLAIMED),
+                name="todo_claimed_idx",
+            ),
+            # reap_expired: claimed rows whose lease lapsed, oldest lease first.
+            models.Index(
+                fields=["lease_expires_at"],
+                condition=Q(state=TodoState.CLAIMED),
+                name="todo_lease_expiry_idx",
+            ),
+            # requeue_due_retries and the claim predicate's due-retry arm.
+            models.Index(
+                fields=["next_retry_at"],
+                condition=Q(state=TodoState.FAILED, next_retry_at__isnull=False),
+                name="todo_due_retry_idx",
+            ),
+            # Lists and the board: newest first per endpoint.
+            models.Index(fields=["endpoint", "-created_at"], name="todo_endpoint_recent_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue}: {self.title}"
+
+    @property
+    def dead_letter(self) -> bool:
+        return self.state == TodoState.FAILED and self.next_retry_at is None
+
+
+class AttemptOutcome(models.TextChoices):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    RELEASED = "released"
+    EXPIRED = "expired"  # the reaper took the lapsed lease back
+    SUPERSEDED = "superseded"  # another claim took the lapsed lease over
+    REVOKED = "revoked"  # the endpoint was revoked while the claim was live
+
+
+class AttemptDisposition(models.TextChoices):
+    DONE = "done"
+    RETRY_SCHEDULED = "retry_scheduled"
+    DEAD_LETTERED = "dead_lettered"
+    REQUEUED = "requeued"
+
+
+class Attempt(models.Model):
+    """One row per committed claim."""
+
+    todo = models.ForeignKey(Todo, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="attempts")
+    claimant = models.CharField(max_length=200, blank=True, default="")
+    via = models.CharField(max_length=10, blank=True, default="")
+    claimed_at = models.DateTimeField()
+    lease_expires_at = models.DateTimeField()
+    lease_token_hash = models.CharField(max_length=64, null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=12, choices=AttemptOutcome.choices, null=True, blank=True)
+    disposition = models.CharField(
+        max_length=16, choices=AttemptDisposition.choices, null=True, blank=True
+    )
+    summary = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["todo", "claimed_at", "id"]
+        indexes = [
+            # Transitions find the open attempt of a todo (queues/services.py _HOLDS_CLAIM).
+            models.Index(fields=["todo", "number"], name="attempt_todo_number_idx"),
+        ]
+        constraints = [
+            # At most one open attempt per todo. Numbers repeat after an operator retry resets
+            # the todo's attempt counter, so (todo, number) alone is not unique.
+            models.UniqueConstraint(
+                fields=["todo"], condition=Q(ended_at__isnull=True), name="attempt_one_open"
+            ),
+            models.CheckConstraint(name="attempt_number_positive", condition=Q(number__gte=1)),
+            models.CheckConstraint(
+                name="attempt_outcome_valid",
+                condition=Q(outcome__isnull=True) | Q(outcome__in=AttemptOutcome.values),
+            ),
+            models.CheckConstraint(
+                name="attempt_ended_has_outcome",
+                condition=Q(ended_at__isnull=True, outcome__isnull=True)
+                | Q(ended_at__isnull=False, outcome__isnull=False),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of {self.todo_id}"
+
+
+class QueuePause(models.Model):
+    """One row per paused queue name, fleet-wide. Resume deletes it."""
+
+    queue = models.CharField(max_length=64, primary_key=True)
+    reason = models.TextField()
+    paused_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="queue_pauses"
+    )
+    paused_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["queue"]
+        permissions = [("pause_queue", "Can pause and resume any queue")]
+        constraints = [
+            models.CheckConstraint(name="pause_reason_nonempty", condition=~Q(reason="")),
+            models.CheckConstraint(
+                name="pause_not_quarantine", condition=~Q(queue=QUARANTINE_QUEUE)
+            ),
+            models.CheckConstraint(
+                name="pause_queue_format", condition=Q(queue__regex=QUEUE_NAME_RE)
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue} (paused)"
+
+
+class HumanToken(models.Model):
+    """A personal access token (sbh_…) for a human using the API; stored as a SHA-256 hash."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=100)
+    token_hash = models.CharField(max_length=64, unique=True, editable=False)
+    token_prefix = models.CharField(max_length=16, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.token_prefix}… ({self.user})"

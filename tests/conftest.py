@@ -1,0 +1,171 @@
+"""Shared fixtures: a real PostgreSQL (the embedded one, or DATABASE_URL), a real Valkey/Redis on
+its own database number, and the personas every test speaks of.
+
+Personas: ``owner`` (owns ``agent`` and ``agent2``), ``other_owner`` (owns ``foreign``),
+``auditor`` (in the auditors group), ``admin`` (superuser), ``pauser`` (holds queues.pause_queue).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+from django.contrib.auth.models import Group, Permission, User
+from django.db import connection, connections
+
+from queues import services
+from queues.models import Endpoint
+from queues.principals import AUDITORS_GROUP, AgentActor, HumanActor
+from switchboard import counters, embedded
+
+TEST_REDIS_DB = int(os.environ.get("SWITCHBOARD_TEST_REDIS_DB", "15"))
+_valkey: Any = None
+
+
+def _test_redis_url() -> str:
+    base = settings.REDIS_URL.rsplit("/", 1)[0]
+    return f"{base}/{TEST_REDIS_DB}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Start the embedded Valkey when REDIS_URL is unset and nothing listens on its port."""
+    global _valkey
+    if not os.environ.get("REDIS_URL") and not embedded.valkey_running(settings.REDIS_URL):
+        _valkey = embedded.start_valkey(settings.REDIS_URL)
+    settings.REDIS_URL = _test_redis_url()
+    settings.CELERY_BROKER_URL = settings.REDIS_URL
+    counters.reset_client()
+    # Redis must really be there: a test run without it is not a test run.
+    redis.Redis.from_url(settings.REDIS_URL).ping()
+    os.environ.setdefault("METRICS_TOKEN", "test-metrics-token")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _valkey is not None:
+        _valkey.stop()
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis(settings: Any) -> Iterator[None]:
+    settings.METRICS_TOKEN = "test-metrics-token"
+    counters.client().flushdb()
+    yield
+
+
+@dataclass
+class Personas:
+    owner: User
+    other_owner: User
+    auditor: User
+    admin: User
+    pauser: User
+    agent: Endpoint
+    agent_token: str
+    agent2: Endpoint
+    agent2_token: str
+    foreign: Endpoint
+    foreign_token: str
+
+    def as_agent(self, endpoint: Endpoint | None = None, via: str = "api") -> AgentActor:
+        return AgentActor(endpoint or self.agent, via=via)
+
+    def as_human(self, user: User | None = None, via: str = "api") -> HumanActor:
+        return HumanActor(user or self.owner, via=via)
+
+
+def make_personas() -> Personas:
+    owner = User.objects.create_user("olive", password="pw-olive-123")
+    other = User.objects.create_user("otto", password="pw-otto-123")
+    auditor = User.objects.create_user("audrey", password="pw-audrey-123")
+    auditors, _ = Group.objects.get_or_create(name=AUDITORS_GROUP)
+    auditor.groups.add(auditors)
+    admin = User.objects.create_superuser("ada", password="pw-ada-123")
+    pauser = User.objects.create_user("paul", password="pw-paul-123")
+    pauser.user_permissions.add(Permission.objects.get(codename="pause_queue"))
+    agent, agent_token = services.endpoint_vend(
+        owner=owner, name="Agent", queues=["inbox", "outbox", "quarantine"], rps=0
+    )
+    agent2, agent2_token = services.endpoint_vend(
+        owner=owner, name="Agent two", queues=["inbox"], rps=0
+    )
+    foreign, foreign_token = services.endpoint_vend(
+        owner=other, name="Foreign", queues=["inbox"], rps=0
+    )
+    return Personas(
+        owner,
+        other,
+        auditor,
+        admin,
+        pauser,
+        agent,
+        agent_token,
+        agent2,
+        agent2_token,
+        foreign,
+        foreign_token,
+    )
+
+
+@pytest.fixture
+def personas(db: None) -> Personas:
+    return make_personas()
+
+
+@pytest.fixture
+def tx_personas(transactional_db: None) -> Personas:
+    """Personas committed for real, for tests that race threads or processes."""
+    return make_personas()
+
+
+def push(
+    p: Personas, n: int = 1, queue: str = "inbox", endpoint: Endpoint | None = None, **kw: Any
+) -> list[Any]:
+    endpoint = endpoint or p.agent
+    actor = p.as_agent(endpoint)
+    return [
+        services.todo_create(
+            actor=actor, endpoint=endpoint, queue=queue, title=f"todo {i}", **kw
+        ).todo
+        for i in range(n)
+    ]
+
+
+def run_threads(n: int, target: Callable[[int], Any]) -> list[Any]:
+    """Run ``target(i)`` on n threads, each with its own database connection; re-raise errors."""
+    results: list[Any] = [None] * n
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(n)
+
+    def body(i: int) -> None:
+        try:
+            barrier.wait()
+            results[i] = target(i)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    if errors:
+        raise errors[0]
+    return results
+
+
+def database_url() -> str:
+    """A URL to the test database for child processes."""
+    s = connection.settings_dict
+    host = s["HOST"]
+    if host.startswith("/"):
+        return f"postgresql://{s['USER']}@/{s['NAME']}?host={host}&port={s['PORT']}"
+    auth = s["USER"] + (f":{s['PASSWORD']}" if s["PASSWORD"] else "")
+    return f"postgresql://{auth}@{host}:{s['PORT']}/{s['NAME']}"

@@ -1,0 +1,406 @@
+"""The claim paths, the transitions and the sweeps of the foundation, on real PostgreSQL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from queues import services
+from queues.models import Attempt, AttemptOutcome, Todo, TodoState
+from queues.services import Claimed, NothingClaimable
+from switchboard.errors import Conflict, Forbidden, InvalidArgument, NotFound
+from tests.conftest import Personas, push, run_threads
+
+
+def lapse(todo: Todo, seconds: int = 5) -> None:
+    """Move a claim's lease into the past, as if its holder went silent. Relative to the
+    database's now(), which inside a test's transaction is the transaction's start."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE queues_todo SET lease_expires_at = now() - make_interval(secs => %s) "
+            "WHERE id = %s",
+            [seconds, todo.pk],
+        )
+
+
+def make_retry_due(todo: Todo) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE queues_todo SET next_retry_at = now() - interval '1 second' WHERE id = %s",
+            [todo.pk],
+        )
+
+
+def test_eight_racers_claim_two_hundred_todos_exactly_once(tx_personas: Personas) -> None:
+    p = tx_personas
+    todos = push(p, 200)
+
+    def drain(i: int) -> list[Any]:
+        got = []
+        actor = p.as_agent()
+        while True:
+            result = services.claim_next(actor=actor, claimant=f"worker-{i}")
+            if isinstance(result, NothingClaimable):
+                return got
+            got.append(result.todo.id)
+
+    results = run_threads(8, drain)
+    claimed = [t for batch in results for t in batch]
+    assert len(claimed) == 200
+    assert set(claimed) == {t.id for t in todos}
+    assert Attempt.objects.count() == 200
+    assert Todo.objects.filter(state=TodoState.CLAIMED, attempt=1).count() == 200
+    # More than one racer did real work: the race was a race.
+    assert sum(1 for batch in results if batch) > 1
+
+
+def test_claim_next_takes_the_oldest_first(personas: Personas) -> None:
+    first, _second = push(personas, 2)
+    result = services.claim_next(actor=personas.as_agent())
+    assert isinstance(result, Claimed)
+    assert result.todo.id == first.id
+    assert result.attempt == 1
+    assert result.todo.owner == personas.agent.slug
+
+
+def test_claim_next_answers_empty_when_there_is_nothing(personas: Personas) -> None:
+    result = services.claim_next(actor=personas.as_agent())
+    assert isinstance(result, NothingClaimable)
+    assert result.deferred == []
+
+
+def test_claim_next_only_reads_the_granted_queue_asked_for(personas: Personas) -> None:
+    push(personas, 1, queue="inbox")
+    (out,) = push(personas, 1, queue="outbox")
+    result = services.claim_next(actor=personas.as_agent(), queue="outbox")
+    assert isinstance(result, Claimed) and result.todo.id == out.id
+    with pytest.raises(Forbidden):
+        services.claim_next(actor=personas.as_agent(personas.agent2), queue="outbox")
+
+
+def test_the_quarantine_queue_is_never_delivered(personas: Personas) -> None:
+    (todo,) = push(personas, 1, queue="quarantine")
+    assert isinstance(services.claim_next(actor=personas.as_agent()), NothingClaimable)
+    assert isinstance(
+        services.claim_next(actor=personas.as_agent(), queue="quarantine"), NothingClaimable
+    )
+    with pytest.raises(Conflict):
+        services.claim(actor=personas.as_agent(), todo_id=todo.id)
+    assert Todo.objects.get(pk=todo.pk).state == TodoState.PENDING
+
+
+def test_a_lapsed_lease_is_taken_over_and_the_old_attempt_is_superseded(
+    personas: Personas,
+) -> None:
+    (todo,) = push(personas, 1)
+    services.claim_next(actor=personas.as_agent(), claimant="slow")
+    lapse(todo)
+    result = services.claim_next(actor=personas.as_agent(), claimant="fast")
+    assert isinstance(result, Claimed)
+    assert result.todo.id == todo.id and result.attempt == 2 and result.todo.owner == "fast"
+    attempts = list(Attempt.objects.filter(todo=todo).order_by("number"))
+    assert [a.outcome for a in attempts] == [AttemptOutcome.SUPERSEDED, None]
+    assert attempts[0].claimant == "slow" and attempts[1].claimant == "fast"
+
+
+def test_a_live_lease_is_not_taken_over(personas: Personas) -> None:
+    (todo,) = push(personas, 1)
+    services.claim_next(actor=personas.as_agent())
+    assert isinstance(services.claim_next(actor=personas.as_agent()), NothingClaimable)
+    with pytest.raises(Conflict):
+        services.claim(actor=personas.as_agent(), todo_id=todo.id)
+
+
+def test_a_lapsed_lease_with_no_attempts_left_is_not_taken_over(personas: Personas) -> None:
+    (todo,) = push(personas, 1, max_attempts=1)
+    services.claim_next(actor=personas.as_agent())
+    lapse(todo)
+    assert isinstance(services.claim_next(actor=personas.as_agent()), NothingClaimable)
+
+
+@pytest.mark.parametrize(
+    ("attempt", "delay"),
+    [(1, 30), (2, 60), (3, 120), (4, 240), (5, 480), (6, 900), (7, 900), (10, 900)],
+)
+def test_the_backoff_table(attempt: int, delay: int) -> None:
+    assert services.backoff_seconds(attempt) == delay
+
+
+def test_fail_schedules_a_retry_with_backoff(personas: Personas) -> None:
+    (todo,) = push(personas, 1)
+    services.claim_next(actor=personas.as_agent())
+    before = timezone.now()
+    failed = services.fail(actor=personas.as_agent(), todo_id=todo.id, error="boom")
+    assert failed.state == TodoState.FAILED and not failed.dead_letter
+    assert failed.result == {"error": "boom"}
+    assert failed.next_retry_at is not None
+    delay = (failed.next_retry_at - before).total_seconds()
+    assert 29 <= delay <= 32
+    # Not claimable until due; then claimable directly as a due retry.
+    assert isinstance(services.claim_next(actor=personas.as_agent()), NothingClaimable)
+    make_retry_due(todo)
+    again = services.claim_next(actor=personas.as_agent())
+    assert isinstance(again, Claimed) and again.attempt == 2
+    second = services.fail(actor=personas.as_agent(), todo_id=todo.id)
+    assert second.next_retry_at is not None
+    assert 59 <= (second.next_retry_at - timezone.now()).total_seconds() <= 61
+
+
+def test_the_last_failure_dead_letters(personas: Personas) -> None:
+    (todo,) = push(personas, 1, max_attempts=2)
+    for n in (1, 2):
+        claimed = services.claim_next(actor=personas.as_agent())
+        assert isinstance(claimed, Claimed) and claimed.attempt == n
+        failed = services.fail(actor=personas.as_agent(), todo_id=todo.id, error=f"e{n}")
+        make_retry_due(todo) if n == 1 else None
+    assert failed.dead_letter and failed.next_retry_at is None and failed.finished_at
+    assert Attempt.objects.filter(todo=todo).last().disposition == "dead_lettered"  # type: ignore[union-attr]
+    assert isinstance(services.claim_next(actor=personas.as_agent()), NothingClaimable)
+
+
+def test_release_returns_to_pending_with_the_attempt_unchanged(personas: Personas) -> None:
+    (todo,) = push(personas, 1)
+    services.claim_next(actor=personas.as_agent())
+    released = services.release(actor=personas.as_agent(), todo_id=todo.id)
+    assert released.state == TodoState.PENDING and released.attempt == 1
+    assert released.next_retry_at is None and released.lease_expires_at is None
+    again = services.claim_next(actor=personas.as_agent())
+    assert isinstance(again, Claimed) and again.attempt == 2
+
+
+def test_operator_retry_resets_the_attempt(personas: Personas) -> None:
+    (todo,) = push(personas, 1, max_attempts=1)
+    services.claim_next(actor=personas.as_agent())
+    services.fail(actor=personas.as_agent(), todo_id=todo.id)
+    retried = services.todo_retry(actor=personas.as_human(), todo_id=todo.id)
+    assert retried.state == TodoState.PENDING and retried.attempt == 0
+    claimed = services.claim_next(actor=personas.as_agent())
+    assert isinstance(claimed, Claimed) and claimed.attempt == 1
+    # The history keeps both attempts numbered 1.
+    assert Attempt.objects.filter(todo=todo).count() == 2
+    with pytest.raises(NotFound):
+        services.todo_retry(actor=personas.as_human(personas.other_owner), todo_id=todo.id)
+
+
+def test_heartbeat_extends_a_live_lease(personas: Personas) -> None:
+    (todo,) = push(personas, 1)
+    claimed = services.claim_next(actor=personas.as_agent(), lease_ttl_seconds=10)
+    assert isinstance(claimed, Claimed)
+    beat = services.heartbeat(actor=personas.as_agent(), todo_id=todo.id, lease_ttl_seconds=600)
+    assert beat.lease_expires_at is not None
+    assert (beat.lease_expires_at - timezone.now()).total_seconds() > 590
+    lapse(todo)
+    with pytest.raises(Conflict):
+        services.heartbeat(actor=personas.as_agent(), todo_id=todo.id)
+
+
+def test_lease_ttl_defaults_and_bounds(personas: Personas) -> None:
+    push(personas, 2)
+    claimed = services.claim_next(actor=personas.as_agent())
+    assert isinstance(claimed, Claimed)
+    assert claimed.todo.lease_expires_at is not None
+    assert 295 <= (claimed.todo.lease_expires_at - timezone.now()).total_seconds() <= 301
+    with pytest.raises(InvalidArgument) as err:
+        services.claim_next(actor=personas.as_agent(), lease_ttl_seconds=86401)
+    assert err.value.field == "lease_ttl_seconds"
+    personas.agent.default_lease_ttl_seconds = 60
+    personas.agent.save()
+    claimed = services.claim_next(actor=personas.as_agent())
+    assert isinstance(claimed, Claimed) and claimed.todo.lease_expires_at is not None
+    assert 55 <= (claimed.todo.lease_expires_at - timezone.now()).total_seconds() <= 61
+
+
+def test_fencing_refuses_a_missing_or_wrong_lease_token(personas: Personas) -> None:
+    (todo,) = push(personas, 1)
+    claimed = services.claim_next(actor=personas.as_agent(), require_fence=True)
+    assert isinstance(claimed, Claimed) and claimed.lease_token
+    assert claimed.lease_token.startswith("sbl_")
+    stored = Attempt.objects.get(todo=todo).lease_token_hash
+    assert stored == services.hash_token(claimed.lease_token)
+    for token in (None, "sbl_wrong"):
+        with pytest.raises(Conflict):
+            services.heartbeat(actor=personas.as_agent(), todo_id=todo.id, lease_token=token)
+        with pytest.raises(Conflict):
+            services.complete(actor=personas.as_agent(), todo_id=todo.id, lease_token=token)
+    done = services.complete(
+        actor=personas.as_agent(), todo_id=todo.id, lease_token=claimed.lease_token, result={"n": 1}
+    )
+    assert done.state == TodoState.DONE and done.result == {"n": 1}
+
+
+def test_a_foreign_todo_is_not_found_and_an_own_wrong_state_is_a_conflict(
+    personas: Personas,
+) -> None:
+    (mine,) = push(personas, 1)
+    (theirs,) = push(personas, 1, endpoint=personas.foreign)
+    for verb in (services.heartbeat, services.complete, services.fail, services.release):
+        with pytest.raises(NotFound):
+            verb(actor=personas.as_agent(), todo_id=theirs.id)
+        with pytest.raises(Conflict):
+            verb(actor=personas.as_agent(), todo_id=mine.id)
+    with pytest.raises(NotFound):
+        services.claim(actor=personas.as_agent(), todo_id=theirs.id)
+    assert Todo.objects.get(pk=theirs.pk).state == TodoState.PENDING
+
+
+def test_idempotency_returns_the_live_todo_and_frees_the_key_when_done(
+    personas: Personas,
+) -> None:
+    actor = personas.as_agent()
+    first = services.todo_create(
+        actor=actor, endpoint=personas.agent, queue="inbox", title="a", idempotency_key="k"
+    )
+    dup = services.todo_create(
+        actor=actor, endpoint=personas.agent, queue="inbox", title="b", idempotency_key="k"
+    )
+    assert first.created and not dup.created and dup.todo.id == first.todo.id
+    # The same key on another endpoint is another todo.
+    other = services.todo_create(
+        actor=personas.as_agent(personas.agent2),
+        endpoint=personas.agent2,
+        queue="inbox",
+        title="c",
+        idempotency_key="k",
+    )
+    assert other.created
+    services.claim(actor=actor, todo_id=first.todo.id)
+    services.complete(actor=actor, todo_id=first.todo.id)
+    fresh = services.todo_create(
+        actor=actor, endpoint=personas.agent, queue="inbox", title="d", idempotency_key="k"
+    )
+    assert fresh.created and fresh.todo.id != first.todo.id
+
+
+def test_racing_creates_with_one_key_make_one_todo(tx_personas: Personas) -> None:
+    p = tx_personas
+
+    def create(i: int) -> Any:
+        return services.todo_create(
+            actor=p.as_agent(),
+            endpoint=p.agent,
+            queue="inbox",
+            title=f"t{i}",
+            idempotency_key="same",
+        )
+
+    results = run_threads(8, create)
+    assert sum(1 for r in results if r.created) == 1
+    assert len({r.todo.id for r in results}) == 1
+    assert Todo.objects.filter(idempotency_key="same").count() == 1
+
+
+def test_bad_input_names_the_field_and_changes_nothing(personas: Personas) -> None:
+    actor = personas.as_agent()
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"queue": "bad queue!", "title": "x"}, "queue"),
+        ({"queue": "inbox", "title": ""}, "title"),
+        ({"queue": "inbox", "title": "x", "max_attempts": 0}, "max_attempts"),
+        ({"queue": "inbox", "title": "x", "idempotency_key": ""}, "idempotency_key"),
+    ]
+    for kwargs, field in cases:
+        with pytest.raises(InvalidArgument) as err:
+            services.todo_create(actor=actor, endpoint=personas.agent, **kwargs)
+        assert err.value.field == field
+    with pytest.raises(Forbidden):
+        services.todo_create(actor=actor, endpoint=personas.agent, queue="elsewhere", title="x")
+    assert Todo.objects.count() == 0
+
+
+def test_the_database_refuses_what_the_services_refuse(personas: Personas) -> None:
+    from django.db import IntegrityError, transaction
+
+    (todo,) = push(personas, 1)
+    for change in (
+        {"state": "nonsense"},
+        {"max_attempts": 0},
+        {"attempt": 99},
+        {"state": "claimed"},  # a claim with no lease
+        {"next_retry_at": timezone.now()},  # a retry on a pending todo
+        {"queue": "bad name"},
+    ):
+        with pytest.raises(IntegrityError), transaction.atomic():
+            Todo.objects.filter(pk=todo.pk).update(**change)
+
+
+def test_reap_expired_requeues_or_dead_letters_at_the_cap(personas: Personas) -> None:
+    a, b = push(personas, 1)[0], push(personas, 1, max_attempts=1)[0]
+    services.claim(actor=personas.as_agent(), todo_id=a.id)
+    services.claim(actor=personas.as_agent(), todo_id=b.id)
+    lapse(a)
+    lapse(b)
+    assert services.reap_expired() == 2
+    a.refresh_from_db()
+    b.refresh_from_db()
+    assert a.state == TodoState.PENDING and a.attempt == 1 and a.lease_expires_at is None
+    assert b.dead_letter and b.result == {"error": "lease_expired"}
+    assert set(Attempt.objects.values_list("outcome", flat=True)) == {AttemptOutcome.EXPIRED}
+    assert services.reap_expired() == 0
+
+
+def test_requeue_due_retries_moves_due_failures_back_to_pending(personas: Personas) -> None:
+    due, later = push(personas, 2)
+    for todo in (due, later):
+        services.claim(actor=personas.as_agent(), todo_id=todo.id)
+        services.fail(actor=personas.as_agent(), todo_id=todo.id)
+    make_retry_due(due)
+    assert services.requeue_due_retries() == 1
+    due.refresh_from_db()
+    later.refresh_from_db()
+    assert due.state == TodoState.PENDING and due.attempt == 1 and due.next_retry_at is None
+    assert later.state == TodoState.FAILED
+
+
+def test_two_sweeps_at_once_never_process_a_row_twice(tx_personas: Personas) -> None:
+    p = tx_personas
+    todos = push(p, 300)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            WITH c AS (
+                UPDATE queues_todo SET state = 'claimed', attempt = 1, owner = 'x',
+                       lease_expires_at = now() - interval '1 minute', claimed_at = now()
+                WHERE endpoint_id = %s RETURNING id, endpoint_id, lease_expires_at
+            )
+            INSERT INTO queues_attempt (todo_id, number, endpoint_id, claimant, via, claimed_at,
+                                        lease_expires_at, summary)
+            SELECT id, 1, endpoint_id, 'x', 'api', now(), lease_expires_at, '' FROM c
+            """,
+            [p.agent.id],
+        )
+    counts = run_threads(4, lambda i: services.reap_expired())
+    assert sum(counts) == len(todos)
+    assert Todo.objects.filter(state=TodoState.PENDING).count() == len(todos)
+    assert Attempt.objects.filter(outcome=AttemptOutcome.EXPIRED).count() == len(todos)
+
+
+def test_the_operator_board_claim_is_scoped_to_owned_endpoints(personas: Personas) -> None:
+    (mine,) = push(personas, 1)
+    (theirs,) = push(personas, 1, endpoint=personas.foreign)
+    board = personas.as_human(via="board")
+    claimed = services.claim(actor=board, todo_id=mine.id)
+    assert claimed.todo.owner == "operator:olive"
+    assert Attempt.objects.get(todo=mine).via == "board"
+    with pytest.raises(NotFound):
+        services.claim(actor=board, todo_id=theirs.id)
+    # The operator may end the claim it holds without a lease token.
+    done = services.complete(actor=board, todo_id=mine.id)
+    assert done.state == TodoState.DONE
+    with pytest.raises(Forbidden):
+        services.claim(actor=personas.as_human(personas.auditor), todo_id=theirs.id)
+
+
+def test_revoking_an_endpoint_dead_letters_its_live_todos(personas: Personas) -> None:
+    a, b, c = push(personas, 3)
+    services.claim(actor=personas.as_agent(), todo_id=b.id)
+    services.claim(actor=personas.as_agent(), todo_id=c.id)
+    services.complete(actor=personas.as_agent(), todo_id=c.id)
+    assert services.endpoint_revoke(endpoint=personas.agent) == 2
+    for todo in (a, b):
+        todo.refresh_from_db()
+        assert todo.dead_letter and todo.result == {"error": "endpoint_revoked"}
+    c.refresh_from_db()
+    assert c.state == TodoState.DONE
+    assert Attempt.objects.get(todo=b).outcome == AttemptOutcome.REVOKED
