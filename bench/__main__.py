@@ -1,0 +1,87 @@
+"""``make bench``: every benchmark, results as JSON under bench/results/.
+
+Runs against a database of its own (``switchboard_bench``) on the embedded PostgreSQL, or on the
+server of DATABASE_URL, migrated fresh; the embedded Valkey is started if REDIS_URL is unset.
+``python -m bench [--duration S] [--only core,http,admission]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from typing import Any
+
+BENCHES = {
+    "core": "bench.core_bench",
+    "http": "bench.http_bench",
+    "admission": "bench.admission_bench",
+}
+
+
+def _bench_database() -> None:
+    """Point DATABASE_URL at a bench database on the same server, created if missing."""
+    import psycopg
+
+    from switchboard import embedded
+
+    base = os.environ.get("DATABASE_URL")
+    if base:
+        settings_dict = embedded.parse_database_url(base)
+        admin = base
+    else:
+        info = embedded.ensure_postgres()
+        settings_dict = embedded.database_settings(None)
+        admin = info.url("postgres")
+    name = "switchboard_bench"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+    host, port, user = settings_dict["HOST"], settings_dict["PORT"], settings_dict["USER"]
+    password = settings_dict.get("PASSWORD") or ""
+    auth = user + (f":{password}" if password else "")
+    if host.startswith("/"):
+        os.environ["DATABASE_URL"] = f"postgresql://{auth}@/{name}?host={host}&port={port}"
+    else:
+        os.environ["DATABASE_URL"] = f"postgresql://{auth}@{host}:{port}/{name}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
+    parser.add_argument("--only", default=",".join(BENCHES), help="comma-separated benches")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "switchboard.settings")
+    _bench_database()
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.core.management import call_command
+
+    from switchboard import embedded
+
+    valkey: Any = None
+    if not os.environ.get("REDIS_URL") and not embedded.valkey_running(settings.REDIS_URL):
+        valkey = embedded.start_valkey(settings.REDIS_URL)
+    call_command("migrate", verbosity=0)
+    from bench.common import write_result
+
+    status = 0
+    try:
+        for name in args.only.split(","):
+            module = importlib.import_module(BENCHES[name.strip()])
+            print(f"== {name} ({args.duration:g} s per measurement)", flush=True)
+            result = module.run(args.duration)
+            path = write_result(name, result)
+            summary = {k: v for k, v in result.items() if k not in ("raw", "switchboard")}
+            print(f"   {summary}\n   -> {path}", flush=True)
+    finally:
+        if valkey is not None:
+            valkey.stop()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,292 @@
+"""The admin: endpoints (vend shows the token once), todos (retry, release), attempts (read-only),
+pauses and personal tokens. Every write goes through queues/services.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db import models
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import reverse
+
+from queues import services
+from queues.models import (
+    BASIC_VERBS,
+    GRANTABLE_VERBS,
+    Attempt,
+    Endpoint,
+    EndpointState,
+    HumanToken,
+    QueuePause,
+    Todo,
+    TodoState,
+)
+from queues.principals import HumanActor
+from switchboard.errors import DomainError
+
+
+class EndpointVendForm(forms.ModelForm):
+    """The vend form: scope is chosen once; tokens are generated, never typed."""
+
+    notify_url = forms.URLField(required=False, assume_scheme="https")
+
+    queues = forms.CharField(help_text="Comma-separated queue names this endpoint may drain.")
+    verbs = forms.MultipleChoiceField(
+        choices=[(v, v) for v in GRANTABLE_VERBS],
+        initial=list(BASIC_VERBS),
+        widget=forms.CheckboxSelectMultiple,
+        help_text="set_admission_policy / clear_admission_policy let the agent change its own "
+        "budget; they are never part of the basic grant.",
+    )
+
+    class Meta:
+        model = Endpoint
+        fields = ["name", "owner", "default_lease_ttl_seconds", "rate_limit_rps", "notify_url"]
+
+    def clean_queues(self) -> list[str]:
+        names = [q.strip() for q in self.cleaned_data["queues"].split(",") if q.strip()]
+        if not names:
+            raise forms.ValidationError("name at least one queue")
+        for name in names:
+            try:
+                services.check_queue_name(name, field_name="queues")
+            except DomainError as exc:
+                raise forms.ValidationError(exc.message) from exc
+        return names
+
+
+class AttemptInline(admin.TabularInline):
+    model = Attempt
+    extra = 0
+    can_delete = False
+    fields = ["number", "claimant", "via", "claimed_at", "lease_expires_at", "ended_at", "outcome"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Endpoint)
+class EndpointAdmin(admin.ModelAdmin):
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
+    list_display = ["slug", "name", "owner", "state", "scope_queues", "last_seen_at", "created_at"]
+    list_filter = ["state", "owner"]
+    search_fields = ["slug", "name", "owner__username"]
+    readonly_fields = [
+        "slug",
+        "token_prefix",
+        "scope_queues",
+        "scope_verbs",
+        "state",
+        "last_seen_at",
+        "created_at",
+        "revoked_at",
+    ]
+    fields = [
+        "slug",
+        "name",
+        "owner",
+        "token_prefix",
+        "scope_queues",
+        "scope_verbs",
+        "state",
+        "default_lease_ttl_seconds",
+        "rate_limit_rps",
+        "rate_limit_burst",
+        "notify_url",
+        "last_seen_at",
+        "created_at",
+        "revoked_at",
+    ]
+    actions = ["revoke"]
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        if obj is None:
+            kwargs["form"] = EndpointVendForm
+            kwargs["fields"] = None
+        return super().get_form(request, obj, change=change, **kwargs)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is None:
+            return [
+                "name",
+                "owner",
+                "queues",
+                "verbs",
+                "default_lease_ttl_seconds",
+                "rate_limit_rps",
+                "notify_url",
+            ]
+        return self.fields
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return [] if obj is None else self.readonly_fields
+
+    def save_model(self, request: HttpRequest, obj: Endpoint, form: Any, change: bool) -> None:
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        data = form.cleaned_data
+        try:
+            endpoint, token = services.endpoint_vend(
+                owner=data["owner"],
+                name=data["name"],
+                queues=data["queues"],
+                verbs=list(data["verbs"]),
+                lease_ttl_seconds=data.get("default_lease_ttl_seconds"),
+                rps=data.get("rate_limit_rps"),
+                notify_url=data.get("notify_url") or "",
+            )
+        except DomainError as exc:
+            raise forms.ValidationError(exc.message) from exc
+        obj.pk = endpoint.pk
+        obj.slug = endpoint.slug
+        # Shown once: only the hash is stored.
+        messages.warning(
+            request,
+            f"Endpoint {endpoint.slug} vended. Its token, shown only now: {token}",
+        )
+
+    def response_add(
+        self, request: HttpRequest, obj: Endpoint, post_url_continue: Any = None
+    ) -> HttpResponse:
+        return HttpResponseRedirect(reverse("admin:queues_endpoint_change", args=[obj.pk]))
+
+    @admin.action(description="Revoke (dead-letters their live todos)")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[Endpoint]) -> None:
+        total = 0
+        for endpoint in queryset.filter(state=EndpointState.ACTIVE):
+            total += services.endpoint_revoke(endpoint=endpoint)
+        self.message_user(request, f"Revoked; {total} live todo(s) dead-lettered.")
+
+
+@admin.register(Todo)
+class TodoAdmin(admin.ModelAdmin):
+    list_display = [
+        "title",
+        "queue",
+        "endpoint",
+        "state",
+        "attempt",
+        "max_attempts",
+        "owner",
+        "created_at",
+    ]
+    list_filter = ["state", "queue", "endpoint", "source"]
+    search_fields = ["title", "idempotency_key", "id"]
+    date_hierarchy = "created_at"
+    inlines = [AttemptInline]
+    readonly_fields = [
+        "id",
+        "endpoint",
+        "queue",
+        "state",
+        "owner",
+        "lease_expires_at",
+        "attempt",
+        "next_retry_at",
+        "result",
+        "source",
+        "created_at",
+        "updated_at",
+        "claimed_at",
+        "finished_at",
+    ]
+    actions = ["retry", "release"]
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Todos change state only through the services (actions here, the API, the board).
+        return False
+
+    @admin.action(description="Retry (failed → pending, attempt reset)")
+    def retry(self, request: HttpRequest, queryset: QuerySet[Todo]) -> None:
+        self._each(request, queryset.filter(state=TodoState.FAILED), services.todo_retry, "retried")
+
+    @admin.action(description="Release (claimed → pending)")
+    def release(self, request: HttpRequest, queryset: QuerySet[Todo]) -> None:
+        self._each(
+            request, queryset.filter(state=TodoState.CLAIMED), services.todo_release, "released"
+        )
+
+    def _each(self, request: HttpRequest, queryset: QuerySet[Todo], fn: Any, verb: str) -> None:
+        actor = HumanActor(request.user, via="admin")
+        done, refused = 0, []
+        for todo in queryset:
+            try:
+                fn(actor=actor, todo_id=todo.id)
+                done += 1
+            except DomainError as exc:
+                refused.append(f"{todo.title}: {exc.message}")
+        self.message_user(request, f"{done} todo(s) {verb}.")
+        for line in refused:
+            self.message_user(request, line, level=messages.WARNING)
+
+
+@admin.register(Attempt)
+class AttemptAdmin(admin.ModelAdmin):
+    list_display = [
+        "todo",
+        "number",
+        "endpoint",
+        "claimant",
+        "via",
+        "claimed_at",
+        "outcome",
+        "disposition",
+    ]
+    list_filter = ["outcome", "disposition", "via"]
+    search_fields = ["claimant", "todo__title", "todo__id"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(QueuePause)
+class QueuePauseAdmin(admin.ModelAdmin):
+    list_display = ["queue", "reason", "paused_by", "paused_at"]
+    search_fields = ["queue", "reason"]
+    readonly_fields = ["queue", "reason", "paused_by", "paused_at"]
+
+    # Pause and resume go through queues/pauses.py (ledger rows); the admin only shows them.
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(HumanToken)
+class HumanTokenAdmin(admin.ModelAdmin):
+    list_display = ["token_prefix", "name", "user", "created_at", "last_used_at", "revoked_at"]
+    list_filter = ["revoked_at"]
+    search_fields = ["name", "user__username", "token_prefix"]
+    readonly_fields = ["token_prefix", "created_at", "last_used_at", "revoked_at"]
+    fields = ["user", "name", "token_prefix", "created_at", "last_used_at", "revoked_at"]
+    actions = ["revoke"]
+
+    def save_model(self, request: HttpRequest, obj: HumanToken, form: Any, change: bool) -> None:
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        token_obj, token = services.human_token_create(user=obj.user, name=obj.name)
+        obj.pk = token_obj.pk
+        messages.warning(request, f"Personal access token created; shown only now: {token}")
+
+    @admin.action(description="Revoke")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[HumanToken]) -> None:
+        n = sum(1 for t in queryset if services.human_token_revoke(token=t))
+        self.message_user(request, f"{n} token(s) revoked.")
