@@ -1,0 +1,70 @@
+# Switchboard. `make run` starts the console; `make test` runs every check CI runs.
+# The Makefile only prepares .venv; `manage.py serve` does the real work.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+# mypy's Django plugin imports the settings. A placeholder DATABASE_URL keeps that from starting
+# the embedded PostgreSQL, which mypy would never release (it exits without running atexit hooks).
+MYPY := DATABASE_URL=postgresql://typecheck@localhost/typecheck $(VENV)/bin/mypy
+# `make run PORT=8001` wins; else SWITCHBOARD_PORT; else 8000. (A stray PORT in the environment is ignored.)
+ifneq ($(origin PORT),command line)
+PORT := $(or $(SWITCHBOARD_PORT),8000)
+endif
+
+.PHONY: help run test bench lint fmt clean-data
+
+help:
+	@echo "make run [PORT=8000]  start Switchboard (embedded PostgreSQL and Valkey unless DATABASE_URL / REDIS_URL are set)"
+	@echo "make test             ruff, mypy and pytest, as CI runs them"
+	@echo "make bench            run the benchmarks; results go to bench/results/"
+	@echo "make lint             ruff check, ruff format --check, mypy"
+	@echo "make fmt              fix what ruff can fix and format the code"
+	@echo "make clean-data       delete .data/ (the embedded database and broker) after make run has stopped"
+
+# The virtualenv, made with python3 (3.11 or newer).
+$(PY):
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null || { \
+		echo "Switchboard needs Python 3.11 or newer, but '$(PYTHON)' is: $$($(PYTHON) --version 2>&1)." >&2; \
+		echo "Install Python 3.11+ or run: make $(MAKECMDGOALS) PYTHON=/path/to/python3.11" >&2; \
+		exit 1; }
+	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); \
+		echo "Could not create $(VENV). On Debian or Ubuntu: apt-get install python3-venv" >&2; exit 1; }
+
+# Installs run again only when the requirement files are newer than their stamps.
+$(VENV)/.stamp-run: requirements.txt | $(PY)
+	$(PIP) install -r requirements.txt
+	@touch $@
+
+$(VENV)/.stamp-dev: requirements-dev.txt requirements.txt | $(PY)
+	$(PIP) install -r requirements-dev.txt
+	@touch $@
+
+run: $(VENV)/.stamp-run
+	exec $(PY) manage.py serve --port $(PORT)
+
+test: $(VENV)/.stamp-dev
+	bash .ci/install-browser
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(MYPY)
+	$(VENV)/bin/pytest
+
+bench: $(VENV)/.stamp-dev
+	$(PY) -m bench
+
+lint: $(VENV)/.stamp-dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(MYPY)
+
+fmt: $(VENV)/.stamp-dev
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+clean-data:
+	@if [ -f .data/pg/postmaster.pid ] && kill -0 "$$(head -n 1 .data/pg/postmaster.pid)" 2>/dev/null; then \
+		echo "The embedded PostgreSQL in .data/ is running; stop make run (and other manage.py commands) first." >&2; \
+		exit 1; fi
+	rm -rf .data
