@@ -21,7 +21,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.backends.utils import CursorWrapper
 
 from queues.models import Todo
@@ -146,10 +146,13 @@ def hot_cursor() -> Iterator[CursorWrapper]:
     """A cursor for the hot statements: server-side binding, so psycopg prepares a statement it
     has run a few times on this connection and PostgreSQL stops re-planning it. Wrapped in
     Django's CursorWrapper so errors, execute wrappers and query counts behave as usual."""
-    connection.ensure_connection()
-    raw = psycopg.Cursor(connection.connection)
+    db = connections[DEFAULT_DB_ALIAS]
+    db.ensure_connection()
+    # Binary results: timestamps and uuids load without parsing text.
+    raw = psycopg.Cursor(db.connection)
+    raw.format = psycopg.pq.Format.BINARY
     try:
-        yield CursorWrapper(raw, connection)
+        yield CursorWrapper(raw, db)
     finally:
         raw.close()
 
@@ -183,14 +186,22 @@ class Candidate:
         return self.todo is not None
 
 
+_TODO_ATTNAMES = [f.attname for f in _TODO_FIELDS]
+# Fields whose database value needs Django's converter: JSON arrives as text from Django's own
+# cursors and already decoded from a binary hot cursor.
+_CONVERTED = [i for i, f in enumerate(_TODO_FIELDS) if hasattr(f, "from_db_value")]
+
+
 def todo_from_row(values: tuple[Any, ...] | list[Any]) -> Todo:
     """A Todo from a raw row in TODO_COLUMNS order, with the fields' database converters applied."""
-    converted = []
-    for f, value in zip(_TODO_FIELDS, values, strict=True):
-        if value is not None and hasattr(f, "from_db_value"):
-            value = f.from_db_value(value, None, connection)
-        converted.append(value)
-    return Todo.from_db("default", [f.attname for f in _TODO_FIELDS], converted)
+    converted = list(values)
+    if len(converted) != len(_TODO_FIELDS):
+        raise ValueError(f"expected {len(_TODO_FIELDS)} todo columns, got {len(converted)}")
+    for i in _CONVERTED:
+        value = converted[i]
+        if isinstance(value, str | bytes | bytearray):
+            converted[i] = _TODO_FIELDS[i].from_db_value(value, None, connection)
+    return Todo.from_db(DEFAULT_DB_ALIAS, _TODO_ATTNAMES, converted)
 
 
 def _candidate(row: tuple[Any, ...] | None) -> Candidate | None:

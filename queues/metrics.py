@@ -40,10 +40,13 @@ def created(queue: str, source: str) -> None:
 
 
 def claimed(queue: str, attempt: int, *, charged: bool) -> None:
-    counters.incr(CLAIMED, {"queue": queue})
-    counters.incr(ATTEMPTS, {"queue": queue, "attempt_bucket": attempt_bucket(attempt)})
+    increments: list[counters.Increment] = [
+        (CLAIMED, {"queue": queue}, 1),
+        (ATTEMPTS, {"queue": queue, "attempt_bucket": attempt_bucket(attempt)}, 1),
+    ]
     if charged:
-        counters.incr(CHARGED, {"queue": queue})
+        increments.append((CHARGED, {"queue": queue}, 1))
+    counters.incr_many(increments)
 
 
 def completed(queue: str, outcome: str, amount: int = 1) -> None:

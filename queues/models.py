@@ -151,7 +151,10 @@ LIVE_TODO = Q(state__in=[TodoState.PENDING, TodoState.CLAIMED]) | Q(
 
 class Todo(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="todos")
+    # Indexed through todo_endpoint_recent_idx and the partial indexes, not an index of its own.
+    endpoint = models.ForeignKey(
+        Endpoint, on_delete=models.CASCADE, related_name="todos", db_index=False
+    )
     queue = models.CharField(max_length=64)
     title = models.CharField(max_length=500)
     kind = models.CharField(max_length=100, blank=True, default="")
@@ -269,9 +272,15 @@ class AttemptDisposition(models.TextChoices):
 class Attempt(models.Model):
     """One row per committed claim."""
 
-    todo = models.ForeignKey(Todo, on_delete=models.CASCADE, related_name="attempts")
+    # Indexed through attempt_todo_number_idx; attempts are not looked up by endpoint on any
+    # hot path, so neither foreign key carries an index of its own (each costs every claim).
+    todo = models.ForeignKey(
+        Todo, on_delete=models.CASCADE, related_name="attempts", db_index=False
+    )
     number = models.PositiveIntegerField()
-    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="attempts")
+    endpoint = models.ForeignKey(
+        Endpoint, on_delete=models.CASCADE, related_name="attempts", db_index=False
+    )
     claimant = models.CharField(max_length=200, blank=True, default="")
     via = models.CharField(max_length=10, blank=True, default="")
     claimed_at = models.DateTimeField()

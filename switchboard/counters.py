@@ -8,14 +8,18 @@ label values, queued with ``transaction.on_commit`` so a rolled-back claim never
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
 import logging
+import os
 import threading
+import time
 from collections import Counter
 
 import redis
 from django.conf import settings
-from django.db import transaction
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 log = logging.getLogger(__name__)
 KEY_PREFIX = "switchboard:counter:"
@@ -41,8 +45,13 @@ def reset_client() -> None:
         _client = None
 
 
+@functools.lru_cache(maxsize=8192)
+def _label_key(items: tuple[tuple[str, str], ...]) -> str:
+    return json.dumps(dict(items), sort_keys=True, separators=(",", ":"))
+
+
 def label_key(labels: dict[str, str]) -> str:
-    return json.dumps(labels, sort_keys=True, separators=(",", ":"))
+    return _label_key(tuple(sorted(labels.items())))
 
 
 class _Batch:
@@ -51,19 +60,25 @@ class _Batch:
     def __init__(self) -> None:
         self.items: Counter[tuple[str, str]] = Counter()
 
-    def add(self, name: str, key: str, amount: int) -> None:
-        self.items[(name, key)] += amount
-
     def flush(self) -> None:
         _send(self.items)
 
 
+Increment = tuple[str, dict[str, str], int]
+
+
 def incr(name: str, labels: dict[str, str], amount: int = 1) -> None:
     """Count after the surrounding transaction commits (at once when there is none)."""
-    key = label_key(labels)
-    connection = transaction.get_connection()
+    incr_many([(name, labels, amount)])
+
+
+def incr_many(increments: list[Increment]) -> None:
+    items: Counter[tuple[str, str]] = Counter()
+    for name, labels, amount in increments:
+        items[(name, label_key(labels))] += amount
+    connection = connections[DEFAULT_DB_ALIAS]
     if not connection.in_atomic_block:
-        _send(Counter({(name, key): amount}))
+        _send(items)
         return
     batch: _Batch | None = getattr(connection, "_switchboard_counter_batch", None)
     # A rollback clears the commit hooks; a batch that is no longer registered is stale.
@@ -74,10 +89,30 @@ def incr(name: str, labels: dict[str, str], amount: int = 1) -> None:
         batch = _Batch()
         connection._switchboard_counter_batch = batch  # type: ignore[attr-defined]
         transaction.on_commit(batch.flush)
-    batch.add(name, key, amount)
+    batch.items.update(items)
+
+
+# Committed increments wait here until the flusher thread sends them, so a claim does not pay a
+# Redis round trip. Reads (read/value, the /metrics collector) flush this process's buffer first.
+FLUSH_INTERVAL_SECONDS = 0.25
+_buffer: Counter[tuple[str, str]] = Counter()
+_buffer_lock = threading.Lock()
+_flusher_pid: int | None = None
 
 
 def _send(items: Counter[tuple[str, str]]) -> None:
+    if not items:
+        return
+    with _buffer_lock:
+        _buffer.update(items)
+    _ensure_flusher()
+
+
+def flush() -> None:
+    """Send this process's buffered increments now."""
+    with _buffer_lock:
+        items = _buffer.copy()
+        _buffer.clear()
     if not items:
         return
     try:
@@ -86,11 +121,43 @@ def _send(items: Counter[tuple[str, str]]) -> None:
             pipe.hincrby(KEY_PREFIX + name, key, amount)
         pipe.execute()
     except redis.RedisError:
-        log.exception("could not record %d counter increments", len(items))
+        log.exception("could not record %d counter increments; keeping them", len(items))
+        with _buffer_lock:
+            _buffer.update(items)
+
+
+def _ensure_flusher() -> None:
+    global _flusher_pid
+    if _flusher_pid == os.getpid():
+        return
+    with _client_lock:
+        if _flusher_pid == os.getpid():
+            return
+        _flusher_pid = os.getpid()
+        threading.Thread(target=_flush_forever, name="counter-flusher", daemon=True).start()
+        atexit.register(flush)
+
+
+def _flush_forever() -> None:
+    while True:
+        time.sleep(FLUSH_INTERVAL_SECONDS)
+        flush()
+
+
+def _after_fork_in_child() -> None:
+    # A forked worker must not send its parent's buffer again, nor rely on its parent's thread.
+    global _flusher_pid, _client
+    _buffer.clear()
+    _flusher_pid = None
+    _client = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def read(name: str) -> dict[tuple[tuple[str, str], ...], int]:
     """Every label set of a counter and its value."""
+    flush()
     raw: dict[bytes, bytes] = client().hgetall(KEY_PREFIX + name)  # type: ignore[assignment]
     out: dict[tuple[tuple[str, str], ...], int] = {}
     for key, value in raw.items():
@@ -100,5 +167,6 @@ def read(name: str) -> dict[tuple[tuple[str, str], ...], int]:
 
 
 def value(name: str, labels: dict[str, str]) -> int:
+    flush()
     raw = client().hget(KEY_PREFIX + name, label_key(labels))
     return int(raw) if raw is not None else 0  # type: ignore[arg-type]

@@ -1,0 +1,66 @@
+"""The sweeps wired through real Celery: beat's schedule names them, a real worker on the real
+Redis broker runs them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery.contrib.testing.worker import start_worker
+from django.conf import settings
+from django.db import connection
+
+from queues import tasks
+from queues.models import Todo, TodoState
+from switchboard.celery import app
+from tests.conftest import Personas, push
+
+
+@pytest.fixture
+def celery_worker(tx_personas: Personas) -> Iterator[Any]:
+    app.conf.broker_url = settings.REDIS_URL
+    app.conf.result_backend = settings.REDIS_URL
+    app.conf.task_ignore_result = False
+    with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10) as worker:
+        yield worker
+    app.conf.result_backend = None
+    app.conf.task_ignore_result = True
+
+
+def test_beat_runs_every_sweep_on_the_interval() -> None:
+    schedule = settings.CELERY_BEAT_SCHEDULE
+    names = {entry["task"] for entry in schedule.values()}
+    assert {"queues.tasks.reap_expired", "queues.tasks.requeue_due_retries"} <= names
+    for entry in schedule.values():
+        if entry["task"].startswith("queues.tasks."):
+            assert entry["schedule"] == settings.SWEEP_INTERVAL_SECONDS == 30
+        assert entry["task"] in app.tasks or entry["task"].split(".")[0] == "admission"
+
+
+def test_a_real_worker_reaps_and_requeues(celery_worker: Any, tx_personas: Personas) -> None:
+    p = tx_personas
+    lapsed, due = push(p, 2)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            WITH c AS (
+                UPDATE queues_todo SET state = 'claimed', attempt = 1, owner = 'x',
+                       lease_expires_at = now() - interval '1 minute', claimed_at = now()
+                WHERE id = %s RETURNING id, endpoint_id, lease_expires_at
+            )
+            INSERT INTO queues_attempt (todo_id, number, endpoint_id, claimant, via, claimed_at,
+                                        lease_expires_at, summary)
+            SELECT id, 1, endpoint_id, 'x', 'api', now(), lease_expires_at, '' FROM c
+            """,
+            [lapsed.id],
+        )
+        cursor.execute(
+            "UPDATE queues_todo SET state = 'failed', attempt = 1, "
+            "next_retry_at = now() - interval '1 second' WHERE id = %s",
+            [due.id],
+        )
+    assert tasks.reap_expired.apply_async(ignore_result=False).get(timeout=30) == 1
+    assert tasks.requeue_due_retries.apply_async(ignore_result=False).get(timeout=30) == 1
+    assert Todo.objects.get(pk=lapsed.pk).state == TodoState.PENDING
+    assert Todo.objects.get(pk=due.pk).state == TodoState.PENDING
