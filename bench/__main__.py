@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {name} ({args.duration:g} s per measurement)", flush=True)
             result = module.run(args.duration)
             path = write_result(name, result)
-            summary = {k: v for k, v in result.items() if k not in ("raw", "switchboard")}
+            summary = {k: v for k, v in result.items() if not isinstance(v, list)}
             print(f"   {summary}\n   -> {path}", flush=True)
     finally:
         if valkey is not None:

@@ -60,6 +60,55 @@ RETURNING id
 """
 RAW_COMPLETE = f"UPDATE {RAW_TABLE} SET state = 'done', lease_expires_at = NULL WHERE id = %s"
 
+# The same raw loop on Switchboard's own table (its indexes and row width), for a second view of
+# where the time goes: no attempt rows, no scope, no pause, no admission probe.
+SAME_TABLE_CLAIM = """
+UPDATE queues_todo SET state = 'claimed', owner = %s, attempt = attempt + 1,
+       lease_expires_at = now() + interval '5 minutes', claimed_at = now()
+WHERE id = (SELECT id FROM queues_todo WHERE endpoint_id = %s AND queue = 'bench'
+              AND state = 'pending'
+            ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED)
+RETURNING id
+"""
+SAME_TABLE_COMPLETE = (
+    "UPDATE queues_todo SET state = 'done', lease_expires_at = NULL, finished_at = now() "
+    "WHERE id = %s"
+)
+
+
+def _raw_pool(
+    params: dict[str, Any],
+    workers: int,
+    duration_s: float,
+    claim: str,
+    complete: str,
+    extra: list[Any],
+) -> dict[str, Any]:
+    conns: dict[int, psycopg.Connection[Any]] = {}
+
+    def cycle(i: int) -> bool:
+        conn = conns.get(i)
+        if conn is None:
+            conn = conns[i] = psycopg.connect(autocommit=True, **params)
+        row = conn.execute(claim, [f"raw-{i}", *extra]).fetchone()
+        if row is None:
+            return False
+        conn.execute(complete, [row[0]])
+        return True
+
+    try:
+        return timed_pool(workers, duration_s, cycle)
+    finally:
+        for c in conns.values():
+            c.close()
+
+
+def _reload(endpoint: Endpoint, n: int) -> None:
+    Todo.objects.filter(endpoint=endpoint).delete()
+    _load_todos(endpoint, n)
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE queues_todo")
+
 
 def run(duration_s: float = 5.0) -> dict[str, Any]:
     params = connection.get_connection_params()
@@ -69,48 +118,53 @@ def run(duration_s: float = 5.0) -> dict[str, Any]:
     )
     actor = AgentActor(endpoint, via="api")
     per_config = int(4000 * duration_s) + 2000
-    results: dict[str, Any] = {"duration_s": duration_s, "raw": [], "switchboard": []}
+    results: dict[str, Any] = {
+        "duration_s": duration_s,
+        "raw": [],
+        "raw_same_table": [],
+        "switchboard": [],
+    }
+
+    def cycle(i: int) -> bool:
+        claimed = services.claim_next(actor=actor, claimant=f"w{i}")
+        if not isinstance(claimed, Claimed):
+            return False
+        services.complete(actor=actor, todo_id=claimed.todo.id)
+        return True
+
     try:
         for workers in WORKER_COUNTS:
             _raw_setup(per_config)
-            conns: dict[int, psycopg.Connection[Any]] = {}
-
-            def raw_cycle(i: int) -> bool:
-                conn = conns.get(i)
-                if conn is None:
-                    conn = conns[i] = psycopg.connect(autocommit=True, **params)
-                row = conn.execute(RAW_CLAIM, [f"raw-{i}"]).fetchone()
-                if row is None:
-                    return False
-                conn.execute(RAW_COMPLETE, [row[0]])
-                return True
-
-            results["raw"].append(timed_pool(workers, duration_s, raw_cycle))
-            for c in conns.values():
-                c.close()
-
-            Todo.objects.filter(endpoint=endpoint).delete()
-            _load_todos(endpoint, per_config)
-            with connection.cursor() as cursor:
-                cursor.execute("ANALYZE queues_todo")
-
-            def cycle(i: int) -> bool:
-                claimed = services.claim_next(actor=actor, claimant=f"w{i}")
-                if not isinstance(claimed, Claimed):
-                    return False
-                services.complete(actor=actor, todo_id=claimed.todo.id)
-                return True
-
+            results["raw"].append(
+                _raw_pool(params, workers, duration_s, RAW_CLAIM, RAW_COMPLETE, [])
+            )
+            _reload(endpoint, per_config)
+            results["raw_same_table"].append(
+                _raw_pool(
+                    params,
+                    workers,
+                    duration_s,
+                    SAME_TABLE_CLAIM,
+                    SAME_TABLE_COMPLETE,
+                    [endpoint.id],
+                )
+            )
+            _reload(endpoint, per_config)
             results["switchboard"].append(timed_pool(workers, duration_s, cycle))
     finally:
         Todo.objects.filter(endpoint=endpoint).delete()
         endpoint.delete()
         with connection.cursor() as cursor:
             cursor.execute(f"DROP TABLE IF EXISTS {RAW_TABLE}")
-    ratios = {}
-    for raw, ours in zip(results["raw"], results["switchboard"], strict=True):
-        ratios[str(raw["workers"])] = round(ours["cycles_per_s"] / raw["cycles_per_s"], 3)
-    results["ratio_vs_raw"] = ratios
+
+    def ratios(base: str) -> dict[str, float]:
+        return {
+            str(b["workers"]): round(ours["cycles_per_s"] / b["cycles_per_s"], 3)
+            for b, ours in zip(results[base], results["switchboard"], strict=True)
+        }
+
+    results["ratio_vs_raw"] = ratios("raw")
+    results["ratio_vs_raw_same_table"] = ratios("raw_same_table")
     results["target"] = "at 4 workers, switchboard >= 0.7 x raw"
-    results["target_met"] = ratios.get("4", 0) >= 0.7
+    results["target_met"] = results["ratio_vs_raw"].get("4", 0) >= 0.7
     return results
