@@ -62,8 +62,8 @@ class AttemptInline(admin.TabularInline):
     model = Attempt
     extra = 0
     can_delete = False
-    fields = ["number", "claimant", "via", "claimed_at", "lease_expires_at", "ended_at", "outcome"]
-    readonly_fields = fields
+    fields = ("number", "claimant", "via", "claimed_at", "lease_expires_at", "ended_at", "outcome")
+    readonly_fields: tuple[str, ...] = fields
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False

@@ -200,7 +200,7 @@ def todo_from_row(values: tuple[Any, ...] | list[Any]) -> Todo:
     for i in _CONVERTED:
         value = converted[i]
         if isinstance(value, str | bytes | bytearray):
-            converted[i] = _TODO_FIELDS[i].from_db_value(value, None, connection)
+            converted[i] = _TODO_FIELDS[i].from_db_value(value, None, connection)  # type: ignore[attr-defined]
     return Todo.from_db(DEFAULT_DB_ALIAS, _TODO_ATTNAMES, converted)
 
 

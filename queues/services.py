@@ -16,7 +16,7 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
@@ -91,7 +91,7 @@ def _slugify(name: str) -> str:
 
 def endpoint_vend(
     *,
-    owner: AbstractBaseUser,
+    owner: User,
     name: str,
     queues: list[str],
     verbs: list[str] | None = None,
@@ -194,7 +194,7 @@ def endpoint_revoke(*, endpoint: Endpoint) -> int:
         return total
 
 
-def human_token_create(*, user: AbstractBaseUser, name: str = "api") -> tuple[HumanToken, str]:
+def human_token_create(*, user: User, name: str = "api") -> tuple[HumanToken, str]:
     name = (name or "api").strip()[:100]
     token = HUMAN_TOKEN_PREFIX + secrets.token_urlsafe(32)
     obj = HumanToken.objects.create(
@@ -494,7 +494,7 @@ def _scoped_endpoint_ids(actor: Actor) -> list[UUID]:
         return [actor.endpoint.id]
     qs = Endpoint.objects.filter(state=EndpointState.ACTIVE)
     if not actor.is_superuser:
-        qs = qs.filter(owner=actor.user)
+        qs = qs.filter(owner_id=actor.user.pk)
     return list(qs.values_list("id", flat=True))
 
 

@@ -169,4 +169,4 @@ def read(name: str) -> dict[tuple[tuple[str, str], ...], int]:
 def value(name: str, labels: dict[str, str]) -> int:
     flush()
     raw = client().hget(KEY_PREFIX + name, label_key(labels))
-    return int(raw) if raw is not None else 0  # type: ignore[arg-type]
+    return int(raw) if raw is not None else 0

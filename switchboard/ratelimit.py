@@ -45,7 +45,7 @@ def take(key: str, *, rate: float, burst: int) -> tuple[bool, int]:
     if rate <= 0:
         return True, 0
     try:
-        allowed, wait_ms = counters.client().eval(  # type: ignore[misc]
+        allowed, wait_ms = counters.client().eval(
             _TAKE, 1, f"switchboard:bucket:{key}", rate, max(1, burst), time.time()
         )
     except redis.RedisError:

@@ -39,7 +39,7 @@ def test_eight_racers_claim_two_hundred_todos_exactly_once(tx_personas: Personas
     todos = push(p, 200)
 
     def drain(i: int) -> list[Any]:
-        got = []
+        got: list[Any] = []
         actor = p.as_agent()
         while True:
             result = services.claim_next(actor=actor, claimant=f"worker-{i}")

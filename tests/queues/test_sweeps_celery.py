@@ -29,7 +29,7 @@ def celery_worker(tx_personas: Personas) -> Iterator[Any]:
 
 
 def test_beat_runs_every_sweep_on_the_interval() -> None:
-    schedule = settings.CELERY_BEAT_SCHEDULE
+    schedule: dict[str, dict[str, Any]] = settings.CELERY_BEAT_SCHEDULE
     names = {entry["task"] for entry in schedule.values()}
     assert {"queues.tasks.reap_expired", "queues.tasks.requeue_due_retries"} <= names
     for entry in schedule.values():
