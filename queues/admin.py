@@ -63,7 +63,15 @@ class AttemptInline(admin.TabularInline):
     extra = 0
     can_delete = False
     fields = ("number", "claimant", "via", "claimed_at", "lease_expires_at", "ended_at", "outcome")
-    readonly_fields: tuple[str, ...] = fields
+    readonly_fields = (
+        "number",
+        "claimant",
+        "via",
+        "claimed_at",
+        "lease_expires_at",
+        "ended_at",
+        "outcome",
+    )
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
