@@ -27,8 +27,11 @@ def endpoint_for_token(token: str) -> Endpoint | None:
     if not token.startswith(ENDPOINT_TOKEN_PREFIX):
         return None
     digest = hash_token(token)
-    endpoint = Endpoint.objects.select_related("owner").filter(token_hash=digest).first()
-    if endpoint is None or not hmac.compare_digest(endpoint.token_hash, digest):
+    try:
+        endpoint = Endpoint.objects.select_related("owner").get(token_hash=digest)
+    except Endpoint.DoesNotExist:
+        return None
+    if not hmac.compare_digest(endpoint.token_hash, digest):
         return None
     if endpoint.state != EndpointState.ACTIVE:
         return None

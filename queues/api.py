@@ -1,0 +1,321 @@
+"""REST routes of the queues app: the agent verbs, and the operator routes for endpoints and todos.
+
+Agent routes (``/api/v1/agent/<verb>``, bearer ``sbk_``) are generated from the verb registry
+(``switchboard.verbs``), one POST per verb, the body being the verb's arguments. The grant is
+checked with the credentials, before the body is read, so a verb outside ``scope_verbs`` is 403
+whatever the body says.
+
+Operator routes (humans: session or ``sbh_``): owners see and change their own endpoints and
+todos, superusers all, auditors read all and change nothing (403). Foreign and unknown are both
+404.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+from uuid import UUID
+
+from django.contrib.auth import get_user_model
+from django.http import HttpRequest, HttpResponse
+from ninja import Query, Router, Schema
+from ninja.responses import Response, Status
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from queues import selectors, services
+from queues.models import QUEUE_NAME_RE, Endpoint, Todo, TodoSource
+from queues.principals import AgentActor, HumanActor
+from queues.schemas import (
+    CreateTodoOut,
+    EndpointListOut,
+    ErrorOut,
+    OperatorCreateTodoIn,
+    RevokeOut,
+    TodoEnvelope,
+    TodoListOut,
+    TodoStateFilter,
+    VendIn,
+    VendOut,
+    endpoint_out,
+    one_todo_out,
+    todos_out,
+    vend_out,
+)
+from queues.selectors import MAX_PAGE
+from switchboard import verbs
+from switchboard.auth import AgentAuth, HumanAuth, authenticate_agent
+from switchboard.errors import Forbidden, InvalidArgument, NotFound
+
+# --- agent verbs ------------------------------------------------------------------------------
+
+
+class VerbAuth(AgentAuth):
+    """Bearer sbk_… holding one verb: 401 unknown/revoked, 429 over the rate, 403 not granted."""
+
+    def __init__(self, verb: str) -> None:
+        super().__init__()
+        self.verb = verb
+
+    def authenticate(self, request: HttpRequest, token: str) -> AgentActor | None:
+        actor = authenticate_agent(request, token, via="api")
+        verbs.check_grant(actor, self.verb)
+        return actor
+
+
+def _errors(statuses: tuple[int, ...]) -> dict[Any, Any]:
+    return {frozenset(statuses): ErrorOut}
+
+
+def _verb_operation(spec: verbs.VerbSpec) -> Any:
+    def operation(request: HttpRequest, data: BaseModel) -> HttpResponse:
+        actor = request.auth  # type: ignore[attr-defined]
+        return Response(verbs.call(actor, spec, data))
+
+    # The body is the verb's own input model; a verb whose arguments are all optional accepts
+    # an empty body.
+    try:
+        default: Any = spec.input()
+    except ValidationError:
+        default = inspect.Parameter.empty
+    operation.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [
+            inspect.Parameter(
+                "request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=HttpRequest
+            ),
+            inspect.Parameter(
+                "data",
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                annotation=spec.input,
+                default=default,
+            ),
+        ]
+    )
+    operation.__name__ = f"agent_{spec.name}"
+    return operation
+
+
+def build_agent_router() -> Router:
+    """One POST per registered verb. Called once, by switchboard/api.py when it mounts the
+    routers (not at import, so a verb module may import switchboard.api without a cycle)."""
+    router = Router(tags=["agent"])
+    for spec in verbs.load_verbs().values():
+        router.add_api_operation(
+            f"/{spec.name}",
+            ["POST"],
+            _verb_operation(spec),
+            auth=VerbAuth(spec.name),
+            response={200: spec.output, **_errors(spec.statuses)},
+            operation_id=f"agent_{spec.name}",
+            summary=spec.name,
+            description=spec.description,
+        )
+    return router
+
+
+# --- operators: endpoints ---------------------------------------------------------------------
+
+human_auth = HumanAuth()
+endpoints_router = Router(tags=["endpoints"], auth=human_auth)
+todos_router = Router(tags=["todos"], auth=human_auth)
+
+READ_ERRORS = (400, 401, 403, 404)
+WRITE_ERRORS = (400, 401, 403, 404, 409, 413)
+
+
+class _AuditReader(HumanActor):
+    """An auditor reading: sees every endpoint and todo (the selectors' superuser scope).
+
+    Only ever passed to selectors, never to a service, so it cannot change anything.
+    """
+
+    @property
+    def is_superuser(self) -> bool:
+        return True
+
+
+def reader(actor: HumanActor) -> HumanActor:
+    """The actor to read as: auditors read everything."""
+    if actor.is_auditor and not actor.is_superuser:
+        return _AuditReader(user=actor.user, via=actor.via)
+    return actor
+
+
+def _refuse_auditor(actor: HumanActor) -> None:
+    if actor.is_auditor and not actor.is_superuser:
+        raise Forbidden("auditors read; they do not change endpoints or todos")
+
+
+def _visible_endpoints(actor: HumanActor) -> Any:
+    qs = Endpoint.objects.select_related("owner")
+    if actor.is_superuser or actor.is_auditor:
+        return qs
+    return qs.filter(owner_id=actor.user.pk)
+
+
+def _endpoint(actor: HumanActor, slug: str) -> Endpoint:
+    endpoint = _visible_endpoints(actor).filter(slug=slug).first()
+    if endpoint is None:
+        raise NotFound("no such endpoint", slug=slug)
+    return endpoint
+
+
+@endpoints_router.post(
+    "",
+    response={201: VendOut, **_errors(WRITE_ERRORS)},
+    operation_id="endpoints_vend",
+    summary="Vend an endpoint (its token is shown once)",
+)
+def vend(request: HttpRequest, data: VendIn) -> Any:
+    actor: HumanActor = request.auth  # type: ignore[attr-defined]
+    _refuse_auditor(actor)
+    owner: Any = actor.user
+    if data.owner is not None and data.owner != actor.user.get_username():
+        if not actor.is_superuser:
+            raise Forbidden("only a superuser may vend an endpoint for someone else")
+        owner = get_user_model().objects.filter(username=data.owner).first()
+        if owner is None:
+            raise InvalidArgument(f"no user named {data.owner!r}", field="owner")
+    endpoint, token = services.endpoint_vend(
+        owner=owner,
+        name=data.name,
+        queues=data.queues,
+        verbs=data.verbs,
+        lease_ttl_seconds=data.lease_ttl_seconds,
+        rps=data.rps,
+        burst=data.burst,
+        slug=data.slug,
+    )
+    endpoint = Endpoint.objects.select_related("owner").get(pk=endpoint.pk)
+    return Status(201, vend_out(endpoint, token))
+
+
+class EndpointFilter(Schema):
+    model_config = ConfigDict(extra="forbid")
+    state: str | None = Field(default=None, pattern="^(active|revoked)$")
+
+
+@endpoints_router.get(
+    "",
+    response={200: EndpointListOut, **_errors((400, 401))},
+    operation_id="endpoints_list",
+    summary="Endpoints you own (all of them for superusers and auditors)",
+)
+def list_endpoints(request: HttpRequest, filters: Query[EndpointFilter]) -> Any:
+    actor: HumanActor = request.auth  # type: ignore[attr-defined]
+    qs = _visible_endpoints(actor)
+    if filters.state:
+        qs = qs.filter(state=filters.state)
+    return {"endpoints": [endpoint_out(e) for e in qs.order_by("slug")]}
+
+
+@endpoints_router.post(
+    "/{slug}/revoke",
+    response={200: RevokeOut, **_errors(READ_ERRORS)},
+    operation_id="endpoints_revoke",
+    summary="Revoke an endpoint; its live todos are dead-lettered with endpoint_revoked",
+)
+def revoke(request: HttpRequest, slug: str) -> Any:
+    actor: HumanActor = request.auth  # type: ignore[attr-defined]
+    endpoint = _endpoint(actor, slug)
+    _refuse_auditor(actor)
+    count = services.endpoint_revoke(endpoint=endpoint)
+    return {"endpoint": endpoint_out(endpoint), "dead_lettered": count}
+
+
+# --- operators: todos -------------------------------------------------------------------------
+
+
+@todos_router.post(
+    "",
+    response={201: CreateTodoOut, 200: CreateTodoOut, **_errors(WRITE_ERRORS)},
+    operation_id="todos_create",
+    summary="Put a todo on an owned endpoint's queue (200 with created: false for a live "
+    "idempotency key)",
+)
+def create_todo(request: HttpRequest, data: OperatorCreateTodoIn) -> Any:
+    actor: HumanActor = request.auth  # type: ignore[attr-defined]
+    endpoint = _endpoint(actor, data.endpoint)
+    _refuse_auditor(actor)
+    made = services.todo_create(
+        actor=actor,
+        endpoint=endpoint,
+        queue=data.queue,
+        title=data.title,
+        kind=data.kind,
+        payload=data.payload,
+        idempotency_key=data.idempotency_key,
+        max_attempts=data.max_attempts,
+        source=TodoSource.API,
+    )
+    body = {"todo": one_todo_out(made.todo), "created": made.created}
+    return Status(201 if made.created else 200, body)
+
+
+class TodoFilter(Schema):
+    model_config = ConfigDict(extra="forbid")
+    endpoint: str | None = Field(default=None, max_length=63, description="An endpoint slug")
+    queue: str | None = Field(default=None, pattern=QUEUE_NAME_RE, max_length=64)
+    state: TodoStateFilter | None = None
+    cursor: str | None = Field(default=None, max_length=200)
+    limit: int = Field(default=50, ge=1, le=MAX_PAGE)
+
+
+@todos_router.get(
+    "",
+    response={200: TodoListOut, **_errors(READ_ERRORS)},
+    operation_id="todos_list",
+    summary="A page of todos of your endpoints, oldest first",
+)
+def list_todos(request: HttpRequest, filters: Query[TodoFilter]) -> Any:
+    actor: HumanActor = request.auth  # type: ignore[attr-defined]
+    endpoint = _endpoint(actor, filters.endpoint) if filters.endpoint else None
+    todos, next_cursor = selectors.todos_for(
+        actor=reader(actor),
+        endpoint=endpoint,
+        queue=filters.queue,
+        state=filters.state,
+        cursor=filters.cursor,
+        limit=filters.limit,
+    )
+    return {"todos": todos_out(todos), "next_cursor": next_cursor}
+
+
+def _todo(actor: HumanActor, todo_id: UUID) -> Todo:
+    return selectors.todo_get(actor=reader(actor), todo_id=todo_id)
+
+
+@todos_router.get(
+    "/{id}",
+    response={200: TodoEnvelope, **_errors(READ_ERRORS)},
+    operation_id="todos_get",
+    summary="One todo",
+)
+def get_todo(request: HttpRequest, id: UUID) -> Any:
+    actor: HumanActor = request.auth  # type: ignore[attr-defined]
+    return {"todo": one_todo_out(_todo(actor, id))}
+
+
+@todos_router.post(
+    "/{id}/retry",
+    response={200: TodoEnvelope, **_errors(WRITE_ERRORS)},
+    operation_id="todos_retry",
+    summary="A failed todo (waiting or dead-lettered) back to pending, attempts reset",
+)
+def retry(request: HttpRequest, id: UUID) -> Any:
+    actor: HumanActor = request.auth  # type: ignore[attr-defined]
+    _todo(actor, id)
+    _refuse_auditor(actor)
+    return {"todo": one_todo_out(services.todo_retry(actor=actor, todo_id=id))}
+
+
+@todos_router.post(
+    "/{id}/release",
+    response={200: TodoEnvelope, **_errors(WRITE_ERRORS)},
+    operation_id="todos_release",
+    summary="Release a claim on an owned endpoint's todo (no lease token needed)",
+)
+def release(request: HttpRequest, id: UUID) -> Any:
+    actor: HumanActor = request.auth  # type: ignore[attr-defined]
+    _todo(actor, id)
+    _refuse_auditor(actor)
+    return {"todo": one_todo_out(services.todo_release(actor=actor, todo_id=id))}

@@ -1,0 +1,133 @@
+"""``manage.py endpoint vend|list|revoke``: agents' credentials, from the shell.
+
+    endpoint vend --owner USER --name NAME --queues a,b [--verbs v,w] [--lease-ttl S] [--rps N]
+                  [--burst N] [--slug SLUG] [--json]
+    endpoint list [--owner USER] [--state active|revoked] [--json]
+    endpoint revoke SLUG [--json]
+
+``vend`` prints the slug, the token (shown once), the MCP URL and a ready ``.mcp.json`` snippet.
+Exit codes: 0 ok, 1 refused (stderr names the field), 2 usage (switchboard/cli.py).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandParser
+
+from queues import services
+from queues.models import Endpoint
+from queues.schemas import endpoint_out, vend_out
+from switchboard.cli import emit, refused, usage
+from switchboard.errors import DomainError, NotFound
+
+
+def _csv(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def _user(username: str, flag: str) -> Any:
+    user = get_user_model()._default_manager.filter(username=username).first()
+    if user is None:
+        raise usage(f"{flag}: no user named {username!r}")
+    return user
+
+
+class Command(BaseCommand):
+    help = "Vend, list and revoke endpoints (agents' credentials and scopes)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="subcommand", title="subcommands")
+
+        vend = sub.add_parser("vend", help="create an endpoint and print its token once")
+        vend.add_argument("--owner", required=True, metavar="USER", help="the owning human")
+        vend.add_argument("--name", required=True, help="a human name for the agent")
+        vend.add_argument(
+            "--queues", required=True, type=_csv, help="comma-separated queue names it may use"
+        )
+        vend.add_argument(
+            "--verbs",
+            type=_csv,
+            default=None,
+            help="comma-separated verbs to grant (default: the basic todo verbs)",
+        )
+        vend.add_argument("--lease-ttl", type=int, default=None, metavar="S")
+        vend.add_argument(
+            "--rps", type=float, default=None, help="request rate limit (0 = unlimited)"
+        )
+        vend.add_argument("--burst", type=int, default=None)
+        vend.add_argument("--slug", default=None, help="the URL slug (default: from the name)")
+        vend.add_argument("--json", action="store_true", help="print JSON")
+        vend.set_defaults(handler=self.vend)
+
+        listing = sub.add_parser("list", help="list endpoints")
+        listing.add_argument("--owner", default=None, metavar="USER")
+        listing.add_argument("--state", choices=["active", "revoked"], default=None)
+        listing.add_argument("--json", action="store_true", help="print JSON")
+        listing.set_defaults(handler=self.list)
+
+        revoke = sub.add_parser(
+            "revoke", help="revoke an endpoint; its live todos are dead-lettered"
+        )
+        revoke.add_argument("slug", metavar="SLUG")
+        revoke.add_argument("--json", action="store_true", help="print JSON")
+        revoke.set_defaults(handler=self.revoke)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        handler = options.get("handler")
+        if handler is None:
+            raise usage("name a subcommand: endpoint vend|list|revoke")
+        try:
+            handler(options)
+        except DomainError as exc:
+            refused(self, options, exc)
+
+    def vend(self, options: dict[str, Any]) -> None:
+        owner = _user(options["owner"], "--owner")
+        endpoint, token = services.endpoint_vend(
+            owner=owner,
+            name=options["name"],
+            queues=options["queues"],
+            verbs=options["verbs"],
+            lease_ttl_seconds=options["lease_ttl"],
+            rps=options["rps"],
+            burst=options["burst"],
+            slug=options["slug"],
+        )
+        data = vend_out(endpoint, token)
+        text = "\n".join(
+            [
+                f"slug:    {endpoint.slug}",
+                f"token:   {token}   (shown once; only its hash is kept)",
+                f"MCP URL: {data['mcp_url']}",
+                f"grant:   {', '.join(endpoint.scope_verbs)}",
+                "",
+                ".mcp.json:",
+                json.dumps(data["mcp_json"], indent=2),
+            ]
+        )
+        emit(self, options, data, text)
+
+    def list(self, options: dict[str, Any]) -> None:
+        qs = Endpoint.objects.select_related("owner").order_by("slug")
+        if options["owner"]:
+            qs = qs.filter(owner=_user(options["owner"], "--owner"))
+        if options["state"]:
+            qs = qs.filter(state=options["state"])
+        rows = [endpoint_out(e) for e in qs]
+        lines = [
+            f"{r['slug']:<24} {r['state']:<8} {r['owner']:<12} "
+            f"queues={','.join(r['scope_queues'])} verbs={len(r['scope_verbs'])}"
+            for r in rows
+        ]
+        emit(self, options, {"endpoints": rows}, "\n".join(lines) or "no endpoints")
+
+    def revoke(self, options: dict[str, Any]) -> None:
+        endpoint = Endpoint.objects.select_related("owner").filter(slug=options["slug"]).first()
+        if endpoint is None:
+            raise NotFound(f"no endpoint with slug {options['slug']!r}", field="slug")
+        count = services.endpoint_revoke(endpoint=endpoint)
+        data = {"endpoint": endpoint_out(endpoint), "dead_lettered": count}
+        emit(self, options, data, f"revoked {endpoint.slug}; {count} live todo(s) dead-lettered")

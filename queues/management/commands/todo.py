@@ -1,0 +1,72 @@
+"""``manage.py todo push ENDPOINT QUEUE --title T [--payload JSON] [--key K]``: put work in.
+
+Acts as the endpoint's owner (the operator at the shell stands in for them). ``--key`` is the
+idempotency key: while a todo with it is live, pushing again returns that todo (created: false).
+Exit codes: 0 ok, 1 refused (stderr names the field), 2 usage (switchboard/cli.py).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from queues import services
+from queues.models import Endpoint, TodoSource
+from queues.principals import HumanActor
+from queues.schemas import one_todo_out
+from switchboard.cli import emit, refused, usage
+from switchboard.errors import DomainError, InvalidArgument, NotFound
+
+
+class Command(BaseCommand):
+    help = "Put todos on an endpoint's queue."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="subcommand", title="subcommands")
+        push = sub.add_parser("push", help="create a todo on ENDPOINT's QUEUE")
+        push.add_argument("endpoint", metavar="ENDPOINT", help="the endpoint's slug")
+        push.add_argument("queue", metavar="QUEUE")
+        push.add_argument("--title", required=True)
+        push.add_argument("--payload", default=None, metavar="JSON", help="any JSON value")
+        push.add_argument("--key", default=None, help="idempotency key")
+        push.add_argument("--kind", default="")
+        push.add_argument("--max-attempts", type=int, default=None, metavar="N")
+        push.add_argument("--json", action="store_true", help="print JSON")
+        push.set_defaults(handler=self.push)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        handler = options.get("handler")
+        if handler is None:
+            raise usage("name a subcommand: todo push")
+        try:
+            handler(options)
+        except DomainError as exc:
+            refused(self, options, exc)
+
+    def push(self, options: dict[str, Any]) -> None:
+        endpoint = Endpoint.objects.select_related("owner").filter(slug=options["endpoint"]).first()
+        if endpoint is None:
+            raise NotFound(f"no endpoint with slug {options['endpoint']!r}", field="endpoint")
+        payload = None
+        if options["payload"] is not None:
+            try:
+                payload = json.loads(options["payload"])
+            except ValueError as exc:
+                raise InvalidArgument(f"payload is not JSON: {exc}", field="payload") from None
+        made = services.todo_create(
+            actor=HumanActor(endpoint.owner, via="cli"),
+            endpoint=endpoint,
+            queue=options["queue"],
+            title=options["title"],
+            kind=options["kind"],
+            payload=payload,
+            idempotency_key=options["key"],
+            max_attempts=options["max_attempts"],
+            source=TodoSource.CLI,
+        )
+        todo = one_todo_out(made.todo)
+        verb = "created" if made.created else "already live (same key)"
+        text = f"{verb}: {todo['id']} on {endpoint.slug}/{todo['queue']}: {todo['title']}"
+        emit(self, options, {"todo": todo, "created": made.created}, text)

@@ -1,0 +1,87 @@
+"""``manage.py token create|revoke``: humans' personal access tokens (``sbh_…``) for the API.
+
+    token create --user USER [--name NAME] [--json]     prints the token once
+    token revoke PREFIX_OR_ID [--json]                  by id, by the shown prefix, or the token
+
+Exit codes: 0 ok, 1 refused (stderr names the field), 2 usage (switchboard/cli.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandParser
+
+from queues import services
+from queues.models import HumanToken
+from queues.schemas import iso
+from switchboard.cli import emit, refused, usage
+from switchboard.errors import Conflict, DomainError, NotFound
+
+
+def token_out(row: HumanToken) -> dict[str, Any]:
+    return {
+        "id": row.pk,
+        "user": row.user.get_username(),
+        "name": row.name,
+        "prefix": row.token_prefix,
+        "created_at": iso(row.created_at),
+        "revoked_at": iso(row.revoked_at),
+    }
+
+
+class Command(BaseCommand):
+    help = "Create and revoke personal access tokens (sbh_…) for the API."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="subcommand", title="subcommands")
+        create = sub.add_parser("create", help="create a token and print it once")
+        create.add_argument("--user", required=True, metavar="USER")
+        create.add_argument("--name", default="cli", help="what the token is for")
+        create.add_argument("--json", action="store_true", help="print JSON")
+        create.set_defaults(handler=self.create)
+
+        revoke = sub.add_parser("revoke", help="revoke a token")
+        revoke.add_argument("token", metavar="PREFIX_OR_ID")
+        revoke.add_argument("--json", action="store_true", help="print JSON")
+        revoke.set_defaults(handler=self.revoke)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        handler = options.get("handler")
+        if handler is None:
+            raise usage("name a subcommand: token create|revoke")
+        try:
+            handler(options)
+        except DomainError as exc:
+            refused(self, options, exc)
+
+    def create(self, options: dict[str, Any]) -> None:
+        user = get_user_model()._default_manager.filter(username=options["user"]).first()
+        if user is None:
+            raise usage(f"--user: no user named {options['user']!r}")
+        row, token = services.human_token_create(user=user, name=options["name"])
+        data = {**token_out(row), "token": token}
+        text = f"token for {user.get_username()}: {token}\n(shown once; use it as Authorization: Bearer …)"
+        emit(self, options, data, text)
+
+    def revoke(self, options: dict[str, Any]) -> None:
+        given: str = options["token"].strip()
+        rows = HumanToken.objects.select_related("user")
+        if given.isdigit():
+            matches = list(rows.filter(pk=int(given)))
+        elif given.startswith(services.HUMAN_TOKEN_PREFIX) and len(given) > 16:
+            matches = list(rows.filter(token_hash=services.hash_token(given)))
+        else:
+            matches = list(rows.filter(token_prefix__startswith=given)[:2]) if given else []
+        if not matches:
+            raise NotFound(f"no token matches {given!r}", field="token")
+        if len(matches) > 1:
+            raise Conflict(f"{given!r} matches more than one token; give its id", field="token")
+        row = matches[0]
+        changed = services.human_token_revoke(token=row)
+        row.refresh_from_db()
+        text = f"revoked {row.token_prefix}… ({row.user.get_username()})"
+        if not changed:
+            text = f"{row.token_prefix}… was already revoked"
+        emit(self, options, {**token_out(row), "changed": changed}, text)

@@ -1,0 +1,382 @@
+"""Input and output schemas of the todo surfaces (REST, MCP, CLI), and the one todo shape.
+
+Every read that returns todos goes through ``todo_out`` (with ``admission_for`` of the same
+todos), so the agent verbs, the operator routes and the CLI show a todo the same way.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Literal
+from uuid import UUID
+
+from django.conf import settings
+from ninja import Schema
+from pydantic import ConfigDict, Field
+
+from queues.models import GRANTABLE_VERBS, QUEUE_NAME_RE, SLUG_RE, Endpoint, Todo, TodoState
+from queues.selectors import MAX_PAGE
+
+
+def QueueName() -> Any:
+    return Field(pattern=QUEUE_NAME_RE, min_length=1, max_length=64)
+
+
+def LeaseTtl() -> Any:
+    return Field(default=None, ge=1, le=86400, description="Lease length; default per endpoint")
+
+
+TodoStateFilter = Literal["pending", "claimed", "done", "failed", "dead_letter"]
+
+
+def iso(value: datetime | None) -> str | None:
+    """ISO 8601 in UTC with a ``Z``, as pydantic writes it (so every surface prints alike)."""
+    if value is None:
+        return None
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+# --- outputs ----------------------------------------------------------------------------------
+
+
+class Strict(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TodoAdmissionOut(Schema):
+    state: Literal["admitted", "deferred"]
+    reason: str | None = None
+    next_eligible_at: datetime | None = None
+    exact: bool
+
+
+class TodoOut(Schema):
+    id: UUID
+    queue: str
+    title: str
+    kind: str
+    payload: Any = None
+    state: Literal["pending", "claimed", "done", "failed"]
+    owner: str
+    attempt: int
+    max_attempts: int
+    lease_expires_at: datetime | None
+    next_retry_at: datetime | None
+    dead_letter: bool
+    result: Any = None
+    created_at: datetime
+    updated_at: datetime
+    admission: TodoAdmissionOut | None = Field(
+        default=None,
+        description="Present on a pending todo of a budgeted queue: whether a claim would be "
+        "admitted now, and if not, why and until when.",
+    )
+
+
+def todo_out(todo: Todo, admission: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A todo as every surface shows it; ``admission`` is its entry in ``admission_for``."""
+    out: dict[str, Any] = {
+        "id": str(todo.id),
+        "queue": todo.queue,
+        "title": todo.title,
+        "kind": todo.kind,
+        "payload": todo.payload,
+        "state": todo.state,
+        "owner": todo.owner,
+        "attempt": todo.attempt,
+        "max_attempts": todo.max_attempts,
+        "lease_expires_at": iso(todo.lease_expires_at),
+        "next_retry_at": iso(todo.next_retry_at),
+        "dead_letter": todo.dead_letter,
+        "result": todo.result,
+        "created_at": iso(todo.created_at),
+        "updated_at": iso(todo.updated_at),
+    }
+    if admission is not None and todo.state == TodoState.PENDING:
+        out["admission"] = {
+            "state": admission["state"],
+            "reason": admission.get("reason"),
+            "next_eligible_at": iso(admission.get("next_eligible_at")),
+            "exact": bool(admission.get("exact")),
+        }
+    return out
+
+
+def todos_out(todos: list[Todo]) -> list[dict[str, Any]]:
+    """Several todos, with one admission lookup for all of them."""
+    from queues.selectors import admission_for
+
+    statuses = admission_for(todos)
+    return [todo_out(t, statuses.get(t.id)) for t in todos]
+
+
+def one_todo_out(todo: Todo) -> dict[str, Any]:
+    return todos_out([todo])[0]
+
+
+class ErrorOut(Schema):
+    """Every refusal: a sentence, a code, and details such as the field at fault."""
+
+    error: str
+    code: str
+    field: str | None = None
+
+
+class DeferredQueueOut(Schema):
+    queue: str
+    reason: str | None
+    pending: int
+    next_eligible_at: datetime | None = None
+    exact: bool
+
+
+# --- agent verbs ------------------------------------------------------------------------------
+
+
+class CreateTodoIn(Strict):
+    queue: str = QueueName()
+    title: str = Field(min_length=1, max_length=500)
+    kind: str = Field(default="", max_length=100)
+    payload: Any = Field(default=None, description="Any JSON; an object by convention")
+    idempotency_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="While a todo with this key is live, creating again returns it",
+    )
+    max_attempts: int | None = Field(default=None, ge=1, le=100)
+
+
+class CreateTodoOut(Schema):
+    todo: TodoOut
+    created: bool
+
+
+class TodoIdIn(Strict):
+    id: UUID
+
+
+class TodoEnvelope(Schema):
+    todo: TodoOut
+
+
+class ListTodosIn(Strict):
+    queue: str | None = Field(default=None, pattern=QUEUE_NAME_RE, max_length=64)
+    state: TodoStateFilter | None = None
+    limit: int = Field(default=50, ge=1, le=MAX_PAGE)
+    cursor: str | None = Field(default=None, max_length=200)
+
+
+class ListTodosOut(Schema):
+    todos: list[TodoOut]
+    paused_queues: list[str]
+    next_cursor: str | None
+
+
+class ClaimIn(Strict):
+    id: UUID
+    lease_ttl_seconds: int | None = LeaseTtl()
+    require_fence: bool = Field(
+        default=False, description="Issue a lease_token that every later transition must carry"
+    )
+    claimant: str | None = Field(default=None, min_length=1, max_length=200)
+
+
+class ClaimNextIn(Strict):
+    queue: str | None = Field(
+        default=None,
+        pattern=QUEUE_NAME_RE,
+        max_length=64,
+        description="One of the granted queues; default all of them",
+    )
+    lease_ttl_seconds: int | None = LeaseTtl()
+    require_fence: bool = False
+    claimant: str | None = Field(default=None, min_length=1, max_length=200)
+
+
+class ClaimOut(Schema):
+    todo: TodoOut
+    attempt: int
+    lease_token: str | None = Field(default=None, description="Present when fenced")
+    admission: dict[str, Any] | None = Field(
+        default=None, description="The budget's headroom after this claim, on a budgeted queue"
+    )
+
+
+class ClaimNextOut(Schema):
+    empty: bool
+    todo: TodoOut | None = None
+    attempt: int | None = None
+    lease_token: str | None = None
+    admission: dict[str, Any] | None = None
+    deferred: list[DeferredQueueOut] | None = Field(
+        default=None, description="When empty: the granted queues holding work admission defers"
+    )
+
+
+class HeartbeatIn(Strict):
+    id: UUID
+    lease_ttl_seconds: int | None = LeaseTtl()
+    lease_token: str | None = Field(default=None, max_length=200)
+
+
+class CompleteIn(Strict):
+    id: UUID
+    result: Any = None
+    summary: str = Field(default="", max_length=10000)
+    lease_token: str | None = Field(default=None, max_length=200)
+
+
+class FailIn(Strict):
+    id: UUID
+    error: Any = None
+    summary: str = Field(default="", max_length=10000)
+    lease_token: str | None = Field(default=None, max_length=200)
+
+
+class ReleaseIn(Strict):
+    id: UUID
+    lease_token: str | None = Field(default=None, max_length=200)
+
+
+# --- operators --------------------------------------------------------------------------------
+
+
+class VendIn(Strict):
+    name: str = Field(min_length=1, max_length=200)
+    queues: list[str] = Field(min_length=1, max_length=100)
+    verbs: list[str] | None = Field(
+        default=None,
+        description="Default: the basic grant (the todo verbs). Grantable: "
+        + ", ".join(GRANTABLE_VERBS),
+    )
+    lease_ttl_seconds: int | None = Field(default=None, ge=1, le=86400)
+    rps: float | None = Field(
+        default=None, ge=0, le=100000, description="Request rate limit; 0 = unlimited"
+    )
+    burst: int | None = Field(default=None, ge=1, le=1000000)
+    slug: str | None = Field(default=None, pattern=SLUG_RE, max_length=63)
+    owner: str | None = Field(
+        default=None, max_length=150, description="Username of the owner (superusers only)"
+    )
+
+
+class EndpointOut(Schema):
+    id: UUID
+    slug: str
+    name: str
+    owner: str
+    state: Literal["active", "revoked"]
+    scope_queues: list[str]
+    scope_verbs: list[str]
+    default_lease_ttl_seconds: int | None
+    rate_limit_rps: float | None
+    rate_limit_burst: int | None
+    token_prefix: str
+    mcp_url: str
+    last_seen_at: datetime | None
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class VerbFamilyOut(Schema):
+    family: str
+    verbs: list[str]
+    note: str
+
+
+class VendOut(Schema):
+    endpoint: EndpointOut
+    token: str = Field(description="Shown once; only its hash is stored")
+    mcp_url: str
+    mcp_json: dict[str, Any] = Field(description="A ready .mcp.json snippet")
+    grantable: list[VerbFamilyOut]
+
+
+class EndpointListOut(Schema):
+    endpoints: list[EndpointOut]
+
+
+class RevokeOut(Schema):
+    endpoint: EndpointOut
+    dead_lettered: int = Field(description="Live todos dead-lettered with endpoint_revoked")
+
+
+class OperatorCreateTodoIn(CreateTodoIn):
+    endpoint: str = Field(min_length=1, max_length=63, description="The endpoint's slug")
+
+
+class TodoListOut(Schema):
+    todos: list[TodoOut]
+    next_cursor: str | None
+
+
+def mcp_url(endpoint: Endpoint) -> str:
+    return f"{settings.PUBLIC_URL}/mcp/{endpoint.slug}"
+
+
+def mcp_json(endpoint: Endpoint, token: str) -> dict[str, Any]:
+    return {
+        "mcpServers": {
+            f"switchboard-{endpoint.slug}": {
+                "type": "http",
+                "url": mcp_url(endpoint),
+                "headers": {"Authorization": f"Bearer {token}"},
+            }
+        }
+    }
+
+
+def endpoint_out(endpoint: Endpoint) -> dict[str, Any]:
+    return {
+        "id": str(endpoint.id),
+        "slug": endpoint.slug,
+        "name": endpoint.name,
+        "owner": endpoint.owner.get_username(),
+        "state": endpoint.state,
+        "scope_queues": list(endpoint.scope_queues),
+        "scope_verbs": list(endpoint.scope_verbs),
+        "default_lease_ttl_seconds": endpoint.default_lease_ttl_seconds,
+        "rate_limit_rps": endpoint.rate_limit_rps,
+        "rate_limit_burst": endpoint.rate_limit_burst,
+        "token_prefix": endpoint.token_prefix,
+        "mcp_url": mcp_url(endpoint),
+        "last_seen_at": iso(endpoint.last_seen_at),
+        "created_at": iso(endpoint.created_at),
+        "revoked_at": iso(endpoint.revoked_at),
+    }
+
+
+def vend_out(endpoint: Endpoint, token: str) -> dict[str, Any]:
+    """What a vend answers, on every surface: the token once, the MCP URL and snippet."""
+    return {
+        "endpoint": endpoint_out(endpoint),
+        "token": token,
+        "mcp_url": mcp_url(endpoint),
+        "mcp_json": mcp_json(endpoint, token),
+        "grantable": verb_families(),
+    }
+
+
+def verb_families() -> list[dict[str, Any]]:
+    """What a vend may grant, by family, with what each family lets the agent do."""
+    from queues.models import BASIC_VERBS, POLICY_VERBS, Verb
+
+    return [
+        {
+            "family": "basic",
+            "verbs": list(BASIC_VERBS),
+            "note": "The default grant: create, read and drain todos on the scoped queues.",
+        },
+        {
+            "family": "admission_status",
+            "verbs": [Verb.ADMISSION_STATUS.value],
+            "note": "Read the budgets of the scoped queues; implied by claim or claim_next.",
+        },
+        {
+            "family": "policy",
+            "verbs": list(POLICY_VERBS),
+            "note": "set/clear_admission_policy lets the agent change its own budget; never "
+            "part of the basic grant.",
+        },
+    ]

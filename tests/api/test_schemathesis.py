@@ -1,0 +1,119 @@
+"""Schemathesis over /api/v1/openapi.json against a live server, as an agent and as an operator.
+
+Every operation gets schema-valid and schema-invalid requests. Nothing may answer 5xx, answer a
+status the document does not declare, or answer a body that violates the declared schema; and
+invalid requests must be refused (4xx). Bounded by a fixed number of examples per operation.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from pydantic import BaseModel
+from schemathesis.checks import not_a_server_error
+from schemathesis.core.result import Ok
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from queues import services
+from tests.api.conftest import human_token
+from tests.conftest import Personas, push
+
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+]
+EXAMPLES = {schemathesis.GenerationMode.POSITIVE: 20, schemathesis.GenerationMode.NEGATIVE: 10}
+
+
+def _fuzz_one(operation: Any, base_url: str, token: str, mode: Any, calls: list[int]) -> None:
+    checks = [*CHECKS, negative_data_rejection] if mode.is_negative else CHECKS
+
+    @settings(
+        max_examples=EXAMPLES[mode],
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(case=operation.as_strategy(generation_mode=mode))
+    def run(case: Any) -> None:
+        response = case.call_and_validate(
+            base_url=base_url, headers={"Authorization": f"Bearer {token}"}, checks=checks
+        )
+        calls.append(response.status_code)
+
+    run()
+
+
+def _fuzz(
+    schema: Any, base_url: str, token: str, mode: schemathesis.GenerationMode, calls: list[int]
+) -> list[str]:
+    failures: list[str] = []
+    for result in schema.get_all_operations():
+        assert isinstance(result, Ok), result
+        operation = result.ok()
+        try:
+            _fuzz_one(operation, base_url, token, mode, calls)
+        except Exception as exc:  # collected, so one report names every failing operation
+            failures.append(f"{operation.label} ({mode.value}): {exc}")
+    return failures
+
+
+@pytest.mark.parametrize("who", ["agent", "operator"])
+def test_the_openapi_document_is_true(tx_personas: Personas, live_url: str, who: str) -> None:
+    todos = push(tx_personas, 3)
+    services.claim(actor=tx_personas.as_agent(), todo_id=todos[0].id)
+    token = tx_personas.agent_token if who == "agent" else human_token(tx_personas.owner)
+    schema = schemathesis.openapi.from_url(f"{live_url}/api/v1/openapi.json")
+    failures: list[str] = []
+    calls: list[int] = []
+    for mode in (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE):
+        failures += _fuzz(schema, live_url, token, mode, calls)
+    assert not failures, "\n\n".join(failures)
+    operations = len(list(schema.get_all_operations()))
+    assert len(calls) >= 5 * operations, "schemathesis made too few requests to mean anything"
+    # The identity got through somewhere (not every answer was 401).
+    assert any(200 <= status < 300 for status in calls)
+
+
+def _app_models() -> dict[str, list[type[BaseModel]]]:
+    """Every pydantic model the apps define, by class name."""
+    seen: dict[str, list[type[BaseModel]]] = {}
+    stack: list[type[BaseModel]] = [BaseModel]
+    while stack:
+        cls = stack.pop()
+        for sub in cls.__subclasses__():
+            stack.append(sub)
+            if sub.__module__.split(".")[0] in ("queues", "admission", "switchboard"):
+                seen.setdefault(sub.__name__, []).append(sub)
+    return seen
+
+
+def _shape(model: type[BaseModel]) -> Any:
+    schema = model.model_json_schema()
+    schema.pop("description", None)
+    if schema.get("additionalProperties") is True:  # JSON Schema's default anyway
+        del schema["additionalProperties"]
+    return schema
+
+
+def test_schemas_sharing_a_name_share_a_shape(client: Any) -> None:
+    """The OpenAPI document keys schemas by class name: two different shapes under one name
+    would make it lie about one of them."""
+    client.get("/api/v1/openapi.json")  # every router is imported
+    for name, models in _app_models().items():
+        shapes = {json.dumps(_shape(m), sort_keys=True) for m in models}
+        assert len(shapes) == 1, f"{name} is defined differently in " + ", ".join(
+            sorted(m.__module__ for m in models)
+        )

@@ -1,0 +1,429 @@
+"""MCP over raw HTTP: the handshake era (sessions), the 2026-07-28 stateless era, and the
+transport's refusals. The view is plain Django, so the test client drives it directly."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from queues import services
+from queues.models import Todo
+from switchboard import mcp
+from switchboard.verbs import load_verbs
+from tests.conftest import Personas, push
+
+MODERN = "2026-07-28"
+ACCEPT = "application/json, text/event-stream"
+
+
+class Mcp:
+    def __init__(self, client: Client, slug: str, token: str | None) -> None:
+        self.client = client
+        self.path = f"/mcp/{slug}"
+        self.token = token
+        self.session: str | None = None
+        self.version: str | None = None
+
+    def headers(self, **extra: str) -> dict[str, str]:
+        headers = {"Accept": ACCEPT}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        if self.session:
+            headers["Mcp-Session-Id"] = self.session
+        if self.version and self.version != MODERN:
+            headers["MCP-Protocol-Version"] = self.version
+        headers.update(extra)
+        return headers
+
+    def post(self, body: Any, *, raw: str | None = None, **headers: str) -> Any:
+        data = raw if raw is not None else json.dumps(body)
+        content_type = headers.pop("content_type", "application/json")
+        return self.client.post(
+            self.path, data, content_type=content_type, headers=self.headers(**headers)
+        )
+
+    def rpc(self, method: str, params: dict[str, Any] | None = None, id_: Any = 1) -> Any:
+        message: dict[str, Any] = {"jsonrpc": "2.0", "id": id_, "method": method}
+        if params is not None:
+            message["params"] = params
+        return self.post(message)
+
+    def initialize(self, version: str = "2025-11-25") -> Any:
+        response = self.rpc(
+            "initialize",
+            {
+                "protocolVersion": version,
+                "capabilities": {},
+                "clientInfo": {"name": "test", "version": "0"},
+            },
+        )
+        self.session = response["Mcp-Session-Id"]
+        self.version = response.json()["result"]["protocolVersion"]
+        assert (
+            self.post({"jsonrpc": "2.0", "method": "notifications/initialized"}).status_code == 202
+        )
+        return response
+
+    def modern(
+        self,
+        method: str,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
+        meta = {
+            "io.modelcontextprotocol/protocolVersion": MODERN,
+            "io.modelcontextprotocol/clientCapabilities": {},
+        }
+        body: dict[str, Any] = {**(params or {}), "_meta": meta}
+        message = {"jsonrpc": "2.0", "id": "m1", "method": method, "params": body}
+        sent = {"MCP-Protocol-Version": MODERN, "Mcp-Method": method}
+        if method == "tools/call":
+            sent["Mcp-Name"] = (params or {}).get("name", "")
+        sent.update(headers or {})
+        return self.post(message, **sent)
+
+
+@pytest.fixture
+def agent(personas: Personas, client: Client) -> Mcp:
+    return Mcp(client, personas.agent.slug, personas.agent_token)
+
+
+def held(personas: Personas) -> set[str]:
+    return {name for name in load_verbs() if personas.agent.holds(name)}
+
+
+def _call(session: Mcp, name: str, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
+    response = session.rpc("tools/call", {"name": name, "arguments": arguments or {}})
+    assert response.status_code == 200, response.content
+    result: dict[str, Any] = response.json()["result"]
+    assert json.loads(result["content"][0]["text"]) == result["structuredContent"]
+    return result
+
+
+# --- the handshake ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", ["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"])
+def test_initialize_answers_a_served_version_with_a_session(agent: Mcp, version: str) -> None:
+    response = agent.initialize(version)
+    assert response.status_code == 200
+    result = response.json()["result"]
+    assert result["protocolVersion"] == version
+    assert result["capabilities"] == {"tools": {"listChanged": False}}
+    assert result["serverInfo"]["name"] == "switchboard"
+    assert response["Mcp-Session-Id"]
+
+
+def test_initialize_answers_the_latest_version_to_an_unknown_one(agent: Mcp) -> None:
+    response = agent.initialize("1999-01-01")
+    assert response.json()["result"]["protocolVersion"] == "2025-11-25"
+
+
+def test_initialize_without_a_protocol_version_is_invalid_params(agent: Mcp) -> None:
+    response = agent.rpc("initialize", {"capabilities": {}})
+    assert response.json()["error"]["code"] == -32602
+    assert "Mcp-Session-Id" not in response
+
+
+def test_ping_and_tools_within_a_session(personas: Personas, agent: Mcp) -> None:
+    agent.initialize()
+    assert agent.rpc("ping", id_="p").json() == {"jsonrpc": "2.0", "id": "p", "result": {}}
+    tools = agent.rpc("tools/list").json()["result"]["tools"]
+    names = [t["name"] for t in tools]
+    assert set(names) == held(personas) and set(personas.agent.scope_verbs) <= set(names)
+    create = next(t for t in tools if t["name"] == "create_todo")
+    assert create["inputSchema"]["type"] == "object"
+    assert set(create["inputSchema"]["required"]) == {"queue", "title"}
+    assert create["outputSchema"]["type"] == "object"
+    made = _call(agent, "create_todo", {"queue": "inbox", "title": "over mcp"})
+    assert made["isError"] is False and made["structuredContent"]["created"] is True
+    assert Todo.objects.get().source == "mcp"
+
+
+def test_an_old_session_gets_no_output_schemas_or_structured_content(agent: Mcp) -> None:
+    agent.initialize("2025-03-26")
+    tools = agent.rpc("tools/list").json()["result"]["tools"]
+    assert all("outputSchema" not in t for t in tools)
+    result = agent.rpc("tools/call", {"name": "claim_next"}).json()["result"]
+    assert "structuredContent" not in result
+    assert json.loads(result["content"][0]["text"]) == {"empty": True}
+
+
+def test_a_request_without_a_session_is_400_and_an_unknown_one_404(agent: Mcp) -> None:
+    missing = agent.rpc("tools/list")
+    assert missing.status_code == 400 and missing.json()["error"]["code"] == -32600
+    agent.session = "not-a-session"
+    unknown = agent.rpc("tools/list")
+    assert unknown.status_code == 404
+
+
+def test_delete_ends_the_session(agent: Mcp) -> None:
+    agent.initialize()
+    deleted = agent.client.delete(agent.path, headers=agent.headers())
+    assert deleted.status_code == 204
+    assert agent.rpc("ping").status_code == 404
+    assert agent.client.delete(agent.path, headers=agent.headers()).status_code == 404
+
+
+def test_a_session_belongs_to_its_endpoint(personas: Personas, agent: Mcp, client: Client) -> None:
+    agent.initialize()
+    other = Mcp(client, personas.agent2.slug, personas.agent2_token)
+    other.session, other.version = agent.session, agent.version
+    assert other.rpc("ping").status_code == 404
+
+
+def test_a_protocol_version_header_must_match_the_session(agent: Mcp) -> None:
+    agent.initialize("2025-06-18")
+    response = agent.post(
+        {"jsonrpc": "2.0", "id": 1, "method": "ping"}, **{"MCP-Protocol-Version": "2025-11-25"}
+    )
+    assert response.status_code == 400 and response.json()["error"]["code"] == -32600
+
+
+def test_an_unknown_method_is_method_not_found(agent: Mcp) -> None:
+    agent.initialize()
+    response = agent.rpc("resources/list", id_=7)
+    assert response.status_code == 200
+    assert response.json() == {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "error": {"code": -32601, "message": "Method not found: resources/list"},
+    }
+
+
+def test_malformed_json_is_a_parse_error(agent: Mcp) -> None:
+    response = agent.post(None, raw='{"jsonrpc": "2.0", "id": 1,')
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == -32700 and response.json()["id"] is None
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"jsonrpc": "1.0", "id": 1, "method": "ping"},
+        {"jsonrpc": "2.0", "id": 1},
+        {"jsonrpc": "2.0", "id": 1, "method": 5},
+        {"jsonrpc": "2.0", "id": True, "method": "ping"},
+        {"jsonrpc": "2.0", "id": 1, "method": "ping", "params": [1]},
+        "ping",
+    ],
+)
+def test_an_invalid_request_is_invalid_request(agent: Mcp, message: Any) -> None:
+    agent.initialize()
+    response = agent.post(message)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == -32600
+
+
+def test_bad_tool_params_are_invalid_params(agent: Mcp) -> None:
+    agent.initialize()
+    for params in (
+        {},
+        {"name": 3},
+        {"name": "launch_missiles"},
+        {"name": "claim", "arguments": []},
+    ):
+        response = agent.rpc("tools/call", params)
+        assert response.json()["error"]["code"] == -32602, params
+
+
+def test_a_refusal_is_a_tool_result_with_is_error(personas: Personas, agent: Mcp) -> None:
+    agent.initialize()
+    (theirs,) = push(personas, 1, endpoint=personas.foreign)
+    missing = _call(agent, "complete", {"id": str(theirs.id)})
+    assert missing["isError"] is True
+    assert missing["structuredContent"]["code"] == "not_found"
+    invalid = _call(agent, "create_todo", {"queue": "inbox"})
+    assert invalid["isError"] is True
+    assert invalid["structuredContent"] == {
+        "error": "title: Field required",
+        "code": "invalid_argument",
+        "field": "title",
+        "errors": [{"field": "title", "message": "Field required"}],
+    }
+    scope = _call(agent, "create_todo", {"queue": "elsewhere", "title": "x"})
+    assert scope["structuredContent"]["code"] == "forbidden"
+
+
+def test_a_verb_outside_the_grant_is_hidden_and_forbidden(
+    personas: Personas, client: Client
+) -> None:
+    endpoint, token = services.endpoint_vend(
+        owner=personas.owner, name="Reader", queues=["inbox"], verbs=["list_todos"], rps=0
+    )
+    reader = Mcp(client, endpoint.slug, token)
+    reader.initialize()
+    tools = reader.rpc("tools/list").json()["result"]["tools"]
+    assert [t["name"] for t in tools] == ["list_todos"]
+    refused = _call(reader, "claim_next", {})
+    assert refused["isError"] is True and refused["structuredContent"]["code"] == "forbidden"
+
+
+def test_batches_are_served_only_where_the_revision_has_them(agent: Mcp) -> None:
+    agent.initialize("2025-03-26")
+    batch = [
+        {"jsonrpc": "2.0", "id": 1, "method": "ping"},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "nope"},
+    ]
+    answers = agent.post(batch).json()
+    assert answers[0] == {"jsonrpc": "2.0", "id": 1, "result": {}}
+    assert answers[1]["id"] == 2 and answers[1]["error"]["code"] == -32601
+    assert len(answers) == 2
+    assert agent.post([]).status_code == 400
+    only_notes = agent.post([{"jsonrpc": "2.0", "method": "notifications/cancelled"}])
+    assert only_notes.status_code == 202
+
+    agent.initialize("2025-11-25")
+    refused = agent.post(batch)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == -32600
+
+
+def test_a_client_response_is_accepted_without_an_answer(agent: Mcp) -> None:
+    agent.initialize()
+    response = agent.post({"jsonrpc": "2.0", "id": 9, "result": {}})
+    assert response.status_code == 202 and response.content == b""
+
+
+# --- transport refusals -------------------------------------------------------------------------
+
+
+def test_get_is_not_allowed(agent: Mcp) -> None:
+    response = agent.client.get(agent.path, headers=agent.headers())
+    assert response.status_code == 405
+    assert response["Allow"] == "POST, DELETE"
+
+
+def test_an_unknown_or_missing_token_is_401(personas: Personas, client: Client) -> None:
+    for token in ("sbk_nope", None):
+        response = Mcp(client, personas.agent.slug, token).rpc("ping")
+        assert response.status_code == 401
+        assert response.json()["code"] == "unauthorized"
+        assert response["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_a_revoked_token_is_401(personas: Personas, agent: Mcp) -> None:
+    services.endpoint_revoke(endpoint=personas.agent)
+    assert agent.rpc("ping").status_code == 401
+
+
+def test_a_valid_token_on_another_endpoints_url_is_403(personas: Personas, client: Client) -> None:
+    for slug in (personas.foreign.slug, personas.agent2.slug, "no-such-slug"):
+        refused = Mcp(client, slug, personas.agent_token).rpc("initialize", {})
+        assert refused.status_code == 403, slug
+        assert refused.json()["code"] == "forbidden"
+
+
+def test_the_endpoint_rate_limit_applies_to_mcp(personas: Personas, client: Client) -> None:
+    endpoint, token = services.endpoint_vend(
+        owner=personas.owner, name="Chatty", queues=["inbox"], rps=0.2, burst=2
+    )
+    chatty = Mcp(client, endpoint.slug, token)
+    chatty.initialize()
+    limited = chatty.rpc("ping")
+    assert limited.status_code == 429 and limited.json()["code"] == "rate_limited"
+    assert int(limited["Retry-After"]) >= 1
+
+
+def test_it_needs_to_be_allowed_to_answer_json(agent: Mcp) -> None:
+    response = agent.post({"jsonrpc": "2.0", "id": 1, "method": "ping"}, Accept="text/event-stream")
+    assert response.status_code == 406 and response.json()["field"] == "Accept"
+    typed = agent.post(None, raw="ping", content_type="text/plain")
+    assert typed.status_code == 415 and typed.json()["field"] == "Content-Type"
+
+
+def test_a_foreign_origin_is_refused(agent: Mcp) -> None:
+    response = agent.post({"jsonrpc": "2.0", "id": 1, "method": "ping"}, Origin="https://evil.test")
+    assert response.status_code == 403
+    same = agent.post(
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "x"}},
+        Origin="http://testserver",
+    )
+    assert same.status_code == 200
+
+
+def test_a_body_over_one_mebibyte_is_413(agent: Mcp) -> None:
+    response = agent.post(None, raw=json.dumps({"pad": "a" * (1024 * 1024)}))
+    assert response.status_code == 413
+    assert response.json()["code"] == "invalid_argument" and response.json()["field"] == "body"
+
+
+# --- 2026-07-28 ---------------------------------------------------------------------------------
+
+
+def test_discover_names_the_versions_and_the_tools_capability(agent: Mcp) -> None:
+    response = agent.modern("server/discover")
+    assert response.status_code == 200
+    result = response.json()["result"]
+    assert result["supportedVersions"][0] == MODERN
+    assert set(mcp.HANDSHAKE_VERSIONS) <= set(result["supportedVersions"])
+    assert result["capabilities"] == {"tools": {"listChanged": False}}
+    assert result["resultType"] == "complete"
+    assert result["ttlMs"] == 0 and result["cacheScope"] == "private"
+    assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "switchboard"
+    assert "Mcp-Session-Id" not in response
+
+
+def test_modern_requests_need_no_session(personas: Personas, agent: Mcp) -> None:
+    tools = agent.modern("tools/list").json()["result"]
+    assert {t["name"] for t in tools["tools"]} == held(personas)
+    made = agent.modern(
+        "tools/call", {"name": "create_todo", "arguments": {"queue": "inbox", "title": "t"}}
+    )
+    result = made.json()["result"]
+    assert result["resultType"] == "complete" and result["isError"] is False
+    assert result["structuredContent"]["todo"]["title"] == "t"
+
+
+def test_a_modern_request_without_its_envelope_is_invalid_params(agent: Mcp) -> None:
+    response = agent.post(
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+        **{"MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/list"},
+    )
+    assert response.status_code == 400 and response.json()["error"]["code"] == -32602
+
+
+def test_modern_headers_must_match_the_body(agent: Mcp) -> None:
+    wrong_method = agent.modern("tools/list", headers={"Mcp-Method": "tools/call"})
+    assert wrong_method.status_code == 400 and wrong_method.json()["error"]["code"] == -32020
+    wrong_name = agent.modern(
+        "tools/call", {"name": "claim_next", "arguments": {}}, {"Mcp-Name": "complete"}
+    )
+    assert wrong_name.json()["error"]["code"] == -32020
+
+
+def test_an_unsupported_modern_version_names_the_supported_ones(agent: Mcp) -> None:
+    message = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "server/discover",
+        "params": {
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": "2099-01-01",
+                "io.modelcontextprotocol/clientCapabilities": {},
+            }
+        },
+    }
+    response = agent.post(
+        message, **{"MCP-Protocol-Version": "2099-01-01", "Mcp-Method": "server/discover"}
+    )
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == -32022
+    assert MODERN in error["data"]["supported"] and error["data"]["requested"] == "2099-01-01"
+
+
+def test_ping_is_gone_in_2026_and_unknown_methods_are_404(agent: Mcp) -> None:
+    response = agent.modern("ping")
+    assert response.status_code == 404 and response.json()["error"]["code"] == -32601
+
+
+def test_modern_batches_are_invalid_and_notifications_accepted(agent: Mcp) -> None:
+    headers = {"MCP-Protocol-Version": MODERN}
+    batch = agent.post([{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}], **headers)
+    assert batch.status_code == 400 and batch.json()["error"]["code"] == -32600
+    note = agent.post({"jsonrpc": "2.0", "method": "notifications/cancelled"}, **headers)
+    assert note.status_code == 202
