@@ -91,16 +91,18 @@ def evaluate(
     used_in: dict[datetime, int] | None,
     now: datetime,
     earliest_lease_expiry: datetime | None,
+    window: tuple[datetime, datetime] | None = None,
 ) -> Evaluation:
     """Evaluate a policy at ``now`` given its in-flight count and window counters.
 
-    ``used_in`` maps window starts to counters; only the current window's is read.
+    ``used_in`` maps window starts to counters; only the current window's is read. ``window``,
+    when the caller already computed it (``bounds``), saves computing it again.
     """
     used: int | None = None
     ws = resets = None
     if policy.max_claims_per_window is not None:
         try:
-            ws, resets = windows.current_window(policy, now)
+            ws, resets = window or windows.current_window(policy, now)
         except windows.WindowUnavailable:
             return Evaluation(
                 policy=policy,
@@ -126,22 +128,30 @@ def evaluate(
             if limit == 0
         ]
         return ev
-    if policy.max_claims_per_window is not None and used is not None:
-        if used >= policy.max_claims_per_window:
-            ev.exceeded.append("max_claims_per_window")
+    if (
+        policy.max_claims_per_window is not None
+        and used is not None
+        and used >= policy.max_claims_per_window
+    ):
+        ev.exceeded.append("max_claims_per_window")
     if policy.max_in_flight is not None and in_flight >= policy.max_in_flight:
         ev.exceeded.append("max_in_flight")
+    in_flight_hint = None
+    if "max_in_flight" in ev.exceeded and earliest_lease_expiry is not None:
+        # A slot frees at the latest when the earliest lease lapses and the reaper runs.
+        in_flight_hint = max(now, earliest_lease_expiry) + timedelta(
+            seconds=settings.SWEEP_INTERVAL_SECONDS
+        )
     if "max_claims_per_window" in ev.exceeded:
         ev.reason = DeferralReason.WINDOW_EXHAUSTED
         ev.next_eligible_at = resets
-        ev.exact = True
+        # Exact only when the reset alone admits: a full in-flight cap may outlast it.
+        ev.exact = "max_in_flight" not in ev.exceeded
+        if not ev.exact and in_flight_hint is not None and resets is not None:
+            ev.next_eligible_at = max(resets, in_flight_hint)
     elif "max_in_flight" in ev.exceeded:
         ev.reason = DeferralReason.IN_FLIGHT_FULL
-        if earliest_lease_expiry is not None:
-            # A slot frees at the latest when the earliest lease lapses and the reaper runs.
-            ev.next_eligible_at = max(now, earliest_lease_expiry) + timedelta(
-                seconds=settings.SWEEP_INTERVAL_SECONDS
-            )
+        ev.next_eligible_at = in_flight_hint
         ev.exact = False
     return ev
 
@@ -167,31 +177,59 @@ def lock_policy(cursor: CursorWrapper, policy_id: UUID) -> PolicyRow | None:
     return PolicyRow(*row) if row else None
 
 
+def bounds(policy: PolicyRow, now: datetime) -> tuple[datetime, datetime] | None:
+    """The current window (start, next boundary) of a policy with a window limit; None without a
+    window limit or when the window cannot be evaluated (``evaluate`` then says why)."""
+    if policy.max_claims_per_window is None:
+        return None
+    try:
+        return windows.current_window(policy, now)
+    except windows.WindowUnavailable:
+        return None
+
+
+# In-flight (excluding a takeover of this very todo) and the current window's counter, read in
+# one statement under the policy lock. It runs after the lock is granted, so its snapshot sees
+# every claim committed by the transactions the lock waited for (READ COMMITTED).
+_DECIDE_SQL = """
+SELECT f.n, f.earliest,
+       (SELECT w.used FROM admission_admissionwindow w
+        WHERE w.policy_id = %(policy)s AND w.window_start = %(ws)s::timestamptz)
+FROM (
+    SELECT count(*) AS n, min(t.lease_expires_at) AS earliest FROM queues_todo t
+    WHERE t.endpoint_id = %(endpoint)s AND t.queue = %(queue)s AND t.state = 'claimed'
+      AND t.id <> %(todo)s
+) f
+"""
+
+
 def decide(cursor: CursorWrapper, *, policy: PolicyRow, todo_id: UUID, now: datetime) -> Decision:
-    """Count in-flight and the window under the policy lock the caller holds, and decide."""
+    """Count in-flight and the window under the policy lock the caller holds, and decide.
+
+    Must run in a statement after ``lock_policy`` (never folded into it: a locking statement's
+    snapshot predates the lock wait and would miss the claims it waited for).
+    """
+    current = bounds(policy, now)
+    ws = current[0] if current else None
     cursor.execute(
-        """
-        SELECT count(*), min(lease_expires_at) FROM queues_todo
-        WHERE endpoint_id = %s AND queue = %s AND state = 'claimed' AND id <> %s
-        """,
-        [policy.endpoint_id, policy.queue, todo_id],
+        _DECIDE_SQL,
+        {
+            "policy": policy.id,
+            "ws": ws,
+            "endpoint": policy.endpoint_id,
+            "queue": policy.queue,
+            "todo": todo_id,
+        },
     )
-    in_flight, earliest = cursor.fetchone()
-    used_in: dict[datetime, int] = {}
-    if policy.max_claims_per_window is not None:
-        try:
-            ws, _ = windows.current_window(policy, now)
-        except windows.WindowUnavailable:
-            ws = None
-        if ws is not None:
-            cursor.execute(
-                "SELECT used FROM admission_admissionwindow WHERE policy_id = %s AND window_start = %s",
-                [policy.id, ws],
-            )
-            row = cursor.fetchone()
-            used_in[ws] = row[0] if row else 0
+    in_flight, earliest, used = cursor.fetchone()
+    used_in = {ws: used or 0} if ws is not None else {}
     ev = evaluate(
-        policy, in_flight=in_flight, used_in=used_in, now=now, earliest_lease_expiry=earliest
+        policy,
+        in_flight=in_flight,
+        used_in=used_in,
+        now=now,
+        earliest_lease_expiry=earliest,
+        window=current,
     )
     return Decision(evaluation=ev, admitted=ev.admits)
 
@@ -203,12 +241,14 @@ def charge(cursor: CursorWrapper, decision: Decision) -> None:
         return
     cursor.execute(
         """
-        INSERT INTO admission_admissionwindow (policy_id, window_start, used, refused, updated_at)
-        VALUES (%s, %s, 1, 0, now())
+        INSERT INTO admission_admissionwindow
+            (policy_id, window_start, used, refused, claims_limit, updated_at)
+        VALUES (%s, %s, 1, 0, %s, now())
         ON CONFLICT (policy_id, window_start)
-        DO UPDATE SET used = admission_admissionwindow.used + 1, updated_at = now()
+        DO UPDATE SET used = admission_admissionwindow.used + 1,
+                      claims_limit = EXCLUDED.claims_limit, updated_at = now()
         """,
-        [ev.policy.id, ev.window_start],
+        [ev.policy.id, ev.window_start, ev.policy.max_claims_per_window],
     )
 
 
@@ -218,10 +258,12 @@ def record_refusal(cursor: CursorWrapper, evaluation: Evaluation) -> None:
         return
     cursor.execute(
         """
-        INSERT INTO admission_admissionwindow (policy_id, window_start, used, refused, updated_at)
-        VALUES (%s, %s, 0, 1, now())
+        INSERT INTO admission_admissionwindow
+            (policy_id, window_start, used, refused, claims_limit, updated_at)
+        VALUES (%s, %s, 0, 1, %s, now())
         ON CONFLICT (policy_id, window_start)
-        DO UPDATE SET refused = admission_admissionwindow.refused + 1, updated_at = now()
+        DO UPDATE SET refused = admission_admissionwindow.refused + 1,
+                      claims_limit = EXCLUDED.claims_limit, updated_at = now()
         """,
-        [evaluation.policy.id, evaluation.window_start],
+        [evaluation.policy.id, evaluation.window_start, evaluation.policy.max_claims_per_window],
     )

@@ -2,21 +2,32 @@
 
 Deferral is derived on read from the policy, the counters and now; it is never stored on todos.
 The arithmetic is ``admission.engine.evaluate``, the same the claim applies under the lock.
+
+Who may read what: an owner reads the budgets of their own endpoints' queues, a superuser and an
+auditor read all; an agent reads its own endpoint's scoped queues. A foreign or unknown endpoint
+is ``not_found`` alike.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from django.db import connection
-from django.db.models import Count, Min, Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from admission import engine
-from admission.models import AdmissionPolicy, AdmissionWindow
+from admission import engine, windows
+from admission.models import AdmissionPolicy, AdmissionWindow, LedgerEntry
+from queues.models import QUARANTINE_QUEUE, Endpoint
+from queues.principals import Actor, AgentActor, HumanActor
+from switchboard.errors import Forbidden, InvalidArgument, NotFound
+
+HISTORY_WINDOWS = 30
+AUDIT_TAIL = 50
 
 
 def policy_row(policy: AdmissionPolicy) -> engine.PolicyRow:
@@ -34,56 +45,126 @@ def policy_row(policy: AdmissionPolicy) -> engine.PolicyRow:
     )
 
 
+# --- evaluation ---------------------------------------------------------------------------------
+
+
 def evaluate_policies(
     policies: Iterable[AdmissionPolicy], now: datetime | None = None
 ) -> dict[UUID, engine.Evaluation]:
-    """Evaluate many policies at once: one query for in-flight, one for the window counters."""
-    from queues.models import Todo, TodoState
-
+    """Evaluate many policies at once: one query for in-flight, one for the current windows."""
     now = now or timezone.now()
     policies = list(policies)
     if not policies:
         return {}
-    identity = Q()
-    for p in policies:
-        identity |= Q(endpoint_id=p.endpoint_id, queue=p.queue)
-    flights = {
-        (row["endpoint_id"], row["queue"]): (row["n"], row["earliest"])
-        for row in Todo.objects.filter(identity, state=TodoState.CLAIMED)
-        .values("endpoint_id", "queue")
-        .annotate(n=Count("id"), earliest=Min("lease_expires_at"))
-    }
-    used: dict[tuple[UUID, datetime], int] = {
-        (w.policy_id, w.window_start): w.used
-        for w in AdmissionWindow.objects.filter(policy__in=policies, window_start__gte=_oldest(now))
-    }
+    rows = {p.id: policy_row(p) for p in policies}
+    current = {pid: engine.bounds(row, now) for pid, row in rows.items()}
+    keyed = [(pid, b[0]) for pid, b in current.items() if b is not None]
+    with connection.cursor() as cursor:
+        # In-flight per policy (todo_claimed_idx), joined on the queue identity.
+        cursor.execute(
+            """
+            SELECT p.id, count(t.id), min(t.lease_expires_at)
+            FROM admission_admissionpolicy p
+            JOIN queues_todo t
+              ON t.endpoint_id = p.endpoint_id AND t.queue = p.queue AND t.state = 'claimed'
+            WHERE p.id = ANY(%s)
+            GROUP BY p.id
+            """,
+            [list(rows)],
+        )
+        flights = {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
+        used: dict[UUID, int] = {}
+        if keyed:
+            # Exactly the current window of each (admission_window_key).
+            cursor.execute(
+                """
+                SELECT w.policy_id, w.used FROM admission_admissionwindow w
+                JOIN unnest(%s::uuid[], %s::timestamptz[]) AS k(policy_id, window_start)
+                  ON w.policy_id = k.policy_id AND w.window_start = k.window_start
+                """,
+                [[k[0] for k in keyed], [k[1] for k in keyed]],
+            )
+            used = dict(cursor.fetchall())
     out: dict[UUID, engine.Evaluation] = {}
-    for p in policies:
-        n, earliest = flights.get((p.endpoint_id, p.queue), (0, None))
-        used_in = {ws: u for (pid, ws), u in used.items() if pid == p.id}
-        out[p.id] = engine.evaluate(
-            policy_row(p), in_flight=n, used_in=used_in, now=now, earliest_lease_expiry=earliest
+    for pid, row in rows.items():
+        n, earliest = flights.get(pid, (0, None))
+        b = current[pid]
+        out[pid] = engine.evaluate(
+            row,
+            in_flight=n,
+            used_in={b[0]: used.get(pid, 0)} if b is not None else {},
+            now=now,
+            earliest_lease_expiry=earliest,
+            window=b,
         )
     return out
-
-
-def _oldest(now: datetime) -> datetime:
-    from datetime import timedelta
-
-    # A week window is the longest; anything older is not the current window.
-    return now - timedelta(days=8)
 
 
 def evaluate_policy(policy: AdmissionPolicy, now: datetime | None = None) -> engine.Evaluation:
     return evaluate_policies([policy], now)[policy.id]
 
 
+# One queue identity's policy, in-flight and latest window counter in one statement: the wake
+# gate asks this on every ring of a budgeted queue.
+_IDENTITY_SQL = f"""
+SELECT {", ".join("p." + c.strip() for c in engine.POLICY_COLUMNS.split(","))},
+       f.n, f.earliest, w.window_start, w.used
+FROM admission_admissionpolicy p
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n, min(t.lease_expires_at) AS earliest FROM queues_todo t
+    WHERE t.endpoint_id = p.endpoint_id AND t.queue = p.queue AND t.state = 'claimed'
+) f
+LEFT JOIN LATERAL (
+    SELECT w.window_start, w.used FROM admission_admissionwindow w
+    WHERE w.policy_id = p.id ORDER BY w.window_start DESC LIMIT 1
+) w ON true
+WHERE {{where}}
+"""
+
+
+def _evaluate_identity(where: str, params: list[Any]) -> engine.Evaluation | None:
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(_IDENTITY_SQL.format(where=where), params)
+        found = cursor.fetchone()
+        if found is None:
+            return None
+        n_cols = len(engine.POLICY_COLUMNS.split(","))
+        row = engine.PolicyRow(*found[:n_cols])
+        in_flight, earliest, latest_start, latest_used = found[n_cols:]
+        current = engine.bounds(row, now)
+        used_in: dict[datetime, int] = {}
+        if current is not None:
+            if latest_start == current[0]:
+                used_in[current[0]] = latest_used
+            elif latest_start is not None and latest_start > current[0]:
+                # A redefined window left a later counter behind: read the current one exactly.
+                cursor.execute(
+                    "SELECT used FROM admission_admissionwindow "
+                    "WHERE policy_id = %s AND window_start = %s",
+                    [row.id, current[0]],
+                )
+                exact = cursor.fetchone()
+                used_in[current[0]] = exact[0] if exact else 0
+    return engine.evaluate(
+        row,
+        in_flight=in_flight,
+        used_in=used_in,
+        now=now,
+        earliest_lease_expiry=earliest,
+        window=current,
+    )
+
+
 def identity_admitted(policy_id: UUID) -> bool:
     """Whether a claim on this policy's queue identity would be admitted now (for wake gating)."""
-    policy = AdmissionPolicy.objects.filter(pk=policy_id).first()
-    if policy is None:
-        return True
-    return evaluate_policy(policy).admits
+    ev = _evaluate_identity("p.id = %s", [policy_id])
+    return ev is None or ev.admits
+
+
+def identity_status(endpoint_id: UUID, queue: str) -> engine.Evaluation | None:
+    """The evaluation of one queue identity now, or None when it has no policy."""
+    return _evaluate_identity("p.endpoint_id = %s AND p.queue = %s", [endpoint_id, queue])
 
 
 def status(ev: engine.Evaluation) -> dict[str, Any]:
@@ -95,6 +176,28 @@ def status(ev: engine.Evaluation) -> dict[str, Any]:
         "reason": ev.reason,
         "next_eligible_at": ev.next_eligible_at,
         "exact": ev.exact,
+    }
+
+
+ADMITTED: dict[str, Any] = {
+    "state": "admitted",
+    "reason": None,
+    "next_eligible_at": None,
+    "exact": True,
+}
+
+
+def usage(ev: engine.Evaluation) -> dict[str, Any]:
+    """Headroom now: limits, in-flight, the window's use and when it resets."""
+    return {
+        "max_in_flight": ev.policy.max_in_flight,
+        "in_flight": ev.in_flight,
+        "max_claims_per_window": ev.policy.max_claims_per_window,
+        "used": ev.used,
+        "remaining": ev.headroom()["remaining"],
+        "window_start": ev.window_start,
+        "window_resets_at": ev.window_resets_at,
+        "over_limit": ev.over_limit,
     }
 
 
@@ -137,3 +240,235 @@ def policy_exists(endpoint_id: UUID, queue: str) -> bool:
             [endpoint_id, queue],
         )
         return cursor.fetchone() is not None
+
+
+# --- the policy as every surface shows it -------------------------------------------------------
+
+
+def policy_dict(policy: AdmissionPolicy) -> dict[str, Any]:
+    """The canonical policy: what the ledger records as before/after, and what verify compares."""
+    window = None
+    if policy.window_period is not None:
+        window = {
+            "period": policy.window_period,
+            "tz": policy.window_tz,
+            "start": policy.window_start,
+            "weekday": policy.window_weekday,
+        }
+    return {
+        "endpoint_id": str(policy.endpoint_id),
+        "queue": policy.queue,
+        "max_in_flight": policy.max_in_flight,
+        "max_claims_per_window": policy.max_claims_per_window,
+        "window": window,
+        "posture": policy.posture,
+    }
+
+
+def describe_window(policy: AdmissionPolicy) -> str | None:
+    if policy.window_period is None:
+        return None
+    try:
+        return windows.describe(policy)
+    except windows.WindowUnavailable:
+        return None
+
+
+def policy_out(policy: AdmissionPolicy) -> dict[str, Any]:
+    """The policy for the API, MCP, the CLI and the board: the canonical fields and who/when."""
+    d = policy_dict(policy)
+    if d["window"] is not None:
+        d["window"]["description"] = describe_window(policy)
+    endpoint = policy.endpoint
+    return {
+        "scope": f"endpoint:{endpoint.slug}",
+        "endpoint": endpoint.slug,
+        **d,
+        "created_at": policy.created_at,
+        "updated_at": policy.updated_at,
+        "updated_by": policy.updated_by.get_username() if policy.updated_by_id else "",
+    }
+
+
+def policy_status_out(policy: AdmissionPolicy, ev: engine.Evaluation) -> dict[str, Any]:
+    return {"policy": policy_out(policy), "status": status(ev), "usage": usage(ev)}
+
+
+# --- who may read and change which budgets ------------------------------------------------------
+
+
+def parse_scope(scope: str) -> str:
+    """The endpoint reference in ``endpoint:<slug-or-id>``."""
+    kind, sep, ref = (scope or "").partition(":")
+    if not sep or kind != "endpoint" or not ref:
+        raise InvalidArgument("scope must be endpoint:<slug-or-id>", field="scope")
+    return ref
+
+
+def _endpoint_by_ref(ref: str) -> Endpoint | None:
+    qs = Endpoint.objects.select_related("owner")
+    try:
+        as_id = uuid.UUID(ref)
+    except ValueError:
+        return qs.filter(slug=ref).first()
+    return qs.filter(Q(id=as_id) | Q(slug=ref)).first()
+
+
+def can_read_all(actor: HumanActor) -> bool:
+    return actor.is_superuser or actor.is_auditor
+
+
+def endpoint_for(actor: Actor, endpoint: Endpoint | str, *, write: bool) -> Endpoint:
+    """The endpoint a budget read or write names, if the actor may see it; else not_found.
+
+    ``endpoint`` is an Endpoint, a ``endpoint:<slug-or-id>`` scope, or a bare slug or id. Writes
+    are refused to auditors (forbidden: they read and change nothing).
+    """
+    if isinstance(endpoint, Endpoint):
+        found: Endpoint | None = endpoint
+    else:
+        ref = parse_scope(endpoint) if endpoint.startswith("endpoint:") else endpoint
+        found = _endpoint_by_ref(ref)
+    if found is None:
+        raise NotFound("no such endpoint", scope=_scope_text(endpoint))
+    if isinstance(actor, AgentActor):
+        if found.id != actor.endpoint.id:
+            raise NotFound("no such endpoint", scope=_scope_text(endpoint))
+        return found
+    if actor.is_superuser:
+        return found
+    owns = found.owner_id == getattr(actor.user, "pk", None)
+    if actor.is_auditor:
+        if write:
+            raise Forbidden("auditors read budgets; they do not change them")
+        return found
+    if not owns:
+        raise NotFound("no such endpoint", scope=_scope_text(endpoint))
+    return found
+
+
+def _scope_text(endpoint: Endpoint | str) -> str:
+    if isinstance(endpoint, Endpoint):
+        return f"endpoint:{endpoint.slug}"
+    return endpoint if endpoint.startswith("endpoint:") else f"endpoint:{endpoint}"
+
+
+def visible_policies(actor: Actor) -> QuerySet[AdmissionPolicy]:
+    qs = AdmissionPolicy.objects.select_related("endpoint", "updated_by").order_by(
+        "endpoint__slug", "queue"
+    )
+    if isinstance(actor, AgentActor):
+        return qs.filter(endpoint=actor.endpoint)
+    if can_read_all(actor):
+        return qs
+    return qs.filter(endpoint__owner_id=getattr(actor.user, "pk", None))
+
+
+def policies_with_status(
+    actor: Actor, *, endpoint: Endpoint | None = None, queue: str | None = None
+) -> list[dict[str, Any]]:
+    """``GET /api/v1/admission`` and ``queue budget show``: each visible policy, status, usage."""
+    qs = visible_policies(actor)
+    if endpoint is not None:
+        qs = qs.filter(endpoint=endpoint)
+    if queue is not None:
+        qs = qs.filter(queue=queue)
+    policies = list(qs)
+    evaluations = evaluate_policies(policies)
+    return [policy_status_out(p, evaluations[p.id]) for p in policies]
+
+
+def policy_get(actor: Actor, endpoint: Endpoint | str, queue: str) -> AdmissionPolicy:
+    """One policy the actor may read; a missing policy is not_found like a foreign endpoint."""
+    found = endpoint_for(actor, endpoint, write=False)
+    policy = (
+        AdmissionPolicy.objects.select_related("endpoint", "updated_by")
+        .filter(endpoint=found, queue=queue)
+        .first()
+    )
+    if policy is None:
+        raise NotFound(
+            f"no budget on endpoint:{found.slug}/{queue}",
+            scope=f"endpoint:{found.slug}",
+            queue=queue,
+        )
+    return policy
+
+
+def window_history(policy: AdmissionPolicy, limit: int = HISTORY_WINDOWS) -> list[dict[str, Any]]:
+    """The last ``limit`` windows, newest first: used, refused and the limit then in force."""
+    rows = AdmissionWindow.objects.filter(policy=policy).order_by("-window_start")[:limit]
+    return [
+        {
+            "window_start": w.window_start,
+            "used": w.used,
+            "refused": w.refused,
+            "limit": w.claims_limit,
+        }
+        for w in rows
+    ]
+
+
+def audit_tail(policy: AdmissionPolicy, limit: int = AUDIT_TAIL) -> list[dict[str, Any]]:
+    """Ledger rows of this scope and queue, newest first (policy changes and waivers)."""
+    rows = LedgerEntry.objects.filter(
+        scope=f"endpoint:{policy.endpoint.slug}", queue=policy.queue
+    ).order_by("-seq")[:limit]
+    return [ledger_row_out(r) for r in rows]
+
+
+def ledger_row_out(row: LedgerEntry) -> dict[str, Any]:
+    return {
+        "seq": row.seq,
+        "kind": row.kind,
+        "at": row.at,
+        "actor_human": row.actor_human_name or None,
+        "actor_endpoint": row.actor_endpoint_slug or None,
+        "scope": row.scope,
+        "queue": row.queue,
+        "before": row.before,
+        "after": row.after,
+        "entry_hash": row.entry_hash,
+    }
+
+
+def policy_detail(actor: Actor, endpoint: Endpoint | str, queue: str) -> dict[str, Any]:
+    """``GET /api/v1/admission/{scope}/{queue}``: the policy, status, last windows, audit tail."""
+    policy = policy_get(actor, endpoint, queue)
+    ev = evaluate_policy(policy)
+    return {
+        **policy_status_out(policy, ev),
+        "windows": window_history(policy),
+        "audit": audit_tail(policy),
+    }
+
+
+def admission_status(actor: AgentActor, queue: str | None = None) -> list[dict[str, Any]]:
+    """The agent's ``admission_status``: each scoped queue (or one), with its budget if any.
+
+    An out-of-scope queue is forbidden, as for claim_next.
+    """
+    endpoint = actor.endpoint
+    queues = [q for q in endpoint.scope_queues if q != QUARANTINE_QUEUE]
+    if queue is not None:
+        if queue not in endpoint.scope_queues:
+            raise Forbidden(f"queue {queue!r} is not in this endpoint's scope", queue=queue)
+        queues = [queue]
+    policies = {
+        p.queue: p
+        for p in AdmissionPolicy.objects.select_related("endpoint", "updated_by").filter(
+            endpoint=endpoint, queue__in=queues
+        )
+    }
+    evaluations = evaluate_policies(policies.values())
+    out = []
+    for q in queues:
+        p = policies.get(q)
+        if p is None:
+            out.append({"queue": q, "policy": None, "status": dict(ADMITTED), "usage": None})
+        else:
+            ev = evaluations[p.id]
+            out.append(
+                {"queue": q, "policy": policy_out(p), "status": status(ev), "usage": usage(ev)}
+            )
+    return out

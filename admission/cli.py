@@ -1,0 +1,205 @@
+"""``manage.py queue budget show|set|clear``: budgets from the command line.
+
+    queue budget show  [ENDPOINT] [QUEUE]
+    queue budget set   ENDPOINT QUEUE [--per-hour N | --per-day N | --per-week N]
+                       [--tz ZONE] [--start HH:MM] [--weekday Mon] [--max-in-flight N]
+                       [--posture enforce|advise|off]
+    queue budget clear ENDPOINT QUEUE
+
+Each takes ``--json`` and ``--as USER`` (the acting human; by default the only superuser, when
+exactly one exists). ``set`` is a full replace: a limit not given is removed. A window limit's
+zone defaults to UTC and its start to 00:00. Exit codes: 0 ok, 1 refused (the message names the
+field), 2 usage (switchboard/cli.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.management.base import BaseCommand
+
+from admission import selectors, services
+from queues.principals import HumanActor
+from switchboard.cli import emit, refused, usage
+from switchboard.errors import DomainError
+
+PER_FLAGS = (("per_hour", "hour"), ("per_day", "day"), ("per_week", "week"))
+
+
+def register(subparsers: Any, parser: argparse.ArgumentParser) -> None:
+    budget = subparsers.add_parser(
+        "budget",
+        help="show, set or clear a queue's admission budget",
+        description="Admission budgets: per queue of an endpoint, a cap on claims in flight "
+        "and on claims per declared window.",
+    )
+    sub = budget.add_subparsers(dest="budget_command", title="budget commands")
+    budget.set_defaults(handler=_needs_subcommand)
+
+    show = sub.add_parser("show", help="list budgets with their status and usage")
+    show.add_argument("endpoint", nargs="?", metavar="ENDPOINT", help="an endpoint slug or id")
+    show.add_argument("queue", nargs="?", metavar="QUEUE", help="one queue of it")
+    _common(show)
+    show.set_defaults(handler=handle_show)
+
+    set_ = sub.add_parser(
+        "set",
+        help="set a queue's budget (a full replace)",
+        description="Set the whole budget of ENDPOINT's QUEUE: a limit not given is removed.",
+    )
+    set_.add_argument("endpoint", metavar="ENDPOINT", help="an endpoint slug or id")
+    set_.add_argument("queue", metavar="QUEUE")
+    per = set_.add_mutually_exclusive_group()
+    per.add_argument("--per-hour", type=int, metavar="N", help="at most N claims per hour")
+    per.add_argument("--per-day", type=int, metavar="N", help="at most N claims per day")
+    per.add_argument("--per-week", type=int, metavar="N", help="at most N claims per week")
+    set_.add_argument("--tz", metavar="ZONE", help="the window's IANA zone (default UTC)")
+    set_.add_argument(
+        "--start", metavar="HH:MM", help="local boundary time (default 00:00; hour: minutes only)"
+    )
+    set_.add_argument("--weekday", metavar="DAY", help="Mon..Sun, for --per-week (required)")
+    set_.add_argument("--max-in-flight", type=int, metavar="N", help="at most N claimed at once")
+    set_.add_argument(
+        "--posture",
+        metavar="P",
+        default="enforce",
+        help="enforce (default), advise (admit over limit with a ledger waiver) or off",
+    )
+    _common(set_)
+    set_.set_defaults(handler=handle_set)
+
+    clear = sub.add_parser("clear", help="remove a queue's budget")
+    clear.add_argument("endpoint", metavar="ENDPOINT", help="an endpoint slug or id")
+    clear.add_argument("queue", metavar="QUEUE")
+    _common(clear)
+    clear.set_defaults(handler=handle_clear)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument(
+        "--as",
+        dest="as_user",
+        metavar="USER",
+        help="the acting human (default: the only superuser, if there is exactly one)",
+    )
+
+
+def _needs_subcommand(command: BaseCommand, options: dict[str, Any]) -> None:
+    raise usage("name a budget command: queue budget show|set|clear")
+
+
+def acting_human(username: str | None) -> AbstractBaseUser:
+    """The --as user, or the only superuser; a usage error when neither settles it."""
+    model = get_user_model()
+    users = model._default_manager
+    if username:
+        user = users.filter(**{model.USERNAME_FIELD: username}).first()
+        if user is None:
+            raise usage(f"--as: no user named {username!r}")
+        return user
+    supers = list(users.filter(is_superuser=True, is_active=True)[:2])
+    if len(supers) != 1:
+        raise usage("name the acting human with --as USER (there is not exactly one superuser)")
+    return supers[0]
+
+
+def _window(options: dict[str, Any]) -> tuple[int | None, dict[str, Any] | None]:
+    given = [(flag, period) for flag, period in PER_FLAGS if options.get(flag) is not None]
+    if not given:
+        for flag in ("tz", "start", "weekday"):
+            if options.get(flag) is not None:
+                raise usage(
+                    f"--{flag} describes a window: give --per-hour, --per-day or --per-week"
+                )
+        return None, None
+    flag, period = given[0]
+    window: dict[str, Any] = {"period": period, "tz": options.get("tz") or "UTC"}
+    if options.get("start") is not None:
+        window["start"] = options["start"]
+    if options.get("weekday") is not None:
+        window["weekday"] = options["weekday"]
+    return options[flag], window
+
+
+def handle_show(command: BaseCommand, options: dict[str, Any]) -> None:
+    actor = HumanActor(acting_human(options.get("as_user")), via="cli")
+    try:
+        endpoint = None
+        if options.get("endpoint"):
+            endpoint = selectors.endpoint_for(actor, options["endpoint"], write=False)
+        rows = selectors.policies_with_status(actor, endpoint=endpoint, queue=options.get("queue"))
+        if options.get("queue") and not rows:
+            assert endpoint is not None
+            selectors.policy_get(actor, endpoint, options["queue"])  # raises not_found
+    except DomainError as exc:
+        refused(command, options, exc)
+        return
+    text = "\n".join(_line(r) for r in rows) if rows else "no budgets"
+    emit(command, options, {"policies": rows}, text)
+
+
+def handle_set(command: BaseCommand, options: dict[str, Any]) -> None:
+    actor = HumanActor(acting_human(options.get("as_user")), via="cli")
+    per_window, window = _window(options)
+    try:
+        policy = services.policy_set(
+            actor=actor,
+            endpoint=options["endpoint"],
+            queue=options["queue"],
+            max_in_flight=options.get("max_in_flight"),
+            max_claims_per_window=per_window,
+            window=window,
+            posture=options.get("posture"),
+        )
+    except DomainError as exc:
+        refused(command, options, exc)
+        return
+    row = selectors.policy_status_out(policy, selectors.evaluate_policy(policy))
+    emit(command, options, row, "set " + _line(row))
+
+
+def handle_clear(command: BaseCommand, options: dict[str, Any]) -> None:
+    actor = HumanActor(acting_human(options.get("as_user")), via="cli")
+    try:
+        before = services.policy_clear(
+            actor=actor, endpoint=options["endpoint"], queue=options["queue"]
+        )
+    except DomainError as exc:
+        refused(command, options, exc)
+        return
+    emit(
+        command,
+        options,
+        {"cleared": True, "queue": options["queue"], "before": before},
+        f"cleared the budget on {options['endpoint']}/{options['queue']}",
+    )
+
+
+def _line(row: dict[str, Any]) -> str:
+    """One budget on one line: scope/queue, posture, limits and usage, status."""
+    p, s, u = row["policy"], row["status"], row["usage"]
+    parts = [f"{p['scope']}/{p['queue']}", f"[{p['posture']}]"]
+    if p["max_claims_per_window"] is not None:
+        window = p["window"] or {}
+        used = "?" if u["used"] is None else u["used"]
+        phrase = window.get("description") or f"per {window.get('period')} ({window.get('tz')})"
+        resets = u["window_resets_at"]
+        parts.append(
+            f"{used}/{p['max_claims_per_window']} {phrase}"
+            + (f", resets {resets.isoformat()}" if resets else "")
+        )
+    if p["max_in_flight"] is not None:
+        parts.append(f"in flight {u['in_flight']}/{p['max_in_flight']}")
+    if s["state"] == "admitted":
+        parts.append("admitted")
+    else:
+        when = s["next_eligible_at"]
+        parts.append(
+            f"deferred: {s['reason']}"
+            + (f" until {when.isoformat()}{'' if s['exact'] else ' (estimate)'}" if when else "")
+        )
+    return "  ".join(parts)

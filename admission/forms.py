@@ -1,0 +1,131 @@
+"""Forms of the budget editor and the ledger list.
+
+The policy form only parses what was typed; ``admission.services.clean_policy`` /
+``policy_set`` decide what is valid, and their ``InvalidArgument.field`` is mapped back onto the
+form field it names so the error shows beside it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+
+from admission.models import AdmissionPolicy, LedgerKind, Posture, Weekday, WindowPeriod
+
+# InvalidArgument.field (the API's names) -> the form field that shows the error.
+FIELD_OF_ERROR = {
+    "max_in_flight": "max_in_flight",
+    "max_claims_per_window": "max_claims_per_window",
+    "window": "window_period",
+    "window.period": "window_period",
+    "window.tz": "window_tz",
+    "window.start": "window_start",
+    "window.weekday": "window_weekday",
+    "posture": "posture",
+}
+
+
+class PolicyForm(forms.Form):
+    max_in_flight = forms.IntegerField(
+        required=False,
+        label="Max in flight",
+        help_text="Claims held at once. Empty: no cap. 0 holds the queue.",
+        widget=forms.NumberInput(attrs={"min": 0, "inputmode": "numeric"}),
+    )
+    max_claims_per_window = forms.IntegerField(
+        required=False,
+        label="Max claims per window",
+        help_text="Claims charged per window (retries and takeovers count). Empty: no window.",
+        widget=forms.NumberInput(attrs={"min": 0, "inputmode": "numeric"}),
+    )
+    window_period = forms.ChoiceField(
+        required=False,
+        label="Window period",
+        choices=[("", "—"), *WindowPeriod.choices],
+    )
+    window_tz = forms.CharField(
+        required=False,
+        label="Zone",
+        help_text="IANA time zone the window's boundaries are reckoned in; type to search.",
+        widget=forms.TextInput(
+            attrs={"list": "zones", "autocomplete": "off", "spellcheck": "false"}
+        ),
+    )
+    window_start = forms.CharField(
+        required=False,
+        label="Start",
+        help_text="HH:MM local. For an hourly window only the minutes count.",
+        widget=forms.TextInput(attrs={"placeholder": "00:00", "inputmode": "numeric"}),
+    )
+    window_weekday = forms.ChoiceField(
+        required=False,
+        label="Weekday",
+        help_text="Week windows only.",
+        choices=[("", "—"), *Weekday.choices],
+    )
+    posture = forms.ChoiceField(
+        label="Posture",
+        choices=Posture.choices,
+        initial=Posture.ENFORCE,
+        help_text="enforce refuses over-limit claims; advise admits them with a ledger waiver; "
+        "off only counts.",
+    )
+
+    @classmethod
+    def initial_for(cls, policy: AdmissionPolicy | None, zone_name: str) -> dict[str, Any]:
+        if policy is None:
+            return {
+                "window_period": WindowPeriod.DAY,
+                "window_tz": zone_name,
+                "window_start": "00:00",
+                "posture": Posture.ENFORCE,
+            }
+        return {
+            "max_in_flight": policy.max_in_flight,
+            "max_claims_per_window": policy.max_claims_per_window,
+            "window_period": policy.window_period or WindowPeriod.DAY,
+            "window_tz": policy.window_tz or zone_name,
+            "window_start": policy.window_start or "00:00",
+            "window_weekday": policy.window_weekday or "",
+            "posture": policy.posture,
+        }
+
+    def service_kwargs(self) -> dict[str, Any]:
+        """Arguments for ``policy_set``/``clean_policy``. The window fields count only with a
+        window limit; the weekday only for a week window."""
+        data = self.cleaned_data
+        window: dict[str, Any] | None = None
+        if data.get("max_claims_per_window") is not None:
+            window = {
+                "period": data.get("window_period") or None,
+                "tz": (data.get("window_tz") or "").strip() or None,
+                "start": (data.get("window_start") or "").strip() or None,
+            }
+            if data.get("window_period") == WindowPeriod.WEEK:
+                window["weekday"] = data.get("window_weekday") or None
+        return {
+            "max_in_flight": data.get("max_in_flight"),
+            "max_claims_per_window": data.get("max_claims_per_window"),
+            "window": window,
+            "posture": data.get("posture") or Posture.ENFORCE,
+        }
+
+    def add_domain_error(self, field: str | None, message: str) -> None:
+        self.add_error(FIELD_OF_ERROR.get(field or ""), message)
+
+
+class LedgerFilterForm(forms.Form):
+    scope = forms.CharField(required=False, max_length=100)
+    queue = forms.CharField(required=False, max_length=64)
+    actor = forms.CharField(required=False, max_length=150, help_text="human or endpoint")
+    action = forms.ChoiceField(required=False, choices=[("", "any"), *LedgerKind.choices])
+    since = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
+    until = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        since, until = data.get("since"), data.get("until")
+        if since and until and until < since:
+            self.add_error("until", "the end of the range is before its start")
+        return data

@@ -1,0 +1,198 @@
+"""Input and output schemas of the budget surfaces: the operator API, the agent verbs, the CLI.
+
+The inputs mirror every database constraint of ``AdmissionPolicy`` (ranges, the start's format,
+the period and weekday choices, a known zone) so a bad request is refused naming the field before
+the service is asked; the service checks the cross-field rules (a window with a window limit, a
+weekday exactly for a week) with the same field names, and the database remains the backstop.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+from ninja import Schema
+from pydantic import ConfigDict, Field, field_validator
+
+from admission import windows
+from admission.models import MAX_CLAIMS_PER_WINDOW, MAX_IN_FLIGHT, WINDOW_START_RE
+from queues.models import QUEUE_NAME_RE
+
+PostureName = Literal["enforce", "advise", "off"]
+PeriodName = Literal["hour", "day", "week"]
+WeekdayName = Literal["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
+ReasonName = Literal["window_exhausted", "in_flight_full", "paused", "admission_unavailable"]
+
+# Policy writes are small; a larger body is refused before it is parsed (HTTP 413).
+POLICY_BODY_LIMIT = 16 * 1024
+
+
+class Strict(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- inputs ---------------------------------------------------------------------------------------
+
+
+class WindowIn(Strict):
+    period: PeriodName
+    tz: str = Field(min_length=1, max_length=64, description="An IANA zone, e.g. Europe/Berlin")
+    start: str = Field(
+        default="00:00",
+        pattern=WINDOW_START_RE,
+        description="Local HH:MM of the boundary; for an hour window only the minutes count",
+    )
+    weekday: WeekdayName | None = Field(
+        default=None, description="Required for, and only for, week"
+    )
+
+    @field_validator("tz")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        if not windows.zone_exists(value):
+            raise ValueError(f"{value!r} is not a known IANA time zone")
+        return value
+
+
+class PolicyIn(Strict):
+    """A whole budget (a PUT replaces everything; an absent limit is no limit)."""
+
+    max_in_flight: int | None = Field(default=None, ge=0, le=MAX_IN_FLIGHT, strict=True)
+    max_claims_per_window: int | None = Field(
+        default=None, ge=0, le=MAX_CLAIMS_PER_WINDOW, strict=True
+    )
+    window: WindowIn | None = None
+    posture: PostureName = Field(
+        default="enforce",
+        description="enforce refuses over-limit claims; advise admits them with a signed waiver "
+        "in the ledger; off admits and only counts",
+    )
+
+    def service_kwargs(self) -> dict[str, Any]:
+        return {
+            "max_in_flight": self.max_in_flight,
+            "max_claims_per_window": self.max_claims_per_window,
+            "window": self.window.model_dump() if self.window is not None else None,
+            "posture": self.posture,
+        }
+
+
+class AdmissionStatusIn(Strict):
+    queue: str | None = Field(
+        default=None, pattern=QUEUE_NAME_RE, max_length=64, description="One scoped queue"
+    )
+
+
+class SetAdmissionPolicyIn(Strict):
+    queue: str = Field(pattern=QUEUE_NAME_RE, min_length=1, max_length=64)
+    policy: PolicyIn
+
+
+class ClearAdmissionPolicyIn(Strict):
+    queue: str = Field(pattern=QUEUE_NAME_RE, min_length=1, max_length=64)
+
+
+# --- outputs --------------------------------------------------------------------------------------
+
+
+class WindowOut(Schema):
+    period: PeriodName
+    tz: str | None
+    start: str | None
+    weekday: WeekdayName | None = None
+    description: str | None = Field(
+        default=None, description="e.g. 'per day from 00:00 Europe/Berlin'"
+    )
+
+
+class PolicyOut(Schema):
+    scope: str = Field(description="endpoint:<slug>")
+    endpoint: str
+    endpoint_id: UUID
+    queue: str
+    max_in_flight: int | None
+    max_claims_per_window: int | None
+    window: WindowOut | None
+    posture: PostureName
+    created_at: datetime
+    updated_at: datetime
+    updated_by: str
+
+
+class StatusOut(Schema):
+    state: Literal["admitted", "deferred"]
+    reason: ReasonName | None = None
+    next_eligible_at: datetime | None = None
+    exact: bool
+
+
+class UsageOut(Schema):
+    max_in_flight: int | None
+    in_flight: int
+    max_claims_per_window: int | None
+    used: int | None = Field(description="Claims charged in the current window")
+    remaining: int | None
+    window_start: datetime | None
+    window_resets_at: datetime | None
+    over_limit: bool = Field(description="True when a limit is exceeded (advise and off admit)")
+
+
+class PolicyStatusOut(Schema):
+    policy: PolicyOut
+    status: StatusOut
+    usage: UsageOut
+
+
+class PolicyListOut(Schema):
+    policies: list[PolicyStatusOut]
+
+
+class WindowHistoryOut(Schema):
+    window_start: datetime
+    used: int
+    refused: int
+    limit: int | None = Field(description="The window limit in force at its last claim")
+
+
+class LedgerRowOut(Schema):
+    seq: int
+    kind: str
+    at: datetime
+    actor_human: str | None
+    actor_endpoint: str | None
+    scope: str
+    queue: str
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+    entry_hash: str
+
+
+class PolicyDetailOut(PolicyStatusOut):
+    windows: list[WindowHistoryOut] = Field(description="The last 30 windows, newest first")
+    audit: list[LedgerRowOut] = Field(description="Ledger rows of this budget, newest first")
+
+
+class QueueAdmissionOut(Schema):
+    queue: str
+    policy: PolicyOut | None
+    status: StatusOut
+    usage: UsageOut | None
+
+
+class AdmissionStatusOut(Schema):
+    queues: list[QueueAdmissionOut]
+
+
+class PolicyEnvelopeOut(Schema):
+    queue: str
+    policy: PolicyOut | None = Field(description="The budget now; null after a clear")
+    status: StatusOut
+    usage: UsageOut | None
+
+
+class ErrorOut(Schema):
+    model_config = ConfigDict(extra="allow")
+    error: str
+    code: str
+    field: str | None = None

@@ -1,0 +1,549 @@
+"""Every write to admission policies, and the admission sweeps (reopen, retention).
+
+Called alike by the API, MCP (the agent's own-budget verbs), the CLI, the admin and Celery beat.
+Keyword-only arguments; refusals are ``switchboard.errors`` domain errors naming the field.
+
+A policy write (1) finds the endpoint the actor may change (foreign and unknown: not_found),
+(2) validates every field, mirroring every database constraint, (3) takes a token from the
+writer's bucket, (4) in one transaction locks the policy row, changes it and appends the ledger
+row (lock order: policy, then ledger), and (5) after commit rings the queue identity if the change
+admitted it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+import redis
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from admission import ledger, selectors, windows
+from admission.models import (
+    MAX_CLAIMS_PER_WINDOW,
+    MAX_IN_FLIGHT,
+    WINDOW_START_RE,
+    AdmissionPolicy,
+    AdmissionWindow,
+    LedgerKind,
+    Posture,
+    Weekday,
+    WindowPeriod,
+)
+from queues import wakes
+from queues.models import QUARANTINE_QUEUE, Endpoint, EndpointState, Verb
+from queues.principals import Actor, AgentActor
+from switchboard import counters, ratelimit
+from switchboard.errors import Conflict, Forbidden, InvalidArgument, NotFound, RateLimited
+
+log = logging.getLogger(__name__)
+
+WINDOW_KEYS = ("period", "tz", "start", "weekday")
+DEFAULT_WINDOW_START = "00:00"
+
+# Which field a database constraint guards, for the (unexpected) case where the database refuses
+# what validation let through: the refusal still names the field.
+CONSTRAINT_FIELDS = {
+    "policy_max_in_flight_range": "max_in_flight",
+    "policy_max_claims_range": "max_claims_per_window",
+    "policy_window_period_valid": "window.period",
+    "policy_window_start_format": "window.start",
+    "policy_window_weekday_valid": "window.weekday",
+    "policy_has_a_limit": "max_in_flight",
+    "policy_window_complete": "window",
+    "policy_weekday_iff_week": "window.weekday",
+    "policy_posture_valid": "posture",
+}
+
+
+# --- validation ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A validated policy, ready to store: every database constraint already holds."""
+
+    queue: str
+    max_in_flight: int | None
+    max_claims_per_window: int | None
+    window_period: str | None
+    window_tz: str | None
+    window_start: str | None
+    window_weekday: str | None
+    posture: str
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "max_in_flight": self.max_in_flight,
+            "max_claims_per_window": self.max_claims_per_window,
+            "window_period": self.window_period,
+            "window_tz": self.window_tz,
+            "window_start": self.window_start,
+            "window_weekday": self.window_weekday,
+            "posture": self.posture,
+        }
+
+
+def _limit(value: Any, name: str, top: int) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{name} must be a whole number or null", field=name)
+    if not 0 <= value <= top:
+        raise InvalidArgument(
+            f"{name} must be between 0 and {top} (0 holds the queue: nothing is admitted)",
+            field=name,
+        )
+    return value
+
+
+def clean_policy(
+    *,
+    queue: str,
+    max_in_flight: Any,
+    max_claims_per_window: Any,
+    window: Mapping[str, Any] | None,
+    posture: Any = None,
+) -> PolicySpec:
+    """Validate a policy as the database would, naming the field that is wrong.
+
+    The same checks back the API schemas, the agent verbs, the CLI and the admin form.
+    """
+    from queues.services import check_queue_name
+
+    check_queue_name(queue)
+    if queue == QUARANTINE_QUEUE:
+        raise InvalidArgument(
+            "the quarantine queue is never delivered; it takes no budget", field="queue"
+        )
+    in_flight = _limit(max_in_flight, "max_in_flight", MAX_IN_FLIGHT)
+    per_window = _limit(max_claims_per_window, "max_claims_per_window", MAX_CLAIMS_PER_WINDOW)
+    if in_flight is None and per_window is None:
+        raise InvalidArgument(
+            "a budget needs max_in_flight, max_claims_per_window, or both", field="max_in_flight"
+        )
+    posture = Posture.ENFORCE.value if posture is None else posture
+    if posture not in Posture.values:
+        raise InvalidArgument(
+            f"posture must be one of {', '.join(Posture.values)}", field="posture"
+        )
+    if window is None:
+        if per_window is not None:
+            raise InvalidArgument(
+                "max_claims_per_window needs a window: {period, tz, start, weekday}",
+                field="window",
+            )
+        return PolicySpec(queue, in_flight, None, None, None, None, None, posture)
+    if not isinstance(window, Mapping):
+        raise InvalidArgument(
+            "window must be an object {period, tz, start, weekday}", field="window"
+        )
+    unknown = sorted(set(window) - set(WINDOW_KEYS))
+    if unknown:
+        raise InvalidArgument(f"window has no field {unknown[0]!r}", field=f"window.{unknown[0]}")
+    if per_window is None:
+        raise InvalidArgument(
+            "a window only counts claims when max_claims_per_window is set", field="window"
+        )
+    period = window.get("period")
+    if period not in WindowPeriod.values:
+        raise InvalidArgument(
+            f"window.period must be one of {', '.join(WindowPeriod.values)}", field="window.period"
+        )
+    tz = window.get("tz")
+    if not isinstance(tz, str) or not tz:
+        raise InvalidArgument("window.tz must name an IANA time zone", field="window.tz")
+    if not windows.zone_exists(tz):
+        raise InvalidArgument(f"window.tz {tz!r} is not a known IANA time zone", field="window.tz")
+    start = window.get("start")
+    start = DEFAULT_WINDOW_START if start is None else start
+    if not isinstance(start, str) or not re.match(WINDOW_START_RE, start):
+        raise InvalidArgument("window.start must be HH:MM (00:00 to 23:59)", field="window.start")
+    weekday = window.get("weekday")
+    if period == WindowPeriod.WEEK:
+        if weekday not in Weekday.values:
+            raise InvalidArgument(
+                f"a week window needs window.weekday, one of {', '.join(Weekday.values)}",
+                field="window.weekday",
+            )
+    elif weekday is not None:
+        raise InvalidArgument(
+            "window.weekday applies only to a week window", field="window.weekday"
+        )
+    return PolicySpec(queue, in_flight, per_window, period, tz, start, weekday, posture)
+
+
+# --- who writes -----------------------------------------------------------------------------------
+
+
+def _accountable(actor: Actor, endpoint: Endpoint) -> Any:
+    """The human answerable for a write (a user): the operator, or the acting agent's owner."""
+    if isinstance(actor, AgentActor):
+        return endpoint.owner
+    user = actor.user
+    assert isinstance(user, AbstractBaseUser), "an anonymous user never reaches a write"
+    return user
+
+
+def _ledger_actor(actor: Actor, endpoint: Endpoint) -> ledger.Actor:
+    human = _accountable(actor, endpoint)
+    agent = actor.endpoint if isinstance(actor, AgentActor) else None
+    return ledger.Actor(
+        human_id=human.pk,
+        human_name=human.get_username(),
+        endpoint_id=agent.id if agent else None,
+        endpoint_slug=agent.slug if agent else "",
+    )
+
+
+def _check_agent(actor: Actor, queue: str, verb: str) -> None:
+    """An agent changes only its own endpoint's scoped queues, and only with the verb granted."""
+    if not isinstance(actor, AgentActor):
+        return
+    if not actor.endpoint.holds(verb):
+        raise Forbidden(f"this endpoint's grant does not include {verb}", verb=verb)
+    if queue not in actor.endpoint.scope_queues:
+        raise Forbidden(f"queue {queue!r} is not in this endpoint's scope", queue=queue)
+
+
+def _take_write_token(actor: Actor) -> None:
+    rate, burst = settings.POLICY_WRITE_RATE_LIMIT
+    if isinstance(actor, AgentActor):
+        key = f"policy-writes:endpoint:{actor.endpoint.id}"
+    else:
+        key = f"policy-writes:{actor.user.pk}"
+    allowed, retry_after = ratelimit.take(key, rate=rate, burst=burst)
+    if not allowed:
+        raise RateLimited(
+            f"too many budget changes: at most {rate:g}/s with a burst of {burst}",
+            retry_after=retry_after,
+        )
+
+
+# --- writes ---------------------------------------------------------------------------------------
+
+
+def policy_set(
+    *,
+    actor: Actor,
+    endpoint: Endpoint | str,
+    queue: str,
+    max_in_flight: int | None,
+    max_claims_per_window: int | None,
+    window: Mapping[str, Any] | None,
+    posture: str | None = Posture.ENFORCE,
+) -> AdmissionPolicy:
+    """Create or fully replace the budget of one queue identity (the numbered steps above).
+
+    A write that changes nothing stores nothing and appends no ledger row.
+    """
+    target = selectors.endpoint_for(actor, endpoint, write=True)  # 1
+    _check_agent(actor, queue, Verb.SET_ADMISSION_POLICY)
+    if target.state != EndpointState.ACTIVE:
+        raise Conflict("the endpoint is revoked; its budgets can only be cleared")
+    spec = clean_policy(  # 2
+        queue=queue,
+        max_in_flight=max_in_flight,
+        max_claims_per_window=max_claims_per_window,
+        window=window,
+        posture=posture,
+    )
+    _take_write_token(actor)  # 3
+    human = _accountable(actor, target)
+    try:
+        with transaction.atomic():  # 4
+            policy, was_admitted = _write(actor, target, spec, human)
+    except IntegrityError as exc:
+        raise _constraint_refusal(exc) from None
+    transaction.on_commit(  # 5
+        lambda: reopen_identity(target.id, spec.queue, was_admitted=was_admitted)
+    )
+    return policy
+
+
+def _write(
+    actor: Actor, target: Endpoint, spec: PolicySpec, human: Any
+) -> tuple[AdmissionPolicy, bool]:
+    """Step 4 of policy_set: lock (or create) the row, change it, append the ledger row."""
+    existing = _lock(target, spec.queue)
+    if existing is None:
+        try:
+            with transaction.atomic():
+                policy = AdmissionPolicy.objects.create(
+                    endpoint=target,
+                    queue=spec.queue,
+                    created_by=human,
+                    updated_by=human,
+                    **spec.fields(),
+                )
+        except IntegrityError as exc:
+            if _constraint_name(exc) != "admission_policy_identity":
+                raise
+            # Another writer created it first; its row is committed now, so lock and update it.
+            existing = _lock(target, spec.queue)
+            assert existing is not None
+        else:
+            ledger.append(
+                kind=LedgerKind.POLICY_CREATE,
+                actor=_ledger_actor(actor, target),
+                scope=f"endpoint:{target.slug}",
+                queue=spec.queue,
+                before=None,
+                after=selectors.policy_dict(policy),
+            )
+            return policy, True
+    was_admitted = selectors.evaluate_policy(existing).admits
+    before = selectors.policy_dict(existing)
+    for name, value in spec.fields().items():
+        setattr(existing, name, value)
+    after = selectors.policy_dict(existing)
+    if after == before:
+        return existing, was_admitted
+    existing.updated_by = human
+    existing.save()
+    ledger.append(
+        kind=LedgerKind.POLICY_UPDATE,
+        actor=_ledger_actor(actor, target),
+        scope=f"endpoint:{target.slug}",
+        queue=spec.queue,
+        before=before,
+        after=after,
+    )
+    return existing, was_admitted
+
+
+def _lock(endpoint: Endpoint, queue: str) -> AdmissionPolicy | None:
+    return (
+        AdmissionPolicy.objects.select_for_update(of=("self",))
+        .select_related("endpoint", "updated_by")
+        .filter(endpoint=endpoint, queue=queue)
+        .first()
+    )
+
+
+def _constraint_name(exc: IntegrityError) -> str | None:
+    diag = getattr(exc.__cause__, "diag", None)
+    return getattr(diag, "constraint_name", None)
+
+
+def _constraint_refusal(exc: IntegrityError) -> InvalidArgument:
+    name = _constraint_name(exc)
+    field = CONSTRAINT_FIELDS.get(name or "")
+    if field is None:
+        raise exc
+    return InvalidArgument(f"the database refused the policy ({name})", field=field)
+
+
+def policy_clear(*, actor: Actor, endpoint: Endpoint | str, queue: str) -> dict[str, Any]:
+    """Remove a queue identity's budget; the ledger keeps its history. Returns what was removed."""
+    target = selectors.endpoint_for(actor, endpoint, write=True)
+    _check_agent(actor, queue, Verb.CLEAR_ADMISSION_POLICY)
+    _take_write_token(actor)
+    with transaction.atomic():
+        existing = _lock(target, queue)
+        if existing is None:
+            raise NotFound(
+                f"no budget on endpoint:{target.slug}/{queue}",
+                scope=f"endpoint:{target.slug}",
+                queue=queue,
+            )
+        was_admitted = selectors.evaluate_policy(existing).admits
+        before = selectors.policy_dict(existing)
+        policy_id = existing.id
+        existing.delete()
+        ledger.append(
+            kind=LedgerKind.POLICY_DELETE,
+            actor=_ledger_actor(actor, target),
+            scope=f"endpoint:{target.slug}",
+            queue=queue,
+            before=before,
+            after=None,
+        )
+    transaction.on_commit(lambda: _forget(policy_id))
+    transaction.on_commit(lambda: reopen_identity(target.id, queue, was_admitted=was_admitted))
+    return before
+
+
+# --- reopen: one todo_ready when a deferred queue identity is admitted again -------------------
+
+# The status each policy had when the reopen last looked, so a queue admitted on consecutive ticks
+# rings once, not every tick. Lost state (a Redis flush) rings once more, never less.
+STATUS_KEY = "switchboard:admission:last_status"
+ADMITTED, DEFERRED = "admitted", "deferred"
+
+# Swap the statuses of many policies at once and answer the previous ones ('' when unknown).
+_SWAP = """
+local out = {}
+for i = 1, #ARGV, 2 do
+  local old = redis.call('HGET', KEYS[1], ARGV[i])
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  out[#out + 1] = old or ''
+end
+return out
+"""
+
+# Work a claim could take now, as the claim predicate (queues/claims.py) sees it: pending, a lapsed
+# lease or a due retry, with attempts left; never quarantine; never a paused queue name.
+_CLAIMABLE = """
+    t.queue <> 'quarantine'
+    AND (
+        (t.state = 'pending' AND t.attempt < t.max_attempts)
+        OR (t.state = 'claimed' AND t.lease_expires_at <= now() AND t.attempt < t.max_attempts)
+        OR (t.state = 'failed' AND t.next_retry_at <= now() AND t.attempt < t.max_attempts)
+    )
+    AND NOT EXISTS (SELECT 1 FROM queues_queuepause qp WHERE qp.queue = t.queue)
+"""
+
+# Queue identities with a budget and claimable work on an active endpoint.
+_ELIGIBLE_SQL = f"""
+SELECT p.id FROM admission_admissionpolicy p
+JOIN queues_endpoint e ON e.id = p.endpoint_id AND e.state = 'active'
+WHERE EXISTS (
+    SELECT 1 FROM queues_todo t
+    WHERE t.endpoint_id = p.endpoint_id AND t.queue = p.queue AND {_CLAIMABLE}
+)
+"""
+
+_IDENTITY_ELIGIBLE_SQL = f"""
+SELECT EXISTS (
+    SELECT 1 FROM queues_endpoint e WHERE e.id = %(e)s AND e.state = 'active'
+) AND EXISTS (
+    SELECT 1 FROM queues_todo t WHERE t.endpoint_id = %(e)s AND t.queue = %(q)s AND {_CLAIMABLE}
+)
+"""
+
+
+def _swap_statuses(statuses: dict[UUID, str]) -> dict[UUID, str] | None:
+    """Record each policy's status; answer the previous ones, or None if Redis is unreachable."""
+    if not statuses:
+        return {}
+    args: list[str] = []
+    for policy_id, value in statuses.items():
+        args += [str(policy_id), value]
+    try:
+        old = counters.client().eval(_SWAP, 1, STATUS_KEY, *args)
+    except redis.RedisError:
+        log.warning("reopen: admission status memory unavailable; ringing every admitted queue")
+        return None
+    return {
+        policy_id: (value.decode() if isinstance(value, bytes) else str(value))
+        for policy_id, value in zip(statuses, old, strict=True)
+    }
+
+
+def _forget(policy_id: UUID) -> None:
+    try:
+        counters.client().hdel(STATUS_KEY, str(policy_id))
+    except redis.RedisError:
+        log.warning("reopen: could not forget the status of policy %s", policy_id)
+
+
+def _eligible(endpoint_id: UUID, queue: str) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(_IDENTITY_ELIGIBLE_SQL, {"e": endpoint_id, "q": queue})
+        row = cursor.fetchone()
+    return bool(row and row[0])
+
+
+def reopen_identity(endpoint_id: UUID, queue: str, *, was_admitted: bool | None = None) -> bool:
+    """Ring once for a queue identity that a policy write or a freed slot may have admitted.
+
+    With ``was_admitted`` known (a policy write), ring only when the identity went from deferred
+    to admitted; unknown (a claim ended), ring whenever it is admitted now. Either way only when
+    it has claimable work. Records the status for the sweep. Never raises: a wake is a hint.
+    """
+    try:
+        ev = selectors.identity_status(endpoint_id, queue)
+        admitted = ev is None or ev.admits
+        if ev is not None:
+            _swap_statuses({ev.policy.id: ADMITTED if admitted else DEFERRED})
+        if not admitted or was_admitted is True or not _eligible(endpoint_id, queue):
+            return False
+        return wakes.todo_ready_now(endpoint_id, queue, reason="reopened")
+    except Exception:
+        log.exception("reopen failed for %s:%s", endpoint_id, queue)
+        return False
+
+
+@dataclass(frozen=True)
+class ReopenResult:
+    policies: int
+    rung: list[str]  # "<endpoint_id>:<queue>" of each identity rung
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"policies": self.policies, "rung": self.rung}
+
+
+def reopen_sweep() -> ReopenResult:
+    """The reopen sweep (beat, every SWEEP_INTERVAL_SECONDS; ``manage.py admission_reopen``).
+
+    1. Evaluate every policy now.
+    2. Swap each policy's status into the memory and read the status the last look recorded.
+    3. Ring once for each identity admitted now but not at the last look (its window rolled over,
+       its in-flight fell below the cap, or it is new to the memory) that has claimable work on an
+       active endpoint and an unpaused queue. A queue still deferred never rings.
+
+    Safe to run twice at once: the swap is atomic, so only one run sees the old status.
+    """
+    policies = list(AdmissionPolicy.objects.all())
+    evaluations = selectors.evaluate_policies(policies)  # 1
+    statuses = {p.id: ADMITTED if evaluations[p.id].admits else DEFERRED for p in policies}
+    previous = _swap_statuses(statuses)  # 2
+    with connection.cursor() as cursor:
+        cursor.execute(_ELIGIBLE_SQL)
+        eligible = {row[0] for row in cursor.fetchall()}
+    rung: list[str] = []
+    for p in policies:  # 3
+        if statuses[p.id] != ADMITTED or p.id not in eligible:
+            continue
+        if previous is not None and previous.get(p.id) == ADMITTED:
+            continue
+        try:
+            if wakes.todo_ready_now(p.endpoint_id, p.queue, reason="reopened"):
+                rung.append(wakes.payload(p.endpoint_id, p.queue))
+        except Exception:
+            log.exception("reopen could not ring %s:%s", p.endpoint_id, p.queue)
+    _prune_memory({p.id for p in policies})
+    return ReopenResult(policies=len(policies), rung=rung)
+
+
+def _prune_memory(live: set[UUID]) -> None:
+    try:
+        client = counters.client()
+        known: list[bytes] = client.hkeys(STATUS_KEY)  # type: ignore[assignment]
+        stale = [k for k in known if k.decode() not in {str(i) for i in live}]
+        if stale:
+            client.hdel(STATUS_KEY, *stale)
+    except redis.RedisError:
+        pass
+
+
+# --- retention -----------------------------------------------------------------------------------
+
+RETENTION_BATCH = 5000
+# Never prune a window that may still be current: a week window (plus a DST hour) is the longest.
+_LONGEST_WINDOW = timedelta(days=8)
+
+
+def window_retention() -> int:
+    """Delete window counters older than WINDOW_RETENTION_DAYS (hourly on beat), in batches."""
+    keep = max(timedelta(days=settings.WINDOW_RETENTION_DAYS), _LONGEST_WINDOW)
+    cutoff = timezone.now() - keep
+    total = 0
+    while True:
+        ids = list(
+            AdmissionWindow.objects.filter(window_start__lt=cutoff).values_list("id", flat=True)[
+                :RETENTION_BATCH
+            ]
+        )
+        if not ids:
+            return total
+        total += AdmissionWindow.objects.filter(id__in=ids).delete()[0]

@@ -1,0 +1,80 @@
+"""The agent's budget verbs, served as REST routes and MCP tools (switchboard/verbs.py).
+
+- ``admission_status {queue?}``: granted with claim or claim_next (``Endpoint.holds``); only the
+  caller's scoped queues, an out-of-scope queue is ``forbidden``.
+- ``set_admission_policy {queue, policy}`` / ``clear_admission_policy {queue}``: their own
+  family, never in the basic grant ("lets the agent change its own budget"). They call the same
+  services as the operator API, audited with the acting endpoint and its owner.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from admission import selectors, services
+from admission.schemas import (
+    AdmissionStatusIn,
+    AdmissionStatusOut,
+    ClearAdmissionPolicyIn,
+    PolicyEnvelopeOut,
+    SetAdmissionPolicyIn,
+)
+from queues.principals import AgentActor
+from switchboard.verbs import verb
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "isoformat"):
+        from queues.schemas import iso
+
+        return iso(value)
+    return value
+
+
+def _one(actor: AgentActor, queue: str) -> dict[str, Any]:
+    return _jsonable(selectors.admission_status(actor, queue)[0])
+
+
+@verb(
+    "admission_status",
+    input=AdmissionStatusIn,
+    output=AdmissionStatusOut,
+    description="The budget of each of this endpoint's queues (or of one): its posture and "
+    "limits, whether a claim would be admitted now and, if not, why and until when, and the "
+    "usage of the current window.",
+)
+def admission_status(actor: AgentActor, data: AdmissionStatusIn) -> dict[str, Any]:
+    return {"queues": _jsonable(selectors.admission_status(actor, data.queue))}
+
+
+@verb(
+    "set_admission_policy",
+    input=SetAdmissionPolicyIn,
+    output=PolicyEnvelopeOut,
+    description="Set this endpoint's budget on one of its queues (a full replace): "
+    "max_in_flight, max_claims_per_window per window {period, tz, start, weekday}, posture. "
+    "Audited with this endpoint as the actor.",
+    errors=(404, 409),
+)
+def set_admission_policy(actor: AgentActor, data: SetAdmissionPolicyIn) -> dict[str, Any]:
+    services.policy_set(
+        actor=actor, endpoint=actor.endpoint, queue=data.queue, **data.policy.service_kwargs()
+    )
+    return _one(actor, data.queue)
+
+
+@verb(
+    "clear_admission_policy",
+    input=ClearAdmissionPolicyIn,
+    output=PolicyEnvelopeOut,
+    description="Remove this endpoint's budget on one of its queues. Audited with this endpoint "
+    "as the actor.",
+    errors=(404,),
+)
+def clear_admission_policy(actor: AgentActor, data: ClearAdmissionPolicyIn) -> dict[str, Any]:
+    services.policy_clear(actor=actor, endpoint=actor.endpoint, queue=data.queue)
+    return _one(actor, data.queue)

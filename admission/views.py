@@ -1,0 +1,502 @@
+"""The console pages of the admission app: the budget editor (with preview, history and clear)
+and the ledger list with its CSV export and chain badge.
+
+Writes go through ``admission.services.policy_set`` / ``policy_clear`` (so each lands in the
+ledger); reads through ``admission.selectors``; the preview through ``admission.engine.evaluate``
+and ``admission.windows``; the badge through ``admission.ledger.verify`` (the check behind
+``manage.py ledger verify``).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, time, timedelta
+from typing import Any
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.db.models import Count, Min, Q, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
+from django.http.response import HttpResponseBase
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods
+
+from admission import engine, ledger, services
+from admission import selectors as admission_selectors
+from admission.forms import LedgerFilterForm, PolicyForm
+from admission.models import AdmissionPolicy, AdmissionWindow, LedgerEntry, LedgerKind
+from queues import board
+from queues.board import Viewer
+from queues.models import QUARANTINE_QUEUE, Endpoint, Todo, TodoState
+from queues.services import check_queue_name
+from queues.views import HtmxHttpRequest, console_login_required, refusal, zones
+from switchboard.errors import DomainError, Forbidden, InvalidArgument, NotFound
+
+LEDGER_PAGE = 50
+
+# --- the budget editor --------------------------------------------------------------------------
+
+
+def _board_anchor(endpoint: Endpoint, queue: str) -> str:
+    """Back to the board, focus on the section's edit control (static/js/console.js)."""
+    return reverse("board") + "#edit-" + board.identity_key(endpoint.slug, queue)
+
+
+def _identity(request: HttpRequest, viewer: Viewer, slug: str, queue: str) -> Endpoint:
+    check_queue_name(queue)
+    return admission_selectors.endpoint_for(viewer.actor, slug, write=False)
+
+
+def _policy(endpoint: Endpoint, queue: str) -> AdmissionPolicy | None:
+    return (
+        AdmissionPolicy.objects.select_related("endpoint", "updated_by")
+        .filter(endpoint=endpoint, queue=queue)
+        .first()
+    )
+
+
+def _preview_token(kwargs: dict[str, Any]) -> str:
+    """Ties a save to the values the preview showed: changed values are previewed again."""
+    return hashlib.sha256(json.dumps(kwargs, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def preview(
+    endpoint: Endpoint, queue: str, policy: AdmissionPolicy | None, spec: services.PolicySpec
+) -> dict[str, Any]:
+    """What the change would do now: the proposed definition evaluated by the engine against the
+    identity's current in-flight claims and window counters (the window under the new
+    definition, and the counter the claim would read for it)."""
+    now = timezone.now()
+    current = admission_selectors.evaluate_policy(policy, now) if policy is not None else None
+    row = engine.PolicyRow(
+        id=policy.id if policy is not None else uuid.uuid4(),
+        endpoint_id=endpoint.id,
+        queue=queue,
+        **spec.fields(),
+    )
+    claimed = Todo.objects.filter(
+        endpoint=endpoint, queue=queue, state=TodoState.CLAIMED
+    ).aggregate(n=Count("id"), earliest=Min("lease_expires_at"))
+    used_in: dict[datetime, int] = {}
+    if policy is not None:
+        used_in = dict(
+            AdmissionWindow.objects.filter(
+                policy=policy, window_start__gte=now - timedelta(days=8)
+            ).values_list("window_start", "used")
+        )
+    proposed = engine.evaluate(
+        row,
+        in_flight=claimed["n"],
+        used_in=used_in,
+        now=now,
+        earliest_lease_expiry=claimed["earliest"],
+    )
+    after = admission_selectors.policy_dict(
+        AdmissionPolicy(endpoint=endpoint, queue=queue, **spec.fields())
+    )
+    before = admission_selectors.policy_dict(policy) if policy is not None else None
+    new_count = (
+        current is not None
+        and current.window_start is not None
+        and proposed.window_start is not None
+        and current.window_start != proposed.window_start
+    )
+    return {
+        "current": current,
+        "current_usage": admission_selectors.usage(current) if current else None,
+        "proposed": proposed,
+        "status": admission_selectors.status(proposed),
+        "usage": admission_selectors.usage(proposed),
+        "changes": changes(before, after),
+        "new_count": new_count,
+        "zone": board.zone_named(spec.window_tz)[1] if spec.window_tz else None,
+    }
+
+
+@require_http_methods(["GET", "POST"])
+@console_login_required
+def budget_view(request: HttpRequest, slug: str, queue: str) -> HttpResponse:
+    viewer = Viewer.of(request)
+    try:
+        endpoint = _identity(request, viewer, slug, queue)
+    except (NotFound, InvalidArgument) as exc:
+        return refusal(request, NotFound(exc.message))
+    policy = _policy(endpoint, queue)
+    can_write = viewer.can_write_budget(endpoint) and queue != QUARANTINE_QUEUE
+    context: dict[str, Any] = {}
+    if request.method == "POST":
+        if not viewer.writes or not can_write:
+            return refusal(request, Forbidden("you may read this budget but not change it"))
+        form = PolicyForm(request.POST)
+        if form.is_valid():
+            kwargs = form.service_kwargs()
+            try:
+                spec = services.clean_policy(queue=queue, **kwargs)
+            except InvalidArgument as exc:
+                form.add_domain_error(exc.field, exc.message)
+            else:
+                token = _preview_token(kwargs)
+                if request.POST.get("action") == "save" and request.POST.get("previewed") == token:
+                    try:
+                        services.policy_set(
+                            actor=viewer.actor, endpoint=endpoint, queue=queue, **kwargs
+                        )
+                    except (Forbidden, NotFound) as exc:
+                        return refusal(request, exc)
+                    except InvalidArgument as exc:
+                        form.add_domain_error(exc.field, exc.message)
+                    except DomainError as exc:
+                        form.add_error(None, exc.message)
+                    else:
+                        messages.success(request, f"Budget saved for {queue} on {endpoint.slug}.")
+                        return HttpResponseRedirect(_board_anchor(endpoint, queue))
+                else:
+                    context["preview"] = preview(endpoint, queue, policy, spec)
+                    context["previewed"] = token
+    else:
+        form = PolicyForm(initial=PolicyForm.initial_for(policy, viewer.tz_name))
+    status = 400 if form.errors else 200
+    context = _budget_context(viewer, endpoint, queue, policy, form, can_write, context)
+    return render(request, "admission/budget.html", context, status=status)
+
+
+def _budget_context(
+    viewer: Viewer,
+    endpoint: Endpoint,
+    queue: str,
+    policy: AdmissionPolicy | None,
+    form: PolicyForm,
+    can_write: bool,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    evaluation = admission_selectors.evaluate_policy(policy) if policy is not None else None
+    history = admission_selectors.window_history(policy) if policy is not None else []
+    return {
+        "viewer": viewer,
+        "endpoint": endpoint,
+        "queue": queue,
+        "policy": policy,
+        "evaluation": evaluation,
+        "status": admission_selectors.status(evaluation) if evaluation else None,
+        "usage": admission_selectors.usage(evaluation) if evaluation else None,
+        "window_description": admission_selectors.describe_window(policy) if policy else None,
+        "policy_zone": board.zone_named(policy.window_tz)[1]
+        if policy and policy.window_tz
+        else None,
+        "form": form,
+        "can_write": can_write and viewer.writes,
+        "zones": zones(),
+        "chart": usage_chart(history, policy) if policy is not None else None,
+        "history": history,
+        "audit": admission_selectors.audit_tail(policy, 10) if policy is not None else [],
+        "board_anchor": _board_anchor(endpoint, queue),
+        "key": board.identity_key(endpoint.slug, queue),
+        "focus": _focus(form, preview=bool(extra.get("preview"))),
+        **extra,
+    }
+
+
+def _focus(form: PolicyForm, *, preview: bool) -> str:
+    """Where focus lands: the first field in error, else the first field (or, on a preview,
+    the save button)."""
+    if form.errors:
+        named = [name for name in form.fields if name in form.errors]
+        return named[0] if named else "max_in_flight"
+    return "" if preview else "max_in_flight"
+
+
+@require_http_methods(["GET", "POST"])
+@console_login_required
+def budget_clear_view(request: HttpRequest, slug: str, queue: str) -> HttpResponse:
+    """Clearing asks first (GET: the confirmation page; POST: ``policy_clear``)."""
+    viewer = Viewer.of(request)
+    try:
+        endpoint = _identity(request, viewer, slug, queue)
+    except (NotFound, InvalidArgument) as exc:
+        return refusal(request, NotFound(exc.message))
+    if not viewer.writes or not viewer.can_write_budget(endpoint):
+        return refusal(request, Forbidden("you may read this budget but not change it"))
+    policy = _policy(endpoint, queue)
+    if policy is None:
+        return refusal(request, NotFound(f"no budget on endpoint:{endpoint.slug}/{queue}"))
+    if request.method == "POST":
+        try:
+            services.policy_clear(actor=viewer.actor, endpoint=endpoint, queue=queue)
+        except (Forbidden, NotFound) as exc:
+            return refusal(request, exc)
+        except DomainError as exc:
+            messages.error(request, exc.message)
+            return HttpResponseRedirect(reverse("budget_clear", args=[endpoint.slug, queue]))
+        messages.success(request, f"Budget cleared for {queue} on {endpoint.slug}.")
+        return HttpResponseRedirect(_board_anchor(endpoint, queue))
+    return render(
+        request,
+        "admission/clear.html",
+        {
+            "viewer": viewer,
+            "endpoint": endpoint,
+            "queue": queue,
+            "policy": policy,
+            "window_description": admission_selectors.describe_window(policy),
+            "board_anchor": _board_anchor(endpoint, queue),
+        },
+    )
+
+
+# --- the usage chart ----------------------------------------------------------------------------
+
+
+@dataclass
+class Bar:
+    x: float
+    width: float
+    used_y: float
+    used_h: float
+    refused_y: float
+    refused_h: float
+    limit_y: float | None
+    label: str
+
+
+def usage_chart(history: list[dict[str, Any]], policy: AdmissionPolicy) -> dict[str, Any]:
+    """Geometry for the inline SVG of the last windows (oldest left): used, refused stacked on
+    top, and the limit then in force as a tick per window."""
+    width, height, left, bottom, top = 640.0, 180.0, 40.0, 24.0, 10.0
+    plot_w, plot_h = width - left - 8, height - bottom - top
+    rows = list(reversed(history))
+    slots = max(len(rows), admission_selectors.HISTORY_WINDOWS)
+    peak = max(
+        [1]
+        + [r["used"] + r["refused"] for r in rows]
+        + [r["limit"] for r in rows if r["limit"] is not None]
+    )
+    zone = board.zone_named(policy.window_tz)[1]
+    step = plot_w / slots
+    bar_w = max(step * 0.7, 1.0)
+
+    def y(value: float) -> float:
+        return top + plot_h - plot_h * value / peak
+
+    bars = []
+    for i, r in enumerate(rows):
+        x = left + (slots - len(rows) + i) * step + (step - bar_w) / 2
+        used_top = y(r["used"])
+        refused_top = y(r["used"] + r["refused"])
+        start = r["window_start"].astimezone(zone)
+        limit_text = "no limit recorded" if r["limit"] is None else f"limit {r['limit']}"
+        bars.append(
+            Bar(
+                x=round(x, 1),
+                width=round(bar_w, 1),
+                used_y=round(used_top, 1),
+                used_h=round(top + plot_h - used_top, 1),
+                refused_y=round(refused_top, 1),
+                refused_h=round(used_top - refused_top, 1),
+                limit_y=round(y(r["limit"]), 1) if r["limit"] is not None else None,
+                label=f"{start:%a %d %b %H:%M}: {r['used']} used, {r['refused']} refused, "
+                f"{limit_text}",
+            )
+        )
+    first = rows[0]["window_start"].astimezone(zone) if rows else None
+    last = rows[-1]["window_start"].astimezone(zone) if rows else None
+    return {
+        "width": int(width),
+        "height": int(height),
+        "left": left,
+        "baseline": top + plot_h,
+        "top": top,
+        "right": width - 8,
+        "peak": peak,
+        "bars": bars,
+        "first": f"{first:%d %b %H:%M}" if first else "",
+        "last": f"{last:%d %b %H:%M}" if last and len(rows) > 1 else "",
+        "label_y": height - 6,
+        "empty": not rows,
+        "refusals": sum(r["refused"] for r in rows),
+    }
+
+
+# --- the ledger ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Change:
+    field: str
+    before: str
+    after: str
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, inner in value.items():
+            out.update(_flat(inner, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): value}
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, default=str)
+
+
+def changes(before: dict[str, Any] | None, after: dict[str, Any] | None) -> list[Change]:
+    """A readable before/after diff: the fields that differ, nested keys dotted (window.tz)."""
+    old = _flat(before or {})
+    new = _flat(after or {})
+    out = []
+    for key in sorted(set(old) | set(new)):
+        if key == "endpoint_id" or (old.get(key) == new.get(key) and before and after):
+            continue
+        if old.get(key) is None and new.get(key) is None:
+            continue
+        out.append(
+            Change(key, _text(old.get(key)) if before else "", _text(new.get(key)) if after else "")
+        )
+    return out
+
+
+def visible_ledger(viewer: Viewer) -> QuerySet[LedgerEntry]:
+    """Auditors and superusers read every row; owners the rows of their endpoints' scopes and
+    the pauses of the queue names those endpoints drain."""
+    qs = LedgerEntry.objects.all()
+    if viewer.sees_all:
+        return qs
+    endpoints = list(board.visible_endpoints(viewer).values_list("slug", "scope_queues"))
+    scopes = [f"endpoint:{slug}" for slug, _ in endpoints]
+    queues = sorted({q for _, scope in endpoints for q in scope})
+    return qs.filter(Q(scope__in=scopes) | Q(scope="queue", queue__in=queues))
+
+
+def filtered_ledger(viewer: Viewer, form: LedgerFilterForm) -> QuerySet[LedgerEntry]:
+    qs = visible_ledger(viewer)
+    if not form.is_valid():
+        return qs.none()
+    data = form.cleaned_data
+    if data.get("scope"):
+        qs = qs.filter(scope=data["scope"].strip())
+    if data.get("queue"):
+        qs = qs.filter(queue=data["queue"].strip())
+    if data.get("actor"):
+        actor = data["actor"].strip()
+        qs = qs.filter(Q(actor_human_name__iexact=actor) | Q(actor_endpoint_slug__iexact=actor))
+    if data.get("action"):
+        qs = qs.filter(kind=data["action"])
+    if data.get("since"):
+        qs = qs.filter(at__gte=datetime.combine(data["since"], time.min, tzinfo=viewer.tz))
+    if data.get("until"):
+        end = datetime.combine(data["until"] + timedelta(days=1), time.min, tzinfo=viewer.tz)
+        qs = qs.filter(at__lt=end)
+    return qs.order_by("-seq")
+
+
+def _chain_badge(viewer: Viewer) -> dict[str, Any]:
+    report = ledger.verify()
+    detail = ""
+    if report.chain is not None:
+        detail = f"seq {report.chain.seq}: {report.chain.problem}. {report.chain.detail}"
+    elif report.drift:
+        detail = "; ".join(f"{d.scope}/{d.queue}: {d.problem}" for d in report.drift[:3])
+    return {
+        "ok": report.ok,
+        "rows": report.rows,
+        "chain_ok": report.chain is None,
+        "drift": len(report.drift),
+        # Owners see whether the chain holds; auditors and superusers also see where it breaks.
+        "detail": detail if viewer.sees_all else "",
+    }
+
+
+@require_GET
+@console_login_required
+def ledger_view(request: HtmxHttpRequest) -> HttpResponse:
+    viewer = Viewer.of(request)
+    form = LedgerFilterForm(request.GET)
+    qs = filtered_ledger(viewer, form)
+    page = Paginator(qs, LEDGER_PAGE).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    rows = [(entry, changes(entry.before, entry.after)) for entry in page.object_list]
+    context = {
+        "viewer": viewer,
+        "form": form,
+        "page": page,
+        "rows": rows,
+        "query": query.urlencode(),
+        "kinds": LedgerKind.choices,
+        "badge": _chain_badge(viewer),
+        "nav": "ledger",
+    }
+    if request.htmx and request.htmx.target == "ledger-rows":
+        return render(request, "admission/ledger.html#rows", context)
+    return render(request, "admission/ledger.html", context)
+
+
+CSV_COLUMNS = [
+    "seq",
+    "at",
+    "action",
+    "actor_human",
+    "actor_endpoint",
+    "scope",
+    "queue",
+    "changes",
+    "before",
+    "after",
+    "entry_hash",
+]
+
+
+class _Echo:
+    def write(self, value: str) -> str:
+        return value
+
+
+def _csv_rows(qs: QuerySet[LedgerEntry]) -> Iterator[str]:
+    writer = csv.writer(_Echo())
+    yield writer.writerow(CSV_COLUMNS)
+    for entry in qs.iterator(chunk_size=2000):
+        diff = "; ".join(
+            f"{c.field}: {c.before or '∅'} → {c.after or '∅'}"
+            for c in changes(entry.before, entry.after)
+        )
+        yield writer.writerow(
+            [
+                entry.seq,
+                entry.at.isoformat(),
+                entry.kind,
+                entry.actor_human_name,
+                entry.actor_endpoint_slug,
+                entry.scope,
+                entry.queue,
+                diff,
+                json.dumps(entry.before, sort_keys=True) if entry.before is not None else "",
+                json.dumps(entry.after, sort_keys=True) if entry.after is not None else "",
+                entry.entry_hash,
+            ]
+        )
+
+
+@require_GET
+@console_login_required
+def ledger_csv_view(request: HttpRequest) -> HttpResponseBase:
+    """The filtered rows as CSV (times in UTC, ISO 8601), newest first, streamed."""
+    viewer = Viewer.of(request)
+    form = LedgerFilterForm(request.GET)
+    if not form.is_valid():
+        return HttpResponse("bad filters: " + form.errors.as_text(), status=400)
+    qs = filtered_ledger(viewer, form)
+    response = StreamingHttpResponse(_csv_rows(qs), content_type="text/csv; charset=utf-8")
+    stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
+    response["Content-Disposition"] = f'attachment; filename="ledger-{stamp}.csv"'
+    return response

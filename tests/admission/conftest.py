@@ -1,0 +1,81 @@
+"""Helpers for the admission tests: budgets set through the service, clocks moved in SQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from admission import services
+from admission.models import AdmissionPolicy
+from queues.models import Endpoint, Todo
+from switchboard import counters
+from tests.conftest import Personas
+
+
+def budget(
+    p: Personas,
+    queue: str = "inbox",
+    *,
+    endpoint: Endpoint | None = None,
+    max_in_flight: int | None = None,
+    per: str | None = None,
+    limit: int | None = None,
+    tz: str = "UTC",
+    start: str = "00:00",
+    weekday: str | None = None,
+    posture: str = "enforce",
+) -> AdmissionPolicy:
+    """Set a budget as the owner (a superuser for a foreign endpoint) through the service."""
+    endpoint = endpoint or p.agent
+    window: dict[str, Any] | None = None
+    if per is not None:
+        window = {"period": per, "tz": tz, "start": start}
+        if weekday is not None:
+            window["weekday"] = weekday
+    actor = p.as_human(p.owner if endpoint.owner_id == p.owner.pk else p.admin)
+    return services.policy_set(
+        actor=actor,
+        endpoint=endpoint,
+        queue=queue,
+        max_in_flight=max_in_flight,
+        max_claims_per_window=limit,
+        window=window,
+        posture=posture,
+    )
+
+
+def lapse(todo: Todo, seconds: int = 5) -> None:
+    """Move a claim's lease into the past, as if its holder went silent."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE queues_todo SET lease_expires_at = now() - make_interval(secs => %s) "
+            "WHERE id = %s",
+            [seconds, todo.pk],
+        )
+
+
+def make_retry_due(todo: Todo) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE queues_todo SET next_retry_at = now() - interval '1 second' WHERE id = %s",
+            [todo.pk],
+        )
+
+
+@pytest.fixture(autouse=True)
+def _generous_policy_writes(settings: Any) -> None:
+    """Tests write many budgets; the per-human write limit has its own test."""
+    settings.POLICY_WRITE_RATE_LIMIT = (0, 0)
+
+
+@pytest.fixture(autouse=True)
+def _counters_start_clean() -> Iterator[None]:
+    """Counter increments are buffered in-process and flushed by a thread; send the previous
+    test's before wiping Redis, and this test's before the next one starts."""
+    counters.flush()
+    counters.client().flushdb()
+    yield
+    counters.flush()

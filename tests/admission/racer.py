@@ -1,0 +1,80 @@
+"""A child process for the two-process claim race (test_race.py): N threads, one claim_next each.
+
+Usage: python -m tests.admission.racer ENDPOINT_ID THREADS SYNC_DIR
+Environment: DATABASE_URL (the test database), REDIS_URL, DJANGO_SETTINGS_MODULE.
+Writes SYNC_DIR/ready-<pid> once every thread holds a connection, waits for SYNC_DIR/go, then
+prints one JSON line: {"claimed": [...todo ids], "deferred": [...reasons], "empty": n}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+
+def main(endpoint_id: str, threads: int, sync_dir: Path) -> None:
+    import django
+
+    django.setup()
+    from django.db import connection, connections
+
+    from queues import services
+    from queues.models import Endpoint
+    from queues.principals import AgentActor
+
+    actor = AgentActor(Endpoint.objects.get(pk=endpoint_id))
+    connections.close_all()
+    results: list[Any] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    connected = threading.Barrier(threads + 1)
+    go = threading.Event()
+
+    def racer(i: int) -> None:
+        try:
+            connection.ensure_connection()
+            connected.wait()
+            go.wait()
+            result = services.claim_next(actor=actor, claimant=f"{os.getpid()}-{i}")
+            with lock:
+                results.append(result)
+        except Exception as exc:  # reported to the parent
+            with lock:
+                errors.append(repr(exc))
+        finally:
+            connections.close_all()
+
+    workers = [threading.Thread(target=racer, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    connected.wait()
+    (sync_dir / f"ready-{os.getpid()}").touch()
+    deadline = time.monotonic() + 60
+    while not (sync_dir / "go").exists():
+        if time.monotonic() > deadline:
+            raise SystemExit("never told to go")
+        time.sleep(0.005)
+    go.set()
+    for w in workers:
+        w.join()
+    out = {
+        "claimed": [str(r.todo.id) for r in results if isinstance(r, services.Claimed)],
+        "deferred": [
+            d["reason"]
+            for r in results
+            if isinstance(r, services.NothingClaimable)
+            for d in r.deferred
+        ],
+        "empty": sum(1 for r in results if isinstance(r, services.NothingClaimable)),
+        "errors": errors,
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]))

@@ -1,0 +1,268 @@
+"""Admission under real concurrency: processes and threads racing real connections."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connection, connections
+from django.utils import timezone
+
+from admission import engine, windows
+from admission.models import AdmissionPolicy, AdmissionWindow
+from queues import claims, metrics, services
+from queues.models import Attempt, Todo, TodoState
+from queues.services import Claimed, NothingClaimable
+from switchboard import counters
+from tests.admission.conftest import budget, lapse, make_retry_due
+from tests.conftest import Personas, database_url, push, run_threads
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def far_start() -> str:
+    return (timezone.now() + timedelta(hours=12)).astimezone(UTC).strftime("%H:00")
+
+
+def used(policy: AdmissionPolicy) -> int:
+    start = windows.window_start(policy, timezone.now())
+    row = AdmissionWindow.objects.filter(policy=policy, window_start=start).first()
+    return row.used if row else 0
+
+
+def test_fifty_racers_in_two_processes_commit_exactly_ten_of_fifty(
+    tx_personas: Personas, tmp_path: Path
+) -> None:
+    p = tx_personas
+    policy = budget(p, per="day", limit=10, start=far_start())
+    push(p, 50)
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "REDIS_URL": settings.REDIS_URL,
+        "DJANGO_SETTINGS_MODULE": "switchboard.settings",
+    }
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.admission.racer", str(p.agent.id), "25", str(tmp_path)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("ready-*"))) < 2:
+            assert all(c.poll() is None for c in children), [c.communicate() for c in children]
+            assert time.monotonic() < deadline, "the racers never got ready"
+            time.sleep(0.01)
+        (tmp_path / "go").touch()
+        outputs = [c.communicate(timeout=120) for c in children]
+    finally:
+        for c in children:
+            if c.poll() is None:
+                c.kill()
+    assert [c.returncode for c in children] == [0, 0], outputs
+    reports = [json.loads(out.strip().splitlines()[-1]) for out, _err in outputs]
+    assert [r["errors"] for r in reports] == [[], []]
+    claimed = [t for r in reports for t in r["claimed"]]
+    assert len(claimed) == 10 and len(set(claimed)) == 10
+    assert sum(r["empty"] for r in reports) == 40
+    assert set(r for rep in reports for r in rep["deferred"]) <= {"window_exhausted"}
+    # Both processes raced: each one's claimers met the policy lock.
+    assert all(r["claimed"] or r["deferred"] for r in reports)
+    assert Todo.objects.filter(state=TodoState.CLAIMED).count() == 10
+    assert Attempt.objects.count() == 10
+    assert used(policy) == 10
+    assert counters.value(metrics.CHARGED, {"queue": "inbox"}) == 10
+    assert counters.value(metrics.CLAIMED, {"queue": "inbox"}) == 10
+
+
+def test_twenty_threads_over_an_in_flight_cap_of_three_hold_exactly_three(
+    tx_personas: Personas,
+) -> None:
+    p = tx_personas
+    budget(p, max_in_flight=3)
+    push(p, 20)
+    results = run_threads(20, lambda i: services.claim_next(actor=p.as_agent()))
+    assert sum(isinstance(r, Claimed) for r in results) == 3
+    assert Todo.objects.filter(state=TodoState.CLAIMED).count() == 3
+
+
+def test_charged_total_equals_claimed_total_for_the_queue(tx_personas: Personas) -> None:
+    p = tx_personas
+    policy = budget(p, per="day", limit=8, start=far_start())
+    push(p, 6)
+    push(p, 2, queue="outbox")
+    got = run_threads(4, lambda i: services.claim_next(actor=p.as_agent(), queue="inbox"))
+    held = [r.todo for r in got if isinstance(r, Claimed)]
+    assert len(held) == 4
+    services.fail(actor=p.as_agent(), todo_id=held[0].id, error="x")
+    make_retry_due(held[0])
+    services.release(actor=p.as_agent(), todo_id=held[1].id)
+    lapse(held[2])
+    while isinstance(services.claim_next(actor=p.as_agent(), queue="inbox"), Claimed):
+        pass
+    services.claim_next(actor=p.as_agent(), queue="outbox")
+    charged = counters.value(metrics.CHARGED, {"queue": "inbox"})
+    assert charged == counters.value(metrics.CLAIMED, {"queue": "inbox"}) == used(policy) == 8
+    assert Attempt.objects.filter(todo__queue="inbox").count() == 8
+    assert counters.value(metrics.REFUSALS, {"queue": "inbox", "reason": "window_exhausted"}) >= 1
+    # A queue without a budget counts claims and charges nothing.
+    assert counters.value(metrics.CLAIMED, {"queue": "outbox"}) == 1
+    assert counters.value(metrics.CHARGED, {"queue": "outbox"}) == 0
+
+
+@pytest.mark.parametrize("pause_after", ["lock_policy", "charge"])
+def test_a_claim_killed_after_the_policy_lock_charges_nothing_and_leaves_the_todo_pending(
+    tx_personas: Personas, monkeypatch: pytest.MonkeyPatch, pause_after: str
+) -> None:
+    p = tx_personas
+    policy = budget(p, per="day", limit=5, max_in_flight=5, start=far_start())
+    (todo,) = push(p, 1)
+    paused = threading.Event()
+    proceed = threading.Event()
+    pid: list[int] = []
+    original = getattr(engine, pause_after)
+
+    def hooked(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        if threading.current_thread().name == "doomed-claim":
+            pid.append(connection.connection.info.backend_pid)
+            paused.set()
+            proceed.wait(timeout=30)
+        return result
+
+    monkeypatch.setattr(engine, pause_after, hooked)
+    outcome: list[Any] = []
+
+    def doomed() -> None:
+        try:
+            outcome.append(services.claim_next(actor=p.as_agent()))
+        except Exception as exc:
+            outcome.append(exc)
+        finally:
+            try:
+                connections.close_all()
+            except Exception:
+                pass
+
+    thread = threading.Thread(target=doomed, name="doomed-claim")
+    thread.start()
+    assert paused.wait(timeout=30)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [pid[0]])
+        assert cursor.fetchone() == (True,)
+    proceed.set()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert isinstance(outcome[0], Exception), outcome
+    todo.refresh_from_db()
+    assert todo.state == TodoState.PENDING and todo.attempt == 0
+    assert not Attempt.objects.exists()
+    assert used(policy) == 0
+    assert counters.value(metrics.CHARGED, {"queue": "inbox"}) == 0
+    assert counters.value(metrics.CLAIMED, {"queue": "inbox"}) == 0
+    # The policy lock died with the connection: the next claim goes through.
+    monkeypatch.setattr(engine, pause_after, original)
+    again = services.claim_next(actor=p.as_agent())
+    assert isinstance(again, Claimed) and again.todo.id == todo.id
+    assert used(policy) == 1
+
+
+@contextmanager
+def statements() -> Iterator[list[str]]:
+    """Every statement this thread's connection executes, through any cursor Django wraps."""
+    seen: list[str] = []
+
+    def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        yield seen
+
+
+def test_a_claim_on_an_unbudgeted_queue_is_one_statement_with_the_indexed_probe(
+    tx_personas: Personas,
+) -> None:
+    p = tx_personas
+    budget(p, "outbox", max_in_flight=1)  # the policy table is not empty
+    push(p, 1, queue="inbox")
+    with statements() as seen:
+        result = services.claim_next(actor=p.as_agent(), queue="inbox")
+    assert isinstance(result, Claimed)
+    assert len(seen) == 1, seen
+    (statement,) = seen
+    assert "admission_admissionpolicy" in statement
+    assert "FOR UPDATE OF t SKIP LOCKED" in statement
+
+
+def test_the_policy_probe_uses_the_unique_identity_index(tx_personas: Personas) -> None:
+    p = tx_personas
+    # Enough budgets that the planner weighs the table as production would.
+    AdmissionPolicy.objects.bulk_create(
+        AdmissionPolicy(
+            endpoint=p.foreign,
+            queue=f"q{i}",
+            max_in_flight=1,
+            created_by=p.other_owner,
+            updated_by=p.other_owner,
+        )
+        for i in range(2000)
+    )
+    budget(p, "outbox", max_in_flight=1)
+    push(p, 1, queue="inbox")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE admission_admissionpolicy")
+        cursor.execute(
+            "EXPLAIN " + claims.CLAIM_NEXT_SQL,
+            {
+                "endpoint": p.agent.id,
+                "queues": ["inbox"],
+                "excluded": [],
+                "claimant": "x",
+                "via": "api",
+                "ttl": 60,
+                "fence_hash": None,
+            },
+        )
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "admission_policy_identity" in plan, plan
+
+
+def test_a_budgeted_claim_runs_the_candidate_then_the_admission_statements(
+    tx_personas: Personas,
+) -> None:
+    p = tx_personas
+    budget(p, per="day", limit=5, start=far_start())
+    push(p, 1)
+    with statements() as sqls:
+        assert isinstance(services.claim_next(actor=p.as_agent()), Claimed)
+    assert "SKIP LOCKED" in sqls[0]
+    assert any("FROM admission_admissionpolicy WHERE id" in s and "FOR UPDATE" in s for s in sqls)
+    assert any("INSERT INTO admission_admissionwindow" in s for s in sqls)
+    assert not any(s.startswith("INSERT INTO admission_ledgerentry") for s in sqls)
+
+
+def test_nothing_claimable_on_an_unbudgeted_queue_is_one_statement(
+    tx_personas: Personas,
+) -> None:
+    p = tx_personas
+    with statements() as seen:
+        assert isinstance(services.claim_next(actor=p.as_agent(), queue="inbox"), NothingClaimable)
+    assert len(seen) == 1
