@@ -1,0 +1,150 @@
+"""The operators' queue API: ``GET /queues``, ``POST /queues/{queue}/pause`` and ``/resume``.
+
+Humans only (session or ``sbh_`` token): an agent's ``sbk_`` token is refused with 401, and no
+MCP verb pauses a queue. Mounted on the one NinjaAPI at /api/v1. Handlers are thin: the reads come
+from ``queues.selectors.queue_stats`` and the writes from ``queues.pauses``; refusals are raised
+as domain errors and mapped once in ``switchboard/api.py``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from uuid import UUID
+
+from django.http import HttpRequest
+from ninja import Field, Router, Schema
+
+from queues import pauses, selectors
+from queues.models import Endpoint
+from queues.principals import HumanActor
+from switchboard.auth import HumanAuth
+
+router = Router(tags=["queues"], auth=HumanAuth())
+
+
+class ErrorOut(Schema):
+    error: str
+    code: str
+    field: str | None = None
+
+
+class PauseInfoOut(Schema):
+    reason: str
+    by: str
+    at: datetime
+
+
+class QueueCountsOut(Schema):
+    pending: int
+    claimed: int
+    done: int
+    failed: int
+
+
+class QueueOut(Schema):
+    queue: str
+    counts: QueueCountsOut
+    dead_letter: int = Field(description="Failed todos with no retry left.")
+    oldest_pending_seconds: float | None = Field(
+        description="Age of the oldest pending todo, or null when none is pending."
+    )
+    paused: PauseInfoOut | None = Field(description="The pause, or null when the queue is live.")
+
+
+class QueueListOut(Schema):
+    queues: list[QueueOut]
+
+
+class PauseIn(Schema):
+    reason: str = Field(min_length=1, max_length=pauses.MAX_REASON)
+    create: bool = Field(
+        default=False, description="Pause a name no todo, policy or endpoint has used yet."
+    )
+
+
+class PauseOut(Schema):
+    queue: str
+    paused: bool
+    changed: bool = Field(description="False when the queue was already paused.")
+    pause: PauseInfoOut
+
+
+class ResumeOut(Schema):
+    queue: str
+    resumed: bool = Field(description="False when the queue was not paused.")
+    lifted: PauseInfoOut | None
+    woken: list[str] = Field(description="Endpoints rung because they hold pending todos.")
+
+
+ERRORS_READ: dict[int, type[Schema]] = {401: ErrorOut, 403: ErrorOut}
+ERRORS_WRITE: dict[int, type[Schema]] = {
+    400: ErrorOut,
+    401: ErrorOut,
+    403: ErrorOut,
+    404: ErrorOut,
+    409: ErrorOut,
+}
+
+
+def _visible_endpoints(actor: HumanActor) -> list[UUID] | None:
+    """None for the fleet view (superusers, auditors, pausers); else the caller's endpoints."""
+    if actor.is_superuser or actor.is_auditor or pauses.can_pause(actor):
+        return None
+    return list(Endpoint.objects.filter(owner_id=actor.user.pk).values_list("id", flat=True))
+
+
+@router.get("/queues", response={200: QueueListOut, **ERRORS_READ}, summary="List known queues")
+def list_queues(request: HttpRequest) -> QueueListOut:
+    """Every known queue with counts by state, dead letters, the oldest pending age and its
+    pause. Owners see their endpoints' queues; superusers, auditors and pausers see the fleet.
+    A paused queue is always listed, even when it holds no todos."""
+    actor: HumanActor = request.auth  # type: ignore[attr-defined]
+    stats = selectors.queue_stats(endpoint_ids=_visible_endpoints(actor))
+    return QueueListOut(
+        queues=[
+            QueueOut(
+                queue=s.queue,
+                counts=QueueCountsOut(**s.counts),
+                dead_letter=s.dead_letter,
+                oldest_pending_seconds=s.oldest_pending_seconds,
+                paused=_pause_out(pauses.PauseInfo.of(s.paused)) if s.paused else None,
+            )
+            for s in stats
+        ]
+    )
+
+
+@router.post(
+    "/queues/{queue}/pause", response={200: PauseOut, **ERRORS_WRITE}, summary="Pause a queue"
+)
+def pause_queue(request: HttpRequest, queue: str, payload: PauseIn) -> PauseOut:
+    """Stop handing out the queue's todos, fleet-wide; intake continues. Needs the
+    queues.pause_queue permission. Pausing a paused queue changes nothing (`changed: false`)."""
+    result = pauses.queue_pause(
+        actor=request.auth,  # type: ignore[attr-defined]
+        queue=queue,
+        reason=payload.reason,
+        create=payload.create,
+    )
+    return PauseOut(
+        queue=result.queue, paused=True, changed=result.changed, pause=_pause_out(result.pause)
+    )
+
+
+@router.post(
+    "/queues/{queue}/resume", response={200: ResumeOut, **ERRORS_WRITE}, summary="Resume a queue"
+)
+def resume_queue(request: HttpRequest, queue: str) -> ResumeOut:
+    """Lift the pause and ring once for each endpoint with pending todos (reason `resumed`).
+    Resuming a queue that is not paused answers `resumed: false`."""
+    result = pauses.queue_resume(actor=request.auth, queue=queue)  # type: ignore[attr-defined]
+    return ResumeOut(
+        queue=result.queue,
+        resumed=result.resumed,
+        lifted=_pause_out(result.lifted) if result.lifted else None,
+        woken=result.woken,
+    )
+
+
+def _pause_out(info: pauses.PauseInfo) -> PauseInfoOut:
+    return PauseInfoOut(reason=info.reason, by=info.by, at=info.at)

@@ -1,0 +1,105 @@
+"""``manage.py queue pause NAME --reason TEXT [--create]`` and ``manage.py queue resume NAME``.
+
+Both take ``--json`` and ``--as USER`` (the acting human; by default the only superuser, when
+exactly one exists). Exit codes: 0 ok, 1 refused, 2 usage (switchboard/cli.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.management.base import BaseCommand
+
+from queues import pauses
+from queues.principals import HumanActor
+from switchboard.cli import emit, refused, usage
+from switchboard.errors import DomainError
+
+
+def register(subparsers: Any, parser: argparse.ArgumentParser) -> None:
+    pause = subparsers.add_parser(
+        "pause",
+        help="stop handing out a queue's todos, fleet-wide (intake continues)",
+        description="Pause a queue by name: no todo on it is claimed until it is resumed.",
+    )
+    pause.add_argument("queue", metavar="NAME", help="the queue name")
+    pause.add_argument("--reason", required=True, help="why (shown on every read surface)")
+    pause.add_argument(
+        "--create", action="store_true", help="pause a name nothing has used yet (not a typo)"
+    )
+    _common(pause)
+    pause.set_defaults(handler=handle_pause)
+
+    resume = subparsers.add_parser(
+        "resume",
+        help="lift a queue's pause and ring its consumers once",
+        description="Resume a paused queue; resuming a live queue changes nothing.",
+    )
+    resume.add_argument("queue", metavar="NAME", help="the queue name")
+    _common(resume)
+    resume.set_defaults(handler=handle_resume)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument(
+        "--as",
+        dest="as_user",
+        metavar="USER",
+        help="the acting human (default: the only superuser, if there is exactly one)",
+    )
+
+
+def acting_human(username: str | None) -> AbstractBaseUser:
+    """The --as user, or the only superuser; a usage error when neither settles it."""
+    users = get_user_model()._default_manager
+    if username:
+        user = users.filter(**{get_user_model().USERNAME_FIELD: username}).first()
+        if user is None:
+            raise usage(f"--as: no user named {username!r}")
+        return user
+    supers = list(users.filter(is_superuser=True, is_active=True)[:2])
+    if len(supers) != 1:
+        raise usage("name the acting human with --as USER (there is not exactly one superuser)")
+    return supers[0]
+
+
+def handle_pause(command: BaseCommand, options: dict[str, Any]) -> None:
+    actor = HumanActor(acting_human(options.get("as_user")), via="cli")
+    try:
+        result = pauses.queue_pause(
+            actor=actor,
+            queue=options["queue"],
+            reason=options["reason"],
+            create=bool(options.get("create")),
+        )
+    except DomainError as exc:
+        refused(command, options, exc)
+        return
+    p = result.pause
+    if result.changed:
+        text = f"paused {result.queue}: {p.reason} (by {p.by} at {p.at.isoformat()})"
+    else:
+        text = (
+            f"{result.queue} was already paused: {p.reason} (by {p.by} at {p.at.isoformat()}); "
+            "nothing changed"
+        )
+    emit(command, options, result.as_dict(), text)
+
+
+def handle_resume(command: BaseCommand, options: dict[str, Any]) -> None:
+    actor = HumanActor(acting_human(options.get("as_user")), via="cli")
+    try:
+        result = pauses.queue_resume(actor=actor, queue=options["queue"])
+    except DomainError as exc:
+        refused(command, options, exc)
+        return
+    if result.lifted is None:
+        text = f"{result.queue} was not paused; nothing was lifted"
+    else:
+        rung = ", ".join(result.woken) if result.woken else "no endpoint has pending todos"
+        text = f"resumed {result.queue} (paused by {result.lifted.by}: {result.lifted.reason}); rang: {rung}"
+    emit(command, options, result.as_dict(), text)

@@ -1,0 +1,280 @@
+"""Pause and resume a queue by name, fleet-wide (seed 001).
+
+A pause stops delivery and never intake: the claim predicate (queues/claims.py) excludes paused
+queue names inside the statement that picks or locks the row, and the wakes skip them. These two
+services are the only writers of ``QueuePause``; the API, the CLI and the admin call them.
+
+Why the pause locks the whole pause table. Every claim statement reads ``queues_queuepause``,
+which takes ACCESS SHARE on it until the claim's transaction ends. The pause takes ACCESS
+EXCLUSIVE before it inserts its row, so:
+
+- it waits until every claim transaction that has already read the table commits, and
+- a claim statement arriving meanwhile queues behind the pause's lock; once granted (after the
+  pause commits) the statement takes its snapshot (READ COMMITTED takes it after parse-time
+  locks are granted) and sees the pause.
+
+So a pause commits strictly after every claim that could have missed it and strictly before
+every claim that could see it: no claim is handed out on a paused queue once the pause has
+returned, and ``paused_at`` (the clock after the lock was granted) is later than the
+``claimed_at`` of every attempt committed on that queue before it. tests/pause/ races real
+connections to check exactly that.
+
+A resume takes no such lock: a claim that read the pause a statement too early merely hands
+out nothing, which is the safe direction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from django.db import OperationalError, connection, transaction
+
+from admission import ledger
+from admission.models import LedgerKind
+from queues import selectors, wakes
+from queues.models import QUARANTINE_QUEUE, QueuePause
+from queues.principals import HumanActor
+from queues.services import check_queue_name
+from switchboard.errors import Conflict, Forbidden, InvalidArgument, NotFound
+
+PAUSE_PERMISSION = "queues.pause_queue"
+MAX_REASON = 500
+# How long a pause waits for in-flight claim transactions before giving up (a claim
+# transaction is one statement, so this is generous; tests shorten it).
+LOCK_TIMEOUT = "5s"
+RESUMED = "resumed"
+
+
+@dataclass(frozen=True)
+class PauseInfo:
+    """A pause as every surface renders it: ``{reason, by, at}``."""
+
+    reason: str
+    by: str
+    at: datetime
+
+    @classmethod
+    def of(cls, pause: QueuePause) -> PauseInfo:
+        return cls(reason=pause.reason, by=pause.paused_by.get_username(), at=pause.paused_at)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"reason": self.reason, "by": self.by, "at": self.at}
+
+    def ledger_dict(self) -> dict[str, Any]:
+        return {"reason": self.reason, "by": self.by, "at": self.at.isoformat()}
+
+
+@dataclass(frozen=True)
+class PauseResult:
+    queue: str
+    changed: bool  # False: the queue was already paused and nothing was written
+    pause: PauseInfo
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            "paused": True,
+            "changed": self.changed,
+            "pause": self.pause.as_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class ResumeResult:
+    queue: str
+    lifted: PauseInfo | None  # None: the queue was not paused and nothing was written
+    # The queue identities rung ("<endpoint slug>") because they hold pending todos.
+    woken: list[str] = field(default_factory=list)
+
+    @property
+    def resumed(self) -> bool:
+        return self.lifted is not None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            "resumed": self.resumed,
+            "lifted": self.lifted.as_dict() if self.lifted else None,
+            "woken": self.woken,
+        }
+
+
+def can_pause(actor: HumanActor) -> bool:
+    """Superusers, and humans holding queues.pause_queue who are not auditors."""
+    user = actor.user
+    if not getattr(user, "is_authenticated", False) or not getattr(user, "is_active", False):
+        return False
+    if actor.is_superuser:
+        return True
+    has_perm = getattr(user, "has_perm", None)
+    return not actor.is_auditor and callable(has_perm) and bool(has_perm(PAUSE_PERMISSION))
+
+
+def _check_actor(actor: HumanActor) -> None:
+    if not isinstance(actor, HumanActor):
+        raise Forbidden("only a human operator pauses or resumes a queue")
+    if not can_pause(actor):
+        raise Forbidden("pausing and resuming queues needs the queues.pause_queue permission")
+
+
+def _check_queue(queue: str) -> str:
+    check_queue_name(queue)
+    if queue == QUARANTINE_QUEUE:
+        raise InvalidArgument(
+            "the quarantine queue is never delivered, so it cannot be paused", field="queue"
+        )
+    return queue
+
+
+def _check_reason(reason: str | None) -> str:
+    reason = reason.strip() if isinstance(reason, str) else ""
+    if not reason:
+        raise InvalidArgument("a reason is required to pause a queue", field="reason")
+    if len(reason) > MAX_REASON:
+        raise InvalidArgument(f"reason is at most {MAX_REASON} characters", field="reason")
+    return reason
+
+
+def _ledger_actor(actor: HumanActor) -> ledger.Actor:
+    return ledger.Actor(human_id=actor.user.pk, human_name=actor.user.get_username())
+
+
+def _existing(queue: str) -> QueuePause | None:
+    return QueuePause.objects.select_related("paused_by").filter(queue=queue).first()
+
+
+def _lock_pause_table() -> None:
+    """ACCESS EXCLUSIVE on the pause table: wait out in-flight claims (see the module doc)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+        cursor.execute("LOCK TABLE queues_queuepause IN ACCESS EXCLUSIVE MODE")
+        # Only the table lock may give up; the ledger append after it waits as usual.
+        cursor.execute("SET LOCAL lock_timeout = DEFAULT")
+
+
+def _sqlstate(exc: OperationalError) -> str | None:
+    return getattr(exc.__cause__, "sqlstate", None)
+
+
+def queue_pause(*, actor: HumanActor, queue: str, reason: str, create: bool = False) -> PauseResult:
+    """Pause a queue name fleet-wide: its todos are no longer handed out; intake continues.
+
+    1. Check the actor, the name (never quarantine) and the reason.
+    2. An already paused queue: answer so, write nothing.
+    3. A name nothing has used is refused unless ``create`` (a typo never pauses a phantom).
+    4. In one transaction: lock the pause table, insert the row stamped with the clock after the
+       lock was granted, append the ledger row.
+
+    Call it outside a transaction that has already read the pause table: the lock would be an
+    upgrade, and two such callers deadlock (one is refused with a conflict).
+    """
+    _check_actor(actor)
+    _check_queue(queue)
+    reason = _check_reason(reason)
+    existing = _existing(queue)
+    if existing is not None:
+        return PauseResult(queue=queue, changed=False, pause=PauseInfo.of(existing))
+    if not create and not selectors.queue_known(queue):
+        raise NotFound(
+            f"no queue named {queue!r} is known; pass create to pause it anyway", queue=queue
+        )
+    try:
+        with transaction.atomic():
+            return _insert_pause(actor, queue, reason)
+    except OperationalError as exc:
+        # The whole transaction rolled back: no row, no ledger entry.
+        if _sqlstate(exc) == "55P03":  # lock_not_available: the lock_timeout above
+            raise Conflict("could not pause: claims are holding the queue table; try again")
+        if _sqlstate(exc) == "40P01":  # deadlock_detected: PostgreSQL chose this transaction
+            raise Conflict("could not pause: it collided with another change; try again")
+        raise
+
+
+def _insert_pause(actor: HumanActor, queue: str, reason: str) -> PauseResult:
+    """Step 4 of queue_pause, inside its transaction."""
+    _lock_pause_table()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO queues_queuepause (queue, reason, paused_by_id, paused_at)
+            VALUES (%s, %s, %s, clock_timestamp())
+            ON CONFLICT (queue) DO NOTHING
+            RETURNING paused_at
+            """,
+            [queue, reason, actor.user.pk],
+        )
+        row = cursor.fetchone()
+    if row is None:  # paused by someone else between the first look and the lock
+        existing = _existing(queue)
+        assert existing is not None, "the pause table is locked; the row cannot vanish"
+        return PauseResult(queue=queue, changed=False, pause=PauseInfo.of(existing))
+    info = PauseInfo(reason=reason, by=actor.user.get_username(), at=row[0])
+    ledger.append(
+        kind=LedgerKind.QUEUE_PAUSE,
+        actor=_ledger_actor(actor),
+        scope="queue",
+        queue=queue,
+        before=None,
+        after=info.ledger_dict(),
+    )
+    return PauseResult(queue=queue, changed=True, pause=info)
+
+
+# The oldest pending todo of each endpoint on a queue: whom the resume rings, and which todo the
+# ready hook names (uses todo_pending_idx).
+_OLDEST_PENDING_SQL = """
+SELECT DISTINCT ON (t.endpoint_id) t.endpoint_id, e.slug, t.id
+FROM queues_todo t JOIN queues_endpoint e ON e.id = t.endpoint_id
+WHERE t.queue = %s AND t.state = 'pending' AND e.state = 'active'
+ORDER BY t.endpoint_id, t.created_at, t.id
+"""
+
+
+def queue_resume(*, actor: HumanActor, queue: str) -> ResumeResult:
+    """Lift a pause and ring once, as a creation would, for each endpoint with pending todos.
+
+    Resuming a queue that is not paused is not an error: nothing is lifted, nothing rings, no
+    ledger row. The notifications go out at commit (NOTIFY is transactional) and the ready hooks
+    through Celery on commit, so a rolled-back resume rings nothing.
+    """
+    _check_actor(actor)
+    check_queue_name(queue)
+    with transaction.atomic():
+        pause = _existing_for_update(queue)
+        if pause is None:
+            return ResumeResult(queue=queue, lifted=None)
+        lifted = PauseInfo.of(pause)
+        pause.delete()
+        ledger.append(
+            kind=LedgerKind.QUEUE_RESUME,
+            actor=_ledger_actor(actor),
+            scope="queue",
+            queue=queue,
+            before=lifted.ledger_dict(),
+            after=None,
+        )
+        woken = _ring(queue)
+    return ResumeResult(queue=queue, lifted=lifted, woken=woken)
+
+
+def _existing_for_update(queue: str) -> QueuePause | None:
+    return (
+        QueuePause.objects.select_for_update(of=("self",))
+        .select_related("paused_by")
+        .filter(queue=queue)
+        .first()
+    )
+
+
+def _ring(queue: str) -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute(_OLDEST_PENDING_SQL, [queue])
+        rows: list[tuple[UUID, str, UUID]] = cursor.fetchall()
+    return [
+        slug
+        for endpoint_id, slug, todo_id in rows
+        if wakes.todo_ready(endpoint_id, queue, todo_id=todo_id, reason=RESUMED)
+    ]
