@@ -2,14 +2,23 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib import admin
-from django.urls import path, re_path
+from django.urls import include, path, re_path
 from django.views.static import serve
 
+from switchboard.api import urls as api_urls
+from switchboard.mcp import mcp_view
 from switchboard.views import metrics_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("metrics", metrics_view, name="metrics"),
+    # The one NinjaAPI; every request body is bounded (1 MiB) before a view reads it.
+    path("api/v1/", api_urls()),
+    # MCP over Streamable HTTP, one URL per endpoint (bounded inside the view).
+    path("mcp/<str:slug>", mcp_view, name="mcp"),
     # The app serves its own small static tree (htmx, css); a proxy may serve it instead.
     re_path(r"^static/(?P<path>.*)$", serve, {"document_root": settings.STATICFILES_DIRS[0]}),
+    # The operations console: board, queues, todos, budgets, ledger (pages for humans).
+    path("", include("queues.urls")),
+    path("", include("admission.urls")),
 ]

@@ -1,0 +1,53 @@
+"""Forms of the board: parse what was typed; the services decide what is allowed."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import forms
+
+from queues.pauses import MAX_REASON
+
+
+class PauseForm(forms.Form):
+    # Required-ness and length are checked by queues.pauses (its error names the field); the form
+    # only carries the text back when the service refuses it.
+    reason = forms.CharField(
+        required=False,
+        max_length=MAX_REASON,
+        widget=forms.TextInput(attrs={"placeholder": "why: e.g. upgrading the consumer"}),
+    )
+
+
+class TodoCompleteForm(forms.Form):
+    summary = forms.CharField(required=False, widget=forms.TextInput())
+    result = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="Optional JSON; plain text is stored as a string.",
+    )
+
+    def clean_result(self) -> Any:
+        raw = self.cleaned_data["result"].strip()
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw
+
+
+class TodoFailForm(forms.Form):
+    error = forms.CharField(required=False, widget=forms.TextInput())
+    summary = forms.CharField(required=False, widget=forms.TextInput())
+
+
+class TimezoneForm(forms.Form):
+    tz = forms.CharField(
+        label="Your time zone",
+        max_length=64,
+        widget=forms.TextInput(
+            attrs={"list": "zones", "autocomplete": "off", "spellcheck": "false"}
+        ),
+    )

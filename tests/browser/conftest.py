@@ -1,0 +1,147 @@
+"""Browser tests: Playwright (sync API) driving Debian's Chromium against a live ASGI server.
+
+The server is uvicorn serving ``switchboard.asgi.application`` on a free port, in a thread of the
+test process, so the server-sent events of the live board really stream (pytest-django's
+``live_server`` is a threaded WSGI server). Tests use ``transactional_db``: what they write is
+committed, so the server's own connections see it. Chromium missing is a failure, not a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from django.conf import settings
+from django.test import Client
+from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
+
+from switchboard import embedded
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+ARTIFACTS = Path(settings.BASE_DIR) / "tests" / "artifacts"
+VIEWER_ZONE = "America/New_York"
+
+
+@pytest.fixture(scope="session")
+def server(django_db_setup: Any) -> Iterator[str]:
+    """uvicorn on 127.0.0.1:<free port> serving the ASGI app, for the whole session."""
+    from switchboard.asgi import application
+
+    port = embedded._free_port()
+    config = uvicorn.Config(
+        application,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="off",
+        timeout_graceful_shutdown=2,
+    )
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, name="uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not srv.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            pytest.fail("uvicorn did not start")
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(
+            f"Chromium is missing at {CHROMIUM}: the browser tests need it. "
+            "Run `bash .ci/install-browser` as root (apt-get install chromium)."
+        )
+    # Playwright's sync API keeps an event loop on the test thread; Django's guard against ORM
+    # calls from async code would refuse the (synchronous) test code there. The guard is lifted
+    # while the browser is open (one module at a time), as Playwright's docs advise for Django.
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            yield browser
+            browser.close()
+    finally:
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+@pytest.fixture
+def relaxed_policy_writes(settings: Any) -> None:
+    settings.POLICY_WRITE_RATE_LIMIT = (0, 0)
+
+
+class Session:
+    """Open pages as a persona: a signed-in browser context (JavaScript on or off)."""
+
+    def __init__(self, browser: Browser, base: str) -> None:
+        self.browser = browser
+        self.base = base
+        self.contexts: list[BrowserContext] = []
+
+    def context(self, user: Any, *, javascript: bool = True) -> BrowserContext:
+        client = Client()
+        client.force_login(user)
+        context = self.browser.new_context(
+            java_script_enabled=javascript,
+            base_url=self.base,
+            viewport={"width": 1360, "height": 900},
+            accept_downloads=True,
+        )
+        context.add_cookies(
+            [
+                {"name": "sessionid", "value": client.cookies["sessionid"].value, "url": self.base},
+                {"name": "tz", "value": VIEWER_ZONE, "url": self.base},
+            ]
+        )
+        context.set_default_timeout(10_000)
+        self.contexts.append(context)
+        return context
+
+    def page(self, user: Any, *, javascript: bool = True) -> Page:
+        return self.context(user, javascript=javascript).new_page()
+
+    def close(self) -> None:
+        for context in self.contexts:
+            context.close()
+
+
+@pytest.fixture
+def session(browser: Browser, server: str, transactional_db: None) -> Iterator[Session]:
+    s = Session(browser, server)
+    yield s
+    s.close()
+
+
+def screenshot(page: Page, name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _fast_passwords(settings: Any) -> None:
+    """Personas are made per test; hashing their passwords slowly proves nothing here."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

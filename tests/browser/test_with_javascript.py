@@ -1,0 +1,172 @@
+"""The console in Chromium with JavaScript on: htmx swaps, the live board, focus management."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from playwright.sync_api import expect
+
+from admission.models import AdmissionPolicy, LedgerEntry
+from queues.models import QueuePause, Todo, TodoState
+from tests.browser.conftest import Session, screenshot
+from tests.browser.helpers import api_post, budget
+from tests.conftest import Personas, push
+
+LIVE = 6_000  # ms: a functional wait for the server-sent event, not a performance bound
+
+
+def test_an_owner_edits_a_budget_through_a_preview_and_sees_a_bad_zone_refused_inline(
+    session: Session, tx_personas: Personas, relaxed_policy_writes: Any
+) -> None:
+    p = tx_personas
+    push(p, 2)
+    page = session.page(p.owner)
+    page.goto("/")
+    page.get_by_role("link", name="Set a budget").first.click()
+    expect(page).to_have_url(re.compile(r"/budgets/agent/inbox$"))
+    expect(page.locator("#id_max_in_flight")).to_be_focused()
+
+    page.fill("#id_max_in_flight", "2")
+    page.fill("#id_max_claims_per_window", "5")
+    page.fill("#id_window_tz", "Mars/Olympus_Mons")
+    page.get_by_role("button", name="Preview change").click()
+    error = page.locator("#id_window_tz-error")
+    expect(error).to_contain_text("not a known IANA time zone")
+    expect(page.locator("#id_window_tz")).to_have_value("Mars/Olympus_Mons")
+    expect(page.locator("#id_window_tz")).to_have_attribute("aria-invalid", "true")
+    expect(page.locator("#id_window_tz")).to_be_focused()
+    expect(page.locator("#id_max_claims_per_window")).to_have_value("5")
+    assert not AdmissionPolicy.objects.exists()
+
+    page.fill("#id_window_tz", "Europe/Paris")
+    page.get_by_role("button", name="Preview change").click()
+    preview = page.locator(".preview")
+    expect(preview).to_contain_text("0 of 5")
+    expect(preview).to_contain_text("0 of 2")
+    expect(preview).to_contain_text("admitted")
+    expect(page.get_by_role("button", name="Save budget")).to_be_focused()
+    screenshot(page, "editor")
+    page.get_by_role("button", name="Save budget").click()
+
+    expect(page).to_have_url(re.compile(r"/#edit-agent--inbox$"))
+    expect(page.locator("#edit-agent--inbox")).to_be_focused()
+    expect(page.locator("#head-agent--inbox")).to_contain_text("0 of 5")
+    policy = AdmissionPolicy.objects.get(endpoint=p.agent, queue="inbox")
+    assert (policy.max_in_flight, policy.max_claims_per_window, policy.window_tz) == (
+        2,
+        5,
+        "Europe/Paris",
+    )
+    assert LedgerEntry.objects.filter(kind="policy.create", actor_human_name="olive").count() == 1
+
+
+def test_an_owner_clears_a_budget_after_confirming(
+    session: Session, tx_personas: Personas, relaxed_policy_writes: Any
+) -> None:
+    p = tx_personas
+    budget(p, max_in_flight=1)
+    page = session.page(p.owner)
+    page.goto("/budgets/agent/inbox")
+    page.get_by_role("link", name="Clear budget…").click()
+    expect(page.get_by_role("heading", level=1)).to_contain_text("Clear the budget")
+    page.get_by_role("button", name="Clear budget").click()
+    expect(page).to_have_url(re.compile(r"/#edit-agent--inbox$"))
+    expect(page.locator("#edit-agent--inbox")).to_be_focused()
+    assert not AdmissionPolicy.objects.exists()
+    assert LedgerEntry.objects.filter(kind="policy.delete").count() == 1
+
+
+def test_a_superuser_pauses_and_resumes_a_queue_from_the_board(
+    session: Session, tx_personas: Personas
+) -> None:
+    p = tx_personas
+    push(p, 1)
+    page = session.page(p.admin)
+    page.goto("/?endpoint=agent&queue=inbox")
+    head = page.locator("#head-agent--inbox")
+    expect(head.locator(".badge")).to_have_text("Open · no budget")
+    page.fill("#pause-agent--inbox-reason", "upgrading the consumer")
+    page.get_by_role("button", name="Pause").click()
+    expect(head.locator(".badge")).to_have_text("Paused")
+    expect(head).to_contain_text("upgrading the consumer")
+    expect(head).to_contain_text("drained")
+    expect(page.locator("#cards-agent--inbox .chip")).to_have_text("paused · waits for resume")
+    assert QueuePause.objects.filter(queue="inbox", paused_by=p.admin).exists()
+
+    page.get_by_role("button", name="Resume inbox").click()
+    expect(head.locator(".badge")).to_have_text("Open · no budget")
+    assert not QueuePause.objects.exists()
+    kinds = list(LedgerEntry.objects.order_by("seq").values_list("kind", flat=True))
+    assert kinds == ["queue.pause", "queue.resume"]
+
+
+def test_a_pauser_pauses_from_the_queue_page_and_a_blank_reason_is_refused(
+    session: Session, tx_personas: Personas
+) -> None:
+    p = tx_personas
+    push(p, 1)
+    page = session.page(p.pauser)
+    page.goto("/queues/inbox")
+    page.fill("#pause-queue-reason", "   ")
+    page.get_by_role("button", name="Pause").click()
+    expect(page.locator("#pause-queue-error")).to_contain_text("a reason is required")
+    assert not QueuePause.objects.exists()
+    page.fill("#pause-queue-reason", "draining for the upgrade")
+    page.get_by_role("button", name="Pause").click()
+    expect(page.locator(".queue-pause")).to_contain_text("Paused by paul")
+    expect(page.locator(".queue-pause")).to_contain_text("drained")
+    page.get_by_role("button", name="Resume inbox").click()
+    expect(page.locator(".queue-pause")).to_contain_text("Live")
+    assert not QueuePause.objects.exists()
+
+
+def test_the_board_header_changes_live_after_claims_made_through_the_api(
+    session: Session, tx_personas: Personas, server: str
+) -> None:
+    p = tx_personas
+    push(p, 3)
+    budget(p, max_claims_per_window=2)
+    page = session.page(p.owner)
+    page.goto("/")
+    head = page.locator("#head-agent--inbox")
+    expect(head.locator(".badge")).to_have_text("Admitted")
+    expect(page.locator("[data-live-url]")).to_have_attribute("data-live", "open")
+
+    claimed = api_post(server, "/api/v1/agent/claim_next", p.agent_token)
+    assert claimed["empty"] is False
+    expect(head.locator(".counts div").nth(1)).to_contain_text("1", timeout=LIVE)
+    expect(head).to_contain_text("1 of 2", timeout=LIVE)
+
+    api_post(server, "/api/v1/agent/claim_next", p.agent_token)
+    expect(head.locator(".badge")).to_have_text("Exhausted · window used up", timeout=LIVE)
+    expect(page.locator("#announcer")).to_contain_text("agent / inbox: Exhausted", timeout=LIVE)
+    chip = page.locator("#cards-agent--inbox .chip")
+    expect(chip).to_contain_text("deferred · budget · eligible")
+    expect(chip).to_contain_text(re.compile(r"E[SD]T"))  # the viewer's zone: America/New_York
+    screenshot(page, "board")
+
+
+def test_an_operator_claims_and_completes_a_todo_in_the_drawer(
+    session: Session, tx_personas: Personas
+) -> None:
+    p = tx_personas
+    (todo,) = push(p, 1, payload={"url": "https://example.org/report"})
+    page = session.page(p.owner)
+    page.goto("/?endpoint=agent&queue=inbox")
+    page.get_by_role("link", name="todo 0").click()
+    drawer = page.locator("#drawer")
+    expect(drawer).to_contain_text("https://example.org/report")
+    expect(page).to_have_url(re.compile(r"/\?endpoint=agent&queue=inbox$"))  # stayed on the board
+    drawer.get_by_role("button", name="Claim as operator:olive").click()
+    expect(drawer).to_contain_text("Claimed")
+    expect(drawer.locator(".todo-head .state-label")).to_have_text("claimed")
+    drawer.locator("#complete-summary").fill("done by hand")
+    drawer.get_by_role("button", name="Complete").click()
+    expect(drawer.locator(".todo-head .state-label")).to_have_text("done")
+    expect(drawer.locator("table")).to_contain_text("done by hand")
+    todo.refresh_from_db()
+    assert todo.state == TodoState.DONE
+    attempt = todo.attempts.get()
+    assert (attempt.via, attempt.claimant) == ("board", "operator:olive")
+    assert Todo.objects.filter(state=TodoState.DONE).count() == 1

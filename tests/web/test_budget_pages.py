@@ -1,0 +1,174 @@
+"""The budget editor: preview before save, inline errors, clear with confirmation, history."""
+
+from __future__ import annotations
+
+from django.db import connection
+
+from admission.models import AdmissionPolicy, LedgerEntry
+from queues import services
+from queues.models import EndpointState
+from tests.conftest import Personas, push
+from tests.web.conftest import budget, policy_form, previewed, signed_in
+
+
+def test_the_editor_starts_on_the_first_field_with_sensible_defaults(personas: Personas) -> None:
+    client = signed_in(personas.owner)
+    client.cookies["tz"] = "Europe/Berlin"
+    html = client.get("/budgets/agent/inbox").content.decode()
+    assert 'id="id_max_in_flight" name="max_in_flight" value=""' in html
+    assert "autofocus" in html.split('id="id_max_in_flight"')[1].split(">")[0]
+    assert 'value="Europe/Berlin"' in html  # the viewer's zone as the default window zone
+    assert '<datalist id="zones">' in html and '<option value="America/Los_Angeles">' in html
+    assert 'href="/#edit-agent--inbox"' in html  # cancel goes back to the edit control
+
+
+def test_saving_takes_a_preview_first_and_lands_in_the_ledger(personas: Personas) -> None:
+    p = personas
+    client = signed_in(p.owner)
+    first = client.post("/budgets/agent/inbox", policy_form())
+    html = first.content.decode()
+    assert first.status_code == 200 and "Preview: what this change does now" in html
+    assert "0 of 5" in html and "0 of 2" in html
+    assert not AdmissionPolicy.objects.exists()
+    # A save whose values differ from the preview's is previewed again, not saved.
+    changed = client.post(
+        "/budgets/agent/inbox",
+        policy_form(max_in_flight="3", action="save", previewed=previewed(html)),
+    )
+    assert changed.status_code == 200 and not AdmissionPolicy.objects.exists()
+    saved = client.post(
+        "/budgets/agent/inbox",
+        policy_form(
+            max_in_flight="3", action="save", previewed=previewed(changed.content.decode())
+        ),
+    )
+    assert saved.status_code == 302 and saved["Location"] == "/#edit-agent--inbox"
+    policy = AdmissionPolicy.objects.get()
+    assert (policy.max_in_flight, policy.max_claims_per_window, policy.window_tz) == (
+        3,
+        5,
+        "Europe/Paris",
+    )
+    row = LedgerEntry.objects.get()
+    assert (row.kind, row.actor_human_name, row.scope) == (
+        "policy.create",
+        "olive",
+        "endpoint:agent",
+    )
+
+
+def test_errors_show_beside_the_field_they_name_and_keep_what_was_typed(personas: Personas) -> None:
+    client = signed_in(personas.owner)
+    cases = {
+        "window_tz": policy_form(window_tz="Mars/Base"),
+        "window_start": policy_form(window_start="25:99"),
+        "window_weekday": policy_form(window_period="week", window_weekday=""),
+        "max_claims_per_window": policy_form(max_claims_per_window="-4"),
+        "max_in_flight": policy_form(max_in_flight="", max_claims_per_window=""),
+        "window_period": policy_form(window_period=""),
+    }
+    for field, form in cases.items():
+        response = client.post("/budgets/agent/inbox", form)
+        html = response.content.decode()
+        assert response.status_code == 400, field
+        assert f'id="id_{field}-error"' in html, field
+        tag = html.split(f'id="id_{field}"')[1].split(">")[0]
+        assert 'aria-invalid="true"' in tag and "autofocus" in tag, field
+    typed = client.post("/budgets/agent/inbox", policy_form(window_tz="Mars/Base")).content.decode()
+    assert 'value="Mars/Base"' in typed and 'value="5"' in typed
+    assert "is not a known IANA time zone" in typed
+    assert not AdmissionPolicy.objects.exists()
+
+
+def test_the_preview_shows_usage_against_the_new_limit_and_the_window_it_would_count(
+    personas: Personas,
+) -> None:
+    p = personas
+    push(p, 3)
+    budget(p, max_claims_per_window=10, tz="UTC")
+    services.claim_next(actor=p.as_agent())
+    services.claim_next(actor=p.as_agent())
+    client = signed_in(p.owner)
+    same_window = client.post(
+        "/budgets/agent/inbox", policy_form(max_claims_per_window="2", window_tz="UTC")
+    ).content.decode()
+    assert "2 of 2" in same_window and "(now: 2 of 10)" in same_window
+    assert "deferred · budget" in same_window  # the lower limit exhausts the window now
+    assert "starts a new window" not in same_window
+    other_zone = client.post(
+        "/budgets/agent/inbox",
+        policy_form(max_claims_per_window="2", window_tz="Pacific/Kiritimati"),
+    ).content.decode()
+    assert "0 of 2" in other_zone and "starts a new window" in other_zone
+
+
+def test_a_revoked_endpoint_refuses_a_new_budget_as_a_form_error(personas: Personas) -> None:
+    p = personas
+    services.endpoint_revoke(endpoint=p.agent)
+    assert p.agent.state == EndpointState.REVOKED
+    client = signed_in(p.owner)
+    html = client.post("/budgets/agent/inbox", policy_form()).content.decode()
+    token = previewed(html)
+    refused = client.post("/budgets/agent/inbox", policy_form(action="save", previewed=token))
+    assert refused.status_code == 400 and "revoked" in refused.content.decode()
+
+
+def test_clearing_asks_first_then_goes_through_the_service(personas: Personas) -> None:
+    p = personas
+    budget(p, max_in_flight=2)
+    client = signed_in(p.owner)
+    confirm = client.get("/budgets/agent/inbox/clear")
+    assert (
+        confirm.status_code == 200
+        and "Clear the budget of inbox on agent?" in confirm.content.decode()
+    )
+    assert AdmissionPolicy.objects.exists()
+    response = client.post("/budgets/agent/inbox/clear")
+    assert response.status_code == 302 and response["Location"] == "/#edit-agent--inbox"
+    assert not AdmissionPolicy.objects.exists()
+    assert LedgerEntry.objects.filter(kind="policy.delete").count() == 1
+    assert client.get("/budgets/agent/inbox/clear").status_code == 404
+
+
+def test_another_owners_budget_is_not_found_and_an_auditor_reads_without_a_form(
+    personas: Personas,
+) -> None:
+    p = personas
+    budget(p, max_in_flight=2)
+    other = signed_in(p.other_owner)
+    assert other.get("/budgets/agent/inbox").status_code == 404
+    assert other.post("/budgets/agent/inbox", policy_form()).status_code == 404
+    assert other.post("/budgets/agent/inbox/clear").status_code == 404
+    auditor = signed_in(p.auditor)
+    html = auditor.get("/budgets/agent/inbox").content.decode()
+    assert "The budget" in html and '<form method="post" action="/budgets' not in html
+    assert signed_in(p.owner).get("/budgets/nobody/inbox").status_code == 404
+
+
+def test_the_quarantine_queue_takes_no_budget_in_the_editor(personas: Personas) -> None:
+    client = signed_in(personas.owner)
+    assert 'name="max_in_flight"' not in client.get("/budgets/agent/quarantine").content.decode()
+    assert client.post("/budgets/agent/quarantine", policy_form()).status_code == 403
+
+
+def test_the_usage_history_is_an_inline_svg_of_used_refused_and_the_limit(
+    personas: Personas,
+) -> None:
+    p = personas
+    policy = budget(p, max_claims_per_window=4, tz="UTC")
+    with connection.cursor() as cursor:
+        for days, used, refused, limit in ((3, 4, 2, 4), (2, 1, 0, 5), (1, 3, 0, 4)):
+            cursor.execute(
+                "INSERT INTO admission_admissionwindow (policy_id, window_start, used, refused, "
+                "claims_limit, updated_at) VALUES (%s, date_trunc('day', now()) - make_interval("
+                "days => %s), %s, %s, %s, now())",
+                [policy.id, days, used, refused, limit],
+            )
+    html = signed_in(p.owner).get("/budgets/agent/inbox").content.decode()
+    svg = html.split("<svg")[1].split("</svg>")[0]
+    assert 'role="img"' in svg
+    assert svg.count('class="used"') == 3 and svg.count('class="refused"') == 1
+    assert svg.count('class="limit"') == 3
+    assert "4 used, 2 refused, limit 4" in svg
+    assert "2 refusals in all" in svg
+    assert "<script" not in html.split("<main")[1].split("</main>")[0]

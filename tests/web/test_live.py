@@ -1,0 +1,146 @@
+"""The live board: the fingerprint, the events a change produces, and the stream itself."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from django.db import connection
+from django.test import Client, RequestFactory
+
+from queues import pauses, services
+from queues.board import Filters, Viewer
+from switchboard import live
+from tests.conftest import Personas, push
+from tests.web.conftest import budget, signed_in
+
+
+def _viewer(user: Any) -> tuple[Any, Viewer]:
+    request = RequestFactory().get("/live")
+    request.user = user
+    return request, Viewer.of(request)
+
+
+def test_the_fingerprint_moves_with_what_the_viewer_sees_and_only_that(personas: Personas) -> None:
+    p = personas
+    _, owner = _viewer(p.owner)
+    _, auditor = _viewer(p.auditor)
+    everything = Filters()
+    before_owner = live.fingerprint_now(owner, everything)
+    before_auditor = live.fingerprint_now(auditor, everything)
+    push(p, 1, endpoint=p.foreign)
+    assert live.fingerprint_now(owner, everything) == before_owner
+    assert live.fingerprint_now(auditor, everything) != before_auditor
+    (todo,) = push(p, 1)
+    after_push = live.fingerprint_now(owner, everything)
+    assert after_push != before_owner
+    services.claim(actor=p.as_human(), todo_id=todo.id)
+    after_claim = live.fingerprint_now(owner, everything)
+    assert after_claim != after_push
+    outbox_only = Filters(queue="outbox")
+    quiet = live.fingerprint_now(owner, outbox_only)
+    services.complete(actor=p.as_human(), todo_id=todo.id)
+    assert live.fingerprint_now(owner, outbox_only) == quiet
+    assert live.fingerprint_now(owner, everything) != after_claim
+    before_budget = live.fingerprint_now(owner, everything)
+    budget(p, max_in_flight=1)
+    assert live.fingerprint_now(owner, everything) != before_budget
+    before_pause = live.fingerprint_now(owner, everything)
+    pauses.queue_pause(actor=p.as_human(p.admin), queue="inbox", reason="x")
+    assert live.fingerprint_now(owner, everything) != before_pause
+
+
+def test_a_change_sends_only_the_parts_that_changed_and_announces_a_new_condition(
+    personas: Personas,
+) -> None:
+    p = personas
+    push(p, 2)
+    request, viewer = _viewer(p.owner)
+    filters = Filters()
+    before = live.render_board(request, viewer, filters, "/", "token")
+    first = live.changes(None, before)
+    assert [(name, data["target"]) for name, data in first] == [("swap", "sections")]
+    pauses.queue_pause(actor=p.as_human(p.admin), queue="outbox", reason="maint")
+    after = live.render_board(request, viewer, filters, "/", "token")
+    events = live.changes(before, after)
+    targets = {data["target"] for name, data in events if name == "swap"}
+    assert targets == {"head-agent--outbox"}  # owners have no pause control to change
+    announced = [data["text"] for name, data in events if name == "announce"]
+    assert announced == ["agent / outbox: Paused"]
+    assert live.changes(after, live.render_board(request, viewer, filters, "/", "token")) == []
+
+
+def test_a_new_queue_identity_resends_the_whole_list(personas: Personas) -> None:
+    p = personas
+    request, viewer = _viewer(p.owner)
+    before = live.render_board(request, viewer, Filters(), "/", "token")
+    budget(p, "brand-new", max_in_flight=1)
+    after = live.render_board(request, viewer, Filters(), "/", "token")
+    (event,) = live.changes(before, after)
+    assert event[1]["target"] == "sections" and "head-agent--brand-new" in event[1]["html"]
+
+
+def test_the_stream_is_for_signed_in_viewers(tx_personas: Personas) -> None:
+    assert Client().get("/live").status_code == 204
+    response = signed_in(tx_personas.owner).get("/live?queue=inbox&here=/")
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/event-stream"
+    assert response["Cache-Control"] == "no-cache, no-transform"
+
+
+def _events(raw: str) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for block in raw.split("\n\n"):
+        lines = dict(
+            line.split(": ", 1) for line in block.splitlines() if ": " in line and line[0] != ":"
+        )
+        if "event" in lines:
+            out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
+CLAIMED_ONE = "<div><dt>claimed</dt><dd>1</dd></div>"
+
+
+def _run_in_thread(fn: Callable[[], Any]) -> Callable[[], Any]:
+    def run() -> Any:
+        try:
+            return fn()
+        finally:
+            connection.close()
+
+    return run
+
+
+def test_the_stream_pushes_a_change_made_elsewhere(tx_personas: Personas) -> None:
+    """A claim committed by another connection reaches the open stream as a header swap."""
+    p = tx_personas
+    push(p, 2)
+    request, viewer = _viewer(p.owner)
+    filters = Filters(endpoint="agent", queue="inbox")
+    seen = live.fingerprint_now(viewer, filters)
+    connection.close()  # the stream and the change use connections of their own
+
+    async def watch() -> list[tuple[str, dict[str, Any]]]:
+        events: list[tuple[str, dict[str, Any]]] = []
+        source: AsyncIterator[str] = live.stream(request, viewer, filters, "/", seen, "token")
+        loop = asyncio.get_running_loop()
+        first = await anext(source)
+        assert first.startswith("retry:")
+        claim = _run_in_thread(lambda: services.claim_next(actor=p.as_agent()))
+        await loop.run_in_executor(None, claim)
+        while not any(CLAIMED_ONE in e[1].get("html", "") for e in events):
+            events += _events(await asyncio.wait_for(anext(source), timeout=10))
+        pause = _run_in_thread(
+            lambda: pauses.queue_pause(actor=p.as_human(p.admin), queue="inbox", reason="r")
+        )
+        await loop.run_in_executor(None, pause)
+        while not any(e[0] == "announce" for e in events):
+            events += _events(await asyncio.wait_for(anext(source), timeout=10))
+        await source.aclose()  # type: ignore[attr-defined]
+        return events
+
+    events = asyncio.run(watch())
+    assert ("announce", {"text": "agent / inbox: Paused"}) in events

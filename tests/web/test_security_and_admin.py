@@ -1,0 +1,187 @@
+"""Security headers and CSRF on every page, auditors refused on every write, and the admin."""
+
+from __future__ import annotations
+
+import re
+
+from django.contrib.auth.models import Permission
+from django.test import Client
+
+from admission.models import AdmissionPolicy, AdmissionWindow, LedgerEntry
+from queues import services
+from queues.models import QueuePause, TodoState
+from tests.conftest import Personas, push
+from tests.web.conftest import budget, policy_form, signed_in
+
+
+def _pages(p: Personas) -> list[str]:
+    (todo,) = push(p, 1)
+    budget(p, max_in_flight=2)
+    return [
+        "/",
+        "/queues",
+        "/queues/inbox",
+        f"/todos/{todo.id}",
+        "/budgets/agent/inbox",
+        "/budgets/agent/inbox/clear",
+        "/ledger",
+        "/ledger.csv",
+        "/prefs/tz",
+        "/login/",
+    ]
+
+
+def test_every_page_carries_the_security_headers(personas: Personas) -> None:
+    client = signed_in(personas.owner)
+    for url in _pages(personas):
+        response = client.get(url)
+        assert response.status_code == 200, url
+        csp = response["Content-Security-Policy"]
+        assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp, url
+        assert response["X-Frame-Options"] == "DENY", url
+        assert response["X-Content-Type-Options"] == "nosniff", url
+        assert response["Referrer-Policy"] == "same-origin", url
+
+
+def test_pages_load_no_inline_script_and_no_inline_style(personas: Personas) -> None:
+    client = signed_in(personas.admin)
+    for url in _pages(personas):
+        if url.endswith(".csv"):
+            continue
+        html = client.get(url).content.decode()
+        assert "<script>" not in html and " style=" not in html and "<style" not in html, url
+        assert not re.search(r"<[^>]*\son[a-z]+=", html), url  # no inline event handlers
+        for tag in html.split("<script")[1:]:
+            assert 'src="/static/' in tag.split(">")[0], url
+    htmx = Client().get("/static/vendor/htmx-2.0.11.min.js")
+    assert htmx.status_code == 200
+
+
+def test_every_state_changing_form_needs_its_csrf_token(personas: Personas) -> None:
+    p = personas
+    (todo,) = push(p, 1)
+    budget(p, max_in_flight=2)
+    writes = {
+        "/queues/inbox/pause": {"reason": "x"},
+        "/queues/inbox/resume": {},
+        f"/todos/{todo.id}/claim": {},
+        "/budgets/agent/inbox": policy_form(),
+        "/budgets/agent/inbox/clear": {},
+        "/prefs/tz": {"tz": "UTC"},
+        "/logout/": {},
+    }
+    client = signed_in(p.admin, enforce_csrf_checks=True)
+    for url, data in writes.items():
+        assert client.post(url, data).status_code == 403, url
+    assert not QueuePause.objects.exists() and AdmissionPolicy.objects.exists()
+    todo.refresh_from_db()
+    assert todo.state == TodoState.PENDING
+    page = client.get("/?queue=inbox").content.decode()
+    assert page.count('name="csrfmiddlewaretoken"') >= page.count('method="post"') > 0
+
+
+def test_a_write_an_auditor_forges_by_hand_is_refused_and_changes_nothing(
+    personas: Personas,
+) -> None:
+    p = personas
+    (pending,) = push(p, 1)
+    (claimed,) = push(p, 1)
+    services.claim(actor=p.as_human(), todo_id=claimed.id)
+    budget(p, max_in_flight=2)
+    p.auditor.user_permissions.add(Permission.objects.get(codename="pause_queue"))
+    QueuePause.objects.create(
+        queue="outbox", reason="kept", paused_by=p.admin, paused_at="2026-01-01T00:00Z"
+    )
+    ledger_rows = LedgerEntry.objects.count()
+    writes = [
+        ("/queues/inbox/pause", {"reason": "forged"}),
+        ("/queues/outbox/resume", {}),
+        (f"/todos/{pending.id}/claim", {}),
+        (f"/todos/{claimed.id}/complete", {}),
+        (f"/todos/{claimed.id}/fail", {"error": "x"}),
+        (f"/todos/{claimed.id}/release", {}),
+        (f"/todos/{pending.id}/retry", {}),
+        ("/budgets/agent/inbox", policy_form(action="preview")),
+        ("/budgets/agent/inbox", policy_form(action="save", previewed="x")),
+        ("/budgets/agent/inbox/clear", {}),
+        ("/budgets/agent/outbox", policy_form()),
+    ]
+    client = signed_in(p.auditor)
+    for url, data in writes:
+        assert client.post(url, data).status_code == 403, url
+    assert client.get("/budgets/agent/inbox/clear").status_code == 403
+    assert LedgerEntry.objects.count() == ledger_rows
+    assert list(QueuePause.objects.values_list("queue", flat=True)) == ["outbox"]
+    pending.refresh_from_db()
+    claimed.refresh_from_db()
+    assert (pending.state, claimed.state) == (TodoState.PENDING, TodoState.CLAIMED)
+    assert AdmissionPolicy.objects.get().max_in_flight == 2
+
+
+def test_the_ledger_is_read_only_in_the_admin_even_for_a_superuser(personas: Personas) -> None:
+    p = personas
+    budget(p, max_in_flight=2)
+    entry = LedgerEntry.objects.get()
+    client = signed_in(p.admin)
+    assert client.get("/admin/admission/ledgerentry/").status_code == 200
+    assert client.get(f"/admin/admission/ledgerentry/{entry.seq}/change/").status_code == 200
+    assert client.get("/admin/admission/ledgerentry/add/").status_code == 403
+    assert client.post(f"/admin/admission/ledgerentry/{entry.seq}/change/", {}).status_code == 403
+    assert (
+        client.post(
+            f"/admin/admission/ledgerentry/{entry.seq}/delete/", {"post": "yes"}
+        ).status_code
+        == 403
+    )
+    assert client.get("/admin/admission/admissionwindow/add/").status_code == 403
+    assert client.get("/admin/admission/ledgerhead/add/").status_code == 403
+    assert LedgerEntry.objects.count() == 1
+
+
+def test_budgets_changed_in_the_admin_go_through_the_service_and_the_ledger(
+    personas: Personas,
+) -> None:
+    p = personas
+    client = signed_in(p.admin)
+    form = {
+        "endpoint": str(p.agent.id),
+        "queue": "inbox",
+        "max_in_flight": "3",
+        "max_claims_per_window": "",
+        "window_period": "",
+        "window_tz": "",
+        "window_start": "",
+        "window_weekday": "",
+        "posture": "enforce",
+    }
+    bad = client.post(
+        "/admin/admission/admissionpolicy/add/",
+        {
+            **form,
+            "max_claims_per_window": "5",
+            "window_period": "day",
+            "window_tz": "Moon/Base",
+            "window_start": "00:00",
+        },
+    )
+    assert bad.status_code == 200 and "is not a known IANA time zone" in bad.content.decode()
+    response = client.post("/admin/admission/admissionpolicy/add/", form)
+    assert response.status_code == 302
+    policy = AdmissionPolicy.objects.get()
+    assert policy.max_in_flight == 3
+    assert LedgerEntry.objects.get().kind == "policy.create"
+    assert LedgerEntry.objects.get().actor_human_name == "ada"
+    change = {k: v for k, v in form.items() if k not in ("endpoint", "queue")}
+    response = client.post(
+        f"/admin/admission/admissionpolicy/{policy.pk}/change/", {**change, "max_in_flight": "4"}
+    )
+    assert response.status_code == 302
+    policy.refresh_from_db()
+    assert policy.max_in_flight == 4
+    listing = client.get("/admin/admission/admissionpolicy/").content.decode()
+    assert "inbox" in listing and "enforce" in listing
+    response = client.post(f"/admin/admission/admissionpolicy/{policy.pk}/delete/", {"post": "yes"})
+    assert response.status_code == 302 and not AdmissionPolicy.objects.exists()
+    kinds = list(LedgerEntry.objects.values_list("kind", flat=True))
+    assert kinds == ["policy.create", "policy.update", "policy.delete"]
+    assert not AdmissionWindow.objects.exists()

@@ -1,0 +1,117 @@
+"""The todo drawer (/todos/<id>: a page, or a fragment for htmx) and the operator actions."""
+
+from __future__ import annotations
+
+import uuid
+
+from queues import services
+from queues.models import TodoState
+from tests.conftest import Personas, push
+from tests.web.conftest import HTMX, budget, signed_in
+
+
+def test_the_todo_page_shows_payload_attempts_and_admission(personas: Personas) -> None:
+    p = personas
+    first, second = push(p, 2, payload={"ticket": 42})
+    budget(p, max_claims_per_window=1)
+    services.claim(actor=p.as_human(), todo_id=first.id)
+    html = signed_in(p.owner).get(f"/todos/{second.id}?next=/%3Fqueue%3Dinbox").content.decode()
+    assert "&quot;ticket&quot;: 42" in html
+    assert "deferred · budget · eligible" in html
+    assert "Never claimed." in html
+    assert 'href="/?queue=inbox"' in html  # back to where the viewer came from
+    claimed = signed_in(p.owner).get(f"/todos/{first.id}").content.decode()
+    assert "operator:olive" in claimed and "board" in claimed and "in flight" in claimed
+
+
+def test_htmx_gets_the_drawer_fragment_from_the_same_url(personas: Personas) -> None:
+    p = personas
+    (todo,) = push(p, 1)
+    response = signed_in(p.owner).get(f"/todos/{todo.id}", headers={**HTMX, "HX-Target": "drawer"})
+    html = response.content.decode()
+    assert html.lstrip().startswith('<article class="todo"') and "<html" not in html
+    assert "data-close-drawer" in html
+
+
+def test_a_foreign_or_unknown_todo_is_not_found(personas: Personas) -> None:
+    p = personas
+    (foreign,) = push(p, 1, endpoint=p.foreign)
+    client = signed_in(p.owner)
+    assert client.get(f"/todos/{foreign.id}").status_code == 404
+    assert client.get(f"/todos/{uuid.uuid4()}").status_code == 404
+    assert client.post(f"/todos/{foreign.id}/claim").status_code == 404
+
+
+def test_an_operator_claims_completes_fails_releases_and_retries_through_the_services(
+    personas: Personas,
+) -> None:
+    p = personas
+    a, b = push(p, 2, max_attempts=1)
+    client = signed_in(p.owner)
+    back = f"/todos/{a.id}?next=/"
+    response = client.post(f"/todos/{a.id}/claim", {"next": back})
+    assert response.status_code == 302 and response["Location"] == back
+    a.refresh_from_db()
+    assert a.state == TodoState.CLAIMED and a.owner == "operator:olive"
+    assert a.attempts.get().via == "board"
+    client.post(f"/todos/{a.id}/complete", {"summary": "by hand", "result": '{"ok": true}'})
+    a.refresh_from_db()
+    assert (a.state, a.result) == (TodoState.DONE, {"ok": True})
+
+    client.post(f"/todos/{b.id}/claim")
+    client.post(f"/todos/{b.id}/release")
+    b.refresh_from_db()
+    assert b.state == TodoState.FAILED and b.dead_letter  # its only attempt was released
+    client.post(f"/todos/{b.id}/retry")
+    b.refresh_from_db()
+    assert (b.state, b.attempt) == (TodoState.PENDING, 0)
+    client.post(f"/todos/{b.id}/claim")
+    followed = client.post(f"/todos/{b.id}/fail", {"error": "nope"}, follow=True)
+    assert "Failed: dead-lettered." in followed.content.decode()
+    b.refresh_from_db()
+    assert b.result == {"error": "nope"}
+
+
+def test_a_refused_action_comes_back_as_a_message(personas: Personas) -> None:
+    p = personas
+    (todo,) = push(p, 1)
+    client = signed_in(p.owner)
+    response = client.post(f"/todos/{todo.id}/complete", follow=True)
+    assert "todo is pending, not claimed" in response.content.decode()
+    budget(p, max_in_flight=0)
+    refused = client.post(f"/todos/{todo.id}/claim", follow=True)
+    assert "is deferred" in refused.content.decode()
+    todo.refresh_from_db()
+    assert todo.state == TodoState.PENDING
+
+
+def test_with_htmx_an_action_answers_the_refreshed_drawer(personas: Personas) -> None:
+    p = personas
+    (todo,) = push(p, 1)
+    response = signed_in(p.owner).post(
+        f"/todos/{todo.id}/claim",
+        {"next": f"/todos/{todo.id}?next=/"},
+        headers={**HTMX, "HX-Target": "drawer"},
+        follow=True,
+    )
+    html = response.content.decode()
+    assert html.lstrip().startswith('<article class="todo"')
+    assert "Claimed" in html and "Complete" in html
+
+
+def test_an_unknown_action_is_not_found_and_actions_take_only_posts(personas: Personas) -> None:
+    p = personas
+    (todo,) = push(p, 1)
+    client = signed_in(p.owner)
+    assert client.post(f"/todos/{todo.id}/explode").status_code == 404
+    assert client.get(f"/todos/{todo.id}/claim").status_code == 405
+
+
+def test_owners_do_not_act_on_another_owners_todos_even_with_the_pause_permission(
+    personas: Personas,
+) -> None:
+    p = personas
+    (todo,) = push(p, 1)
+    assert signed_in(p.pauser).post(f"/todos/{todo.id}/claim").status_code == 404
+    todo.refresh_from_db()
+    assert todo.state == TodoState.PENDING
