@@ -35,9 +35,10 @@ def _bench_database() -> None:
         settings_dict = embedded.database_settings(None)
         admin = info.url("postgres")
     name = "switchboard_bench"
+    # A fresh database each run: nothing left over from an earlier schema or an earlier run.
     with psycopg.connect(admin, autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
     host, port, user = settings_dict["HOST"], settings_dict["PORT"], settings_dict["USER"]
     password = settings_dict.get("PASSWORD") or ""
     auth = user + (f":{password}" if password else "")

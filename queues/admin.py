@@ -111,6 +111,10 @@ class EndpointAdmin(admin.ModelAdmin):
     ]
     actions = ["revoke"]
 
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Revoke instead: deleting would cascade to todos and budgets without a ledger row.
+        return False
+
     def get_form(
         self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
     ) -> Any:
@@ -260,21 +264,95 @@ class AttemptAdmin(admin.ModelAdmin):
         return False
 
 
+class QueuePauseForm(forms.ModelForm):
+    """Pause a queue: the name, a reason, and whether a name nothing has used may be paused."""
+
+    create = forms.BooleanField(
+        required=False, help_text="Pause a queue name nothing has used yet (guards against typos)."
+    )
+    request_user: Any = None  # set by QueuePauseAdmin.get_form
+    result: Any = None
+
+    class Meta:
+        model = QueuePause
+        fields = ["queue", "reason"]
+
+    def clean(self) -> dict[str, Any]:
+        from queues import pauses
+
+        data = super().clean() or {}
+        if self.errors:
+            return data
+        try:
+            self.result = pauses.queue_pause(
+                actor=HumanActor(self.request_user, via="admin"),
+                queue=data.get("queue", ""),
+                reason=data.get("reason", ""),
+                create=bool(data.get("create")),
+            )
+        except DomainError as exc:
+            field = exc.details.get("field")
+            self.add_error(field if field in ("queue", "reason") else None, exc.message)
+        return data
+
+    def validate_unique(self) -> None:
+        # Pausing a paused queue is not an error: the service answers that nothing changed.
+        return
+
+
 @admin.register(QueuePause)
 class QueuePauseAdmin(admin.ModelAdmin):
+    """Pause through the add form, resume through the action: both call queues/pauses.py, so
+    each lands in the ledger. Rows are never edited or deleted here."""
+
+    form = QueuePauseForm
     list_display = ["queue", "reason", "paused_by", "paused_at"]
     search_fields = ["queue", "reason"]
-    readonly_fields = ["queue", "reason", "paused_by", "paused_at"]
+    readonly_fields = ["paused_by", "paused_at"]
+    actions = ["resume"]
 
-    # Pause and resume go through queues/pauses.py (ledger rows); the admin only shows them.
+    def _may_pause(self, request: HttpRequest) -> bool:
+        user: Any = request.user
+        return bool(user.is_superuser or user.has_perm("queues.pause_queue"))
+
     def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
+        return self._may_pause(request)
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        form = super().get_form(request, obj, change=change, **kwargs)
+        form.request_user = request.user  # type: ignore[attr-defined]
+        return form
+
+    def save_model(self, request: HttpRequest, obj: QueuePause, form: Any, change: bool) -> None:
+        result = form.result
+        obj.pk = result.queue if hasattr(result, "queue") else obj.queue
+        if not getattr(result, "changed", True):
+            messages.info(request, f"Queue {obj.pk} was already paused; nothing changed.")
+
+    def log_addition(self, request: HttpRequest, obj: Any, message: Any) -> Any:
+        return None  # the ledger is the record of pauses
+
+    @admin.action(description="Resume the selected queues (wakes their backlog once)")
+    def resume(self, request: HttpRequest, queryset: QuerySet[QueuePause]) -> None:
+        from queues import pauses
+
+        if not self._may_pause(request):
+            self.message_user(request, "You may not resume queues.", level=messages.ERROR)
+            return
+        for pause in queryset:
+            try:
+                pauses.queue_resume(actor=HumanActor(request.user, via="admin"), queue=pause.queue)
+                self.message_user(request, f"Resumed {pause.queue}.")
+            except DomainError as exc:
+                self.message_user(request, f"{pause.queue}: {exc.message}", level=messages.ERROR)
 
 
 @admin.register(HumanToken)

@@ -53,18 +53,11 @@ def is_auditor(user: AbstractBaseUser | AnonymousUser) -> bool:
     return bool(groups is not None and groups.filter(name=AUDITORS_GROUP).exists())
 
 
-def endpoint_scope(actor: Actor, prefix: str = "") -> Q:
-    """The endpoints whose todos an actor may see and change: its own, or a human's owned ones."""
-    if isinstance(actor, AgentActor):
-        return Q(**{f"{prefix}id": actor.endpoint.id}) if prefix else Q(id=actor.endpoint.id)
-    if actor.is_superuser:
-        return Q()
-    return Q(**{f"{prefix}owner": actor.user})
-
-
 def todo_scope(actor: Actor) -> Q:
+    """The todos an actor may read: an agent its own; auditors and superusers every todo; an
+    owner those of the endpoints they own. (Writes are scoped by the services, never by this.)"""
     if isinstance(actor, AgentActor):
         return Q(endpoint_id=actor.endpoint.id)
-    if actor.is_superuser:
+    if actor.is_superuser or actor.is_auditor:
         return Q()
     return Q(endpoint__owner=actor.user)

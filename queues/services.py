@@ -234,8 +234,15 @@ def todo_create(
     """Put a todo on a queue. A duplicate idempotency key returns the live todo, created=False."""
     _check_can_write(actor, endpoint)
     check_queue_name(queue)
-    if isinstance(actor, AgentActor) and queue not in endpoint.scope_queues:
-        raise Forbidden(f"queue {queue!r} is not in this endpoint's scope", queue=queue)
+    if queue not in endpoint.scope_queues:
+        if isinstance(actor, AgentActor):
+            raise Forbidden(f"queue {queue!r} is not in this endpoint's scope", queue=queue)
+        # An operator may not strand work where the endpoint can never claim it.
+        raise InvalidArgument(
+            f"queue {queue!r} is not in endpoint {endpoint.slug}'s scope "
+            f"({', '.join(endpoint.scope_queues)})",
+            field="queue",
+        )
     title = (title or "").strip()
     if not title or len(title) > 500:
         raise InvalidArgument("title is required (at most 500 characters)", field="title")
@@ -437,7 +444,8 @@ def _admit_and_claim(
             limit = ev.policy.max_claims_per_window
             headroom["remaining"] = None if limit is None else max(0, limit - ev.used - 1)
         admission = headroom
-    transaction.savepoint_commit(sid)
+    # No RELEASE: the transaction's COMMIT releases the savepoint, one round trip fewer while the
+    # policy lock is held.
     return Claimed(
         todo=cand.todo, attempt=cand.todo.attempt, lease_token=lease_token, admission=admission
     )
@@ -639,9 +647,10 @@ def _raise_unmatched(
     raise Conflict(f"todo is {state}, not claimed", state=state)
 
 
-# Whether the todo's queue identity has a policy: a claim that ends may free a slot to reopen.
+# Whether the todo's queue identity has an in-flight cap: a claim that ends may free a slot.
 _BUDGETED = """EXISTS (SELECT 1 FROM admission_admissionpolicy p
-                       WHERE p.endpoint_id = t.endpoint_id AND p.queue = t.queue)"""
+                       WHERE p.endpoint_id = t.endpoint_id AND p.queue = t.queue
+                         AND p.max_in_flight IS NOT NULL)"""
 
 HEARTBEAT_SQL = f"""
 WITH held AS (

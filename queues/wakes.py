@@ -75,14 +75,16 @@ def todo_ready_now(endpoint_id: UUID | str, queue: str, reason: str = "released"
 
 
 def slot_freed(endpoint_id: UUID | str, queue: str) -> bool:
-    """The reopen edge: a claim ended, so a budgeted queue may be admitted again. Rings only
-    when the identity has a policy, is admitted now and has pending todos."""
+    """The reopen edge: a claim ended, so a queue with an in-flight cap may be admitted again.
+    Rings only when the identity has such a policy, is admitted now and has pending todos (an
+    ending claim frees no window budget: nothing refunds)."""
     try:
         with connection.cursor() as cursor:
             cursor.execute(
                 """
                 SELECT EXISTS (SELECT 1 FROM admission_admissionpolicy
-                               WHERE endpoint_id = %(e)s AND queue = %(q)s)
+                               WHERE endpoint_id = %(e)s AND queue = %(q)s
+                                 AND max_in_flight IS NOT NULL)
                    AND EXISTS (SELECT 1 FROM queues_todo
                                WHERE endpoint_id = %(e)s AND queue = %(q)s AND state = 'pending')
                 """,

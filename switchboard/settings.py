@@ -146,7 +146,7 @@ REDIS_URL = env("REDIS_URL") or embedded.embedded_redis_url()
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"
 
 LANGUAGE_CODE = "en-us"

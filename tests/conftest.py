@@ -45,6 +45,8 @@ def pytest_configure(config: pytest.Config) -> None:
         _valkey.start()
         base = f"redis://127.0.0.1:{port}/0"
     settings.REDIS_URL = f"{base.rsplit('/', 1)[0]}/{TEST_REDIS_DB}"
+    # Personas are made per test; the production password hasher would cost seconds each.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     os.environ["SWITCHBOARD_TEST_REDIS_URL"] = settings.REDIS_URL
     settings.CELERY_BROKER_URL = settings.REDIS_URL
     counters.reset_client()
@@ -61,6 +63,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 @pytest.fixture(autouse=True)
 def _clean_redis(settings: Any) -> Iterator[None]:
     settings.METRICS_TOKEN = "test-metrics-token"
+    # Increments buffered by the previous test must not land in this one.
+    counters.flush()
     counters.client().flushdb()
     yield
 

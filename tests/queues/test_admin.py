@@ -84,3 +84,40 @@ def test_attempts_are_read_only_in_the_admin(personas: Personas) -> None:
     assert response.status_code == 403
     assert Attempt.objects.filter(pk=attempt.pk).exists()
     assert Todo.objects.filter(pk=todo.pk).exists()
+
+
+def test_the_admin_pauses_and_resumes_through_the_service(personas: Personas) -> None:
+    from admission.models import LedgerEntry, LedgerKind
+    from queues.models import QueuePause
+
+    push(personas, 1)
+    client = Client()
+    client.force_login(personas.admin)
+    response = client.post(
+        "/admin/queues/queuepause/add/", {"queue": "inbox", "reason": "upgrade"}, follow=True
+    )
+    assert response.status_code == 200
+    pause = QueuePause.objects.get(queue="inbox")
+    assert pause.reason == "upgrade" and pause.paused_by == personas.admin
+    assert LedgerEntry.objects.filter(kind=LedgerKind.QUEUE_PAUSE, queue="inbox").count() == 1
+    refused = client.post("/admin/queues/queuepause/add/", {"queue": "typo", "reason": "x"})
+    assert refused.status_code == 200 and b"create" in refused.content.lower()
+    assert not QueuePause.objects.filter(queue="typo").exists()
+    client.post(
+        "/admin/queues/queuepause/",
+        {"action": "resume", "_selected_action": ["inbox"]},
+        follow=True,
+    )
+    assert not QueuePause.objects.filter(queue="inbox").exists()
+    assert LedgerEntry.objects.filter(kind=LedgerKind.QUEUE_RESUME, queue="inbox").count() == 1
+
+
+def test_the_admin_pause_form_is_for_pausers_only(personas: Personas) -> None:
+    from django.contrib.auth.models import Permission
+
+    personas.owner.is_staff = True
+    personas.owner.save()
+    personas.owner.user_permissions.add(Permission.objects.get(codename="view_queuepause"))
+    client = Client()
+    client.force_login(personas.owner)
+    assert client.get("/admin/queues/queuepause/add/").status_code == 403

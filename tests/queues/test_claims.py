@@ -404,3 +404,14 @@ def test_revoking_an_endpoint_dead_letters_its_live_todos(personas: Personas) ->
     c.refresh_from_db()
     assert c.state == TodoState.DONE
     assert Attempt.objects.get(todo=b).outcome == AttemptOutcome.REVOKED
+
+
+def test_an_operator_cannot_put_work_where_the_endpoint_cannot_claim_it(
+    personas: Personas,
+) -> None:
+    with pytest.raises(InvalidArgument) as err:
+        services.todo_create(
+            actor=personas.as_human(), endpoint=personas.agent, queue="elsewhere", title="x"
+        )
+    assert err.value.field == "queue"
+    assert Todo.objects.count() == 0
