@@ -17,13 +17,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser
 from django.core.management.base import BaseCommand
 
 from admission import selectors, services
 from queues.principals import HumanActor
-from switchboard.cli import emit, refused, usage
+from switchboard.cli import acting_human, add_common_options, emit, refused, usage
 from switchboard.errors import DomainError
 
 PER_FLAGS = (("per_hour", "hour"), ("per_day", "day"), ("per_week", "week"))
@@ -42,7 +40,7 @@ def register(subparsers: Any, parser: argparse.ArgumentParser) -> None:
     show = sub.add_parser("show", help="list budgets with their status and usage")
     show.add_argument("endpoint", nargs="?", metavar="ENDPOINT", help="an endpoint slug or id")
     show.add_argument("queue", nargs="?", metavar="QUEUE", help="one queue of it")
-    _common(show)
+    add_common_options(show)
     show.set_defaults(handler=handle_show)
 
     set_ = sub.add_parser(
@@ -68,43 +66,18 @@ def register(subparsers: Any, parser: argparse.ArgumentParser) -> None:
         default="enforce",
         help="enforce (default), advise (admit over limit with a ledger waiver) or off",
     )
-    _common(set_)
+    add_common_options(set_)
     set_.set_defaults(handler=handle_set)
 
     clear = sub.add_parser("clear", help="remove a queue's budget")
     clear.add_argument("endpoint", metavar="ENDPOINT", help="an endpoint slug or id")
     clear.add_argument("queue", metavar="QUEUE")
-    _common(clear)
+    add_common_options(clear)
     clear.set_defaults(handler=handle_clear)
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument(
-        "--as",
-        dest="as_user",
-        metavar="USER",
-        help="the acting human (default: the only superuser, if there is exactly one)",
-    )
 
 
 def _needs_subcommand(command: BaseCommand, options: dict[str, Any]) -> None:
     raise usage("name a budget command: queue budget show|set|clear")
-
-
-def acting_human(username: str | None) -> AbstractBaseUser:
-    """The --as user, or the only superuser; a usage error when neither settles it."""
-    model = get_user_model()
-    users = model._default_manager
-    if username:
-        user = users.filter(**{model.USERNAME_FIELD: username}).first()
-        if user is None:
-            raise usage(f"--as: no user named {username!r}")
-        return user
-    supers = list(users.filter(is_superuser=True, is_active=True)[:2])
-    if len(supers) != 1:
-        raise usage("name the acting human with --as USER (there is not exactly one superuser)")
-    return supers[0]
 
 
 def _window(options: dict[str, Any]) -> tuple[int | None, dict[str, Any] | None]:

@@ -9,13 +9,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser
 from django.core.management.base import BaseCommand
 
 from queues import pauses
 from queues.principals import HumanActor
-from switchboard.cli import emit, refused, usage
+from switchboard.cli import acting_human, add_common_options, emit, refused
 from switchboard.errors import DomainError
 
 
@@ -30,7 +28,7 @@ def register(subparsers: Any, parser: argparse.ArgumentParser) -> None:
     pause.add_argument(
         "--create", action="store_true", help="pause a name nothing has used yet (not a typo)"
     )
-    _common(pause)
+    add_common_options(pause)
     pause.set_defaults(handler=handle_pause)
 
     resume = subparsers.add_parser(
@@ -39,32 +37,8 @@ def register(subparsers: Any, parser: argparse.ArgumentParser) -> None:
         description="Resume a paused queue; resuming a live queue changes nothing.",
     )
     resume.add_argument("queue", metavar="NAME", help="the queue name")
-    _common(resume)
+    add_common_options(resume)
     resume.set_defaults(handler=handle_resume)
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument(
-        "--as",
-        dest="as_user",
-        metavar="USER",
-        help="the acting human (default: the only superuser, if there is exactly one)",
-    )
-
-
-def acting_human(username: str | None) -> AbstractBaseUser:
-    """The --as user, or the only superuser; a usage error when neither settles it."""
-    users = get_user_model()._default_manager
-    if username:
-        user = users.filter(**{get_user_model().USERNAME_FIELD: username}).first()
-        if user is None:
-            raise usage(f"--as: no user named {username!r}")
-        return user
-    supers = list(users.filter(is_superuser=True, is_active=True)[:2])
-    if len(supers) != 1:
-        raise usage("name the acting human with --as USER (there is not exactly one superuser)")
-    return supers[0]
 
 
 def handle_pause(command: BaseCommand, options: dict[str, Any]) -> None:

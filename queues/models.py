@@ -223,17 +223,13 @@ class Todo(models.Model):
                 condition=Q(state=TodoState.PENDING),
                 name="todo_pending_idx",
             ),
-            # In-flight count under the policy lock (admission) and the claimed gauges.
+            # In-flight count under the policy lock (admission), the claimed gauges, and
+            # reap_expired (which reads every claimed row: in flight is bounded by the workers,
+            # so a lease-expiry index would cost every claim more than it saves the sweep).
             models.Index(
                 fields=["endpoint", "queue"],
                 condition=Q(state=TodoState.CLAIMED),
                 name="todo_claimed_idx",
-            ),
-            # reap_expired: claimed rows whose lease lapsed, oldest lease first.
-            models.Index(
-                fields=["lease_expires_at"],
-                condition=Q(state=TodoState.CLAIMED),
-                name="todo_lease_expiry_idx",
             ),
             # requeue_due_retries and the claim predicate's due-retry arm.
             models.Index(

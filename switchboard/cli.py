@@ -5,12 +5,15 @@ Exit codes: 0 ok, 1 refused (a DomainError; the message on stderr names the fiel
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
 from django.core.management.base import BaseCommand, CommandError
 
 from switchboard.errors import DomainError
@@ -51,3 +54,29 @@ def usage(message: str) -> CommandError:
 
 def exit_with(code: int) -> None:
     sys.exit(code)
+
+
+def add_common_options(parser: argparse.ArgumentParser) -> None:
+    """--json and --as USER, on every operator subcommand that acts as a human."""
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument(
+        "--as",
+        dest="as_user",
+        metavar="USER",
+        help="the acting human (default: the only superuser, if there is exactly one)",
+    )
+
+
+def acting_human(username: str | None) -> AbstractBaseUser:
+    """The --as user, or the only superuser; a usage error when neither settles it."""
+    model = get_user_model()
+    users = model._default_manager
+    if username:
+        user = users.filter(**{model.USERNAME_FIELD: username}).first()
+        if user is None:
+            raise usage(f"--as: no user named {username!r}")
+        return user
+    supers = list(users.filter(is_superuser=True, is_active=True)[:2])
+    if len(supers) != 1:
+        raise usage("name the acting human with --as USER (there is not exactly one superuser)")
+    return supers[0]

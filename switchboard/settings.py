@@ -131,6 +131,15 @@ TEMPLATES = [
 
 DATABASES = {"default": embedded.database_settings(env("DATABASE_URL"))}
 DATABASES["default"]["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 0)
+# A connection pool per process (psycopg_pool): under ASGI every request runs in a thread of its
+# own, so without it each request would open a new PostgreSQL connection.
+if env_bool("DATABASE_POOL", True):
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": env_int("DATABASE_POOL_MIN", 2),
+        "max_size": env_int("DATABASE_POOL_MAX", 40, minimum=1),
+        "timeout": 30,
+    }
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # psycopg prepares a server-side-bound statement after this many runs on a connection. Only the
 # hot claim statements (queues/claims.py hot_cursor) bind server-side; set 0 to turn preparing
