@@ -122,24 +122,6 @@ READ_ERRORS = (400, 401, 403, 404)
 WRITE_ERRORS = (400, 401, 403, 404, 409, 413)
 
 
-class _AuditReader(HumanActor):
-    """An auditor reading: sees every endpoint and todo (the selectors' superuser scope).
-
-    Only ever passed to selectors, never to a service, so it cannot change anything.
-    """
-
-    @property
-    def is_superuser(self) -> bool:
-        return True
-
-
-def reader(actor: HumanActor) -> HumanActor:
-    """The actor to read as: auditors read everything."""
-    if actor.is_auditor and not actor.is_superuser:
-        return _AuditReader(user=actor.user, via=actor.via)
-    return actor
-
-
 def _refuse_auditor(actor: HumanActor) -> None:
     if actor.is_auditor and not actor.is_superuser:
         raise Forbidden("auditors read; they do not change endpoints or todos")
@@ -270,7 +252,7 @@ def list_todos(request: HttpRequest, filters: Query[TodoFilter]) -> Any:
     actor: HumanActor = request.auth  # type: ignore[attr-defined]
     endpoint = _endpoint(actor, filters.endpoint) if filters.endpoint else None
     todos, next_cursor = selectors.todos_for(
-        actor=reader(actor),
+        actor=actor,
         endpoint=endpoint,
         queue=filters.queue,
         state=filters.state,
@@ -281,7 +263,7 @@ def list_todos(request: HttpRequest, filters: Query[TodoFilter]) -> Any:
 
 
 def _todo(actor: HumanActor, todo_id: UUID) -> Todo:
-    return selectors.todo_get(actor=reader(actor), todo_id=todo_id)
+    return selectors.todo_get(actor=actor, todo_id=todo_id)
 
 
 @todos_router.get(

@@ -9,13 +9,11 @@ as domain errors and mapped once in ``switchboard/api.py``.
 from __future__ import annotations
 
 from datetime import datetime
-from uuid import UUID
 
 from django.http import HttpRequest
 from ninja import Field, Router, Schema
 
 from queues import pauses, selectors
-from queues.models import Endpoint
 from queues.principals import HumanActor
 from switchboard.auth import HumanAuth
 
@@ -86,20 +84,13 @@ ERRORS_WRITE: dict[int, type[Schema]] = {
 }
 
 
-def _visible_endpoints(actor: HumanActor) -> list[UUID] | None:
-    """None for the fleet view (superusers, auditors, pausers); else the caller's endpoints."""
-    if actor.is_superuser or actor.is_auditor or pauses.can_pause(actor):
-        return None
-    return list(Endpoint.objects.filter(owner_id=actor.user.pk).values_list("id", flat=True))
-
-
 @router.get("/queues", response={200: QueueListOut, **ERRORS_READ}, summary="List known queues")
 def list_queues(request: HttpRequest) -> QueueListOut:
     """Every known queue with counts by state, dead letters, the oldest pending age and its
     pause. Owners see their endpoints' queues; superusers, auditors and pausers see the fleet.
     A paused queue is always listed, even when it holds no todos."""
     actor: HumanActor = request.auth  # type: ignore[attr-defined]
-    stats = selectors.queue_stats(endpoint_ids=_visible_endpoints(actor))
+    stats = selectors.queue_overview(actor=actor)
     return QueueListOut(
         queues=[
             QueueOut(

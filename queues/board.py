@@ -447,10 +447,7 @@ def pause_fleet_view(viewer: Viewer) -> bool:
 
 def queue_list(viewer: Viewer) -> list[selectors.QueueStat]:
     """Every queue the viewer may see, with its counts and pause (``queue_stats``)."""
-    endpoint_ids = None
-    if not pause_fleet_view(viewer):
-        endpoint_ids = list(visible_endpoints(viewer).values_list("id", flat=True))
-    return selectors.queue_stats(endpoint_ids=endpoint_ids)
+    return selectors.queue_overview(actor=viewer.actor)
 
 
 def in_flight_on(queue: str) -> int:

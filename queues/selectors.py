@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from admission import selectors as admission_selectors
 from queues.models import Endpoint, QueuePause, Todo, TodoState
-from queues.principals import Actor, AgentActor, todo_scope
+from queues.principals import Actor, AgentActor, HumanActor, todo_scope
 from switchboard.errors import InvalidArgument, NotFound
 
 MAX_PAGE = 200
@@ -146,6 +146,19 @@ def queue_stats(*, endpoint_ids: list[UUID] | None = None) -> list[QueueStat]:
         stats.setdefault(pause.queue, QueueStat(pause.queue, dict.fromkeys(TodoState.values, 0)))
         stats[pause.queue].paused = pause
     return [stats[name] for name in sorted(stats)]
+
+
+def queue_overview(*, actor: HumanActor) -> list[QueueStat]:
+    """The queue list as a human may see it (``GET /api/v1/queues`` and the board's queue page):
+    the fleet for superusers, auditors and pausers (a pause is fleet-wide, so a pauser who owns no
+    endpoint still sees what there is to pause); otherwise the queues of their own endpoints,
+    with every paused queue listed."""
+    user: Any = actor.user
+    fleet = actor.is_superuser or actor.is_auditor or user.has_perm("queues.pause_queue")
+    endpoint_ids = None
+    if not fleet:
+        endpoint_ids = list(Endpoint.objects.filter(owner_id=user.pk).values_list("id", flat=True))
+    return queue_stats(endpoint_ids=endpoint_ids)
 
 
 def queue_known(queue: str) -> bool:
