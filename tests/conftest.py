@@ -180,3 +180,23 @@ def database_url() -> str:
         return f"postgresql://{s['USER']}@/{s['NAME']}?host={host}&port={s['PORT']}"
     auth = s["USER"] + (f":{s['PASSWORD']}" if s["PASSWORD"] else "")
     return f"postgresql://{auth}@{host}:{s['PORT']}/{s['NAME']}"
+
+
+def lapse(todo: Any, seconds: int = 5) -> None:
+    """Move a claim's lease into the past, as if its holder went silent. Relative to the
+    database's now(), which inside a test's transaction is the transaction's start."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE queues_todo SET lease_expires_at = now() - make_interval(secs => %s) "
+            "WHERE id = %s",
+            [seconds, todo.pk],
+        )
+
+
+def make_retry_due(todo: Any) -> None:
+    """Make a failed todo's retry due now (relative to the database's now())."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE queues_todo SET next_retry_at = now() - interval '1 second' WHERE id = %s",
+            [todo.pk],
+        )

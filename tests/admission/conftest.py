@@ -6,11 +6,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from admission import services
 from admission.models import AdmissionPolicy
-from queues.models import Endpoint, Todo
+from queues.models import Endpoint
 from switchboard import counters
 from tests.conftest import Personas
 
@@ -45,24 +44,6 @@ def budget(
         window=window,
         posture=posture,
     )
-
-
-def lapse(todo: Todo, seconds: int = 5) -> None:
-    """Move a claim's lease into the past, as if its holder went silent."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE queues_todo SET lease_expires_at = now() - make_interval(secs => %s) "
-            "WHERE id = %s",
-            [seconds, todo.pk],
-        )
-
-
-def make_retry_due(todo: Todo) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE queues_todo SET next_retry_at = now() - interval '1 second' WHERE id = %s",
-            [todo.pk],
-        )
 
 
 @pytest.fixture(autouse=True)

@@ -17,8 +17,8 @@ from queues.models import Attempt, Todo, TodoState
 from queues.services import Claimed, NothingClaimable
 from switchboard import verbs
 from switchboard.errors import Deferred
-from tests.admission.conftest import budget, lapse, make_retry_due
-from tests.conftest import Personas, push
+from tests.admission.conftest import budget
+from tests.conftest import Personas, lapse, make_retry_due, push
 
 
 def far_start() -> str:

@@ -25,8 +25,8 @@ from queues import claims, metrics, services
 from queues.models import Attempt, Todo, TodoState
 from queues.services import Claimed, NothingClaimable
 from switchboard import counters
-from tests.admission.conftest import budget, lapse, make_retry_due
-from tests.conftest import Personas, database_url, push, run_threads
+from tests.admission.conftest import budget
+from tests.conftest import Personas, database_url, lapse, make_retry_due, push, run_threads
 
 ROOT = Path(__file__).resolve().parents[2]
 

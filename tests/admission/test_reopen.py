@@ -18,8 +18,8 @@ from queues import services as queue_services
 from queues.models import QueuePause, Todo
 from queues.services import Claimed
 from switchboard.celery import app
-from tests.admission.conftest import budget, lapse
-from tests.conftest import Personas, push, run_threads
+from tests.admission.conftest import budget
+from tests.conftest import Personas, lapse, push, run_threads
 
 
 class Bell:

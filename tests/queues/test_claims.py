@@ -12,26 +12,7 @@ from queues import services
 from queues.models import Attempt, AttemptOutcome, Todo, TodoState
 from queues.services import Claimed, NothingClaimable
 from switchboard.errors import Conflict, Forbidden, InvalidArgument, NotFound
-from tests.conftest import Personas, push, run_threads
-
-
-def lapse(todo: Todo, seconds: int = 5) -> None:
-    """Move a claim's lease into the past, as if its holder went silent. Relative to the
-    database's now(), which inside a test's transaction is the transaction's start."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE queues_todo SET lease_expires_at = now() - make_interval(secs => %s) "
-            "WHERE id = %s",
-            [seconds, todo.pk],
-        )
-
-
-def make_retry_due(todo: Todo) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE queues_todo SET next_retry_at = now() - interval '1 second' WHERE id = %s",
-            [todo.pk],
-        )
+from tests.conftest import Personas, lapse, make_retry_due, push, run_threads
 
 
 def test_eight_racers_claim_two_hundred_todos_exactly_once(tx_personas: Personas) -> None:
