@@ -21,7 +21,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from admission import engine, windows
-from admission.models import AdmissionPolicy, AdmissionWindow, LedgerEntry
+from admission.models import AdmissionPolicy, AdmissionWindow, DeferralReason, LedgerEntry
 from queues.models import QUARANTINE_QUEUE, Endpoint
 from queues.principals import Actor, AgentActor, HumanActor
 from switchboard.errors import Forbidden, InvalidArgument, NotFound
@@ -154,6 +154,22 @@ def _evaluate_identity(where: str, params: list[Any]) -> engine.Evaluation | Non
         earliest_lease_expiry=earliest,
         window=current,
     )
+
+
+def deferred_among(endpoint_id: UUID, queues: list[str]) -> list[engine.Evaluation]:
+    """The seed's unlocked pre-read for claim_next: the granted queues that are exhausted now,
+    whichever todo is picked (window spent, a limit of 0, or a policy that cannot be evaluated).
+    A full in-flight cap is left to the claim under the lock, because taking over a lapsed claim
+    of the same queue is admitted. Read without locks, so it may be a moment stale; the claim
+    under the policy lock remains the decision, and excluded queues are read again on every
+    call."""
+    policies = AdmissionPolicy.objects.filter(endpoint_id=endpoint_id, queue__in=queues)
+    evaluations = evaluate_policies(policies)
+    return [
+        ev
+        for ev in evaluations.values()
+        if not ev.admits and ev.reason != DeferralReason.IN_FLIGHT_FULL
+    ]
 
 
 def identity_admitted(policy_id: UUID) -> bool:

@@ -362,12 +362,16 @@ def claim_next(
             metrics.claimed(cand.todo.queue, cand.todo.attempt, charged=False)
             return Claimed(todo=cand.todo, attempt=cand.todo.attempt, lease_token=lease_token)
         claims.mark_budgeted(endpoint.id)
-    # (2)-(4) The admission path: the seed's loop, in one transaction.
-    refusals: list[engine.Evaluation] = []
-    excluded: list[str] = []
+    # (2)-(4) The admission path: the seed's loop, in one transaction. First the unlocked
+    # pre-read: queues deferred now are excluded without taking their policy lock.
+    from admission import selectors as admission_selectors
+
+    refusals = admission_selectors.deferred_among(endpoint.id, granted)
+    excluded = [ev.policy.queue for ev in refusals]
+    granted_open = [q for q in granted if q not in excluded]
     result: Claimed | None = None
     with transaction.atomic(), claims.hot_cursor() as cursor:
-        while granted:
+        while granted_open:
             cand = claims.claim_next_candidate(
                 cursor,
                 endpoint_id=endpoint.id,
@@ -394,14 +398,14 @@ def claim_next(
             refusals.append(admitted)
         if result is not None:
             metrics.claimed(result.todo.queue, result.attempt, charged=result.admission is not None)
-    _record_refusals(refusals)
+    # A queue the pre-read excluded counts as refused only if it holds pending work: a deferred
+    # queue with nothing waiting refuses nobody, and `{"empty": true}` alone means no work.
+    entries = [(ev, admission_selectors.deferred_entry(ev, endpoint.id)) for ev in refusals]
+    entries = [(ev, entry) for ev, entry in entries if entry["pending"] > 0]
+    _record_refusals([ev for ev, _ in entries])
     if result is not None:
         return result
-    from admission import selectors as admission_selectors
-
-    return NothingClaimable(
-        deferred=[admission_selectors.deferred_entry(ev, endpoint.id) for ev in refusals]
-    )
+    return NothingClaimable(deferred=[entry for _, entry in entries])
 
 
 def _admit_and_claim(
