@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import date, datetime, time, timedelta, tzinfo
 from typing import Any
 from uuid import UUID
 
@@ -488,3 +488,47 @@ def admission_status(actor: AgentActor, queue: str | None = None) -> list[dict[s
                 {"queue": q, "policy": policy_out(p), "status": status(ev), "usage": usage(ev)}
             )
     return out
+
+
+def visible_ledger(actor: HumanActor) -> QuerySet[LedgerEntry]:
+    """Auditors and superusers read every row; owners the rows of their endpoints' scopes and
+    the pauses of the queue names those endpoints drain (the board, the ledger page, the CSV)."""
+    qs = LedgerEntry.objects.all()
+    if actor.is_superuser or actor.is_auditor:
+        return qs
+    endpoints = list(
+        Endpoint.objects.filter(owner_id=actor.user.pk).values_list("slug", "scope_queues")
+    )
+    scopes = [f"endpoint:{slug}" for slug, _ in endpoints]
+    queues = sorted({q for _, scope in endpoints for q in scope})
+    return qs.filter(Q(scope__in=scopes) | Q(scope="queue", queue__in=queues))
+
+
+def ledger_rows(
+    *,
+    actor: HumanActor,
+    scope: str | None = None,
+    queue: str | None = None,
+    actor_name: str | None = None,
+    kind: str | None = None,
+    since: date | None = None,
+    until: date | None = None,
+    tz: tzinfo | None = None,
+) -> QuerySet[LedgerEntry]:
+    """Ledger rows the actor may read, newest first, filtered; dates are whole days in ``tz``."""
+    qs = visible_ledger(actor)
+    if scope:
+        qs = qs.filter(scope=scope.strip())
+    if queue:
+        qs = qs.filter(queue=queue.strip())
+    if actor_name:
+        name = actor_name.strip()
+        qs = qs.filter(Q(actor_human_name__iexact=name) | Q(actor_endpoint_slug__iexact=name))
+    if kind:
+        qs = qs.filter(kind=kind)
+    zone = tz or timezone.get_current_timezone()
+    if since:
+        qs = qs.filter(at__gte=datetime.combine(since, time.min, tzinfo=zone))
+    if until:
+        qs = qs.filter(at__lt=datetime.combine(until + timedelta(days=1), time.min, tzinfo=zone))
+    return qs.order_by("-seq")

@@ -15,12 +15,12 @@ import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, time, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.db.models import Count, Min, Q, QuerySet
+from django.db.models import Count, Min, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from django.shortcuts import render
@@ -366,38 +366,21 @@ def changes(before: dict[str, Any] | None, after: dict[str, Any] | None) -> list
     return out
 
 
-def visible_ledger(viewer: Viewer) -> QuerySet[LedgerEntry]:
-    """Auditors and superusers read every row; owners the rows of their endpoints' scopes and
-    the pauses of the queue names those endpoints drain."""
-    qs = LedgerEntry.objects.all()
-    if viewer.sees_all:
-        return qs
-    endpoints = list(board.visible_endpoints(viewer).values_list("slug", "scope_queues"))
-    scopes = [f"endpoint:{slug}" for slug, _ in endpoints]
-    queues = sorted({q for _, scope in endpoints for q in scope})
-    return qs.filter(Q(scope__in=scopes) | Q(scope="queue", queue__in=queues))
-
-
 def filtered_ledger(viewer: Viewer, form: LedgerFilterForm) -> QuerySet[LedgerEntry]:
-    qs = visible_ledger(viewer)
+    """The ledger rows the viewer may read, narrowed by a valid filter form (none otherwise)."""
     if not form.is_valid():
-        return qs.none()
+        return LedgerEntry.objects.none()
     data = form.cleaned_data
-    if data.get("scope"):
-        qs = qs.filter(scope=data["scope"].strip())
-    if data.get("queue"):
-        qs = qs.filter(queue=data["queue"].strip())
-    if data.get("actor"):
-        actor = data["actor"].strip()
-        qs = qs.filter(Q(actor_human_name__iexact=actor) | Q(actor_endpoint_slug__iexact=actor))
-    if data.get("action"):
-        qs = qs.filter(kind=data["action"])
-    if data.get("since"):
-        qs = qs.filter(at__gte=datetime.combine(data["since"], time.min, tzinfo=viewer.tz))
-    if data.get("until"):
-        end = datetime.combine(data["until"] + timedelta(days=1), time.min, tzinfo=viewer.tz)
-        qs = qs.filter(at__lt=end)
-    return qs.order_by("-seq")
+    return admission_selectors.ledger_rows(
+        actor=viewer.actor,
+        scope=data.get("scope") or None,
+        queue=data.get("queue") or None,
+        actor_name=data.get("actor") or None,
+        kind=data.get("action") or None,
+        since=data.get("since"),
+        until=data.get("until"),
+        tz=viewer.tz,
+    )
 
 
 def _chain_badge(viewer: Viewer) -> dict[str, Any]:

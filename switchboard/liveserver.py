@@ -1,13 +1,12 @@
-"""A live Switchboard web process (uvicorn) on a free port, against the test database.
+"""A Switchboard web process (uvicorn) on a free port, for the bench and the tests that drive
+real HTTP clients (the MCP SDK, schemathesis, the HTTP bench).
 
-Tests that drive real HTTP clients (the MCP SDK, schemathesis) need a server in another process:
-the data they set up must be committed (``transactional_db`` / ``tx_personas``) to be seen.
+The server runs in another process, so the data it serves must be committed first.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,15 +18,25 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from django.conf import settings
+from django.db import connection
 
-BASE_DIR = Path(__file__).resolve().parent.parent.parent
+from switchboard.embedded import free_port
+
+BASE_DIR = Path(__file__).resolve().parent.parent
 READY_TIMEOUT = 60.0
 
+__all__ = ["current_database_url", "free_port", "live_server"]
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+
+def current_database_url() -> str:
+    """A URL to the database this process is connected to (the test database in tests), for
+    child processes."""
+    s = connection.settings_dict
+    host, port, user = str(s["HOST"]), s["PORT"], s["USER"]
+    auth = user + (f":{s['PASSWORD']}" if s.get("PASSWORD") else "")
+    if host.startswith("/"):
+        return f"postgresql://{auth}@/{s['NAME']}?host={host}&port={port}"
+    return f"postgresql://{auth}@{host}:{port}/{s['NAME']}"
 
 
 def _answers(url: str) -> bool:
@@ -41,13 +50,13 @@ def _answers(url: str) -> bool:
 
 
 @contextmanager
-def live_server(database_url: str, *, workers: int = 1) -> Iterator[str]:
+def live_server(database_url: str | None = None, *, workers: int = 1) -> Iterator[str]:
     """Run uvicorn serving switchboard.asgi:application; yields its base URL."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = {
         **os.environ,
-        "DATABASE_URL": database_url,
+        "DATABASE_URL": database_url or current_database_url(),
         "REDIS_URL": settings.REDIS_URL,
         "DJANGO_SETTINGS_MODULE": "switchboard.settings",
         "SWITCHBOARD_PUBLIC_URL": base,
