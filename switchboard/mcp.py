@@ -20,7 +20,7 @@ Revisions served:
   that negotiated 2025-03-26 or 2024-11-05 (later revisions removed them).
 
 Responses are always ``application/json`` (never SSE); a POST must accept it (406) and send it
-(415). ``GET`` is 405 (there is no server-to-client stream). Tool results carry
+(415). There is no server-to-client stream. Tool results carry
 ``structuredContent`` (from 2025-06-18) and the same JSON as text. A refusal is a result with
 ``isError: true`` whose text is the API's error object as JSON, and which has no
 ``structuredContent``: the spec requires structured content to fit the tool's ``outputSchema``,
@@ -33,7 +33,10 @@ unknown method, -32602 bad params or unknown tool. Transport refusals keep their
 headers and carry the API's error object (``{"error", "code", ...}``) as ``error.data``: 401
 unknown or revoked token, 403 a token of another endpoint or a foreign ``Origin``, 413 a body
 over 1 MiB, 406/415 wrong media types, 429 over the endpoint's request rate (with
-``Retry-After``). An unexpected failure is -32603 with HTTP 500 (never an HTML page).
+``Retry-After``), 503 ``unavailable`` when PostgreSQL or Redis does not answer (with
+``Retry-After``), 405 for ``GET``. A method that fails unexpectedly is -32603 in its response
+(HTTP 200, as the SDKs' servers answer); a failure outside any method is -32603 with HTTP 500.
+Never Django's HTML error page.
 
 The endpoint's request rate is charged for ``tools/call`` only: the handshake and discovery
 (``initialize``, ``notifications/initialized``, ``server/discover``, ``ping``, ``tools/list``) are
@@ -55,6 +58,7 @@ from urllib.parse import urlsplit
 import redis
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -145,8 +149,11 @@ def _refusal(exc: DomainError, id_: Id = None) -> HttpResponse:
     return response
 
 
-def _rpc_error(id_: Id, error: RpcError, status: int) -> HttpResponse:
-    return _json({"jsonrpc": "2.0", "id": id_, "error": error.as_dict()}, status=status)
+def _rpc_error(
+    id_: Id, error: RpcError, status: int, headers: dict[str, str] | None = None
+) -> HttpResponse:
+    body = {"jsonrpc": "2.0", "id": id_, "error": error.as_dict()}
+    return _json(body, status=status, headers=headers)
 
 
 def _accepts_json(request: HttpRequest) -> bool:
@@ -166,12 +173,22 @@ def _origin_allowed(request: HttpRequest) -> bool:
     return urlsplit(origin).netloc == request.get_host()
 
 
+# A dependency that did not answer: the request changed nothing it reports, so retrying is safe.
+UNAVAILABLE = (OperationalError, InterfaceError, redis.RedisError)
+UNAVAILABLE_RETRY_AFTER = 5
+
+
+class Unavailable(DomainError):
+    code = "unavailable"
+    status = 503
+
+
 @csrf_exempt
 def mcp_view(request: HttpRequest, slug: str) -> HttpResponse:
     if request.method not in ("POST", "DELETE"):
-        response = HttpResponse(status=405)
-        response["Allow"] = "POST, DELETE"
-        return response
+        # No server-to-client stream (GET); clients tolerate the 405 and carry on.
+        error = RpcError(SERVER_ERROR, f"{request.method} is not served here; POST JSON-RPC")
+        return _rpc_error(None, error, 405, headers={"Allow": "POST, DELETE"})
     try:
         try:
             check_body_size(request, API_BODY_LIMIT)
@@ -189,6 +206,13 @@ def mcp_view(request: HttpRequest, slug: str) -> HttpResponse:
         return _post(request, actor)
     except DomainError as exc:
         return _refusal(exc, _body_id(request))
+    except UNAVAILABLE:
+        log.warning("MCP request met an unavailable database or Redis", exc_info=True)
+        unavailable = Unavailable(
+            "the service is unavailable right now (database or Redis); retry shortly",
+            retry_after=UNAVAILABLE_RETRY_AFTER,
+        )
+        return _refusal(unavailable, _body_id(request))
     except Exception:
         # Whatever broke, the client still reads a JSON-RPC answer to its request.
         log.exception("MCP request failed")
@@ -372,8 +396,8 @@ def _modern(request: HttpRequest, actor: AgentActor, message: Any) -> HttpRespon
             )
         _check_envelope(request, parsed)
         result = _modern_dispatch(actor, parsed)
-    except DomainError:
-        raise  # a transport refusal (e.g. 503 unavailable): the view answers it with its status
+    except (DomainError, *UNAVAILABLE):
+        raise  # the view answers these with their HTTP status (a refusal, 503)
     except Exception as exc:
         error = exc if isinstance(exc, RpcError) else _handler_failed()
         return _rpc_error(_request_id(message), error, MODERN_ERROR_STATUS.get(error.code, 200))
@@ -488,23 +512,11 @@ def _session_mark_initialized(actor: AgentActor, session_id: str, record: dict[s
         )
 
 
-def _sessions_unavailable() -> HttpResponse:
-    log.exception("MCP session store unavailable")
-    return _json(
-        {"error": "MCP sessions are unavailable right now; retry shortly", "code": "internal"},
-        status=503,
-        headers={"Retry-After": "5"},
-    )
-
-
 def _delete(request: HttpRequest, actor: AgentActor) -> HttpResponse:
     session_id = request.headers.get("Mcp-Session-Id")
     if not session_id:
         return _rpc_error(None, RpcError(INVALID_REQUEST, "Mcp-Session-Id header is required"), 400)
-    try:
-        removed = counters.client().delete(_session_key(actor, session_id))
-    except redis.RedisError:
-        return _sessions_unavailable()
+    removed = counters.client().delete(_session_key(actor, session_id))
     if not removed:
         return _rpc_error(None, RpcError(INVALID_REQUEST, "Session not found"), 404)
     return HttpResponse(status=204)
@@ -525,8 +537,6 @@ def _legacy(request: HttpRequest, actor: AgentActor, message: Any) -> HttpRespon
         version: str = request.headers.get("MCP-Protocol-Version") or record["version"]
     except _Transport as exc:
         return _rpc_error(_request_id(message), RpcError(INVALID_REQUEST, exc.message), exc.status)
-    except redis.RedisError:
-        return _sessions_unavailable()
 
     def handle(req: Request) -> dict[str, Any] | None:
         return _legacy_dispatch(
@@ -583,8 +593,8 @@ def _answer(
         if parsed.is_notification:
             return None
         return {"jsonrpc": "2.0", "id": parsed.id, "result": result}
-    except DomainError:
-        raise  # a transport refusal (e.g. 503 unavailable): the view answers it with its status
+    except (DomainError, *UNAVAILABLE):
+        raise  # the view answers these with their HTTP status (a refusal, 503)
     except Exception as exc:
         if isinstance(message, dict) and "id" not in message and "method" in message:
             return None  # errors are never sent for notifications
@@ -611,10 +621,7 @@ def _initialize(actor: AgentActor, message: dict[str, Any]) -> HttpResponse:
             id_, RpcError(INVALID_PARAMS, "params.capabilities must be an object"), 200
         )
     version = requested if requested in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[0]
-    try:
-        session_id = _session_create(actor, version)
-    except redis.RedisError:
-        return _sessions_unavailable()
+    session_id = _session_create(actor, version)
     result = {
         "protocolVersion": version,
         "capabilities": {"tools": {"listChanged": False}},

@@ -11,7 +11,8 @@ from django.test import Client
 
 from queues import services
 from queues.models import Todo
-from switchboard import mcp
+from switchboard import counters, mcp
+from switchboard.embedded import free_port
 from switchboard.verbs import load_verbs
 from tests.conftest import Personas, push
 
@@ -520,3 +521,22 @@ def test_one_failing_message_of_a_batch_costs_the_others_nothing(
     ).json()
     assert answers[0]["id"] == 1 and answers[0]["error"]["code"] == -32603
     assert answers[1] == {"jsonrpc": "2.0", "id": 2, "result": {}}
+
+
+def test_a_redis_that_does_not_answer_is_a_503_json_rpc_error_with_retry_after(
+    agent: Mcp, settings: Any
+) -> None:
+    agent.initialize()
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    counters.reset_client()
+    try:
+        response = agent.rpc("tools/list", id_="r1")
+    finally:
+        counters.reset_client()  # the settings fixture restores REDIS_URL after the test
+    assert response.status_code == 503 and int(response["Retry-After"]) >= 1
+    assert response.json()["id"] == "r1" and refusal(response)["code"] == "unavailable"
+
+
+def test_get_answers_405_as_json_rpc(agent: Mcp) -> None:
+    response = agent.client.get(agent.path, headers=agent.headers())
+    assert response.status_code == 405 and response.json()["error"]["code"] == -32000
