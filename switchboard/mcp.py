@@ -204,6 +204,8 @@ def mcp_view(request: HttpRequest, slug: str) -> HttpResponse:
         if request.method == "DELETE":
             return _delete(request, actor)
         return _post(request, actor)
+    except BodyTooLarge as exc:
+        return _refusal(exc)  # the id stays unread: reading it means reading the whole body
     except DomainError as exc:
         return _refusal(exc, _body_id(request))
     except UNAVAILABLE:

@@ -4,8 +4,10 @@ transport's refusals. The view is plain Django, so the test client drives it dir
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from django.test import Client
 
@@ -540,3 +542,26 @@ def test_a_redis_that_does_not_answer_is_a_503_json_rpc_error_with_retry_after(
 def test_get_answers_405_as_json_rpc(agent: Mcp) -> None:
     response = agent.client.get(agent.path, headers=agent.headers())
     assert response.status_code == 405 and response.json()["error"]["code"] == -32000
+
+
+def test_a_chunked_body_over_one_mebibyte_is_a_413_json_rpc_error(
+    tx_personas: Personas, live_url: str
+) -> None:
+    def chunks() -> Iterator[bytes]:
+        yield b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "pad": "'
+        for _ in range(2 * 1024):
+            yield b"a" * 1024
+        yield b'"}'
+
+    response = httpx.post(
+        f"{live_url}/mcp/{tx_personas.agent.slug}",
+        content=chunks(),  # no Content-Length: sent chunked
+        headers={
+            "Authorization": f"Bearer {tx_personas.agent_token}",
+            "Accept": ACCEPT,
+            "Content-Type": "application/json",
+        },
+        timeout=30,
+    )
+    assert response.status_code == 413
+    assert response.json()["error"]["data"]["field"] == "body"
