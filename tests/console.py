@@ -133,6 +133,12 @@ class Console:
         self.ready_at = time.monotonic()
         self.descendants = psutil.Process(self.process.pid).children(recursive=True)
 
+    def assert_up(self) -> None:
+        """Still running, no child lost: else fail with what the console said (a dead worker's
+        traceback, say) rather than with whatever broke next."""
+        up = self.process.poll() is None and "died unexpectedly" not in self.output
+        assert up, "the console stopped or lost a child:\n" + self.output[-8000:]
+
     def launcher(self) -> psutil.Process:
         """The ``manage.py serve`` process: ours, or the one ``make run`` started."""
         for process in [psutil.Process(self.process.pid), *self.descendants]:

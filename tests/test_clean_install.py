@@ -178,7 +178,7 @@ def wait_for_line(console: Console, pattern: str, timeout: float = 60.0) -> re.M
         found = re.search(pattern, console.output)
         if found:
             return found
-        assert console.process.poll() is None, console.output
+        console.assert_up()
         time.sleep(0.2)
     pytest.fail(f"no line matching {pattern!r} within {timeout:.0f} s:\n{console.output}")
 
@@ -190,6 +190,7 @@ def test_the_virtualenv_holds_requirements_txt_alone(clean_venv: Path) -> None:
 
 
 def test_make_run_starts_web_worker_beat_and_both_embedded_servers(console: Console) -> None:
+    console.assert_up()
     assert readme_commands("The two commands")[:2] == ["make run", "make test"]
     assert "exec make test" in (BASE_DIR / ".ci" / "run").read_text()  # make test: CI runs it
 
@@ -206,6 +207,7 @@ def test_make_run_starts_web_worker_beat_and_both_embedded_servers(console: Cons
 def test_the_readme_commands_run_and_the_vended_mcp_url_works(
     console: Console, clean_venv: Path
 ) -> None:
+    console.assert_up()
     outputs: dict[str, str] = {}
     for command in readme_commands("The two commands")[2:]:
         if command.endswith(" createsuperuser"):
@@ -249,14 +251,45 @@ def test_the_readme_commands_run_and_the_vended_mcp_url_works(
             listed = await client.call_tool("list_todos", {"queue": "inbox"})
             seen["listed"] = listed.structured_content
 
+    console.assert_up()
     anyio.run(look)
     assert [t["title"] for t in seen["listed"]["todos"]] == ["Summarise the incident channel"]
     assert seen["listed"]["paused_queues"] == ["inbox"]
 
 
+def test_the_operator_api_vends_the_address_make_run_serves(
+    console: Console, clean_venv: Path
+) -> None:
+    console.assert_up()
+    made = manage(
+        console, clean_venv, ".venv/bin/python manage.py token create --user operator --json"
+    )
+    assert made.returncode == 0, made.stdout + made.stderr
+    human_token = json.loads(made.stdout)["token"]
+    request = urllib.request.Request(
+        f"{console.url}api/v1/endpoints",
+        data=json.dumps({"name": "API agent", "queues": ["research"]}).encode(),
+        headers={"Authorization": f"Bearer {human_token}", "Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 201
+        vended = json.loads(response.read())
+    assert vended["mcp_url"] == f"{console.url}mcp/api-agent"
+    seen: dict[str, Any] = {}
+
+    async def look() -> None:
+        async with connect(vended["mcp_url"], vended["token"]) as client:
+            seen["tools"] = {t.name for t in (await client.list_tools()).tools}
+
+    anyio.run(look)
+    assert "claim_next" in seen["tools"]
+
+
 def test_a_sweep_sent_through_the_broker_runs_on_its_worker_and_beat_sends_sweeps(
     console: Console,
 ) -> None:
+    console.assert_up()
     # The demo agent from the first-run banner claims with a one-second lease and goes silent.
     demo = re.search(r"Endpoint triage: token (sbk_\S+)\s+MCP (\S+)", console.output)
     assert demo, console.output
@@ -294,6 +327,7 @@ def test_a_sweep_sent_through_the_broker_runs_on_its_worker_and_beat_sends_sweep
 
 
 def test_metrics_answer_the_printed_token_and_the_readme_scrape_config(console: Console) -> None:
+    console.assert_up()
     token = re.search(r"bearer token: (\S+)", console.output)
     kept = re.search(r"\(kept in (\S+)\)", console.output)
     assert token and kept, console.output
@@ -324,10 +358,10 @@ def test_metrics_answer_the_printed_token_and_the_readme_scrape_config(console: 
 def test_every_process_stays_up_20_seconds_and_sigterm_stops_all_with_exit_0(
     console: Console,
 ) -> None:
+    console.assert_up()
     time.sleep(max(0.0, console.ready_at + ALIVE_FOR - time.monotonic()))
 
-    assert console.process.poll() is None, console.output
-    assert "died unexpectedly" not in console.output, console.output
+    console.assert_up()
     down = [" ".join(p.cmdline()) for p in console.descendants if gone(p)]
     assert not down, f"gone after {ALIVE_FOR:.0f} s: {down}\n{console.output}"
     embedded = embedded_servers_of(console.data_dir)
