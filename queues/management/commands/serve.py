@@ -7,6 +7,11 @@ the demo data on first run, then runs three children and watches them:
 * one Celery worker (outbound hooks, sweeps),
 * one Celery beat (the sweep schedule, kept in ``<data>/celerybeat-schedule``).
 
+It records the address it serves on in ``<data>/served_url`` first, so the URL every process
+tells agents (``endpoint vend``, the API's vend, the demo banner) reaches it, unless
+``SWITCHBOARD_PUBLIC_URL`` says otherwise; and it prints the bearer token of ``/metrics`` (on a
+local start generated once into ``<data>/metrics_token``).
+
 The children get ``DATABASE_URL`` and ``REDIS_URL`` explicitly, so they never start or attach to
 the embedded machinery themselves. Each runs in its own process group: Ctrl-C in a terminal reaches
 only this launcher, which then stops the children in order (SIGTERM, up to ten seconds, then
