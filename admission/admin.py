@@ -17,9 +17,10 @@ from django.http import HttpRequest
 
 from admission import selectors, services
 from admission.forms import FIELD_OF_ERROR
-from admission.models import AdmissionPolicy, AdmissionWindow, LedgerEntry, LedgerHead
-from queues.principals import HumanActor
-from switchboard.errors import DomainError, InvalidArgument
+from admission.models import AdmissionPolicy, AdmissionWindow
+from queues.access import HumanActor
+from switchboard.core.errors import DomainError, InvalidArgument
+from switchboard.ledger.models import LedgerEntry, LedgerHead
 
 
 def _actor(request: HttpRequest) -> HumanActor:

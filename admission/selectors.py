@@ -21,10 +21,11 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from admission import engine, windows
-from admission.models import AdmissionPolicy, AdmissionWindow, DeferralReason, LedgerEntry
+from admission.models import AdmissionPolicy, AdmissionWindow, DeferralReason
+from queues.access import Actor, AgentActor, HumanActor
 from queues.models import QUARANTINE_QUEUE, Endpoint
-from queues.principals import Actor, AgentActor, HumanActor
-from switchboard.errors import Forbidden, InvalidArgument, NotFound
+from switchboard.core.errors import Forbidden, InvalidArgument, NotFound
+from switchboard.ledger.models import LedgerEntry
 
 HISTORY_WINDOWS = 30
 AUDIT_TAIL = 50

@@ -19,8 +19,8 @@ from admission.schemas import (
     PolicyEnvelopeOut,
     SetAdmissionPolicyIn,
 )
-from queues.principals import AgentActor
-from switchboard.verbs import verb
+from queues.access import AgentActor
+from switchboard.core.verbs import verb
 
 
 def _jsonable(value: Any) -> Any:

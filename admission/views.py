@@ -28,16 +28,17 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods
 
-from admission import engine, ledger, services
+from admission import engine, services
 from admission import selectors as admission_selectors
 from admission.forms import LedgerFilterForm, PolicyForm
-from admission.models import AdmissionPolicy, AdmissionWindow, LedgerEntry, LedgerKind
-from queues import board
-from queues.board import Viewer
-from queues.models import QUARANTINE_QUEUE, Endpoint, Todo, TodoState
-from queues.services import check_queue_name
-from queues.views import HtmxHttpRequest, console_login_required, refusal, zones
-from switchboard.errors import DomainError, Forbidden, InvalidArgument, NotFound
+from admission.models import AdmissionPolicy, AdmissionWindow
+from queues.access import Viewer
+from queues.models import QUARANTINE_QUEUE, Endpoint, Todo, TodoState, check_queue_name
+from switchboard.core.errors import DomainError, Forbidden, InvalidArgument, NotFound
+from switchboard.core.pages import HtmxHttpRequest, console_login_required, identity_key, refusal
+from switchboard.core.zones import zone_named, zones
+from switchboard.ledger import chain as ledger
+from switchboard.ledger.models import LedgerEntry, LedgerKind
 
 LEDGER_PAGE = 50
 
@@ -46,7 +47,7 @@ LEDGER_PAGE = 50
 
 def _board_anchor(endpoint: Endpoint, queue: str) -> str:
     """Back to the board, focus on the section's edit control (static/js/console.js)."""
-    return reverse("board") + "#edit-" + board.identity_key(endpoint.slug, queue)
+    return reverse("board") + "#edit-" + identity_key(endpoint.slug, queue)
 
 
 def _identity(request: HttpRequest, viewer: Viewer, slug: str, queue: str) -> Endpoint:
@@ -116,7 +117,7 @@ def preview(
         "usage": admission_selectors.usage(proposed),
         "changes": changes(before, after),
         "new_count": new_count,
-        "zone": board.zone_named(spec.window_tz)[1] if spec.window_tz else None,
+        "zone": zone_named(spec.window_tz)[1] if spec.window_tz else None,
     }
 
 
@@ -187,9 +188,7 @@ def _budget_context(
         "status": admission_selectors.status(evaluation) if evaluation else None,
         "usage": admission_selectors.usage(evaluation) if evaluation else None,
         "window_description": admission_selectors.describe_window(policy) if policy else None,
-        "policy_zone": board.zone_named(policy.window_tz)[1]
-        if policy and policy.window_tz
-        else None,
+        "policy_zone": zone_named(policy.window_tz)[1] if policy and policy.window_tz else None,
         "form": form,
         "can_write": can_write and viewer.writes,
         "zones": zones(),
@@ -197,7 +196,7 @@ def _budget_context(
         "history": history,
         "audit": admission_selectors.audit_tail(policy, 10) if policy is not None else [],
         "board_anchor": _board_anchor(endpoint, queue),
-        "key": board.identity_key(endpoint.slug, queue),
+        "key": identity_key(endpoint.slug, queue),
         "focus": _focus(form, preview=bool(extra.get("preview"))),
         **extra,
     }
@@ -277,7 +276,7 @@ def usage_chart(history: list[dict[str, Any]], policy: AdmissionPolicy) -> dict[
         + [r["used"] + r["refused"] for r in rows]
         + [r["limit"] for r in rows if r["limit"] is not None]
     )
-    zone = board.zone_named(policy.window_tz)[1]
+    zone = zone_named(policy.window_tz)[1]
     step = plot_w / slots
     bar_w = max(step * 0.7, 1.0)
 

@@ -13,6 +13,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 
 from queues import services
+from queues.access import HumanActor
 from queues.models import (
     BASIC_VERBS,
     GRANTABLE_VERBS,
@@ -23,9 +24,9 @@ from queues.models import (
     QueuePause,
     Todo,
     TodoState,
+    check_queue_name,
 )
-from queues.principals import HumanActor
-from switchboard.errors import DomainError
+from switchboard.core.errors import DomainError
 
 
 class EndpointVendForm(forms.ModelForm):
@@ -52,7 +53,7 @@ class EndpointVendForm(forms.ModelForm):
             raise forms.ValidationError("name at least one queue")
         for name in names:
             try:
-                services.check_queue_name(name, field_name="queues")
+                check_queue_name(name, field_name="queues")
             except DomainError as exc:
                 raise forms.ValidationError(exc.message) from exc
         return names

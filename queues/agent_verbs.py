@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from queues import selectors, services
+from queues.access import AgentActor
 from queues.models import TodoSource
-from queues.principals import AgentActor
 from queues.schemas import (
     ClaimIn,
     ClaimNextIn,
@@ -30,7 +30,7 @@ from queues.schemas import (
     one_todo_out,
     todos_out,
 )
-from switchboard.verbs import verb
+from switchboard.core.verbs import verb
 
 # What a claim can answer besides success: no such todo, not claimable / deferred, and a
 # budget that cannot be evaluated.

@@ -6,7 +6,7 @@ The scrape-time collector (``queues/collectors.py``) caps the queue label.
 
 from __future__ import annotations
 
-from switchboard import counters
+from switchboard.core import counters
 
 CREATED = "switchboard_todos_created_total"
 CLAIMED = "switchboard_todos_claimed_total"

@@ -6,6 +6,7 @@ below name the statement or sweep that uses each one.
 
 from __future__ import annotations
 
+import re
 import uuid
 
 from django.conf import settings
@@ -13,8 +14,23 @@ from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 
+from switchboard.core.errors import InvalidArgument
+
 QUARANTINE_QUEUE = "quarantine"
 QUEUE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
+
+
+def check_queue_name(queue: str, *, field_name: str = "queue") -> str:
+    """The queue name, or ``invalid_argument`` naming the field (the database checks it too)."""
+    if not isinstance(queue, str) or not re.match(QUEUE_NAME_RE, queue):
+        raise InvalidArgument(
+            f"{field_name} must be 1-64 letters, digits, '.', '_', ':' or '-', "
+            "starting with a letter or digit",
+            field=field_name,
+        )
+    return queue
+
+
 SLUG_RE = r"^[a-z0-9][a-z0-9-]{0,62}$"
 
 

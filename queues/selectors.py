@@ -12,9 +12,9 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from admission import selectors as admission_selectors
+from queues.access import Actor, AgentActor, HumanActor, todo_scope
 from queues.models import Endpoint, QueuePause, Todo, TodoState
-from queues.principals import Actor, AgentActor, HumanActor, todo_scope
-from switchboard.errors import InvalidArgument, NotFound
+from switchboard.core.errors import InvalidArgument, NotFound
 
 MAX_PAGE = 200
 

@@ -1,13 +1,12 @@
 """Every write to endpoints, todos and attempts: one function per state change.
 
 Called alike by the admin, the pages, the REST API, MCP, the CLI and the sweeps. Keyword-only
-arguments; refusals are ``switchboard.errors.DomainError`` subclasses. Counters and notifications
+arguments; refusals are ``switchboard.core.errors.DomainError`` subclasses. Counters and notifications
 happen only after commit.
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 import secrets
 from dataclasses import dataclass, field
@@ -20,15 +19,14 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from admission import engine, ledger
-from admission.models import LedgerKind
+from admission import engine
 from queues import claims, metrics, wakes
+from queues.access import Actor, AgentActor, HumanActor
 from queues.models import (
     BASIC_VERBS,
     GRANTABLE_VERBS,
     LIVE_TODO,
     QUARANTINE_QUEUE,
-    QUEUE_NAME_RE,
     SLUG_RE,
     Endpoint,
     EndpointState,
@@ -36,19 +34,21 @@ from queues.models import (
     Todo,
     TodoSource,
     TodoState,
+    check_queue_name,
 )
-from queues.principals import Actor, AgentActor, HumanActor
-from switchboard.errors import Conflict, Deferred, Forbidden, InvalidArgument, NotFound
+from switchboard.core import tokens
+from switchboard.core.errors import Conflict, Deferred, Forbidden, InvalidArgument, NotFound
+from switchboard.core.tokens import (
+    ENDPOINT_TOKEN_PREFIX,
+    HUMAN_TOKEN_PREFIX,
+    LEASE_TOKEN_PREFIX,
+    hash_token,
+)
+from switchboard.ledger import chain as ledger
+from switchboard.ledger.models import LedgerKind
 
-ENDPOINT_TOKEN_PREFIX = "sbk_"
-HUMAN_TOKEN_PREFIX = "sbh_"
-LEASE_TOKEN_PREFIX = "sbl_"
 BACKOFF_BASE_SECONDS = 30
 BACKOFF_CAP_SECONDS = 900
-
-
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def backoff_seconds(attempt: int) -> int:
@@ -57,16 +57,6 @@ def backoff_seconds(attempt: int) -> int:
 
 
 # --- validation shared by every surface -------------------------------------------------------
-
-
-def check_queue_name(queue: str, *, field_name: str = "queue") -> str:
-    if not isinstance(queue, str) or not re.match(QUEUE_NAME_RE, queue):
-        raise InvalidArgument(
-            f"{field_name} must be 1-64 letters, digits, '.', '_', ':' or '-', "
-            "starting with a letter or digit",
-            field=field_name,
-        )
-    return queue
 
 
 def resolve_lease_ttl(requested: int | None, endpoint: Endpoint) -> int:
@@ -125,7 +115,7 @@ def endpoint_vend(
         raise InvalidArgument("burst must be at least 1", field="burst")
     if slug is not None and not re.match(SLUG_RE, slug):
         raise InvalidArgument("slug must be lowercase letters, digits and '-'", field="slug")
-    token = ENDPOINT_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    token = tokens.mint(ENDPOINT_TOKEN_PREFIX)
     base = slug or _slugify(name)
     for n in range(100):
         candidate = base if n == 0 else f"{base[:56]}-{secrets.token_hex(3)}"
@@ -143,7 +133,7 @@ def endpoint_vend(
                     rate_limit_rps=rps,
                     rate_limit_burst=burst,
                     notify_url=notify_url,
-                    notify_secret=("whsec_" + secrets.token_urlsafe(24)) if notify_url else "",
+                    notify_secret=tokens.hook_secret() if notify_url else "",
                 )
             return endpoint, token
         except IntegrityError:
@@ -196,7 +186,7 @@ def endpoint_revoke(*, endpoint: Endpoint) -> int:
 
 def human_token_create(*, user: User, name: str = "api") -> tuple[HumanToken, str]:
     name = (name or "api").strip()[:100]
-    token = HUMAN_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    token = tokens.mint(HUMAN_TOKEN_PREFIX)
     obj = HumanToken.objects.create(
         user=user, name=name, token_hash=hash_token(token), token_prefix=token[:12]
     )
@@ -312,7 +302,7 @@ class NothingClaimable:
 def _fence(require_fence: bool) -> tuple[str | None, str | None]:
     if not require_fence:
         return None, None
-    token = LEASE_TOKEN_PREFIX + secrets.token_urlsafe(24)
+    token = tokens.mint(LEASE_TOKEN_PREFIX, 24)
     return token, hash_token(token)
 
 

@@ -96,6 +96,8 @@ INSTALLED_APPS = [
     "django_prometheus",
     "queues",
     "admission",
+    "switchboard.ledger",
+    "switchboard.console",
 ]
 
 MIDDLEWARE = [

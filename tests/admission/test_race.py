@@ -24,7 +24,7 @@ from admission.models import AdmissionPolicy, AdmissionWindow
 from queues import claims, metrics, services
 from queues.models import Attempt, Todo, TodoState
 from queues.services import Claimed, NothingClaimable
-from switchboard import counters
+from switchboard.core import counters
 from tests.admission.conftest import budget
 from tests.conftest import Personas, database_url, lapse, make_retry_due, push, run_threads
 

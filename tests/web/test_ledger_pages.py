@@ -10,8 +10,8 @@ from django.db import connection
 from django.http import QueryDict
 
 from admission import views as admission_views
-from admission.models import LedgerEntry
 from queues import pauses
+from switchboard.ledger.models import LedgerEntry
 from tests.conftest import Personas
 from tests.web.conftest import budget, signed_in
 

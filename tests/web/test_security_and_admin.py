@@ -7,9 +7,10 @@ import re
 from django.contrib.auth.models import Permission
 from django.test import Client
 
-from admission.models import AdmissionPolicy, AdmissionWindow, LedgerEntry
+from admission.models import AdmissionPolicy, AdmissionWindow
 from queues import services
 from queues.models import QueuePause, TodoState
+from switchboard.ledger.models import LedgerEntry
 from tests.conftest import Personas, push
 from tests.web.conftest import budget, policy_form, signed_in
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from admission import ledger
-from switchboard.cli import emit, usage
+from switchboard.core.cli import emit, usage
+from switchboard.ledger import chain as ledger
 
 EXIT_TAMPERED = 2
 

@@ -13,8 +13,8 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
 from queues import services
+from queues.access import AUDITORS_GROUP, HumanActor
 from queues.models import Endpoint, TodoSource
-from queues.principals import AUDITORS_GROUP, HumanActor
 
 OPERATOR = "operator"
 AUDITOR = "auditor"

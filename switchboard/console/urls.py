@@ -5,8 +5,7 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from queues import views
-from switchboard import live
+from switchboard.console import live, views
 
 urlpatterns = [
     path("", views.board_view, name="board"),

@@ -9,7 +9,7 @@ from typing import Any
 from django import template
 from django.utils import timezone
 
-from queues.board import REASON_TEXT
+from switchboard.console.board import REASON_TEXT
 
 register = template.Library()
 

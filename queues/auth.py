@@ -17,11 +17,12 @@ from django.utils import timezone
 from ninja.security import HttpBearer
 from ninja.security.base import AuthBase
 
+from queues.access import AgentActor, HumanActor
 from queues.models import Endpoint, EndpointState, HumanToken
-from queues.principals import AgentActor, HumanActor
-from queues.services import ENDPOINT_TOKEN_PREFIX, HUMAN_TOKEN_PREFIX, hash_token, touch_endpoint
-from switchboard import ratelimit
-from switchboard.errors import RateLimited, Unauthorized
+from queues.services import touch_endpoint
+from switchboard.core import ratelimit
+from switchboard.core.errors import RateLimited, Unauthorized
+from switchboard.core.tokens import ENDPOINT_TOKEN_PREFIX, HUMAN_TOKEN_PREFIX, hash_token
 
 _ENDPOINT_FIELDS = list(Endpoint._meta.concrete_fields)
 # Every agent request runs this lookup; as plain SQL it skips the ORM's query compilation, which
@@ -128,7 +129,7 @@ class HumanAuth(AuthBase):
 def _check_csrf(request: HttpRequest) -> None:
     from django.middleware.csrf import CsrfViewMiddleware
 
-    from switchboard.errors import Forbidden
+    from switchboard.core.errors import Forbidden
 
     def _noop(r: HttpRequest) -> Any:
         return None

@@ -68,7 +68,7 @@ class SwitchboardCollector(Collector):
         yield errors
 
     def _counters(self, labels: QueueLabels) -> Iterator[CounterMetricFamily]:
-        from switchboard import counters
+        from switchboard.core import counters
 
         for name, (doc, label_names) in metrics.COUNTERS.items():
             try:

@@ -16,7 +16,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.management.base import BaseCommand, CommandError
 
-from switchboard.errors import DomainError
+from switchboard.core.errors import DomainError
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 

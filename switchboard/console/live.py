@@ -47,8 +47,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from admission import windows
-from queues import board
-from queues.board import Filters, Section, Viewer
+from queues.access import Viewer
+from switchboard.console import board
+from switchboard.console.board import Filters, Section
 
 T = TypeVar("T")
 INTERVAL = 1.0
