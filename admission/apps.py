@@ -9,7 +9,9 @@ class AdmissionConfig(AppConfig):
 
     def ready(self) -> None:
         import admission.verbs  # noqa: F401  (declares this app's agent verbs)
+        from admission import gate
         from admission.audit import PolicyTrail
         from switchboard.ledger import chain
 
         chain.register_trail(PolicyTrail)
+        gate.register()

@@ -56,6 +56,10 @@ class Evaluation:
     exceeded: list[str] = field(default_factory=list)
 
     @property
+    def queue(self) -> str:
+        return self.policy.queue
+
+    @property
     def over_limit(self) -> bool:
         return self.reason is not None
 

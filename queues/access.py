@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import tzinfo
 from typing import TYPE_CHECKING, Any
+from uuid import UUID
 
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -105,6 +106,17 @@ def todo_scope(actor: Actor) -> Q:
     if actor.sees_all:
         return Q()
     return Q(endpoint__owner=actor.user)
+
+
+def acting_endpoint_ids(actor: Actor) -> list[UUID]:
+    """The endpoints whose todos this actor may act on: an agent its own; a human the active
+    endpoints they own (every active one for a superuser)."""
+    if isinstance(actor, AgentActor):
+        return [actor.endpoint.id]
+    qs = Endpoint.objects.filter(state=EndpointState.ACTIVE)
+    if not actor.is_superuser:
+        qs = qs.filter(owner_id=actor.user.pk)
+    return list(qs.values_list("id", flat=True))
 
 
 def can_pause(actor: HumanActor) -> bool:

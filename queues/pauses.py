@@ -1,6 +1,6 @@
 """Pause and resume a queue by name, fleet-wide (seed 001).
 
-A pause stops delivery and never intake: the claim predicate (queues/claims.py) excludes paused
+A pause stops delivery and never intake: the claim predicate (queues/sql.py) excludes paused
 queue names inside the statement that picks or locks the row, and the wakes skip them. These two
 services are the only writers of ``QueuePause``; the API, the CLI and the admin call them.
 
