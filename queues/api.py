@@ -158,6 +158,7 @@ def vend(request: HttpRequest, data: VendIn) -> Any:
         if owner is None:
             raise InvalidArgument(f"no user named {data.owner!r}", field="owner")
     endpoint, token = services.endpoint_vend(
+        actor=actor,
         owner=owner,
         name=data.name,
         queues=data.queues,
@@ -200,7 +201,7 @@ def revoke(request: HttpRequest, slug: str) -> Any:
     actor: HumanActor = request.auth  # type: ignore[attr-defined]
     endpoint = _endpoint(actor, slug)
     _refuse_auditor(actor)
-    count = services.endpoint_revoke(endpoint=endpoint)
+    count = services.endpoint_revoke(endpoint=endpoint, actor=actor)
     return {"endpoint": endpoint_out(endpoint), "dead_lettered": count}
 
 

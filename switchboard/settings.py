@@ -197,6 +197,8 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
+LEDGER_VERIFY_SECONDS = env_int("LEDGER_VERIFY_SECONDS", 300, minimum=10)
+
 CELERY_BEAT_SCHEDULE = {
     "reap-expired": {"task": "queues.tasks.reap_expired", "schedule": SWEEP_INTERVAL_SECONDS},
     "requeue-due-retries": {
@@ -205,6 +207,8 @@ CELERY_BEAT_SCHEDULE = {
     },
     "admission-reopen": {"task": "admission.tasks.reopen", "schedule": SWEEP_INTERVAL_SECONDS},
     "retention": {"task": "admission.tasks.retention", "schedule": 3600},
+    # The whole chain is read: often enough for the badge, rarely enough to cost nothing.
+    "ledger-verify": {"task": "ledger.tasks.verify", "schedule": LEDGER_VERIFY_SECONDS},
 }
 
 LOGGING = {

@@ -15,6 +15,7 @@ from __future__ import annotations
 from queues.services.claiming import Claimed, NothingClaimable, claim, claim_next
 from queues.services.endpoints import (
     endpoint_revoke,
+    endpoint_update,
     endpoint_vend,
     human_token_create,
     human_token_revoke,
@@ -44,6 +45,7 @@ __all__ = [
     "claim_next",
     "complete",
     "endpoint_revoke",
+    "endpoint_update",
     "endpoint_vend",
     "fail",
     "hash_token",

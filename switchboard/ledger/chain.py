@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from django.conf import settings
 from django.db import connection, transaction
 
-from switchboard.ledger.models import LedgerEntry, LedgerHead
+from switchboard.ledger.models import LedgerCheck, LedgerEntry, LedgerHead
 
 GENESIS_HASH = "0" * 64
 # pg_advisory_xact_lock key for appends: "ledger" in ASCII.
@@ -429,3 +429,22 @@ def _check_head(
             f"row {last.seq} is not the row the signed head records",
         )
     return None
+
+
+def check(batch: int = VERIFY_BATCH) -> VerifyReport:
+    """Verify now and keep the result (the beat task, "verify now" and ``ledger verify``)."""
+    report = verify(batch)
+    LedgerCheck.objects.update_or_create(
+        pk=1,
+        defaults={"checked_at": datetime.now(UTC), "ok": report.ok, "report": report.as_dict()},
+    )
+    return report
+
+
+def last_check() -> LedgerCheck:
+    """The stored result; the first ever read runs the check once."""
+    stored = LedgerCheck.objects.filter(pk=1).first()
+    if stored is None:
+        check()
+        stored = LedgerCheck.objects.get(pk=1)
+    return stored

@@ -13,6 +13,11 @@ class LedgerKind(models.TextChoices):
     QUEUE_PAUSE = "queue.pause"
     QUEUE_RESUME = "queue.resume"
     ADMISSION_WAIVER = "admission.waiver"
+    ENDPOINT_VEND = "endpoint.vend"
+    ENDPOINT_UPDATE = "endpoint.update"
+    ENDPOINT_REVOKE = "endpoint.revoke"
+    TOKEN_CREATE = "token.create"
+    TOKEN_REVOKE = "token.revoke"
 
 
 class LedgerEntry(models.Model):
@@ -76,3 +81,23 @@ class LedgerHead(models.Model):
 
     def __str__(self) -> str:
         return f"ledger head #{self.seq}"
+
+
+class LedgerCheck(models.Model):
+    """The last full verification of the chain: one row, rewritten by every check.
+
+    Verifying reads the whole chain, so pages show this stored result instead of verifying on
+    every view; a beat task checks periodically and anyone who reads the ledger may ask for a
+    check now. It is a cache: deleting it only means the next page view checks once.
+    """
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    checked_at = models.DateTimeField()
+    ok = models.BooleanField()
+    report = models.JSONField()
+
+    class Meta:
+        constraints = [models.CheckConstraint(name="ledger_check_single_row", condition=Q(id=1))]
+
+    def __str__(self) -> str:
+        return f"ledger check at {self.checked_at:%Y-%m-%d %H:%M:%S}"
