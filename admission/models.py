@@ -1,6 +1,6 @@
-"""Admission policies and their window counters (seed 000), and the ledger (seed 003).
+"""Admission policies (a budget per queue identity) and their window counters.
 
-Every CHECK of the seed's schema is a database constraint here and is mirrored in
+Every invariant of a policy is a database constraint here and is mirrored in
 ``admission/schemas.py`` so a bad request is refused naming the field before the database is asked.
 """
 

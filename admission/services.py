@@ -389,7 +389,7 @@ end
 return out
 """
 
-# Work a claim could take now, as the claim predicate (queues/claims.py) sees it: pending, a lapsed
+# Work a claim could take now, as the claim predicate (queues/sql.py) sees it: pending, a lapsed
 # lease or a due retry, with attempts left; never quarantine; never a paused queue name.
 _CLAIMABLE = """
     t.queue <> 'quarantine'

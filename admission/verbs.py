@@ -1,4 +1,4 @@
-"""The agent's budget verbs, served as REST routes and MCP tools (switchboard/verbs.py).
+"""The agent's budget verbs, served as REST routes and MCP tools (switchboard/core/verbs.py).
 
 - ``admission_status {queue?}``: granted with claim or claim_next (``Endpoint.holds``); only the
   caller's scoped queues, an out-of-scope queue is ``forbidden``.

@@ -3,8 +3,8 @@ and the ledger list with its CSV export and chain badge.
 
 Writes go through ``admission.services.policy_set`` / ``policy_clear`` (so each lands in the
 ledger); reads through ``admission.selectors``; the preview through ``admission.engine.evaluate``
-and ``admission.windows``; the badge through ``admission.ledger.verify`` (the check behind
-``manage.py ledger verify``).
+and ``admission.windows``; the chain badge from the stored check
+(``switchboard.ledger.chain.last_check``, refreshed by beat, ``ledger verify`` and "verify now").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Window arithmetic for admission policies (seed 000, "Window arithmetic").
+"""Window arithmetic for admission policies: where a claims-per-window budget's window begins and ends.
 
 A window is the span between two consecutive boundaries. Boundaries fall at a declared local
 wall-clock time in an IANA zone:

@@ -1,6 +1,6 @@
 """Endpoints, todos, attempts, queue pauses and personal access tokens.
 
-The claim statements in ``queues/claims.py`` are raw SQL over these tables; the partial indexes
+The claim statements in ``queues/sql.py`` are raw SQL over these tables; the partial indexes
 below name the statement or sweep that uses each one.
 """
 
@@ -224,7 +224,7 @@ class Todo(models.Model):
             ),
         ]
         indexes = [
-            # claim_next's candidate scan (queues/claims.py CLAIM_NEXT_SQL, FOR UPDATE SKIP
+            # claim_next's candidate scan (queues/sql.py claim_next_sql, FOR UPDATE SKIP
             # LOCKED): the endpoint's live rows in created_at order, so the oldest claimable row
             # of any granted queue is found without sorting the backlog.
             models.Index(
@@ -308,7 +308,7 @@ class Attempt(models.Model):
     class Meta:
         ordering = ["todo", "claimed_at", "id"]
         indexes = [
-            # Transitions find the open attempt of a todo (queues/services.py _HOLDS_CLAIM).
+            # Transitions find the open attempt of a todo (queues/sql.py HOLDS_CLAIM).
             models.Index(fields=["todo", "number"], name="attempt_todo_number_idx"),
         ]
         constraints = [

@@ -1,4 +1,4 @@
-"""Pause and resume a queue by name, fleet-wide (seed 001).
+"""Pause and resume a queue by name, fleet-wide.
 
 A pause stops delivery and never intake: the claim predicate (queues/sql.py) excludes paused
 queue names inside the statement that picks or locks the row, and the wakes skip them. These two

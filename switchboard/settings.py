@@ -144,7 +144,7 @@ if env_bool("DATABASE_POOL", True):
     DATABASES["default"]["CONN_MAX_AGE"] = 0
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # psycopg prepares a server-side-bound statement after this many runs on a connection. Only the
-# hot claim statements (queues/claims.py hot_cursor) bind server-side; set 0 to turn preparing
+# hot claim statements (queues/sql.py hot_cursor) bind server-side; set 0 to turn preparing
 # off (e.g. behind a transaction-pooling proxy).
 _prepare = env_int("DATABASE_PREPARE_THRESHOLD", 5)
 DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = _prepare or None

@@ -5,8 +5,8 @@ selectors: counts per identity (``identity_counts`` here, the per-identity sibli
 ``queues.selectors.queue_stats``), cards from ``queues.selectors.todos_for``, the chip of a
 waiting todo from ``queues.selectors.admission_for``, the budget strip from
 ``admission.selectors.evaluate_policies`` / ``status`` / ``usage``, the pause from ``QueuePause``
-(written only by ``queues.pauses``). The pages (``queues/views.py``) and the live stream
-(``switchboard/live.py``) both render these sections, so they cannot disagree.
+(written only by ``queues.pauses``). The pages (``switchboard/console/views.py``) and the live stream
+(``switchboard/console/live.py``) both render these sections, so they cannot disagree.
 """
 
 from __future__ import annotations
@@ -356,11 +356,6 @@ def visible_queue_names(viewer: Viewer) -> list[str]:
         AdmissionPolicy.objects.filter(endpoint_id__in=ids).values_list("queue", flat=True)
     )
     return sorted(names)
-
-
-def identity_sections(viewer: Viewer, queue: str) -> list[Section]:
-    """The sections of one queue name (the queue page), without cards."""
-    return sections(viewer, Filters(queue=queue), cards=False)
 
 
 def pause_fleet_view(viewer: Viewer) -> bool:

@@ -68,13 +68,6 @@ def get_item(mapping: dict[Any, Any] | None, key: Any) -> Any:
 
 
 @register.filter
-def percent_of(value: int | None, limit: int | None) -> int:
-    if not value or not limit:
-        return 0
-    return min(100, round(100 * value / limit))
-
-
-@register.filter
 def times(value: int | None, factor: float) -> float:
     """``max|times:0.8``: a fraction of a limit (the meters' "getting full" mark)."""
     return round((value or 0) * float(factor), 2)
