@@ -11,7 +11,7 @@ from django.db import connection
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from queues import gates
+from queues import access, gates
 from queues.access import Actor, AgentActor, HumanActor, todo_scope
 from queues.models import Endpoint, QueuePause, Todo, TodoState
 from switchboard.core.errors import InvalidArgument, NotFound
@@ -150,9 +150,8 @@ def queue_overview(*, actor: HumanActor) -> list[QueueStat]:
     endpoint still sees what there is to pause); otherwise the queues of their own endpoints,
     with every paused queue listed."""
     user: Any = actor.user
-    fleet = actor.is_superuser or actor.is_auditor or user.has_perm("queues.pause_queue")
     endpoint_ids = None
-    if not fleet:
+    if not access.sees_fleet(actor):
         endpoint_ids = list(Endpoint.objects.filter(owner_id=user.pk).values_list("id", flat=True))
     return queue_stats(endpoint_ids=endpoint_ids)
 

@@ -127,7 +127,7 @@ def _transition(
     actor: Actor, todo_id: UUID, statement: str, params: dict[str, Any], lease_token: str | None
 ) -> Todo:
     endpoint_ids = acting_endpoint_ids(actor)
-    if isinstance(actor, HumanActor) and actor.is_auditor and not actor.is_superuser:
+    if isinstance(actor, HumanActor) and not actor.writes:
         raise Forbidden("auditors read; they do not change todos")
     params = {
         **params,
@@ -321,8 +321,8 @@ def todo_release(*, actor: HumanActor, todo_id: UUID) -> Todo:
 
 def _operator_todo(actor: HumanActor, todo_id: UUID) -> Todo:
     todo = Todo.objects.select_related("endpoint").filter(pk=todo_id).first()
-    if todo is None or not (actor.is_superuser or todo.endpoint.owner_id == actor.user.pk):
+    if todo is None or not (actor.is_superuser or actor.owns(todo.endpoint)):
         raise NotFound("no such todo", id=str(todo_id))
-    if actor.is_auditor and not actor.is_superuser:
+    if not actor.writes:
         raise Forbidden("auditors read; they do not change todos")
     return todo

@@ -24,7 +24,7 @@ from django.http import QueryDict
 from admission import engine
 from admission import selectors as admission_selectors
 from admission.models import AdmissionPolicy, DeferralReason
-from queues import selectors
+from queues import access, selectors
 from queues.access import Viewer, visible_endpoints
 from queues.models import (
     QUARANTINE_QUEUE,
@@ -360,7 +360,7 @@ def visible_queue_names(viewer: Viewer) -> list[str]:
 
 def pause_fleet_view(viewer: Viewer) -> bool:
     """Whether the queue list shows the fleet (as ``GET /api/v1/queues`` does) or own queues."""
-    return viewer.sees_all or viewer.can_pause
+    return access.sees_fleet(viewer.actor)
 
 
 def queue_list(viewer: Viewer) -> list[selectors.QueueStat]:
