@@ -29,7 +29,6 @@ from queues.models import QUEUE_NAME_RE, Endpoint, Todo, TodoSource
 from queues.schemas import (
     CreateTodoOut,
     EndpointListOut,
-    ErrorOut,
     OperatorCreateTodoIn,
     RevokeOut,
     TodoEnvelope,
@@ -45,6 +44,7 @@ from queues.schemas import (
 from queues.selectors import MAX_PAGE
 from switchboard.core import verbs
 from switchboard.core.errors import Forbidden, InvalidArgument, NotFound
+from switchboard.core.http import ErrorOut
 
 # --- agent verbs ------------------------------------------------------------------------------
 
