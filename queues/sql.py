@@ -27,22 +27,13 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.backends.utils import CursorWrapper
 
 from queues import gates
+from queues.claimable import CLAIMABLE_STATE
 from queues.models import Todo
 
 _TODO_FIELDS = list(Todo._meta.concrete_fields)
 # Every column of a todo, in model order, so a claim returns the whole row in one statement.
 TODO_COLUMNS = ", ".join(f"t.{f.column}" for f in _TODO_FIELDS)
 CLAIMED_COLUMNS = ", ".join(f"cl.{f.column}" for f in _TODO_FIELDS)
-
-# The state arms of "claimable": pending, a lapsed lease (a takeover) or a due retry, each with
-# attempts left.
-CLAIMABLE_STATE = """
-    (
-        (t.state = 'pending' AND t.attempt < t.max_attempts)
-        OR (t.state = 'claimed' AND t.lease_expires_at <= now() AND t.attempt < t.max_attempts)
-        OR (t.state = 'failed' AND t.next_retry_at <= now() AND t.attempt < t.max_attempts)
-    )
-"""
 
 # The queues a claim_next may draw from, computed inside the claiming statement (an InitPlan over
 # the same snapshot): granted, not excluded by a refusal, not quarantine, not paused. Written as
