@@ -24,7 +24,7 @@ from admission import engine, windows
 from admission.models import AdmissionPolicy, AdmissionWindow, DeferralReason
 from queues import access
 from queues.access import Actor, AgentActor, HumanActor
-from queues.models import QUARANTINE_QUEUE, Endpoint
+from queues.models import QUARANTINE_QUEUE, Endpoint, Todo, TodoState
 from switchboard.core.errors import Forbidden, InvalidArgument, NotFound
 from switchboard.ledger.models import LedgerEntry
 
@@ -220,7 +220,6 @@ def usage(ev: engine.Evaluation) -> dict[str, Any]:
 
 
 def pending_count(endpoint_id: UUID, queue: str) -> int:
-    from queues.models import Todo, TodoState
 
     return Todo.objects.filter(
         endpoint_id=endpoint_id, queue=queue, state=TodoState.PENDING
