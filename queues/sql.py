@@ -459,3 +459,54 @@ WITH revoked AS (
 )
 SELECT queue, count(*) FROM revoked GROUP BY queue
 """
+
+
+# --- reads for the pages, the queue list and the resume -----------------------------------------
+
+# The oldest pending todo of each endpoint on a queue: whom the resume rings, and which todo the
+# ready hook names (uses todo_pending_idx).
+OLDEST_PENDING_SQL = """
+SELECT DISTINCT ON (t.endpoint_id) t.endpoint_id, e.slug, t.id
+FROM queues_todo t JOIN queues_endpoint e ON e.id = t.endpoint_id
+WHERE t.queue = %s AND t.state = 'pending' AND e.state = 'active'
+ORDER BY t.endpoint_id, t.created_at, t.id
+"""
+
+
+# The live board's fingerprint: live todos per identity and state, with the latest change.
+LIVE_TODOS_SQL = """
+SELECT endpoint_id::text, queue, state, count(*), max(updated_at)
+FROM queues_todo
+WHERE state IN ('pending', 'claimed') OR (state = 'failed' AND next_retry_at IS NOT NULL)
+GROUP BY 1, 2, 3
+"""
+
+
+# Counts by state (and dead letters) per queue identity of the given endpoints (the board).
+IDENTITY_COUNTS_SQL = """
+SELECT endpoint_id, queue, state, count(*),
+       count(*) FILTER (WHERE state = 'failed' AND next_retry_at IS NULL)
+FROM queues_todo WHERE endpoint_id = ANY(%s)
+GROUP BY endpoint_id, queue, state
+"""
+
+
+def queue_counts_sql(*, narrowed: bool) -> str:
+    """Counts by state per queue name (the queue list), narrowed to some endpoints or not."""
+    where = "WHERE endpoint_id = ANY(%s)" if narrowed else ""
+    return f"""
+SELECT queue, state, count(*),
+       count(*) FILTER (WHERE state = 'failed' AND next_retry_at IS NULL),
+       min(created_at) FILTER (WHERE state = 'pending')
+FROM queues_todo {where}
+GROUP BY queue, state
+"""
+
+
+# Why a transition matched nothing: the todo's state and its open attempt's fence, if in scope.
+UNMATCHED_SQL = """
+SELECT t.state, t.lease_expires_at, a.lease_token_hash
+FROM queues_todo t
+LEFT JOIN queues_attempt a ON a.todo_id = t.id AND a.number = t.attempt
+WHERE t.id = %s AND t.endpoint_id = ANY(%s)
+"""

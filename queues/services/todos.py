@@ -153,15 +153,7 @@ def _raise_unmatched(
     cursor: Any, todo_id: UUID, endpoint_ids: list[UUID], lease_token: str | None
 ) -> None:
     """A transition that matched nothing: conflict in scope, not_found outside it."""
-    cursor.execute(
-        """
-        SELECT t.state, t.lease_expires_at, a.lease_token_hash
-        FROM queues_todo t
-        LEFT JOIN queues_attempt a ON a.todo_id = t.id AND a.number = t.attempt
-        WHERE t.id = %s AND t.endpoint_id = ANY(%s)
-        """,
-        [todo_id, endpoint_ids],
-    )
+    cursor.execute(sql.UNMATCHED_SQL, [todo_id, endpoint_ids])
     found = cursor.fetchone()
     if found is None:
         raise NotFound("no such todo", id=str(todo_id))
