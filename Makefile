@@ -23,7 +23,7 @@ help:
 	@echo "make run [PORT=8000]  start Switchboard (embedded PostgreSQL and Valkey unless DATABASE_URL / REDIS_URL are set)"
 	@echo "make test             make lint, then pytest, as CI runs them"
 	@echo "make bench            run the benchmarks; results go to bench/results/"
-	@echo "make lint             ruff check, ruff format --check, mypy, deptry (every import pinned)"
+	@echo "make lint             ruff check, ruff format --check, mypy, deptry (every import pinned), the import contract"
 	@echo "make fmt              fix what ruff can fix and format the code"
 	@echo "make clean-data       delete .data/ (the embedded database and broker) after make run has stopped"
 
@@ -61,6 +61,7 @@ lint: $(VENV)/.stamp-dev
 	$(MYPY)
 	$(DEPTRY) .
 	$(DEPTRY_DEV)
+	$(VENV)/bin/lint-imports
 
 fmt: $(VENV)/.stamp-dev
 	$(VENV)/bin/ruff check --fix .

@@ -11,10 +11,10 @@ from django.db import connection
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from admission import selectors as admission_selectors
+from queues import access, gates, sql
+from queues.access import Actor, AgentActor, HumanActor, todo_scope
 from queues.models import Endpoint, QueuePause, Todo, TodoState
-from queues.principals import Actor, AgentActor, HumanActor, todo_scope
-from switchboard.errors import InvalidArgument, NotFound
+from switchboard.core.errors import InvalidArgument, NotFound
 
 MAX_PAGE = 200
 
@@ -76,7 +76,7 @@ def _decode_cursor(cursor: str) -> tuple[datetime, UUID]:
 def admission_for(todos: list[Todo]) -> dict[UUID, dict[str, Any]]:
     """The derived admission status of each pending todo of a budgeted queue identity."""
     pending = [t for t in todos if t.state == TodoState.PENDING]
-    statuses = admission_selectors.statuses_for({(t.endpoint_id, t.queue) for t in pending})
+    statuses = gates.statuses({(t.endpoint_id, t.queue) for t in pending})
     return {
         t.id: statuses[(t.endpoint_id, t.queue)]
         for t in pending
@@ -107,21 +107,11 @@ def queue_stats(*, endpoint_ids: list[UUID] | None = None) -> list[QueueStat]:
     """Every known queue (a todo, policy, pause or scope has used its name) with counts by state,
     the oldest pending todo and its pause. ``endpoint_ids`` narrows counts and names to those
     endpoints (an owner's view); paused queues are always listed, being fleet-wide."""
-    where, params = "", []
-    if endpoint_ids is not None:
-        where = "WHERE endpoint_id = ANY(%s)"
-        params = [endpoint_ids]
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            SELECT queue, state, count(*),
-                   count(*) FILTER (WHERE state = 'failed' AND next_retry_at IS NULL),
-                   min(created_at) FILTER (WHERE state = 'pending')
-            FROM queues_todo {where}
-            GROUP BY queue, state
-            """,
-            params,
-        )
+        if endpoint_ids is None:
+            cursor.execute(sql.queue_counts_sql(narrowed=False), [])
+        else:
+            cursor.execute(sql.queue_counts_sql(narrowed=True), [endpoint_ids])
         rows = cursor.fetchall()
     stats: dict[str, QueueStat] = {}
     for queue, state, count, dead, oldest in rows:
@@ -130,14 +120,10 @@ def queue_stats(*, endpoint_ids: list[UUID] | None = None) -> list[QueueStat]:
         stat.dead_letter += dead
         if oldest is not None:
             stat.oldest_pending_at = oldest
-    from admission.models import AdmissionPolicy
-
-    policies = AdmissionPolicy.objects.all()
     endpoints = Endpoint.objects.all()
     if endpoint_ids is not None:
-        policies = policies.filter(endpoint_id__in=endpoint_ids)
         endpoints = endpoints.filter(id__in=endpoint_ids)
-    known = set(policies.values_list("queue", flat=True))
+    known = gates.queue_names(endpoint_ids)
     for scope in endpoints.values_list("scope_queues", flat=True):
         known.update(scope)
     for name in known:
@@ -154,20 +140,17 @@ def queue_overview(*, actor: HumanActor) -> list[QueueStat]:
     endpoint still sees what there is to pause); otherwise the queues of their own endpoints,
     with every paused queue listed."""
     user: Any = actor.user
-    fleet = actor.is_superuser or actor.is_auditor or user.has_perm("queues.pause_queue")
     endpoint_ids = None
-    if not fleet:
+    if not access.sees_fleet(actor):
         endpoint_ids = list(Endpoint.objects.filter(owner_id=user.pk).values_list("id", flat=True))
     return queue_stats(endpoint_ids=endpoint_ids)
 
 
 def queue_known(queue: str) -> bool:
-    """Whether any todo, policy, pause or endpoint scope has used this queue name."""
-    from admission.models import AdmissionPolicy
-
+    """Whether any todo, gate (a policy), pause or endpoint scope has used this queue name."""
     return (
         Todo.objects.filter(queue=queue).exists()
-        or AdmissionPolicy.objects.filter(queue=queue).exists()
+        or queue in gates.queue_names(None)
         or QueuePause.objects.filter(queue=queue).exists()
         or Endpoint.objects.filter(scope_queues__contains=[queue]).exists()
     )

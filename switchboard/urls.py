@@ -19,6 +19,6 @@ urlpatterns = [
     # The app serves its own small static tree (htmx, css); a proxy may serve it instead.
     re_path(r"^static/(?P<path>.*)$", serve, {"document_root": settings.STATICFILES_DIRS[0]}),
     # The operations console: board, queues, todos, budgets, ledger (pages for humans).
-    path("", include("queues.urls")),
+    path("", include("switchboard.console.urls")),
     path("", include("admission.urls")),
 ]

@@ -13,9 +13,10 @@ from django.test import Client
 
 from queues import services
 from queues.models import Todo
-from switchboard import counters, mcp
+from switchboard import mcp
+from switchboard.core import counters
+from switchboard.core.verbs import load_verbs
 from switchboard.embedded import free_port
-from switchboard.verbs import load_verbs
 from tests.conftest import Personas, push
 
 MODERN = "2026-07-28"
