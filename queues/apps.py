@@ -9,6 +9,13 @@ class QueuesConfig(AppConfig):
 
     def ready(self) -> None:
         from prometheus_client import REGISTRY
+        from psycopg.types.json import set_json_loads
+
+        from switchboard.validation import stored_json_loads
+
+        # The claim statements read jsonb through psycopg's own loader: make it one that never
+        # raises, so a row too deep for Python's parser cannot fail a committed claim.
+        set_json_loads(stored_json_loads)
 
         from queues.collectors import SwitchboardCollector
 

@@ -13,6 +13,8 @@ from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 
+from switchboard.validation import SafeJSONDecoder, validate_stored_json
+
 QUARANTINE_QUEUE = "quarantine"
 QUEUE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
 SLUG_RE = r"^[a-z0-9][a-z0-9-]{0,62}$"
@@ -158,7 +160,11 @@ class Todo(models.Model):
     queue = models.CharField(max_length=64)
     title = models.CharField(max_length=500)
     kind = models.CharField(max_length=100, blank=True, default="")
-    payload = models.JSONField(default=dict, blank=True)
+    # Read with a decoder that never raises and written through the edge bounds, so a row stored
+    # behind the services' back can still be listed and claimed (switchboard/validation.py).
+    payload = models.JSONField(
+        default=dict, blank=True, decoder=SafeJSONDecoder, validators=[validate_stored_json]
+    )
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
     state = models.CharField(max_length=10, choices=TodoState.choices, default=TodoState.PENDING)
     # Who holds the claim: the claimant the agent named, or the endpoint slug / operator.
@@ -167,7 +173,9 @@ class Todo(models.Model):
     attempt = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField(default=5)
     next_retry_at = models.DateTimeField(null=True, blank=True)
-    result = models.JSONField(null=True, blank=True)
+    result = models.JSONField(
+        null=True, blank=True, decoder=SafeJSONDecoder, validators=[validate_stored_json]
+    )
     source = models.CharField(max_length=10, choices=TodoSource.choices, default=TodoSource.API)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -38,6 +38,7 @@ from queues import selectors, wakes
 from queues.models import QUARANTINE_QUEUE, QueuePause
 from queues.principals import HumanActor
 from queues.services import check_queue_name
+from switchboard import validation
 from switchboard.errors import Conflict, Forbidden, InvalidArgument, NotFound
 
 PAUSE_PERMISSION = "queues.pause_queue"
@@ -131,6 +132,7 @@ def _check_queue(queue: str) -> str:
 
 def _check_reason(reason: str | None) -> str:
     reason = reason.strip() if isinstance(reason, str) else ""
+    validation.check_text(reason, "reason")
     if not reason:
         raise InvalidArgument("a reason is required to pause a queue", field="reason")
     if len(reason) > MAX_REASON:

@@ -38,6 +38,7 @@ from queues.models import (
     TodoState,
 )
 from queues.principals import Actor, AgentActor, HumanActor
+from switchboard import validation
 from switchboard.errors import Conflict, Deferred, Forbidden, InvalidArgument, NotFound
 
 ENDPOINT_TOKEN_PREFIX = "sbk_"
@@ -60,13 +61,31 @@ def backoff_seconds(attempt: int) -> int:
 
 
 def check_queue_name(queue: str, *, field_name: str = "queue") -> str:
-    if not isinstance(queue, str) or not re.match(QUEUE_NAME_RE, queue):
+    if not validation.fullmatch(QUEUE_NAME_RE, queue):
         raise InvalidArgument(
             f"{field_name} must be 1-64 letters, digits, '.', '_', ':' or '-', "
             "starting with a letter or digit",
             field=field_name,
         )
     return queue
+
+
+def check_slug(slug: str) -> str:
+    """An endpoint slug: lowercase letters, digits and '-', and never shaped like a UUID (so
+    ``endpoint:<id>`` can never name two endpoints)."""
+    if not validation.fullmatch(SLUG_RE, slug):
+        raise InvalidArgument("slug must be lowercase letters, digits and '-'", field="slug")
+    if looks_like_uuid(slug):
+        raise InvalidArgument("slug must not have the shape of an id (a UUID)", field="slug")
+    return slug
+
+
+def looks_like_uuid(value: str) -> bool:
+    try:
+        UUID(value)
+    except (ValueError, TypeError, AttributeError):
+        return False
+    return True
 
 
 def resolve_lease_ttl(requested: int | None, endpoint: Endpoint) -> int:
@@ -84,8 +103,8 @@ def resolve_lease_ttl(requested: int | None, endpoint: Endpoint) -> int:
 
 def _slugify(name: str) -> str:
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:50] or "endpoint"
-    if not slug[0].isalnum():
-        slug = "e" + slug
+    if not slug[0].isalnum() or looks_like_uuid(slug):
+        slug = "e" + slug if not looks_like_uuid(slug) else "endpoint-" + slug[:40]
     return slug
 
 
@@ -102,7 +121,7 @@ def endpoint_vend(
     slug: str | None = None,
 ) -> tuple[Endpoint, str]:
     """Create an endpoint and its token. The token is returned once and stored only as a hash."""
-    name = (name or "").strip()
+    name = validation.check_text(name or "", "name").strip()
     if not name or len(name) > 200:
         raise InvalidArgument("name is required (at most 200 characters)", field="name")
     if not queues:
@@ -123,12 +142,14 @@ def endpoint_vend(
         raise InvalidArgument("rps must be between 0 (unlimited) and 100000", field="rps")
     if burst is not None and burst < 1:
         raise InvalidArgument("burst must be at least 1", field="burst")
-    if slug is not None and not re.match(SLUG_RE, slug):
-        raise InvalidArgument("slug must be lowercase letters, digits and '-'", field="slug")
+    if slug is not None:
+        check_slug(slug)
     token = ENDPOINT_TOKEN_PREFIX + secrets.token_urlsafe(32)
     base = slug or _slugify(name)
     for n in range(100):
         candidate = base if n == 0 else f"{base[:56]}-{secrets.token_hex(3)}"
+        if looks_like_uuid(candidate):
+            continue
         try:
             with transaction.atomic():
                 endpoint = Endpoint.objects.create(
@@ -243,6 +264,9 @@ def todo_create(
             f"({', '.join(endpoint.scope_queues)})",
             field="queue",
         )
+    for name, text in (("title", title), ("kind", kind), ("idempotency_key", idempotency_key)):
+        validation.check_text(text, name)
+    validation.check_stored_json(payload, "payload")
     title = (title or "").strip()
     if not title or len(title) > 500:
         raise InvalidArgument("title is required (at most 500 characters)", field="title")
@@ -494,7 +518,7 @@ def _record_refusals(refusals: list[engine.Evaluation]) -> None:
 
 def _claimant(actor: Actor, claimant: str | None) -> str:
     if claimant is not None:
-        claimant = claimant.strip()
+        claimant = validation.check_text(claimant, "claimant").strip()
         if not claimant or len(claimant) > 200:
             raise InvalidArgument("claimant must be 1-200 characters", field="claimant")
         return claimant
@@ -590,15 +614,26 @@ def _deferred_error(ev: engine.Evaluation) -> Deferred:
 
 # --- transitions of a claimed todo ------------------------------------------------------------
 
+# The caller holds the claim: the current attempt is open, its lease has not lapsed, and the
+# caller names it. A fenced attempt needs its token; a token or an attempt number naming another
+# attempt is a superseded holder. Operators (release from the console) need neither.
 _HOLDS_CLAIM = """
     t.id = %(id)s AND t.endpoint_id = ANY(%(endpoints)s) AND t.state = 'claimed'
     AND a.todo_id = t.id AND a.number = t.attempt AND a.ended_at IS NULL
-    AND (%(operator)s OR a.lease_token_hash IS NULL OR a.lease_token_hash = %(fence)s::text)
+    AND (%(operator)s OR (
+        t.lease_expires_at > clock_timestamp()
+        AND (%(attempt)s::int IS NULL OR t.attempt = %(attempt)s::int)
+        AND (a.lease_token_hash IS NOT DISTINCT FROM %(fence)s::text)))
 """
 
 
 def _transition(
-    actor: Actor, todo_id: UUID, sql: str, params: dict[str, Any], lease_token: str | None
+    actor: Actor,
+    todo_id: UUID,
+    sql: str,
+    params: dict[str, Any],
+    lease_token: str | None,
+    attempt: int | None = None,
 ) -> Todo:
     endpoint_ids = _scoped_endpoint_ids(actor)
     if isinstance(actor, HumanActor) and actor.is_auditor and not actor.is_superuser:
@@ -609,13 +644,14 @@ def _transition(
         "endpoints": endpoint_ids,
         "operator": isinstance(actor, HumanActor),
         "fence": hash_token(lease_token) if lease_token else None,
+        "attempt": attempt,
     }
     # One statement, committed on its own unless the caller holds a transaction.
     with claims.hot_cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
         if row is None:
-            _raise_unmatched(cursor, todo_id, endpoint_ids, lease_token)
+            _raise_unmatched(cursor, todo_id, endpoint_ids, lease_token, attempt)
     assert row is not None
     *columns, budgeted = row
     todo = claims.todo_from_row(columns)
@@ -624,12 +660,17 @@ def _transition(
 
 
 def _raise_unmatched(
-    cursor: Any, todo_id: UUID, endpoint_ids: list[UUID], lease_token: str | None
+    cursor: Any,
+    todo_id: UUID,
+    endpoint_ids: list[UUID],
+    lease_token: str | None,
+    attempt: int | None = None,
 ) -> None:
-    """A transition that matched nothing: conflict in scope, not_found outside it."""
+    """A transition that matched nothing: conflict in scope, not_found outside it. Every verb
+    names the same reasons, in the same order: not claimed, superseded, lapsed, wrong token."""
     cursor.execute(
         """
-        SELECT t.state, t.lease_expires_at, a.lease_token_hash
+        SELECT t.state, t.attempt, t.lease_expires_at > clock_timestamp(), a.lease_token_hash
         FROM queues_todo t
         LEFT JOIN queues_attempt a ON a.todo_id = t.id AND a.number = t.attempt
         WHERE t.id = %s AND t.endpoint_id = ANY(%s)
@@ -639,16 +680,25 @@ def _raise_unmatched(
     found = cursor.fetchone()
     if found is None:
         raise NotFound("no such todo", id=str(todo_id))
-    state, _lease_expires_at, token_hash = found
-    if (
-        state == TodoState.CLAIMED
-        and token_hash
-        and (not lease_token or hash_token(lease_token) != token_hash)
-    ):
-        raise Conflict("the lease token is missing or wrong for this claim", state=state)
-    if state == TodoState.CLAIMED:
-        raise Conflict("the lease has lapsed", state=state)
-    raise Conflict(f"todo is {state}, not claimed", state=state)
+    state, current, live, token_hash = found
+    if state != TodoState.CLAIMED:
+        raise Conflict(f"todo is {state}, not claimed", state=state, attempt=current)
+    presented = hash_token(lease_token) if lease_token else None
+    if (attempt is not None and attempt != current) or (presented and presented != token_hash):
+        raise Conflict(
+            "this attempt was superseded: the todo was claimed again since",
+            state=state,
+            reason="superseded",
+            attempt=current,
+        )
+    if not live:
+        raise Conflict("the lease has lapsed", state=state, reason="lease_lapsed", attempt=current)
+    raise Conflict(
+        "the lease token is missing or wrong for this claim",
+        state=state,
+        reason="fence_mismatch",
+        attempt=current,
+    )
 
 
 # Whether the todo's queue identity has an in-flight cap: a claim that ends may free a slot.
@@ -679,6 +729,7 @@ def heartbeat(
     todo_id: UUID,
     lease_ttl_seconds: int | None = None,
     lease_token: str | None = None,
+    attempt: int | None = None,
 ) -> Todo:
     """Extend a live lease the caller holds."""
     endpoint = actor.endpoint if isinstance(actor, AgentActor) else None
@@ -687,7 +738,7 @@ def heartbeat(
         if endpoint
         else _human_ttl(lease_ttl_seconds)
     )
-    return _transition(actor, todo_id, HEARTBEAT_SQL, {"ttl": ttl}, lease_token)
+    return _transition(actor, todo_id, HEARTBEAT_SQL, {"ttl": ttl}, lease_token, attempt)
 
 
 def _human_ttl(requested: int | None) -> int:
@@ -763,13 +814,16 @@ def complete(
     result: Any = None,
     summary: str = "",
     lease_token: str | None = None,
+    attempt: int | None = None,
 ) -> Todo:
+    validation.check_stored_json(result, "result")
     todo = _transition(
         actor,
         todo_id,
         COMPLETE_SQL,
         {"result": _json_param(result), "summary": _summary(summary)},
         lease_token,
+        attempt,
     )
     _after_end(todo, "done")
     return todo
@@ -782,7 +836,9 @@ def fail(
     error: Any = None,
     summary: str = "",
     lease_token: str | None = None,
+    attempt: int | None = None,
 ) -> Todo:
+    validation.check_stored_json(error, "error")
     todo = _transition(
         actor,
         todo_id,
@@ -794,13 +850,16 @@ def fail(
             "cap": BACKOFF_CAP_SECONDS,
         },
         lease_token,
+        attempt,
     )
     _after_end(todo, "dead_lettered" if todo.dead_letter else "failed")
     return todo
 
 
-def release(*, actor: Actor, todo_id: UUID, lease_token: str | None = None) -> Todo:
-    todo = _transition(actor, todo_id, RELEASE_SQL, {"summary": ""}, lease_token)
+def release(
+    *, actor: Actor, todo_id: UUID, lease_token: str | None = None, attempt: int | None = None
+) -> Todo:
+    todo = _transition(actor, todo_id, RELEASE_SQL, {"summary": ""}, lease_token, attempt)
     if todo.state == TodoState.FAILED:
         _after_end(todo, "dead_lettered")
     else:
@@ -810,7 +869,7 @@ def release(*, actor: Actor, todo_id: UUID, lease_token: str | None = None) -> T
 
 
 def _summary(summary: str | None) -> str:
-    summary = summary or ""
+    summary = validation.check_text(summary or "", "summary")
     if len(summary) > 10000:
         raise InvalidArgument("summary is at most 10000 characters", field="summary")
     return summary

@@ -20,18 +20,45 @@ from datetime import datetime
 from functools import wraps
 from typing import Any
 
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, URLResolver
 from django.utils import timezone
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
+from ninja.parser import Parser
 
+from switchboard import validation
 from switchboard.errors import DomainError, InvalidArgument
 
 log = logging.getLogger(__name__)
 
+# Where ``bounded`` leaves a body it has parsed and checked (so it is parsed once), or why it
+# refused it: the refusal is answered when the view reads the body, after authentication, so an
+# agent without the verb still hears 403 first.
+_PARSED = "_switchboard_json"
+_REFUSED = "_switchboard_json_refused"
+
+
+class EdgeParser(Parser):
+    """ninja's body parser, reading what the edge check already parsed (``bounded``)."""
+
+    def parse_body(self, request: HttpRequest) -> Any:
+        refused = getattr(request, _REFUSED, None)
+        if refused is not None:
+            raise refused  # ninja turns it into HttpError(400); on_http_error answers it
+        if hasattr(request, _PARSED):
+            return getattr(request, _PARSED)
+        try:
+            return validation.loads(request.body)
+        except InvalidArgument as exc:
+            setattr(request, _REFUSED, exc)
+            raise
+
+
 api = NinjaAPI(
+    parser=EdgeParser(),
     title="Switchboard",
     version="1",
     urls_namespace="api",
@@ -62,7 +89,11 @@ def check_body_size(request: HttpRequest, limit: int) -> None:
     declared = request.headers.get("Content-Length", "")
     size = int(declared) if declared.isdigit() else None
     if size is None or size <= limit:
-        size = len(request.body) if request.method not in ("GET", "HEAD", "OPTIONS") else 0
+        try:
+            size = len(request.body) if request.method not in ("GET", "HEAD", "OPTIONS") else 0
+        except RequestDataTooBig:
+            # A chunked body (no Content-Length) past Django's own buffer bound.
+            size = max(limit + 1, getattr(request, "_stream_size", 0))
     if size > limit:
         raise BodyTooLarge(
             f"the request body is {size} bytes; the limit here is {limit}",
@@ -101,6 +132,19 @@ def error_response(request: HttpRequest, exc: DomainError) -> HttpResponse:
     return response
 
 
+def check_request(request: HttpRequest) -> None:
+    """The edge check of an API request's JSON body (the path and query are checked by
+    ``switchboard.middleware``): parsed once, strictly, and kept for the view."""
+    if request.method not in ("POST", "PUT", "PATCH", "DELETE") or not request.body:
+        return
+    kind = request.content_type or ""
+    if kind in ("application/json", "", "text/plain") or kind.endswith("+json"):
+        try:
+            setattr(request, _PARSED, validation.loads(request.body))
+        except InvalidArgument as exc:
+            setattr(request, _REFUSED, exc)
+
+
 def bounded(view: Callable[..., HttpResponse], limit: int = API_BODY_LIMIT) -> Any:
     """A view that refuses oversized bodies before anything else reads them."""
 
@@ -108,6 +152,7 @@ def bounded(view: Callable[..., HttpResponse], limit: int = API_BODY_LIMIT) -> A
     def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         try:
             check_body_size(request, limit)
+            check_request(request)
         except BodyTooLarge as exc:
             return error_response(request, exc)
         return view(request, *args, **kwargs)
@@ -175,6 +220,9 @@ def on_auth_error(request: HttpRequest, exc: AuthenticationError) -> HttpRespons
 
 @api.exception_handler(HttpError)
 def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+    refused = getattr(request, _REFUSED, None)
+    if refused is not None and exc.status_code == 400:
+        return error_response(request, refused)  # the body's edge check, naming the field
     codes = {400: "invalid_argument", 401: "unauthorized", 403: "forbidden", 404: "not_found"}
     body: dict[str, Any] = {"error": str(exc), "code": codes.get(exc.status_code, "conflict")}
     if exc.status_code == 400:

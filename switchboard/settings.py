@@ -94,6 +94,8 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "django_prometheus",
+    # The API docs page from ninja's own bundled Swagger UI (no CDN, no inline script).
+    "ninja",
     "queues",
     "admission",
 ]
@@ -174,6 +176,16 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+# Behind TLS (README "Deploying"): redirect plain HTTP and send HSTS, so `check --deploy` is clean.
+# Off by default because the console also runs on plain http://localhost.
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+# The health and metrics paths stay reachable over plain HTTP for probes inside the network.
+SECURE_REDIRECT_EXEMPT = [r"^metrics$"]
+if env_bool("SECURE_PROXY_SSL_HEADER", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 # Claims and leases.
 DEFAULT_LEASE_TTL_SECONDS = 300

@@ -73,6 +73,7 @@ from pydantic import BaseModel, ValidationError
 
 from queues.principals import AgentActor
 from switchboard.errors import Forbidden, InvalidArgument
+from switchboard.validation import check_json
 
 VERB_MODULES = ("queues.agent_verbs", "admission.verbs")
 # The statuses every agent route can answer, whatever the verb.
@@ -106,8 +107,12 @@ class VerbSpec:
 
     def parse(self, arguments: Any) -> BaseModel:
         """Validate raw arguments; a failure is ``invalid_argument`` naming the first field."""
+        arguments = arguments if arguments is not None else {}
+        # The edge check (NUL, lone surrogates, non-finite numbers, depth): REST bodies had it
+        # when parsed; MCP arguments get it here, for every tool alike.
+        check_json(arguments, "")
         try:
-            return self.input.model_validate(arguments if arguments is not None else {})
+            return self.input.model_validate(arguments)
         except ValidationError as exc:
             raise invalid_argument(exc) from None
 
