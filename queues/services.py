@@ -38,7 +38,7 @@ from queues.models import (
     TodoState,
 )
 from queues.principals import Actor, AgentActor, HumanActor
-from switchboard import validation
+from switchboard import availability, validation
 from switchboard.errors import Conflict, Deferred, Forbidden, InvalidArgument, NotFound
 
 ENDPOINT_TOKEN_PREFIX = "sbk_"
@@ -281,6 +281,7 @@ def todo_create(
         payload = {}
     try:
         with transaction.atomic():
+            availability.check_deadline()
             todo = Todo.objects.create(
                 endpoint=endpoint,
                 queue=queue,
@@ -370,6 +371,7 @@ def claim_next(
         # (1) The common path: one statement that commits on its own. It claims at once unless
         # the candidate's queue identity has a policy.
         with claims.hot_cursor() as cursor:
+            availability.check_deadline()  # the connection is in hand: late means no claim
             cand = claims.claim_next_candidate(
                 cursor,
                 endpoint_id=endpoint.id,
@@ -395,6 +397,7 @@ def claim_next(
     granted_open = [q for q in granted if q not in excluded]
     result: Claimed | None = None
     with transaction.atomic(), claims.hot_cursor() as cursor:
+        availability.check_deadline()
         while granted_open:
             cand = claims.claim_next_candidate(
                 cursor,
@@ -554,6 +557,7 @@ def claim(
     refusal: engine.Evaluation | None = None
     result: Claimed | None = None
     with transaction.atomic(), claims.hot_cursor() as cursor:
+        availability.check_deadline()
         locked = claims.lock_one(cursor, todo_id=todo_id, endpoint_ids=_scoped_endpoint_ids(actor))
         if locked is None:
             raise NotFound("no such todo", id=str(todo_id))

@@ -29,7 +29,7 @@ from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 from ninja.parser import Parser
 
-from switchboard import validation
+from switchboard import availability, validation
 from switchboard.errors import DomainError, InvalidArgument
 
 log = logging.getLogger(__name__)
@@ -232,6 +232,9 @@ def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
 
 @api.exception_handler(Exception)
 def on_unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
+    if availability.is_outage(exc):
+        log.warning("%s %s: dependency unavailable: %s", request.method, request.path, exc)
+        return error_response(request, availability.outage(exc))
     log.exception("unhandled error on %s %s", request.method, request.path)
     return api.create_response(
         request, {"error": "internal error; it has been logged", "code": "internal"}, status=500

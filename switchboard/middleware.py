@@ -6,11 +6,15 @@ One middleware, not two: under ASGI each sync-only middleware costs a thread hop
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from switchboard import availability
 from switchboard.errors import InvalidArgument
+
+ARRIVED = "switchboard.arrived"
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -26,7 +30,10 @@ DOCS_SECURITY_POLICY = (
 
 def _signed_in(request: HttpRequest) -> bool:
     user = getattr(request, "user", None)
-    return bool(user is not None and user.is_authenticated)
+    try:
+        return bool(user is not None and user.is_authenticated)
+    except Exception:  # the session store is down: treat the answer as private
+        return True
 
 
 class SecurityHeadersMiddleware:
@@ -34,12 +41,17 @@ class SecurityHeadersMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        try:
-            check_request_text(request)
-        except InvalidArgument as exc:
-            response: HttpResponse = JsonResponse(exc.as_dict(), status=400)
-        else:
-            response = self.get_response(request)
+        # The deadline counts from arrival at the server (stamped in switchboard.asgi), so time
+        # spent queued for a worker thread counts too.
+        scope = getattr(request, "scope", None) or {}
+        arrived = scope.get(ARRIVED, time.monotonic())
+        with availability.request_deadline(arrived):
+            try:
+                check_request_text(request)
+            except InvalidArgument as exc:
+                response: HttpResponse = JsonResponse(exc.as_dict(), status=400)
+            else:
+                response = self.get_response(request)
         if request.path.startswith("/api/v1/docs"):
             # Swagger UI from ninja's bundled assets (served under /static/): no CDN and no
             # inline script; it sets a few inline styles, which are only cosmetic.
@@ -51,6 +63,15 @@ class SecurityHeadersMiddleware:
             response.headers["Cache-Control"] = "no-store"
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         response.headers.setdefault("Referrer-Policy", "same-origin")
+        return response
+
+    def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse | None:
+        """A dependency that did not answer is 503 with Retry-After on every page, not a 500."""
+        if not availability.is_outage(exc):
+            return None
+        refusal = availability.outage(exc)
+        response = JsonResponse(refusal.as_dict(), status=refusal.status)
+        response["Retry-After"] = str(refusal.details["retry_after"])
         return response
 
 

@@ -22,7 +22,7 @@ from django.db import connection, connections
 from queues import services
 from queues.models import Endpoint
 from queues.principals import AUDITORS_GROUP, AgentActor, HumanActor
-from switchboard import counters, embedded, liveserver
+from switchboard import availability, counters, embedded, liveserver
 
 TEST_REDIS_DB = int(os.environ.get("SWITCHBOARD_TEST_REDIS_DB", "15"))
 _valkey: Any = None
@@ -63,7 +63,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 @pytest.fixture(autouse=True)
 def _clean_redis(settings: Any) -> Iterator[None]:
     settings.METRICS_TOKEN = "test-metrics-token"
-    # Increments buffered by the previous test must not land in this one.
+    # Increments buffered by the previous test must not land in this one, and a Redis failure
+    # a previous test provoked must not keep Redis skipped in this one.
+    availability.redis_breaker.reset()
     counters.flush()
     counters.client().flushdb()
     yield
