@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from queues import metrics
 from queues.selectors import QueueStat
+from switchboard import availability
 
 log = logging.getLogger(__name__)
 OTHER = "__other__"
@@ -45,11 +46,13 @@ class SwitchboardCollector(Collector):
 
         labels: QueueLabels | None = None
         stats = None
+        database_down = False
         try:
             stats = selectors.queue_stats()
             ranked = sorted(stats, key=lambda s: (-sum(s.counts.values()), s.queue))
             labels = QueueLabels([s.queue for s in ranked], settings.METRICS_MAX_QUEUES)
-        except Exception:
+        except Exception as exc:
+            database_down = availability.is_outage(exc)
             log.exception("queue collector failed")
             _errors["queues"] += 1
         if labels is None:
@@ -57,7 +60,12 @@ class SwitchboardCollector(Collector):
         yield from self._counters(labels)
         if stats is not None:
             yield from self._queue_gauges(stats, labels)
-        yield from self._admission(labels)
+        if database_down:
+            # The database just failed to answer: a second read would wait out its timeout
+            # again, and /metrics must answer within seconds whatever is down.
+            _errors["admission"] += 1
+        else:
+            yield from self._admission(labels)
         errors = CounterMetricFamily(
             "switchboard_metrics_collection_errors",
             "Collector failures; the series they would have produced were omitted.",

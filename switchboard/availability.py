@@ -46,11 +46,9 @@ def is_outage(exc: BaseException) -> bool:
 
     if isinstance(exc, OperationalError | InterfaceError | psycopg.OperationalError):
         return True
-    try:
-        from psycopg_pool import PoolTimeout
-    except ImportError:  # pragma: no cover - the pool is a dependency
-        PoolTimeout = ()  # type: ignore[assignment,misc]
-    if PoolTimeout and isinstance(exc, PoolTimeout):
+    from psycopg_pool import PoolTimeout
+
+    if isinstance(exc, PoolTimeout):
         return True
     if isinstance(exc, redis.ConnectionError | redis.TimeoutError | BreakerOpen):
         return True

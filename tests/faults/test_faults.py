@@ -236,14 +236,14 @@ def counter_drift(stack: Stack) -> int:
             "(SELECT count(*) FROM queues_todo WHERE state = 'done')"
         )[0]
         counted = [
-            sum(int(v) for v in client.hvals(f"switchboard:counter:{name}"))  # type: ignore[union-attr]
+            sum(int(v) for v in client.hvals(f"switchboard:counter:{name}"))
             for name in ("switchboard_todos_created_total", "switchboard_todos_claimed_total")
         ]
         done = sum(
             int(v)
             for k, v in client.hgetall(
                 "switchboard:counter:switchboard_todos_completed_total"
-            ).items()  # type: ignore[union-attr]
+            ).items()
             if b'"outcome":"done"' in k
         )
         drift = sum(abs(a - b) for a, b in zip([*counted, done], truth, strict=True))
