@@ -27,6 +27,7 @@ def AttemptOf() -> Any:
     return Field(
         default=None,
         ge=1,
+        le=1_000_000,
         description="The attempt this caller holds (from its claim): refused with 409 "
         "'superseded' once the todo has been claimed again",
     )
