@@ -143,15 +143,24 @@ class Stack:
             return conn.execute(query, params).fetchall()
 
 
+# Two agents; the load agent's queue has a budget (so its claims take the admission path, and
+# the ledger has rows to verify) that is wide enough never to refuse.
 SETUP = """
 from django.contrib.auth.models import User
+from admission import services as admission
 from queues import services
+from queues.principals import HumanActor
 owner = User.objects.create_user("faults", password="pw-faults-123")
 for name in ("load", "doomed"):
-    _, token = services.endpoint_vend(
+    endpoint, token = services.endpoint_vend(
         owner=owner, name=name, queues=["work"], rps=100000, burst=100000
     )
     print(name, token)
+    if name == "load":
+        admission.policy_set(
+            actor=HumanActor(owner), endpoint=endpoint, queue="work", max_in_flight=1000,
+            max_claims_per_window=None, window=None,
+        )
 """
 
 
