@@ -58,8 +58,11 @@ class SecurityHeadersMiddleware:
             response.headers.setdefault("Content-Security-Policy", DOCS_SECURITY_POLICY)
         else:
             response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
-        if "Authorization" in request.headers or _signed_in(request):
+        if "Cache-Control" not in response.headers and (
+            "Authorization" in request.headers or _signed_in(request)
+        ):
             # What a signed-in person or a token holder sees is theirs: never kept by a cache.
+            # (A view that chose its own policy, e.g. the event stream's, keeps it.)
             response.headers["Cache-Control"] = "no-store"
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         response.headers.setdefault("Referrer-Policy", "same-origin")
