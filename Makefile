@@ -19,7 +19,7 @@ help:
 	@echo "make run [PORT=8000]  start Switchboard (embedded PostgreSQL and Valkey unless DATABASE_URL / REDIS_URL are set)"
 	@echo "make test             ruff, mypy and pytest, as CI runs them"
 	@echo "make bench            run the benchmarks; results go to bench/results/"
-	@echo "make lint             ruff check, ruff format --check, mypy"
+	@echo "make lint             ruff check, ruff format --check, mypy, the import contract"
 	@echo "make fmt              fix what ruff can fix and format the code"
 	@echo "make clean-data       delete .data/ (the embedded database and broker) after make run has stopped"
 
@@ -49,6 +49,7 @@ test: $(VENV)/.stamp-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(MYPY)
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/pytest
 
 bench: $(VENV)/.stamp-dev
@@ -58,6 +59,7 @@ lint: $(VENV)/.stamp-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(MYPY)
+	$(VENV)/bin/lint-imports
 
 fmt: $(VENV)/.stamp-dev
 	$(VENV)/bin/ruff check --fix .

@@ -28,9 +28,9 @@ from admission.schemas import (
     PolicyListOut,
     PolicyStatusOut,
 )
-from queues.principals import HumanActor
-from switchboard.api import bounded
-from switchboard.auth import HumanAuth
+from queues.access import HumanActor
+from queues.auth import HumanAuth
+from switchboard.core.http import bounded
 
 router = Router(tags=["admission"], auth=HumanAuth())
 

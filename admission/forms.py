@@ -11,7 +11,8 @@ from typing import Any
 
 from django import forms
 
-from admission.models import AdmissionPolicy, LedgerKind, Posture, Weekday, WindowPeriod
+from admission.models import AdmissionPolicy, Posture, Weekday, WindowPeriod
+from switchboard.ledger.models import LedgerKind
 
 # InvalidArgument.field (the API's names) -> the form field that shows the error.
 FIELD_OF_ERROR = {

@@ -21,10 +21,11 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from admission import engine, windows
-from admission.models import AdmissionPolicy, AdmissionWindow, DeferralReason, LedgerEntry
+from admission.models import AdmissionPolicy, AdmissionWindow, DeferralReason
+from queues.access import Actor, AgentActor, HumanActor
 from queues.models import QUARANTINE_QUEUE, Endpoint
-from queues.principals import Actor, AgentActor, HumanActor
-from switchboard.errors import Forbidden, InvalidArgument, NotFound
+from switchboard.core.errors import Forbidden, InvalidArgument, NotFound
+from switchboard.ledger.models import LedgerEntry
 
 HISTORY_WINDOWS = 30
 AUDIT_TAIL = 50
@@ -157,7 +158,7 @@ def _evaluate_identity(where: str, params: list[Any]) -> engine.Evaluation | Non
 
 
 def deferred_among(endpoint_id: UUID, queues: list[str]) -> list[engine.Evaluation]:
-    """The seed's unlocked pre-read for claim_next: the granted queues that are exhausted now,
+    """The unlocked pre-read for claim_next: the granted queues that are exhausted now,
     whichever todo is picked (window spent, a limit of 0, or a policy that cannot be evaluated).
     A full in-flight cap is left to the claim under the lock, because taking over a lapsed claim
     of the same queue is admitted. Read without locks, so it may be a moment stale; the claim
@@ -247,15 +248,6 @@ def statuses_for(identities: Iterable[tuple[UUID, str]]) -> dict[tuple[UUID, str
     policies = list(AdmissionPolicy.objects.filter(q))
     evaluations = evaluate_policies(policies)
     return {(p.endpoint_id, p.queue): status(evaluations[p.id]) for p in policies}
-
-
-def policy_exists(endpoint_id: UUID, queue: str) -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT 1 FROM admission_admissionpolicy WHERE endpoint_id = %s AND queue = %s",
-            [endpoint_id, queue],
-        )
-        return cursor.fetchone() is not None
 
 
 # --- the policy as every surface shows it -------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The agent's budget verbs, served as REST routes and MCP tools (switchboard/verbs.py).
+"""The agent's budget verbs, served as REST routes and MCP tools (switchboard/core/verbs.py).
 
 - ``admission_status {queue?}``: granted with claim or claim_next (``Endpoint.holds``); only the
   caller's scoped queues, an out-of-scope queue is ``forbidden``.
@@ -19,8 +19,8 @@ from admission.schemas import (
     PolicyEnvelopeOut,
     SetAdmissionPolicyIn,
 )
-from queues.principals import AgentActor
-from switchboard.verbs import verb
+from queues.access import AgentActor
+from switchboard.core.verbs import verb
 
 
 def _jsonable(value: Any) -> Any:

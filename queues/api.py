@@ -1,7 +1,7 @@
 """REST routes of the queues app: the agent verbs, and the operator routes for endpoints and todos.
 
 Agent routes (``/api/v1/agent/<verb>``, bearer ``sbk_``) are generated from the verb registry
-(``switchboard.verbs``), one POST per verb, the body being the verb's arguments. The grant is
+(``switchboard.core.verbs``), one POST per verb, the body being the verb's arguments. The grant is
 checked with the credentials, before the body is read, so a verb outside ``scope_verbs`` is 403
 whatever the body says.
 
@@ -23,8 +23,9 @@ from ninja.responses import Response, Status
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from queues import selectors, services
+from queues.access import AgentActor, HumanActor
+from queues.auth import AgentAuth, HumanAuth, authenticate_agent
 from queues.models import QUEUE_NAME_RE, Endpoint, Todo, TodoSource
-from queues.principals import AgentActor, HumanActor
 from queues.schemas import (
     CreateTodoOut,
     EndpointListOut,
@@ -42,9 +43,8 @@ from queues.schemas import (
     vend_out,
 )
 from queues.selectors import MAX_PAGE
-from switchboard import verbs
-from switchboard.auth import AgentAuth, HumanAuth, authenticate_agent
-from switchboard.errors import Forbidden, InvalidArgument, NotFound
+from switchboard.core import verbs
+from switchboard.core.errors import Forbidden, InvalidArgument, NotFound
 
 # --- agent verbs ------------------------------------------------------------------------------
 
@@ -158,6 +158,7 @@ def vend(request: HttpRequest, data: VendIn) -> Any:
         if owner is None:
             raise InvalidArgument(f"no user named {data.owner!r}", field="owner")
     endpoint, token = services.endpoint_vend(
+        actor=actor,
         owner=owner,
         name=data.name,
         queues=data.queues,
@@ -200,7 +201,7 @@ def revoke(request: HttpRequest, slug: str) -> Any:
     actor: HumanActor = request.auth  # type: ignore[attr-defined]
     endpoint = _endpoint(actor, slug)
     _refuse_auditor(actor)
-    count = services.endpoint_revoke(endpoint=endpoint)
+    count = services.endpoint_revoke(endpoint=endpoint, actor=actor)
     return {"endpoint": endpoint_out(endpoint), "dead_lettered": count}
 
 

@@ -14,8 +14,8 @@ from django.http import HttpRequest
 from ninja import Field, Router, Schema
 
 from queues import pauses, selectors
-from queues.principals import HumanActor
-from switchboard.auth import HumanAuth
+from queues.access import HumanActor
+from queues.auth import HumanAuth
 
 router = Router(tags=["queues"], auth=HumanAuth())
 

@@ -7,7 +7,7 @@ from typing import Any
 from django import forms
 
 from queues.pauses import MAX_REASON
-from switchboard import validation
+from switchboard.core import validation
 from switchboard.errors import InvalidArgument
 
 

@@ -1,6 +1,6 @@
-"""Pause and resume a queue by name, fleet-wide (seed 001).
+"""Pause and resume a queue by name, fleet-wide.
 
-A pause stops delivery and never intake: the claim predicate (queues/claims.py) excludes paused
+A pause stops delivery and never intake: the claim predicate (queues/sql.py) excludes paused
 queue names inside the statement that picks or locks the row, and the wakes skip them. These two
 services are the only writers of ``QueuePause``; the API, the CLI and the admin call them.
 
@@ -32,16 +32,14 @@ from uuid import UUID
 
 from django.db import OperationalError, connection, transaction
 
-from admission import ledger
-from admission.models import LedgerKind
 from queues import selectors, wakes
-from queues.models import QUARANTINE_QUEUE, QueuePause
-from queues.principals import HumanActor
-from queues.services import check_queue_name
-from switchboard import validation
-from switchboard.errors import Conflict, Forbidden, InvalidArgument, NotFound
+from queues.access import HumanActor
+from queues.models import QUARANTINE_QUEUE, QueuePause, check_queue_name
+from switchboard.core import validation
+from switchboard.core.errors import Conflict, Forbidden, InvalidArgument, NotFound
+from switchboard.ledger import chain as ledger
+from switchboard.ledger.models import LedgerKind
 
-PAUSE_PERMISSION = "queues.pause_queue"
 MAX_REASON = 500
 # How long a pause waits for in-flight claim transactions before giving up (a claim
 # transaction is one statement, so this is generous; tests shorten it).
@@ -103,21 +101,10 @@ class ResumeResult:
         }
 
 
-def can_pause(actor: HumanActor) -> bool:
-    """Superusers, and humans holding queues.pause_queue who are not auditors."""
-    user = actor.user
-    if not getattr(user, "is_authenticated", False) or not getattr(user, "is_active", False):
-        return False
-    if actor.is_superuser:
-        return True
-    has_perm = getattr(user, "has_perm", None)
-    return not actor.is_auditor and callable(has_perm) and bool(has_perm(PAUSE_PERMISSION))
-
-
 def _check_actor(actor: HumanActor) -> None:
     if not isinstance(actor, HumanActor):
         raise Forbidden("only a human operator pauses or resumes a queue")
-    if not can_pause(actor):
+    if not actor.can_pause:
         raise Forbidden("pausing and resuming queues needs the queues.pause_queue permission")
 
 

@@ -16,7 +16,7 @@ from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo
 
 from queues.models import GRANTABLE_VERBS, QUEUE_NAME_RE, SLUG_RE, Endpoint, Todo, TodoState
 from queues.selectors import MAX_PAGE
-from switchboard import validation
+from switchboard.core import validation
 
 
 def QueueName() -> Any:

@@ -11,10 +11,10 @@ from django.db import connection
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from admission import selectors as admission_selectors
+from queues import gates
+from queues.access import Actor, AgentActor, HumanActor, todo_scope
 from queues.models import Endpoint, QueuePause, Todo, TodoState
-from queues.principals import Actor, AgentActor, HumanActor, todo_scope
-from switchboard.errors import Forbidden, InvalidArgument, NotFound
+from switchboard.core.errors import Forbidden, InvalidArgument, NotFound
 
 MAX_PAGE = 200
 
@@ -79,7 +79,7 @@ def _decode_cursor(cursor: str) -> tuple[datetime, UUID]:
 def admission_for(todos: list[Todo]) -> dict[UUID, dict[str, Any]]:
     """The derived admission status of each pending todo of a budgeted queue identity."""
     pending = [t for t in todos if t.state == TodoState.PENDING]
-    statuses = admission_selectors.statuses_for({(t.endpoint_id, t.queue) for t in pending})
+    statuses = gates.statuses({(t.endpoint_id, t.queue) for t in pending})
     return {
         t.id: statuses[(t.endpoint_id, t.queue)]
         for t in pending
@@ -133,14 +133,10 @@ def queue_stats(*, endpoint_ids: list[UUID] | None = None) -> list[QueueStat]:
         stat.dead_letter += dead
         if oldest is not None:
             stat.oldest_pending_at = oldest
-    from admission.models import AdmissionPolicy
-
-    policies = AdmissionPolicy.objects.all()
     endpoints = Endpoint.objects.all()
     if endpoint_ids is not None:
-        policies = policies.filter(endpoint_id__in=endpoint_ids)
         endpoints = endpoints.filter(id__in=endpoint_ids)
-    known = set(policies.values_list("queue", flat=True))
+    known = gates.queue_names(endpoint_ids)
     for scope in endpoints.values_list("scope_queues", flat=True):
         known.update(scope)
     for name in known:
@@ -165,12 +161,10 @@ def queue_overview(*, actor: HumanActor) -> list[QueueStat]:
 
 
 def queue_known(queue: str) -> bool:
-    """Whether any todo, policy, pause or endpoint scope has used this queue name."""
-    from admission.models import AdmissionPolicy
-
+    """Whether any todo, gate (a policy), pause or endpoint scope has used this queue name."""
     return (
         Todo.objects.filter(queue=queue).exists()
-        or AdmissionPolicy.objects.filter(queue=queue).exists()
+        or queue in gates.queue_names(None)
         or QueuePause.objects.filter(queue=queue).exists()
         or Endpoint.objects.filter(scope_queues__contains=[queue]).exists()
     )

@@ -15,6 +15,8 @@ from uuid import UUID
 
 from django.db import connection, transaction
 
+from queues import gates
+
 log = logging.getLogger(__name__)
 CHANNEL = "todo_ready"
 
@@ -27,23 +29,20 @@ def _gate(endpoint_id: UUID | str, queue: str) -> tuple[bool, str]:
     """(may ring, notify hook URL). Fails open on any error."""
     try:
         with transaction.atomic(), connection.cursor() as cursor:
+            # The gates' probes over the identity, folded into the one lookup.
             cursor.execute(
-                """
+                f"""
                 SELECT EXISTS (SELECT 1 FROM queues_queuepause WHERE queue = %(q)s),
-                       (SELECT id FROM admission_admissionpolicy
-                        WHERE endpoint_id = %(e)s AND queue = %(q)s),
                        (SELECT notify_url FROM queues_endpoint WHERE id = %(e)s)
+                       {gates.probes("i")}
+                FROM (SELECT %(e)s::uuid AS endpoint_id, %(q)s::text AS queue) i
                 """,
                 {"e": endpoint_id, "q": queue},
             )
-            paused, policy_id, url = cursor.fetchone()
+            paused, url, *keys = cursor.fetchone()
             if paused:
                 return False, url or ""
-            if policy_id is not None:
-                from admission import selectors
-
-                return selectors.identity_admitted(policy_id), url or ""
-            return True, url or ""
+            return gates.admits_now(tuple(keys)), url or ""
     except Exception:
         log.exception("wake gate failed for %s:%s; ringing anyway", endpoint_id, queue)
         return True, ""

@@ -13,6 +13,6 @@ django_application = get_asgi_application()
 
 async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """Django, with each request's arrival stamped before it can queue for a worker thread
-    (the request deadline counts from here: switchboard.availability)."""
+    (the request deadline counts from here: switchboard.core.availability)."""
     scope["switchboard.arrived"] = time.monotonic()
     await django_application(scope, receive, send)

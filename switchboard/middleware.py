@@ -1,5 +1,5 @@
 """Security headers on every response (CSP, nosniff and referrer policy; frames come from Django),
-and the edge check of every request's path, query and form fields (``switchboard.validation``):
+and the edge check of every request's path, query and form fields (``switchboard.core.validation``):
 a NUL character anywhere is refused before any view runs (PostgreSQL cannot store it).
 
 One middleware, not two: under ASGI each sync-only middleware costs a thread hop."""
@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from switchboard import availability
+from switchboard.core import availability
 from switchboard.errors import InvalidArgument
 
 ARRIVED = "switchboard.arrived"
@@ -83,7 +83,7 @@ FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
 def check_request_text(request: HttpRequest) -> None:
     """Refuse a NUL (or a lone surrogate) in the path, a query parameter or a form field."""
-    from switchboard.validation import check_text
+    from switchboard.core.validation import check_text
 
     check_text(request.path, "path")
     sources = [request.GET]

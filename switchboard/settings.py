@@ -98,6 +98,8 @@ INSTALLED_APPS = [
     "ninja",
     "queues",
     "admission",
+    "switchboard.ledger",
+    "switchboard.console",
 ]
 
 MIDDLEWARE = [
@@ -155,7 +157,7 @@ _options["options"] = " ".join(
     [_options.get("options", ""), *(f"-c {k}={v}" for k, v in _server_timeouts.items() if v)]
 ).strip()
 # psycopg prepares a server-side-bound statement after this many runs on a connection. Only the
-# hot claim statements (queues/claims.py hot_cursor) bind server-side; set 0 to turn preparing
+# hot claim statements (queues/sql.py hot_cursor) bind server-side; set 0 to turn preparing
 # off (e.g. behind a transaction-pooling proxy).
 _prepare = env_int("DATABASE_PREPARE_THRESHOLD", 5)
 DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = _prepare or None
@@ -224,6 +226,8 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
+LEDGER_VERIFY_SECONDS = env_int("LEDGER_VERIFY_SECONDS", 300, minimum=10)
+
 CELERY_BEAT_SCHEDULE = {
     "reap-expired": {"task": "queues.tasks.reap_expired", "schedule": SWEEP_INTERVAL_SECONDS},
     "requeue-due-retries": {
@@ -232,6 +236,8 @@ CELERY_BEAT_SCHEDULE = {
     },
     "admission-reopen": {"task": "admission.tasks.reopen", "schedule": SWEEP_INTERVAL_SECONDS},
     "retention": {"task": "admission.tasks.retention", "schedule": 3600},
+    # The whole chain is read: often enough for the badge, rarely enough to cost nothing.
+    "ledger-verify": {"task": "ledger.tasks.verify", "schedule": LEDGER_VERIFY_SECONDS},
 }
 
 LOGGING = {

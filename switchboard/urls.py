@@ -19,6 +19,6 @@ urlpatterns = [
     # docs' Swagger UI from ninja) through the staticfiles finders; a proxy may serve them instead.
     re_path(r"^static/(?P<path>.*)$", serve, {"insecure": True}),
     # The operations console: board, queues, todos, budgets, ledger (pages for humans).
-    path("", include("queues.urls")),
+    path("", include("switchboard.console.urls")),
     path("", include("admission.urls")),
 ]

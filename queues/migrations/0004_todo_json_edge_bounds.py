@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db import migrations, models
 
-import switchboard.validation
+import switchboard.core.validation
 
 
 class Migration(migrations.Migration):
@@ -16,9 +16,9 @@ class Migration(migrations.Migration):
             name="payload",
             field=models.JSONField(
                 blank=True,
-                decoder=switchboard.validation.SafeJSONDecoder,
+                decoder=switchboard.core.validation.SafeJSONDecoder,
                 default=dict,
-                validators=[switchboard.validation.validate_stored_json],
+                validators=[switchboard.core.validation.validate_stored_json],
             ),
         ),
         migrations.AlterField(
@@ -26,9 +26,9 @@ class Migration(migrations.Migration):
             name="result",
             field=models.JSONField(
                 blank=True,
-                decoder=switchboard.validation.SafeJSONDecoder,
+                decoder=switchboard.core.validation.SafeJSONDecoder,
                 null=True,
-                validators=[switchboard.validation.validate_stored_json],
+                validators=[switchboard.core.validation.validate_stored_json],
             ),
         ),
     ]

@@ -14,7 +14,7 @@ from django.test import Client
 
 from queues import services
 from queues.models import Todo
-from switchboard import validation
+from switchboard.core import validation
 from switchboard.errors import InvalidArgument
 from switchboard.verbs import get as verb
 from tests.api.conftest import Api, human_token

@@ -12,12 +12,12 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from queues import services
+from queues.access import HumanActor
 from queues.models import Endpoint, TodoSource
-from queues.principals import HumanActor
 from queues.schemas import one_todo_out
-from switchboard import validation
-from switchboard.cli import emit, refused, usage
-from switchboard.errors import DomainError, NotFound
+from switchboard.core import validation
+from switchboard.core.cli import emit, refused, usage
+from switchboard.core.errors import DomainError, NotFound
 
 
 class Command(BaseCommand):

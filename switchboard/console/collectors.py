@@ -1,0 +1,181 @@
+"""The scrape-time collector: Redis-backed counters and gauges read from PostgreSQL.
+
+Label values are capped at METRICS_MAX_QUEUES distinct queues (the busiest first); the rest are
+summed under ``__other__``. A value the collector cannot compute is omitted, never reported as
+zero, and the failure is counted in ``switchboard_metrics_collection_errors_total{collector}``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterator
+
+from django.conf import settings
+from django.db.models import Count
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from queues import metrics
+from queues.selectors import QueueStat
+from switchboard.core import availability
+
+log = logging.getLogger(__name__)
+OTHER = "__other__"
+_errors: dict[str, int] = defaultdict(int)
+
+
+class QueueLabels:
+    """Maps queue names to label values, keeping at most ``cap`` distinct names."""
+
+    def __init__(self, ranked: list[str] | None, cap: int) -> None:
+        # None: no ranking could be read; keep names as they come rather than drop counters.
+        self.kept = None if ranked is None else set(ranked[:cap])
+
+    def __call__(self, queue: str) -> str:
+        return queue if self.kept is None or queue in self.kept else OTHER
+
+
+class SwitchboardCollector(Collector):
+    def describe(self) -> list[CounterMetricFamily]:
+        # Without describe(), registering would run a full collection (database reads) at import.
+        return []
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        from queues import selectors
+
+        labels: QueueLabels | None = None
+        stats = None
+        database_down = False
+        try:
+            stats = selectors.queue_stats()
+            ranked = sorted(stats, key=lambda s: (-sum(s.counts.values()), s.queue))
+            labels = QueueLabels([s.queue for s in ranked], settings.METRICS_MAX_QUEUES)
+        except Exception as exc:
+            database_down = availability.is_outage(exc)
+            log.exception("queue collector failed")
+            _errors["queues"] += 1
+        if labels is None:
+            labels = QueueLabels(None, settings.METRICS_MAX_QUEUES)
+        yield from self._counters(labels)
+        if stats is not None:
+            yield from self._queue_gauges(stats, labels)
+        if database_down:
+            # The database just failed to answer: a second read would wait out its timeout
+            # again, and /metrics must answer within seconds whatever is down.
+            _errors["admission"] += 1
+        else:
+            yield from self._admission(labels)
+        errors = CounterMetricFamily(
+            "switchboard_metrics_collection_errors",
+            "Collector failures; the series they would have produced were omitted.",
+            labels=["collector"],
+        )
+        for name in ("admission", "counters", "queues"):
+            errors.add_metric([name], _errors[name])
+        yield errors
+
+    def _counters(self, labels: QueueLabels) -> Iterator[CounterMetricFamily]:
+        from switchboard.core import counters
+
+        for name, (doc, label_names) in metrics.COUNTERS.items():
+            try:
+                values = counters.read(name)
+            except Exception:
+                log.exception("counter %s unreadable", name)
+                _errors["counters"] += 1
+                continue
+            family = CounterMetricFamily(name.removesuffix("_total"), doc, labels=list(label_names))
+            merged: dict[tuple[str, ...], int] = defaultdict(int)
+            for label_items, value in values.items():
+                d = dict(label_items)
+                if "queue" in d:
+                    d["queue"] = labels(d["queue"])
+                merged[tuple(d.get(n, "") for n in label_names)] += value
+            for key, value in sorted(merged.items()):
+                family.add_metric(list(key), value)
+            yield family
+
+    def _queue_gauges(
+        self, stats: list[QueueStat], labels: QueueLabels
+    ) -> Iterator[GaugeMetricFamily]:
+        todos = GaugeMetricFamily(
+            "switchboard_queue_todos", "Todos by queue and state.", labels=["queue", "state"]
+        )
+        oldest = GaugeMetricFamily(
+            "switchboard_queue_oldest_pending_seconds",
+            "Age of the oldest pending todo.",
+            labels=["queue"],
+        )
+        paused = GaugeMetricFamily(
+            "switchboard_queue_paused", "1 when the queue is paused fleet-wide.", labels=["queue"]
+        )
+        counts: dict[tuple[str, str], int] = defaultdict(int)
+        ages: dict[str, float] = {}
+        flags: dict[str, int] = {}
+        for s in stats:
+            q = labels(s.queue)
+            for state, n in s.counts.items():
+                counts[(q, state)] += n
+            age = s.oldest_pending_seconds
+            if age is not None:
+                ages[q] = max(ages.get(q, 0.0), age)
+            flags[q] = max(flags.get(q, 0), 1 if s.paused else 0)
+        for (q, state), n in sorted(counts.items()):
+            todos.add_metric([q, state], n)
+        for q, age in sorted(ages.items()):
+            oldest.add_metric([q], age)
+        for q, flag in sorted(flags.items()):
+            paused.add_metric([q], flag)
+        yield todos
+        yield oldest
+        yield paused
+
+    def _admission(self, labels: QueueLabels) -> Iterator[GaugeMetricFamily]:
+        from admission import selectors as admission_selectors
+        from admission.models import AdmissionPolicy, DeferralReason
+        from queues.models import Todo, TodoState
+
+        try:
+            policies = list(AdmissionPolicy.objects.all())
+            evaluations = admission_selectors.evaluate_policies(policies)
+            pending = {
+                (row["endpoint_id"], row["queue"]): row["n"]
+                for row in Todo.objects.filter(state=TodoState.PENDING)
+                .values("endpoint_id", "queue")
+                .annotate(n=Count("id"))
+            }
+        except Exception:
+            log.exception("admission collector failed")
+            _errors["admission"] += 1
+            return
+        status_family = GaugeMetricFamily(
+            "switchboard_admission_policies",
+            "Admission policies by queue and status.",
+            labels=["queue", "status"],
+        )
+        deferred_family = GaugeMetricFamily(
+            "switchboard_admission_deferred_todos",
+            "Pending todos held back by admission, by reason.",
+            labels=["queue", "reason"],
+        )
+        statuses = ["admitted", *DeferralReason.values]
+        by_status: dict[tuple[str, str], int] = defaultdict(int)
+        by_reason: dict[tuple[str, str], int] = defaultdict(int)
+        for p in policies:
+            q = labels(p.queue)
+            ev = evaluations[p.id]
+            status = "admitted" if ev.admits else str(ev.reason)
+            for s in statuses:
+                by_status[(q, s)] += 0
+            by_status[(q, status)] += 1
+            for r in DeferralReason.values:
+                by_reason[(q, r)] += 0
+            if not ev.admits:
+                by_reason[(q, str(ev.reason))] += pending.get((p.endpoint_id, p.queue), 0)
+        for (q, s), n in sorted(by_status.items()):
+            status_family.add_metric([q, s], n)
+        for (q, r), n in sorted(by_reason.items()):
+            deferred_family.add_metric([q, r], n)
+        yield status_family
+        yield deferred_family

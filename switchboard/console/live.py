@@ -1,0 +1,354 @@
+"""Live board over server-sent events: the header counts and cards follow every change.
+
+Why polling a fingerprint, not LISTEN: most changes (claims, heartbeats, completions, sweeps,
+changes made by another process through the API, MCP or the CLI) send no notification, and the
+claim hot path must not grow one. So each web process reads a cheap **fleet snapshot** at most
+every ``HUB_MAX_AGE`` seconds, shared by all of its viewers (``Hub``):
+
+- per queue identity, the count and latest ``updated_at`` of its *live* todos (pending, claimed,
+  failed awaiting a retry; every transition enters or leaves that set or bumps ``updated_at``),
+- every pause row, every policy's ``updated_at`` and the latest change of its window counters,
+  and the current window of each windowed policy (so a window rolling over is seen with no write),
+- every endpoint's owner, state and scope.
+
+Each stream (one per open board) hashes the part of the snapshot its viewer may see, narrowed by
+the board's filters, every ``INTERVAL`` seconds. When the hash changes it re-renders the visible
+sections with the same partials the page uses (``queues/_section.html``) and sends only the parts
+whose HTML changed, as ``swap`` events (``{"target": id, "html": ...}``), plus an ``announce``
+event when a section's condition changes (exhausted, paused, unavailable, admitted), which
+static/js/live.js puts in the page's ``aria-live="polite"`` region. A change in which sections
+exist sends the whole list once. Worst case from a commit to the browser: ``HUB_MAX_AGE`` +
+``INTERVAL`` + a render, under two seconds.
+
+A stream ends after ``STREAM_SECONDS``; EventSource reconnects (``retry``) with ``Last-Event-ID``,
+the fingerprint it last saw, so nothing is resent needlessly and a revoked session is noticed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+from urllib.parse import urlencode
+
+from django.db import connection
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
+from django.middleware.csrf import get_token
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.utils import timezone
+
+from admission import windows
+from queues.access import Viewer
+from switchboard.console import board
+from switchboard.console.board import Filters, Section
+
+T = TypeVar("T")
+INTERVAL = 1.0
+HUB_MAX_AGE = 0.75
+STREAM_SECONDS = 300
+RETRY_MS = 2000
+KEEPALIVE_SECONDS = 15
+PARTS = ("head", "controls", "cards")
+
+
+# --- the fleet snapshot -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fleet:
+    todos: dict[tuple[str, str], tuple[Any, ...]]
+    pauses: tuple[tuple[str, str], ...]
+    policies: dict[tuple[str, str], tuple[Any, ...]]
+    endpoints: dict[str, tuple[Any, ...]]  # id -> (slug, owner_id, state, scope)
+
+
+_LIVE_TODOS_SQL = """
+SELECT endpoint_id::text, queue, state, count(*), max(updated_at)
+FROM queues_todo
+WHERE state IN ('pending', 'claimed') OR (state = 'failed' AND next_retry_at IS NOT NULL)
+GROUP BY 1, 2, 3
+"""
+
+_POLICIES_SQL = """
+SELECT p.id::text, p.endpoint_id::text, p.queue, p.updated_at, p.window_period, p.window_tz,
+       p.window_start, p.window_weekday,
+       (SELECT max(w.updated_at) FROM admission_admissionwindow w
+        WHERE w.policy_id = p.id AND w.window_start > now() - interval '8 days')
+FROM admission_admissionpolicy p
+"""
+
+
+def read_fleet() -> Fleet:
+    """The snapshot every stream of this process hashes (four small queries)."""
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(_LIVE_TODOS_SQL)
+        todos: dict[tuple[str, str], tuple[Any, ...]] = {}
+        for endpoint_id, queue, state, count, latest in cursor.fetchall():
+            key = (endpoint_id, queue)
+            todos[key] = (*todos.get(key, ()), state, count, latest.isoformat())
+        cursor.execute("SELECT queue, paused_at FROM queues_queuepause ORDER BY queue")
+        pauses = tuple((q, at.isoformat()) for q, at in cursor.fetchall())
+        cursor.execute(_POLICIES_SQL)
+        policies = {}
+        for (
+            pid,
+            endpoint_id,
+            queue,
+            updated,
+            period,
+            tz,
+            start,
+            weekday,
+            counted,
+        ) in cursor.fetchall():
+            spec = windows.Window(period, tz, start, weekday)
+            try:
+                current = windows.window_start(spec, now).isoformat() if period else None
+            except windows.WindowUnavailable:
+                current = "unavailable"
+            policies[(endpoint_id, queue)] = (
+                pid,
+                updated.isoformat(),
+                current,
+                counted.isoformat() if counted else None,
+            )
+        cursor.execute("SELECT id::text, slug, owner_id, state, scope_queues FROM queues_endpoint")
+        endpoints = {row[0]: (row[1], row[2], row[3], tuple(row[4])) for row in cursor.fetchall()}
+    return Fleet(todos=todos, pauses=pauses, policies=policies, endpoints=endpoints)
+
+
+def _closing(fn: Callable[..., T]) -> Callable[..., T]:
+    """Run ``fn`` and close the thread's database connection after it.
+
+    The hub and the streams run their reads on executor threads of their own (never the
+    request's thread-sensitive one, which a stream outlives); each call closes what it opened,
+    so no connection is left behind per thread.
+    """
+
+    def run(*args: Any) -> T:
+        try:
+            return fn(*args)
+        finally:
+            connection.close()
+
+    return run
+
+
+class Hub:
+    """One fleet snapshot per process, refreshed at most every ``max_age`` seconds, read on a
+    thread of its own whatever the number of viewers."""
+
+    def __init__(self, max_age: float = HUB_MAX_AGE) -> None:
+        self.max_age = max_age
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="live-hub")
+        self._snapshot: Fleet | None = None
+        self._at = 0.0
+        self._lock: asyncio.Lock | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def snapshot(self) -> Fleet:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self._lock is None:
+            self._loop, self._lock = loop, asyncio.Lock()
+        async with self._lock:
+            if self._snapshot is None or time.monotonic() - self._at >= self.max_age:
+                self._snapshot = await loop.run_in_executor(self._executor, _closing(read_fleet))
+                self._at = time.monotonic()
+            return self._snapshot
+
+
+hub = Hub()
+
+
+def fingerprint(fleet: Fleet, viewer: Viewer, filters: Filters) -> str:
+    """A short hash of what this viewer's board shows, from the fleet snapshot."""
+    user_pk = getattr(viewer.user, "pk", None)
+    visible = {
+        endpoint_id: row
+        for endpoint_id, row in fleet.endpoints.items()
+        if (viewer.sees_all or row[1] == user_pk)
+        and (not filters.endpoint or row[0] == filters.endpoint)
+    }
+
+    def wanted(key: tuple[str, str]) -> bool:
+        return key[0] in visible and (not filters.queue or key[1] == filters.queue)
+
+    parts = [
+        sorted(visible.items()),
+        sorted((k, v) for k, v in fleet.todos.items() if wanted(k)),
+        sorted((k, v) for k, v in fleet.policies.items() if wanted(k)),
+        fleet.pauses,
+    ]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
+
+
+def fingerprint_now(viewer: Viewer, filters: Filters) -> str:
+    return fingerprint(read_fleet(), viewer, filters)
+
+
+def live_url(viewer: Viewer, filters: Filters, here: str) -> str:
+    """The stream URL a page subscribes to: its filters, the page it renders for, and the
+    fingerprint the page was rendered at."""
+    params = {
+        "endpoint": filters.endpoint,
+        "queue": filters.queue,
+        "state": filters.state,
+        "here": here,
+        "at": fingerprint_now(viewer, filters),
+    }
+    return reverse("live") + "?" + urlencode({k: v for k, v in params.items() if v})
+
+
+# --- rendering ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Rendered:
+    keys: list[str]
+    parts: dict[str, str]  # "<part>-<key>" -> html
+    tones: dict[str, str]
+    announce: dict[str, str]
+    list_html: str
+
+
+def render_board(
+    request: HttpRequest, viewer: Viewer, filters: Filters, here: str, csrf_token: str
+) -> Rendered:
+    """The visible sections, rendered part by part with the page's own partials."""
+    found: list[Section] = board.sections(viewer, filters)
+    base = {"viewer": viewer, "filters": filters, "here": here, "csrf_token": csrf_token}
+    parts: dict[str, str] = {}
+    for s in found:
+        for part in PARTS:
+            parts[f"{part}-{s.key}"] = render_to_string(
+                f"queues/_section.html#{part}", {**base, "s": s}, request=request
+            )
+    list_html = render_to_string(
+        "queues/_section.html#list", {**base, "sections": found}, request=request
+    )
+    return Rendered(
+        keys=[s.key for s in found],
+        parts=parts,
+        tones={s.key: s.tone for s in found},
+        announce={s.key: s.announce for s in found},
+        list_html=list_html,
+    )
+
+
+def _event(name: str, data: dict[str, Any], event_id: str | None = None) -> str:
+    lines = [f"event: {name}"]
+    if event_id:
+        lines.append(f"id: {event_id}")
+    lines.append("data: " + json.dumps(data))
+    return "\n".join(lines) + "\n\n"
+
+
+def changes(before: Rendered | None, after: Rendered) -> list[tuple[str, dict[str, Any]]]:
+    """The events that bring a page showing ``before`` to ``after``."""
+    if before is None or before.keys != after.keys:
+        events: list[tuple[str, dict[str, Any]]] = [
+            ("swap", {"target": "sections", "html": after.list_html})
+        ]
+    else:
+        events = [
+            ("swap", {"target": target, "html": html})
+            for target, html in after.parts.items()
+            if before.parts.get(target) != html
+        ]
+    if before is not None:
+        for key in after.keys:
+            if key in before.tones and before.tones[key] != after.tones[key]:
+                events.append(("announce", {"text": after.announce[key]}))
+    return events
+
+
+# --- the stream ---------------------------------------------------------------------------------
+
+
+def _here(request: HttpRequest, filters: Filters) -> str:
+    here = request.GET.get("here", "")
+    if here.startswith("/") and not here.startswith("//"):
+        return here
+    return reverse("board") + (f"?{filters.query()}" if filters.query() else "")
+
+
+def _viewer(request: HttpRequest) -> tuple[Viewer, str] | None:
+    """Who is watching (None when signed out), and the CSRF token their forms carry."""
+    if not request.user.is_authenticated:
+        return None
+    return Viewer.of(request), get_token(request)
+
+
+async def live_view(request: HttpRequest) -> HttpResponseBase:
+    """``GET /live``: the board's event stream (text/event-stream).
+
+    Every database read runs off the event loop on a thread of the stream's own (never the
+    request's thread-sensitive one, which a stream outlives), closing its connection after.
+    """
+    found = await _off_loop(_viewer, request)
+    if found is None:
+        # 204 tells EventSource to stop reconnecting; the page itself asks to sign in.
+        return HttpResponse(status=204)
+    viewer, csrf_token = found
+    filters = Filters.from_query(request.GET)
+    here = _here(request, filters)
+    seen = request.headers.get("Last-Event-ID") or request.GET.get("at", "")
+    response = StreamingHttpResponse(
+        stream(request, viewer, filters, here, seen, csrf_token),
+        content_type="text/event-stream",
+    )
+    response["Cache-Control"] = "no-cache, no-transform"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+_renderers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="live-render")
+
+
+async def _off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """Run a read on a render thread with that thread's own connection, closed after."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_renderers, functools.partial(_closing(fn), *args))
+
+
+async def stream(
+    request: HttpRequest,
+    viewer: Viewer,
+    filters: Filters,
+    here: str,
+    seen: str,
+    csrf_token: str,
+) -> AsyncIterator[str]:
+    yield f"retry: {RETRY_MS}\n\n"
+    # The page was rendered at fingerprint ``seen``: render now as the baseline, and send it only
+    # if the board moved between the page load and this connection.
+    fleet = await _off_loop(read_fleet)
+    last_fp = fingerprint(fleet, viewer, filters)
+    shown = await _off_loop(render_board, request, viewer, filters, here, csrf_token)
+    if last_fp != seen:
+        for name, data in changes(None, shown):
+            yield _event(name, data, last_fp)
+    deadline = time.monotonic() + STREAM_SECONDS
+    quiet_since = time.monotonic()
+    while time.monotonic() < deadline:
+        await asyncio.sleep(INTERVAL)
+        fp = fingerprint(await hub.snapshot(), viewer, filters)
+        if fp != last_fp:
+            now_shown = await _off_loop(render_board, request, viewer, filters, here, csrf_token)
+            for name, data in changes(shown, now_shown):
+                yield _event(name, data, fp)
+                quiet_since = time.monotonic()
+            shown, last_fp = now_shown, fp
+        if time.monotonic() - quiet_since > KEEPALIVE_SECONDS:
+            yield f": keepalive {datetime.now().isoformat()}\n\n"
+            quiet_since = time.monotonic()

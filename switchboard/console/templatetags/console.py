@@ -1,0 +1,73 @@
+"""Template filters for the console: times in a zone, readable JSON, reason words."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, tzinfo
+from typing import Any
+
+from django import template
+from django.utils import timezone
+
+from switchboard.console.board import REASON_TEXT
+
+register = template.Library()
+
+
+@register.filter
+def at_zone(value: datetime | None, zone: tzinfo | None) -> str:
+    """``00:00 PST``, with the day when it is not today in that zone (``Tue 3 Dec 00:00 PST``)."""
+    if value is None:
+        return ""
+    zone = zone or UTC
+    local = value.astimezone(zone)
+    today = timezone.now().astimezone(zone).date()
+    text = local.strftime("%H:%M %Z")
+    if local.date() != today:
+        text = f"{local:%a} {local.day} {local:%b} {text}"
+    return text
+
+
+@register.filter
+def day_time(value: datetime | None, zone: tzinfo | None) -> str:
+    """Always with the day: ``Mon 30 Nov 00:00 CET``."""
+    if value is None:
+        return ""
+    local = value.astimezone(zone or UTC)
+    return f"{local:%a} {local.day} {local:%b %H:%M %Z}"
+
+
+@register.filter
+def stamp(value: datetime | None, zone: tzinfo | None) -> str:
+    """A full timestamp in a zone: ``2026-12-01 14:03:09 PST``."""
+    if value is None:
+        return ""
+    return value.astimezone(zone or UTC).strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+@register.filter
+def iso(value: datetime | None) -> str:
+    return value.astimezone(UTC).isoformat() if value else ""
+
+
+@register.filter
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, default=str)
+
+
+@register.filter
+def reason_text(reason: str | None) -> str:
+    if not reason:
+        return ""
+    return REASON_TEXT.get(reason, reason.replace("_", " "))
+
+
+@register.filter
+def get_item(mapping: dict[Any, Any] | None, key: Any) -> Any:
+    return (mapping or {}).get(key)
+
+
+@register.filter
+def times(value: int | None, factor: float) -> float:
+    """``max|times:0.8``: a fraction of a limit (the meters' "getting full" mark)."""
+    return round((value or 0) * float(factor), 2)

@@ -1,0 +1,346 @@
+"""The console pages of the queues app: the board, queues and pauses, the todo drawer.
+
+Every view is a thin caller: filters and forms in, one selector or service call, render or
+redirect. One URL serves the full page and, for htmx, the fragment it targets (``request.htmx``
+with ``{% partialdef %}``); every hx- action sits on a real form or link, and without JavaScript
+a post redirects (post/redirect/get). Domain refusals are mapped to page messages here, once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils.http import urlencode
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django_htmx.http import reswap, retarget
+
+from admission import selectors as admission_selectors
+from queues import pauses, selectors, services
+from queues.access import Viewer, refuse_auditors, visible_endpoints
+from queues.forms import PauseForm, TimezoneForm, TodoCompleteForm, TodoFailForm
+from queues.models import QUARANTINE_QUEUE, QueuePause, TodoState, check_queue_name
+from switchboard.console import board, live
+from switchboard.console.board import Filters
+from switchboard.core.errors import DomainError, Forbidden, InvalidArgument, NotFound
+from switchboard.core.pages import (
+    TZ_COOKIE,
+    HtmxHttpRequest,
+    console_login_required,
+    refusal,
+    safe_next,
+)
+from switchboard.core.zones import zone_exists, zones
+
+TZ_COOKIE_AGE = 365 * 24 * 3600
+TODO_ACTIONS = ("claim", "complete", "fail", "release", "retry")
+
+
+# --- the board ----------------------------------------------------------------------------------
+
+
+def board_context(request: HttpRequest, viewer: Viewer, filters: Filters) -> dict[str, Any]:
+    found = board.sections(viewer, filters)
+    here = request.path + (f"?{filters.query()}" if filters.query() else "")
+    return {
+        "viewer": viewer,
+        "filters": filters,
+        "sections": found,
+        "here": here,
+        "state_choices": board.STATE_CHOICES,
+        "endpoints": visible_endpoints(viewer.actor),
+        "queue_names": board.visible_queue_names(viewer),
+        "live_url": live.live_url(viewer, filters, here),
+        "nav": "board",
+    }
+
+
+@require_GET
+@console_login_required
+def board_view(request: HtmxHttpRequest) -> HttpResponse:
+    viewer = Viewer.of(request)
+    filters = Filters.from_query(request.GET)
+    context = board_context(request, viewer, filters)
+    if request.htmx and request.htmx.target == "sections":
+        return render(request, "queues/board.html#sections", context)
+    return render(request, "queues/board.html", context)
+
+
+# --- queues and pauses --------------------------------------------------------------------------
+
+
+@require_GET
+@console_login_required
+def queue_list_view(request: HttpRequest) -> HttpResponse:
+    viewer = Viewer.of(request)
+    stats = board.queue_list(viewer)
+    return render(
+        request,
+        "queues/queues.html",
+        {
+            "viewer": viewer,
+            "stats": stats,
+            "fleet": board.pause_fleet_view(viewer),
+            "nav": "queues",
+        },
+    )
+
+
+def _queue_context(
+    request: HttpRequest,
+    viewer: Viewer,
+    name: str,
+    pause_form: PauseForm | None = None,
+    next_url: str | None = None,
+) -> dict[str, Any]:
+    filters = Filters(queue=name)
+    found = board.sections(viewer, filters)
+    pause = selectors_pause(name)
+    here = reverse("queue", args=[name])
+    return {
+        "viewer": viewer,
+        "queue": name,
+        "sections": found,
+        "filters": filters,
+        "pause": pause,
+        "fleet_in_flight": board.in_flight_on(name),
+        "quarantine": name == QUARANTINE_QUEUE,
+        "pause_form": pause_form or PauseForm(),
+        "here": here,
+        # Where the pause form returns: the page it was first posted from, kept across an error.
+        "pause_next": next_url or here,
+        "live_url": live.live_url(viewer, filters, here),
+        "nav": "queues",
+    }
+
+
+def selectors_pause(name: str) -> pauses.PauseInfo | None:
+    row = QueuePause.objects.select_related("paused_by").filter(queue=name).first()
+    return pauses.PauseInfo.of(row) if row else None
+
+
+@require_GET
+@console_login_required
+def queue_view(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    viewer = Viewer.of(request)
+    try:
+        check_queue_name(name)
+    except InvalidArgument as exc:
+        return refusal(request, NotFound(exc.message))
+    context = _queue_context(request, viewer, name)
+    if not context["sections"] and not context["pause"] and not board.pause_fleet_view(viewer):
+        return refusal(request, NotFound(f"no queue named {name!r} is visible to you"))
+    if request.htmx and request.htmx.target == "sections":
+        return render(request, "queues/queue.html#sections", context)
+    return render(request, "queues/queue.html", context)
+
+
+@require_POST
+@console_login_required
+@refuse_auditors
+def queue_pause_view(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    viewer = Viewer.of(request)
+    form = PauseForm(request.POST)
+    reason = request.POST.get("reason", "")
+    form_id = request.POST.get("form_id", "")
+    try:
+        result = pauses.queue_pause(actor=viewer.actor, queue=name, reason=reason)
+    except (Forbidden, NotFound) as exc:
+        return refusal(request, exc)
+    except DomainError as exc:
+        return _pause_refused(request, viewer, name, form, exc, form_id)
+    if result.changed:
+        messages.success(request, f"Paused {name}: no todo on it is handed out until resumed.")
+    else:
+        messages.info(request, f"{name} was already paused by {result.pause.by}.")
+    return HttpResponseRedirect(safe_next(request, reverse("queue", args=[name])))
+
+
+def _pause_refused(
+    request: HtmxHttpRequest,
+    viewer: Viewer,
+    name: str,
+    form: PauseForm,
+    exc: DomainError,
+    form_id: str,
+) -> HttpResponse:
+    """The pause form again, the error beside the reason and the text kept.
+
+    With htmx, only the form that posted is swapped; without, the queue page renders it (400).
+    """
+    form.is_valid()
+    form.add_error("reason" if getattr(exc, "field", "") == "reason" else None, exc.message)
+    if request.htmx and form_id:
+        context = {
+            "queue": name,
+            "form": form,
+            "form_id": form_id,
+            "next": safe_next(request, reverse("queue", args=[name])),
+            "viewer": viewer,
+        }
+        response = render(request, "queues/_section.html#pause_form", context)
+        return reswap(retarget(response, f"#{form_id}"), "outerHTML")
+    back = safe_next(request, reverse("queue", args=[name]))
+    context = _queue_context(request, viewer, name, pause_form=form, next_url=back)
+    return render(request, "queues/queue.html", context, status=400)
+
+
+@require_POST
+@console_login_required
+@refuse_auditors
+def queue_resume_view(request: HttpRequest, name: str) -> HttpResponse:
+    viewer = Viewer.of(request)
+    try:
+        result = pauses.queue_resume(actor=viewer.actor, queue=name)
+    except (Forbidden, NotFound) as exc:
+        return refusal(request, exc)
+    except DomainError as exc:
+        messages.error(request, exc.message)
+        return HttpResponseRedirect(safe_next(request, reverse("queue", args=[name])))
+    if result.resumed:
+        messages.success(request, f"Resumed {name}: its todos are handed out again.")
+    else:
+        messages.info(request, f"{name} was not paused.")
+    return HttpResponseRedirect(safe_next(request, reverse("queue", args=[name])))
+
+
+# --- the todo drawer and its actions ------------------------------------------------------------
+
+
+def _todo_context(request: HttpRequest, viewer: Viewer, todo_id: UUID) -> dict[str, Any]:
+    todo = selectors.todo_get(actor=viewer.actor, todo_id=todo_id)
+    attempts = list(todo.attempts.order_by("-claimed_at", "-id"))
+    chips = selectors.admission_for([todo])
+    policy_status = None
+    evaluation = admission_selectors.identity_status(todo.endpoint_id, todo.queue)
+    if evaluation is not None:
+        policy_status = {
+            "status": admission_selectors.status(evaluation),
+            "usage": admission_selectors.usage(evaluation),
+            "posture": evaluation.policy.posture,
+        }
+    pause = selectors_pause(todo.queue)
+    can_act = viewer.can_act(todo.endpoint)
+    back = safe_next(request, reverse("board"))
+    return {
+        "viewer": viewer,
+        "todo": todo,
+        "attempts": attempts,
+        "admission": chips.get(todo.id),
+        "policy_status": policy_status,
+        "pause": pause,
+        "can_act": can_act,
+        "actions": _actions_for(todo.state, todo.dead_letter) if can_act else [],
+        "here": back,
+        # Actions come back here (the drawer with htmx, the page without), keeping the way back.
+        "self_url": reverse("todo", args=[todo.id]) + "?" + urlencode({"next": back}),
+    }
+
+
+def _actions_for(state: str, dead_letter: bool) -> list[str]:
+    if state == TodoState.PENDING:
+        return ["claim"]
+    if state == TodoState.CLAIMED:
+        return ["complete", "fail", "release"]
+    if state == TodoState.FAILED:
+        return ["retry"]
+    return []
+
+
+@require_GET
+@console_login_required
+def todo_view(request: HtmxHttpRequest, todo_id: UUID) -> HttpResponse:
+    viewer = Viewer.of(request)
+    try:
+        context = _todo_context(request, viewer, todo_id)
+    except DomainError as exc:
+        return refusal(request, exc)
+    if request.htmx and request.htmx.target == "drawer":
+        context["in_drawer"] = True
+        return render(request, "queues/todo.html#drawer", context)
+    return render(request, "queues/todo.html", context)
+
+
+@require_POST
+@console_login_required
+@refuse_auditors
+def todo_action_view(request: HttpRequest, todo_id: UUID, action: str) -> HttpResponse:
+    viewer = Viewer.of(request)
+    actor = viewer.actor
+    back = safe_next(request, reverse("todo", args=[todo_id]))
+    try:
+        if action == "claim":
+            claimed = services.claim(actor=actor, todo_id=todo_id)
+            messages.success(
+                request, f"Claimed “{claimed.todo.title}” (attempt {claimed.attempt})."
+            )
+        elif action == "complete":
+            form = TodoCompleteForm(request.POST)
+            form.is_valid()
+            data = form.cleaned_data
+            services.complete(
+                actor=actor,
+                todo_id=todo_id,
+                result=data.get("result"),
+                summary=data.get("summary", ""),
+            )
+            messages.success(request, "Completed.")
+        elif action == "fail":
+            fail_form = TodoFailForm(request.POST)
+            fail_form.is_valid()
+            fdata = fail_form.cleaned_data
+            todo = services.fail(
+                actor=actor,
+                todo_id=todo_id,
+                error=fdata.get("error") or None,
+                summary=fdata.get("summary", ""),
+            )
+            messages.success(
+                request,
+                "Failed: dead-lettered." if todo.dead_letter else "Failed: retry scheduled.",
+            )
+        elif action == "release":
+            services.todo_release(actor=actor, todo_id=todo_id)
+            messages.success(request, "Released: back to pending.")
+        elif action == "retry":
+            services.todo_retry(actor=actor, todo_id=todo_id)
+            messages.success(request, "Retried: back to pending with its attempts reset.")
+        else:
+            return refusal(request, NotFound(f"no todo action {action!r}"))
+    except (Forbidden, NotFound) as exc:
+        return refusal(request, exc)
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    return HttpResponseRedirect(back)
+
+
+# --- the viewer's time zone ---------------------------------------------------------------------
+
+
+@require_http_methods(["GET", "POST"])
+@console_login_required
+def timezone_view(request: HttpRequest) -> HttpResponse:
+    """The viewer's zone for every time on the console: a cookie (set by static/js/tz.js from
+    the browser, or chosen here). Without either, times show in UTC."""
+    viewer = Viewer.of(request)
+    form = TimezoneForm(request.POST or None, initial={"tz": viewer.tz_name})
+    if request.method == "POST" and form.is_valid():
+        name = form.cleaned_data["tz"].strip()
+        if zone_exists(name):
+            response = HttpResponseRedirect(safe_next(request, reverse("board")))
+            response.set_cookie(
+                TZ_COOKIE, name, max_age=TZ_COOKIE_AGE, samesite="Lax", httponly=False
+            )
+            return response
+        form.add_error("tz", f"{name!r} is not a known IANA time zone")
+    status = 400 if request.method == "POST" else 200
+    return render(
+        request,
+        "queues/timezone.html",
+        {"viewer": viewer, "form": form, "zones": zones(), "next": safe_next(request, "")},
+        status=status,
+    )

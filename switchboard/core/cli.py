@@ -1,0 +1,77 @@
+"""Helpers shared by the management commands: --json output and the exit codes.
+
+Exit codes: 0 ok, 1 refused (a DomainError; the message on stderr names the field), 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.management.base import BaseCommand, CommandError
+
+from switchboard.core.errors import DomainError
+
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, UUID):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def dumps(data: Any) -> str:
+    return json.dumps(data, default=_default, indent=2, sort_keys=True)
+
+
+def emit(command: BaseCommand, options: dict[str, Any], data: Any, text: str) -> None:
+    """Print JSON with --json, else the human text."""
+    command.stdout.write(dumps(data) if options.get("json") else text)
+
+
+def refused(command: BaseCommand, options: dict[str, Any], exc: DomainError) -> None:
+    """Report a refusal on stderr (JSON error object with --json) and exit 1."""
+    if options.get("json"):
+        command.stderr.write(dumps(exc.as_dict()))
+    else:
+        field = exc.details.get("field")
+        command.stderr.write(f"refused ({exc.code}{', ' + field if field else ''}): {exc.message}")
+    raise CommandError(exc.message, returncode=EXIT_REFUSED)
+
+
+def usage(message: str) -> CommandError:
+    return CommandError(message, returncode=EXIT_USAGE)
+
+
+def add_common_options(parser: argparse.ArgumentParser) -> None:
+    """--json and --as USER, on every operator subcommand that acts as a human."""
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument(
+        "--as",
+        dest="as_user",
+        metavar="USER",
+        help="the acting human (default: the only superuser, if there is exactly one)",
+    )
+
+
+def acting_human(username: str | None) -> AbstractBaseUser:
+    """The --as user, or the only superuser; a usage error when neither settles it."""
+    model = get_user_model()
+    users = model._default_manager
+    if username:
+        user = users.filter(**{model.USERNAME_FIELD: username}).first()
+        if user is None:
+            raise usage(f"--as: no user named {username!r}")
+        return user
+    supers = list(users.filter(is_superuser=True, is_active=True)[:2])
+    if len(supers) != 1:
+        raise usage("name the acting human with --as USER (there is not exactly one superuser)")
+    return supers[0]

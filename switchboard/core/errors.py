@@ -1,0 +1,61 @@
+"""One domain error hierarchy, mapped once to the API error shape and once to page messages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DomainError(Exception):
+    """A refusal: a stable code (the API's ``code``), a human sentence and additive details."""
+
+    code = "internal"
+    status = 500
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"error": self.message, "code": self.code, **self.details}
+
+
+class InvalidArgument(DomainError):
+    code = "invalid_argument"
+    status = 400
+
+    def __init__(self, message: str, *, field: str, **details: Any) -> None:
+        super().__init__(message, field=field, **details)
+        self.field = field
+
+
+class Unauthorized(DomainError):
+    code = "unauthorized"
+    status = 401
+
+
+class Forbidden(DomainError):
+    code = "forbidden"
+    status = 403
+
+
+class NotFound(DomainError):
+    code = "not_found"
+    status = 404
+
+
+class Conflict(DomainError):
+    code = "conflict"
+    status = 409
+
+
+class Deferred(DomainError):
+    """A claim refused by admission: wait until next_eligible_at, don't pick another todo."""
+
+    code = "deferred"
+    status = 409
+
+
+class RateLimited(DomainError):
+    code = "rate_limited"
+    status = 429

@@ -1,0 +1,157 @@
+"""The HTTP edge every surface shares: the one error shape, body bounds, Retry-After.
+
+Every error is ``{"error": "<sentence>", "code": "<code>", ...details}`` (``DomainError.as_dict``).
+Request bodies are bounded (1 MiB by default); an oversized body is refused before it is parsed
+with HTTP 413 and ``invalid_argument`` naming the field ``body`` (plus ``limit`` and ``size``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from datetime import datetime
+from functools import wraps
+from typing import Any
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from ninja.parser import Parser
+from ninja.responses import NinjaJSONEncoder
+
+from switchboard.core import validation
+from switchboard.core.errors import DomainError, InvalidArgument
+
+
+def json_response(body: dict[str, Any], *, status: int) -> HttpResponse:
+    """JSON as the API renders it (the NinjaAPI's renderer uses the same encoder)."""
+    return HttpResponse(
+        json.dumps(body, cls=NinjaJSONEncoder),
+        status=status,
+        content_type="application/json; charset=utf-8",
+    )
+
+
+API_BODY_LIMIT = 1024 * 1024
+
+
+class BodyTooLarge(InvalidArgument):
+    """A request body over its route's bound: invalid_argument on the field "body", as HTTP 413."""
+
+    status = 413
+
+
+def check_body_size(request: HttpRequest, limit: int) -> None:
+    """Refuse a request body longer than ``limit`` bytes (raises ``BodyTooLarge``).
+
+    Trusts a Content-Length over the limit without reading; otherwise measures the body (which
+    Django has already buffered, and which the parser reads next anyway).
+    """
+    declared = request.headers.get("Content-Length", "")
+    size = int(declared) if declared.isdigit() else None
+    if size is None or size <= limit:
+        try:
+            size = len(request.body) if request.method not in ("GET", "HEAD", "OPTIONS") else 0
+        except RequestDataTooBig:
+            # A chunked body (no Content-Length) past Django's own buffer bound.
+            size = max(limit + 1, getattr(request, "_stream_size", 0))
+    if size > limit:
+        raise BodyTooLarge(
+            f"the request body is {size} bytes; the limit here is {limit}",
+            field="body",
+            limit=limit,
+            size=size,
+        )
+
+
+def retry_after_seconds(exc: DomainError) -> int | None:
+    """Seconds to send as Retry-After: a rate limit's wait, or an exact deferral's eligibility."""
+    retry_after = exc.details.get("retry_after")
+    if retry_after is not None:
+        return int(retry_after)
+    if exc.code == "deferred" and exc.details.get("exact"):
+        if exc.details.get("retry_after_s"):
+            return int(exc.details["retry_after_s"])
+        eligible = exc.details.get("next_eligible_at")
+        if isinstance(eligible, str):
+            try:
+                eligible = datetime.fromisoformat(eligible)
+            except ValueError:
+                return None
+        if isinstance(eligible, datetime):
+            return max(0, math.ceil((eligible - timezone.now()).total_seconds()))
+    return None
+
+
+def error_response(request: HttpRequest, exc: DomainError) -> HttpResponse:
+    response = json_response(exc.as_dict(), status=exc.status)
+    seconds = retry_after_seconds(exc)
+    if seconds is not None:
+        response["Retry-After"] = str(seconds)
+    if exc.status == 401:
+        response["WWW-Authenticate"] = 'Bearer realm="switchboard"'
+    return response
+
+
+# Where ``bounded`` leaves a body it has parsed and checked (so it is parsed once), or why it
+# refused it: the refusal is answered when the view reads the body, after authentication, so an
+# agent without the verb still hears 403 first.
+PARSED_BODY = "_switchboard_json"
+REFUSED_BODY = "_switchboard_json_refused"
+
+
+def check_request(request: HttpRequest) -> None:
+    """The edge check of a request's JSON body (the path, query and form fields are checked by
+    ``switchboard.middleware``): parsed once, strictly (``switchboard.core.validation``)."""
+    if request.method not in ("POST", "PUT", "PATCH", "DELETE") or not request.body:
+        return
+    kind = request.content_type or ""
+    if kind in ("application/json", "", "text/plain") or kind.endswith("+json"):
+        try:
+            setattr(request, PARSED_BODY, validation.loads(request.body))
+        except InvalidArgument as exc:
+            setattr(request, REFUSED_BODY, exc)
+
+
+class EdgeParser(Parser):
+    """ninja's body parser, reading what the edge check already parsed (``bounded``)."""
+
+    def parse_body(self, request: HttpRequest) -> Any:
+        refused = getattr(request, REFUSED_BODY, None)
+        if refused is not None:
+            raise refused  # ninja turns it into HttpError(400); the API answers it as is
+        if hasattr(request, PARSED_BODY):
+            return getattr(request, PARSED_BODY)
+        try:
+            return validation.loads(request.body)
+        except InvalidArgument as exc:
+            setattr(request, REFUSED_BODY, exc)
+            raise
+
+
+def bounded(view: Callable[..., HttpResponse], limit: int = API_BODY_LIMIT) -> Any:
+    """A view that refuses oversized bodies before anything else reads them, and checks a JSON
+    body at the edge."""
+
+    @wraps(view)
+    def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        try:
+            check_body_size(request, limit)
+            check_request(request)
+        except BodyTooLarge as exc:
+            return error_response(request, exc)
+        return view(request, *args, **kwargs)
+
+    return guarded
+
+
+def field_name(loc: list[Any] | tuple[Any, ...]) -> str:
+    """Pydantic's error location without the request part: ("body", "payload", "window", "tz")
+    → "window.tz"."""
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in ("body", "query", "path", "header", "cookie", "form"):
+        parts = parts[1:]
+    if parts and parts[0] in ("payload", "body", "data"):
+        parts = parts[1:]
+    return ".".join(parts) or "body"

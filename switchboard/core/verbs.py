@@ -1,0 +1,208 @@
+"""The agent verb registry: each verb declared once, served as REST and as an MCP tool.
+
+Both surfaces are generated from ``REGISTRY``, so they cannot disagree:
+
+* REST: ``POST /api/v1/agent/<name>`` with the input as the JSON body (``queues/api.py``);
+* MCP: ``tools/list`` shows the verbs the endpoint holds, ``tools/call`` runs them
+  (``switchboard/mcp.py``).
+
+Declaring a verb (as ``admission/verbs.py`` does)::
+
+    from ninja import Schema
+    from switchboard.core.verbs import verb
+
+    class AdmissionStatusIn(Schema):          # any pydantic BaseModel (ninja Schema is one)
+        model_config = ConfigDict(extra="forbid")
+        queue: str | None = None
+
+    class AdmissionStatusOut(Schema):
+        queues: list[QueueAdmission]
+
+    @verb(
+        "admission_status",                   # the wire name; must be a queues.models.Verb value
+        input=AdmissionStatusIn,              # validates REST bodies and MCP arguments alike
+        output=AdmissionStatusOut,            # documents REST 200 and MCP outputSchema
+        description="What admission says about each granted queue, and why.",
+        errors=(404,),                        # extra HTTP statuses this verb can answer (optional)
+    )
+    def admission_status(actor: AgentActor, data: AdmissionStatusIn) -> dict[str, Any]:
+        return {"queues": [...]}               # JSON-able, matching the output schema
+
+The contract of a handler ``fn(actor, data) -> dict``:
+
+* ``actor`` is the authenticated agent actor; ``actor.via`` is ``"api"`` or
+  ``"mcp"``. The grant is already checked (``actor.endpoint.holds(name)``) when ``fn`` runs; a
+  refused grant is ``Forbidden`` (403 on REST, an ``isError`` tool result on MCP).
+* ``data`` is an instance of the input model, already validated: a bad body never reaches ``fn``
+  (REST answers 400 ``invalid_argument`` naming the field; MCP an ``isError`` result with the
+  same object).
+* Refusals are ``switchboard.core.errors.DomainError`` subclasses; both surfaces map them once.
+* The returned dict is validated against the output model and dumped with
+  ``exclude_unset=True``, so optional keys you leave out stay out (``lease_token?``), and keys
+  you set to ``None`` appear as ``null``. Datetimes may be ``datetime`` objects or ISO strings.
+
+Every route answers 400/401/403/429 (and 413 for an oversized body); list any other status the
+handler can raise in ``errors`` (e.g. 404 ``not_found``, 409 ``conflict``/``deferred``, 503
+``admission_unavailable``) so the OpenAPI document stays true.
+
+Loading: each app imports its verb module from its ``AppConfig.ready()`` (``queues`` first, so
+its verbs come first); ``load_verbs()`` returns the registry once Django is set up.
+Declaring the same name twice raises ``ImproperlyConfigured``.
+
+Reading it: ``REGISTRY`` maps name → ``VerbSpec(name, input, output, description, fn, errors)``;
+``granted(actor)`` lists the specs the endpoint holds; ``get(name)``; ``call(actor, spec, data)``
+checks the grant, runs ``fn`` and renders the output; ``spec.parse(arguments)`` validates raw
+arguments (``InvalidArgument`` naming the field); ``spec.input_schema()`` /
+``spec.output_schema()`` give the JSON Schemas (cached; do not mutate them).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, TypeVar
+
+from django.core.exceptions import ImproperlyConfigured
+from pydantic import BaseModel, ValidationError
+
+from switchboard.core.errors import Forbidden, InvalidArgument
+from switchboard.core.validation import check_json
+
+# The statuses every agent route can answer, whatever the verb.
+COMMON_ERRORS = (400, 401, 403, 413, 429)
+
+
+class AgentActor(Protocol):
+    """What the registry needs of the acting agent (the access layer's agent actor fits):
+    its endpoint, which says which verbs it holds."""
+
+    @property
+    def endpoint(self) -> Any: ...
+
+
+Handler = Callable[[Any, Any], dict[str, Any]]
+F = TypeVar("F", bound=Handler)
+
+
+@dataclass(frozen=True)
+class VerbSpec:
+    name: str
+    input: type[BaseModel]
+    output: type[BaseModel]
+    description: str
+    fn: Handler
+    errors: tuple[int, ...] = ()
+
+    @property
+    def statuses(self) -> tuple[int, ...]:
+        """Every error status the REST route may answer, sorted."""
+        return tuple(sorted(set(COMMON_ERRORS) | set(self.errors)))
+
+    def input_schema(self) -> dict[str, Any]:
+        """The input as JSON Schema (MCP ``inputSchema``; the REST body is the same model).
+        Cached: treat it as read-only."""
+        return _json_schema(self.input, "validation")
+
+    def output_schema(self) -> dict[str, Any]:
+        return _json_schema(self.output, "serialization")
+
+    def parse(self, arguments: Any) -> BaseModel:
+        """Validate raw arguments; a failure is ``invalid_argument`` naming the first field."""
+        arguments = arguments if arguments is not None else {}
+        # The edge check (NUL, lone surrogates, non-finite numbers, depth): REST bodies had it
+        # when parsed; MCP arguments get it here, for every tool alike.
+        check_json(arguments, "")
+        try:
+            return self.input.model_validate(arguments)
+        except ValidationError as exc:
+            raise invalid_argument(exc) from None
+
+    def render(self, result: dict[str, Any]) -> dict[str, Any]:
+        """The handler's answer as JSON, checked against the output model."""
+        return self.output.model_validate(result).model_dump(
+            mode="json", by_alias=True, exclude_unset=True
+        )
+
+
+@functools.cache
+def _json_schema(model: type[BaseModel], mode: Literal["validation", "serialization"]) -> Any:
+    return model.model_json_schema(mode=mode)
+
+
+REGISTRY: dict[str, VerbSpec] = {}
+
+
+def verb(
+    name: str,
+    *,
+    input: type[BaseModel],
+    output: type[BaseModel],
+    description: str,
+    errors: tuple[int, ...] = (),
+) -> Callable[[F], F]:
+    """Declare an agent verb; see the module docstring for the handler contract."""
+
+    def register(fn: F) -> F:
+        if name in REGISTRY:
+            raise ImproperlyConfigured(f"agent verb {name!r} is declared twice")
+        REGISTRY[name] = VerbSpec(
+            name=name,
+            input=input,
+            output=output,
+            description=description.strip(),
+            fn=fn,
+            errors=tuple(errors),
+        )
+        return fn
+
+    return register
+
+
+def load_verbs() -> dict[str, VerbSpec]:
+    """Every declared verb, in declaration order. Each app declares its verbs from its
+    ``AppConfig.ready()``, so the registry is complete once Django is set up."""
+    return REGISTRY
+
+
+def get(name: str) -> VerbSpec | None:
+    return load_verbs().get(name)
+
+
+def granted(actor: AgentActor) -> list[VerbSpec]:
+    """The verbs this endpoint holds, in declaration order."""
+    return [spec for spec in load_verbs().values() if actor.endpoint.holds(spec.name)]
+
+
+def check_grant(actor: AgentActor, name: str) -> None:
+    if not actor.endpoint.holds(name):
+        raise Forbidden(
+            f"this endpoint's grant does not include {name}; revoke it and vend a new one with "
+            "that verb",
+            verb=name,
+        )
+
+
+def call(actor: AgentActor, spec: VerbSpec, data: BaseModel) -> dict[str, Any]:
+    """Run a verb for an agent: the grant, the handler, the output check."""
+    check_grant(actor, spec.name)
+    return spec.render(spec.fn(actor, data))
+
+
+def field_of(loc: Sequence[Any]) -> str:
+    return ".".join(str(p) for p in loc) or "body"
+
+
+def invalid_argument(exc: ValidationError) -> InvalidArgument:
+    """A pydantic failure as the one error shape: ``invalid_argument`` naming the field."""
+    errors = exc.errors(include_url=False, include_context=False, include_input=False)
+    first = errors[0] if errors else {"loc": (), "msg": "is invalid"}
+    name = field_of(first.get("loc", ()))
+    message = str(first.get("msg", "is invalid")).removeprefix("Value error, ")
+    return InvalidArgument(
+        f"{name}: {message}",
+        field=name,
+        errors=[
+            {"field": field_of(e.get("loc", ())), "message": str(e.get("msg"))} for e in errors
+        ],
+    )
