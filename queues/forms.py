@@ -8,7 +8,7 @@ from django import forms
 
 from queues.pauses import MAX_REASON
 from switchboard.core import validation
-from switchboard.errors import InvalidArgument
+from switchboard.core.errors import InvalidArgument
 
 
 class PauseForm(forms.Form):

@@ -6,7 +6,6 @@ below name the statement or sweep that uses each one.
 
 from __future__ import annotations
 
-import re
 import uuid
 
 from django.conf import settings

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from switchboard.core import availability
-from switchboard.errors import InvalidArgument
+from switchboard.core.errors import InvalidArgument
 
 ARRIVED = "switchboard.arrived"
 

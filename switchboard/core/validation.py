@@ -1,7 +1,7 @@
 """One validation at the edge for every string and JSON value a client sends.
 
-Every surface calls these before anything is stored: the REST API (``switchboard.api`` checks
-each JSON body once, before ninja's models see it), MCP tool arguments (``switchboard.verbs``),
+Every surface calls these before anything is stored: the REST API (``switchboard.core.http`` checks
+each JSON body once, before ninja's models see it), MCP tool arguments (``switchboard.core.verbs``),
 the CLI and the admin and page forms (the services and the model fields call them again, so a
 caller that skips the edge still cannot store what the edge refuses).
 

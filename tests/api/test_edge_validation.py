@@ -15,8 +15,8 @@ from django.test import Client
 from queues import services
 from queues.models import Todo
 from switchboard.core import validation
-from switchboard.errors import InvalidArgument
-from switchboard.verbs import get as verb
+from switchboard.core.errors import InvalidArgument
+from switchboard.core.verbs import get as verb
 from tests.api.conftest import Api, human_token
 from tests.conftest import Personas, push
 
@@ -146,7 +146,7 @@ def test_a_name_with_a_trailing_newline_is_refused_everywhere(
     client.force_login(personas.admin)
     paused = client.post("/api/v1/queues/pol%0A/pause", {"reason": "r"}, "application/json")
     assert paused.status_code == 400, paused.content
-    assert services.validation.fullmatch(r"^[a-z]+$", "abc\n") is False
+    assert validation.fullmatch(r"^[a-z]+$", "abc\n") is False
 
 
 # --- the other surfaces -------------------------------------------------------------------------

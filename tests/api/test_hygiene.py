@@ -17,7 +17,8 @@ from django.test import Client, override_settings
 from admission.models import AdmissionPolicy
 from admission.views import csv_cell
 from queues import services
-from switchboard.errors import InvalidArgument
+from queues.models import looks_like_uuid
+from switchboard.core.errors import InvalidArgument
 from tests.api.conftest import Api, human_token
 from tests.conftest import Personas
 
@@ -40,7 +41,7 @@ def test_a_name_shaped_like_an_id_gets_a_slug_that_is_not(personas: Personas) ->
     endpoint, _ = services.endpoint_vend(
         owner=personas.owner, name=str(uuid.uuid4()), queues=["inbox"]
     )
-    assert not services.looks_like_uuid(endpoint.slug)
+    assert not looks_like_uuid(endpoint.slug)
 
 
 def test_an_id_shaped_reference_resolves_by_id(personas: Personas) -> None:
@@ -166,8 +167,8 @@ def test_the_ledger_csv_neutralises_a_name_that_starts_like_a_formula(
 ) -> None:
     from django.contrib.auth.models import Permission, User
 
+    from queues.access import HumanActor
     from queues.pauses import queue_pause
-    from queues.principals import HumanActor
 
     evil = User.objects.create_user("@evil", password="pw-evil-123")
     evil.user_permissions.add(Permission.objects.get(codename="pause_queue"))

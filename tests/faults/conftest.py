@@ -149,7 +149,7 @@ SETUP = """
 from django.contrib.auth.models import User
 from admission import services as admission
 from queues import services
-from queues.principals import HumanActor
+from queues.access import HumanActor
 owner = User.objects.create_user("faults", password="pw-faults-123")
 for name in ("load", "doomed"):
     endpoint, token = services.endpoint_vend(

@@ -257,7 +257,7 @@ DOOMED = """
 import sys
 from queues import services
 from queues.models import Endpoint
-from queues.principals import AgentActor
+from queues.access import AgentActor
 actor = AgentActor(Endpoint.objects.get(name="doomed"), via="api")
 for n in range(10):
     services.todo_create(actor=actor, endpoint=actor.endpoint, queue="work", title=f"d{n}")

@@ -14,7 +14,7 @@ from django.test import Client
 
 from queues import metrics, services
 from queues.models import Attempt, Todo
-from switchboard import availability, counters, ratelimit
+from switchboard.core import availability, counters, ratelimit
 from tests.api.conftest import Api
 from tests.conftest import Personas, push
 

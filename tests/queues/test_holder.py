@@ -11,7 +11,7 @@ from django.test import Client
 
 from queues import services
 from queues.models import Todo
-from switchboard.errors import Conflict
+from switchboard.core.errors import Conflict
 from tests.api.conftest import Api
 from tests.conftest import Personas, lapse, push
 
