@@ -41,7 +41,7 @@ The contract of a handler ``fn(actor, data) -> dict``:
   ``exclude_unset=True``, so optional keys you leave out stay out (``lease_token?``), and keys
   you set to ``None`` appear as ``null``. Datetimes may be ``datetime`` objects or ISO strings.
 
-Every route answers 400/401/403/429 (and 413 for an oversized body); list any other status the
+Every route answers 400/401/403/429/503 (and 413 for an oversized body); list any other status the
 handler can raise in ``errors`` (e.g. 404 ``not_found``, 409 ``conflict``/``deferred``, 503
 ``admission_unavailable``) so the OpenAPI document stays true.
 
@@ -69,8 +69,9 @@ from pydantic import BaseModel, ValidationError
 from switchboard.core.errors import Forbidden, InvalidArgument
 from switchboard.core.validation import check_json
 
-# The statuses every agent route can answer, whatever the verb.
-COMMON_ERRORS = (400, 401, 403, 413, 429)
+# The statuses every agent route can answer, whatever the verb (503: a dependency did not answer
+# in time, switchboard.core.availability).
+COMMON_ERRORS = (400, 401, 403, 413, 429, 503)
 
 
 class AgentActor(Protocol):
