@@ -22,7 +22,6 @@ from ninja.decorators import decorate_view
 from admission import selectors, services
 from admission.schemas import (
     POLICY_BODY_LIMIT,
-    ErrorOut,
     PolicyDetailOut,
     PolicyIn,
     PolicyListOut,
@@ -30,7 +29,7 @@ from admission.schemas import (
 )
 from queues.access import HumanActor
 from queues.auth import HumanAuth
-from switchboard.core.http import bounded
+from switchboard.core.http import ErrorOut, bounded
 
 router = Router(tags=["admission"], auth=HumanAuth())
 

@@ -22,8 +22,9 @@ from django.utils import timezone
 
 from admission import engine, windows
 from admission.models import AdmissionPolicy, AdmissionWindow, DeferralReason
+from queues import access
 from queues.access import Actor, AgentActor, HumanActor
-from queues.models import QUARANTINE_QUEUE, Endpoint
+from queues.models import QUARANTINE_QUEUE, Endpoint, Todo, TodoState
 from switchboard.core.errors import Forbidden, InvalidArgument, NotFound
 from switchboard.ledger.models import LedgerEntry
 
@@ -219,7 +220,6 @@ def usage(ev: engine.Evaluation) -> dict[str, Any]:
 
 
 def pending_count(endpoint_id: UUID, queue: str) -> int:
-    from queues.models import Todo, TodoState
 
     return Todo.objects.filter(
         endpoint_id=endpoint_id, queue=queue, state=TodoState.PENDING
@@ -324,10 +324,6 @@ def _endpoint_by_ref(ref: str) -> Endpoint | None:
     return qs.filter(id=as_id).first()
 
 
-def can_read_all(actor: HumanActor) -> bool:
-    return actor.is_superuser or actor.is_auditor
-
-
 def endpoint_for(actor: Actor, endpoint: Endpoint | str, *, write: bool) -> Endpoint:
     """The endpoint a budget read or write names, if the actor may see it; else not_found.
 
@@ -339,21 +335,16 @@ def endpoint_for(actor: Actor, endpoint: Endpoint | str, *, write: bool) -> Endp
     else:
         ref = parse_scope(endpoint) if endpoint.startswith("endpoint:") else endpoint
         found = _endpoint_by_ref(ref)
+    missing = NotFound("no such endpoint", scope=_scope_text(endpoint))
     if found is None:
-        raise NotFound("no such endpoint", scope=_scope_text(endpoint))
-    if isinstance(actor, AgentActor):
-        if found.id != actor.endpoint.id:
-            raise NotFound("no such endpoint", scope=_scope_text(endpoint))
-        return found
-    if actor.is_superuser:
-        return found
-    owns = found.owner_id == getattr(actor.user, "pk", None)
-    if actor.is_auditor:
-        if write:
-            raise Forbidden("auditors read budgets; they do not change them")
-        return found
-    if not owns:
-        raise NotFound("no such endpoint", scope=_scope_text(endpoint))
+        raise missing
+    access.check_endpoint(
+        actor,
+        found,
+        write=write,
+        missing=missing,
+        forbidden="auditors read budgets; they do not change them",
+    )
     return found
 
 
@@ -367,11 +358,7 @@ def visible_policies(actor: Actor) -> QuerySet[AdmissionPolicy]:
     qs = AdmissionPolicy.objects.select_related("endpoint", "updated_by").order_by(
         "endpoint__slug", "queue"
     )
-    if isinstance(actor, AgentActor):
-        return qs.filter(endpoint=actor.endpoint)
-    if can_read_all(actor):
-        return qs
-    return qs.filter(endpoint__owner_id=getattr(actor.user, "pk", None))
+    return qs.filter(access.endpoint_q(actor))
 
 
 def policies_with_status(
@@ -487,15 +474,7 @@ def admission_status(actor: AgentActor, queue: str | None = None) -> list[dict[s
 def visible_ledger(actor: HumanActor) -> QuerySet[LedgerEntry]:
     """Auditors and superusers read every row; owners the rows of their endpoints' scopes and
     the pauses of the queue names those endpoints drain (the board, the ledger page, the CSV)."""
-    qs = LedgerEntry.objects.all()
-    if actor.is_superuser or actor.is_auditor:
-        return qs
-    endpoints = list(
-        Endpoint.objects.filter(owner_id=actor.user.pk).values_list("slug", "scope_queues")
-    )
-    scopes = [f"endpoint:{slug}" for slug, _ in endpoints]
-    queues = sorted({q for _, scope in endpoints for q in scope})
-    return qs.filter(Q(scope__in=scopes) | Q(scope="queue", queue__in=queues))
+    return LedgerEntry.objects.filter(access.ledger_q(actor))
 
 
 def ledger_rows(

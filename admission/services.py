@@ -39,6 +39,7 @@ from admission.models import (
 )
 from queues import wakes
 from queues.access import Actor, AgentActor
+from queues.claimable import CLAIMABLE
 from queues.models import QUARANTINE_QUEUE, Endpoint, EndpointState, Verb, check_queue_name
 from switchboard.core import counters, ratelimit
 from switchboard.core.errors import Conflict, Forbidden, InvalidArgument, NotFound, RateLimited
@@ -389,25 +390,13 @@ end
 return out
 """
 
-# Work a claim could take now, as the claim predicate (queues/sql.py) sees it: pending, a lapsed
-# lease or a due retry, with attempts left; never quarantine; never a paused queue name.
-_CLAIMABLE = """
-    t.queue <> 'quarantine'
-    AND (
-        (t.state = 'pending' AND t.attempt < t.max_attempts)
-        OR (t.state = 'claimed' AND t.lease_expires_at <= now() AND t.attempt < t.max_attempts)
-        OR (t.state = 'failed' AND t.next_retry_at <= now() AND t.attempt < t.max_attempts)
-    )
-    AND NOT EXISTS (SELECT 1 FROM queues_queuepause qp WHERE qp.queue = t.queue)
-"""
-
 # Queue identities with a budget and claimable work on an active endpoint.
 _ELIGIBLE_SQL = f"""
 SELECT p.id FROM admission_admissionpolicy p
 JOIN queues_endpoint e ON e.id = p.endpoint_id AND e.state = 'active'
 WHERE EXISTS (
     SELECT 1 FROM queues_todo t
-    WHERE t.endpoint_id = p.endpoint_id AND t.queue = p.queue AND {_CLAIMABLE}
+    WHERE t.endpoint_id = p.endpoint_id AND t.queue = p.queue AND {CLAIMABLE}
 )
 """
 
@@ -415,7 +404,7 @@ _IDENTITY_ELIGIBLE_SQL = f"""
 SELECT EXISTS (
     SELECT 1 FROM queues_endpoint e WHERE e.id = %(e)s AND e.state = 'active'
 ) AND EXISTS (
-    SELECT 1 FROM queues_todo t WHERE t.endpoint_id = %(e)s AND t.queue = %(q)s AND {_CLAIMABLE}
+    SELECT 1 FROM queues_todo t WHERE t.endpoint_id = %(e)s AND t.queue = %(q)s AND {CLAIMABLE}
 )
 """
 

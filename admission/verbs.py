@@ -20,6 +20,7 @@ from admission.schemas import (
     SetAdmissionPolicyIn,
 )
 from queues.access import AgentActor
+from queues.schemas import iso
 from switchboard.core.verbs import verb
 
 
@@ -29,8 +30,6 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, list):
         return [_jsonable(v) for v in value]
     if hasattr(value, "isoformat"):
-        from queues.schemas import iso
-
         return iso(value)
     return value
 

@@ -101,11 +101,7 @@ def is_auditor(user: AbstractBaseUser | AnonymousUser) -> bool:
 def todo_scope(actor: Actor) -> Q:
     """The todos an actor may read: an agent its own; auditors and superusers every todo; an
     owner those of the endpoints they own. (Writes are scoped by the services, never by this.)"""
-    if isinstance(actor, AgentActor):
-        return Q(endpoint_id=actor.endpoint.id)
-    if actor.sees_all:
-        return Q()
-    return Q(endpoint__owner=actor.user)
+    return endpoint_q(actor)
 
 
 def acting_endpoint_ids(actor: Actor) -> list[UUID]:
@@ -121,6 +117,61 @@ def acting_endpoint_ids(actor: Actor) -> list[UUID]:
 
 def can_pause(actor: HumanActor) -> bool:
     return actor.can_pause
+
+
+def sees_fleet(actor: HumanActor) -> bool:
+    """Whether the queue list shows every queue: readers of everything, and pausers (a pause is
+    fleet-wide, so a pauser who owns no endpoint still sees what there is to pause)."""
+    return actor.sees_all or actor.can_pause
+
+
+def endpoint_q(actor: Actor, path: str = "endpoint") -> Q:
+    """The rows an actor may read among those reached through an endpoint at ``path`` (todos,
+    policies): an agent its own endpoint's; auditors and superusers all; an owner their own."""
+    if isinstance(actor, AgentActor):
+        return Q(**{f"{path}_id": actor.endpoint.id})
+    if actor.sees_all:
+        return Q()
+    return Q(**{f"{path}__owner_id": getattr(actor.user, "pk", None)})
+
+
+def check_endpoint(
+    actor: Actor,
+    endpoint: Endpoint,
+    *,
+    write: bool,
+    missing: Exception,
+    forbidden: str = "auditors read; they do not change anything",
+) -> None:
+    """Refuse an endpoint the actor may not read (``missing``: not found, so its existence does
+    not leak) or, for a write, may not change (forbidden for auditors)."""
+    if isinstance(actor, AgentActor):
+        if endpoint.id != actor.endpoint.id:
+            raise missing
+        return
+    if actor.is_superuser:
+        return
+    if actor.is_auditor:
+        if write:
+            raise Forbidden(forbidden)
+        return
+    if not actor.owns(endpoint):
+        raise missing
+
+
+def ledger_q(actor: HumanActor) -> Q:
+    """The ledger rows a human may read: every row for auditors and superusers; for an owner the
+    rows of their endpoints' scopes and the pauses of the queue names those endpoints drain."""
+    if actor.sees_all:
+        return Q()
+    endpoints = list(
+        Endpoint.objects.filter(owner_id=getattr(actor.user, "pk", None)).values_list(
+            "slug", "scope_queues"
+        )
+    )
+    scopes = [f"endpoint:{slug}" for slug, _ in endpoints]
+    queues = sorted({q for _, scope in endpoints for q in scope})
+    return Q(scope__in=scopes) | Q(scope="queue", queue__in=queues)
 
 
 def visible_endpoints(actor: HumanActor) -> QuerySet[Endpoint]:

@@ -22,14 +22,13 @@ from ninja import Query, Router, Schema
 from ninja.responses import Response, Status
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from queues import selectors, services
+from queues import access, selectors, services
 from queues.access import AgentActor, HumanActor
 from queues.auth import AgentAuth, HumanAuth, authenticate_agent
 from queues.models import QUEUE_NAME_RE, Endpoint, Todo, TodoSource
 from queues.schemas import (
     CreateTodoOut,
     EndpointListOut,
-    ErrorOut,
     OperatorCreateTodoIn,
     RevokeOut,
     TodoEnvelope,
@@ -45,6 +44,7 @@ from queues.schemas import (
 from queues.selectors import MAX_PAGE
 from switchboard.core import verbs
 from switchboard.core.errors import Forbidden, InvalidArgument, NotFound
+from switchboard.core.http import ErrorOut
 
 # --- agent verbs ------------------------------------------------------------------------------
 
@@ -123,15 +123,12 @@ WRITE_ERRORS = (400, 401, 403, 404, 409, 413)
 
 
 def _refuse_auditor(actor: HumanActor) -> None:
-    if actor.is_auditor and not actor.is_superuser:
+    if not actor.writes:
         raise Forbidden("auditors read; they do not change endpoints or todos")
 
 
 def _visible_endpoints(actor: HumanActor) -> Any:
-    qs = Endpoint.objects.select_related("owner")
-    if actor.is_superuser or actor.is_auditor:
-        return qs
-    return qs.filter(owner_id=actor.user.pk)
+    return access.visible_endpoints(actor)
 
 
 def _endpoint(actor: HumanActor, slug: str) -> Endpoint:

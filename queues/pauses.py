@@ -32,7 +32,7 @@ from uuid import UUID
 
 from django.db import OperationalError, connection, transaction
 
-from queues import selectors, wakes
+from queues import selectors, sql, wakes
 from queues.access import HumanActor
 from queues.models import QUARANTINE_QUEUE, QueuePause, check_queue_name
 from switchboard.core import validation
@@ -212,16 +212,6 @@ def _insert_pause(actor: HumanActor, queue: str, reason: str) -> PauseResult:
     return PauseResult(queue=queue, changed=True, pause=info)
 
 
-# The oldest pending todo of each endpoint on a queue: whom the resume rings, and which todo the
-# ready hook names (uses todo_pending_idx).
-_OLDEST_PENDING_SQL = """
-SELECT DISTINCT ON (t.endpoint_id) t.endpoint_id, e.slug, t.id
-FROM queues_todo t JOIN queues_endpoint e ON e.id = t.endpoint_id
-WHERE t.queue = %s AND t.state = 'pending' AND e.state = 'active'
-ORDER BY t.endpoint_id, t.created_at, t.id
-"""
-
-
 def queue_resume(*, actor: HumanActor, queue: str) -> ResumeResult:
     """Lift a pause and ring once, as a creation would, for each endpoint with pending todos.
 
@@ -260,7 +250,7 @@ def _existing_for_update(queue: str) -> QueuePause | None:
 
 def _ring(queue: str) -> list[str]:
     with connection.cursor() as cursor:
-        cursor.execute(_OLDEST_PENDING_SQL, [queue])
+        cursor.execute(sql.OLDEST_PENDING_SQL, [queue])
         rows: list[tuple[UUID, str, UUID]] = cursor.fetchall()
     return [
         slug

@@ -11,7 +11,7 @@ from django.db import connection
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from queues import gates
+from queues import access, gates, sql
 from queues.access import Actor, AgentActor, HumanActor, todo_scope
 from queues.models import Endpoint, QueuePause, Todo, TodoState
 from switchboard.core.errors import Forbidden, InvalidArgument, NotFound
@@ -110,21 +110,11 @@ def queue_stats(*, endpoint_ids: list[UUID] | None = None) -> list[QueueStat]:
     """Every known queue (a todo, policy, pause or scope has used its name) with counts by state,
     the oldest pending todo and its pause. ``endpoint_ids`` narrows counts and names to those
     endpoints (an owner's view); paused queues are always listed, being fleet-wide."""
-    where, params = "", []
-    if endpoint_ids is not None:
-        where = "WHERE endpoint_id = ANY(%s)"
-        params = [endpoint_ids]
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            SELECT queue, state, count(*),
-                   count(*) FILTER (WHERE state = 'failed' AND next_retry_at IS NULL),
-                   min(created_at) FILTER (WHERE state = 'pending')
-            FROM queues_todo {where}
-            GROUP BY queue, state
-            """,
-            params,
-        )
+        if endpoint_ids is None:
+            cursor.execute(sql.queue_counts_sql(narrowed=False), [])
+        else:
+            cursor.execute(sql.queue_counts_sql(narrowed=True), [endpoint_ids])
         rows = cursor.fetchall()
     stats: dict[str, QueueStat] = {}
     for queue, state, count, dead, oldest in rows:
@@ -153,9 +143,8 @@ def queue_overview(*, actor: HumanActor) -> list[QueueStat]:
     endpoint still sees what there is to pause); otherwise the queues of their own endpoints,
     with every paused queue listed."""
     user: Any = actor.user
-    fleet = actor.is_superuser or actor.is_auditor or user.has_perm("queues.pause_queue")
     endpoint_ids = None
-    if not fleet:
+    if not access.sees_fleet(actor):
         endpoint_ids = list(Endpoint.objects.filter(owner_id=user.pk).values_list("id", flat=True))
     return queue_stats(endpoint_ids=endpoint_ids)
 

@@ -27,22 +27,13 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.backends.utils import CursorWrapper
 
 from queues import gates
+from queues.claimable import CLAIMABLE_STATE
 from queues.models import Todo
 
 _TODO_FIELDS = list(Todo._meta.concrete_fields)
 # Every column of a todo, in model order, so a claim returns the whole row in one statement.
 TODO_COLUMNS = ", ".join(f"t.{f.column}" for f in _TODO_FIELDS)
 CLAIMED_COLUMNS = ", ".join(f"cl.{f.column}" for f in _TODO_FIELDS)
-
-# The state arms of "claimable": pending, a lapsed lease (a takeover) or a due retry, each with
-# attempts left.
-CLAIMABLE_STATE = """
-    (
-        (t.state = 'pending' AND t.attempt < t.max_attempts)
-        OR (t.state = 'claimed' AND t.lease_expires_at <= now() AND t.attempt < t.max_attempts)
-        OR (t.state = 'failed' AND t.next_retry_at <= now() AND t.attempt < t.max_attempts)
-    )
-"""
 
 # The queues a claim_next may draw from, computed inside the claiming statement (an InitPlan over
 # the same snapshot): granted, not excluded by a refusal, not quarantine, not paused. Written as
@@ -473,4 +464,56 @@ WITH revoked AS (
     WHERE a.todo_id = r.id AND a.number = r.attempt AND a.ended_at IS NULL
 )
 SELECT queue, count(*) FROM revoked GROUP BY queue
+"""
+
+
+# --- reads for the pages, the queue list and the resume -----------------------------------------
+
+# The oldest pending todo of each endpoint on a queue: whom the resume rings, and which todo the
+# ready hook names (uses todo_pending_idx).
+OLDEST_PENDING_SQL = """
+SELECT DISTINCT ON (t.endpoint_id) t.endpoint_id, e.slug, t.id
+FROM queues_todo t JOIN queues_endpoint e ON e.id = t.endpoint_id
+WHERE t.queue = %s AND t.state = 'pending' AND e.state = 'active'
+ORDER BY t.endpoint_id, t.created_at, t.id
+"""
+
+
+# The live board's fingerprint: live todos per identity and state, with the latest change.
+LIVE_TODOS_SQL = """
+SELECT endpoint_id::text, queue, state, count(*), max(updated_at)
+FROM queues_todo
+WHERE state IN ('pending', 'claimed') OR (state = 'failed' AND next_retry_at IS NOT NULL)
+GROUP BY 1, 2, 3
+"""
+
+
+# Counts by state (and dead letters) per queue identity of the given endpoints (the board).
+IDENTITY_COUNTS_SQL = """
+SELECT endpoint_id, queue, state, count(*),
+       count(*) FILTER (WHERE state = 'failed' AND next_retry_at IS NULL)
+FROM queues_todo WHERE endpoint_id = ANY(%s)
+GROUP BY endpoint_id, queue, state
+"""
+
+
+def queue_counts_sql(*, narrowed: bool) -> str:
+    """Counts by state per queue name (the queue list), narrowed to some endpoints or not."""
+    where = "WHERE endpoint_id = ANY(%s)" if narrowed else ""
+    return f"""
+SELECT queue, state, count(*),
+       count(*) FILTER (WHERE state = 'failed' AND next_retry_at IS NULL),
+       min(created_at) FILTER (WHERE state = 'pending')
+FROM queues_todo {where}
+GROUP BY queue, state
+"""
+
+
+# Why a transition matched nothing: the todo's state, its current attempt, whether the lease is
+# live, and that attempt's fence, if in scope.
+UNMATCHED_SQL = """
+SELECT t.state, t.attempt, t.lease_expires_at > clock_timestamp(), a.lease_token_hash
+FROM queues_todo t
+LEFT JOIN queues_attempt a ON a.todo_id = t.id AND a.number = t.attempt
+WHERE t.id = %s AND t.endpoint_id = ANY(%s)
 """

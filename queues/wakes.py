@@ -74,18 +74,19 @@ def todo_ready_now(endpoint_id: UUID | str, queue: str, reason: str = "released"
 
 
 def slot_freed(endpoint_id: UUID | str, queue: str) -> bool:
-    """The reopen edge: a claim ended, so a queue with an in-flight cap may be admitted again.
-    Rings only when the identity has such a policy, is admitted now and has pending todos (an
-    ending claim frees no window budget: nothing refunds)."""
+    """The reopen edge: a claim ended, so a queue a gate limits in flight may be admitted again.
+    Rings only when some gate limits it, every gate admits now and todos are pending (an ending
+    claim frees no window budget: nothing refunds)."""
     try:
         with connection.cursor() as cursor:
+            # Whether some gate limits what the ending claim held (admission: an in-flight
+            # cap), and work waits.
             cursor.execute(
-                """
-                SELECT EXISTS (SELECT 1 FROM admission_admissionpolicy
-                               WHERE endpoint_id = %(e)s AND queue = %(q)s
-                                 AND max_in_flight IS NOT NULL)
+                f"""
+                SELECT ({gates.frees_slot("i")})
                    AND EXISTS (SELECT 1 FROM queues_todo
                                WHERE endpoint_id = %(e)s AND queue = %(q)s AND state = 'pending')
+                FROM (SELECT %(e)s::uuid AS endpoint_id, %(q)s::text AS queue) i
                 """,
                 {"e": endpoint_id, "q": queue},
             )

@@ -137,7 +137,7 @@ def _transition(
     attempt: int | None = None,
 ) -> Todo:
     endpoint_ids = acting_endpoint_ids(actor)
-    if isinstance(actor, HumanActor) and actor.is_auditor and not actor.is_superuser:
+    if isinstance(actor, HumanActor) and not actor.writes:
         raise Forbidden("auditors read; they do not change todos")
     params = {
         **params,
@@ -169,15 +169,7 @@ def _raise_unmatched(
 ) -> None:
     """A transition that matched nothing: conflict in scope, not_found outside it. Every verb
     names the same reasons, in the same order: not claimed, superseded, lapsed, wrong token."""
-    cursor.execute(
-        """
-        SELECT t.state, t.attempt, t.lease_expires_at > clock_timestamp(), a.lease_token_hash
-        FROM queues_todo t
-        LEFT JOIN queues_attempt a ON a.todo_id = t.id AND a.number = t.attempt
-        WHERE t.id = %s AND t.endpoint_id = ANY(%s)
-        """,
-        [todo_id, endpoint_ids],
-    )
+    cursor.execute(sql.UNMATCHED_SQL, [todo_id, endpoint_ids])
     found = cursor.fetchone()
     if found is None:
         raise NotFound("no such todo", id=str(todo_id))
@@ -355,8 +347,8 @@ def todo_release(*, actor: HumanActor, todo_id: UUID) -> Todo:
 
 def _operator_todo(actor: HumanActor, todo_id: UUID) -> Todo:
     todo = Todo.objects.select_related("endpoint").filter(pk=todo_id).first()
-    if todo is None or not (actor.is_superuser or todo.endpoint.owner_id == actor.user.pk):
+    if todo is None or not (actor.is_superuser or actor.owns(todo.endpoint)):
         raise NotFound("no such todo", id=str(todo_id))
-    if actor.is_auditor and not actor.is_superuser:
+    if not actor.writes:
         raise Forbidden("auditors read; they do not change todos")
     return todo

@@ -24,7 +24,7 @@ from django.http import QueryDict
 from admission import engine
 from admission import selectors as admission_selectors
 from admission.models import AdmissionPolicy, DeferralReason
-from queues import selectors
+from queues import access, selectors, sql
 from queues.access import Viewer, visible_endpoints
 from queues.models import (
     QUARANTINE_QUEUE,
@@ -127,15 +127,7 @@ def identity_counts(endpoint_ids: list[UUID]) -> dict[tuple[UUID, str], Identity
     if not endpoint_ids:
         return {}
     with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT endpoint_id, queue, state, count(*),
-                   count(*) FILTER (WHERE state = 'failed' AND next_retry_at IS NULL)
-            FROM queues_todo WHERE endpoint_id = ANY(%s)
-            GROUP BY endpoint_id, queue, state
-            """,
-            [endpoint_ids],
-        )
+        cursor.execute(sql.IDENTITY_COUNTS_SQL, [endpoint_ids])
         rows = cursor.fetchall()
     out: dict[tuple[UUID, str], IdentityCounts] = {}
     for endpoint_id, queue, state, count, dead in rows:
@@ -360,7 +352,7 @@ def visible_queue_names(viewer: Viewer) -> list[str]:
 
 def pause_fleet_view(viewer: Viewer) -> bool:
     """Whether the queue list shows the fleet (as ``GET /api/v1/queues`` does) or own queues."""
-    return viewer.sees_all or viewer.can_pause
+    return access.sees_fleet(viewer.actor)
 
 
 def queue_list(viewer: Viewer) -> list[selectors.QueueStat]:

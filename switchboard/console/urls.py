@@ -1,4 +1,4 @@
-"""The console's pages of the queues app (mounted at the site root)."""
+"""The console's pages: board, live stream, queues, todos, sign-in (mounted at the site root)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The console pages of the queues app: the board, queues and pauses, the todo drawer.
+"""The console pages: the board, queues and pauses, the todo drawer (they show both apps' state).
 
 Every view is a thin caller: filters and forms in, one selector or service call, render or
 redirect. One URL serves the full page and, for htmx, the fragment it targets (``request.htmx``

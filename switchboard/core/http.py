@@ -17,11 +17,23 @@ from typing import Any
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
+from ninja import Schema
 from ninja.parser import Parser
 from ninja.responses import NinjaJSONEncoder
+from pydantic import ConfigDict
 
 from switchboard.core import validation
 from switchboard.core.errors import DomainError, InvalidArgument
+
+
+class ErrorOut(Schema):
+    """Every refusal, on every route: a sentence, a code, the field at fault, and any additive
+    details (``limit``, ``next_eligible_at``, ...)."""
+
+    model_config = ConfigDict(extra="allow")
+    error: str
+    code: str
+    field: str | None = None
 
 
 def json_response(body: dict[str, Any], *, status: int) -> HttpResponse:

@@ -22,9 +22,10 @@ def create_auditors(apps, schema_editor):
     # Permissions are normally made after every migration has run; make them now so the group
     # can hold them on a fresh database.
     for app_config in apps.get_app_configs():
+        saved = getattr(app_config, "models_module", None)
         app_config.models_module = True
         create_permissions(app_config, apps=apps, verbosity=0)
-        app_config.models_module = None
+        app_config.models_module = saved
     Group = apps.get_model("auth", "Group")
     Permission = apps.get_model("auth", "Permission")
     group, _ = Group.objects.get_or_create(name=AUDITORS_GROUP)
