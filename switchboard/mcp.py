@@ -58,13 +58,13 @@ from urllib.parse import urlsplit
 import redis
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from queues.access import AgentActor
 from queues.auth import authenticate_agent, check_endpoint_rate
 from switchboard.core import counters, verbs
+from switchboard.core.availability import is_outage, outage
 from switchboard.core.errors import DomainError, Forbidden, InvalidArgument, Unauthorized
 from switchboard.core.http import API_BODY_LIMIT, BodyTooLarge, check_body_size, retry_after_seconds
 
@@ -173,16 +173,6 @@ def _origin_allowed(request: HttpRequest) -> bool:
     return urlsplit(origin).netloc == request.get_host()
 
 
-# A dependency that did not answer: the request changed nothing it reports, so retrying is safe.
-UNAVAILABLE = (OperationalError, InterfaceError, redis.RedisError)
-UNAVAILABLE_RETRY_AFTER = 5
-
-
-class Unavailable(DomainError):
-    code = "unavailable"
-    status = 503
-
-
 @csrf_exempt
 def mcp_view(request: HttpRequest, slug: str) -> HttpResponse:
     if request.method not in ("POST", "DELETE"):
@@ -208,14 +198,10 @@ def mcp_view(request: HttpRequest, slug: str) -> HttpResponse:
         return _refusal(exc)  # the id stays unread: reading it means reading the whole body
     except DomainError as exc:
         return _refusal(exc, _body_id(request))
-    except UNAVAILABLE:
-        log.warning("MCP request met an unavailable database or Redis", exc_info=True)
-        unavailable = Unavailable(
-            "the service is unavailable right now (database or Redis); retry shortly",
-            retry_after=UNAVAILABLE_RETRY_AFTER,
-        )
-        return _refusal(unavailable, _body_id(request))
-    except Exception:
+    except Exception as exc:
+        if is_outage(exc):  # a dependency did not answer: 503 unavailable, Retry-After
+            log.warning("MCP request met an outage", exc_info=True)
+            return _refusal(outage(exc), _body_id(request))
         # Whatever broke, the client still reads a JSON-RPC answer to its request.
         log.exception("MCP request failed")
         return _rpc_error(_body_id(request), RpcError(INTERNAL_ERROR, INTERNAL_FAILURE), 500)
@@ -398,9 +384,9 @@ def _modern(request: HttpRequest, actor: AgentActor, message: Any) -> HttpRespon
             )
         _check_envelope(request, parsed)
         result = _modern_dispatch(actor, parsed)
-    except (DomainError, *UNAVAILABLE):
-        raise  # the view answers these with their HTTP status (a refusal, 503)
     except Exception as exc:
+        if isinstance(exc, DomainError) or is_outage(exc):
+            raise  # the view answers these with their HTTP status (a refusal, 503)
         error = exc if isinstance(exc, RpcError) else _handler_failed()
         return _rpc_error(_request_id(message), error, MODERN_ERROR_STATUS.get(error.code, 200))
     result.setdefault("resultType", "complete")
@@ -595,9 +581,9 @@ def _answer(
         if parsed.is_notification:
             return None
         return {"jsonrpc": "2.0", "id": parsed.id, "result": result}
-    except (DomainError, *UNAVAILABLE):
-        raise  # the view answers these with their HTTP status (a refusal, 503)
     except Exception as exc:
+        if isinstance(exc, DomainError) or is_outage(exc):
+            raise  # the view answers these with their HTTP status (a refusal, 503)
         if isinstance(message, dict) and "id" not in message and "method" in message:
             return None  # errors are never sent for notifications
         error = exc if isinstance(exc, RpcError) else _handler_failed()
