@@ -17,6 +17,7 @@ import zoneinfo
 from dataclasses import dataclass, field
 from datetime import UTC, tzinfo
 from typing import Any
+from urllib.parse import unquote
 from uuid import UUID
 
 from django.db import connection
@@ -76,7 +77,10 @@ class Tone:
 
 
 def zone_named(name: str | None) -> tuple[str, tzinfo]:
-    """A viewer's zone by IANA name, UTC when absent or unknown."""
+    """A viewer's zone by IANA name, UTC when absent or unknown. Older copies of static/js/tz.js
+    wrote the name URL-encoded (``Europe%2FParis``); those cookies still count."""
+    if name and "%" in name:
+        name = unquote(name)
     if name and windows.zone_exists(name):
         try:
             return name, zoneinfo.ZoneInfo(name)

@@ -198,3 +198,9 @@ def test_the_zone_preference_sets_a_cookie_and_refuses_an_unknown_zone(personas:
     assert response.cookies["tz"].value == "Europe/Paris"
     offsite = client.post("/prefs/tz", {"tz": "UTC", "next": "https://evil.example/"})
     assert offsite["Location"] == "/"
+
+
+def test_a_url_encoded_zone_cookie_from_an_older_script_still_counts(personas: Personas) -> None:
+    client = signed_in(personas.owner)
+    client.cookies["tz"] = "Europe%2FParis"
+    assert "Times in Europe/Paris" in client.get("/").content.decode()
