@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -12,7 +13,9 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from admission import selectors as admission_selectors
-from queues.models import Endpoint, QueuePause, Todo, TodoState
+from queues import conditions
+from queues.conditions import Condition
+from queues.models import QUARANTINE_QUEUE, Endpoint, QueuePause, Todo, TodoState
 from queues.principals import Actor, AgentActor, HumanActor, todo_scope
 from switchboard.errors import InvalidArgument, NotFound
 
@@ -95,6 +98,12 @@ class QueueStat:
     dead_letter: int = 0
     oldest_pending_at: datetime | None = None
     paused: QueuePause | None = None
+    # Every condition of the queue name, worst first (``queues.conditions``).
+    conditions: list[Condition] = field(default_factory=list)
+
+    @property
+    def condition(self) -> Condition:
+        return self.conditions[0] if self.conditions else Condition.HEALTHY
 
     @property
     def oldest_pending_seconds(self) -> float | None:
@@ -103,7 +112,9 @@ class QueueStat:
         return max(0.0, (timezone.now() - self.oldest_pending_at).total_seconds())
 
 
-def queue_stats(*, endpoint_ids: list[UUID] | None = None) -> list[QueueStat]:
+def queue_stats(
+    *, endpoint_ids: list[UUID] | None = None, with_conditions: bool = True
+) -> list[QueueStat]:
     """Every known queue (a todo, policy, pause or scope has used its name) with counts by state,
     the oldest pending todo and its pause. ``endpoint_ids`` narrows counts and names to those
     endpoints (an owner's view); paused queues are always listed, being fleet-wide."""
@@ -145,7 +156,25 @@ def queue_stats(*, endpoint_ids: list[UUID] | None = None) -> list[QueueStat]:
     for pause in QueuePause.objects.select_related("paused_by"):
         stats.setdefault(pause.queue, QueueStat(pause.queue, dict.fromkeys(TodoState.values, 0)))
         stats[pause.queue].paused = pause
-    return [stats[name] for name in sorted(stats)]
+    out = [stats[name] for name in sorted(stats)]
+    if with_conditions:
+        fill_conditions(out, policies)
+    return out
+
+
+def fill_conditions(stats: list[QueueStat], policies: Iterable[Any]) -> None:
+    """Each queue's conditions: its pause, its counts, and its identities' budgets evaluated."""
+    evaluations: dict[str, list[Any]] = {}
+    for ev in admission_selectors.evaluate_policies(policies).values():
+        evaluations.setdefault(ev.policy.queue, []).append(ev)
+    for stat in stats:
+        stat.conditions = conditions.of(
+            quarantine=stat.queue == QUARANTINE_QUEUE,
+            paused=stat.paused is not None,
+            evaluations=evaluations.get(stat.queue, []),
+            failing=stat.counts[TodoState.FAILED] - stat.dead_letter,
+            dead_letter=stat.dead_letter,
+        )
 
 
 def queue_overview(*, actor: HumanActor) -> list[QueueStat]:

@@ -27,8 +27,9 @@ from django_htmx.middleware import HtmxDetails
 
 from admission import selectors as admission_selectors
 from admission import windows
-from queues import board, pauses, selectors, services
+from queues import board, conditions, pauses, selectors, services
 from queues.board import Filters, Viewer
+from queues.conditions import Condition
 from queues.forms import PauseForm, TimezoneForm, TodoCompleteForm, TodoFailForm
 from queues.models import QUARANTINE_QUEUE, QueuePause, TodoState
 from switchboard import live
@@ -98,12 +99,14 @@ def zones() -> list[str]:
 
 
 def board_context(request: HttpRequest, viewer: Viewer, filters: Filters) -> dict[str, Any]:
-    found = board.sections(viewer, filters)
+    view = board.board_view(viewer, filters)
     here = request.path + (f"?{filters.query()}" if filters.query() else "")
     return {
         "viewer": viewer,
         "filters": filters,
-        "sections": found,
+        "view": view,
+        "sections": view.sections,
+        "conditions": Condition.choices,
         "here": here,
         "state_choices": board.STATE_CHOICES,
         "endpoints": board.visible_endpoints(viewer),
@@ -152,13 +155,16 @@ def _queue_context(
     next_url: str | None = None,
 ) -> dict[str, Any]:
     filters = Filters(queue=name)
-    found = board.sections(viewer, filters)
+    view = board.board_view(viewer, filters)
+    found = view.sections
     pause = selectors_pause(name)
     here = reverse("queue", args=[name])
     return {
         "viewer": viewer,
         "queue": name,
         "sections": found,
+        "view": view,
+        "condition": conditions.worst(c for s in found for c in s.conditions),
         "filters": filters,
         "pause": pause,
         "fleet_in_flight": board.in_flight_on(name),

@@ -202,6 +202,8 @@ def live_url(viewer: Viewer, filters: Filters, here: str) -> str:
         "endpoint": filters.endpoint,
         "queue": filters.queue,
         "state": filters.state,
+        "condition": filters.condition,
+        "q": filters.q,
         "here": here,
         "at": fingerprint_now(viewer, filters),
     }
@@ -214,6 +216,7 @@ def live_url(viewer: Viewer, filters: Filters, here: str) -> str:
 @dataclass
 class Rendered:
     keys: list[str]
+    folded: list[bool]  # which sections show as one line (a change re-sends the list)
     parts: dict[str, str]  # "<part>-<key>" -> html
     tones: dict[str, str]
     announce: dict[str, str]
@@ -224,19 +227,25 @@ def render_board(
     request: HttpRequest, viewer: Viewer, filters: Filters, here: str, csrf_token: str
 ) -> Rendered:
     """The visible sections, rendered part by part with the page's own partials."""
-    found: list[Section] = board.sections(viewer, filters)
+    view = board.board_view(viewer, filters)
+    found: list[Section] = view.sections
     base = {"viewer": viewer, "filters": filters, "here": here, "csrf_token": csrf_token}
-    parts: dict[str, str] = {}
+    parts: dict[str, str] = {
+        "fleet-summary": render_to_string(
+            "queues/_section.html#summary", {**base, "view": view}, request=request
+        )
+    }
     for s in found:
-        for part in PARTS:
+        for part in ("line",) if s.collapsed else PARTS:
             parts[f"{part}-{s.key}"] = render_to_string(
                 f"queues/_section.html#{part}", {**base, "s": s}, request=request
             )
     list_html = render_to_string(
-        "queues/_section.html#list", {**base, "sections": found}, request=request
+        "queues/_section.html#list", {**base, "sections": found, "view": view}, request=request
     )
     return Rendered(
         keys=[s.key for s in found],
+        folded=[s.collapsed for s in found],
         parts=parts,
         tones={s.key: s.tone for s in found},
         announce={s.key: s.announce for s in found},
@@ -254,9 +263,10 @@ def _event(name: str, data: dict[str, Any], event_id: str | None = None) -> str:
 
 def changes(before: Rendered | None, after: Rendered) -> list[tuple[str, dict[str, Any]]]:
     """The events that bring a page showing ``before`` to ``after``."""
-    if before is None or before.keys != after.keys:
+    if before is None or before.keys != after.keys or before.folded != after.folded:
         events: list[tuple[str, dict[str, Any]]] = [
-            ("swap", {"target": "sections", "html": after.list_html})
+            ("swap", {"target": "sections", "html": after.list_html}),
+            ("swap", {"target": "fleet-summary", "html": after.parts["fleet-summary"]}),
         ]
     else:
         events = [

@@ -93,7 +93,7 @@ def test_the_preview_shows_usage_against_the_new_limit_and_the_window_it_would_c
         "/budgets/agent/inbox", policy_form(max_claims_per_window="2", window_tz="UTC")
     ).content.decode()
     assert "2 of 2" in same_window and "(now: 2 of 10)" in same_window
-    assert "deferred · budget" in same_window  # the lower limit exhausts the window now
+    assert "Deferred · window used up" in same_window  # the lower limit exhausts the window now
     assert "starts a new window" not in same_window
     other_zone = client.post(
         "/budgets/agent/inbox",
