@@ -44,8 +44,10 @@ from queues.principals import HumanActor, is_auditor, todo_scope
 
 TZ_COOKIE = "tz"
 CARD_LIMIT = 20
-# Past this many sections the board folds healthy ones to a line each (trouble stays in full).
+# Past this many sections the board folds healthy ones to a line each (trouble stays in full),
+# and a section shows at most FLEET_CARD_LIMIT cards ("Show only this queue" shows a page).
 FOLD_AFTER = 12
+FLEET_CARD_LIMIT = 6
 # Cards in a section: held work first, then waiting, then the rest.
 CARD_ORDER = (TodoState.CLAIMED, TodoState.PENDING, TodoState.FAILED, TodoState.DONE)
 PAGE_LIMIT = 50
@@ -403,7 +405,8 @@ def board_view(viewer: Viewer, filters: Filters, *, cards: bool = True) -> Board
     for s in shown:
         s.collapsed = fold and not s.trouble
     if cards:
-        _fill_cards(viewer, filters, [s for s in shown if not s.collapsed])
+        limit = FLEET_CARD_LIMIT if fold else None
+        _fill_cards(viewer, filters, [s for s in shown if not s.collapsed], limit=limit)
     return BoardView(
         sections=shown,
         summary=summary,
@@ -508,12 +511,14 @@ def _search_hits(
     return {(endpoint_id, queue): n for endpoint_id, queue, n in rows}
 
 
-def _fill_cards(viewer: Viewer, filters: Filters, found: list[Section]) -> None:
+def _fill_cards(
+    viewer: Viewer, filters: Filters, found: list[Section], *, limit: int | None = None
+) -> None:
     """A page of cards per section: one query for every section (a window per identity and
     state), or ``todos_for``'s keyset pages when the board shows a single identity."""
     if not found:
         return
-    limit = PAGE_LIMIT if filters.single_identity else CARD_LIMIT
+    limit = limit or (PAGE_LIMIT if filters.single_identity else CARD_LIMIT)
     states = _states(filters)
     if filters.single_identity and len(states) == 1 and not filters.q:
         s = found[0]
@@ -527,7 +532,7 @@ def _fill_cards(viewer: Viewer, filters: Filters, found: list[Section]) -> None:
         )
     else:
         by_key = {(s.endpoint.id, s.queue): s for s in found}
-        order = {state: i for i, state in enumerate(CARD_ORDER)}
+        order: dict[str, int] = {state: i for i, state in enumerate(CARD_ORDER)}
         rows = (
             _card_rows(viewer, filters, list({s.endpoint.id for s in found}))
             .select_related("endpoint")
@@ -547,6 +552,8 @@ def _fill_cards(viewer: Viewer, filters: Filters, found: list[Section]) -> None:
                 section.cards.append(todo)
         for s in found:
             s.cards.sort(key=lambda t: order[t.state])
+            if limit < CARD_LIMIT:  # a board of many: a glimpse of each section, not a page
+                del s.cards[limit:]
     # A waiting card's chip is its section's derived budget status (the API's ``admission``).
     for s in found:
         status = s.status
@@ -574,8 +581,12 @@ def visible_queue_names(viewer: Viewer) -> list[str]:
     for scope in endpoints.values_list("scope_queues", flat=True):
         names.update(scope)
     ids = list(endpoints.values_list("id", flat=True))
+    # order_by(): the model's default ordering would make DISTINCT run over every todo's row.
     names.update(
-        Todo.objects.filter(endpoint_id__in=ids).values_list("queue", flat=True).distinct()
+        Todo.objects.filter(endpoint_id__in=ids)
+        .order_by()
+        .values_list("queue", flat=True)
+        .distinct()
     )
     names.update(
         AdmissionPolicy.objects.filter(endpoint_id__in=ids).values_list("queue", flat=True)

@@ -158,3 +158,15 @@ def test_the_stream_pushes_a_change_made_elsewhere(tx_personas: Personas) -> Non
 
     events = asyncio.run(watch())
     assert ("announce", {"text": "agent / inbox: Paused"}) in events
+
+
+def test_a_change_within_sections_renders_only_their_parts(personas: Personas) -> None:
+    p = personas
+    request, viewer = _viewer(p.owner)
+    before = live.render_board(request, viewer, Filters(), "/", "token")
+    push(p, 1)
+    after = live.render_board(request, viewer, Filters(), "/", "token", before)
+    assert after.list_html == "" and after.parts != before.parts
+    budget(p, "brand-new", max_in_flight=1)
+    grown = live.render_board(request, viewer, Filters(), "/", "token", after)
+    assert "head-agent--brand-new" in grown.list_html
