@@ -426,8 +426,10 @@ def _summary(every: list[Section], filters: Filters) -> list[SummaryItem]:
     for s in every:
         for c in s.conditions:
             counts[c] += 1
+    # Failures are what an operator opens these for: their links show those cards.
+    state = {Condition.DEAD_LETTERS: "dead_letter", Condition.FAILING: TodoState.FAILED}
     return [
-        SummaryItem(c, n, filters.query(condition=c.value, q="", cursor=""))
+        SummaryItem(c, n, filters.query(condition=c.value, q="", state=state.get(c, "")))
         for c, n in counts.items()
         if n or c == Condition.HEALTHY
     ]

@@ -148,10 +148,10 @@ def session(browser: Browser, server: str, transactional_db: None) -> Iterator[S
     s.close()
 
 
-def screenshot(page: Page, name: str) -> Path:
+def screenshot(page: Page, name: str, *, full_page: bool = True) -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
+    page.screenshot(path=str(path), full_page=full_page)
     return path
 
 

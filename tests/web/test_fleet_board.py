@@ -44,7 +44,7 @@ def test_the_summary_counts_every_condition_and_links_to_a_filter(fleet: Any) ->
     ):
         assert words in summary, words
     assert '<span class="n">35</span> <span class="w">Healthy</span>' in summary
-    assert 'href="/?condition=dead_letters"' in summary
+    assert 'href="/?state=dead_letter&amp;condition=dead_letters"' in summary
 
 
 def test_trouble_comes_first_and_healthy_queues_fold_to_one_line(fleet: Any) -> None:
