@@ -144,11 +144,19 @@ class PolicyForm(forms.Form):
             per_window = {**base, "max_claims_per_window": kwargs["max_claims_per_window"]}
             trials.append({**per_window, "window": good_window})
             trials += [
-                {**base, "max_claims_per_window": 1, "window": {**good_window, key: window.get(key)}}
+                {
+                    **base,
+                    "max_claims_per_window": 1,
+                    "window": {**good_window, key: window.get(key)},
+                }
                 for key in ("period", "tz", "start")
             ]
             if window.get("period") == WindowPeriod.WEEK:
-                week = {**good_window, "period": WindowPeriod.WEEK, "weekday": window.get("weekday")}
+                week = {
+                    **good_window,
+                    "period": WindowPeriod.WEEK,
+                    "weekday": window.get("weekday"),
+                }
                 trials.append({**base, "max_claims_per_window": 1, "window": week})
         for trial in trials:
             try:
