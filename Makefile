@@ -8,6 +8,10 @@ PIP := $(PY) -m pip --disable-pip-version-check
 # mypy's Django plugin imports the settings. A placeholder DATABASE_URL keeps that from starting
 # the embedded PostgreSQL, which mypy would never release (it exits without running atexit hooks).
 MYPY := DATABASE_URL=postgresql://typecheck@localhost/typecheck $(VENV)/bin/mypy
+# deptry: the runtime code's imports against requirements.txt (configured in pyproject.toml), then
+# the dev-only code (tests/, bench/) against requirements-dev.txt, where unused pins are tools.
+DEPTRY := $(VENV)/bin/deptry
+DEPTRY_DEV := $(DEPTRY) tests bench --requirements-files requirements-dev.txt --exclude '.*/\.venv' --ignore DEP002
 # `make run PORT=8001` wins; else SWITCHBOARD_PORT; else 8000. (A stray PORT in the environment is ignored.)
 ifneq ($(origin PORT),command line)
 PORT := $(or $(SWITCHBOARD_PORT),8000)
@@ -17,9 +21,9 @@ endif
 
 help:
 	@echo "make run [PORT=8000]  start Switchboard (embedded PostgreSQL and Valkey unless DATABASE_URL / REDIS_URL are set)"
-	@echo "make test             ruff, mypy and pytest, as CI runs them"
+	@echo "make test             make lint, then pytest, as CI runs them"
 	@echo "make bench            run the benchmarks; results go to bench/results/"
-	@echo "make lint             ruff check, ruff format --check, mypy"
+	@echo "make lint             ruff check, ruff format --check, mypy, deptry (every import pinned), the import contract"
 	@echo "make fmt              fix what ruff can fix and format the code"
 	@echo "make clean-data       delete .data/ (the embedded database and broker) after make run has stopped"
 
@@ -44,11 +48,8 @@ $(VENV)/.stamp-dev: requirements-dev.txt requirements.txt | $(PY)
 run: $(VENV)/.stamp-run
 	exec $(PY) manage.py serve --port $(PORT)
 
-test: $(VENV)/.stamp-dev
+test: lint
 	bash .ci/install-browser
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
-	$(MYPY)
 	$(VENV)/bin/pytest
 
 bench: $(VENV)/.stamp-dev
@@ -58,6 +59,9 @@ lint: $(VENV)/.stamp-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(MYPY)
+	$(DEPTRY) .
+	$(DEPTRY_DEV)
+	$(VENV)/bin/lint-imports
 
 fmt: $(VENV)/.stamp-dev
 	$(VENV)/bin/ruff check --fix .

@@ -17,9 +17,10 @@ from django.http import HttpRequest
 
 from admission import selectors, services
 from admission.forms import FIELD_OF_ERROR
-from admission.models import AdmissionPolicy, AdmissionWindow, LedgerEntry, LedgerHead
-from queues.principals import HumanActor
-from switchboard.errors import DomainError, InvalidArgument
+from admission.models import AdmissionPolicy, AdmissionWindow
+from queues.access import HumanActor
+from switchboard.core.errors import DomainError, InvalidArgument
+from switchboard.ledger.admin import ReadOnlyAdmin
 
 
 def _actor(request: HttpRequest) -> HumanActor:
@@ -144,22 +145,6 @@ class AdmissionPolicyAdmin(admin.ModelAdmin):
             )
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Viewable by those with the view permission; never added to, changed or deleted."""
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        return {}
-
-
 @admin.register(AdmissionWindow)
 class AdmissionWindowAdmin(ReadOnlyAdmin):
     list_display = ["policy", "window_start", "used", "refused", "claims_limit", "updated_at"]
@@ -167,25 +152,3 @@ class AdmissionWindowAdmin(ReadOnlyAdmin):
     search_fields = ["policy__queue", "policy__endpoint__slug"]
     list_select_related = ["policy", "policy__endpoint"]
     date_hierarchy = "window_start"
-
-
-@admin.register(LedgerEntry)
-class LedgerEntryAdmin(ReadOnlyAdmin):
-    list_display = [
-        "seq",
-        "at",
-        "kind",
-        "actor_human_name",
-        "actor_endpoint_slug",
-        "scope",
-        "queue",
-    ]
-    list_filter = ["kind", "scope"]
-    search_fields = ["scope", "queue", "actor_human_name", "actor_endpoint_slug", "entry_hash"]
-    date_hierarchy = "at"
-    ordering = ["-seq"]
-
-
-@admin.register(LedgerHead)
-class LedgerHeadAdmin(ReadOnlyAdmin):
-    list_display = ["seq", "entry_hash"]

@@ -22,15 +22,14 @@ from ninja.decorators import decorate_view
 from admission import selectors, services
 from admission.schemas import (
     POLICY_BODY_LIMIT,
-    ErrorOut,
     PolicyDetailOut,
     PolicyIn,
     PolicyListOut,
     PolicyStatusOut,
 )
-from queues.principals import HumanActor
-from switchboard.api import bounded
-from switchboard.auth import HumanAuth
+from queues.access import HumanActor
+from queues.auth import HumanAuth
+from switchboard.core.http import ErrorOut, bounded
 
 router = Router(tags=["admission"], auth=HumanAuth())
 

@@ -20,9 +20,9 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from admission import selectors, services
-from queues.principals import HumanActor
-from switchboard.cli import acting_human, add_common_options, emit, refused, usage
-from switchboard.errors import DomainError
+from queues.access import HumanActor
+from switchboard.core.cli import acting_human, add_common_options, emit, refused, usage
+from switchboard.core.errors import DomainError
 
 PER_FLAGS = (("per_hour", "hour"), ("per_day", "day"), ("per_week", "week"))
 

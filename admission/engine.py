@@ -1,6 +1,8 @@
-"""The admission decision, taken under the policy row lock inside the claim transaction.
+"""The admission decision, taken under the policy row lock inside the claim transaction: locking
+and arithmetic only (the claim itself is ``queues.services.claiming``; admission's side of it is
+``admission.gate``).
 
-Seed 000, "The claim, with admission": with the candidate todo locked, lock the policy row
+With the candidate todo locked, lock the policy row
 (``FOR UPDATE``), count in-flight under the lock (excluding a takeover of this very todo), read the
 window counter, then refuse or charge. Charging upserts the window counter by one. The same
 arithmetic, read without locks, answers "why is this queue waiting" for every read surface
@@ -54,6 +56,10 @@ class Evaluation:
     next_eligible_at: datetime | None = None
     exact: bool = False
     exceeded: list[str] = field(default_factory=list)
+
+    @property
+    def queue(self) -> str:
+        return self.policy.queue
 
     @property
     def over_limit(self) -> bool:

@@ -11,7 +11,10 @@ from typing import Any
 
 from django import forms
 
-from admission.models import AdmissionPolicy, LedgerKind, Posture, Weekday, WindowPeriod
+from admission import services
+from admission.models import AdmissionPolicy, Posture, Weekday, WindowPeriod
+from switchboard.core.errors import InvalidArgument
+from switchboard.ledger.models import LedgerKind
 
 # InvalidArgument.field (the API's names) -> the form field that shows the error.
 FIELD_OF_ERROR = {
@@ -125,9 +128,6 @@ class PolicyForm(forms.Form):
         """Name every wrong field in one submit. ``clean_policy`` stops at the first error, so it
         runs once per field, with every other field held at a valid value; each refusal lands
         beside the field it names. The service stays the only judge of what is valid."""
-        from admission import services
-        from switchboard.errors import InvalidArgument
-
         kwargs = self.service_kwargs()
         window = kwargs["window"] or {}
         good_window = {"period": WindowPeriod.DAY, "tz": "UTC", "start": "00:00"}

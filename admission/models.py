@@ -1,6 +1,6 @@
-"""Admission policies and their window counters (seed 000), and the ledger (seed 003).
+"""Admission policies (a budget per queue identity) and their window counters.
 
-Every CHECK of the seed's schema is a database constraint here and is mirrored in
+Every invariant of a policy is a database constraint here and is mirrored in
 ``admission/schemas.py`` so a bad request is refused naming the field before the database is asked.
 """
 
@@ -158,73 +158,3 @@ class AdmissionWindow(models.Model):
 
     def __str__(self) -> str:
         return f"{self.policy_id} @ {self.window_start:%Y-%m-%d %H:%M}"
-
-
-class LedgerKind(models.TextChoices):
-    POLICY_CREATE = "policy.create"
-    POLICY_UPDATE = "policy.update"
-    POLICY_DELETE = "policy.delete"
-    QUEUE_PAUSE = "queue.pause"
-    QUEUE_RESUME = "queue.resume"
-    ADMISSION_WAIVER = "admission.waiver"
-
-
-class LedgerEntry(models.Model):
-    """One append-only, hash-chained row. The app never updates or deletes these.
-
-    Actors are plain columns, not foreign keys, so the hashed history never changes when a user
-    or an endpoint is deleted.
-    """
-
-    seq = models.BigIntegerField(primary_key=True)
-    prev_hash = models.CharField(max_length=64)
-    kind = models.CharField(max_length=32, choices=LedgerKind.choices)
-    actor_human_id = models.BigIntegerField(null=True, blank=True)
-    actor_human_name = models.CharField(max_length=150, blank=True, default="")
-    actor_endpoint_id = models.UUIDField(null=True, blank=True)
-    actor_endpoint_slug = models.CharField(max_length=63, blank=True, default="")
-    scope = models.CharField(max_length=100, blank=True, default="")
-    queue = models.CharField(max_length=64, blank=True, default="")
-    before = models.JSONField(null=True, blank=True)
-    after = models.JSONField(null=True, blank=True)
-    at = models.DateTimeField()
-    entry_hash = models.CharField(max_length=64, unique=True)
-
-    class Meta:
-        ordering = ["seq"]
-        verbose_name_plural = "ledger entries"
-        indexes = [
-            # The audit tail of one policy (GET /api/v1/admission/{scope}/{queue}) and the filters.
-            models.Index(fields=["scope", "queue", "-seq"], name="ledger_scope_queue_idx"),
-            models.Index(fields=["kind", "-seq"], name="ledger_kind_idx"),
-            models.Index(fields=["at"], name="ledger_at_idx"),
-        ]
-        constraints = [
-            models.CheckConstraint(name="ledger_seq_positive", condition=Q(seq__gte=1)),
-            models.CheckConstraint(
-                name="ledger_kind_valid", condition=Q(kind__in=LedgerKind.values)
-            ),
-        ]
-
-    def __str__(self) -> str:
-        return f"#{self.seq} {self.kind}"
-
-
-class LedgerHead(models.Model):
-    """The chain's last row, signed with the ledger key: one row, rewritten by every append.
-
-    A chain whose last rows were deleted still verifies on its own; comparing it with the signed
-    head catches that (``admission.ledger.verify``). Added by the admission engineer
-    (migration 0002).
-    """
-
-    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
-    seq = models.BigIntegerField()
-    entry_hash = models.CharField(max_length=64)
-    mac = models.CharField(max_length=64)
-
-    class Meta:
-        constraints = [models.CheckConstraint(name="ledger_head_single_row", condition=Q(id=1))]
-
-    def __str__(self) -> str:
-        return f"ledger head #{self.seq}"

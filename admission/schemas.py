@@ -189,10 +189,3 @@ class PolicyEnvelopeOut(Schema):
     policy: PolicyOut | None = Field(description="The budget now; null after a clear")
     status: StatusOut
     usage: UsageOut | None
-
-
-class ErrorOut(Schema):
-    model_config = ConfigDict(extra="allow")
-    error: str
-    code: str
-    field: str | None = None

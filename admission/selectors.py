@@ -21,10 +21,12 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from admission import engine, windows
-from admission.models import AdmissionPolicy, AdmissionWindow, DeferralReason, LedgerEntry
-from queues.models import QUARANTINE_QUEUE, Endpoint
-from queues.principals import Actor, AgentActor, HumanActor
-from switchboard.errors import Forbidden, InvalidArgument, NotFound
+from admission.models import AdmissionPolicy, AdmissionWindow, DeferralReason
+from queues import access
+from queues.access import Actor, AgentActor, HumanActor
+from queues.models import QUARANTINE_QUEUE, Endpoint, Todo, TodoState
+from switchboard.core.errors import Forbidden, InvalidArgument, NotFound
+from switchboard.ledger.models import LedgerEntry
 
 HISTORY_WINDOWS = 30
 AUDIT_TAIL = 50
@@ -157,7 +159,7 @@ def _evaluate_identity(where: str, params: list[Any]) -> engine.Evaluation | Non
 
 
 def deferred_among(endpoint_id: UUID, queues: list[str]) -> list[engine.Evaluation]:
-    """The seed's unlocked pre-read for claim_next: the granted queues that are exhausted now,
+    """The unlocked pre-read for claim_next: the granted queues that are exhausted now,
     whichever todo is picked (window spent, a limit of 0, or a policy that cannot be evaluated).
     A full in-flight cap is left to the claim under the lock, because taking over a lapsed claim
     of the same queue is admitted. Read without locks, so it may be a moment stale; the claim
@@ -218,7 +220,6 @@ def usage(ev: engine.Evaluation) -> dict[str, Any]:
 
 
 def pending_count(endpoint_id: UUID, queue: str) -> int:
-    from queues.models import Todo, TodoState
 
     return Todo.objects.filter(
         endpoint_id=endpoint_id, queue=queue, state=TodoState.PENDING
@@ -247,15 +248,6 @@ def statuses_for(identities: Iterable[tuple[UUID, str]]) -> dict[tuple[UUID, str
     policies = list(AdmissionPolicy.objects.filter(q))
     evaluations = evaluate_policies(policies)
     return {(p.endpoint_id, p.queue): status(evaluations[p.id]) for p in policies}
-
-
-def policy_exists(endpoint_id: UUID, queue: str) -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT 1 FROM admission_admissionpolicy WHERE endpoint_id = %s AND queue = %s",
-            [endpoint_id, queue],
-        )
-        return cursor.fetchone() is not None
 
 
 # --- the policy as every surface shows it -------------------------------------------------------
@@ -330,10 +322,6 @@ def _endpoint_by_ref(ref: str) -> Endpoint | None:
     return qs.filter(Q(id=as_id) | Q(slug=ref)).first()
 
 
-def can_read_all(actor: HumanActor) -> bool:
-    return actor.is_superuser or actor.is_auditor
-
-
 def endpoint_for(actor: Actor, endpoint: Endpoint | str, *, write: bool) -> Endpoint:
     """The endpoint a budget read or write names, if the actor may see it; else not_found.
 
@@ -345,21 +333,16 @@ def endpoint_for(actor: Actor, endpoint: Endpoint | str, *, write: bool) -> Endp
     else:
         ref = parse_scope(endpoint) if endpoint.startswith("endpoint:") else endpoint
         found = _endpoint_by_ref(ref)
+    missing = NotFound("no such endpoint", scope=_scope_text(endpoint))
     if found is None:
-        raise NotFound("no such endpoint", scope=_scope_text(endpoint))
-    if isinstance(actor, AgentActor):
-        if found.id != actor.endpoint.id:
-            raise NotFound("no such endpoint", scope=_scope_text(endpoint))
-        return found
-    if actor.is_superuser:
-        return found
-    owns = found.owner_id == getattr(actor.user, "pk", None)
-    if actor.is_auditor:
-        if write:
-            raise Forbidden("auditors read budgets; they do not change them")
-        return found
-    if not owns:
-        raise NotFound("no such endpoint", scope=_scope_text(endpoint))
+        raise missing
+    access.check_endpoint(
+        actor,
+        found,
+        write=write,
+        missing=missing,
+        forbidden="auditors read budgets; they do not change them",
+    )
     return found
 
 
@@ -373,11 +356,7 @@ def visible_policies(actor: Actor) -> QuerySet[AdmissionPolicy]:
     qs = AdmissionPolicy.objects.select_related("endpoint", "updated_by").order_by(
         "endpoint__slug", "queue"
     )
-    if isinstance(actor, AgentActor):
-        return qs.filter(endpoint=actor.endpoint)
-    if can_read_all(actor):
-        return qs
-    return qs.filter(endpoint__owner_id=getattr(actor.user, "pk", None))
+    return qs.filter(access.endpoint_q(actor))
 
 
 def policies_with_status(
@@ -493,15 +472,7 @@ def admission_status(actor: AgentActor, queue: str | None = None) -> list[dict[s
 def visible_ledger(actor: HumanActor) -> QuerySet[LedgerEntry]:
     """Auditors and superusers read every row; owners the rows of their endpoints' scopes and
     the pauses of the queue names those endpoints drain (the board, the ledger page, the CSV)."""
-    qs = LedgerEntry.objects.all()
-    if actor.is_superuser or actor.is_auditor:
-        return qs
-    endpoints = list(
-        Endpoint.objects.filter(owner_id=actor.user.pk).values_list("slug", "scope_queues")
-    )
-    scopes = [f"endpoint:{slug}" for slug, _ in endpoints]
-    queues = sorted({q for _, scope in endpoints for q in scope})
-    return qs.filter(Q(scope__in=scopes) | Q(scope="queue", queue__in=queues))
+    return LedgerEntry.objects.filter(access.ledger_q(actor))
 
 
 def ledger_rows(

@@ -1,7 +1,7 @@
 """Every write to admission policies, and the admission sweeps (reopen, retention).
 
 Called alike by the API, MCP (the agent's own-budget verbs), the CLI, the admin and Celery beat.
-Keyword-only arguments; refusals are ``switchboard.errors`` domain errors naming the field.
+Keyword-only arguments; refusals are ``switchboard.core.errors`` domain errors naming the field.
 
 A policy write (1) finds the endpoint the actor may change (foreign and unknown: not_found),
 (2) validates every field, mirroring every database constraint, (3) takes a token from the
@@ -26,23 +26,25 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from admission import ledger, selectors, windows
+from admission import selectors, windows
 from admission.models import (
     MAX_CLAIMS_PER_WINDOW,
     MAX_IN_FLIGHT,
     WINDOW_START_RE,
     AdmissionPolicy,
     AdmissionWindow,
-    LedgerKind,
     Posture,
     Weekday,
     WindowPeriod,
 )
 from queues import wakes
-from queues.models import QUARANTINE_QUEUE, Endpoint, EndpointState, Verb
-from queues.principals import Actor, AgentActor
-from switchboard import counters, ratelimit
-from switchboard.errors import Conflict, Forbidden, InvalidArgument, NotFound, RateLimited
+from queues.access import Actor, AgentActor
+from queues.claimable import CLAIMABLE
+from queues.models import QUARANTINE_QUEUE, Endpoint, EndpointState, Verb, check_queue_name
+from switchboard.core import counters, ratelimit
+from switchboard.core.errors import Conflict, Forbidden, InvalidArgument, NotFound, RateLimited
+from switchboard.ledger import chain as ledger
+from switchboard.ledger.models import LedgerKind
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +119,6 @@ def clean_policy(
 
     The same checks back the API schemas, the agent verbs, the CLI and the admin form.
     """
-    from queues.services import check_queue_name
-
     check_queue_name(queue)
     if queue == QUARANTINE_QUEUE:
         raise InvalidArgument(
@@ -390,25 +390,13 @@ end
 return out
 """
 
-# Work a claim could take now, as the claim predicate (queues/claims.py) sees it: pending, a lapsed
-# lease or a due retry, with attempts left; never quarantine; never a paused queue name.
-_CLAIMABLE = """
-    t.queue <> 'quarantine'
-    AND (
-        (t.state = 'pending' AND t.attempt < t.max_attempts)
-        OR (t.state = 'claimed' AND t.lease_expires_at <= now() AND t.attempt < t.max_attempts)
-        OR (t.state = 'failed' AND t.next_retry_at <= now() AND t.attempt < t.max_attempts)
-    )
-    AND NOT EXISTS (SELECT 1 FROM queues_queuepause qp WHERE qp.queue = t.queue)
-"""
-
 # Queue identities with a budget and claimable work on an active endpoint.
 _ELIGIBLE_SQL = f"""
 SELECT p.id FROM admission_admissionpolicy p
 JOIN queues_endpoint e ON e.id = p.endpoint_id AND e.state = 'active'
 WHERE EXISTS (
     SELECT 1 FROM queues_todo t
-    WHERE t.endpoint_id = p.endpoint_id AND t.queue = p.queue AND {_CLAIMABLE}
+    WHERE t.endpoint_id = p.endpoint_id AND t.queue = p.queue AND {CLAIMABLE}
 )
 """
 
@@ -416,7 +404,7 @@ _IDENTITY_ELIGIBLE_SQL = f"""
 SELECT EXISTS (
     SELECT 1 FROM queues_endpoint e WHERE e.id = %(e)s AND e.state = 'active'
 ) AND EXISTS (
-    SELECT 1 FROM queues_todo t WHERE t.endpoint_id = %(e)s AND t.queue = %(q)s AND {_CLAIMABLE}
+    SELECT 1 FROM queues_todo t WHERE t.endpoint_id = %(e)s AND t.queue = %(q)s AND {CLAIMABLE}
 )
 """
 

@@ -11,4 +11,5 @@ urlpatterns = [
     path("budgets/<slug:slug>/<str:queue>/clear", views.budget_clear_view, name="budget_clear"),
     path("ledger", views.ledger_view, name="ledger"),
     path("ledger.csv", views.ledger_csv_view, name="ledger_csv"),
+    path("ledger/verify", views.ledger_verify_view, name="ledger_verify"),
 ]

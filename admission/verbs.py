@@ -1,4 +1,4 @@
-"""The agent's budget verbs, served as REST routes and MCP tools (switchboard/verbs.py).
+"""The agent's budget verbs, served as REST routes and MCP tools (switchboard/core/verbs.py).
 
 - ``admission_status {queue?}``: granted with claim or claim_next (``Endpoint.holds``); only the
   caller's scoped queues, an out-of-scope queue is ``forbidden``.
@@ -19,8 +19,9 @@ from admission.schemas import (
     PolicyEnvelopeOut,
     SetAdmissionPolicyIn,
 )
-from queues.principals import AgentActor
-from switchboard.verbs import verb
+from queues.access import AgentActor
+from queues.schemas import iso
+from switchboard.core.verbs import verb
 
 
 def _jsonable(value: Any) -> Any:
@@ -29,8 +30,6 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, list):
         return [_jsonable(v) for v in value]
     if hasattr(value, "isoformat"):
-        from queues.schemas import iso
-
         return iso(value)
     return value
 

@@ -3,8 +3,8 @@ and the ledger list with its CSV export and chain badge.
 
 Writes go through ``admission.services.policy_set`` / ``policy_clear`` (so each lands in the
 ledger); reads through ``admission.selectors``; the preview through ``admission.engine.evaluate``
-and ``admission.windows``; the badge through ``admission.ledger.verify`` (the check behind
-``manage.py ledger verify``).
+and ``admission.windows``; the chain badge from the stored check
+(``switchboard.ledger.chain.last_check``, refreshed by beat, ``ledger verify`` and "verify now").
 """
 
 from __future__ import annotations
@@ -23,21 +23,22 @@ from django.core.paginator import Paginator
 from django.db.models import Count, Min, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.http.response import HttpResponseBase
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
-from django.views.decorators.http import require_GET, require_http_methods
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from admission import engine, ledger, services
+from admission import engine, services
 from admission import selectors as admission_selectors
 from admission.forms import LedgerFilterForm, PolicyForm
-from admission.models import AdmissionPolicy, AdmissionWindow, LedgerEntry, LedgerKind
-from queues import board
-from queues.board import Viewer
-from queues.models import QUARANTINE_QUEUE, Endpoint, Todo, TodoState
-from queues.services import check_queue_name
-from queues.views import HtmxHttpRequest, console_login_required, refusal, zones
-from switchboard.errors import DomainError, Forbidden, InvalidArgument, NotFound
+from admission.models import AdmissionPolicy, AdmissionWindow
+from queues.access import Viewer
+from queues.models import QUARANTINE_QUEUE, Endpoint, Todo, TodoState, check_queue_name
+from switchboard.core.errors import DomainError, Forbidden, InvalidArgument, NotFound
+from switchboard.core.pages import HtmxHttpRequest, console_login_required, identity_key, refusal
+from switchboard.core.zones import zone_named, zones
+from switchboard.ledger import chain as ledger
+from switchboard.ledger.models import LedgerEntry, LedgerKind
 
 LEDGER_PAGE = 50
 
@@ -46,7 +47,7 @@ LEDGER_PAGE = 50
 
 def _board_anchor(endpoint: Endpoint, queue: str) -> str:
     """Back to the board, focus on the section's edit control (static/js/console.js)."""
-    return reverse("board") + "#edit-" + board.identity_key(endpoint.slug, queue)
+    return reverse("board") + "#edit-" + identity_key(endpoint.slug, queue)
 
 
 def _identity(request: HttpRequest, viewer: Viewer, slug: str, queue: str) -> Endpoint:
@@ -116,7 +117,7 @@ def preview(
         "usage": admission_selectors.usage(proposed),
         "changes": changes(before, after),
         "new_count": new_count,
-        "zone": board.zone_named(spec.window_tz)[1] if spec.window_tz else None,
+        "zone": zone_named(spec.window_tz)[1] if spec.window_tz else None,
     }
 
 
@@ -190,9 +191,7 @@ def _budget_context(
         "status": admission_selectors.status(evaluation) if evaluation else None,
         "usage": admission_selectors.usage(evaluation) if evaluation else None,
         "window_description": admission_selectors.describe_window(policy) if policy else None,
-        "policy_zone": board.zone_named(policy.window_tz)[1]
-        if policy and policy.window_tz
-        else None,
+        "policy_zone": zone_named(policy.window_tz)[1] if policy and policy.window_tz else None,
         "form": form,
         "can_write": can_write and viewer.writes,
         "zones": zones(),
@@ -200,7 +199,7 @@ def _budget_context(
         "history": history,
         "audit": admission_selectors.audit_tail(policy, 10) if policy is not None else [],
         "board_anchor": _board_anchor(endpoint, queue),
-        "key": board.identity_key(endpoint.slug, queue),
+        "key": identity_key(endpoint.slug, queue),
         "focus": _focus(form, preview=bool(extra.get("preview"))),
         **extra,
     }
@@ -280,7 +279,7 @@ def usage_chart(history: list[dict[str, Any]], policy: AdmissionPolicy) -> dict[
         + [r["used"] + r["refused"] for r in rows]
         + [r["limit"] for r in rows if r["limit"] is not None]
     )
-    zone = board.zone_named(policy.window_tz)[1]
+    zone = zone_named(policy.window_tz)[1]
     step = plot_w / slots
     bar_w = max(step * 0.7, 1.0)
 
@@ -387,20 +386,33 @@ def filtered_ledger(viewer: Viewer, form: LedgerFilterForm) -> QuerySet[LedgerEn
 
 
 def _chain_badge(viewer: Viewer) -> dict[str, Any]:
-    report = ledger.verify()
+    """The last stored verification (the beat task's, or one asked for): never a full verify
+    per page view."""
+    stored = ledger.last_check()
+    report = stored.report
+    problem = report["chain"]["problem"]
     detail = ""
-    if report.chain is not None:
-        detail = f"seq {report.chain.seq}: {report.chain.problem}. {report.chain.detail}"
-    elif report.drift:
-        detail = "; ".join(f"{d.scope}/{d.queue}: {d.problem}" for d in report.drift[:3])
+    if problem is not None:
+        detail = f"seq {problem['seq']}: {problem['problem']}. {problem['detail']}"
+    elif report["drift"]:
+        detail = "; ".join(f"{d['policy']}: {d['problem']}" for d in report["drift"][:3])
     return {
-        "ok": report.ok,
-        "rows": report.rows,
-        "chain_ok": report.chain is None,
-        "drift": len(report.drift),
+        "ok": stored.ok,
+        "rows": report["rows"],
+        "chain_ok": problem is None,
+        "drift": len(report["drift"]),
+        "checked_at": stored.checked_at,
         # Owners see whether the chain holds; auditors and superusers also see where it breaks.
         "detail": detail if viewer.sees_all else "",
     }
+
+
+@require_POST
+@console_login_required
+def ledger_verify_view(request: HttpRequest) -> HttpResponse:
+    """Verify the chain now (it reads every row) and show the ledger with the fresh result."""
+    ledger.check()
+    return redirect("ledger")
 
 
 @require_GET

@@ -1,4 +1,4 @@
-"""Window arithmetic for admission policies (seed 000, "Window arithmetic").
+"""Window arithmetic for admission policies: where a claims-per-window budget's window begins and ends.
 
 A window is the span between two consecutive boundaries. Boundaries fall at a declared local
 wall-clock time in an IANA zone:
@@ -28,12 +28,15 @@ The functions are pure and take any object shaped like :class:`WindowSpec`, whic
 
 from __future__ import annotations
 
-import functools
 import re
 import zoneinfo
 from dataclasses import dataclass
 from datetime import UTC, datetime, time, timedelta
 from typing import Protocol
+
+from switchboard.core.zones import zone_exists
+
+__all__ = ["zone_exists"]
 
 _START_RE = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])")
 _WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
@@ -41,8 +44,6 @@ _STEPS = {"hour": timedelta(hours=1), "day": timedelta(days=1), "week": timedelt
 
 # Names that available_timezones() may list but that depend on the host ("localtime" is whatever
 # the machine is set to) or carry no rules ("Factory" means "local time unknown").
-_NOT_ZONES = frozenset({"localtime", "posixrules", "Factory"})
-
 # The candidate span doubles up to this many steps either side of t before giving up. Ordinary
 # transitions need one step; a skipped day (Samoa, 2011) needs a few dozen hourly steps.
 _MAX_SPAN = 256
@@ -83,16 +84,6 @@ class _Parsed:
     hour: int
     minute: int
     weekday: int | None  # Mon == 0, only for week
-
-
-@functools.cache
-def _zone_names() -> frozenset[str]:
-    return frozenset(zoneinfo.available_timezones() - _NOT_ZONES)
-
-
-def zone_exists(name: str) -> bool:
-    """Whether ``name`` is a known IANA zone, for refusing a policy at write time."""
-    return name == "UTC" or name in _zone_names()
 
 
 def _parse(spec: WindowSpec) -> _Parsed:

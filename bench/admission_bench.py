@@ -40,7 +40,7 @@ def _phase(endpoint: Any, claimers: int, duration_s: float) -> tuple[float, bool
     from django.db import connections
 
     from queues import services
-    from queues.principals import AgentActor
+    from queues.access import AgentActor
 
     actor = AgentActor(endpoint, via="api")
     counts = [0] * claimers
@@ -96,8 +96,8 @@ def run(duration_s: float) -> dict[str, Any]:
 
     from admission import services as admission_services
     from queues import services
+    from queues.access import HumanActor
     from queues.models import Endpoint
-    from queues.principals import HumanActor
 
     tag = secrets.token_hex(4)
     user = get_user_model().objects.create_user(f"bench-admission-{tag}")

@@ -49,7 +49,7 @@ def _page(client: Any, url: str, runs: int) -> dict[str, Any]:
 
 def _verify_ms() -> float:
     """The ledger page's chain badge verifies the whole chain; its share of the page time."""
-    from admission import ledger
+    from switchboard.ledger import chain as ledger
 
     t0 = time.perf_counter()
     ledger.verify()
@@ -60,7 +60,7 @@ def _live(fleet: Any, session_cookie: str) -> dict[str, Any]:
     import httpx
 
     from queues import services
-    from queues.principals import AgentActor
+    from queues.access import AgentActor
     from switchboard.liveserver import live_server
 
     events: queue.Queue[tuple[float, str]] = queue.Queue()

@@ -11,8 +11,8 @@ from django.db import connection
 
 from bench.common import timed_pool
 from queues import services
+from queues.access import AgentActor
 from queues.models import Endpoint, Todo
-from queues.principals import AgentActor
 from queues.services import Claimed
 
 WORKER_COUNTS = (1, 4, 16)

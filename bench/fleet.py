@@ -37,7 +37,7 @@ def seed(
     are in trouble, one of each of ``TROUBLES``."""
     from admission import services as admission_services
     from queues import pauses, services
-    from queues.principals import AgentActor, HumanActor
+    from queues.access import AgentActor, HumanActor
 
     owner, _ = User.objects.get_or_create(
         username=f"{prefix}-owner", defaults={"is_superuser": True, "is_staff": True}
@@ -127,8 +127,8 @@ def _bulk_todos(pairs: list[tuple[Any, str]], total: int) -> None:
 
 def _bulk_ledger(rows: int, owner: User) -> None:
     """``rows`` ledger rows after whatever is there, chained and MACed as ``append`` does."""
-    from admission import ledger
-    from admission.models import LedgerEntry
+    from switchboard.ledger import chain as ledger
+    from switchboard.ledger.models import LedgerEntry
 
     if rows <= 0:
         return

@@ -23,8 +23,8 @@ from django.db import connection
 
 from bench.common import timed_pool
 from queues import services
+from queues.access import AgentActor
 from queues.models import Endpoint, Todo
-from queues.principals import AgentActor
 from queues.services import Claimed
 from switchboard.liveserver import live_server
 

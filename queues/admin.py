@@ -1,5 +1,6 @@
 """The admin: endpoints (vend shows the token once), todos (retry, release), attempts (read-only),
-pauses and personal tokens. Every write goes through queues/services.py."""
+pauses and personal tokens. Every write goes through the services (``queues.services`` and
+``queues.pauses``), so each lands in the ledger; nothing here deletes a todo or a token."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 
-from queues import services
+from queues import pauses, services
+from queues.access import HumanActor
 from queues.models import (
     BASIC_VERBS,
     GRANTABLE_VERBS,
@@ -23,9 +25,9 @@ from queues.models import (
     QueuePause,
     Todo,
     TodoState,
+    check_queue_name,
 )
-from queues.principals import HumanActor
-from switchboard.errors import DomainError
+from switchboard.core.errors import DomainError
 
 
 class EndpointVendForm(forms.ModelForm):
@@ -52,7 +54,7 @@ class EndpointVendForm(forms.ModelForm):
             raise forms.ValidationError("name at least one queue")
         for name in names:
             try:
-                services.check_queue_name(name, field_name="queues")
+                check_queue_name(name, field_name="queues")
             except DomainError as exc:
                 raise forms.ValidationError(exc.message) from exc
         return names
@@ -140,12 +142,31 @@ class EndpointAdmin(admin.ModelAdmin):
         return [] if obj is None else self.readonly_fields
 
     def save_model(self, request: HttpRequest, obj: Endpoint, form: Any, change: bool) -> None:
-        if change:
-            super().save_model(request, obj, form, change)
-            return
         data = form.cleaned_data
+        if change:
+            # Through the service: a hook URL gets its signing secret, the change its ledger row.
+            fields = {
+                "name": "name",
+                "owner": "owner",
+                "notify_url": "notify_url",
+                "default_lease_ttl_seconds": "lease_ttl_seconds",
+                "rate_limit_rps": "rps",
+                "rate_limit_burst": "burst",
+            }
+            try:
+                services.endpoint_update(
+                    endpoint=Endpoint.objects.get(pk=obj.pk),
+                    actor=_actor(request),
+                    **{
+                        arg: data[name] for name, arg in fields.items() if name in form.changed_data
+                    },
+                )
+            except DomainError as exc:
+                raise forms.ValidationError(exc.message) from exc
+            return
         try:
             endpoint, token = services.endpoint_vend(
+                actor=_actor(request),
                 owner=data["owner"],
                 name=data["name"],
                 queues=data["queues"],
@@ -173,7 +194,10 @@ class EndpointAdmin(admin.ModelAdmin):
     def revoke(self, request: HttpRequest, queryset: QuerySet[Endpoint]) -> None:
         total = 0
         for endpoint in queryset.filter(state=EndpointState.ACTIVE):
-            total += services.endpoint_revoke(endpoint=endpoint)
+            try:
+                total += services.endpoint_revoke(endpoint=endpoint, actor=_actor(request))
+            except DomainError as exc:
+                self.message_user(request, f"{endpoint.slug}: {exc.message}", level=messages.ERROR)
         self.message_user(request, f"Revoked; {total} live todo(s) dead-lettered.")
 
 
@@ -215,6 +239,10 @@ class TodoAdmin(admin.ModelAdmin):
         # Todos change state only through the services (actions here, the API, the board).
         return False
 
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # A todo's history (attempts, the ledger's waivers) outlives it: never deleted here.
+        return False
+
     @admin.action(description="Retry (failed → pending, attempt reset)")
     def retry(self, request: HttpRequest, queryset: QuerySet[Todo]) -> None:
         self._each(request, queryset.filter(state=TodoState.FAILED), services.todo_retry, "retried")
@@ -226,7 +254,7 @@ class TodoAdmin(admin.ModelAdmin):
         )
 
     def _each(self, request: HttpRequest, queryset: QuerySet[Todo], fn: Any, verb: str) -> None:
-        actor = HumanActor(request.user, via="admin")
+        actor = _actor(request)
         done, refused = 0, []
         for todo in queryset:
             try:
@@ -278,8 +306,6 @@ class QueuePauseForm(forms.ModelForm):
         fields = ["queue", "reason"]
 
     def clean(self) -> dict[str, Any]:
-        from queues import pauses
-
         data = super().clean() or {}
         if self.errors:
             return data
@@ -312,8 +338,7 @@ class QueuePauseAdmin(admin.ModelAdmin):
     actions = ["resume"]
 
     def _may_pause(self, request: HttpRequest) -> bool:
-        user: Any = request.user
-        return bool(user.is_superuser or user.has_perm("queues.pause_queue"))
+        return _actor(request).can_pause
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return self._may_pause(request)
@@ -342,8 +367,6 @@ class QueuePauseAdmin(admin.ModelAdmin):
 
     @admin.action(description="Resume the selected queues (wakes their backlog once)")
     def resume(self, request: HttpRequest, queryset: QuerySet[QueuePause]) -> None:
-        from queues import pauses
-
         if not self._may_pause(request):
             self.message_user(request, "You may not resume queues.", level=messages.ERROR)
             return
@@ -364,15 +387,39 @@ class HumanTokenAdmin(admin.ModelAdmin):
     fields = ["user", "name", "token_prefix", "created_at", "last_used_at", "revoked_at"]
     actions = ["revoke"]
 
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # A token is created and revoked, never edited (nor given to another user).
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Revoke instead: the ledger keeps the create and the revoke.
+        return False
+
     def save_model(self, request: HttpRequest, obj: HumanToken, form: Any, change: bool) -> None:
-        if change:
-            super().save_model(request, obj, form, change)
-            return
-        token_obj, token = services.human_token_create(user=obj.user, name=obj.name)
+        try:
+            token_obj, token = services.human_token_create(
+                user=obj.user, name=obj.name, actor=_actor(request)
+            )
+        except DomainError as exc:
+            raise forms.ValidationError(exc.message) from exc
         obj.pk = token_obj.pk
         messages.warning(request, f"Personal access token created; shown only now: {token}")
 
     @admin.action(description="Revoke")
     def revoke(self, request: HttpRequest, queryset: QuerySet[HumanToken]) -> None:
-        n = sum(1 for t in queryset if services.human_token_revoke(token=t))
+        n = 0
+        for token in queryset:
+            try:
+                n += services.human_token_revoke(token=token, actor=_actor(request))
+            except DomainError as exc:
+                self.message_user(request, f"{token}: {exc.message}", level=messages.ERROR)
         self.message_user(request, f"{n} token(s) revoked.")
+
+
+def _actor(request: HttpRequest) -> HumanActor:
+    """The admin's user as the acting human (roles looked up once per request)."""
+    cached = getattr(request, "_switchboard_actor", None)
+    if cached is None:
+        cached = HumanActor(request.user, via="admin")
+        request._switchboard_actor = cached  # type: ignore[attr-defined]
+    return cached

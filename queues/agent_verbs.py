@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from queues import selectors, services
+from queues.access import AgentActor
 from queues.models import TodoSource
-from queues.principals import AgentActor
 from queues.schemas import (
     ClaimIn,
     ClaimNextIn,
@@ -30,11 +30,11 @@ from queues.schemas import (
     one_todo_out,
     todos_out,
 )
-from switchboard.verbs import verb
+from switchboard.core.verbs import verb
 
-# What a claim can answer besides success: no such todo, not claimable / deferred, and a
-# budget that cannot be evaluated.
-CLAIM_ERRORS = (404, 409, 503)
+# What a claim can answer besides success: no such todo, not claimable or deferred (a budget
+# that cannot be evaluated defers with reason admission_unavailable: it fails closed).
+CLAIM_ERRORS = (404, 409)
 TRANSITION_ERRORS = (404, 409)
 
 
@@ -134,7 +134,6 @@ def claim(actor: AgentActor, data: ClaimIn) -> dict[str, Any]:
     description="Claim the oldest claimable todo of the granted queues (or of one). Answers "
     '{"empty": true} when there is none, with "deferred" listing queues whose work admission '
     "holds back and when it may go.",
-    errors=(503,),
 )
 def claim_next(actor: AgentActor, data: ClaimNextIn) -> dict[str, Any]:
     result = services.claim_next(

@@ -1,7 +1,7 @@
 """REST routes of the queues app: the agent verbs, and the operator routes for endpoints and todos.
 
 Agent routes (``/api/v1/agent/<verb>``, bearer ``sbk_``) are generated from the verb registry
-(``switchboard.verbs``), one POST per verb, the body being the verb's arguments. The grant is
+(``switchboard.core.verbs``), one POST per verb, the body being the verb's arguments. The grant is
 checked with the credentials, before the body is read, so a verb outside ``scope_verbs`` is 403
 whatever the body says.
 
@@ -22,13 +22,13 @@ from ninja import Query, Router, Schema
 from ninja.responses import Response, Status
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from queues import selectors, services
+from queues import access, selectors, services
+from queues.access import AgentActor, HumanActor
+from queues.auth import AgentAuth, HumanAuth, authenticate_agent
 from queues.models import QUEUE_NAME_RE, Endpoint, Todo, TodoSource
-from queues.principals import AgentActor, HumanActor
 from queues.schemas import (
     CreateTodoOut,
     EndpointListOut,
-    ErrorOut,
     OperatorCreateTodoIn,
     RevokeOut,
     TodoEnvelope,
@@ -42,9 +42,9 @@ from queues.schemas import (
     vend_out,
 )
 from queues.selectors import MAX_PAGE
-from switchboard import verbs
-from switchboard.auth import AgentAuth, HumanAuth, authenticate_agent
-from switchboard.errors import Forbidden, InvalidArgument, NotFound
+from switchboard.core import verbs
+from switchboard.core.errors import Forbidden, InvalidArgument, NotFound
+from switchboard.core.http import ErrorOut
 
 # --- agent verbs ------------------------------------------------------------------------------
 
@@ -123,15 +123,12 @@ WRITE_ERRORS = (400, 401, 403, 404, 409, 413)
 
 
 def _refuse_auditor(actor: HumanActor) -> None:
-    if actor.is_auditor and not actor.is_superuser:
+    if not actor.writes:
         raise Forbidden("auditors read; they do not change endpoints or todos")
 
 
 def _visible_endpoints(actor: HumanActor) -> Any:
-    qs = Endpoint.objects.select_related("owner")
-    if actor.is_superuser or actor.is_auditor:
-        return qs
-    return qs.filter(owner_id=actor.user.pk)
+    return access.visible_endpoints(actor)
 
 
 def _endpoint(actor: HumanActor, slug: str) -> Endpoint:
@@ -158,6 +155,7 @@ def vend(request: HttpRequest, data: VendIn) -> Any:
         if owner is None:
             raise InvalidArgument(f"no user named {data.owner!r}", field="owner")
     endpoint, token = services.endpoint_vend(
+        actor=actor,
         owner=owner,
         name=data.name,
         queues=data.queues,
@@ -200,7 +198,7 @@ def revoke(request: HttpRequest, slug: str) -> Any:
     actor: HumanActor = request.auth  # type: ignore[attr-defined]
     endpoint = _endpoint(actor, slug)
     _refuse_auditor(actor)
-    count = services.endpoint_revoke(endpoint=endpoint)
+    count = services.endpoint_revoke(endpoint=endpoint, actor=actor)
     return {"endpoint": endpoint_out(endpoint), "dead_lettered": count}
 
 

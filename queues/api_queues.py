@@ -14,17 +14,12 @@ from django.http import HttpRequest
 from ninja import Field, Router, Schema
 
 from queues import pauses, selectors
+from queues.access import HumanActor
+from queues.auth import HumanAuth
 from queues.conditions import Condition
-from queues.principals import HumanActor
-from switchboard.auth import HumanAuth
+from switchboard.core.http import ErrorOut
 
 router = Router(tags=["queues"], auth=HumanAuth())
-
-
-class ErrorOut(Schema):
-    error: str
-    code: str
-    field: str | None = None
 
 
 class PauseInfoOut(Schema):

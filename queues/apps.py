@@ -8,10 +8,4 @@ class QueuesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from prometheus_client import REGISTRY
-
-        from queues.collectors import SwitchboardCollector
-
-        if not getattr(REGISTRY, "_switchboard_registered", False):
-            REGISTRY.register(SwitchboardCollector())
-            REGISTRY._switchboard_registered = True  # type: ignore[attr-defined]
+        import queues.agent_verbs  # noqa: F401  (declares this app's agent verbs)

@@ -12,9 +12,9 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from queues import pauses
-from queues.principals import HumanActor
-from switchboard.cli import acting_human, add_common_options, emit, refused
-from switchboard.errors import DomainError
+from queues.access import HumanActor
+from switchboard.core.cli import acting_human, add_common_options, emit, refused
+from switchboard.core.errors import DomainError
 
 
 def register(subparsers: Any, parser: argparse.ArgumentParser) -> None:

@@ -13,9 +13,6 @@ from collections.abc import Iterable
 
 from django.db import models
 
-from admission.engine import Evaluation
-from admission.models import DeferralReason
-
 
 class Condition(models.TextChoices):
     # Worst first: the order is the board's order and the badge's precedence.
@@ -23,6 +20,7 @@ class Condition(models.TextChoices):
     DEFERRED_UNAVAILABLE = "deferred_unavailable", "Deferred · admission unavailable"
     DEFERRED_HELD = "deferred_held", "Deferred · held by a zero limit"
     DEFERRED_WINDOW = "deferred_window", "Deferred · window used up"
+    DEFERRED_LIMIT = "deferred_limit", "Deferred · a named limit is full"
     AT_CAP = "at_cap", "At cap · in flight full"
     DEAD_LETTERS = "dead_letters", "Dead letters"
     FAILING = "failing", "Failing · retries waiting"
@@ -38,6 +36,7 @@ TONE = {
     Condition.DEFERRED_UNAVAILABLE: "unavailable",
     Condition.DEFERRED_HELD: "paused",
     Condition.DEFERRED_WINDOW: "exhausted",
+    Condition.DEFERRED_LIMIT: "exhausted",
     Condition.AT_CAP: "exhausted",
     Condition.DEAD_LETTERS: "failing",
     Condition.FAILING: "failing",
@@ -45,12 +44,13 @@ TONE = {
     Condition.HEALTHY: "admitted",
 }
 
-# A budget's refusal reason (the API's ``admission.reason``) as a condition.
+# A claim gate's refusal reason (the API's ``admission.reason``) as a condition. The reasons are
+# the gates' words (admission's DeferralReason); queues names them without importing admission.
 BY_REASON = {
-    DeferralReason.WINDOW_EXHAUSTED: Condition.DEFERRED_WINDOW,
-    DeferralReason.IN_FLIGHT_FULL: Condition.AT_CAP,
-    DeferralReason.PAUSED: Condition.DEFERRED_HELD,
-    DeferralReason.ADMISSION_UNAVAILABLE: Condition.DEFERRED_UNAVAILABLE,
+    "window_exhausted": Condition.DEFERRED_WINDOW,
+    "in_flight_full": Condition.AT_CAP,
+    "paused": Condition.DEFERRED_HELD,
+    "admission_unavailable": Condition.DEFERRED_UNAVAILABLE,
 }
 
 # The conditions that need an operator: the board shows them first and in full.
@@ -61,20 +61,19 @@ def of(
     *,
     quarantine: bool,
     paused: bool,
-    evaluations: Iterable[Evaluation | None],
+    refusals: Iterable[str | None],
     failing: int,
     dead_letter: int,
 ) -> list[Condition]:
-    """Every condition that holds for a queue identity (one budget evaluation) or a queue name
-    (the evaluations of its identities' budgets), worst first; never empty."""
+    """Every condition that holds for a queue identity or a queue name, worst first; never
+    empty. ``refusals`` are the reasons the claim gates refuse it now (none when admitted)."""
     found: list[Condition] = []
     if paused and not quarantine:
         found.append(Condition.PAUSED)
-    for ev in evaluations:
-        if ev is not None and not ev.admits and ev.reason:
-            condition = BY_REASON[DeferralReason(ev.reason)]
-            if condition not in found:
-                found.append(condition)
+    for reason in refusals:
+        condition = for_reason(reason)
+        if condition is not None and condition not in found:
+            found.append(condition)
     if dead_letter:
         found.append(Condition.DEAD_LETTERS)
     if failing:
@@ -89,10 +88,7 @@ def for_reason(reason: str | None) -> Condition | None:
     """The condition a deferred todo's reason names (its chip's words)."""
     if reason is None:
         return None
-    try:
-        return BY_REASON[DeferralReason(reason)]
-    except ValueError:
-        return None
+    return BY_REASON.get(reason, Condition.DEFERRED_LIMIT)
 
 
 def worst(conditions: Iterable[Condition]) -> Condition:

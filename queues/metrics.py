@@ -1,12 +1,12 @@
-"""The Switchboard counters (seed 000 and 001), moved after commit through Redis.
+"""The Switchboard counters (claims, refusals, pauses, outcomes), moved after commit through Redis.
 
 Label values are queue names and small enumerations only: never an endpoint or an owner.
-The scrape-time collector (``queues/collectors.py``) caps the queue label.
+The scrape-time collector (``switchboard/console/collectors.py``) caps the queue label.
 """
 
 from __future__ import annotations
 
-from switchboard import counters
+from switchboard.core import counters
 
 CREATED = "switchboard_todos_created_total"
 CLAIMED = "switchboard_todos_claimed_total"

@@ -1,11 +1,12 @@
 """Endpoints, todos, attempts, queue pauses and personal access tokens.
 
-The claim statements in ``queues/claims.py`` are raw SQL over these tables; the partial indexes
+The claim statements in ``queues/sql.py`` are raw SQL over these tables; the partial indexes
 below name the statement or sweep that uses each one.
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 
 from django.conf import settings
@@ -13,8 +14,23 @@ from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 
+from switchboard.core.errors import InvalidArgument
+
 QUARANTINE_QUEUE = "quarantine"
 QUEUE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
+
+
+def check_queue_name(queue: str, *, field_name: str = "queue") -> str:
+    """The queue name, or ``invalid_argument`` naming the field (the database checks it too)."""
+    if not isinstance(queue, str) or not re.match(QUEUE_NAME_RE, queue):
+        raise InvalidArgument(
+            f"{field_name} must be 1-64 letters, digits, '.', '_', ':' or '-', "
+            "starting with a letter or digit",
+            field=field_name,
+        )
+    return queue
+
+
 SLUG_RE = r"^[a-z0-9][a-z0-9-]{0,62}$"
 
 
@@ -208,7 +224,7 @@ class Todo(models.Model):
             ),
         ]
         indexes = [
-            # claim_next's candidate scan (queues/claims.py CLAIM_NEXT_SQL, FOR UPDATE SKIP
+            # claim_next's candidate scan (queues/sql.py claim_next_sql, FOR UPDATE SKIP
             # LOCKED): the endpoint's live rows in created_at order, so the oldest claimable row
             # of any granted queue is found without sorting the backlog.
             models.Index(
@@ -292,7 +308,7 @@ class Attempt(models.Model):
     class Meta:
         ordering = ["todo", "claimed_at", "id"]
         indexes = [
-            # Transitions find the open attempt of a todo (queues/services.py _HOLDS_CLAIM).
+            # Transitions find the open attempt of a todo (queues/sql.py HOLDS_CLAIM).
             models.Index(fields=["todo", "number"], name="attempt_todo_number_idx"),
         ]
         constraints = [

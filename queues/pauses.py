@@ -1,6 +1,6 @@
-"""Pause and resume a queue by name, fleet-wide (seed 001).
+"""Pause and resume a queue by name, fleet-wide.
 
-A pause stops delivery and never intake: the claim predicate (queues/claims.py) excludes paused
+A pause stops delivery and never intake: the claim predicate (queues/sql.py) excludes paused
 queue names inside the statement that picks or locks the row, and the wakes skip them. These two
 services are the only writers of ``QueuePause``; the API, the CLI and the admin call them.
 
@@ -32,15 +32,13 @@ from uuid import UUID
 
 from django.db import OperationalError, connection, transaction
 
-from admission import ledger
-from admission.models import LedgerKind
-from queues import selectors, wakes
-from queues.models import QUARANTINE_QUEUE, QueuePause
-from queues.principals import HumanActor
-from queues.services import check_queue_name
-from switchboard.errors import Conflict, Forbidden, InvalidArgument, NotFound
+from queues import selectors, sql, wakes
+from queues.access import HumanActor
+from queues.models import QUARANTINE_QUEUE, QueuePause, check_queue_name
+from switchboard.core.errors import Conflict, Forbidden, InvalidArgument, NotFound
+from switchboard.ledger import chain as ledger
+from switchboard.ledger.models import LedgerKind
 
-PAUSE_PERMISSION = "queues.pause_queue"
 MAX_REASON = 500
 # How long a pause waits for in-flight claim transactions before giving up (a claim
 # transaction is one statement, so this is generous; tests shorten it).
@@ -102,21 +100,10 @@ class ResumeResult:
         }
 
 
-def can_pause(actor: HumanActor) -> bool:
-    """Superusers, and humans holding queues.pause_queue who are not auditors."""
-    user = actor.user
-    if not getattr(user, "is_authenticated", False) or not getattr(user, "is_active", False):
-        return False
-    if actor.is_superuser:
-        return True
-    has_perm = getattr(user, "has_perm", None)
-    return not actor.is_auditor and callable(has_perm) and bool(has_perm(PAUSE_PERMISSION))
-
-
 def _check_actor(actor: HumanActor) -> None:
     if not isinstance(actor, HumanActor):
         raise Forbidden("only a human operator pauses or resumes a queue")
-    if not can_pause(actor):
+    if not actor.can_pause:
         raise Forbidden("pausing and resuming queues needs the queues.pause_queue permission")
 
 
@@ -223,16 +210,6 @@ def _insert_pause(actor: HumanActor, queue: str, reason: str) -> PauseResult:
     return PauseResult(queue=queue, changed=True, pause=info)
 
 
-# The oldest pending todo of each endpoint on a queue: whom the resume rings, and which todo the
-# ready hook names (uses todo_pending_idx).
-_OLDEST_PENDING_SQL = """
-SELECT DISTINCT ON (t.endpoint_id) t.endpoint_id, e.slug, t.id
-FROM queues_todo t JOIN queues_endpoint e ON e.id = t.endpoint_id
-WHERE t.queue = %s AND t.state = 'pending' AND e.state = 'active'
-ORDER BY t.endpoint_id, t.created_at, t.id
-"""
-
-
 def queue_resume(*, actor: HumanActor, queue: str) -> ResumeResult:
     """Lift a pause and ring once, as a creation would, for each endpoint with pending todos.
 
@@ -271,7 +248,7 @@ def _existing_for_update(queue: str) -> QueuePause | None:
 
 def _ring(queue: str) -> list[str]:
     with connection.cursor() as cursor:
-        cursor.execute(_OLDEST_PENDING_SQL, [queue])
+        cursor.execute(sql.OLDEST_PENDING_SQL, [queue])
         rows: list[tuple[UUID, str, UUID]] = cursor.fetchall()
     return [
         slug

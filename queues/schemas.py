@@ -114,14 +114,6 @@ def one_todo_out(todo: Todo) -> dict[str, Any]:
     return todos_out([todo])[0]
 
 
-class ErrorOut(Schema):
-    """Every refusal: a sentence, a code, and details such as the field at fault."""
-
-    error: str
-    code: str
-    field: str | None = None
-
-
 class DeferredQueueOut(Schema):
     queue: str
     reason: str | None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -12,12 +11,11 @@ from django.db import connection
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from admission import selectors as admission_selectors
-from queues import conditions
+from queues import access, conditions, gates, sql
+from queues.access import Actor, AgentActor, HumanActor, todo_scope
 from queues.conditions import Condition
 from queues.models import QUARANTINE_QUEUE, Endpoint, QueuePause, Todo, TodoState
-from queues.principals import Actor, AgentActor, HumanActor, todo_scope
-from switchboard.errors import InvalidArgument, NotFound
+from switchboard.core.errors import InvalidArgument, NotFound
 
 MAX_PAGE = 200
 
@@ -79,7 +77,7 @@ def _decode_cursor(cursor: str) -> tuple[datetime, UUID]:
 def admission_for(todos: list[Todo]) -> dict[UUID, dict[str, Any]]:
     """The derived admission status of each pending todo of a budgeted queue identity."""
     pending = [t for t in todos if t.state == TodoState.PENDING]
-    statuses = admission_selectors.statuses_for({(t.endpoint_id, t.queue) for t in pending})
+    statuses = gates.statuses({(t.endpoint_id, t.queue) for t in pending})
     return {
         t.id: statuses[(t.endpoint_id, t.queue)]
         for t in pending
@@ -118,21 +116,11 @@ def queue_stats(
     """Every known queue (a todo, policy, pause or scope has used its name) with counts by state,
     the oldest pending todo and its pause. ``endpoint_ids`` narrows counts and names to those
     endpoints (an owner's view); paused queues are always listed, being fleet-wide."""
-    where, params = "", []
-    if endpoint_ids is not None:
-        where = "WHERE endpoint_id = ANY(%s)"
-        params = [endpoint_ids]
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            SELECT queue, state, count(*),
-                   count(*) FILTER (WHERE state = 'failed' AND next_retry_at IS NULL),
-                   min(created_at) FILTER (WHERE state = 'pending')
-            FROM queues_todo {where}
-            GROUP BY queue, state
-            """,
-            params,
-        )
+        if endpoint_ids is None:
+            cursor.execute(sql.queue_counts_sql(narrowed=False), [])
+        else:
+            cursor.execute(sql.queue_counts_sql(narrowed=True), [endpoint_ids])
         rows = cursor.fetchall()
     stats: dict[str, QueueStat] = {}
     for queue, state, count, dead, oldest in rows:
@@ -141,14 +129,10 @@ def queue_stats(
         stat.dead_letter += dead
         if oldest is not None:
             stat.oldest_pending_at = oldest
-    from admission.models import AdmissionPolicy
-
-    policies = AdmissionPolicy.objects.all()
     endpoints = Endpoint.objects.all()
     if endpoint_ids is not None:
-        policies = policies.filter(endpoint_id__in=endpoint_ids)
         endpoints = endpoints.filter(id__in=endpoint_ids)
-    known = set(policies.values_list("queue", flat=True))
+    known = gates.queue_names(endpoint_ids)
     for scope in endpoints.values_list("scope_queues", flat=True):
         known.update(scope)
     for name in known:
@@ -158,20 +142,32 @@ def queue_stats(
         stats[pause.queue].paused = pause
     out = [stats[name] for name in sorted(stats)]
     if with_conditions:
-        fill_conditions(out, policies)
+        fill_conditions(out, endpoint_ids)
     return out
 
 
-def fill_conditions(stats: list[QueueStat], policies: Iterable[Any]) -> None:
-    """Each queue's conditions: its pause, its counts, and its identities' budgets evaluated."""
-    evaluations: dict[str, list[Any]] = {}
-    for ev in admission_selectors.evaluate_policies(policies).values():
-        evaluations.setdefault(ev.policy.queue, []).append(ev)
+def fill_conditions(stats: list[QueueStat], endpoint_ids: list[UUID] | None) -> None:
+    """Each queue's conditions: its pause, its counts, and why the claim gates (budgets) refuse
+    its identities now, asked of ``gates.statuses`` for every endpoint scoped to it."""
+    endpoints = Endpoint.objects.all()
+    if endpoint_ids is not None:
+        endpoints = endpoints.filter(id__in=endpoint_ids)
+    names = {s.queue for s in stats}
+    identities = {
+        (endpoint_id, queue)
+        for endpoint_id, scope in endpoints.values_list("id", "scope_queues")
+        for queue in scope
+        if queue in names
+    }
+    reasons: dict[str, list[str | None]] = {}
+    for (_, queue), status in gates.statuses(identities).items():
+        if status.get("state") == "deferred":
+            reasons.setdefault(queue, []).append(status.get("reason"))
     for stat in stats:
         stat.conditions = conditions.of(
             quarantine=stat.queue == QUARANTINE_QUEUE,
             paused=stat.paused is not None,
-            evaluations=evaluations.get(stat.queue, []),
+            refusals=reasons.get(stat.queue, []),
             failing=stat.counts[TodoState.FAILED] - stat.dead_letter,
             dead_letter=stat.dead_letter,
         )
@@ -183,20 +179,17 @@ def queue_overview(*, actor: HumanActor) -> list[QueueStat]:
     endpoint still sees what there is to pause); otherwise the queues of their own endpoints,
     with every paused queue listed."""
     user: Any = actor.user
-    fleet = actor.is_superuser or actor.is_auditor or user.has_perm("queues.pause_queue")
     endpoint_ids = None
-    if not fleet:
+    if not access.sees_fleet(actor):
         endpoint_ids = list(Endpoint.objects.filter(owner_id=user.pk).values_list("id", flat=True))
     return queue_stats(endpoint_ids=endpoint_ids)
 
 
 def queue_known(queue: str) -> bool:
-    """Whether any todo, policy, pause or endpoint scope has used this queue name."""
-    from admission.models import AdmissionPolicy
-
+    """Whether any todo, gate (a policy), pause or endpoint scope has used this queue name."""
     return (
         Todo.objects.filter(queue=queue).exists()
-        or AdmissionPolicy.objects.filter(queue=queue).exists()
+        or queue in gates.queue_names(None)
         or QueuePause.objects.filter(queue=queue).exists()
         or Endpoint.objects.filter(scope_queues__contains=[queue]).exists()
     )

@@ -15,6 +15,8 @@ from uuid import UUID
 
 from django.db import connection, transaction
 
+from queues import gates
+
 log = logging.getLogger(__name__)
 CHANNEL = "todo_ready"
 
@@ -27,23 +29,20 @@ def _gate(endpoint_id: UUID | str, queue: str) -> tuple[bool, str]:
     """(may ring, notify hook URL). Fails open on any error."""
     try:
         with transaction.atomic(), connection.cursor() as cursor:
+            # The gates' probes over the identity, folded into the one lookup.
             cursor.execute(
-                """
+                f"""
                 SELECT EXISTS (SELECT 1 FROM queues_queuepause WHERE queue = %(q)s),
-                       (SELECT id FROM admission_admissionpolicy
-                        WHERE endpoint_id = %(e)s AND queue = %(q)s),
                        (SELECT notify_url FROM queues_endpoint WHERE id = %(e)s)
+                       {gates.probes("i")}
+                FROM (SELECT %(e)s::uuid AS endpoint_id, %(q)s::text AS queue) i
                 """,
                 {"e": endpoint_id, "q": queue},
             )
-            paused, policy_id, url = cursor.fetchone()
+            paused, url, *keys = cursor.fetchone()
             if paused:
                 return False, url or ""
-            if policy_id is not None:
-                from admission import selectors
-
-                return selectors.identity_admitted(policy_id), url or ""
-            return True, url or ""
+            return gates.admits_now(tuple(keys)), url or ""
     except Exception:
         log.exception("wake gate failed for %s:%s; ringing anyway", endpoint_id, queue)
         return True, ""
@@ -75,18 +74,19 @@ def todo_ready_now(endpoint_id: UUID | str, queue: str, reason: str = "released"
 
 
 def slot_freed(endpoint_id: UUID | str, queue: str) -> bool:
-    """The reopen edge: a claim ended, so a queue with an in-flight cap may be admitted again.
-    Rings only when the identity has such a policy, is admitted now and has pending todos (an
-    ending claim frees no window budget: nothing refunds)."""
+    """The reopen edge: a claim ended, so a queue a gate limits in flight may be admitted again.
+    Rings only when some gate limits it, every gate admits now and todos are pending (an ending
+    claim frees no window budget: nothing refunds)."""
     try:
         with connection.cursor() as cursor:
+            # Whether some gate limits what the ending claim held (admission: an in-flight
+            # cap), and work waits.
             cursor.execute(
-                """
-                SELECT EXISTS (SELECT 1 FROM admission_admissionpolicy
-                               WHERE endpoint_id = %(e)s AND queue = %(q)s
-                                 AND max_in_flight IS NOT NULL)
+                f"""
+                SELECT ({gates.frees_slot("i")})
                    AND EXISTS (SELECT 1 FROM queues_todo
                                WHERE endpoint_id = %(e)s AND queue = %(q)s AND state = 'pending')
+                FROM (SELECT %(e)s::uuid AS endpoint_id, %(q)s::text AS queue) i
                 """,
                 {"e": endpoint_id, "q": queue},
             )

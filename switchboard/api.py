@@ -1,33 +1,29 @@
 """The one NinjaAPI at /api/v1 and its error mapping.
 
 Every error is ``{"error": "<sentence>", "code": "<code>", ...details}``: domain errors from
-``switchboard.errors``, request validation as ``invalid_argument`` naming the field.
+``switchboard.core.errors``, request validation as ``invalid_argument`` naming the field.
 
 Request bodies are bounded: 1 MiB for everything under /api/v1 and /mcp (``bounded_urls`` below and
-``switchboard.mcp``). An oversized body is refused before it is parsed with HTTP 413 and the
-``invalid_argument`` shape naming the field ``body`` (plus ``limit`` and ``size`` in bytes). A route
-with a tighter bound calls ``check_body_size(request, limit)`` itself (e.g. 16 KiB for policy
-writes); it raises ``BodyTooLarge``, which the handlers here map to the same 413.
+``switchboard.mcp``), by ``switchboard.core.http``; a route with a tighter bound (16 KiB for policy
+writes) wraps its view itself, and its ``BodyTooLarge`` maps to the same 413.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
-import math
-from collections.abc import Callable
-from datetime import datetime
-from functools import wraps
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, URLResolver
-from django.utils import timezone
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 
-from switchboard.errors import DomainError, InvalidArgument
+from admission.api import router as admission_router
+from queues.api import build_agent_router, endpoints_router, todos_router
+from queues.api_queues import router as queues_router
+from switchboard.core.errors import DomainError
+from switchboard.core.http import API_BODY_LIMIT, bounded, error_response, field_name
 
 log = logging.getLogger(__name__)
 
@@ -44,77 +40,6 @@ api = NinjaAPI(
 )
 
 
-API_BODY_LIMIT = 1024 * 1024
-
-
-class BodyTooLarge(InvalidArgument):
-    """A request body over its route's bound: invalid_argument on the field "body", as HTTP 413."""
-
-    status = 413
-
-
-def check_body_size(request: HttpRequest, limit: int) -> None:
-    """Refuse a request body longer than ``limit`` bytes (raises ``BodyTooLarge``).
-
-    Trusts a Content-Length over the limit without reading; otherwise measures the body (which
-    Django has already buffered, and which the parser reads next anyway).
-    """
-    declared = request.headers.get("Content-Length", "")
-    size = int(declared) if declared.isdigit() else None
-    if size is None or size <= limit:
-        size = len(request.body) if request.method not in ("GET", "HEAD", "OPTIONS") else 0
-    if size > limit:
-        raise BodyTooLarge(
-            f"the request body is {size} bytes; the limit here is {limit}",
-            field="body",
-            limit=limit,
-            size=size,
-        )
-
-
-def retry_after_seconds(exc: DomainError) -> int | None:
-    """Seconds to send as Retry-After: a rate limit's wait, or an exact deferral's eligibility."""
-    retry_after = exc.details.get("retry_after")
-    if retry_after is not None:
-        return int(retry_after)
-    if exc.code == "deferred" and exc.details.get("exact"):
-        if exc.details.get("retry_after_s"):
-            return int(exc.details["retry_after_s"])
-        eligible = exc.details.get("next_eligible_at")
-        if isinstance(eligible, str):
-            try:
-                eligible = datetime.fromisoformat(eligible)
-            except ValueError:
-                return None
-        if isinstance(eligible, datetime):
-            return max(0, math.ceil((eligible - timezone.now()).total_seconds()))
-    return None
-
-
-def error_response(request: HttpRequest, exc: DomainError) -> HttpResponse:
-    response = api.create_response(request, exc.as_dict(), status=exc.status)
-    seconds = retry_after_seconds(exc)
-    if seconds is not None:
-        response["Retry-After"] = str(seconds)
-    if exc.status == 401:
-        response["WWW-Authenticate"] = 'Bearer realm="switchboard"'
-    return response
-
-
-def bounded(view: Callable[..., HttpResponse], limit: int = API_BODY_LIMIT) -> Any:
-    """A view that refuses oversized bodies before anything else reads them."""
-
-    @wraps(view)
-    def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        try:
-            check_body_size(request, limit)
-        except BodyTooLarge as exc:
-            return error_response(request, exc)
-        return view(request, *args, **kwargs)
-
-    return guarded
-
-
 def bounded_urls(
     urls: tuple[list[URLPattern | URLResolver], str, str], limit: int = API_BODY_LIMIT
 ) -> tuple[list[URLPattern | URLResolver], str, str]:
@@ -124,17 +49,6 @@ def bounded_urls(
         if isinstance(pattern, URLPattern):
             pattern.callback = bounded(pattern.callback, limit)
     return patterns, app_name, namespace
-
-
-def field_name(loc: list[Any] | tuple[Any, ...]) -> str:
-    """Pydantic's error location without the request part: ("body", "payload", "window", "tz")
-    → "window.tz"."""
-    parts = [str(p) for p in loc]
-    if parts and parts[0] in ("body", "query", "path", "header", "cookie", "form"):
-        parts = parts[1:]
-    if parts and parts[0] in ("payload", "body", "data"):
-        parts = parts[1:]
-    return ".".join(parts) or "body"
 
 
 @api.exception_handler(DomainError)
@@ -190,31 +104,20 @@ def on_unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
     )
 
 
-# Routers: mounted when the URLconf asks for them (``urls()``), not at import, so a module that
-# imports this one (for ``bounded`` or ``check_body_size``) can itself be a router module.
-APP_ROUTERS = ("queues.api_queues", "admission.api")  # each mounted at /api/v1/ if it exists
 _mounted = False
 
 
 def mount_routers() -> NinjaAPI:
-    """Mount every router once: the agent verbs (generated from the verb registry), the
-    operators' endpoints and todos, then each app router in APP_ROUTERS that exists."""
+    """Mount every router once: the agent verbs (generated from the verb registry, so after the
+    apps are ready), the operators' endpoints and todos, the queues and admission routers."""
     global _mounted
     if _mounted:
         return api
-    from queues.api import build_agent_router, endpoints_router, todos_router
-
     api.add_router("/agent/", build_agent_router())
     api.add_router("/endpoints", endpoints_router)
     api.add_router("/todos", todos_router)
-    for name in APP_ROUTERS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
-        api.add_router("/", module.router)  # a module here without a router is a mistake
+    api.add_router("/", queues_router)
+    api.add_router("/", admission_router)
     _mounted = True
     return api
 

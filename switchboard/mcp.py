@@ -46,11 +46,11 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from queues.principals import AgentActor
-from switchboard import counters, verbs
-from switchboard.api import API_BODY_LIMIT, check_body_size, retry_after_seconds
-from switchboard.auth import authenticate_agent
-from switchboard.errors import DomainError, Forbidden, InvalidArgument, Unauthorized
+from queues.access import AgentActor
+from queues.auth import authenticate_agent
+from switchboard.core import counters, verbs
+from switchboard.core.errors import DomainError, Forbidden, InvalidArgument, Unauthorized
+from switchboard.core.http import API_BODY_LIMIT, check_body_size, retry_after_seconds
 
 log = logging.getLogger(__name__)
 

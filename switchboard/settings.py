@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import secrets
 import zoneinfo
 from pathlib import Path
 
@@ -62,26 +61,24 @@ def env_rate(name: str, default: str) -> tuple[float, int]:
     return rps, burst
 
 
-def _dev_secret(name: str) -> str:
-    """A secret generated once and kept in the data folder, for the embedded default only."""
-    path = embedded.data_dir() / name
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(secrets.token_urlsafe(48))
-        path.chmod(0o600)
-    return path.read_text().strip()
-
-
 DEBUG = env_bool("SWITCHBOARD_DEBUG", False)
-SECRET_KEY = env("SECRET_KEY") or _dev_secret("secret_key")
+SECRET_KEY = env("SECRET_KEY") or embedded.dev_secret("secret_key")
 # The ledger's HMAC key. A database writer without it cannot forge a consistent chain.
-LEDGER_KEY = env("LEDGER_KEY") or _dev_secret("ledger_key")
+LEDGER_KEY = env("LEDGER_KEY") or embedded.dev_secret("ledger_key")
 ALLOWED_HOSTS = [h.strip() for h in env("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h]
 CSRF_TRUSTED_ORIGINS = [o.strip() for o in env("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 PORT = env_int("SWITCHBOARD_PORT", 8000, minimum=1)
-# The URL agents are told to use (MCP snippets); defaults to the local console.
-PUBLIC_URL = env("SWITCHBOARD_PUBLIC_URL", f"http://127.0.0.1:{PORT}").rstrip("/")
-METRICS_TOKEN = env("METRICS_TOKEN")
+# The URL agents are told to use (MCP URLs, .mcp.json snippets): SWITCHBOARD_PUBLIC_URL, else the
+# address `manage.py serve` last served on (recorded in the data folder, so a vend typed in another
+# terminal names the port `make run PORT=…` really serves), else the local console on PORT.
+PUBLIC_URL = (
+    env("SWITCHBOARD_PUBLIC_URL") or embedded.recorded_served_url() or f"http://127.0.0.1:{PORT}"
+).rstrip("/")
+# Production is when nothing is embedded: DATABASE_URL and REDIS_URL both name real servers.
+PRODUCTION = bool(env("DATABASE_URL") and env("REDIS_URL"))
+# The bearer token of /metrics. A local start generates one into the data folder (as the keys
+# above) and `serve` prints it; production must set METRICS_TOKEN, else /metrics answers 403.
+METRICS_TOKEN = env("METRICS_TOKEN") or ("" if PRODUCTION else embedded.dev_secret("metrics_token"))
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -96,6 +93,8 @@ INSTALLED_APPS = [
     "django_prometheus",
     "queues",
     "admission",
+    "switchboard.ledger",
+    "switchboard.console",
 ]
 
 MIDDLEWARE = [
@@ -144,7 +143,7 @@ if env_bool("DATABASE_POOL", True):
     DATABASES["default"]["CONN_MAX_AGE"] = 0
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # psycopg prepares a server-side-bound statement after this many runs on a connection. Only the
-# hot claim statements (queues/claims.py hot_cursor) bind server-side; set 0 to turn preparing
+# hot claim statements (queues/sql.py hot_cursor) bind server-side; set 0 to turn preparing
 # off (e.g. behind a transaction-pooling proxy).
 _prepare = env_int("DATABASE_PREPARE_THRESHOLD", 5)
 DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = _prepare or None
@@ -201,6 +200,8 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
+LEDGER_VERIFY_SECONDS = env_int("LEDGER_VERIFY_SECONDS", 300, minimum=10)
+
 CELERY_BEAT_SCHEDULE = {
     "reap-expired": {"task": "queues.tasks.reap_expired", "schedule": SWEEP_INTERVAL_SECONDS},
     "requeue-due-retries": {
@@ -209,6 +210,8 @@ CELERY_BEAT_SCHEDULE = {
     },
     "admission-reopen": {"task": "admission.tasks.reopen", "schedule": SWEEP_INTERVAL_SECONDS},
     "retention": {"task": "admission.tasks.retention", "schedule": 3600},
+    # The whole chain is read: often enough for the badge, rarely enough to cost nothing.
+    "ledger-verify": {"task": "ledger.tasks.verify", "schedule": LEDGER_VERIFY_SECONDS},
 }
 
 LOGGING = {

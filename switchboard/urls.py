@@ -15,6 +15,6 @@ urlpatterns = [
     # MCP over Streamable HTTP, one URL per endpoint (bounded inside the view).
     path("mcp/<str:slug>", mcp_view, name="mcp"),
     # The operations console: board, queues, todos, budgets, ledger (pages for humans).
-    path("", include("queues.urls")),
+    path("", include("switchboard.console.urls")),
     path("", include("admission.urls")),
 ]

@@ -20,9 +20,10 @@ from django.contrib.auth.models import Group, Permission, User
 from django.db import connection, connections
 
 from queues import services
+from queues.access import AUDITORS_GROUP, AgentActor, HumanActor
 from queues.models import Endpoint
-from queues.principals import AUDITORS_GROUP, AgentActor, HumanActor
-from switchboard import counters, embedded, liveserver
+from switchboard import embedded, liveserver
+from switchboard.core import counters
 
 TEST_REDIS_DB = int(os.environ.get("SWITCHBOARD_TEST_REDIS_DB", "15"))
 _valkey: Any = None

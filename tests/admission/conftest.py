@@ -10,7 +10,7 @@ import pytest
 from admission import services
 from admission.models import AdmissionPolicy
 from queues.models import Endpoint
-from switchboard import counters
+from switchboard.core import counters
 from tests.conftest import Personas
 
 

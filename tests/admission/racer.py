@@ -24,8 +24,8 @@ def main(endpoint_id: str, threads: int, sync_dir: Path) -> None:
     from django.db import connection, connections
 
     from queues import services
+    from queues.access import AgentActor
     from queues.models import Endpoint
-    from queues.principals import AgentActor
 
     actor = AgentActor(Endpoint.objects.get(pk=endpoint_id))
     connections.close_all()

@@ -8,11 +8,12 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from admission.models import AdmissionPolicy, AdmissionWindow, LedgerEntry, LedgerKind
+from admission.models import AdmissionPolicy, AdmissionWindow
 from admission.selectors import policy_dict
 from queues import services as queue_services
 from queues.models import BASIC_VERBS, POLICY_VERBS, Verb
-from switchboard import verbs
+from switchboard.core import verbs
+from switchboard.ledger.models import LedgerEntry, LedgerKind
 from tests.admission.conftest import budget
 from tests.conftest import Personas, push
 

@@ -10,13 +10,15 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from admission import ledger, windows
-from admission.models import AdmissionPolicy, AdmissionWindow, LedgerEntry, LedgerKind
+from admission import windows
+from admission.models import AdmissionPolicy, AdmissionWindow
 from queues import services
 from queues.models import Attempt, Todo, TodoState
 from queues.services import Claimed, NothingClaimable
-from switchboard import verbs
-from switchboard.errors import Deferred
+from switchboard.core import verbs
+from switchboard.core.errors import Deferred
+from switchboard.ledger import chain as ledger
+from switchboard.ledger.models import LedgerEntry, LedgerKind
 from tests.admission.conftest import budget
 from tests.conftest import Personas, lapse, make_retry_due, push
 

@@ -14,7 +14,8 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from admission.models import AdmissionPolicy, LedgerEntry
+from admission.models import AdmissionPolicy
+from switchboard.ledger.models import LedgerEntry
 from tests.admission.conftest import budget
 from tests.conftest import Personas, database_url, push
 

@@ -15,8 +15,9 @@ from django.db import connection
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from admission import ledger
-from admission.models import AdmissionPolicy, LedgerEntry, LedgerHead, LedgerKind
+from admission.models import AdmissionPolicy
+from switchboard.ledger import chain as ledger
+from switchboard.ledger.models import LedgerEntry, LedgerHead, LedgerKind
 from tests.admission.conftest import budget
 from tests.conftest import Personas, run_threads
 

@@ -8,11 +8,12 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 
 from admission import services
-from admission.models import AdmissionPolicy, LedgerEntry, LedgerKind
+from admission.models import AdmissionPolicy
 from admission.selectors import policy_dict
 from queues import services as queue_services
 from queues.models import BASIC_VERBS, POLICY_VERBS, Endpoint
-from switchboard.errors import Conflict, Forbidden, InvalidArgument, NotFound, RateLimited
+from switchboard.core.errors import Conflict, Forbidden, InvalidArgument, NotFound, RateLimited
+from switchboard.ledger.models import LedgerEntry, LedgerKind
 from tests.admission.conftest import budget
 from tests.conftest import Personas, run_threads
 

@@ -21,10 +21,10 @@ from django.utils import timezone
 
 from admission import engine, windows
 from admission.models import AdmissionPolicy, AdmissionWindow
-from queues import claims, metrics, services
+from queues import metrics, services, sql
 from queues.models import Attempt, Todo, TodoState
 from queues.services import Claimed, NothingClaimable
-from switchboard import counters
+from switchboard.core import counters
 from tests.admission.conftest import budget
 from tests.conftest import Personas, database_url, lapse, make_retry_due, push, run_threads
 
@@ -230,7 +230,7 @@ def test_the_policy_probe_uses_the_unique_identity_index(tx_personas: Personas) 
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE admission_admissionpolicy")
         cursor.execute(
-            "EXPLAIN " + claims.CLAIM_NEXT_SQL,
+            "EXPLAIN " + sql.claim_next_sql(),
             {
                 "endpoint": p.agent.id,
                 "queues": ["inbox"],

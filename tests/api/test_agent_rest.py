@@ -13,7 +13,7 @@ from django.utils import timezone
 from admission.models import AdmissionPolicy
 from queues import services
 from queues.models import QueuePause, Todo, TodoState
-from switchboard.verbs import load_verbs
+from switchboard.core.verbs import load_verbs
 from tests.api.conftest import Api
 from tests.conftest import Personas, push
 

@@ -7,8 +7,9 @@ from typing import Any
 
 from playwright.sync_api import expect
 
-from admission.models import AdmissionPolicy, LedgerEntry
+from admission.models import AdmissionPolicy
 from queues.models import QueuePause, Todo, TodoState
+from switchboard.ledger.models import LedgerEntry
 from tests.browser.conftest import Session, screenshot
 from tests.browser.helpers import api_post, budget
 from tests.conftest import Personas, push

@@ -7,8 +7,9 @@ from typing import Any
 
 from playwright.sync_api import expect
 
-from admission.models import AdmissionPolicy, LedgerEntry
+from admission.models import AdmissionPolicy
 from queues.models import QueuePause, TodoState
+from switchboard.ledger.models import LedgerEntry
 from tests.browser.conftest import Session
 from tests.browser.helpers import budget
 from tests.conftest import Personas, push

@@ -12,7 +12,7 @@ from django.test import Client
 from queues import services
 from queues.models import Todo
 from switchboard import mcp
-from switchboard.verbs import load_verbs
+from switchboard.core.verbs import load_verbs
 from tests.conftest import Personas, push
 
 MODERN = "2026-07-28"

@@ -14,7 +14,7 @@ import psycopg
 from django.db import connection, connections
 
 from queues import pauses, wakes
-from queues.principals import HumanActor
+from queues.access import HumanActor
 
 
 def pause(user: Any, queue: str = "inbox", reason: str = "upgrade", **kw: Any) -> Any:

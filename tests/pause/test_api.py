@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from admission.models import LedgerEntry, LedgerKind
 from queues import services
 from queues.models import QueuePause
+from switchboard.ledger.models import LedgerEntry, LedgerKind
 from tests.conftest import Personas, push
 from tests.pause.helpers import pause
 

@@ -9,10 +9,10 @@ import pytest
 from django.utils import timezone
 
 from queues import services
+from queues.access import HumanActor
 from queues.models import Attempt, Todo, TodoState
-from queues.principals import HumanActor
 from queues.services import Claimed, NothingClaimable
-from switchboard.errors import Conflict
+from switchboard.core.errors import Conflict
 from tests.conftest import Personas, push
 from tests.pause.helpers import pause, resume
 

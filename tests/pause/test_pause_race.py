@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from django.db import transaction
 
-from admission.models import LedgerEntry
 from queues import pauses, services
+from queues.access import HumanActor
 from queues.models import Attempt, QueuePause, Todo, TodoState
-from queues.principals import HumanActor
 from queues.services import Claimed, NothingClaimable
-from switchboard.errors import Conflict
+from switchboard.core.errors import Conflict
+from switchboard.ledger.models import LedgerEntry
 from tests.conftest import Personas, run_threads
 from tests.pause.helpers import in_thread, pause, wait_until, waiting_locks
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import Permission
 
-from admission import ledger
-from admission.models import LedgerEntry, LedgerKind
 from queues import pauses
+from queues.access import AgentActor, HumanActor
 from queues.models import QueuePause
-from queues.principals import AgentActor, HumanActor
-from switchboard.errors import Forbidden, InvalidArgument, NotFound
+from switchboard.core.errors import Forbidden, InvalidArgument, NotFound
+from switchboard.ledger import chain as ledger
+from switchboard.ledger.models import LedgerEntry, LedgerKind
 from tests.conftest import Personas
 from tests.pause.helpers import pause, resume
 

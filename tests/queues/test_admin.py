@@ -87,8 +87,8 @@ def test_attempts_are_read_only_in_the_admin(personas: Personas) -> None:
 
 
 def test_the_admin_pauses_and_resumes_through_the_service(personas: Personas) -> None:
-    from admission.models import LedgerEntry, LedgerKind
     from queues.models import QueuePause
+    from switchboard.ledger.models import LedgerEntry, LedgerKind
 
     push(personas, 1)
     client = Client()

@@ -10,7 +10,7 @@ from django.utils import timezone
 from queues import services
 from queues.models import Attempt, AttemptOutcome, Todo, TodoState
 from queues.services import Claimed, NothingClaimable
-from switchboard.errors import Conflict, Forbidden, InvalidArgument, NotFound
+from switchboard.core.errors import Conflict, Forbidden, InvalidArgument, NotFound
 from tests.conftest import (
     Personas,
     claim_and_lapse,

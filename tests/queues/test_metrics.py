@@ -7,9 +7,9 @@ from django.db import transaction
 from django.test import Client
 
 from queues import services
-from queues.collectors import OTHER
 from queues.services import Claimed
-from switchboard import counters
+from switchboard.console.collectors import OTHER
+from switchboard.core import counters
 from tests.conftest import Personas, push
 
 TOKEN = "test-metrics-token"

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from django.db import connection
 
-from admission.models import AdmissionPolicy, LedgerEntry
+from admission.models import AdmissionPolicy
 from queues import services
 from queues.models import EndpointState
+from switchboard.ledger.models import LedgerEntry
 from tests.conftest import Personas, push
 from tests.web.conftest import budget, policy_form, previewed, signed_in
 

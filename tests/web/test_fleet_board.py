@@ -12,8 +12,9 @@ from django.test import RequestFactory
 from django.test.utils import CaptureQueriesContext
 
 from bench.fleet import seed
-from queues.board import Filters, Viewer
-from switchboard import live
+from queues.access import Viewer
+from switchboard.console import live
+from switchboard.console.board import Filters
 from tests.conftest import Personas
 from tests.web.conftest import signed_in
 

@@ -10,8 +10,9 @@ from django.db import connection
 from django.http import QueryDict
 
 from admission import views as admission_views
-from admission.models import LedgerEntry
 from queues import pauses
+from switchboard.ledger import tasks as ledger_tasks
+from switchboard.ledger.models import LedgerCheck, LedgerEntry
 from tests.conftest import Personas
 from tests.web.conftest import budget, signed_in
 
@@ -118,17 +119,32 @@ def test_the_csv_has_readable_changes_and_the_raw_before_and_after(personas: Per
     assert create["actor_human"] == "olive" and len(create["entry_hash"]) == 64
 
 
-def test_the_chain_badge_runs_the_ledger_verify_check(personas: Personas) -> None:
+def test_the_chain_badge_shows_the_stored_check_and_verify_now_refreshes_it(
+    personas: Personas,
+) -> None:
     p = personas
     budget(p, max_in_flight=1)
     budget(p, max_in_flight=2)
-    assert "Chain verified · 2 rows" in signed_in(p.auditor).get("/ledger").content.decode()
+    rows = LedgerEntry.objects.count()
+    assert f"Chain verified · {rows} rows" in signed_in(p.auditor).get("/ledger").content.decode()
     with connection.cursor() as cursor:
         cursor.execute(
-            """UPDATE admission_ledgerentry SET after = jsonb_set(after, '{max_in_flight}', '99') WHERE seq = 1"""
+            """UPDATE admission_ledgerentry SET after = jsonb_set(after, '{max_in_flight}', '99') WHERE kind = 'policy.create'"""
         )
+    # A page view reads the stored check; it does not read the whole chain again.
+    stale = signed_in(p.auditor).get("/ledger").content.decode()
+    assert "Chain verified" in stale
+    response = signed_in(p.owner).post("/ledger/verify")
+    assert response.status_code == 302
     broken = signed_in(p.auditor).get("/ledger").content.decode()
-    assert "Chain broken" in broken and "seq 1: mutated" in broken
+    assert "Chain broken" in broken and ": mutated" in broken
     owner_view = signed_in(p.owner).get("/ledger").content.decode()
-    assert "Chain broken" in owner_view and "seq 1: mutated" not in owner_view
-    assert LedgerEntry.objects.count() == 2
+    assert "Chain broken" in owner_view and ": mutated" not in owner_view
+    assert LedgerEntry.objects.count() == rows
+
+
+def test_the_beat_task_stores_a_fresh_check(personas: Personas) -> None:
+    budget(personas, max_in_flight=1)
+    assert ledger_tasks.verify() is True
+    stored = LedgerCheck.objects.get()
+    assert stored.ok and stored.report["rows"] == LedgerEntry.objects.count()

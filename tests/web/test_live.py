@@ -11,8 +11,9 @@ from django.db import connection
 from django.test import Client, RequestFactory
 
 from queues import pauses, services
-from queues.board import Filters, Viewer
-from switchboard import live
+from queues.access import Viewer
+from switchboard.console import live
+from switchboard.console.board import Filters
 from tests.conftest import Personas, push
 from tests.web.conftest import budget, signed_in
 

@@ -8,9 +8,10 @@ from typing import Any
 from django.contrib.auth.models import Permission
 from django.test import Client
 
-from admission.models import AdmissionPolicy, AdmissionWindow, LedgerEntry
+from admission.models import AdmissionPolicy, AdmissionWindow
 from queues import services
 from queues.models import QueuePause, TodoState
+from switchboard.ledger.models import LedgerEntry
 from tests.conftest import Personas, push
 from tests.web.conftest import budget, policy_form, signed_in
 
@@ -124,18 +125,16 @@ def test_the_ledger_is_read_only_in_the_admin_even_for_a_superuser(personas: Per
     budget(p, max_in_flight=2)
     entry = LedgerEntry.objects.get()
     client = signed_in(p.admin)
-    assert client.get("/admin/admission/ledgerentry/").status_code == 200
-    assert client.get(f"/admin/admission/ledgerentry/{entry.seq}/change/").status_code == 200
-    assert client.get("/admin/admission/ledgerentry/add/").status_code == 403
-    assert client.post(f"/admin/admission/ledgerentry/{entry.seq}/change/", {}).status_code == 403
+    assert client.get("/admin/ledger/ledgerentry/").status_code == 200
+    assert client.get(f"/admin/ledger/ledgerentry/{entry.seq}/change/").status_code == 200
+    assert client.get("/admin/ledger/ledgerentry/add/").status_code == 403
+    assert client.post(f"/admin/ledger/ledgerentry/{entry.seq}/change/", {}).status_code == 403
     assert (
-        client.post(
-            f"/admin/admission/ledgerentry/{entry.seq}/delete/", {"post": "yes"}
-        ).status_code
+        client.post(f"/admin/ledger/ledgerentry/{entry.seq}/delete/", {"post": "yes"}).status_code
         == 403
     )
     assert client.get("/admin/admission/admissionwindow/add/").status_code == 403
-    assert client.get("/admin/admission/ledgerhead/add/").status_code == 403
+    assert client.get("/admin/ledger/ledgerhead/add/").status_code == 403
     assert LedgerEntry.objects.count() == 1
 
 

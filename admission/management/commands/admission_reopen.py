@@ -5,7 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from admission import services
-from switchboard.cli import emit
+from switchboard.core.cli import emit
 
 
 class Command(BaseCommand):

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
 from admission import services
-from switchboard.cli import emit
+from switchboard.core.cli import emit
 
 
 class Command(BaseCommand):

@@ -8,8 +8,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from admission import ledger
-from switchboard.cli import emit, usage
+from switchboard.core.cli import emit, usage
+from switchboard.ledger import chain as ledger
 
 EXIT_TAMPERED = 2
 
@@ -33,7 +33,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if options.get("subcommand") != "verify":
             raise usage("name a subcommand: ledger verify [--json]")
-        report = ledger.verify(batch=options["batch"])
+        report = ledger.check(batch=options["batch"])
         emit(self, options, report.as_dict(), _text(report))
         if not report.ok:
             raise CommandError("the ledger does not verify", returncode=EXIT_TAMPERED)

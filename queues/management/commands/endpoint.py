@@ -20,8 +20,8 @@ from django.core.management.base import BaseCommand, CommandParser
 from queues import services
 from queues.models import Endpoint
 from queues.schemas import endpoint_out, vend_out
-from switchboard.cli import emit, refused, usage
-from switchboard.errors import DomainError, NotFound
+from switchboard.core.cli import emit, refused, usage
+from switchboard.core.errors import DomainError, NotFound
 
 
 def _csv(value: str) -> list[str]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from switchboard.cli import usage
+from switchboard.core.cli import usage
 
 SUBCOMMAND_MODULES = ("queues.cli_pause", "admission.cli")
 

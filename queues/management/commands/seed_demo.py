@@ -8,13 +8,13 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from django.contrib.auth.models import Group, Permission, User
+from django.contrib.auth.models import Group, User
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
 from queues import services
+from queues.access import AUDITORS_GROUP, HumanActor
 from queues.models import Endpoint, TodoSource
-from queues.principals import AUDITORS_GROUP, HumanActor
 
 OPERATOR = "operator"
 AUDITOR = "auditor"
@@ -51,11 +51,8 @@ class Command(BaseCommand):
         auditor_password = secrets.token_urlsafe(12)
         with transaction.atomic():
             operator = User.objects.create_superuser(OPERATOR, password=password)
+            # The group and its view permissions come from a migration.
             auditors, _ = Group.objects.get_or_create(name=AUDITORS_GROUP)
-            for codename in ("view_ledgerentry", "view_admissionpolicy", "view_todo"):
-                perm = Permission.objects.filter(codename=codename).first()
-                if perm:
-                    auditors.permissions.add(perm)
             auditor = User.objects.create_user(AUDITOR, password=auditor_password, is_staff=True)
             auditor.groups.add(auditors)
             triage, triage_token = services.endpoint_vend(

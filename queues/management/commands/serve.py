@@ -7,6 +7,11 @@ the demo data on first run, then runs three children and watches them:
 * one Celery worker (outbound hooks, sweeps),
 * one Celery beat (the sweep schedule, kept in ``<data>/celerybeat-schedule``).
 
+It records the address it serves on in ``<data>/served_url`` first, so the URL every process
+tells agents (``endpoint vend``, the API's vend, the demo banner) reaches it, unless
+``SWITCHBOARD_PUBLIC_URL`` says otherwise; and it prints the bearer token of ``/metrics`` (on a
+local start generated once into ``<data>/metrics_token``).
+
 The children get ``DATABASE_URL`` and ``REDIS_URL`` explicitly, so they never start or attach to
 the embedded machinery themselves. Each runs in its own process group: Ctrl-C in a terminal reaches
 only this launcher, which then stops the children in order (SIGTERM, up to ten seconds, then
@@ -101,11 +106,12 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         host: str = options["host"]
         port: int = options["port"] or settings.PORT
-        # The default public URL (agents' MCP snippets) follows --port, which may differ from
-        # SWITCHBOARD_PORT; an explicit SWITCHBOARD_PUBLIC_URL stays as it is.
-        public_url: str = settings.PUBLIC_URL
-        if public_url == f"http://127.0.0.1:{settings.PORT}":
-            settings.PUBLIC_URL = f"http://127.0.0.1:{port}"
+        # Recorded before anything starts, so the children and every later manage.py process tell
+        # agents this address (settings.PUBLIC_URL); an explicit SWITCHBOARD_PUBLIC_URL still wins.
+        served_url = _served_url(host, port)
+        embedded.record_served_url(served_url)
+        if not os.environ.get("SWITCHBOARD_PUBLIC_URL"):
+            settings.PUBLIC_URL = served_url
         previous_handlers = self._install_signal_handlers()
         children: list[_Child] = []
         valkey: Any = None
@@ -170,6 +176,12 @@ class Command(BaseCommand):
             "DJANGO_SETTINGS_MODULE", "switchboard.settings"
         )
         env["PYTHONUNBUFFERED"] = "1"
+        if settings.METRICS_TOKEN and not (
+            env.get("METRICS_TOKEN") or env.get("METRICS_TOKEN_FILE")
+        ):
+            # The token generated into the data folder. The children are told DATABASE_URL and
+            # REDIS_URL, so by themselves they would take this for production and generate none.
+            env["METRICS_TOKEN_FILE"] = str(embedded.dev_secret_file("metrics_token"))
         return env
 
     def _start_children(
@@ -296,6 +308,7 @@ class Command(BaseCommand):
                 "  Login:  the demo credentials were printed on the first run. For a new login:"
             )
             lines.append("          .venv/bin/python manage.py createsuperuser")
+        lines.extend(_metrics_lines(base))
         lines.append(f"  Data:   {embedded.data_dir()}")
         lines.append("  Stop:   Ctrl-C")
         lines.append("=" * 72)
@@ -309,6 +322,28 @@ class Command(BaseCommand):
     def _flush(self) -> None:
         self.stdout.flush()
         sys.stdout.flush()
+
+
+def _served_url(host: str, port: int) -> str:
+    """The base URL a client on this machine reaches the web server at."""
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+def _metrics_lines(base: str) -> list[str]:
+    """Where Prometheus scrapes, and with which bearer token (the README's scrape config)."""
+    lines = [f"  Metrics: {base}metrics"]
+    if not settings.METRICS_TOKEN:
+        lines.append("          off: METRICS_TOKEN is unset")
+    elif os.environ.get("METRICS_TOKEN") or os.environ.get("METRICS_TOKEN_FILE"):
+        lines.append("          bearer token: the one METRICS_TOKEN names")
+    else:
+        path = embedded.dev_secret_file("metrics_token")
+        lines.append(f"          bearer token: {settings.METRICS_TOKEN}")
+        lines.append(f"          (kept in {path})")
+    return lines
 
 
 def _die_with_parent() -> Callable[[], None] | None:

@@ -13,11 +13,11 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from queues import services
+from queues.access import HumanActor
 from queues.models import Endpoint, TodoSource
-from queues.principals import HumanActor
 from queues.schemas import one_todo_out
-from switchboard.cli import emit, refused, usage
-from switchboard.errors import DomainError, InvalidArgument, NotFound
+from switchboard.core.cli import emit, refused, usage
+from switchboard.core.errors import DomainError, InvalidArgument, NotFound
 
 
 class Command(BaseCommand):

@@ -16,8 +16,9 @@ from django.core.management.base import BaseCommand, CommandParser
 from queues import services
 from queues.models import HumanToken
 from queues.schemas import iso
-from switchboard.cli import emit, refused, usage
-from switchboard.errors import Conflict, DomainError, NotFound
+from switchboard.core import tokens
+from switchboard.core.cli import emit, refused, usage
+from switchboard.core.errors import Conflict, DomainError, NotFound
 
 
 def token_out(row: HumanToken) -> dict[str, Any]:
@@ -70,8 +71,8 @@ class Command(BaseCommand):
         rows = HumanToken.objects.select_related("user")
         if given.isdigit():
             matches = list(rows.filter(pk=int(given)))
-        elif given.startswith(services.HUMAN_TOKEN_PREFIX) and len(given) > 16:
-            matches = list(rows.filter(token_hash=services.hash_token(given)))
+        elif given.startswith(tokens.HUMAN_TOKEN_PREFIX) and len(given) > 16:
+            matches = list(rows.filter(token_hash=tokens.hash_token(given)))
         else:
             matches = list(rows.filter(token_prefix__startswith=given)[:2]) if given else []
         if not matches:

@@ -10,7 +10,7 @@ from django import template
 from django.utils import timezone
 
 from queues import conditions
-from queues.board import REASON_TEXT
+from switchboard.console.board import REASON_TEXT
 
 register = template.Library()
 
@@ -89,13 +89,6 @@ def condition_tone(condition: conditions.Condition) -> str:
 @register.filter
 def get_item(mapping: dict[Any, Any] | None, key: Any) -> Any:
     return (mapping or {}).get(key)
-
-
-@register.filter
-def percent_of(value: int | None, limit: int | None) -> int:
-    if not value or not limit:
-        return 0
-    return min(100, round(100 * value / limit))
 
 
 @register.filter

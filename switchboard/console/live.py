@@ -47,8 +47,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from admission import windows
-from queues import board
-from queues.board import Filters, Section, Viewer
+from queues import sql
+from queues.access import Viewer
+from switchboard.console import board
+from switchboard.console.board import Filters, Section
 
 T = TypeVar("T")
 # Measured by `make bench` (bench/console_bench.py): commit to browser under a second at p50.
@@ -71,13 +73,6 @@ class Fleet:
     endpoints: dict[str, tuple[Any, ...]]  # id -> (slug, owner_id, state, scope)
 
 
-_LIVE_TODOS_SQL = """
-SELECT endpoint_id::text, queue, state, count(*), max(updated_at)
-FROM queues_todo
-WHERE state IN ('pending', 'claimed') OR (state = 'failed' AND next_retry_at IS NOT NULL)
-GROUP BY 1, 2, 3
-"""
-
 _POLICIES_SQL = """
 SELECT p.id::text, p.endpoint_id::text, p.queue, p.updated_at, p.window_period, p.window_tz,
        p.window_start, p.window_weekday,
@@ -91,7 +86,7 @@ def read_fleet() -> Fleet:
     """The snapshot every stream of this process hashes (four small queries)."""
     now = timezone.now()
     with connection.cursor() as cursor:
-        cursor.execute(_LIVE_TODOS_SQL)
+        cursor.execute(sql.LIVE_TODOS_SQL)
         todos: dict[tuple[str, str], tuple[Any, ...]] = {}
         for endpoint_id, queue, state, count, latest in cursor.fetchall():
             key = (endpoint_id, queue)

@@ -16,8 +16,12 @@ from django.db.models import Count
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from queues import metrics
+from admission import selectors as admission_selectors
+from admission.models import AdmissionPolicy, DeferralReason
+from queues import metrics, selectors
+from queues.models import Todo, TodoState
 from queues.selectors import QueueStat
+from switchboard.core import counters
 
 log = logging.getLogger(__name__)
 OTHER = "__other__"
@@ -41,7 +45,6 @@ class SwitchboardCollector(Collector):
         return []
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        from queues import selectors
 
         labels: QueueLabels | None = None
         stats = None
@@ -59,9 +62,7 @@ class SwitchboardCollector(Collector):
         yield from self._counters(labels)
         if stats is not None:
             try:
-                from admission.models import AdmissionPolicy
-
-                selectors.fill_conditions(stats, AdmissionPolicy.objects.all())
+                selectors.fill_conditions(stats, None)
             except Exception:
                 log.exception("queue condition collector failed")
                 _errors["conditions"] += 1
@@ -77,7 +78,6 @@ class SwitchboardCollector(Collector):
         yield errors
 
     def _counters(self, labels: QueueLabels) -> Iterator[CounterMetricFamily]:
-        from switchboard import counters
 
         for name, (doc, label_names) in metrics.COUNTERS.items():
             try:
@@ -143,9 +143,6 @@ class SwitchboardCollector(Collector):
         yield condition
 
     def _admission(self, labels: QueueLabels) -> Iterator[GaugeMetricFamily]:
-        from admission import selectors as admission_selectors
-        from admission.models import AdmissionPolicy, DeferralReason
-        from queues.models import Todo, TodoState
 
         try:
             policies = list(AdmissionPolicy.objects.all())

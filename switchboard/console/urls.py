@@ -1,12 +1,11 @@
-"""The console's pages of the queues app (mounted at the site root)."""
+"""The console's pages: board, live stream, queues, todos, sign-in (mounted at the site root)."""
 
 from __future__ import annotations
 
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from queues import views
-from switchboard import live
+from switchboard.console import live, views
 
 urlpatterns = [
     path("", views.board_view, name="board"),

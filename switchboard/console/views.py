@@ -1,4 +1,4 @@
-"""The console pages of the queues app: the board, queues and pauses, the todo drawer.
+"""The console pages: the board, queues and pauses, the todo drawer (they show both apps' state).
 
 Every view is a thin caller: filters and forms in, one selector or service call, render or
 redirect. One URL serves the full page and, for htmx, the fragment it targets (``request.htmx``
@@ -8,91 +8,37 @@ a post redirects (post/redirect/get). Domain refusals are mapped to page message
 
 from __future__ import annotations
 
-import functools
-import zoneinfo
-from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.http.response import HttpResponseBase
 from django.shortcuts import render
 from django.urls import reverse
-from django.utils.http import url_has_allowed_host_and_scheme, urlencode
+from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import reswap, retarget
-from django_htmx.middleware import HtmxDetails
 
 from admission import selectors as admission_selectors
-from admission import windows
-from queues import board, conditions, pauses, selectors, services
-from queues.board import Filters, Viewer
+from queues import conditions, pauses, selectors, services
+from queues.access import Viewer, refuse_auditors, visible_endpoints
 from queues.conditions import Condition
 from queues.forms import PauseForm, TimezoneForm, TodoCompleteForm, TodoFailForm
-from queues.models import QUARANTINE_QUEUE, QueuePause, TodoState
-from switchboard import live
-from switchboard.errors import DomainError, Forbidden, InvalidArgument, NotFound
-
-LOGIN = "login"
-
-
-class HtmxHttpRequest(HttpRequest):
-    """A request through django-htmx's middleware (``request.htmx``)."""
-
-    htmx: HtmxDetails
-
+from queues.models import QUARANTINE_QUEUE, QueuePause, TodoState, check_queue_name
+from switchboard.console import board, live
+from switchboard.console.board import Filters
+from switchboard.core.errors import DomainError, Forbidden, InvalidArgument, NotFound
+from switchboard.core.pages import (
+    TZ_COOKIE,
+    HtmxHttpRequest,
+    console_login_required,
+    refusal,
+    safe_next,
+)
+from switchboard.core.zones import zone_exists, zones
 
 TZ_COOKIE_AGE = 365 * 24 * 3600
 TODO_ACTIONS = ("claim", "complete", "fail", "release", "retry")
-
-
-# --- shared page helpers ------------------------------------------------------------------------
-
-
-def console_login_required(
-    view: Callable[..., HttpResponseBase],
-) -> Callable[..., HttpResponseBase]:
-    return login_required(view, login_url=LOGIN)
-
-
-def safe_next(request: HttpRequest, fallback: str) -> str:
-    """The ``next`` the form carried, if it is a path on this site; else the fallback."""
-    target = request.POST.get("next") or request.GET.get("next") or ""
-    if target and url_has_allowed_host_and_scheme(
-        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
-    ):
-        return target
-    return fallback
-
-
-def refusal(request: HttpRequest, exc: DomainError) -> HttpResponse:
-    """A refusal the page cannot show inline: 403 and 404 as pages of their own."""
-    status = 403 if isinstance(exc, Forbidden) else 404
-    template = "error.html#message" if getattr(request, "htmx", False) else "error.html"
-    return render(request, template, {"error": exc.message, "status": status}, status=status)
-
-
-def refuse_auditors(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """Auditors read and change nothing: a write they forge by hand is 403 before any service.
-
-    The services refuse them too; this makes the answer the same on every write view.
-    """
-
-    @functools.wraps(view)
-    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if not Viewer.of(request).writes:
-            return refusal(request, Forbidden("auditors read; they do not change anything"))
-        return view(request, *args, **kwargs)
-
-    return wrapper
-
-
-@functools.cache
-def zones() -> list[str]:
-    """Every IANA zone the window math accepts, for the searchable zone lists."""
-    return sorted(z for z in zoneinfo.available_timezones() | {"UTC"} if windows.zone_exists(z))
 
 
 # --- the board ----------------------------------------------------------------------------------
@@ -109,7 +55,7 @@ def board_context(request: HttpRequest, viewer: Viewer, filters: Filters) -> dic
         "conditions": Condition.choices,
         "here": here,
         "state_choices": board.STATE_CHOICES,
-        "endpoints": board.visible_endpoints(viewer),
+        "endpoints": visible_endpoints(viewer.actor),
         "queue_names": board.visible_queue_names(viewer),
         "live_url": live.live_url(viewer, filters, here),
         "nav": "board",
@@ -188,7 +134,7 @@ def selectors_pause(name: str) -> pauses.PauseInfo | None:
 def queue_view(request: HtmxHttpRequest, name: str) -> HttpResponse:
     viewer = Viewer.of(request)
     try:
-        services.check_queue_name(name)
+        check_queue_name(name)
     except InvalidArgument as exc:
         return refusal(request, NotFound(exc.message))
     context = _queue_context(request, viewer, name)
@@ -390,10 +336,10 @@ def timezone_view(request: HttpRequest) -> HttpResponse:
     form = TimezoneForm(request.POST or None, initial={"tz": viewer.tz_name})
     if request.method == "POST" and form.is_valid():
         name = form.cleaned_data["tz"].strip()
-        if windows.zone_exists(name):
+        if zone_exists(name):
             response = HttpResponseRedirect(safe_next(request, reverse("board")))
             response.set_cookie(
-                board.TZ_COOKIE, name, max_age=TZ_COOKIE_AGE, samesite="Lax", httponly=False
+                TZ_COOKIE, name, max_age=TZ_COOKIE_AGE, samesite="Lax", httponly=False
             )
             return response
         form.add_error("tz", f"{name!r} is not a known IANA time zone")

@@ -13,15 +13,17 @@ from typing import Any
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection
 from django.http import HttpRequest
+from django.middleware.csrf import CsrfViewMiddleware
 from django.utils import timezone
 from ninja.security import HttpBearer
 from ninja.security.base import AuthBase
 
+from queues.access import AgentActor, HumanActor
 from queues.models import Endpoint, EndpointState, HumanToken
-from queues.principals import AgentActor, HumanActor
-from queues.services import ENDPOINT_TOKEN_PREFIX, HUMAN_TOKEN_PREFIX, hash_token, touch_endpoint
-from switchboard import ratelimit
-from switchboard.errors import RateLimited, Unauthorized
+from queues.services import touch_endpoint
+from switchboard.core import ratelimit
+from switchboard.core.errors import Forbidden, RateLimited, Unauthorized
+from switchboard.core.tokens import ENDPOINT_TOKEN_PREFIX, HUMAN_TOKEN_PREFIX, hash_token
 
 _ENDPOINT_FIELDS = list(Endpoint._meta.concrete_fields)
 # Every agent request runs this lookup; as plain SQL it skips the ORM's query compilation, which
@@ -126,9 +128,6 @@ class HumanAuth(AuthBase):
 
 
 def _check_csrf(request: HttpRequest) -> None:
-    from django.middleware.csrf import CsrfViewMiddleware
-
-    from switchboard.errors import Forbidden
 
     def _noop(r: HttpRequest) -> Any:
         return None

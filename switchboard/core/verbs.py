@@ -6,10 +6,10 @@ Both surfaces are generated from ``REGISTRY``, so they cannot disagree:
 * MCP: ``tools/list`` shows the verbs the endpoint holds, ``tools/call`` runs them
   (``switchboard/mcp.py``).
 
-Declaring a verb (the admission engineer does this in ``admission/verbs.py``)::
+Declaring a verb (as ``admission/verbs.py`` does)::
 
     from ninja import Schema
-    from switchboard.verbs import verb
+    from switchboard.core.verbs import verb
 
     class AdmissionStatusIn(Schema):          # any pydantic BaseModel (ninja Schema is one)
         model_config = ConfigDict(extra="forbid")
@@ -30,13 +30,13 @@ Declaring a verb (the admission engineer does this in ``admission/verbs.py``)::
 
 The contract of a handler ``fn(actor, data) -> dict``:
 
-* ``actor`` is the authenticated ``queues.principals.AgentActor``; ``actor.via`` is ``"api"`` or
+* ``actor`` is the authenticated agent actor; ``actor.via`` is ``"api"`` or
   ``"mcp"``. The grant is already checked (``actor.endpoint.holds(name)``) when ``fn`` runs; a
   refused grant is ``Forbidden`` (403 on REST, an ``isError`` tool result on MCP).
 * ``data`` is an instance of the input model, already validated: a bad body never reaches ``fn``
   (REST answers 400 ``invalid_argument`` naming the field; MCP an ``isError`` result with the
   same object).
-* Refusals are ``switchboard.errors.DomainError`` subclasses; both surfaces map them once.
+* Refusals are ``switchboard.core.errors.DomainError`` subclasses; both surfaces map them once.
 * The returned dict is validated against the output model and dumped with
   ``exclude_unset=True``, so optional keys you leave out stay out (``lease_token?``), and keys
   you set to ``None`` appear as ``null``. Datetimes may be ``datetime`` objects or ISO strings.
@@ -45,11 +45,8 @@ Every route answers 400/401/403/429 (and 413 for an oversized body); list any ot
 handler can raise in ``errors`` (e.g. 404 ``not_found``, 409 ``conflict``/``deferred``, 503
 ``admission_unavailable``) so the OpenAPI document stays true.
 
-Loading: ``load_verbs()`` imports ``queues.agent_verbs`` and, when it exists, ``admission.verbs``
-(a missing ``admission.verbs`` module is tolerated; any other import error propagates). It is
-idempotent and is called by ``granted()``, ``get()`` and by ``switchboard.api.mount_routers()``
-(which builds one REST route per verb when the URLconf loads) before they read ``REGISTRY``.
-A verb module may import ``switchboard.api`` (e.g. for ``check_body_size``) without a cycle.
+Loading: each app imports its verb module from its ``AppConfig.ready()`` (``queues`` first, so
+its verbs come first); ``load_verbs()`` returns the registry once Django is set up.
 Declaring the same name twice raises ``ImproperlyConfigured``.
 
 Reading it: ``REGISTRY`` maps name → ``VerbSpec(name, input, output, description, fn, errors)``;
@@ -62,23 +59,28 @@ arguments (``InvalidArgument`` naming the field); ``spec.input_schema()`` /
 from __future__ import annotations
 
 import functools
-import importlib
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 from pydantic import BaseModel, ValidationError
 
-from queues.principals import AgentActor
-from switchboard.errors import Forbidden, InvalidArgument
+from switchboard.core.errors import Forbidden, InvalidArgument
 
-VERB_MODULES = ("queues.agent_verbs", "admission.verbs")
 # The statuses every agent route can answer, whatever the verb.
 COMMON_ERRORS = (400, 401, 403, 413, 429)
 
-Handler = Callable[[AgentActor, Any], dict[str, Any]]
+
+class AgentActor(Protocol):
+    """What the registry needs of the acting agent (the access layer's agent actor fits):
+    its endpoint, which says which verbs it holds."""
+
+    @property
+    def endpoint(self) -> Any: ...
+
+
+Handler = Callable[[Any, Any], dict[str, Any]]
 F = TypeVar("F", bound=Handler)
 
 
@@ -124,8 +126,6 @@ def _json_schema(model: type[BaseModel], mode: Literal["validation", "serializat
 
 
 REGISTRY: dict[str, VerbSpec] = {}
-_loaded = False
-_load_lock = threading.RLock()
 
 
 def verb(
@@ -155,19 +155,8 @@ def verb(
 
 
 def load_verbs() -> dict[str, VerbSpec]:
-    """Import every module that declares verbs (once); returns ``REGISTRY``."""
-    global _loaded
-    if _loaded:
-        return REGISTRY
-    with _load_lock:
-        if not _loaded:
-            for module in VERB_MODULES:
-                try:
-                    importlib.import_module(module)
-                except ModuleNotFoundError as exc:
-                    if module == VERB_MODULES[0] or exc.name != module:
-                        raise
-            _loaded = True
+    """Every declared verb, in declaration order. Each app declares its verbs from its
+    ``AppConfig.ready()``, so the registry is complete once Django is set up."""
     return REGISTRY
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 
 class DomainError(Exception):
-    """A refusal with a code from DESIGN.md, a human sentence and additive details."""
+    """A refusal: a stable code (the API's ``code``), a human sentence and additive details."""
 
     code = "internal"
     status = 500
@@ -59,8 +59,3 @@ class Deferred(DomainError):
 class RateLimited(DomainError):
     code = "rate_limited"
     status = 429
-
-
-class AdmissionUnavailable(DomainError):
-    code = "admission_unavailable"
-    status = 503

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -16,7 +15,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.management.base import BaseCommand, CommandError
 
-from switchboard.errors import DomainError
+from switchboard.core.errors import DomainError
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 
@@ -50,10 +49,6 @@ def refused(command: BaseCommand, options: dict[str, Any], exc: DomainError) -> 
 
 def usage(message: str) -> CommandError:
     return CommandError(message, returncode=EXIT_USAGE)
-
-
-def exit_with(code: int) -> None:
-    sys.exit(code)
 
 
 def add_common_options(parser: argparse.ArgumentParser) -> None:

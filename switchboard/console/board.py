@@ -5,31 +5,29 @@ selectors: counts per identity (``identity_counts`` here, the per-identity sibli
 ``queues.selectors.queue_stats``), cards from ``queues.selectors.todos_for``, the chip of a
 waiting todo from ``queues.selectors.admission_for``, the budget strip from
 ``admission.selectors.evaluate_policies`` / ``status`` / ``usage``, the pause from ``QueuePause``
-(written only by ``queues.pauses``). The pages (``queues/views.py``) and the live stream
-(``switchboard/live.py``) both render these sections, so they cannot disagree.
+(written only by ``queues.pauses``). The pages (``switchboard/console/views.py``) and the live stream
+(``switchboard/console/live.py``) both render these sections, so they cannot disagree.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import re
-import zoneinfo
 from dataclasses import dataclass, field
-from datetime import UTC, tzinfo
+from datetime import tzinfo
 from typing import Any
-from urllib.parse import unquote
 from uuid import UUID
 
 from django.db import connection, models
 from django.db.models import F, Q, QuerySet, TextField, Window
 from django.db.models.functions import Cast, RowNumber
-from django.http import HttpRequest, QueryDict
+from django.http import QueryDict
 
-from admission import engine, windows
+from admission import engine
 from admission import selectors as admission_selectors
 from admission.models import AdmissionPolicy
-from queues import conditions, pauses, selectors
+from queues import access, conditions, selectors, sql
+from queues.access import Viewer, todo_scope, visible_endpoints
 from queues.conditions import Condition
 from queues.models import (
     QUARANTINE_QUEUE,
@@ -40,9 +38,9 @@ from queues.models import (
     Todo,
     TodoState,
 )
-from queues.principals import HumanActor, is_auditor, todo_scope
+from switchboard.core.pages import identity_key
+from switchboard.core.zones import zone_named
 
-TZ_COOKIE = "tz"
 CARD_LIMIT = 20
 # Past this many sections the board folds healthy ones to a line each (trouble stays in full),
 # and a section shows at most FLEET_CARD_LIMIT cards ("Show only this queue" shows a page).
@@ -81,77 +79,6 @@ class Tone:
 
 
 # --- the viewer --------------------------------------------------------------------------------
-
-
-def zone_named(name: str | None) -> tuple[str, tzinfo]:
-    """A viewer's zone by IANA name, UTC when absent or unknown. Older copies of static/js/tz.js
-    wrote the name URL-encoded (``Europe%2FParis``); those cookies still count."""
-    if name and "%" in name:
-        name = unquote(name)
-    if name and windows.zone_exists(name):
-        try:
-            return name, zoneinfo.ZoneInfo(name)
-        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-            pass
-    return "UTC", UTC
-
-
-@dataclass
-class Viewer:
-    """The signed-in human and what they may do, looked up once per request."""
-
-    user: Any
-    actor: HumanActor
-    is_superuser: bool
-    is_auditor: bool
-    can_pause: bool
-    tz_name: str
-    tz: tzinfo
-
-    @classmethod
-    def of(cls, request: HttpRequest, via: str = "board") -> Viewer:
-        user = request.user
-        actor = HumanActor(user, via=via)
-        tz_name, tz = zone_named(request.COOKIES.get(TZ_COOKIE))
-        return cls(
-            user=user,
-            actor=actor,
-            is_superuser=bool(getattr(user, "is_superuser", False)),
-            is_auditor=is_auditor(user),
-            can_pause=pauses.can_pause(actor),
-            tz_name=tz_name,
-            tz=tz,
-        )
-
-    @property
-    def sees_all(self) -> bool:
-        return self.is_superuser or self.is_auditor
-
-    @property
-    def writes(self) -> bool:
-        """Auditors read and change nothing (a superuser in the group still writes)."""
-        return self.is_superuser or not self.is_auditor
-
-    def owns(self, endpoint: Endpoint) -> bool:
-        return bool(endpoint.owner_id == getattr(self.user, "pk", None))
-
-    def can_write_budget(self, endpoint: Endpoint) -> bool:
-        """Whether to offer the budget editor; ``admission.services.policy_set`` decides."""
-        return self.is_superuser or (self.writes and self.owns(endpoint))
-
-    def can_act(self, endpoint: Endpoint) -> bool:
-        """Whether to offer todo actions; ``queues.services`` decides."""
-        if endpoint.state != EndpointState.ACTIVE:
-            return False
-        return self.is_superuser or (self.writes and self.owns(endpoint))
-
-
-def visible_endpoints(viewer: Viewer) -> QuerySet[Endpoint]:
-    """Owners see their endpoints; auditors and superusers see all (active ones on the board)."""
-    qs = Endpoint.objects.select_related("owner").order_by("slug")
-    if viewer.sees_all:
-        return qs
-    return qs.filter(owner_id=getattr(viewer.user, "pk", None))
 
 
 # --- filters -----------------------------------------------------------------------------------
@@ -210,14 +137,6 @@ class Filters:
 # --- identities and counts ---------------------------------------------------------------------
 
 
-def identity_key(slug: str, queue: str) -> str:
-    """A stable HTML id for a queue identity: ``<slug>--<queue>``, made id- and CSS-safe."""
-    if re.fullmatch(r"[A-Za-z0-9_-]+", queue):
-        return f"{slug}--{queue}"
-    digest = hashlib.sha1(queue.encode()).hexdigest()[:6]
-    return f"{slug}--{re.sub(r'[^A-Za-z0-9_-]', '_', queue)}-{digest}"
-
-
 @dataclass
 class IdentityCounts:
     counts: dict[str, int]
@@ -229,15 +148,7 @@ def identity_counts(endpoint_ids: list[UUID]) -> dict[tuple[UUID, str], Identity
     if not endpoint_ids:
         return {}
     with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT endpoint_id, queue, state, count(*),
-                   count(*) FILTER (WHERE state = 'failed' AND next_retry_at IS NULL)
-            FROM queues_todo WHERE endpoint_id = ANY(%s)
-            GROUP BY endpoint_id, queue, state
-            """,
-            [endpoint_ids],
-        )
+        cursor.execute(sql.IDENTITY_COUNTS_SQL, [endpoint_ids])
         rows = cursor.fetchall()
     out: dict[tuple[UUID, str], IdentityCounts] = {}
     for endpoint_id, queue, state, count, dead in rows:
@@ -297,7 +208,9 @@ class Section:
         return conditions.of(
             quarantine=self.quarantine,
             paused=self.pause is not None,
-            evaluations=[self.evaluation],
+            refusals=[status["reason"]]
+            if (status := self.status) and status["state"] == "deferred"
+            else [],
             failing=self.failing,
             dead_letter=self.dead_letter,
         )
@@ -436,7 +349,7 @@ def _summary(every: list[Section], filters: Filters) -> list[SummaryItem]:
 
 
 def _all_sections(viewer: Viewer, filters: Filters) -> list[Section]:
-    qs = visible_endpoints(viewer)
+    qs = visible_endpoints(viewer.actor)
     if filters.endpoint:
         qs = qs.filter(slug=filters.endpoint)
     endpoints = list(qs)
@@ -579,7 +492,7 @@ def shown_total(section: Section, state: str) -> int:
 def visible_queue_names(viewer: Viewer) -> list[str]:
     """Queue names for the filter: those the viewer's endpoints scope, hold todos or budgets on."""
     names: set[str] = set()
-    endpoints = visible_endpoints(viewer)
+    endpoints = visible_endpoints(viewer.actor)
     for scope in endpoints.values_list("scope_queues", flat=True):
         names.update(scope)
     ids = list(endpoints.values_list("id", flat=True))
@@ -596,14 +509,9 @@ def visible_queue_names(viewer: Viewer) -> list[str]:
     return sorted(names)
 
 
-def identity_sections(viewer: Viewer, queue: str) -> list[Section]:
-    """The sections of one queue name (the queue page), without cards."""
-    return sections(viewer, Filters(queue=queue), cards=False)
-
-
 def pause_fleet_view(viewer: Viewer) -> bool:
     """Whether the queue list shows the fleet (as ``GET /api/v1/queues`` does) or own queues."""
-    return viewer.sees_all or viewer.can_pause
+    return access.sees_fleet(viewer.actor)
 
 
 def queue_list(viewer: Viewer) -> list[selectors.QueueStat]:

@@ -12,7 +12,7 @@ import time
 
 import redis
 
-from switchboard import counters
+from switchboard.core import counters
 
 log = logging.getLogger(__name__)
 

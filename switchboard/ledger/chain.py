@@ -11,8 +11,8 @@ chain's head (``LedgerHead``: the last seq and its hash, under the same key). ``
 the chain with the head, which catches a deleted tail.
 
 ``verify()`` is the full check that ``manage.py ledger verify`` and the console's chain badge run:
-the chain, streamed in seq order in batches, then every live admission policy against its last
-audited ``after``.
+the chain, streamed in seq order in batches, then every registered trail (admission's compares
+each live policy with its last audited ``after``).
 """
 
 from __future__ import annotations
@@ -23,19 +23,18 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.db import connection, transaction
 
-from admission.models import AdmissionPolicy, LedgerEntry, LedgerHead, LedgerKind
+from switchboard.ledger.models import LedgerCheck, LedgerEntry, LedgerHead
 
 GENESIS_HASH = "0" * 64
 # pg_advisory_xact_lock key for appends: "ledger" in ASCII.
 APPEND_LOCK_KEY = 0x6C6564676572
 # Rows read per query while verifying: the chain is streamed, never loaded whole.
 VERIFY_BATCH = 2000
-POLICY_KINDS = (LedgerKind.POLICY_CREATE, LedgerKind.POLICY_UPDATE, LedgerKind.POLICY_DELETE)
 # How far back verify follows prev_hash links to tell a moved row from a changed one.
 _REORDER_DEPTH = 16
 
@@ -294,33 +293,26 @@ def _classify(
     )
 
 
-@dataclass(frozen=True)
-class PolicyDrift:
-    """A live policy that differs from its last audited state, or an audited one that vanished.
+class Trail(Protocol):
+    """A check that reads the chain as it streams past, then compares it with live rows.
 
-    problem: ``changed_outside_audit`` (the live row differs from the last ``after``),
-    ``no_create_row`` (a live policy the ledger never saw), ``exists_after_delete`` (the last row
-    is a delete but the policy is live), ``deleted_outside_audit`` (the last row says it exists,
-    but it does not).
+    The chain knows nothing of what it audits; an app that wants its live rows checked against
+    their last audited state registers a trail (``register_trail``) from its ``AppConfig.ready()``.
     """
 
-    scope: str
-    queue: str
-    endpoint_id: str
-    problem: str
-    detail: str
-    seq: int | None  # the last audited row of this policy, if any
+    def see(self, row: LedgerEntry) -> None: ...
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "policy": f"{self.scope}/{self.queue}",
-            "scope": self.scope,
-            "queue": self.queue,
-            "endpoint_id": self.endpoint_id,
-            "problem": self.problem,
-            "detail": self.detail,
-            "seq": self.seq,
-        }
+    def finish(self, report: VerifyReport) -> list[Any]:
+        """The problems found (each with ``as_dict()``), after the whole chain was seen."""
+        ...
+
+
+TRAILS: list[Callable[[], Trail]] = []
+
+
+def register_trail(factory: Callable[[], Trail]) -> None:
+    if factory not in TRAILS:
+        TRAILS.append(factory)
 
 
 @dataclass
@@ -328,7 +320,8 @@ class VerifyReport:
     rows: int = 0
     head_seq: int | None = None
     chain: ChainProblem | None = None
-    drift: list[PolicyDrift] = field(default_factory=list)
+    drift: list[Any] = field(default_factory=list)
+    # Live rows the trails compared with the chain (admission's: its policies).
     policies: int = 0
 
     @property
@@ -347,30 +340,6 @@ class VerifyReport:
             },
             "drift": [d.as_dict() for d in self.drift],
         }
-
-
-@dataclass
-class _Audited:
-    seq: int
-    kind: str
-    scope: str
-    after: dict[str, Any] | None
-
-
-class _PolicyTrail:
-    """The last policy.* row per queue identity (endpoint id, queue), as rows stream past."""
-
-    def __init__(self) -> None:
-        self.last: dict[tuple[str, str], _Audited] = {}
-
-    def see(self, row: LedgerEntry) -> None:
-        if row.kind not in POLICY_KINDS:
-            return
-        state = row.after if row.after is not None else row.before
-        if not isinstance(state, dict):
-            return
-        key = (str(state.get("endpoint_id")), str(state.get("queue")))
-        self.last[key] = _Audited(row.seq, row.kind, row.scope, row.after)
 
 
 def stream_rows(batch: int = VERIFY_BATCH) -> Iterator[LedgerEntry]:
@@ -402,23 +371,24 @@ def _verify(batch: int) -> VerifyReport:
     report = VerifyReport()
     head = LedgerHead.objects.filter(pk=1).first()
     report.head_seq = head.seq if head else None
-    trail = _PolicyTrail()
+    trails = [factory() for factory in TRAILS]
     last: list[LedgerEntry] = []
 
     def tap(rows: Iterable[LedgerEntry]) -> Iterator[LedgerEntry]:
         for row in rows:
             report.rows += 1
-            trail.see(row)
+            for trail in trails:
+                trail.see(row)
             last[:] = [row]
             yield row
 
     rows = tap(stream_rows(batch))
     report.chain = verify_chain(rows, head_seq=report.head_seq)
-    for _ in rows:  # the rest of the chain still feeds the policy trail
+    for _ in rows:  # the rest of the chain still feeds the trails
         pass
     if report.chain is None:
         report.chain = _check_head(head, last[0] if last else None, report.rows)
-    report.drift = _drift(trail, report)
+    report.drift = [problem for trail in trails for problem in trail.finish(report)]
     return report
 
 
@@ -461,78 +431,20 @@ def _check_head(
     return None
 
 
-def _drift(trail: _PolicyTrail, report: VerifyReport) -> list[PolicyDrift]:
-    from admission.selectors import policy_dict
-
-    problems: list[PolicyDrift] = []
-    live = set()
-    for policy in AdmissionPolicy.objects.select_related("endpoint").order_by(
-        "endpoint_id", "queue"
-    ):
-        report.policies += 1
-        key = (str(policy.endpoint_id), policy.queue)
-        live.add(key)
-        scope = f"endpoint:{policy.endpoint.slug}"
-        audited = trail.last.get(key)
-        current = policy_dict(policy)
-        if audited is None:
-            problems.append(
-                PolicyDrift(
-                    scope,
-                    policy.queue,
-                    key[0],
-                    "no_create_row",
-                    f"the policy on {scope}/{policy.queue} exists but the ledger never recorded "
-                    "its creation: it was written outside the audited path",
-                    None,
-                )
-            )
-        elif audited.kind == LedgerKind.POLICY_DELETE:
-            problems.append(
-                PolicyDrift(
-                    scope,
-                    policy.queue,
-                    key[0],
-                    "exists_after_delete",
-                    f"the policy on {scope}/{policy.queue} exists but its last audited row "
-                    f"(seq {audited.seq}) deleted it",
-                    audited.seq,
-                )
-            )
-        elif audited.after != current:
-            problems.append(
-                PolicyDrift(
-                    scope,
-                    policy.queue,
-                    key[0],
-                    "changed_outside_audit",
-                    f"the policy on {scope}/{policy.queue} differs from its last audited state "
-                    f"(seq {audited.seq}): {_differences(audited.after or {}, current)}",
-                    audited.seq,
-                )
-            )
-    for key, audited in sorted(trail.last.items()):
-        if key in live or audited.kind == LedgerKind.POLICY_DELETE:
-            continue
-        problems.append(
-            PolicyDrift(
-                audited.scope,
-                key[1],
-                key[0],
-                "deleted_outside_audit",
-                f"the policy on {audited.scope}/{key[1]} is gone but its last audited row "
-                f"(seq {audited.seq}, {audited.kind}) says it exists",
-                audited.seq,
-            )
-        )
-    return problems
+def check(batch: int = VERIFY_BATCH) -> VerifyReport:
+    """Verify now and keep the result (the beat task, "verify now" and ``ledger verify``)."""
+    report = verify(batch)
+    LedgerCheck.objects.update_or_create(
+        pk=1,
+        defaults={"checked_at": datetime.now(UTC), "ok": report.ok, "report": report.as_dict()},
+    )
+    return report
 
 
-def _differences(audited: dict[str, Any], current: dict[str, Any]) -> str:
-    keys = sorted(set(audited) | set(current))
-    parts = [
-        f"{k} audited {audited.get(k)!r}, now {current.get(k)!r}"
-        for k in keys
-        if audited.get(k) != current.get(k)
-    ]
-    return "; ".join(parts)
+def last_check() -> LedgerCheck:
+    """The stored result; the first ever read runs the check once."""
+    stored = LedgerCheck.objects.filter(pk=1).first()
+    if stored is None:
+        check()
+        stored = LedgerCheck.objects.get(pk=1)
+    return stored

@@ -1,0 +1,155 @@
+"""Admission's claim gate: a queue identity's budget (in-flight cap, claims per window).
+
+Registered from ``AdmissionConfig.ready()``; the claim (``queues.services.claiming``) calls it
+through the gate protocol of ``queues.gates``. Under the policy row lock it counts in-flight
+(excluding a takeover of this very todo) and the window, then refuses or charges one unit; a
+claim admitted only because of the ``advise`` posture leaves a waiver in the ledger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from django.db import connection, transaction
+from django.db.backends.utils import CursorWrapper
+from django.utils import timezone
+
+from admission import engine, selectors
+from admission.models import AdmissionPolicy, DeferralReason
+from queues import gates, metrics
+from queues.access import AgentActor, HumanActor
+from switchboard.core.errors import Deferred
+from switchboard.ledger import chain as ledger
+from switchboard.ledger.models import LedgerKind
+
+# One lookup on the policy table's unique (endpoint_id, queue) index.
+_PROBE = (
+    "(SELECT p.id FROM admission_admissionpolicy p "
+    "WHERE p.endpoint_id = {t}.endpoint_id AND p.queue = {t}.queue)"
+)
+# Whether the todo's queue identity has an in-flight cap: a claim that ends may free a slot.
+_FREES_SLOT = """EXISTS (SELECT 1 FROM admission_admissionpolicy p
+                       WHERE p.endpoint_id = {t}.endpoint_id AND p.queue = {t}.queue
+                         AND p.max_in_flight IS NOT NULL)"""
+
+
+@dataclass
+class _Charge(gates.Admission):
+    decision: engine.Decision
+
+    def charge(self, cursor: CursorWrapper, *, todo: Any, actor: Any) -> dict[str, Any] | None:
+        engine.charge(cursor, self.decision)
+        ev = self.decision.evaluation
+        if self.decision.waiver:
+            _append_waiver(self.decision, actor, todo)
+        headroom = ev.headroom()
+        headroom["in_flight"] = ev.in_flight + 1
+        if ev.used is not None:
+            headroom["used"] = ev.used + 1
+            limit = ev.policy.max_claims_per_window
+            headroom["remaining"] = None if limit is None else max(0, limit - ev.used - 1)
+        return headroom
+
+
+class BudgetGate:
+    name = "admission"
+    lock_order = 10
+
+    def probe(self, alias: str) -> str:
+        return _PROBE.format(t=alias)
+
+    def frees_slot(self, alias: str) -> str:
+        return _FREES_SLOT.format(t=alias)
+
+    def pre_read(self, endpoint_id: UUID, queues: list[str]) -> list[gates.Refusal]:
+        return list(selectors.deferred_among(endpoint_id, queues))
+
+    def admit(
+        self, cursor: CursorWrapper, *, key: Any, todo_id: UUID
+    ) -> gates.Admission | gates.Refusal:
+        policy = engine.lock_policy(cursor, key)
+        if policy is None:  # cleared since the probe: nothing to charge
+            return gates.Admission()
+        decision = engine.decide(cursor, policy=policy, todo_id=todo_id, now=timezone.now())
+        if not decision.admitted:
+            return decision.evaluation
+        return _Charge(decision)
+
+    def refused(self, refusals: list[gates.Refusal]) -> None:
+        for ev in refusals:
+            assert isinstance(ev, engine.Evaluation)
+            metrics.refused(ev.policy.queue, ev.reason or "")
+            with transaction.atomic(), connection.cursor() as cursor:
+                engine.record_refusal(cursor, ev)
+
+    def deferred_entry(self, refusal: gates.Refusal, endpoint_id: UUID) -> dict[str, Any]:
+        assert isinstance(refusal, engine.Evaluation)
+        return selectors.deferred_entry(refusal, endpoint_id)
+
+    def deferred_error(self, refusal: gates.Refusal) -> Deferred:
+        ev = refusal
+        assert isinstance(ev, engine.Evaluation)
+        details: dict[str, Any] = {
+            "queue": ev.policy.queue,
+            "reason": ev.reason,
+            "next_eligible_at": ev.next_eligible_at.isoformat() if ev.next_eligible_at else None,
+            "exact": ev.exact,
+        }
+        if ev.reason == DeferralReason.ADMISSION_UNAVAILABLE:
+            text = "its admission policy cannot be evaluated"
+        elif ev.next_eligible_at:
+            text = f"{ev.reason}; eligible at {ev.next_eligible_at.isoformat()}"
+        else:
+            text = str(ev.reason)
+        return Deferred(f"queue {ev.policy.queue!r} is deferred: {text}", **details)
+
+    def statuses(
+        self, identities: Iterable[tuple[UUID, str]]
+    ) -> dict[tuple[UUID, str], dict[str, Any]]:
+        return selectors.statuses_for(identities)
+
+    def admits_now(self, key: Any) -> bool:
+        return selectors.identity_admitted(key)
+
+    def queue_names(self, endpoint_ids: list[UUID] | None) -> set[str]:
+        policies = AdmissionPolicy.objects.all()
+        if endpoint_ids is not None:
+            policies = policies.filter(endpoint_id__in=endpoint_ids)
+        return set(policies.values_list("queue", flat=True))
+
+
+def _append_waiver(decision: engine.Decision, actor: Any, todo: Any) -> None:
+    """A claim admitted over a limit by the advise posture: the ledger keeps who and why."""
+    ev = decision.evaluation
+    owner = todo.endpoint.owner if isinstance(actor, AgentActor) else None
+    human = actor.user if isinstance(actor, HumanActor) else owner
+    ledger.append(
+        kind=LedgerKind.ADMISSION_WAIVER,
+        actor=ledger.Actor(
+            human_id=getattr(human, "pk", None),
+            human_name=human.get_username() if human is not None else "",
+            endpoint_id=actor.endpoint.id if isinstance(actor, AgentActor) else None,
+            endpoint_slug=actor.endpoint.slug if isinstance(actor, AgentActor) else "",
+        ),
+        scope=f"endpoint:{todo.endpoint.slug}",
+        queue=todo.queue,
+        after={
+            "todo": str(todo.id),
+            "attempt": todo.attempt,
+            "posture": ev.policy.posture,
+            "reason": ev.reason,
+            "exceeded": ev.exceeded,
+            "in_flight": ev.in_flight,
+            "max_in_flight": ev.policy.max_in_flight,
+            "used": ev.used,
+            "max_claims_per_window": ev.policy.max_claims_per_window,
+            "window_start": ev.window_start.isoformat() if ev.window_start else None,
+        },
+    )
+
+
+def register() -> None:
+    gates.register(BudgetGate())

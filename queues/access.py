@@ -1,0 +1,246 @@
+"""Access: who is acting, and what they may see or change.
+
+An actor is an agent (an endpoint's token) or a human (a session or a personal token). A human's
+roles (superuser, auditor, may pause) are looked up once per actor and cached on it, so a page
+that asks many times costs one query. The rules live here, once: auditors read everything and
+change nothing (a superuser in the group still writes); owners see and change their own
+endpoints' work; ``queues.pause_queue`` pauses any queue.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import tzinfo
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponse
+
+from queues.models import Endpoint, EndpointState
+from switchboard.core.errors import Forbidden
+from switchboard.core.pages import TZ_COOKIE, refusal
+from switchboard.core.zones import zone_named
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+
+
+@dataclass(frozen=True)
+class AgentActor:
+    endpoint: Endpoint
+    via: str = "api"
+
+    @property
+    def label(self) -> str:
+        return self.endpoint.slug
+
+
+@dataclass(frozen=True)
+class HumanActor:
+    user: AbstractBaseUser | AnonymousUser
+    via: str = "api"
+
+    @property
+    def label(self) -> str:
+        return f"operator:{self.user.get_username()}"
+
+    @property
+    def is_superuser(self) -> bool:
+        return bool(getattr(self.user, "is_superuser", False))
+
+    @functools.cached_property
+    def is_auditor(self) -> bool:
+        """Looked up once per actor (a frozen dataclass still takes a cached property)."""
+        return is_auditor(self.user)
+
+    @functools.cached_property
+    def can_pause(self) -> bool:
+        """Superusers, and humans holding queues.pause_queue who are not auditors."""
+        user = self.user
+        if not getattr(user, "is_authenticated", False) or not getattr(user, "is_active", False):
+            return False
+        if self.is_superuser:
+            return True
+        has_perm = getattr(user, "has_perm", None)
+        return not self.is_auditor and callable(has_perm) and bool(has_perm(PAUSE_PERMISSION))
+
+    @property
+    def sees_all(self) -> bool:
+        """Auditors and superusers read every endpoint, todo, policy and ledger row."""
+        return self.is_superuser or self.is_auditor
+
+    @property
+    def writes(self) -> bool:
+        """Auditors read and change nothing (a superuser in the group still writes)."""
+        return self.is_superuser or not self.is_auditor
+
+    def owns(self, endpoint: Endpoint) -> bool:
+        return bool(endpoint.owner_id == getattr(self.user, "pk", None))
+
+    def may_change(self, endpoint: Endpoint) -> bool:
+        """Whether this human may change the endpoint's work and budgets."""
+        return self.is_superuser or (self.writes and self.owns(endpoint))
+
+
+Actor = AgentActor | HumanActor
+
+AUDITORS_GROUP = "auditors"
+PAUSE_PERMISSION = "queues.pause_queue"
+
+
+def is_auditor(user: AbstractBaseUser | AnonymousUser) -> bool:
+    if not getattr(user, "is_authenticated", False):
+        return False
+    groups = getattr(user, "groups", None)
+    return bool(groups is not None and groups.filter(name=AUDITORS_GROUP).exists())
+
+
+def todo_scope(actor: Actor) -> Q:
+    """The todos an actor may read: an agent its own; auditors and superusers every todo; an
+    owner those of the endpoints they own. (Writes are scoped by the services, never by this.)"""
+    return endpoint_q(actor)
+
+
+def acting_endpoint_ids(actor: Actor) -> list[UUID]:
+    """The endpoints whose todos this actor may act on: an agent its own; a human the active
+    endpoints they own (every active one for a superuser)."""
+    if isinstance(actor, AgentActor):
+        return [actor.endpoint.id]
+    qs = Endpoint.objects.filter(state=EndpointState.ACTIVE)
+    if not actor.is_superuser:
+        qs = qs.filter(owner_id=actor.user.pk)
+    return list(qs.values_list("id", flat=True))
+
+
+def can_pause(actor: HumanActor) -> bool:
+    return actor.can_pause
+
+
+def sees_fleet(actor: HumanActor) -> bool:
+    """Whether the queue list shows every queue: readers of everything, and pausers (a pause is
+    fleet-wide, so a pauser who owns no endpoint still sees what there is to pause)."""
+    return actor.sees_all or actor.can_pause
+
+
+def endpoint_q(actor: Actor, path: str = "endpoint") -> Q:
+    """The rows an actor may read among those reached through an endpoint at ``path`` (todos,
+    policies): an agent its own endpoint's; auditors and superusers all; an owner their own."""
+    if isinstance(actor, AgentActor):
+        return Q(**{f"{path}_id": actor.endpoint.id})
+    if actor.sees_all:
+        return Q()
+    return Q(**{f"{path}__owner_id": getattr(actor.user, "pk", None)})
+
+
+def check_endpoint(
+    actor: Actor,
+    endpoint: Endpoint,
+    *,
+    write: bool,
+    missing: Exception,
+    forbidden: str = "auditors read; they do not change anything",
+) -> None:
+    """Refuse an endpoint the actor may not read (``missing``: not found, so its existence does
+    not leak) or, for a write, may not change (forbidden for auditors)."""
+    if isinstance(actor, AgentActor):
+        if endpoint.id != actor.endpoint.id:
+            raise missing
+        return
+    if actor.is_superuser:
+        return
+    if actor.is_auditor:
+        if write:
+            raise Forbidden(forbidden)
+        return
+    if not actor.owns(endpoint):
+        raise missing
+
+
+def ledger_q(actor: HumanActor) -> Q:
+    """The ledger rows a human may read: every row for auditors and superusers; for an owner the
+    rows of their endpoints' scopes and the pauses of the queue names those endpoints drain."""
+    if actor.sees_all:
+        return Q()
+    endpoints = list(
+        Endpoint.objects.filter(owner_id=getattr(actor.user, "pk", None)).values_list(
+            "slug", "scope_queues"
+        )
+    )
+    scopes = [f"endpoint:{slug}" for slug, _ in endpoints]
+    queues = sorted({q for _, scope in endpoints for q in scope})
+    return Q(scope__in=scopes) | Q(scope="queue", queue__in=queues)
+
+
+def visible_endpoints(actor: HumanActor) -> QuerySet[Endpoint]:
+    """Owners see their endpoints; auditors and superusers see all."""
+    qs = Endpoint.objects.select_related("owner").order_by("slug")
+    if actor.sees_all:
+        return qs
+    return qs.filter(owner_id=getattr(actor.user, "pk", None))
+
+
+@dataclass
+class Viewer:
+    """The signed-in human at a console page: the actor (roles resolved once) and their zone."""
+
+    user: Any
+    actor: HumanActor
+    is_superuser: bool
+    is_auditor: bool
+    can_pause: bool
+    tz_name: str
+    tz: tzinfo
+
+    @classmethod
+    def of(cls, request: HttpRequest, via: str = "board") -> Viewer:
+        user = request.user
+        actor = HumanActor(user, via=via)
+        tz_name, tz = zone_named(request.COOKIES.get(TZ_COOKIE))
+        return cls(
+            user=user,
+            actor=actor,
+            is_superuser=actor.is_superuser,
+            is_auditor=actor.is_auditor,
+            can_pause=actor.can_pause,
+            tz_name=tz_name,
+            tz=tz,
+        )
+
+    @property
+    def sees_all(self) -> bool:
+        return self.actor.sees_all
+
+    @property
+    def writes(self) -> bool:
+        return self.actor.writes
+
+    def owns(self, endpoint: Endpoint) -> bool:
+        return self.actor.owns(endpoint)
+
+    def can_write_budget(self, endpoint: Endpoint) -> bool:
+        """Whether to offer the budget editor; ``admission.services.policy_set`` decides."""
+        return self.actor.may_change(endpoint)
+
+    def can_act(self, endpoint: Endpoint) -> bool:
+        """Whether to offer todo actions; the todo services decide."""
+        if endpoint.state != EndpointState.ACTIVE:
+            return False
+        return self.actor.may_change(endpoint)
+
+
+def refuse_auditors(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """Auditors read and change nothing: a write they forge by hand is 403 before any service.
+
+    The services refuse them too; this makes the answer the same on every write view.
+    """
+
+    @functools.wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not Viewer.of(request).writes:
+            return refusal(request, Forbidden("auditors read; they do not change anything"))
+        return view(request, *args, **kwargs)
+
+    return wrapper

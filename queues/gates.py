@@ -1,0 +1,157 @@
+"""The claim gate protocol: how another app gets a say in a claim without queues knowing it.
+
+A gate (admission's budgets today; pools, tags and rate limits later) registers itself from its
+app's ``AppConfig.ready()`` with ``register``. The claim (``queues.services.claiming``) then, for
+every gate in lock order:
+
+1. folds the gate's **probe** into the claiming statement: a scalar SQL expression over the
+   candidate row that is NULL when the gate has nothing to say about it. A candidate no gate
+   claims is claimed by that same statement, so ungated work costs exactly the statements it
+   would cost without gates, plus one indexed probe per gate;
+2. before taking any lock, asks for the gate's **pre-read**: the queues it refuses now whatever
+   todo is picked, so they are excluded without taking the gate's lock;
+3. with the candidate todo locked, asks the gate to **admit** it under the gate's own lock (in
+   ``lock_order``, so two claimers never wait on each other's gate locks in opposite orders). A
+   refusal rolls back to the savepoint, releasing every gate lock taken for this candidate;
+4. after the claim is written, lets each admitting gate **charge** for it, in the same
+   transaction;
+5. after the transaction, **records** the refusals (holding no lock, so no lock-order cycle).
+
+The read surfaces ask the same gates why a queue identity waits (``statuses``), whether it would
+admit now (``admits_now``, for the doorbell) and which queue names they know (``queue_names``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any, Protocol
+from uuid import UUID
+
+from django.db.backends.utils import CursorWrapper
+
+from switchboard.core.errors import Deferred
+
+
+class Refusal(Protocol):
+    """A gate's no for one queue identity: why, and until when."""
+
+    @property
+    def queue(self) -> str: ...
+
+    @property
+    def reason(self) -> str | None: ...
+
+    @property
+    def next_eligible_at(self) -> datetime | None: ...
+
+    @property
+    def exact(self) -> bool: ...
+
+
+class Admission:
+    """A gate's yes for one locked candidate, held until the claim is written. A gate that
+    spends something per claim subclasses it and overrides ``charge``."""
+
+    def charge(self, cursor: CursorWrapper, *, todo: Any, actor: Any) -> dict[str, Any] | None:
+        """Spend the claim (in the claim's transaction); returns what the claim reports of it."""
+        return None
+
+
+class ClaimGate(Protocol):
+    name: str
+    # Gates lock in ascending lock_order; a gate never takes another gate's lock.
+    lock_order: int
+
+    def probe(self, alias: str) -> str:
+        """A scalar SQL expression over the todo row ``alias`` (its ``endpoint_id`` and
+        ``queue``): the key ``admit`` needs, or NULL when this gate lets the row through."""
+        ...
+
+    def frees_slot(self, alias: str) -> str:
+        """A boolean SQL expression over the todo row ``alias``: whether ending its claim frees a
+        unit of a limit someone may be waiting for (the doorbell rings for it)."""
+        ...
+
+    def pre_read(self, endpoint_id: UUID, queues: list[str]) -> list[Refusal]:
+        """The queues this gate refuses now, whatever todo is picked (read without locks)."""
+        ...
+
+    def admit(self, cursor: CursorWrapper, *, key: Any, todo_id: UUID) -> Admission | Refusal:
+        """Under this gate's lock (taken here, released at commit or savepoint rollback)."""
+        ...
+
+    def refused(self, refusals: list[Refusal]) -> None:
+        """Count refusals, after the claim's transaction."""
+        ...
+
+    def deferred_entry(self, refusal: Refusal, endpoint_id: UUID) -> dict[str, Any]:
+        """One item of claim_next's ``deferred`` list (with the pending count)."""
+        ...
+
+    def deferred_error(self, refusal: Refusal) -> Deferred:
+        """The error a claim of one todo answers with."""
+        ...
+
+    def statuses(
+        self, identities: Iterable[tuple[UUID, str]]
+    ) -> dict[tuple[UUID, str], dict[str, Any]]:
+        """The derived status of each gated identity among ``identities`` (others absent)."""
+        ...
+
+    def admits_now(self, key: Any) -> bool:
+        """Whether a claim on the identity its probe gave ``key`` for would pass now (for the
+        doorbell)."""
+        ...
+
+    def queue_names(self, endpoint_ids: list[UUID] | None) -> set[str]:
+        """Queue names this gate has configuration for (narrowed to the endpoints if given)."""
+        ...
+
+
+_GATES: list[ClaimGate] = []
+
+
+def register(gate: ClaimGate) -> None:
+    """Add a gate (once per name), from an ``AppConfig.ready()``, before any claim runs."""
+    if any(g.name == gate.name for g in _GATES):
+        return
+    _GATES.append(gate)
+    _GATES.sort(key=lambda g: g.lock_order)
+
+
+def gates() -> tuple[ClaimGate, ...]:
+    return tuple(_GATES)
+
+
+def statuses(identities: Iterable[tuple[UUID, str]]) -> dict[tuple[UUID, str], dict[str, Any]]:
+    """The derived status of each gated identity; the first refusing gate answers."""
+    identities = set(identities)
+    found: dict[tuple[UUID, str], dict[str, Any]] = {}
+    for gate in _GATES:
+        for key, status in gate.statuses(identities).items():
+            if key not in found or found[key]["state"] == "admitted":
+                found[key] = status
+    return found
+
+
+def admits_now(keys: tuple[Any, ...]) -> bool:
+    """Whether every gate admits now, given the keys their probes gave (None: not gated)."""
+    return all(key is None or gate.admits_now(key) for gate, key in zip(_GATES, keys, strict=True))
+
+
+def probes(alias: str) -> str:
+    """Each gate's probe over ``alias``, as select-list items ``g0, g1, ...`` ("" without gates)."""
+    return "".join(f", {gate.probe(alias)} AS g{i}" for i, gate in enumerate(_GATES))
+
+
+def frees_slot(alias: str) -> str:
+    """Whether ending this row's claim may free a unit some gate limits (SQL; false ungated)."""
+    return " OR ".join(f"({gate.frees_slot(alias)})" for gate in _GATES) or "false"
+
+
+def queue_names(endpoint_ids: list[UUID] | None) -> set[str]:
+    names: set[str] = set()
+    for gate in _GATES:
+        names |= gate.queue_names(endpoint_ids)
+    return names

@@ -1,0 +1,63 @@
+"""Every write to endpoints, todos and attempts: one function per state change, by topic.
+
+Called alike by the admin, the pages, the REST API, MCP, the CLI and the sweeps. Keyword-only
+arguments; refusals are ``switchboard.core.errors.DomainError`` subclasses. Counters and
+notifications happen only after commit.
+
+- ``endpoints``: vend, update, revoke an endpoint; create and revoke a personal token;
+- ``todos``: intake, the transitions of a claimed todo, the operators' retry and release;
+- ``claiming``: the claim, through every registered gate;
+- ``sweeps``: lapsed leases and due retries.
+"""
+
+from __future__ import annotations
+
+from queues.services.claiming import Claimed, NothingClaimable, claim, claim_next
+from queues.services.endpoints import (
+    endpoint_revoke,
+    endpoint_update,
+    endpoint_vend,
+    human_token_create,
+    human_token_revoke,
+    resolve_lease_ttl,
+    touch_endpoint,
+)
+from queues.services.sweeps import reap_expired, requeue_due_retries
+from queues.services.todos import (
+    TodoCreated,
+    backoff_seconds,
+    complete,
+    fail,
+    heartbeat,
+    release,
+    todo_create,
+    todo_release,
+    todo_retry,
+)
+from switchboard.core.tokens import hash_token
+
+__all__ = [
+    "Claimed",
+    "NothingClaimable",
+    "TodoCreated",
+    "backoff_seconds",
+    "claim",
+    "claim_next",
+    "complete",
+    "endpoint_revoke",
+    "endpoint_update",
+    "endpoint_vend",
+    "fail",
+    "hash_token",
+    "heartbeat",
+    "human_token_create",
+    "human_token_revoke",
+    "reap_expired",
+    "release",
+    "requeue_due_retries",
+    "resolve_lease_ttl",
+    "todo_create",
+    "todo_release",
+    "todo_retry",
+    "touch_endpoint",
+]

@@ -1,0 +1,256 @@
+"""The claim, top to bottom: pick a candidate, let every gate admit it, write the claim.
+
+``claim_next`` (an agent's next todo) and ``claim`` (one todo, by an agent or an operator) run
+the same steps; the gates (``queues.gates``: admission's budgets, later pools, tags and rate
+limits) are asked in their lock order and never named here.
+
+1. The candidate: the oldest claimable todo (``FOR UPDATE SKIP LOCKED``), or the one todo
+   (``FOR UPDATE``). The statement folds in each gate's probe and claims at once when no gate
+   claims the row: one statement, committed on its own.
+2. Otherwise, before any lock, each gate's pre-read excludes the queues it refuses now.
+3. In one transaction, for each gated candidate: a savepoint; each gate admits under its own
+   lock; a refusal rolls back to the savepoint (releasing every gate lock taken for it),
+   excludes that queue and tries the next granted queue. ``claim_next`` never answers empty
+   while a claimable todo sits in a queue every gate admits.
+4. The claim is written; each admitting gate charges for it in the same transaction.
+5. After the transaction: counters, and the refusals recorded (holding no gate lock).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from django.db import transaction
+
+from queues import gates, metrics, sql
+from queues.access import Actor, AgentActor, HumanActor, acting_endpoint_ids
+from queues.models import QUARANTINE_QUEUE, Endpoint, Todo, check_queue_name
+from queues.services.endpoints import resolve_lease_ttl
+from switchboard.core import tokens
+from switchboard.core.errors import Conflict, Forbidden, InvalidArgument, NotFound
+from switchboard.core.tokens import LEASE_TOKEN_PREFIX, hash_token
+
+
+@dataclass
+class Claimed:
+    todo: Todo
+    attempt: int
+    lease_token: str | None = None
+    # What the gates report of the claim (admission: the headroom left), or None if ungated.
+    admission: dict[str, Any] | None = None
+
+
+@dataclass
+class NothingClaimable:
+    """claim_next found nothing: empty, or only deferred work (listed)."""
+
+    deferred: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Refused:
+    gate: gates.ClaimGate
+    refusal: gates.Refusal
+
+
+def claim_next(
+    *,
+    actor: AgentActor,
+    queue: str | None = None,
+    lease_ttl_seconds: int | None = None,
+    require_fence: bool = False,
+    claimant: str | None = None,
+) -> Claimed | NothingClaimable:
+    """Claim the oldest claimable todo of the caller's granted queues (or of one of them)."""
+    endpoint = actor.endpoint
+    granted = [q for q in endpoint.scope_queues if q != QUARANTINE_QUEUE]
+    if queue is not None:
+        check_queue_name(queue)
+        if queue not in endpoint.scope_queues:
+            raise Forbidden(f"queue {queue!r} is not in this endpoint's scope", queue=queue)
+        granted = [queue] if queue != QUARANTINE_QUEUE else []
+    ttl = resolve_lease_ttl(lease_ttl_seconds, endpoint)
+    lease_token, fence_hash = _fence(require_fence)
+    who = _claimant(actor, claimant)
+    if not granted:
+        return NothingClaimable()
+    if not sql.recently_gated(endpoint.id):
+        # (1) The common path: one statement that commits on its own. It claims at once unless
+        # a gate claims the candidate.
+        with sql.hot_cursor() as cursor:
+            cand = sql.claim_next_candidate(
+                cursor,
+                endpoint_id=endpoint.id,
+                queues=granted,
+                excluded=[],
+                claimant=who,
+                via=actor.via,
+                ttl=ttl,
+                fence_hash=fence_hash,
+            )
+        if cand is None:
+            return NothingClaimable()
+        if cand.todo is not None:
+            metrics.claimed(cand.todo.queue, cand.todo.attempt, charged=False)
+            return Claimed(todo=cand.todo, attempt=cand.todo.attempt, lease_token=lease_token)
+        sql.mark_gated(endpoint.id)
+    # (2) The unlocked pre-read: queues a gate refuses now are excluded without its lock.
+    refusals = [
+        _Refused(gate, refusal)
+        for gate in gates.gates()
+        for refusal in gate.pre_read(endpoint.id, granted)
+    ]
+    excluded = list(dict.fromkeys(r.refusal.queue for r in refusals))
+    granted_open = [q for q in granted if q not in excluded]
+    result: Claimed | None = None
+    # (3)-(4) One transaction: candidates in turn, each through every gate.
+    with transaction.atomic(), sql.hot_cursor() as cursor:
+        while granted_open:
+            cand = sql.claim_next_candidate(
+                cursor,
+                endpoint_id=endpoint.id,
+                queues=granted,
+                excluded=excluded,
+                claimant=who,
+                via=actor.via,
+                ttl=ttl,
+                fence_hash=fence_hash,
+            )
+            if cand is None:
+                break
+            if cand.todo is not None:
+                result = Claimed(todo=cand.todo, attempt=cand.todo.attempt, lease_token=lease_token)
+                break
+            admitted = _admit_and_claim(
+                cursor, cand.keys, cand.todo_id, who, actor, ttl, fence_hash
+            )
+            if isinstance(admitted, _Refused):
+                excluded.append(cand.queue)
+                refusals.append(admitted)
+                continue
+            admitted.lease_token = lease_token
+            result = admitted
+            break
+        if result is not None:
+            metrics.claimed(result.todo.queue, result.attempt, charged=result.admission is not None)
+    # (5) A queue the pre-read excluded counts as refused only if it holds pending work: a
+    # deferred queue with nothing waiting refuses nobody, and `{"empty": true}` alone means no work.
+    entries = [(r, r.gate.deferred_entry(r.refusal, endpoint.id)) for r in refusals]
+    entries = [(r, entry) for r, entry in entries if entry["pending"] > 0]
+    _record_refusals([r for r, _ in entries])
+    if result is not None:
+        return result
+    return NothingClaimable(deferred=[entry for _, entry in entries])
+
+
+def claim(
+    *,
+    actor: Actor,
+    todo_id: UUID,
+    lease_ttl_seconds: int | None = None,
+    require_fence: bool = False,
+    claimant: str | None = None,
+) -> Claimed:
+    """Claim one todo (the agent's claim, or the operator's board claim on an owned endpoint).
+
+    Locks the row with FOR UPDATE (waiting for another holder), then the same gates as
+    claim_next. A refusing gate answers ``deferred`` and nothing changes.
+    """
+    if isinstance(actor, HumanActor) and not actor.writes:
+        raise Forbidden("auditors read; they do not claim")
+    lease_token, fence_hash = _fence(require_fence)
+    who = _claimant(actor, claimant)
+    refused: _Refused | None = None
+    result: Claimed | None = None
+    with transaction.atomic(), sql.hot_cursor() as cursor:
+        locked = sql.lock_one(cursor, todo_id=todo_id, endpoint_ids=acting_endpoint_ids(actor))
+        if locked is None:
+            raise NotFound("no such todo", id=str(todo_id))
+        endpoint = Endpoint.objects.get(pk=locked.endpoint_id)
+        if isinstance(actor, AgentActor) and locked.queue not in endpoint.scope_queues:
+            raise Forbidden(f"queue {locked.queue!r} is not in this endpoint's scope")
+        ttl = resolve_lease_ttl(lease_ttl_seconds, endpoint)
+        if locked.paused:
+            raise Conflict(
+                f"queue {locked.queue!r} is paused", reason="queue_paused", queue=locked.queue
+            )
+        if not locked.claimable:
+            raise Conflict(
+                f"todo is {locked.state} and cannot be claimed"
+                + (" (quarantine is never delivered)" if locked.queue == QUARANTINE_QUEUE else ""),
+                state=locked.state,
+            )
+        outcome = _admit_and_claim(cursor, locked.keys, todo_id, who, actor, ttl, fence_hash)
+        if isinstance(outcome, _Refused):
+            refused = outcome
+        else:
+            outcome.lease_token = lease_token
+            result = outcome
+            metrics.claimed(result.todo.queue, result.attempt, charged=result.admission is not None)
+    if refused is not None:
+        _record_refusals([refused])
+        raise refused.gate.deferred_error(refused.refusal)
+    assert result is not None
+    return result
+
+
+def _admit_and_claim(
+    cursor: Any,
+    keys: tuple[Any, ...],
+    todo_id: UUID,
+    who: str,
+    actor: Actor,
+    ttl: int,
+    fence_hash: str | None,
+) -> Claimed | _Refused:
+    """Steps 3-4 for a candidate this transaction holds locked: every gate that claims it admits
+    it under its own lock, in lock order, then the claim is written and charged.
+
+    A refusal rolls back to the savepoint, releasing the gate locks taken for this candidate, so
+    a claimer never holds a gate lock while it waits for another todo.
+    """
+    held = [(gate, key) for gate, key in zip(gates.gates(), keys, strict=True) if key is not None]
+    admissions: list[gates.Admission] = []
+    sid = transaction.savepoint() if held else ""
+    for gate, key in held:
+        verdict = gate.admit(cursor, key=key, todo_id=todo_id)
+        if not isinstance(verdict, gates.Admission):
+            transaction.savepoint_rollback(sid)
+            return _Refused(gate, verdict)
+        admissions.append(verdict)
+    cand = sql.claim_locked(
+        cursor, todo_id=todo_id, claimant=who, via=actor.via, ttl=ttl, fence_hash=fence_hash
+    )
+    assert cand.todo is not None
+    report: dict[str, Any] | None = None
+    for admission in admissions:
+        charged = admission.charge(cursor, todo=cand.todo, actor=actor)
+        if charged is not None:
+            report = {**(report or {}), **charged}
+    # No RELEASE: the transaction's COMMIT releases the savepoint, one round trip fewer while the
+    # gate locks are held.
+    return Claimed(todo=cand.todo, attempt=cand.todo.attempt, admission=report)
+
+
+def _record_refusals(refusals: list[_Refused]) -> None:
+    """After the claim transaction, holding no gate lock (no lock-order cycle)."""
+    for r in refusals:
+        r.gate.refused([r.refusal])
+
+
+def _fence(require_fence: bool) -> tuple[str | None, str | None]:
+    if not require_fence:
+        return None, None
+    token = tokens.mint(LEASE_TOKEN_PREFIX, 24)
+    return token, hash_token(token)
+
+
+def _claimant(actor: Actor, claimant: str | None) -> str:
+    if claimant is not None:
+        claimant = claimant.strip()
+        if not claimant or len(claimant) > 200:
+            raise InvalidArgument("claimant must be 1-200 characters", field="claimant")
+        return claimant
+    return actor.label

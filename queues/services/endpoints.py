@@ -1,0 +1,343 @@
+"""Endpoints and personal tokens: vend, update, revoke; create and revoke a human token."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from queues import metrics, sql
+from queues.access import HumanActor
+from queues.models import (
+    BASIC_VERBS,
+    GRANTABLE_VERBS,
+    SLUG_RE,
+    Endpoint,
+    EndpointState,
+    HumanToken,
+    check_queue_name,
+)
+from switchboard.core import tokens
+from switchboard.core.errors import Conflict, Forbidden, InvalidArgument
+from switchboard.core.tokens import ENDPOINT_TOKEN_PREFIX, HUMAN_TOKEN_PREFIX, hash_token
+from switchboard.ledger import chain as ledger
+from switchboard.ledger.models import LedgerKind
+
+
+def resolve_lease_ttl(requested: int | None, endpoint: Endpoint) -> int:
+    ttl = requested or endpoint.default_lease_ttl_seconds or settings.DEFAULT_LEASE_TTL_SECONDS
+    if requested is not None and not 1 <= requested <= settings.MAX_LEASE_TTL_SECONDS:
+        raise InvalidArgument(
+            f"lease_ttl_seconds must be between 1 and {settings.MAX_LEASE_TTL_SECONDS}",
+            field="lease_ttl_seconds",
+        )
+    return int(min(ttl, settings.MAX_LEASE_TTL_SECONDS))
+
+
+def _slugify(name: str) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:50] or "endpoint"
+    if not slug[0].isalnum():
+        slug = "e" + slug
+    return slug
+
+
+def endpoint_vend(
+    *,
+    owner: User,
+    name: str,
+    queues: list[str],
+    verbs: list[str] | None = None,
+    lease_ttl_seconds: int | None = None,
+    rps: float | None = None,
+    burst: int | None = None,
+    notify_url: str = "",
+    slug: str | None = None,
+    actor: HumanActor | None = None,
+) -> tuple[Endpoint, str]:
+    """Create an endpoint and its token. The token is returned once and stored only as a hash.
+
+    ``actor`` is the human vending (None: no human acts, as on the command line); only a superuser vends
+    for someone else. The vend lands in the ledger in the same transaction.
+    """
+    if actor is not None:
+        _check_writes(actor)
+        if not actor.is_superuser and getattr(owner, "pk", None) != getattr(actor.user, "pk", None):
+            raise Forbidden("only a superuser may vend an endpoint for someone else")
+    name = (name or "").strip()
+    if not name or len(name) > 200:
+        raise InvalidArgument("name is required (at most 200 characters)", field="name")
+    if not queues:
+        raise InvalidArgument("queues must name at least one queue", field="queues")
+    for q in queues:
+        check_queue_name(q, field_name="queues")
+    verbs = list(BASIC_VERBS) if verbs is None else verbs
+    unknown = sorted(set(verbs) - set(GRANTABLE_VERBS))
+    if unknown or not verbs:
+        raise InvalidArgument(
+            f"verbs must be drawn from {', '.join(GRANTABLE_VERBS)}"
+            + (f"; unknown: {', '.join(unknown)}" if unknown else ""),
+            field="verbs",
+        )
+    if lease_ttl_seconds is not None and not 1 <= lease_ttl_seconds <= 86400:
+        raise InvalidArgument("lease_ttl_seconds must be between 1 and 86400", field="lease_ttl")
+    if rps is not None and not 0 <= rps <= 100000:
+        raise InvalidArgument("rps must be between 0 (unlimited) and 100000", field="rps")
+    if burst is not None and burst < 1:
+        raise InvalidArgument("burst must be at least 1", field="burst")
+    if slug is not None and not re.match(SLUG_RE, slug):
+        raise InvalidArgument("slug must be lowercase letters, digits and '-'", field="slug")
+    token = tokens.mint(ENDPOINT_TOKEN_PREFIX)
+    fields: dict[str, Any] = {
+        "name": name,
+        "owner": owner,
+        "token_hash": hash_token(token),
+        "token_prefix": token[:12],
+        "scope_queues": list(dict.fromkeys(queues)),
+        "scope_verbs": list(dict.fromkeys(verbs)),
+        "default_lease_ttl_seconds": lease_ttl_seconds,
+        "rate_limit_rps": rps,
+        "rate_limit_burst": burst,
+        "notify_url": notify_url,
+        "notify_secret": tokens.hook_secret() if notify_url else "",
+    }
+    base = slug or _slugify(name)
+    with transaction.atomic():
+        endpoint = _create_with_free_slug(base, slug is not None, fields)
+        _append(LedgerKind.ENDPOINT_VEND, actor, endpoint, None, _audited(endpoint))
+    return endpoint, token
+
+
+def _create_with_free_slug(base: str, chosen: bool, fields: dict[str, Any]) -> Endpoint:
+    """The endpoint under ``base``, or ``base-xxxxxx`` when that is taken and was not chosen."""
+    for n in range(100):
+        candidate = base if n == 0 else f"{base[:56]}-{secrets.token_hex(3)}"
+        try:
+            with transaction.atomic():
+                return Endpoint.objects.create(slug=candidate, **fields)
+        except IntegrityError:
+            if chosen or Endpoint.objects.filter(slug=candidate).exists() is False:
+                raise InvalidArgument(f"slug {candidate!r} is taken", field="slug") from None
+    raise Conflict("could not find a free slug; name the endpoint differently")
+
+
+def endpoint_revoke(*, endpoint: Endpoint, actor: HumanActor | None = None) -> int:
+    """Revoke an endpoint; its live todos are dead-lettered with result endpoint_revoked."""
+    if actor is not None:
+        _check_may_change(actor, endpoint)
+    with transaction.atomic():
+        locked = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
+        if locked.state == EndpointState.REVOKED:
+            return 0
+        before = _audited(locked)
+        now = timezone.now()
+        locked.state = EndpointState.REVOKED
+        locked.revoked_at = now
+        locked.save(update_fields=["state", "revoked_at"])
+        with connection.cursor() as cursor:
+            cursor.execute(
+                sql.REVOKE_SQL,
+                [locked.id],
+            )
+            rows = cursor.fetchall()
+        total = 0
+        for queue, count in rows:
+            metrics.completed(queue, "dead_lettered", count)
+            total += count
+        _append(
+            LedgerKind.ENDPOINT_REVOKE,
+            actor,
+            locked,
+            before,
+            {**_audited(locked), "dead_lettered": total},
+        )
+        endpoint.state = locked.state
+        endpoint.revoked_at = locked.revoked_at
+        return total
+
+
+def human_token_create(
+    *, user: User, name: str = "api", actor: HumanActor | None = None
+) -> tuple[HumanToken, str]:
+    """A personal token for ``user`` (shown once, stored as a hash). Only a superuser makes one
+    for someone else."""
+    if actor is not None:
+        _check_writes(actor)
+        if not actor.is_superuser and user.pk != getattr(actor.user, "pk", None):
+            raise Forbidden("only a superuser may create a token for someone else")
+    name = (name or "api").strip()[:100]
+    token = tokens.mint(HUMAN_TOKEN_PREFIX)
+    with transaction.atomic():
+        obj = HumanToken.objects.create(
+            user=user, name=name, token_hash=hash_token(token), token_prefix=token[:12]
+        )
+        _append_token(LedgerKind.TOKEN_CREATE, actor, obj)
+    return obj, token
+
+
+def human_token_revoke(*, token: HumanToken, actor: HumanActor | None = None) -> bool:
+    if actor is not None:
+        _check_writes(actor)
+        if not actor.is_superuser and token.user_id != getattr(actor.user, "pk", None):
+            raise Forbidden("only a superuser may revoke someone else's token")
+    with transaction.atomic():
+        updated = HumanToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
+            revoked_at=timezone.now()
+        )
+        if updated == 1:
+            _append_token(LedgerKind.TOKEN_REVOKE, actor, token)
+    return updated == 1
+
+
+_UNSET: Any = object()
+
+
+def endpoint_update(
+    *,
+    endpoint: Endpoint,
+    actor: HumanActor | None = None,
+    name: str = _UNSET,
+    owner: User = _UNSET,
+    notify_url: str = _UNSET,
+    lease_ttl_seconds: int | None = _UNSET,
+    rps: float | None = _UNSET,
+    burst: int | None = _UNSET,
+) -> Endpoint:
+    """Change what may change after vend (scope never widens: revoke and vend again).
+
+    Setting a notify URL creates the hook's signing secret when the endpoint has none, so every
+    hook is signed with a real key; clearing the URL clears the secret. Only a superuser gives an
+    endpoint to someone else. The change lands in the ledger (before and after) in the same
+    transaction.
+    """
+    if actor is not None:
+        _check_may_change(actor, endpoint)
+        if owner is not _UNSET and owner.pk != endpoint.owner_id and not actor.is_superuser:
+            raise Forbidden("only a superuser may give an endpoint to someone else")
+    changes: dict[str, Any] = {}
+    if name is not _UNSET:
+        name = (name or "").strip()
+        if not name or len(name) > 200:
+            raise InvalidArgument("name is required (at most 200 characters)", field="name")
+        changes["name"] = name
+    if owner is not _UNSET:
+        changes["owner"] = owner
+    if notify_url is not _UNSET:
+        notify_url = (notify_url or "").strip()
+        if len(notify_url) > 500 or (
+            notify_url and not notify_url.startswith(("https://", "http://"))
+        ):
+            raise InvalidArgument("notify_url must be an http(s) URL", field="notify_url")
+        changes["notify_url"] = notify_url
+    if lease_ttl_seconds is not _UNSET:
+        if lease_ttl_seconds is not None and not 1 <= lease_ttl_seconds <= 86400:
+            raise InvalidArgument(
+                "lease_ttl_seconds must be between 1 and 86400", field="lease_ttl"
+            )
+        changes["default_lease_ttl_seconds"] = lease_ttl_seconds
+    if rps is not _UNSET:
+        if rps is not None and not 0 <= rps <= 100000:
+            raise InvalidArgument("rps must be between 0 (unlimited) and 100000", field="rps")
+        changes["rate_limit_rps"] = rps
+    if burst is not _UNSET:
+        if burst is not None and burst < 1:
+            raise InvalidArgument("burst must be at least 1", field="burst")
+        changes["rate_limit_burst"] = burst
+    with transaction.atomic():
+        locked = Endpoint.objects.select_for_update().select_related("owner").get(pk=endpoint.pk)
+        if locked.state != EndpointState.ACTIVE:
+            raise Conflict("the endpoint is revoked")
+        before = _audited(locked)
+        for field_name, value in changes.items():
+            setattr(locked, field_name, value)
+        if not locked.notify_url:
+            locked.notify_secret = ""
+        elif not locked.notify_secret:
+            locked.notify_secret = tokens.hook_secret()
+        locked.save()
+        after = _audited(locked)
+        if after != before:
+            _append(LedgerKind.ENDPOINT_UPDATE, actor, locked, before, after)
+    for field_name in [*changes, "notify_secret"]:
+        setattr(endpoint, field_name, getattr(locked, field_name))
+    return endpoint
+
+
+def _check_writes(actor: HumanActor) -> None:
+    if not actor.writes:
+        raise Forbidden("auditors read; they do not change endpoints or todos")
+
+
+def _check_may_change(actor: HumanActor, endpoint: Endpoint) -> None:
+    _check_writes(actor)
+    if not actor.may_change(endpoint):
+        raise Forbidden("only the endpoint's owner may change it")
+
+
+def _audited(endpoint: Endpoint) -> dict[str, Any]:
+    """What the ledger keeps of an endpoint (never its token or hook secret)."""
+    owner = endpoint.owner
+    return {
+        "endpoint_id": str(endpoint.id),
+        "slug": endpoint.slug,
+        "name": endpoint.name,
+        "owner": owner.get_username() if owner is not None else None,
+        "state": endpoint.state,
+        "scope_queues": list(endpoint.scope_queues),
+        "scope_verbs": list(endpoint.scope_verbs),
+        "default_lease_ttl_seconds": endpoint.default_lease_ttl_seconds,
+        "rate_limit_rps": endpoint.rate_limit_rps,
+        "rate_limit_burst": endpoint.rate_limit_burst,
+        "notify_url": endpoint.notify_url,
+        "signed_hooks": bool(endpoint.notify_secret),
+    }
+
+
+def _ledger_actor(actor: HumanActor) -> ledger.Actor:
+    user = actor.user
+    return ledger.Actor(human_id=getattr(user, "pk", None), human_name=user.get_username())
+
+
+# The ledger records what humans decide: a change made with no acting human (the machine
+# operator's command line, the demo seed, test fixtures) appends nothing.
+def _append(
+    kind: str,
+    actor: HumanActor | None,
+    endpoint: Endpoint,
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+) -> None:
+    if actor is None:
+        return
+    ledger.append(
+        kind=kind,
+        actor=_ledger_actor(actor),
+        scope=f"endpoint:{endpoint.slug}",
+        before=before,
+        after=after,
+    )
+
+
+def _append_token(kind: str, actor: HumanActor | None, token: HumanToken) -> None:
+    if actor is None:
+        return
+    ledger.append(
+        kind=kind,
+        actor=_ledger_actor(actor),
+        scope=f"user:{token.user.get_username()}",
+        after={"token_prefix": token.token_prefix, "name": token.name},
+    )
+
+
+def touch_endpoint(endpoint: Endpoint, now: datetime | None = None) -> None:
+    """Record that an endpoint was seen, at most once a minute (a cheap compare-and-set)."""
+    now = now or timezone.now()
+    if endpoint.last_seen_at and (now - endpoint.last_seen_at).total_seconds() < 60:
+        return
+    Endpoint.objects.filter(pk=endpoint.pk).update(last_seen_at=now)
+    endpoint.last_seen_at = now

@@ -1,0 +1,320 @@
+"""Every write to todos and attempts outside the claim: one function per state change.
+
+Called alike by the admin, the pages, the REST API, MCP, the CLI and the sweeps. Keyword-only
+arguments; refusals are ``switchboard.core.errors.DomainError`` subclasses. Counters and notifications
+happen only after commit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from queues import metrics, sql, wakes
+from queues.access import Actor, AgentActor, HumanActor, acting_endpoint_ids
+from queues.models import (
+    LIVE_TODO,
+    Endpoint,
+    EndpointState,
+    Todo,
+    TodoSource,
+    TodoState,
+    check_queue_name,
+)
+from queues.services.endpoints import resolve_lease_ttl
+from switchboard.core.errors import Conflict, Forbidden, InvalidArgument, NotFound
+from switchboard.core.tokens import hash_token
+
+BACKOFF_BASE_SECONDS = 30
+BACKOFF_CAP_SECONDS = 900
+
+
+def backoff_seconds(attempt: int) -> int:
+    """Retry delay after the given failed attempt: min(30 s · 2^(attempt−1), 15 min)."""
+    return int(min(BACKOFF_BASE_SECONDS * 2 ** max(attempt - 1, 0), BACKOFF_CAP_SECONDS))
+
+
+# --- intake -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TodoCreated:
+    todo: Todo
+    created: bool
+
+
+def todo_create(
+    *,
+    actor: Actor,
+    endpoint: Endpoint,
+    queue: str,
+    title: str,
+    kind: str = "",
+    payload: Any = None,
+    idempotency_key: str | None = None,
+    max_attempts: int | None = None,
+    source: str = TodoSource.API,
+) -> TodoCreated:
+    """Put a todo on a queue. A duplicate idempotency key returns the live todo, created=False."""
+    _check_can_write(actor, endpoint)
+    check_queue_name(queue)
+    if queue not in endpoint.scope_queues:
+        if isinstance(actor, AgentActor):
+            raise Forbidden(f"queue {queue!r} is not in this endpoint's scope", queue=queue)
+        # An operator may not strand work where the endpoint can never claim it.
+        raise InvalidArgument(
+            f"queue {queue!r} is not in endpoint {endpoint.slug}'s scope "
+            f"({', '.join(endpoint.scope_queues)})",
+            field="queue",
+        )
+    title = (title or "").strip()
+    if not title or len(title) > 500:
+        raise InvalidArgument("title is required (at most 500 characters)", field="title")
+    if len(kind or "") > 100:
+        raise InvalidArgument("kind is at most 100 characters", field="kind")
+    if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
+        raise InvalidArgument("idempotency_key must be 1-200 characters", field="idempotency_key")
+    max_attempts = settings.DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts
+    if not 1 <= max_attempts <= 100:
+        raise InvalidArgument("max_attempts must be between 1 and 100", field="max_attempts")
+    if payload is None:
+        payload = {}
+    try:
+        with transaction.atomic():
+            todo = Todo.objects.create(
+                endpoint=endpoint,
+                queue=queue,
+                title=title,
+                kind=kind or "",
+                payload=payload,
+                idempotency_key=idempotency_key,
+                max_attempts=max_attempts,
+                source=source,
+            )
+            metrics.created(queue, source)
+            wakes.todo_ready(endpoint.id, queue)
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        existing = Todo.objects.filter(
+            LIVE_TODO, endpoint=endpoint, idempotency_key=idempotency_key
+        ).first()
+        if existing is None:  # the live one finished between our insert and this read
+            return todo_create(
+                actor=actor,
+                endpoint=endpoint,
+                queue=queue,
+                title=title,
+                kind=kind,
+                payload=payload,
+                idempotency_key=idempotency_key,
+                max_attempts=max_attempts,
+                source=source,
+            )
+        return TodoCreated(todo=existing, created=False)
+    return TodoCreated(todo=todo, created=True)
+
+
+# --- transitions of a claimed todo ------------------------------------------------------------
+
+
+def _transition(
+    actor: Actor, todo_id: UUID, statement: str, params: dict[str, Any], lease_token: str | None
+) -> Todo:
+    endpoint_ids = acting_endpoint_ids(actor)
+    if isinstance(actor, HumanActor) and not actor.writes:
+        raise Forbidden("auditors read; they do not change todos")
+    params = {
+        **params,
+        "id": todo_id,
+        "endpoints": endpoint_ids,
+        "operator": isinstance(actor, HumanActor),
+        "fence": hash_token(lease_token) if lease_token else None,
+    }
+    # One statement, committed on its own unless the caller holds a transaction.
+    with sql.hot_cursor() as cursor:
+        cursor.execute(statement, params)
+        row = cursor.fetchone()
+        if row is None:
+            _raise_unmatched(cursor, todo_id, endpoint_ids, lease_token)
+    assert row is not None
+    *columns, frees_slot = row
+    todo = sql.todo_from_row(columns)
+    todo._frees_slot = frees_slot  # type: ignore[attr-defined]
+    return todo
+
+
+def _raise_unmatched(
+    cursor: Any, todo_id: UUID, endpoint_ids: list[UUID], lease_token: str | None
+) -> None:
+    """A transition that matched nothing: conflict in scope, not_found outside it."""
+    cursor.execute(sql.UNMATCHED_SQL, [todo_id, endpoint_ids])
+    found = cursor.fetchone()
+    if found is None:
+        raise NotFound("no such todo", id=str(todo_id))
+    state, _lease_expires_at, token_hash = found
+    if (
+        state == TodoState.CLAIMED
+        and token_hash
+        and (not lease_token or hash_token(lease_token) != token_hash)
+    ):
+        raise Conflict("the lease token is missing or wrong for this claim", state=state)
+    if state == TodoState.CLAIMED:
+        raise Conflict("the lease has lapsed", state=state)
+    raise Conflict(f"todo is {state}, not claimed", state=state)
+
+
+def heartbeat(
+    *,
+    actor: Actor,
+    todo_id: UUID,
+    lease_ttl_seconds: int | None = None,
+    lease_token: str | None = None,
+) -> Todo:
+    """Extend a live lease the caller holds."""
+    endpoint = actor.endpoint if isinstance(actor, AgentActor) else None
+    ttl = (
+        resolve_lease_ttl(lease_ttl_seconds, endpoint)
+        if endpoint
+        else _human_ttl(lease_ttl_seconds)
+    )
+    return _transition(actor, todo_id, sql.heartbeat_sql(), {"ttl": ttl}, lease_token)
+
+
+def _human_ttl(requested: int | None) -> int:
+    if requested is not None and not 1 <= requested <= settings.MAX_LEASE_TTL_SECONDS:
+        raise InvalidArgument(
+            f"lease_ttl_seconds must be between 1 and {settings.MAX_LEASE_TTL_SECONDS}",
+            field="lease_ttl_seconds",
+        )
+    return requested or settings.DEFAULT_LEASE_TTL_SECONDS
+
+
+def _json_param(value: Any) -> Any:
+    from psycopg.types.json import Jsonb
+
+    return Jsonb(value) if value is not None else None
+
+
+def complete(
+    *,
+    actor: Actor,
+    todo_id: UUID,
+    result: Any = None,
+    summary: str = "",
+    lease_token: str | None = None,
+) -> Todo:
+    todo = _transition(
+        actor,
+        todo_id,
+        sql.complete_sql(),
+        {"result": _json_param(result), "summary": _summary(summary)},
+        lease_token,
+    )
+    _after_end(todo, "done")
+    return todo
+
+
+def fail(
+    *,
+    actor: Actor,
+    todo_id: UUID,
+    error: Any = None,
+    summary: str = "",
+    lease_token: str | None = None,
+) -> Todo:
+    todo = _transition(
+        actor,
+        todo_id,
+        sql.fail_sql(),
+        {
+            "result": _json_param({"error": error} if error is not None else None),
+            "summary": _summary(summary),
+            "base": BACKOFF_BASE_SECONDS,
+            "cap": BACKOFF_CAP_SECONDS,
+        },
+        lease_token,
+    )
+    _after_end(todo, "dead_lettered" if todo.dead_letter else "failed")
+    return todo
+
+
+def release(*, actor: Actor, todo_id: UUID, lease_token: str | None = None) -> Todo:
+    todo = _transition(actor, todo_id, sql.release_sql(), {"summary": ""}, lease_token)
+    if todo.state == TodoState.FAILED:
+        _after_end(todo, "dead_lettered")
+    else:
+        _after_end(todo, None)
+        transaction.on_commit(lambda: wakes.todo_ready_now(todo.endpoint_id, todo.queue))
+    return todo
+
+
+def _summary(summary: str | None) -> str:
+    summary = summary or ""
+    if len(summary) > 10000:
+        raise InvalidArgument("summary is at most 10000 characters", field="summary")
+    return summary
+
+
+def _after_end(todo: Todo, outcome: str | None) -> None:
+    """A slot may have freed: count the outcome and ring the reopen for this queue identity."""
+    if outcome is not None:
+        metrics.completed(todo.queue, outcome)
+    if getattr(todo, "_frees_slot", True):
+        transaction.on_commit(lambda: wakes.slot_freed(todo.endpoint_id, todo.queue))
+
+
+# --- operator actions -------------------------------------------------------------------------
+
+
+def _check_can_write(actor: Actor, endpoint: Endpoint) -> None:
+    if isinstance(actor, AgentActor):
+        if actor.endpoint.id != endpoint.id:
+            raise NotFound("no such endpoint")
+        return
+    if actor.is_superuser:
+        return
+    if actor.is_auditor or endpoint.owner_id != getattr(actor.user, "pk", None):
+        raise Forbidden("only the endpoint's owner may change its todos")
+    if endpoint.state != EndpointState.ACTIVE:
+        raise Conflict("the endpoint is revoked")
+
+
+def todo_retry(*, actor: HumanActor, todo_id: UUID) -> Todo:
+    """Operator retry: a failed todo (waiting or dead-lettered) back to pending, attempt reset."""
+    todo = _operator_todo(actor, todo_id)
+    with transaction.atomic():
+        updated = Todo.objects.filter(pk=todo.pk, state=TodoState.FAILED).update(
+            state=TodoState.PENDING,
+            attempt=0,
+            next_retry_at=None,
+            finished_at=None,
+            owner="",
+            updated_at=timezone.now(),
+        )
+        if updated != 1:
+            raise Conflict(
+                f"todo is {todo.state}; only a failed todo can be retried", state=todo.state
+            )
+        wakes.todo_ready(todo.endpoint_id, todo.queue)
+    todo.refresh_from_db()
+    return todo
+
+
+def todo_release(*, actor: HumanActor, todo_id: UUID) -> Todo:
+    """Operator release of a claim on an owned endpoint (no lease token needed)."""
+    return release(actor=actor, todo_id=todo_id)
+
+
+def _operator_todo(actor: HumanActor, todo_id: UUID) -> Todo:
+    todo = Todo.objects.select_related("endpoint").filter(pk=todo_id).first()
+    if todo is None or not (actor.is_superuser or actor.owns(todo.endpoint)):
+        raise NotFound("no such todo", id=str(todo_id))
+    if not actor.writes:
+        raise Forbidden("auditors read; they do not change todos")
+    return todo

@@ -1,0 +1,512 @@
+"""Every statement on the todo tables that is not a plain ORM call: the claim (raw SQL, because it
+is the hot path), the transitions of a claimed todo, the sweeps and the revoke.
+
+One predicate decides what is claimable on all three claim paths (claim_next, claim of one todo,
+the board's claim): pending with attempts left, a claimed todo whose lease lapsed with attempts
+left (a takeover), or a failed todo whose retry is due with attempts left; never the quarantine
+queue; never a paused queue name, checked inside the statement that locks the row.
+
+The candidate statement also folds in each registered claim gate's probe (``queues.gates``) and
+claims at once when no gate claims the candidate, so ungated work costs exactly one statement:
+the same one it would cost if no gate existed, with the probes folded into it (admission's is one
+lookup on the policy table's unique (endpoint_id, queue) index).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db.backends.utils import CursorWrapper
+
+from queues import gates
+from queues.claimable import CLAIMABLE_STATE
+from queues.models import Todo
+
+_TODO_FIELDS = list(Todo._meta.concrete_fields)
+# Every column of a todo, in model order, so a claim returns the whole row in one statement.
+TODO_COLUMNS = ", ".join(f"t.{f.column}" for f in _TODO_FIELDS)
+CLAIMED_COLUMNS = ", ".join(f"cl.{f.column}" for f in _TODO_FIELDS)
+
+# The queues a claim_next may draw from, computed inside the claiming statement (an InitPlan over
+# the same snapshot): granted, not excluded by a refusal, not quarantine, not paused. Written as
+# one array so the planner keeps its row estimate and walks todo_claimable_idx in order; as an
+# anti-join per row it misjudges the pause table and sorts the whole backlog instead.
+OPEN_QUEUES = """
+    ARRAY(
+        SELECT g FROM unnest(%(queues)s::text[]) g
+        WHERE g <> 'quarantine' AND g <> ALL (%(excluded)s::text[])
+          AND NOT EXISTS (SELECT 1 FROM queues_queuepause qp WHERE qp.queue = g)
+    )
+"""
+
+# The claim itself, applied to a row this transaction already holds locked. It also closes the
+# lapsed attempt a takeover replaces and writes the new Attempt row, in the same statement.
+_CLAIM_CTES = """
+claimed AS (
+    UPDATE queues_todo t
+    SET state = 'claimed',
+        attempt = t.attempt + 1,
+        owner = %(claimant)s,
+        claimed_at = clock_timestamp(),
+        lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
+        next_retry_at = NULL,
+        updated_at = clock_timestamp()
+    FROM cand c
+    WHERE t.id = c.id {admit}
+    RETURNING {TODO_COLUMNS}, c.prev_state, c.prev_attempt
+),
+superseded AS (
+    UPDATE queues_attempt a
+    SET ended_at = cl.claimed_at, outcome = 'superseded', disposition = 'requeued'
+    FROM claimed cl
+    WHERE cl.prev_state = 'claimed' AND a.todo_id = cl.id AND a.number = cl.prev_attempt
+      AND a.ended_at IS NULL
+    RETURNING a.id
+),
+attempt_row AS (
+    INSERT INTO queues_attempt (todo_id, number, endpoint_id, claimant, via, claimed_at,
+                                lease_expires_at, lease_token_hash, summary)
+    SELECT cl.id, cl.attempt, cl.endpoint_id, %(claimant)s, %(via)s, cl.claimed_at,
+           cl.lease_expires_at, %(fence_hash)s, ''
+    FROM claimed cl
+    -- An InitPlan: closes the superseded attempt before this insert, so the one-open-attempt
+    -- unique index never sees two open attempts of a taken-over todo.
+    WHERE (SELECT count(*) FROM superseded) >= 0
+    RETURNING todo_id
+)
+"""
+
+
+def _probes(gate_list: tuple[gates.ClaimGate, ...], alias: str) -> list[str]:
+    return [f"{gate.probe(alias)} AS g{i}" for i, gate in enumerate(gate_list)]
+
+
+# claim_next: the oldest claimable todo of the endpoint's granted queues, skipping rows other
+# claimers hold (uses todo_pending_idx for the pending arm). Claims at once when no gate claims
+# the candidate; otherwise returns the candidate (locked) and each gate's key, and the caller
+# runs the gates.
+@functools.cache
+def _claim_next_sql(gate_list: tuple[gates.ClaimGate, ...]) -> str:
+    probe = admit = ""
+    keys = ""
+    if gate_list:
+        probe = f"gate AS (SELECT {', '.join(_probes(gate_list, 'c'))} FROM cand c),"
+        held = " OR ".join(f"g{i} IS NOT NULL" for i in range(len(gate_list)))
+        admit = f"AND NOT EXISTS (SELECT 1 FROM gate WHERE {held})"
+        keys = "".join(f"(SELECT g{i} FROM gate), " for i in range(len(gate_list)))
+    return f"""
+WITH cand AS (
+    SELECT t.id, t.state AS prev_state, t.attempt AS prev_attempt, t.endpoint_id, t.queue
+    FROM queues_todo t
+    WHERE t.endpoint_id = %(endpoint)s
+      AND t.queue = ANY({OPEN_QUEUES})
+      -- todo_claimable_idx's predicate, stated so the planner can use it.
+      AND (t.state IN ('pending', 'claimed') OR (t.state = 'failed' AND t.next_retry_at IS NOT NULL))
+      AND {CLAIMABLE_STATE}
+    ORDER BY t.created_at, t.id
+    LIMIT 1
+    FOR UPDATE OF t SKIP LOCKED
+),
+{probe}
+{_CLAIM_CTES.format(admit=admit, TODO_COLUMNS=TODO_COLUMNS)}
+SELECT c.id, c.queue, {keys}cl.id IS NOT NULL, {CLAIMED_COLUMNS}
+FROM cand c LEFT JOIN claimed cl ON cl.id = c.id
+"""
+
+
+def claim_next_sql() -> str:
+    return _claim_next_sql(gates.gates())
+
+
+# claim of one todo: lock it (waiting for any other holder), and report what it is, whether its
+# queue is paused and each gate's key. The caller decides and then runs CLAIM_ONE_SQL.
+@functools.cache
+def _lock_one_sql(gate_list: tuple[gates.ClaimGate, ...]) -> str:
+    keys = "".join(f"{p}, " for p in _probes(gate_list, "t"))
+    return f"""
+SELECT t.id, t.queue, t.state, t.attempt, t.max_attempts, t.endpoint_id,
+       (t.queue <> 'quarantine' AND {CLAIMABLE_STATE}) AS claimable,
+       {keys}EXISTS (SELECT 1 FROM queues_queuepause qp WHERE qp.queue = t.queue) AS paused
+FROM queues_todo t
+WHERE t.id = %(todo)s AND t.endpoint_id = ANY(%(endpoints)s)
+FOR UPDATE OF t
+"""
+
+
+# The claim of a row this transaction holds locked and has admitted.
+CLAIM_ONE_SQL = f"""
+WITH cand AS (
+    SELECT t.id, t.state AS prev_state, t.attempt AS prev_attempt
+    FROM queues_todo t WHERE t.id = %(todo)s
+),
+{_CLAIM_CTES.format(admit="", TODO_COLUMNS=TODO_COLUMNS)}
+SELECT cl.id, cl.queue, true, {CLAIMED_COLUMNS}
+FROM claimed cl
+"""
+
+
+@contextmanager
+def hot_cursor() -> Iterator[CursorWrapper]:
+    """A cursor for the hot statements: server-side binding, so psycopg prepares a statement it
+    has run a few times on this connection and PostgreSQL stops re-planning it. Wrapped in
+    Django's CursorWrapper so errors, execute wrappers and query counts behave as usual."""
+    db = connections[DEFAULT_DB_ALIAS]
+    db.ensure_connection()
+    # Binary results: timestamps and uuids load without parsing text.
+    raw = psycopg.Cursor(db.connection)
+    raw.format = psycopg.pq.Format.BINARY
+    try:
+        yield CursorWrapper(raw, db)
+    finally:
+        raw.close()
+
+
+# Endpoints whose last claim_next met a policy skip the autocommit fast path for a while, so
+# a gated queue does not pay for a probe it will discard. Only a performance hint: the
+# statement itself always probes every gate.
+_GATED_HINT_SECONDS = 10.0
+_gated_until: dict[UUID, float] = {}
+
+
+def recently_gated(endpoint_id: UUID) -> bool:
+    return _gated_until.get(endpoint_id, 0.0) > time.monotonic()
+
+
+def mark_gated(endpoint_id: UUID) -> None:
+    _gated_until[endpoint_id] = time.monotonic() + _GATED_HINT_SECONDS
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What a claim statement found: the claimed todo, or a locked candidate awaiting its gates."""
+
+    todo_id: UUID
+    queue: str
+    keys: tuple[Any, ...]  # per gate, in lock order: what admit needs, or None (not gated)
+    todo: Todo | None  # set when the statement claimed it
+
+    @property
+    def claimed(self) -> bool:
+        return self.todo is not None
+
+
+_TODO_ATTNAMES = [f.attname for f in _TODO_FIELDS]
+# Fields whose database value needs Django's converter: JSON arrives as text from Django's own
+# cursors and already decoded from a binary hot cursor.
+_CONVERTED = [i for i, f in enumerate(_TODO_FIELDS) if hasattr(f, "from_db_value")]
+
+
+def todo_from_row(values: tuple[Any, ...] | list[Any]) -> Todo:
+    """A Todo from a raw row in TODO_COLUMNS order, with the fields' database converters applied."""
+    converted = list(values)
+    if len(converted) != len(_TODO_FIELDS):
+        raise ValueError(f"expected {len(_TODO_FIELDS)} todo columns, got {len(converted)}")
+    for i in _CONVERTED:
+        value = converted[i]
+        if isinstance(value, str | bytes | bytearray):
+            converted[i] = _TODO_FIELDS[i].from_db_value(value, None, connection)  # type: ignore[attr-defined]
+    return Todo.from_db(DEFAULT_DB_ALIAS, _TODO_ATTNAMES, converted)
+
+
+def _candidate(row: tuple[Any, ...] | None, nkeys: int) -> Candidate | None:
+    if row is None:
+        return None
+    todo_id, queue, *rest = row
+    keys, (claimed, *columns) = tuple(rest[:nkeys]), rest[nkeys:]
+    return Candidate(todo_id, queue, keys, todo_from_row(columns) if claimed else None)
+
+
+def claim_next_candidate(
+    cursor: CursorWrapper,
+    *,
+    endpoint_id: UUID,
+    queues: list[str],
+    excluded: list[str],
+    claimant: str,
+    via: str,
+    ttl: int,
+    fence_hash: str | None,
+) -> Candidate | None:
+    cursor.execute(
+        claim_next_sql(),
+        {
+            "endpoint": endpoint_id,
+            "queues": queues,
+            "excluded": excluded,
+            "claimant": claimant,
+            "via": via,
+            "ttl": ttl,
+            "fence_hash": fence_hash,
+        },
+    )
+    return _candidate(cursor.fetchone(), len(gates.gates()))
+
+
+@dataclass(frozen=True)
+class LockedTodo:
+    id: UUID
+    queue: str
+    state: str
+    attempt: int
+    max_attempts: int
+    endpoint_id: UUID
+    claimable: bool
+    keys: tuple[Any, ...]  # per gate, as in Candidate
+    paused: bool
+
+
+def lock_one(
+    cursor: CursorWrapper, *, todo_id: UUID, endpoint_ids: list[UUID]
+) -> LockedTodo | None:
+    cursor.execute(_lock_one_sql(gates.gates()), {"todo": todo_id, "endpoints": endpoint_ids})
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    todo, queue, state, attempt, max_attempts, endpoint_id, claimable, *keys, paused = row
+    return LockedTodo(
+        todo, queue, state, attempt, max_attempts, endpoint_id, claimable, tuple(keys), paused
+    )
+
+
+def claim_locked(
+    cursor: CursorWrapper,
+    *,
+    todo_id: UUID,
+    claimant: str,
+    via: str,
+    ttl: int,
+    fence_hash: str | None,
+) -> Candidate:
+    cursor.execute(
+        CLAIM_ONE_SQL,
+        {"todo": todo_id, "claimant": claimant, "via": via, "ttl": ttl, "fence_hash": fence_hash},
+    )
+    candidate = _candidate(cursor.fetchone(), 0)
+    assert candidate is not None, "the claimed row was locked by this transaction"
+    return candidate
+
+
+# --- transitions of a claimed todo: each returns the todo's row and whether ending its claim
+# frees a unit some gate limits. ---------------------------------------------------------------
+
+HOLDS_CLAIM = """
+    t.id = %(id)s AND t.endpoint_id = ANY(%(endpoints)s) AND t.state = 'claimed'
+    AND a.todo_id = t.id AND a.number = t.attempt AND a.ended_at IS NULL
+    AND (%(operator)s OR a.lease_token_hash IS NULL OR a.lease_token_hash = %(fence)s::text)
+"""
+
+
+@functools.cache
+def _heartbeat_sql(gate_list: tuple[gates.ClaimGate, ...]) -> str:
+    return f"""
+WITH held AS (
+    SELECT t.id, a.id AS attempt_id FROM queues_todo t, queues_attempt a
+    WHERE {HOLDS_CLAIM} AND t.lease_expires_at > clock_timestamp()
+    FOR UPDATE OF t
+), lease AS (
+    UPDATE queues_attempt a SET lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s)
+    FROM held h WHERE a.id = h.attempt_id
+)
+UPDATE queues_todo t
+SET lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
+    updated_at = clock_timestamp()
+FROM held h WHERE t.id = h.id
+RETURNING {TODO_COLUMNS}, {gates.frees_slot("t")}
+"""
+
+
+@functools.cache
+def _ending_sql(
+    gate_list: tuple[gates.ClaimGate, ...], todo_set: str, attempt_outcome: str, disposition: str
+) -> str:
+    """A claimed todo leaves the claim: close the attempt and set the todo's new state."""
+    return f"""
+WITH held AS (
+    SELECT t.id, t.attempt, t.max_attempts, t.queue, a.id AS attempt_id
+    FROM queues_todo t, queues_attempt a
+    WHERE {HOLDS_CLAIM}
+    FOR UPDATE OF t
+), ended AS (
+    UPDATE queues_attempt a
+    SET ended_at = clock_timestamp(), outcome = {attempt_outcome},
+        disposition = {disposition}, summary = %(summary)s
+    FROM held h WHERE a.id = h.attempt_id
+)
+UPDATE queues_todo t SET {todo_set}, updated_at = clock_timestamp()
+FROM held h WHERE t.id = h.id
+RETURNING {TODO_COLUMNS}, {gates.frees_slot("t")}
+"""
+
+
+_COMPLETE = (
+    "state = 'done', result = %(result)s, lease_expires_at = NULL, finished_at = clock_timestamp()",
+    "'completed'",
+    "'done'",
+)
+
+# At max_attempts a failure is final: a dead letter (failed with no next_retry_at).
+_FAIL = (
+    """state = 'failed', result = %(result)s, lease_expires_at = NULL,
+       next_retry_at = CASE WHEN h.attempt < h.max_attempts
+           THEN clock_timestamp() + make_interval(
+               secs => LEAST(%(base)s * power(2, h.attempt - 1), %(cap)s))
+           ELSE NULL END,
+       finished_at = CASE WHEN h.attempt < h.max_attempts THEN NULL ELSE clock_timestamp() END""",
+    "'failed'",
+    "CASE WHEN h.attempt < h.max_attempts THEN 'retry_scheduled' ELSE 'dead_lettered' END",
+)
+
+# Back to pending with the attempt unchanged and no backoff. A release of the last attempt has
+# no attempt left to return to, so it dead-letters, as the reaper does at the cap.
+_RELEASE = (
+    """state = CASE WHEN h.attempt < h.max_attempts THEN 'pending' ELSE 'failed' END,
+       owner = '', lease_expires_at = NULL,
+       result = CASE WHEN h.attempt < h.max_attempts THEN t.result
+                     ELSE '{"error": "attempts_exhausted"}'::jsonb END,
+       finished_at = CASE WHEN h.attempt < h.max_attempts THEN NULL ELSE clock_timestamp() END""",
+    "'released'",
+    "CASE WHEN h.attempt < h.max_attempts THEN 'requeued' ELSE 'dead_lettered' END",
+)
+
+
+def heartbeat_sql() -> str:
+    return _heartbeat_sql(gates.gates())
+
+
+def complete_sql() -> str:
+    return _ending_sql(gates.gates(), *_COMPLETE)
+
+
+def fail_sql() -> str:
+    return _ending_sql(gates.gates(), *_FAIL)
+
+
+def release_sql() -> str:
+    return _ending_sql(gates.gates(), *_RELEASE)
+
+
+# --- sweeps ------------------------------------------------------------------------------------
+
+REAP_SQL = """
+WITH lapsed AS (
+    SELECT t.id FROM queues_todo t
+    WHERE t.state = 'claimed' AND t.lease_expires_at <= now()
+    ORDER BY t.lease_expires_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), reaped AS (
+    UPDATE queues_todo t
+    SET state = CASE WHEN t.attempt < t.max_attempts THEN 'pending' ELSE 'failed' END,
+        owner = '', lease_expires_at = NULL, next_retry_at = NULL,
+        result = CASE WHEN t.attempt < t.max_attempts THEN t.result
+                      ELSE '{"error": "lease_expired"}'::jsonb END,
+        finished_at = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE now() END,
+        updated_at = now()
+    FROM lapsed l WHERE t.id = l.id
+    RETURNING t.id, t.endpoint_id, t.queue, t.attempt, t.state
+), closed AS (
+    UPDATE queues_attempt a
+    SET ended_at = now(), outcome = 'expired',
+        disposition = CASE WHEN r.state = 'pending' THEN 'requeued' ELSE 'dead_lettered' END
+    FROM reaped r WHERE a.todo_id = r.id AND a.number = r.attempt AND a.ended_at IS NULL
+)
+SELECT endpoint_id, queue, state, count(*) FROM reaped GROUP BY endpoint_id, queue, state
+"""
+
+REQUEUE_SQL = """
+WITH due AS (
+    SELECT t.id FROM queues_todo t
+    WHERE t.state = 'failed' AND t.next_retry_at <= now()
+    ORDER BY t.next_retry_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), requeued AS (
+    UPDATE queues_todo t SET state = 'pending', next_retry_at = NULL, updated_at = now()
+    FROM due d WHERE t.id = d.id
+    RETURNING t.endpoint_id, t.queue
+)
+SELECT endpoint_id, queue, count(*) FROM requeued GROUP BY endpoint_id, queue
+"""
+
+
+# --- revoke ------------------------------------------------------------------------------------
+
+# A revoked endpoint's live todos are dead-lettered with result endpoint_revoked; the open
+# attempts close. Answers the count per queue.
+REVOKE_SQL = """
+WITH revoked AS (
+    UPDATE queues_todo t
+    SET state = 'failed', next_retry_at = NULL, lease_expires_at = NULL,
+        result = '{"error": "endpoint_revoked"}'::jsonb, finished_at = now(),
+        updated_at = now()
+    WHERE t.endpoint_id = %s
+      AND (t.state IN ('pending', 'claimed')
+           OR (t.state = 'failed' AND t.next_retry_at IS NOT NULL))
+    RETURNING t.id, t.attempt, t.queue
+), closed AS (
+    UPDATE queues_attempt a
+    SET ended_at = now(), outcome = 'revoked', disposition = 'dead_lettered'
+    FROM revoked r
+    WHERE a.todo_id = r.id AND a.number = r.attempt AND a.ended_at IS NULL
+)
+SELECT queue, count(*) FROM revoked GROUP BY queue
+"""
+
+
+# --- reads for the pages, the queue list and the resume -----------------------------------------
+
+# The oldest pending todo of each endpoint on a queue: whom the resume rings, and which todo the
+# ready hook names (uses todo_pending_idx).
+OLDEST_PENDING_SQL = """
+SELECT DISTINCT ON (t.endpoint_id) t.endpoint_id, e.slug, t.id
+FROM queues_todo t JOIN queues_endpoint e ON e.id = t.endpoint_id
+WHERE t.queue = %s AND t.state = 'pending' AND e.state = 'active'
+ORDER BY t.endpoint_id, t.created_at, t.id
+"""
+
+
+# The live board's fingerprint: live todos per identity and state, with the latest change.
+LIVE_TODOS_SQL = """
+SELECT endpoint_id::text, queue, state, count(*), max(updated_at)
+FROM queues_todo
+WHERE state IN ('pending', 'claimed') OR (state = 'failed' AND next_retry_at IS NOT NULL)
+GROUP BY 1, 2, 3
+"""
+
+
+# Counts by state (and dead letters) per queue identity of the given endpoints (the board).
+IDENTITY_COUNTS_SQL = """
+SELECT endpoint_id, queue, state, count(*),
+       count(*) FILTER (WHERE state = 'failed' AND next_retry_at IS NULL)
+FROM queues_todo WHERE endpoint_id = ANY(%s)
+GROUP BY endpoint_id, queue, state
+"""
+
+
+def queue_counts_sql(*, narrowed: bool) -> str:
+    """Counts by state per queue name (the queue list), narrowed to some endpoints or not."""
+    where = "WHERE endpoint_id = ANY(%s)" if narrowed else ""
+    return f"""
+SELECT queue, state, count(*),
+       count(*) FILTER (WHERE state = 'failed' AND next_retry_at IS NULL),
+       min(created_at) FILTER (WHERE state = 'pending')
+FROM queues_todo {where}
+GROUP BY queue, state
+"""
+
+
+# Why a transition matched nothing: the todo's state and its open attempt's fence, if in scope.
+UNMATCHED_SQL = """
+SELECT t.state, t.lease_expires_at, a.lease_token_hash
+FROM queues_todo t
+LEFT JOIN queues_attempt a ON a.todo_id = t.id AND a.number = t.attempt
+WHERE t.id = %s AND t.endpoint_id = ANY(%s)
+"""

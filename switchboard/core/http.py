@@ -1,0 +1,124 @@
+"""The HTTP edge every surface shares: the one error shape, body bounds, Retry-After.
+
+Every error is ``{"error": "<sentence>", "code": "<code>", ...details}`` (``DomainError.as_dict``).
+Request bodies are bounded (1 MiB by default); an oversized body is refused before it is parsed
+with HTTP 413 and ``invalid_argument`` naming the field ``body`` (plus ``limit`` and ``size``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from datetime import datetime
+from functools import wraps
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from ninja import Schema
+from ninja.responses import NinjaJSONEncoder
+from pydantic import ConfigDict
+
+from switchboard.core.errors import DomainError, InvalidArgument
+
+
+class ErrorOut(Schema):
+    """Every refusal, on every route: a sentence, a code, the field at fault, and any additive
+    details (``limit``, ``next_eligible_at``, ...)."""
+
+    model_config = ConfigDict(extra="allow")
+    error: str
+    code: str
+    field: str | None = None
+
+
+def json_response(body: dict[str, Any], *, status: int) -> HttpResponse:
+    """JSON as the API renders it (the NinjaAPI's renderer uses the same encoder)."""
+    return HttpResponse(
+        json.dumps(body, cls=NinjaJSONEncoder),
+        status=status,
+        content_type="application/json; charset=utf-8",
+    )
+
+
+API_BODY_LIMIT = 1024 * 1024
+
+
+class BodyTooLarge(InvalidArgument):
+    """A request body over its route's bound: invalid_argument on the field "body", as HTTP 413."""
+
+    status = 413
+
+
+def check_body_size(request: HttpRequest, limit: int) -> None:
+    """Refuse a request body longer than ``limit`` bytes (raises ``BodyTooLarge``).
+
+    Trusts a Content-Length over the limit without reading; otherwise measures the body (which
+    Django has already buffered, and which the parser reads next anyway).
+    """
+    declared = request.headers.get("Content-Length", "")
+    size = int(declared) if declared.isdigit() else None
+    if size is None or size <= limit:
+        size = len(request.body) if request.method not in ("GET", "HEAD", "OPTIONS") else 0
+    if size > limit:
+        raise BodyTooLarge(
+            f"the request body is {size} bytes; the limit here is {limit}",
+            field="body",
+            limit=limit,
+            size=size,
+        )
+
+
+def retry_after_seconds(exc: DomainError) -> int | None:
+    """Seconds to send as Retry-After: a rate limit's wait, or an exact deferral's eligibility."""
+    retry_after = exc.details.get("retry_after")
+    if retry_after is not None:
+        return int(retry_after)
+    if exc.code == "deferred" and exc.details.get("exact"):
+        if exc.details.get("retry_after_s"):
+            return int(exc.details["retry_after_s"])
+        eligible = exc.details.get("next_eligible_at")
+        if isinstance(eligible, str):
+            try:
+                eligible = datetime.fromisoformat(eligible)
+            except ValueError:
+                return None
+        if isinstance(eligible, datetime):
+            return max(0, math.ceil((eligible - timezone.now()).total_seconds()))
+    return None
+
+
+def error_response(request: HttpRequest, exc: DomainError) -> HttpResponse:
+    response = json_response(exc.as_dict(), status=exc.status)
+    seconds = retry_after_seconds(exc)
+    if seconds is not None:
+        response["Retry-After"] = str(seconds)
+    if exc.status == 401:
+        response["WWW-Authenticate"] = 'Bearer realm="switchboard"'
+    return response
+
+
+def bounded(view: Callable[..., HttpResponse], limit: int = API_BODY_LIMIT) -> Any:
+    """A view that refuses oversized bodies before anything else reads them."""
+
+    @wraps(view)
+    def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        try:
+            check_body_size(request, limit)
+        except BodyTooLarge as exc:
+            return error_response(request, exc)
+        return view(request, *args, **kwargs)
+
+    return guarded
+
+
+def field_name(loc: list[Any] | tuple[Any, ...]) -> str:
+    """Pydantic's error location without the request part: ("body", "payload", "window", "tz")
+    → "window.tz"."""
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in ("body", "query", "path", "header", "cookie", "form"):
+        parts = parts[1:]
+    if parts and parts[0] in ("payload", "body", "data"):
+        parts = parts[1:]
+    return ".".join(parts) or "body"

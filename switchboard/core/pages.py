@@ -1,0 +1,57 @@
+"""Helpers every console page shares, whichever app serves it."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
+from django.shortcuts import render
+from django.utils.http import url_has_allowed_host_and_scheme
+from django_htmx.middleware import HtmxDetails
+
+from switchboard.core.errors import DomainError, Forbidden
+
+LOGIN = "login"
+# The cookie that carries the viewer's zone (an IANA name).
+TZ_COOKIE = "tz"
+
+
+class HtmxHttpRequest(HttpRequest):
+    """A request through django-htmx's middleware (``request.htmx``)."""
+
+    htmx: HtmxDetails
+
+
+def console_login_required(
+    view: Callable[..., HttpResponseBase],
+) -> Callable[..., HttpResponseBase]:
+    return login_required(view, login_url=LOGIN)
+
+
+def safe_next(request: HttpRequest, fallback: str) -> str:
+    """The ``next`` the form carried, if it is a path on this site; else the fallback."""
+    target = request.POST.get("next") or request.GET.get("next") or ""
+    if target and url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return target
+    return fallback
+
+
+def refusal(request: HttpRequest, exc: DomainError) -> HttpResponse:
+    """A refusal the page cannot show inline: 403 and 404 as pages of their own."""
+    status = 403 if isinstance(exc, Forbidden) else 404
+    template = "error.html#message" if getattr(request, "htmx", False) else "error.html"
+    return render(request, template, {"error": exc.message, "status": status}, status=status)
+
+
+def identity_key(slug: str, queue: str) -> str:
+    """A stable HTML id for a queue identity: ``<slug>--<queue>``, made id- and CSS-safe."""
+    if re.fullmatch(r"[A-Za-z0-9_-]+", queue):
+        return f"{slug}--{queue}"
+    digest = hashlib.sha1(queue.encode()).hexdigest()[:6]
+    return f"{slug}--{re.sub(r'[^A-Za-z0-9_-]', '_', queue)}-{digest}"

@@ -1,0 +1,96 @@
+"""Endpoints and personal tokens change only through their services, each change in the ledger;
+the admin deletes neither todos nor tokens."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from queues import services
+from queues.models import HumanToken
+from switchboard.core.errors import Forbidden, InvalidArgument
+from switchboard.ledger import chain
+from switchboard.ledger.models import LedgerEntry, LedgerKind
+from tests.conftest import Personas, push
+
+
+def _kinds() -> list[str]:
+    return list(LedgerEntry.objects.order_by("seq").values_list("kind", flat=True))
+
+
+def test_vend_update_and_revoke_each_leave_a_ledger_row_naming_the_human(
+    personas: Personas,
+) -> None:
+    p = personas
+    olive = p.as_human(p.owner)
+    endpoint, _ = services.endpoint_vend(
+        actor=olive, owner=p.owner, name="Audited", queues=["inbox"]
+    )
+    services.endpoint_update(endpoint=endpoint, actor=olive, name="Audited again")
+    services.endpoint_revoke(endpoint=endpoint, actor=olive)
+
+    rows = list(LedgerEntry.objects.filter(scope=f"endpoint:{endpoint.slug}").order_by("seq"))
+    assert [r.kind for r in rows] == [
+        LedgerKind.ENDPOINT_VEND,
+        LedgerKind.ENDPOINT_UPDATE,
+        LedgerKind.ENDPOINT_REVOKE,
+    ]
+    assert {r.actor_human_name for r in rows} == {"olive"}
+    before, after = rows[1].before or {}, rows[1].after or {}
+    assert before["name"] == "Audited" and after["name"] == "Audited again"
+    assert "whsec_" not in str(rows[0].after) and "sbk_" not in str(rows[0].after)
+    assert chain.verify().ok
+
+
+def test_token_create_and_revoke_each_leave_a_ledger_row(personas: Personas) -> None:
+    p = personas
+    token, _ = services.human_token_create(user=p.owner, name="ci", actor=p.as_human(p.owner))
+    assert services.human_token_revoke(token=token, actor=p.as_human(p.owner))
+    assert _kinds()[-2:] == [LedgerKind.TOKEN_CREATE, LedgerKind.TOKEN_REVOKE]
+
+
+def test_an_update_that_changes_nothing_leaves_no_row(personas: Personas) -> None:
+    before = LedgerEntry.objects.count()
+    services.endpoint_update(
+        endpoint=personas.agent, actor=personas.as_human(personas.owner), name="Agent"
+    )
+    assert LedgerEntry.objects.count() == before
+
+
+def test_only_the_owner_or_a_superuser_changes_an_endpoint(personas: Personas) -> None:
+    p = personas
+    with pytest.raises(Forbidden):
+        services.endpoint_update(endpoint=p.agent, actor=p.as_human(p.other_owner), name="Mine")
+    with pytest.raises(Forbidden):
+        services.endpoint_update(endpoint=p.agent, actor=p.as_human(p.auditor), name="Mine")
+    with pytest.raises(Forbidden):
+        services.endpoint_update(endpoint=p.agent, actor=p.as_human(p.owner), owner=p.other_owner)
+    with pytest.raises(Forbidden):
+        services.endpoint_revoke(endpoint=p.agent, actor=p.as_human(p.other_owner))
+    services.endpoint_update(endpoint=p.agent, actor=p.as_human(p.admin), owner=p.other_owner)
+    p.agent.refresh_from_db()
+    assert p.agent.owner_id == p.other_owner.pk
+
+
+def test_a_bad_update_names_the_field_and_changes_nothing(personas: Personas) -> None:
+    p = personas
+    with pytest.raises(InvalidArgument) as exc:
+        services.endpoint_update(endpoint=p.agent, actor=p.as_human(p.owner), name=" ")
+    assert exc.value.details["field"] == "name"
+    p.agent.refresh_from_db()
+    assert p.agent.name == "Agent"
+
+
+def test_the_admin_deletes_neither_todos_nor_tokens(personas: Personas) -> None:
+    p = personas
+    (todo,) = push(p, 1)
+    token, _ = services.human_token_create(user=p.owner, name="ci")
+    client = Client()
+    client.force_login(p.admin)
+    assert client.get(f"/admin/queues/todo/{todo.pk}/delete/").status_code == 403
+    assert client.get(f"/admin/queues/humantoken/{token.pk}/delete/").status_code == 403
+    # Nor is a token given to someone else through its change form.
+    client.post(
+        f"/admin/queues/humantoken/{token.pk}/change/", {"user": p.other_owner.pk, "name": "x"}
+    )
+    assert HumanToken.objects.get(pk=token.pk).user_id == p.owner.pk

@@ -1,0 +1,61 @@
+"""What a local start decides by itself, and what production must be told: the URL agents are
+given and the /metrics token. Each case loads the settings in a fresh interpreter, as every
+process does, with DATABASE_URL set so that nothing embedded starts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.console import BASE_DIR, console_env
+
+LOCAL = {"DATABASE_URL": "postgresql://nobody@localhost/nothing"}
+PRODUCTION = {**LOCAL, "REDIS_URL": "redis://localhost:6379/0"}
+PROBE = (
+    "import json, switchboard.settings as s; "
+    "print(json.dumps({'public_url': s.PUBLIC_URL, 'metrics_token': s.METRICS_TOKEN}))"
+)
+
+
+def settings_of(data_dir: Path, **env: str) -> dict[str, str]:
+    loaded = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        cwd=BASE_DIR,
+        env=console_env(data_dir, **env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert loaded.returncode == 0, loaded.stderr
+    result: dict[str, str] = json.loads(loaded.stdout.splitlines()[-1])
+    return result
+
+
+def test_agents_are_told_the_port_serve_recorded(tmp_path: Path) -> None:
+    assert settings_of(tmp_path, **LOCAL)["public_url"] == "http://127.0.0.1:8000"
+    assert settings_of(tmp_path, **LOCAL, SWITCHBOARD_PORT="8123")["public_url"].endswith(":8123")
+    (tmp_path / "served_url").write_text("http://127.0.0.1:8765\n")
+    assert settings_of(tmp_path, **LOCAL)["public_url"] == "http://127.0.0.1:8765"
+
+
+def test_an_explicit_public_url_wins_over_the_recorded_one(tmp_path: Path) -> None:
+    (tmp_path / "served_url").write_text("http://127.0.0.1:8765\n")
+    told = settings_of(tmp_path, **LOCAL, SWITCHBOARD_PUBLIC_URL="https://switchboard.example/")
+    assert told["public_url"] == "https://switchboard.example"
+
+
+def test_a_local_start_generates_one_metrics_token_and_keeps_it(tmp_path: Path) -> None:
+    first = settings_of(tmp_path, **LOCAL)["metrics_token"]
+    assert len(first) >= 32
+    assert (tmp_path / "metrics_token").read_text() == first
+    assert (tmp_path / "metrics_token").stat().st_mode & 0o077 == 0
+    assert settings_of(tmp_path, **LOCAL)["metrics_token"] == first
+    assert settings_of(tmp_path, **LOCAL, METRICS_TOKEN="given")["metrics_token"] == "given"
+
+
+def test_production_generates_no_metrics_token(tmp_path: Path) -> None:
+    assert settings_of(tmp_path, **PRODUCTION)["metrics_token"] == ""
+    assert not (tmp_path / "metrics_token").exists()
+    assert settings_of(tmp_path, **PRODUCTION, METRICS_TOKEN="given")["metrics_token"] == "given"
