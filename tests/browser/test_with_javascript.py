@@ -45,7 +45,7 @@ def test_an_owner_edits_a_budget_through_a_preview_and_sees_a_bad_zone_refused_i
     preview = page.locator(".preview")
     expect(preview).to_contain_text("0 of 5")
     expect(preview).to_contain_text("0 of 2")
-    expect(preview).to_contain_text("admitted")
+    expect(preview).to_contain_text("Admitted")
     expect(page.get_by_role("button", name="Save budget")).to_be_focused()
     screenshot(page, "editor")
     page.get_by_role("button", name="Save budget").click()
@@ -143,7 +143,7 @@ def test_the_board_header_changes_live_after_claims_made_through_the_api(
     expect(head.locator(".badge")).to_have_text("Deferred · window used up", timeout=LIVE)
     expect(page.locator("#announcer")).to_contain_text("agent / inbox: Deferred", timeout=LIVE)
     chip = page.locator("#cards-agent--inbox .chip")
-    expect(chip).to_contain_text("deferred · budget · eligible")
+    expect(chip).to_contain_text("Deferred · window used up · eligible")
     expect(chip).to_contain_text(re.compile(r"E[SD]T"))  # the viewer's zone: America/New_York
     screenshot(page, "board")
 
