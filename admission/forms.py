@@ -11,7 +11,9 @@ from typing import Any
 
 from django import forms
 
+from admission import services
 from admission.models import AdmissionPolicy, Posture, Weekday, WindowPeriod
+from switchboard.core.errors import InvalidArgument
 from switchboard.ledger.models import LedgerKind
 
 # InvalidArgument.field (the API's names) -> the form field that shows the error.
@@ -113,7 +115,54 @@ class PolicyForm(forms.Form):
         }
 
     def add_domain_error(self, field: str | None, message: str) -> None:
-        self.add_error(FIELD_OF_ERROR.get(field or ""), message)
+        """The service's error beside the field it names, in the page's words: the API's field
+        name that opens the message is dropped (the field's label stands beside it)."""
+        name = FIELD_OF_ERROR.get(field or "")
+        if name is not None and name in self.errors:
+            return  # one message per field is enough
+        if field and message.startswith(field + " "):
+            message = message[len(field) + 1 :]
+        self.add_error(name, message)
+
+    def check_every_field(self, queue: str) -> None:
+        """Name every wrong field in one submit. ``clean_policy`` stops at the first error, so it
+        runs once per field, with every other field held at a valid value; each refusal lands
+        beside the field it names. The service stays the only judge of what is valid."""
+        kwargs = self.service_kwargs()
+        window = kwargs["window"] or {}
+        good_window = {"period": WindowPeriod.DAY, "tz": "UTC", "start": "00:00"}
+        base: dict[str, Any] = {
+            "max_in_flight": 1,
+            "max_claims_per_window": None,
+            "window": None,
+            "posture": Posture.ENFORCE,
+        }
+        trials: list[dict[str, Any]] = [{**base, "posture": kwargs["posture"]}]
+        if kwargs["max_in_flight"] is not None:
+            trials.append({**base, "max_in_flight": kwargs["max_in_flight"]})
+        if kwargs["max_claims_per_window"] is not None:
+            per_window = {**base, "max_claims_per_window": kwargs["max_claims_per_window"]}
+            trials.append({**per_window, "window": good_window})
+            trials += [
+                {
+                    **base,
+                    "max_claims_per_window": 1,
+                    "window": {**good_window, key: window.get(key)},
+                }
+                for key in ("period", "tz", "start")
+            ]
+            if window.get("period") == WindowPeriod.WEEK:
+                week = {
+                    **good_window,
+                    "period": WindowPeriod.WEEK,
+                    "weekday": window.get("weekday"),
+                }
+                trials.append({**base, "max_claims_per_window": 1, "window": week})
+        for trial in trials:
+            try:
+                services.clean_policy(queue=queue, **trial)
+            except InvalidArgument as exc:
+                self.add_domain_error(exc.field, exc.message)
 
 
 class LedgerFilterForm(forms.Form):

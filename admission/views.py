@@ -136,12 +136,15 @@ def budget_view(request: HttpRequest, slug: str, queue: str) -> HttpResponse:
         if not viewer.writes or not can_write:
             return refusal(request, Forbidden("you may read this budget but not change it"))
         form = PolicyForm(request.POST)
-        if form.is_valid():
+        if not form.is_valid():
+            form.check_every_field(queue)
+        else:
             kwargs = form.service_kwargs()
             try:
                 spec = services.clean_policy(queue=queue, **kwargs)
             except InvalidArgument as exc:
                 form.add_domain_error(exc.field, exc.message)
+                form.check_every_field(queue)
             else:
                 token = _preview_token(kwargs)
                 if request.POST.get("action") == "save" and request.POST.get("previewed") == token:

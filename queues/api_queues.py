@@ -16,6 +16,7 @@ from ninja import Field, Router, Schema
 from queues import pauses, selectors
 from queues.access import HumanActor
 from queues.auth import HumanAuth
+from queues.conditions import Condition
 from switchboard.core.http import ErrorOut
 
 router = Router(tags=["queues"], auth=HumanAuth())
@@ -42,6 +43,10 @@ class QueueOut(Schema):
         description="Age of the oldest pending todo, or null when none is pending."
     )
     paused: PauseInfoOut | None = Field(description="The pause, or null when the queue is live.")
+    condition: Condition = Field(
+        description="The queue's worst condition across its endpoints: the word the console shows."
+    )
+    conditions: list[Condition] = Field(description="Every condition that holds, worst first.")
 
 
 class QueueListOut(Schema):
@@ -94,6 +99,8 @@ def list_queues(request: HttpRequest) -> QueueListOut:
                 dead_letter=s.dead_letter,
                 oldest_pending_seconds=s.oldest_pending_seconds,
                 paused=_pause_out(pauses.PauseInfo.of(s.paused)) if s.paused else None,
+                condition=s.condition,
+                conditions=s.conditions,
             )
             for s in stats
         ]

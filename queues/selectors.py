@@ -11,9 +11,10 @@ from django.db import connection
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from queues import access, gates, sql
+from queues import access, conditions, gates, sql
 from queues.access import Actor, AgentActor, HumanActor, todo_scope
-from queues.models import Endpoint, QueuePause, Todo, TodoState
+from queues.conditions import Condition
+from queues.models import QUARANTINE_QUEUE, Endpoint, QueuePause, Todo, TodoState
 from switchboard.core.errors import Forbidden, InvalidArgument, NotFound
 
 MAX_PAGE = 200
@@ -98,6 +99,12 @@ class QueueStat:
     dead_letter: int = 0
     oldest_pending_at: datetime | None = None
     paused: QueuePause | None = None
+    # Every condition of the queue name, worst first (``queues.conditions``).
+    conditions: list[Condition] = field(default_factory=list)
+
+    @property
+    def condition(self) -> Condition:
+        return self.conditions[0] if self.conditions else Condition.HEALTHY
 
     @property
     def oldest_pending_seconds(self) -> float | None:
@@ -106,7 +113,9 @@ class QueueStat:
         return max(0.0, (timezone.now() - self.oldest_pending_at).total_seconds())
 
 
-def queue_stats(*, endpoint_ids: list[UUID] | None = None) -> list[QueueStat]:
+def queue_stats(
+    *, endpoint_ids: list[UUID] | None = None, with_conditions: bool = True
+) -> list[QueueStat]:
     """Every known queue (a todo, policy, pause or scope has used its name) with counts by state,
     the oldest pending todo and its pause. ``endpoint_ids`` narrows counts and names to those
     endpoints (an owner's view); paused queues are always listed, being fleet-wide."""
@@ -134,7 +143,37 @@ def queue_stats(*, endpoint_ids: list[UUID] | None = None) -> list[QueueStat]:
     for pause in QueuePause.objects.select_related("paused_by"):
         stats.setdefault(pause.queue, QueueStat(pause.queue, dict.fromkeys(TodoState.values, 0)))
         stats[pause.queue].paused = pause
-    return [stats[name] for name in sorted(stats)]
+    out = [stats[name] for name in sorted(stats)]
+    if with_conditions:
+        fill_conditions(out, endpoint_ids)
+    return out
+
+
+def fill_conditions(stats: list[QueueStat], endpoint_ids: list[UUID] | None) -> None:
+    """Each queue's conditions: its pause, its counts, and why the claim gates (budgets) refuse
+    its identities now, asked of ``gates.statuses`` for every endpoint scoped to it."""
+    endpoints = Endpoint.objects.all()
+    if endpoint_ids is not None:
+        endpoints = endpoints.filter(id__in=endpoint_ids)
+    names = {s.queue for s in stats}
+    identities = {
+        (endpoint_id, queue)
+        for endpoint_id, scope in endpoints.values_list("id", "scope_queues")
+        for queue in scope
+        if queue in names
+    }
+    reasons: dict[str, list[str | None]] = {}
+    for (_, queue), status in gates.statuses(identities).items():
+        if status.get("state") == "deferred":
+            reasons.setdefault(queue, []).append(status.get("reason"))
+    for stat in stats:
+        stat.conditions = conditions.of(
+            quarantine=stat.queue == QUARANTINE_QUEUE,
+            paused=stat.paused is not None,
+            refusals=reasons.get(stat.queue, []),
+            failing=stat.counts[TodoState.FAILED] - stat.dead_letter,
+            dead_letter=stat.dead_letter,
+        )
 
 
 def queue_overview(*, actor: HumanActor) -> list[QueueStat]:

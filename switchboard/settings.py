@@ -101,6 +101,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files (the console's and the admin's) straight from the app folders: no collectstatic.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "switchboard.middleware.SecurityHeadersMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -183,7 +185,11 @@ USE_TZ = True
 
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = BASE_DIR / ".data" / "staticfiles"
+# WhiteNoise serves every app's static files (the admin's too) from the finders, in development
+# and production alike, so no collectstatic step is needed. STATIC_ROOT only matters to someone
+# who runs collectstatic for a proxy; WhiteNoise serves that folder as well when it is set.
+STATIC_ROOT = env("STATIC_ROOT") or None
+WHITENOISE_USE_FINDERS = True
 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False

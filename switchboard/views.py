@@ -1,4 +1,4 @@
-"""/metrics behind a bearer token, and static files served by the app itself."""
+"""/metrics behind a bearer token."""
 
 from __future__ import annotations
 

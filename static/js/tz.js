@@ -11,7 +11,10 @@
     return;
   }
   if (!zone) return;
-  document.cookie = "tz=" + encodeURIComponent(zone) + "; path=/; max-age=31536000; samesite=lax";
+  // IANA names are cookie-safe as they are (letters, digits, "/", "_", "+", "-"); the server reads
+  // the value as it is, so it is not URL-encoded. Anything else is not a zone: leave it.
+  if (!/^[A-Za-z0-9_+\-\/]+$/.test(zone)) return;
+  document.cookie = "tz=" + zone + "; path=/; max-age=31536000; samesite=lax";
   // First visit: this page was rendered in UTC; show it once more in the viewer's zone.
   if (document.body && document.body.dataset.viewerTz !== zone && /(?:^|;\s*)tz=/.test(document.cookie)) {
     window.location.reload();

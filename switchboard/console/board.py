@@ -11,21 +11,24 @@ waiting todo from ``queues.selectors.admission_for``, the budget strip from
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from datetime import tzinfo
 from typing import Any
 from uuid import UUID
 
-from django.db import connection
-from django.db.models import Q
+from django.db import connection, models
+from django.db.models import F, Q, QuerySet, TextField, Window
+from django.db.models.functions import Cast, RowNumber
 from django.http import QueryDict
 
 from admission import engine
 from admission import selectors as admission_selectors
-from admission.models import AdmissionPolicy, DeferralReason
-from queues import access, selectors, sql
-from queues.access import Viewer, visible_endpoints
+from admission.models import AdmissionPolicy
+from queues import access, conditions, selectors, sql
+from queues.access import Viewer, todo_scope, visible_endpoints
+from queues.conditions import Condition
 from queues.models import (
     QUARANTINE_QUEUE,
     QUEUE_NAME_RE,
@@ -39,6 +42,12 @@ from switchboard.core.pages import identity_key
 from switchboard.core.zones import zone_named
 
 CARD_LIMIT = 20
+# Past this many sections the board folds healthy ones to a line each (trouble stays in full),
+# and a section shows at most FLEET_CARD_LIMIT cards ("Show only this queue" shows a page).
+FOLD_AFTER = 12
+FLEET_CARD_LIMIT = 6
+# Cards in a section: held work first, then waiting, then the rest.
+CARD_ORDER = (TodoState.CLAIMED, TodoState.PENDING, TodoState.FAILED, TodoState.DONE)
 PAGE_LIMIT = 50
 
 # The board's state filter: "live" (claimed, then pending) is the default.
@@ -52,13 +61,11 @@ STATE_CHOICES: tuple[tuple[str, str], ...] = (
 )
 STATE_VALUES = tuple(v for v, _ in STATE_CHOICES)
 
-# What a refusal reason reads as on a chip and in the strip.
+# What a refusal reason reads as on a chip and in the strip: the words of queues.conditions.
 REASON_TEXT: dict[str, str] = {
-    DeferralReason.WINDOW_EXHAUSTED: "budget",
-    DeferralReason.IN_FLIGHT_FULL: "in flight full",
-    DeferralReason.PAUSED: "held by a zero limit",
-    DeferralReason.ADMISSION_UNAVAILABLE: "admission unavailable",
+    reason: condition.label for reason, condition in conditions.BY_REASON.items()
 }
+MAX_SEARCH = 200
 
 
 class Tone:
@@ -83,6 +90,8 @@ class Filters:
     queue: str = ""
     state: str = "live"
     cursor: str = ""
+    condition: str = ""
+    q: str = ""  # search: a todo's title, id or payload text
 
     @classmethod
     def from_query(cls, query: QueryDict) -> Filters:
@@ -93,13 +102,25 @@ class Filters:
             state = "live"
         if queue and not re.fullmatch(QUEUE_NAME_RE, queue):
             queue = ""
-        return cls(endpoint=endpoint[:63], queue=queue, state=state, cursor=query.get("cursor", ""))
+        condition = query.get("condition", "").strip()
+        if condition not in Condition.values:
+            condition = ""
+        return cls(
+            endpoint=endpoint[:63],
+            queue=queue,
+            state=state,
+            cursor=query.get("cursor", ""),
+            condition=condition,
+            q=query.get("q", "").strip()[:MAX_SEARCH],
+        )
 
     def query(self, **changes: str) -> str:
         values = {
             "endpoint": self.endpoint,
             "queue": self.queue,
             "state": "" if self.state == "live" else self.state,
+            "condition": self.condition,
+            "q": self.q,
         }
         values.update(changes)
         q = QueryDict(mutable=True)
@@ -158,6 +179,8 @@ class Section:
     total: int = 0  # todos the state filter matches (cards show at most a page of them)
     can_write_budget: bool = False
     can_act: bool = False
+    # Healthy sections show as one line on a board of many; filters open them in full.
+    collapsed: bool = False
 
     @property
     def quarantine(self) -> bool:
@@ -176,40 +199,42 @@ class Section:
         return admission_selectors.usage(self.evaluation) if self.evaluation else None
 
     @property
+    def failing(self) -> int:
+        """Failed todos with a retry still to come (dead letters are counted apart)."""
+        return self.counts.get(TodoState.FAILED, 0) - self.dead_letter
+
+    @functools.cached_property
+    def conditions(self) -> list[Condition]:
+        return conditions.of(
+            quarantine=self.quarantine,
+            paused=self.pause is not None,
+            refusals=[status["reason"]]
+            if (status := self.status) and status["state"] == "deferred"
+            else [],
+            failing=self.failing,
+            dead_letter=self.dead_letter,
+        )
+
+    @property
+    def condition(self) -> Condition:
+        return self.conditions[0]
+
+    @property
+    def trouble(self) -> bool:
+        return self.condition in conditions.TROUBLE
+
+    @property
     def tone(self) -> str:
-        if self.quarantine:
-            return Tone.QUARANTINE
-        if self.pause is not None:
-            return Tone.PAUSED
-        ev = self.evaluation
-        if ev is None or ev.admits:
-            return Tone.ADMITTED
-        if ev.reason == DeferralReason.ADMISSION_UNAVAILABLE:
-            return Tone.UNAVAILABLE
-        if ev.reason == DeferralReason.PAUSED:
-            return Tone.PAUSED
-        return Tone.EXHAUSTED
+        return conditions.TONE[self.condition]
 
     @property
     def tone_label(self) -> str:
-        """The condition in words, shown beside its colour."""
-        tone = self.tone
+        """The condition in words, shown beside its colour; further conditions after it."""
+        words = [c.label for c in self.conditions]
         ev = self.evaluation
-        if tone == Tone.QUARANTINE:
-            return "Quarantine · never delivered"
-        if tone == Tone.PAUSED and self.pause is not None:
-            return "Paused"
-        if tone == Tone.PAUSED:
-            return "Held · a limit is 0"
-        if tone == Tone.UNAVAILABLE:
-            return "Unavailable · budget cannot be evaluated"
-        if tone == Tone.EXHAUSTED and ev is not None:
-            if ev.reason == DeferralReason.IN_FLIGHT_FULL:
-                return "Deferred · in flight full"
-            return "Exhausted · window used up"
-        if ev is not None and ev.over_limit:
-            return f"Admitted · over limit ({ev.policy.posture})"
-        return "Admitted" if ev is not None else "Open · no budget"
+        if self.condition == Condition.HEALTHY and ev is not None and ev.over_limit:
+            words[0] += f" · over limit ({ev.policy.posture})"
+        return words[0] + "".join(f" + {w.split(' · ')[0].lower()}" for w in words[1:])
 
     @property
     def announce(self) -> str:
@@ -253,8 +278,77 @@ def _identities(
     return out
 
 
+@dataclass
+class SummaryItem:
+    condition: Condition
+    count: int
+    query: str  # the board's query string that shows just these identities
+
+    @property
+    def tone(self) -> str:
+        return conditions.TONE[self.condition]
+
+
+@dataclass
+class BoardView:
+    sections: list[Section]
+    summary: list[SummaryItem]
+    total: int  # identities before the condition filter and the search
+    healthy: int  # of those shown, collapsed to one line
+    any_condition_query: str  # the same filters without the condition
+
+
+def board_view(viewer: Viewer, filters: Filters, *, cards: bool = True) -> BoardView:
+    """The board: every visible queue identity, trouble first, healthy ones on one line each
+    (unless the filters ask for them), with the fleet summary counted before the condition filter
+    and the search narrow it. A constant number of queries, however many sections."""
+    every = _all_sections(viewer, filters)
+    every.sort(key=lambda s: (conditions.RANK[s.condition], s.endpoint.slug, s.queue))
+    summary = _summary(every, filters)
+    shown = [s for s in every if not filters.condition or filters.condition in s.conditions]
+    if filters.q:
+        hits = _search_hits(viewer, filters, [s.endpoint.id for s in shown])
+        shown = [s for s in shown if (s.endpoint.id, s.queue) in hits]
+        for s in shown:
+            s.total = hits[(s.endpoint.id, s.queue)]
+    # On a board of many, healthy sections fold to one line; any filter opens them in full.
+    fold = len(every) > FOLD_AFTER and not (
+        filters.condition or filters.q or filters.single_identity
+    )
+    for s in shown:
+        s.collapsed = fold and not s.trouble
+    if cards:
+        limit = FLEET_CARD_LIMIT if fold else None
+        _fill_cards(viewer, filters, [s for s in shown if not s.collapsed], limit=limit)
+    return BoardView(
+        sections=shown,
+        summary=summary,
+        total=len(every),
+        healthy=sum(1 for s in shown if s.collapsed),
+        any_condition_query=filters.query(condition=""),
+    )
+
+
 def sections(viewer: Viewer, filters: Filters, *, cards: bool = True) -> list[Section]:
-    """The board: one section per visible queue identity, narrowed by the filters."""
+    """The board's sections, narrowed by the filters (see ``board_view``)."""
+    return board_view(viewer, filters, cards=cards).sections
+
+
+def _summary(every: list[Section], filters: Filters) -> list[SummaryItem]:
+    counts = dict.fromkeys(Condition, 0)
+    for s in every:
+        for c in s.conditions:
+            counts[c] += 1
+    # Failures are what an operator opens these for: their links show those cards.
+    state = {Condition.DEAD_LETTERS: "dead_letter", Condition.FAILING: TodoState.FAILED}
+    return [
+        SummaryItem(c, n, filters.query(condition=c.value, q="", state=state.get(c, "")))
+        for c, n in counts.items()
+        if n or c == Condition.HEALTHY
+    ]
+
+
+def _all_sections(viewer: Viewer, filters: Filters) -> list[Section]:
     qs = visible_endpoints(viewer.actor)
     if filters.endpoint:
         qs = qs.filter(slug=filters.endpoint)
@@ -275,50 +369,111 @@ def sections(viewer: Viewer, filters: Filters, *, cards: bool = True) -> list[Se
     for endpoint, queue in pairs:
         c = counts.get((endpoint.id, queue)) or IdentityCounts(dict.fromkeys(TodoState.values, 0))
         policy = policy_of.get((endpoint.id, queue))
-        out.append(
-            Section(
-                key=identity_key(endpoint.slug, queue),
-                endpoint=endpoint,
-                queue=queue,
-                counts=c.counts,
-                dead_letter=c.dead_letter,
-                policy=policy,
-                evaluation=evaluations.get(policy.id) if policy else None,
-                pause=pause_of.get(queue),
-                can_write_budget=viewer.can_write_budget(endpoint) and queue != QUARANTINE_QUEUE,
-                can_act=viewer.can_act(endpoint),
-            )
+        section = Section(
+            key=identity_key(endpoint.slug, queue),
+            endpoint=endpoint,
+            queue=queue,
+            counts=c.counts,
+            dead_letter=c.dead_letter,
+            policy=policy,
+            evaluation=evaluations.get(policy.id) if policy else None,
+            pause=pause_of.get(queue),
+            can_write_budget=viewer.can_write_budget(endpoint) and queue != QUARANTINE_QUEUE,
+            can_act=viewer.can_act(endpoint),
         )
-    if cards:
-        _fill_cards(viewer, filters, out)
+        section.total = shown_total(section, filters.state)
+        out.append(section)
     return out
 
 
-def _fill_cards(viewer: Viewer, filters: Filters, found: list[Section]) -> None:
-    """Cards per section through ``todos_for``; one ``admission_for`` call for every chip."""
-    limit = PAGE_LIMIT if filters.single_identity else CARD_LIMIT
-    states = [TodoState.CLAIMED, TodoState.PENDING] if filters.state == "live" else [filters.state]
-    every: list[Todo] = []
-    for s in found:
-        s.total = shown_total(s, filters.state)
-        if not any(_count_for(s, state) for state in states):
-            continue
-        for state in states:
-            rows, next_cursor = selectors.todos_for(
-                actor=viewer.actor,
-                endpoint=s.endpoint,
-                queue=s.queue,
-                state=state,
-                limit=limit,
-                cursor=filters.cursor if filters.single_identity and len(states) == 1 else None,
+def _states(filters: Filters) -> list[str]:
+    """The card states a filter shows; a search looks through every state unless one is chosen."""
+    if filters.state == "live":
+        return list(TodoState.values) if filters.q else [TodoState.CLAIMED, TodoState.PENDING]
+    return [filters.state]
+
+
+def _card_rows(viewer: Viewer, filters: Filters, endpoint_ids: list[UUID]) -> QuerySet[Todo]:
+    """The todos the filters match on the given endpoints (state and search applied)."""
+    qs = Todo.objects.filter(todo_scope(viewer.actor), endpoint_id__in=endpoint_ids)
+    if filters.queue:
+        qs = qs.filter(queue=filters.queue)
+    states = _states(filters)
+    if states == ["dead_letter"]:
+        qs = qs.filter(state=TodoState.FAILED, next_retry_at__isnull=True)
+    else:
+        qs = qs.filter(state__in=states)
+    if filters.q:
+        match = Q(title__icontains=filters.q) | Q(payload_text__icontains=filters.q)
+        try:
+            match |= Q(id=UUID(filters.q))
+        except ValueError:
+            pass
+        qs = qs.annotate(payload_text=Cast("payload", TextField())).filter(match)
+    return qs
+
+
+def _search_hits(
+    viewer: Viewer, filters: Filters, endpoint_ids: list[UUID]
+) -> dict[tuple[UUID, str], int]:
+    """How many todos match the search, per queue identity (one grouped query)."""
+    rows = (
+        _card_rows(viewer, filters, endpoint_ids)
+        .order_by()
+        .values_list("endpoint_id", "queue")
+        .annotate(n=models.Count("id"))
+    )
+    return {(endpoint_id, queue): n for endpoint_id, queue, n in rows}
+
+
+def _fill_cards(
+    viewer: Viewer, filters: Filters, found: list[Section], *, limit: int | None = None
+) -> None:
+    """A page of cards per section: one query for every section (a window per identity and
+    state), or ``todos_for``'s keyset pages when the board shows a single identity."""
+    if not found:
+        return
+    limit = limit or (PAGE_LIMIT if filters.single_identity else CARD_LIMIT)
+    states = _states(filters)
+    if filters.single_identity and len(states) == 1 and not filters.q:
+        s = found[0]
+        s.cards, s.next_cursor = selectors.todos_for(
+            actor=viewer.actor,
+            endpoint=s.endpoint,
+            queue=s.queue,
+            state=states[0],
+            limit=limit,
+            cursor=filters.cursor or None,
+        )
+    else:
+        by_key = {(s.endpoint.id, s.queue): s for s in found}
+        order: dict[str, int] = {state: i for i, state in enumerate(CARD_ORDER)}
+        rows = (
+            _card_rows(viewer, filters, list({s.endpoint.id for s in found}))
+            .select_related("endpoint")
+            .annotate(
+                rank=Window(
+                    RowNumber(),
+                    partition_by=[F("endpoint_id"), F("queue"), F("state")],
+                    order_by=[F("created_at").asc(), F("id").asc()],
+                )
             )
-            s.cards.extend(rows)
-            if len(states) == 1:
-                s.next_cursor = next_cursor
-        every.extend(s.cards)
-    chips = selectors.admission_for(every)
+            .filter(rank__lte=limit)
+            .order_by("created_at", "id")
+        )
+        for todo in rows:
+            section = by_key.get((todo.endpoint_id, todo.queue))
+            if section is not None:
+                section.cards.append(todo)
+        for s in found:
+            s.cards.sort(key=lambda t: order[t.state])
+            if limit < CARD_LIMIT:  # a board of many: a glimpse of each section, not a page
+                del s.cards[limit:]
+    # A waiting card's chip is its section's derived budget status (the API's ``admission``).
     for s in found:
-        s.chips = {t.id: chips[t.id] for t in s.cards if t.id in chips}
+        status = s.status
+        if status is not None:
+            s.chips = {t.id: status for t in s.cards if t.state == TodoState.PENDING}
 
 
 def _count_for(section: Section, state: str) -> int:
@@ -341,8 +496,12 @@ def visible_queue_names(viewer: Viewer) -> list[str]:
     for scope in endpoints.values_list("scope_queues", flat=True):
         names.update(scope)
     ids = list(endpoints.values_list("id", flat=True))
+    # order_by(): the model's default ordering would make DISTINCT run over every todo's row.
     names.update(
-        Todo.objects.filter(endpoint_id__in=ids).values_list("queue", flat=True).distinct()
+        Todo.objects.filter(endpoint_id__in=ids)
+        .order_by()
+        .values_list("queue", flat=True)
+        .distinct()
     )
     names.update(
         AdmissionPolicy.objects.filter(endpoint_id__in=ids).values_list("queue", flat=True)

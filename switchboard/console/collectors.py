@@ -50,7 +50,9 @@ class SwitchboardCollector(Collector):
         stats = None
         database_down = False
         try:
-            stats = selectors.queue_stats()
+            # Conditions need the budgets evaluated: filled apart, so a failed evaluation
+            # leaves the counts standing.
+            stats = selectors.queue_stats(with_conditions=False)
             ranked = sorted(stats, key=lambda s: (-sum(s.counts.values()), s.queue))
             labels = QueueLabels([s.queue for s in ranked], settings.METRICS_MAX_QUEUES)
         except Exception as exc:
@@ -61,6 +63,11 @@ class SwitchboardCollector(Collector):
             labels = QueueLabels(None, settings.METRICS_MAX_QUEUES)
         yield from self._counters(labels)
         if stats is not None:
+            try:
+                selectors.fill_conditions(stats, None)
+            except Exception:
+                log.exception("queue condition collector failed")
+                _errors["conditions"] += 1
             yield from self._queue_gauges(stats, labels)
         if database_down:
             # The database just failed to answer: a second read would wait out its timeout
@@ -73,7 +80,7 @@ class SwitchboardCollector(Collector):
             "Collector failures; the series they would have produced were omitted.",
             labels=["collector"],
         )
-        for name in ("admission", "counters", "queues"):
+        for name in ("admission", "conditions", "counters", "queues"):
             errors.add_metric([name], _errors[name])
         yield errors
 
@@ -111,6 +118,12 @@ class SwitchboardCollector(Collector):
         paused = GaugeMetricFamily(
             "switchboard_queue_paused", "1 when the queue is paused fleet-wide.", labels=["queue"]
         )
+        condition = GaugeMetricFamily(
+            "switchboard_queue_condition",
+            "1 for each condition a queue is in (the words the console and the API use).",
+            labels=["queue", "condition"],
+        )
+        held: set[tuple[str, str]] = set()
         counts: dict[tuple[str, str], int] = defaultdict(int)
         ages: dict[str, float] = {}
         flags: dict[str, int] = {}
@@ -122,15 +135,19 @@ class SwitchboardCollector(Collector):
             if age is not None:
                 ages[q] = max(ages.get(q, 0.0), age)
             flags[q] = max(flags.get(q, 0), 1 if s.paused else 0)
+            held.update((q, str(c)) for c in s.conditions)
         for (q, state), n in sorted(counts.items()):
             todos.add_metric([q, state], n)
         for q, age in sorted(ages.items()):
             oldest.add_metric([q], age)
         for q, flag in sorted(flags.items()):
             paused.add_metric([q], flag)
+        for q, c in sorted(held):
+            condition.add_metric([q, c], 1)
         yield todos
         yield oldest
         yield paused
+        yield condition
 
     def _admission(self, labels: QueueLabels) -> Iterator[GaugeMetricFamily]:
 

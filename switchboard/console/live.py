@@ -18,7 +18,7 @@ whose HTML changed, as ``swap`` events (``{"target": id, "html": ...}``), plus a
 event when a section's condition changes (exhausted, paused, unavailable, admitted), which
 static/js/live.js puts in the page's ``aria-live="polite"`` region. A change in which sections
 exist sends the whole list once. Worst case from a commit to the browser: ``HUB_MAX_AGE`` +
-``INTERVAL`` + a render, under two seconds.
+``INTERVAL`` + a render, about a second.
 
 A stream ends after ``STREAM_SECONDS``; EventSource reconnects (``retry``) with ``Last-Event-ID``,
 the fingerprint it last saw, so nothing is resent needlessly and a revoked session is noticed.
@@ -53,8 +53,9 @@ from switchboard.console import board
 from switchboard.console.board import Filters, Section
 
 T = TypeVar("T")
-INTERVAL = 1.0
-HUB_MAX_AGE = 0.75
+# Measured by `make bench` (bench/console_bench.py): commit to browser under a second at p50.
+INTERVAL = 0.5
+HUB_MAX_AGE = 0.4
 STREAM_SECONDS = 300
 RETRY_MS = 2000
 KEEPALIVE_SECONDS = 15
@@ -197,6 +198,8 @@ def live_url(viewer: Viewer, filters: Filters, here: str) -> str:
         "endpoint": filters.endpoint,
         "queue": filters.queue,
         "state": filters.state,
+        "condition": filters.condition,
+        "q": filters.q,
         "here": here,
         "at": fingerprint_now(viewer, filters),
     }
@@ -209,6 +212,7 @@ def live_url(viewer: Viewer, filters: Filters, here: str) -> str:
 @dataclass
 class Rendered:
     keys: list[str]
+    folded: list[bool]  # which sections show as one line (a change re-sends the list)
     parts: dict[str, str]  # "<part>-<key>" -> html
     tones: dict[str, str]
     announce: dict[str, str]
@@ -216,22 +220,38 @@ class Rendered:
 
 
 def render_board(
-    request: HttpRequest, viewer: Viewer, filters: Filters, here: str, csrf_token: str
+    request: HttpRequest,
+    viewer: Viewer,
+    filters: Filters,
+    here: str,
+    csrf_token: str,
+    previous: Rendered | None = None,
 ) -> Rendered:
-    """The visible sections, rendered part by part with the page's own partials."""
-    found: list[Section] = board.sections(viewer, filters)
+    """The visible sections, rendered part by part with the page's own partials. The whole
+    list is rendered too unless ``previous`` shows the same sections the same way (then only
+    parts can have changed, and rendering the list would double the work of a large board)."""
+    view = board.board_view(viewer, filters)
+    found: list[Section] = view.sections
     base = {"viewer": viewer, "filters": filters, "here": here, "csrf_token": csrf_token}
-    parts: dict[str, str] = {}
+    parts: dict[str, str] = {
+        "fleet-summary": render_to_string(
+            "queues/_section.html#summary", {**base, "view": view}, request=request
+        )
+    }
     for s in found:
-        for part in PARTS:
+        for part in ("line",) if s.collapsed else PARTS:
             parts[f"{part}-{s.key}"] = render_to_string(
                 f"queues/_section.html#{part}", {**base, "s": s}, request=request
             )
-    list_html = render_to_string(
-        "queues/_section.html#list", {**base, "sections": found}, request=request
-    )
+    keys, folded = [s.key for s in found], [s.collapsed for s in found]
+    list_html = ""
+    if previous is None or previous.keys != keys or previous.folded != folded:
+        list_html = render_to_string(
+            "queues/_section.html#list", {**base, "sections": found, "view": view}, request=request
+        )
     return Rendered(
-        keys=[s.key for s in found],
+        keys=keys,
+        folded=folded,
         parts=parts,
         tones={s.key: s.tone for s in found},
         announce={s.key: s.announce for s in found},
@@ -249,9 +269,10 @@ def _event(name: str, data: dict[str, Any], event_id: str | None = None) -> str:
 
 def changes(before: Rendered | None, after: Rendered) -> list[tuple[str, dict[str, Any]]]:
     """The events that bring a page showing ``before`` to ``after``."""
-    if before is None or before.keys != after.keys:
+    if before is None or before.keys != after.keys or before.folded != after.folded:
         events: list[tuple[str, dict[str, Any]]] = [
-            ("swap", {"target": "sections", "html": after.list_html})
+            ("swap", {"target": "sections", "html": after.list_html}),
+            ("swap", {"target": "fleet-summary", "html": after.parts["fleet-summary"]}),
         ]
     else:
         events = [
@@ -338,7 +359,9 @@ async def stream(
         await asyncio.sleep(INTERVAL)
         fp = fingerprint(await hub.snapshot(), viewer, filters)
         if fp != last_fp:
-            now_shown = await _off_loop(render_board, request, viewer, filters, here, csrf_token)
+            now_shown = await _off_loop(
+                render_board, request, viewer, filters, here, csrf_token, shown
+            )
             for name, data in changes(shown, now_shown):
                 yield _event(name, data, fp)
                 quiet_since = time.monotonic()

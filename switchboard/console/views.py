@@ -20,8 +20,9 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.http import reswap, retarget
 
 from admission import selectors as admission_selectors
-from queues import pauses, selectors, services
+from queues import conditions, pauses, selectors, services
 from queues.access import Viewer, refuse_auditors, visible_endpoints
+from queues.conditions import Condition
 from queues.forms import PauseForm, TimezoneForm, TodoCompleteForm, TodoFailForm
 from queues.models import QUARANTINE_QUEUE, QueuePause, TodoState, check_queue_name
 from switchboard.console import board, live
@@ -44,12 +45,14 @@ TODO_ACTIONS = ("claim", "complete", "fail", "release", "retry")
 
 
 def board_context(request: HttpRequest, viewer: Viewer, filters: Filters) -> dict[str, Any]:
-    found = board.sections(viewer, filters)
+    view = board.board_view(viewer, filters)
     here = request.path + (f"?{filters.query()}" if filters.query() else "")
     return {
         "viewer": viewer,
         "filters": filters,
-        "sections": found,
+        "view": view,
+        "sections": view.sections,
+        "conditions": Condition.choices,
         "here": here,
         "state_choices": board.STATE_CHOICES,
         "endpoints": visible_endpoints(viewer.actor),
@@ -98,13 +101,16 @@ def _queue_context(
     next_url: str | None = None,
 ) -> dict[str, Any]:
     filters = Filters(queue=name)
-    found = board.sections(viewer, filters)
+    view = board.board_view(viewer, filters)
+    found = view.sections
     pause = selectors_pause(name)
     here = reverse("queue", args=[name])
     return {
         "viewer": viewer,
         "queue": name,
         "sections": found,
+        "view": view,
+        "condition": conditions.worst(c for s in found for c in s.conditions),
         "filters": filters,
         "pause": pause,
         "fleet_in_flight": board.in_flight_on(name),

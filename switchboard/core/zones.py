@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import zoneinfo
 from datetime import UTC, tzinfo
+from urllib.parse import unquote
 
 # Names in the zone database that are not zones a person would pick.
 _NOT_ZONES = frozenset({"localtime", "posixrules", "Factory"})
@@ -27,7 +28,10 @@ def zones() -> list[str]:
 
 
 def zone_named(name: str | None) -> tuple[str, tzinfo]:
-    """A viewer's zone by IANA name, UTC when absent or unknown."""
+    """A viewer's zone by IANA name, UTC when absent or unknown. Older copies of static/js/tz.js
+    wrote the name URL-encoded (``Europe%2FParis``); those cookies still count."""
+    if name and "%" in name:
+        name = unquote(name)
     if name and zone_exists(name):
         try:
             return name, zoneinfo.ZoneInfo(name)

@@ -34,6 +34,10 @@ CHROMIUM_ARGS = [
 ]
 ARTIFACTS = Path(settings.BASE_DIR) / "tests" / "artifacts"
 VIEWER_ZONE = "America/New_York"
+# The two widths every console page is tried at: a laptop and a phone (iPhone 12-15 class).
+DESKTOP = 1440
+PHONE = 390
+WIDTHS = (DESKTOP, PHONE)
 
 
 @pytest.fixture(scope="session")
@@ -100,27 +104,37 @@ class Session:
         self.base = base
         self.contexts: list[BrowserContext] = []
 
-    def context(self, user: Any, *, javascript: bool = True) -> BrowserContext:
+    def context(
+        self,
+        user: Any,
+        *,
+        javascript: bool = True,
+        width: int = DESKTOP,
+        tz: str | None = VIEWER_ZONE,
+        **options: Any,
+    ) -> BrowserContext:
+        """A signed-in context; ``tz=None`` leaves the zone cookie for static/js/tz.js to set."""
         client = Client()
         client.force_login(user)
         context = self.browser.new_context(
             java_script_enabled=javascript,
             base_url=self.base,
-            viewport={"width": 1360, "height": 900},
+            viewport={"width": width, "height": 900 if width >= DESKTOP else 844},
             accept_downloads=True,
+            **options,
         )
-        context.add_cookies(
-            [
-                {"name": "sessionid", "value": client.cookies["sessionid"].value, "url": self.base},
-                {"name": "tz", "value": VIEWER_ZONE, "url": self.base},
-            ]
-        )
+        cookies: list[Any] = [
+            {"name": "sessionid", "value": client.cookies["sessionid"].value, "url": self.base}
+        ]
+        if tz is not None:
+            cookies.append({"name": "tz", "value": tz, "url": self.base})
+        context.add_cookies(cookies)
         context.set_default_timeout(10_000)
         self.contexts.append(context)
         return context
 
-    def page(self, user: Any, *, javascript: bool = True) -> Page:
-        return self.context(user, javascript=javascript).new_page()
+    def page(self, user: Any, *, javascript: bool = True, **options: Any) -> Page:
+        return self.context(user, javascript=javascript, **options).new_page()
 
     def close(self) -> None:
         for context in self.contexts:
@@ -134,10 +148,10 @@ def session(browser: Browser, server: str, transactional_db: None) -> Iterator[S
     s.close()
 
 
-def screenshot(page: Page, name: str) -> Path:
+def screenshot(page: Page, name: str, *, full_page: bool = True) -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
+    page.screenshot(path=str(path), full_page=full_page)
     return path
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from admission import services as admission_services
 from admission.models import AdmissionPolicy
-from tests.conftest import Personas
+from tests.conftest import Personas, push
 
 
 def budget(
@@ -45,3 +45,40 @@ def api_post(base: str, path: str, token: str, body: dict[str, Any] | None = Non
     )
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.loads(response.read())
+
+
+def small_fleet(p: Personas) -> dict[str, Any]:
+    """A fleet with something in every condition, made through the services: pending work,
+    a claim, a dead letter with a structured error, a paused queue, a budget used up, ledger rows."""
+    from queues import pauses, services
+
+    inbox = push(p, 4)
+    push(p, 2, queue="outbox")
+    push(p, 1, endpoint=p.agent2)
+    agent = p.as_agent()
+    services.claim(actor=agent, todo_id=inbox[0].id, claimant="worker-1")
+    dead = push(p, 1, queue="outbox", max_attempts=1)[0]
+    services.claim(actor=agent, todo_id=dead.id, claimant="worker-2")
+    services.fail(
+        actor=agent,
+        todo_id=dead.id,
+        error={"type": "TimeoutError", "traceback": 'File "agent.py", line 3\nTimeoutError'},
+    )
+    budget(p, "inbox", max_in_flight=1)
+    pauses.queue_pause(actor=p.as_human(p.admin), queue="outbox", reason="upgrading the consumer")
+    return {"todo": inbox[1], "dead": dead}
+
+
+def console_pages(p: Personas, fleet: dict[str, Any]) -> list[str]:
+    """Every page of the console an operator reaches from the top bar and the board."""
+    return [
+        "/",
+        "/queues",
+        "/queues/inbox",
+        f"/todos/{fleet['todo'].id}",
+        f"/todos/{fleet['dead'].id}",
+        "/budgets/agent/inbox",
+        "/budgets/agent/inbox/clear",
+        "/ledger",
+        "/prefs/tz",
+    ]

@@ -45,7 +45,7 @@ def test_an_owner_edits_a_budget_through_a_preview_and_sees_a_bad_zone_refused_i
     preview = page.locator(".preview")
     expect(preview).to_contain_text("0 of 5")
     expect(preview).to_contain_text("0 of 2")
-    expect(preview).to_contain_text("admitted")
+    expect(preview).to_contain_text("Admitted")
     expect(page.get_by_role("button", name="Save budget")).to_be_focused()
     screenshot(page, "editor")
     page.get_by_role("button", name="Save budget").click()
@@ -86,7 +86,7 @@ def test_a_superuser_pauses_and_resumes_a_queue_from_the_board(
     page = session.page(p.admin)
     page.goto("/?endpoint=agent&queue=inbox")
     head = page.locator("#head-agent--inbox")
-    expect(head.locator(".badge")).to_have_text("Open · no budget")
+    expect(head.locator(".badge")).to_have_text("Healthy")
     page.fill("#pause-agent--inbox-reason", "upgrading the consumer")
     page.get_by_role("button", name="Pause").click()
     expect(head.locator(".badge")).to_have_text("Paused")
@@ -96,7 +96,7 @@ def test_a_superuser_pauses_and_resumes_a_queue_from_the_board(
     assert QueuePause.objects.filter(queue="inbox", paused_by=p.admin).exists()
 
     page.get_by_role("button", name="Resume inbox").click()
-    expect(head.locator(".badge")).to_have_text("Open · no budget")
+    expect(head.locator(".badge")).to_have_text("Healthy")
     assert not QueuePause.objects.exists()
     kinds = list(LedgerEntry.objects.order_by("seq").values_list("kind", flat=True))
     assert kinds == ["queue.pause", "queue.resume"]
@@ -118,7 +118,7 @@ def test_a_pauser_pauses_from_the_queue_page_and_a_blank_reason_is_refused(
     expect(page.locator(".queue-pause")).to_contain_text("Paused by paul")
     expect(page.locator(".queue-pause")).to_contain_text("drained")
     page.get_by_role("button", name="Resume inbox").click()
-    expect(page.locator(".queue-pause")).to_contain_text("Live")
+    expect(page.locator(".queue-pause")).to_contain_text("Healthy")
     assert not QueuePause.objects.exists()
 
 
@@ -131,7 +131,7 @@ def test_the_board_header_changes_live_after_claims_made_through_the_api(
     page = session.page(p.owner)
     page.goto("/")
     head = page.locator("#head-agent--inbox")
-    expect(head.locator(".badge")).to_have_text("Admitted")
+    expect(head.locator(".badge")).to_have_text("Healthy")
     expect(page.locator("[data-live-url]")).to_have_attribute("data-live", "open")
 
     claimed = api_post(server, "/api/v1/agent/claim_next", p.agent_token)
@@ -140,10 +140,10 @@ def test_the_board_header_changes_live_after_claims_made_through_the_api(
     expect(head).to_contain_text("1 of 2", timeout=LIVE)
 
     api_post(server, "/api/v1/agent/claim_next", p.agent_token)
-    expect(head.locator(".badge")).to_have_text("Exhausted · window used up", timeout=LIVE)
-    expect(page.locator("#announcer")).to_contain_text("agent / inbox: Exhausted", timeout=LIVE)
+    expect(head.locator(".badge")).to_have_text("Deferred · window used up", timeout=LIVE)
+    expect(page.locator("#announcer")).to_contain_text("agent / inbox: Deferred", timeout=LIVE)
     chip = page.locator("#cards-agent--inbox .chip")
-    expect(chip).to_contain_text("deferred · budget · eligible")
+    expect(chip).to_contain_text("Deferred · window used up · eligible")
     expect(chip).to_contain_text(re.compile(r"E[SD]T"))  # the viewer's zone: America/New_York
     screenshot(page, "board")
 

@@ -74,7 +74,7 @@ def test_without_javascript_a_superuser_pauses_and_resumes_from_the_board(
     assert QueuePause.objects.filter(queue="inbox").exists()
     page.get_by_role("button", name="Resume inbox").click()
     expect(page.locator(".messages")).to_contain_text("Resumed inbox")
-    expect(page.locator("#head-agent--inbox .badge")).to_have_text("Open · no budget")
+    expect(page.locator("#head-agent--inbox .badge")).to_have_text("Healthy")
     assert not QueuePause.objects.exists()
 
 

@@ -87,11 +87,11 @@ def test_the_budget_strip_shows_usage_status_posture_and_resets_in_both_zones(
     client = signed_in(p.owner)
     client.cookies["tz"] = "Asia/Tokyo"
     html = client.get("/?endpoint=agent&queue=inbox").content.decode()
-    assert "Exhausted · window used up" in html
+    assert "Deferred · window used up" in html
     assert "1 of 1" in html and "1 of 5" in html
     assert "(America/Los_Angeles)" in html and ("PST" in html or "PDT" in html)
     assert "JST" in html  # the viewer's zone from the tz cookie
-    assert "deferred · budget · eligible" in html
+    assert "Deferred · window used up · eligible" in html
     assert "enforce" in html
 
 
@@ -129,15 +129,15 @@ def test_a_budget_that_cannot_be_evaluated_shows_as_unavailable(personas: Person
         )
     push(p, 1)
     html = signed_in(p.owner).get("/?endpoint=agent&queue=inbox").content.decode()
-    assert "Unavailable · budget cannot be evaluated" in html and "tone-unavailable" in html
-    assert "deferred · admission unavailable" in html
+    assert "Deferred · admission unavailable" in html and "tone-unavailable" in html
+    assert "Deferred · admission unavailable" in html
 
 
 def test_a_zero_limit_holds_the_queue_and_says_so(personas: Personas) -> None:
     p = personas
     budget(p, max_in_flight=0)
     html = signed_in(p.owner).get("/?endpoint=agent&queue=inbox").content.decode()
-    assert "Held · a limit is 0" in html
+    assert "Deferred · held by a zero limit" in html
 
 
 def test_a_large_queue_shows_a_page_of_cards_with_a_way_to_the_rest(personas: Personas) -> None:
@@ -198,3 +198,9 @@ def test_the_zone_preference_sets_a_cookie_and_refuses_an_unknown_zone(personas:
     assert response.cookies["tz"].value == "Europe/Paris"
     offsite = client.post("/prefs/tz", {"tz": "UTC", "next": "https://evil.example/"})
     assert offsite["Location"] == "/"
+
+
+def test_a_url_encoded_zone_cookie_from_an_older_script_still_counts(personas: Personas) -> None:
+    client = signed_in(personas.owner)
+    client.cookies["tz"] = "Europe%2FParis"
+    assert "Times in Europe/Paris" in client.get("/").content.decode()

@@ -94,7 +94,7 @@ def test_the_preview_shows_usage_against_the_new_limit_and_the_window_it_would_c
         "/budgets/agent/inbox", policy_form(max_claims_per_window="2", window_tz="UTC")
     ).content.decode()
     assert "2 of 2" in same_window and "(now: 2 of 10)" in same_window
-    assert "deferred · budget" in same_window  # the lower limit exhausts the window now
+    assert "Deferred · window used up" in same_window  # the lower limit exhausts the window now
     assert "starts a new window" not in same_window
     other_zone = client.post(
         "/budgets/agent/inbox",
@@ -173,3 +173,28 @@ def test_the_usage_history_is_an_inline_svg_of_used_refused_and_the_limit(
     assert "4 used, 2 refused, limit 4" in svg
     assert "2 refusals in all" in svg
     assert "<script" not in html.split("<main")[1].split("</main>")[0]
+
+
+def test_every_wrong_field_is_named_in_one_submit_by_its_label(personas: Personas) -> None:
+    client = signed_in(personas.owner)
+    form = policy_form(max_in_flight="-3", window_tz="Mars/Olympus_Mons", window_start="25:99")
+    response = client.post("/budgets/agent/inbox", form)
+    html = response.content.decode()
+    assert response.status_code == 400
+    assert "3 fields to correct" in html
+    assert '<a href="#id_max_in_flight">Max in flight</a>:' in html
+    assert '<a href="#id_window_tz">Zone</a>: &#x27;Mars/Olympus_Mons&#x27; is not a known' in html
+    assert '<a href="#id_window_start">Start</a>: must be HH:MM' in html
+    assert "window.tz" not in html and "max_in_flight must" not in html
+    assert 'id="id_window_tz-error"' in html and 'id="id_window_start-error"' in html
+    assert not AdmissionPolicy.objects.exists()
+
+
+def test_a_number_that_is_not_one_and_a_bad_zone_are_both_named(personas: Personas) -> None:
+    client = signed_in(personas.owner)
+    html = client.post(
+        "/budgets/agent/inbox", policy_form(max_in_flight="two", window_tz="Nowhere")
+    ).content.decode()
+    assert '<a href="#id_max_in_flight">Max in flight</a>: Enter a whole number.' in html
+    assert '<a href="#id_window_tz">Zone</a>:' in html
+    assert 'list="zones"' in html and '<datalist id="zones">' in html

@@ -53,7 +53,22 @@ def test_the_fingerprint_moves_with_what_the_viewer_sees_and_only_that(personas:
     assert live.fingerprint_now(owner, everything) != before_pause
 
 
-def test_a_change_sends_only_the_parts_that_changed_and_announces_a_new_condition(
+def test_a_change_sends_only_the_parts_that_changed(personas: Personas) -> None:
+    p = personas
+    push(p, 2)
+    request, viewer = _viewer(p.owner)
+    filters = Filters()
+    before = live.render_board(request, viewer, filters, "/", "token")
+    first = live.changes(None, before)
+    assert [data["target"] for _, data in first] == ["sections", "fleet-summary"]
+    push(p, 1)
+    after = live.render_board(request, viewer, filters, "/", "token")
+    events = live.changes(before, after)
+    assert {data["target"] for _, data in events} == {"head-agent--inbox", "cards-agent--inbox"}
+    assert live.changes(after, live.render_board(request, viewer, filters, "/", "token")) == []
+
+
+def test_a_queue_in_trouble_moves_to_the_top_and_its_new_condition_is_announced(
     personas: Personas,
 ) -> None:
     p = personas
@@ -61,16 +76,14 @@ def test_a_change_sends_only_the_parts_that_changed_and_announces_a_new_conditio
     request, viewer = _viewer(p.owner)
     filters = Filters()
     before = live.render_board(request, viewer, filters, "/", "token")
-    first = live.changes(None, before)
-    assert [(name, data["target"]) for name, data in first] == [("swap", "sections")]
     pauses.queue_pause(actor=p.as_human(p.admin), queue="outbox", reason="maint")
     after = live.render_board(request, viewer, filters, "/", "token")
+    assert after.keys[0] == "agent--outbox" != before.keys[0]
     events = live.changes(before, after)
-    targets = {data["target"] for name, data in events if name == "swap"}
-    assert targets == {"head-agent--outbox"}  # owners have no pause control to change
+    targets = [data["target"] for name, data in events if name == "swap"]
+    assert targets == ["sections", "fleet-summary"]
     announced = [data["text"] for name, data in events if name == "announce"]
     assert announced == ["agent / outbox: Paused"]
-    assert live.changes(after, live.render_board(request, viewer, filters, "/", "token")) == []
 
 
 def test_a_new_queue_identity_resends_the_whole_list(personas: Personas) -> None:
@@ -79,8 +92,9 @@ def test_a_new_queue_identity_resends_the_whole_list(personas: Personas) -> None
     before = live.render_board(request, viewer, Filters(), "/", "token")
     budget(p, "brand-new", max_in_flight=1)
     after = live.render_board(request, viewer, Filters(), "/", "token")
-    (event,) = live.changes(before, after)
+    event, summary = live.changes(before, after)
     assert event[1]["target"] == "sections" and "head-agent--brand-new" in event[1]["html"]
+    assert summary[1]["target"] == "fleet-summary" and "<strong>5</strong>" in summary[1]["html"]
 
 
 def test_the_stream_is_for_signed_in_viewers(tx_personas: Personas) -> None:
@@ -145,3 +159,15 @@ def test_the_stream_pushes_a_change_made_elsewhere(tx_personas: Personas) -> Non
 
     events = asyncio.run(watch())
     assert ("announce", {"text": "agent / inbox: Paused"}) in events
+
+
+def test_a_change_within_sections_renders_only_their_parts(personas: Personas) -> None:
+    p = personas
+    request, viewer = _viewer(p.owner)
+    before = live.render_board(request, viewer, Filters(), "/", "token")
+    push(p, 1)
+    after = live.render_board(request, viewer, Filters(), "/", "token", before)
+    assert after.list_html == "" and after.parts != before.parts
+    budget(p, "brand-new", max_in_flight=1)
+    grown = live.render_board(request, viewer, Filters(), "/", "token", after)
+    assert "head-agent--brand-new" in grown.list_html

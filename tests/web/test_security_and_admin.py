@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from django.contrib.auth.models import Permission
 from django.test import Client
@@ -184,3 +185,12 @@ def test_budgets_changed_in_the_admin_go_through_the_service_and_the_ledger(
     kinds = list(LedgerEntry.objects.values_list("kind", flat=True))
     assert kinds == ["policy.create", "policy.update", "policy.delete"]
     assert not AdmissionWindow.objects.exists()
+
+
+def test_the_admins_static_files_are_served_without_collectstatic(settings: Any) -> None:
+    settings.DEBUG = False  # production: nothing but WhiteNoise serves /static/
+    css = Client().get("/static/admin/css/base.css")
+    assert css.status_code == 200
+    assert css["Content-Type"].startswith("text/css")
+    assert b"".join(css.streaming_content) if css.streaming else css.content  # type: ignore[attr-defined]
+    assert Client().get("/static/admin/css/no-such-file.css").status_code == 404

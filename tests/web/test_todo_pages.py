@@ -17,7 +17,7 @@ def test_the_todo_page_shows_payload_attempts_and_admission(personas: Personas) 
     services.claim(actor=p.as_human(), todo_id=first.id)
     html = signed_in(p.owner).get(f"/todos/{second.id}?next=/%3Fqueue%3Dinbox").content.decode()
     assert "&quot;ticket&quot;: 42" in html
-    assert "deferred · budget · eligible" in html
+    assert "Deferred · window used up · eligible" in html
     assert "Never claimed." in html
     assert 'href="/?queue=inbox"' in html  # back to where the viewer came from
     claimed = signed_in(p.owner).get(f"/todos/{first.id}").content.decode()

@@ -9,6 +9,7 @@ from typing import Any
 from django import template
 from django.utils import timezone
 
+from queues import conditions
 from switchboard.console.board import REASON_TEXT
 
 register = template.Library()
@@ -60,6 +61,29 @@ def reason_text(reason: str | None) -> str:
     if not reason:
         return ""
     return REASON_TEXT.get(reason, reason.replace("_", " "))
+
+
+@register.filter
+def status_text(status: dict[str, Any] | None) -> str:
+    """A budget's derived status ({state, reason}) in the words of ``queues.conditions``."""
+    if not status:
+        return ""
+    if status.get("state") != "deferred":
+        return "Admitted"
+    return reason_text(status.get("reason"))
+
+
+@register.filter
+def status_tone(status: dict[str, Any] | None) -> str:
+    condition = conditions.for_reason((status or {}).get("reason"))
+    if not status or status.get("state") != "deferred" or condition is None:
+        return "admitted"
+    return conditions.TONE[condition]
+
+
+@register.filter
+def condition_tone(condition: conditions.Condition) -> str:
+    return conditions.TONE[condition]
 
 
 @register.filter

@@ -1,0 +1,79 @@
+"""axe-core (bundled by axe-playwright-python, nothing fetched at run time) on every console
+page, at 1440 and 390 px, with JavaScript on and off: no critical and no serious findings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from axe_playwright_python.sync_playwright import Axe
+from playwright.sync_api import Page, expect
+
+from tests.browser.conftest import PHONE, WIDTHS, Session
+from tests.browser.helpers import console_pages, small_fleet
+from tests.conftest import Personas
+
+AXE = Axe()
+BLOCKING = {"critical", "serious"}
+
+
+def findings(page: Page) -> list[str]:
+    """Critical and serious violations on the page, one line each (rule, impact, where)."""
+    results: Any = AXE.run(page)
+    out = []
+    for violation in results.response["violations"]:
+        if violation.get("impact") in BLOCKING:
+            targets = [", ".join(node["target"]) for node in violation["nodes"][:3]]
+            out.append(f"{violation['id']} ({violation['impact']}): {targets}")
+    return out
+
+
+@pytest.mark.parametrize("javascript", [True, False], ids=["js", "nojs"])
+@pytest.mark.parametrize("width", WIDTHS)
+def test_every_page_has_no_serious_accessibility_findings(
+    session: Session, tx_personas: Personas, width: int, javascript: bool
+) -> None:
+    p = tx_personas
+    fleet = small_fleet(p)
+    # axe itself needs JavaScript (its run resolves a promise), so "JS off" is the page with
+    # none of its own scripts: every script request is refused, leaving the server's HTML as is.
+    page = session.page(p.admin, width=width)
+    if not javascript:
+        page.route("**/*.js", lambda route: route.abort())
+    found = {}
+    for url in [*console_pages(p, fleet), "/?q=todo", "/?condition=dead_letters"]:
+        page.goto(url)
+        found[url] = findings(page)
+    if width == PHONE:
+        page.goto("/")
+        page.get_by_text("Menu", exact=True).click()
+        found["/ (menu open)"] = findings(page)
+    assert {url: f for url, f in found.items() if f} == {}
+
+
+def test_the_sign_in_page_has_no_serious_accessibility_findings(
+    session: Session, transactional_db: None
+) -> None:
+    page = session.browser.new_page(base_url=session.base)
+    try:
+        page.goto("/login/")
+        assert findings(page) == []
+    finally:
+        page.close()
+
+
+def test_skip_links_take_the_keyboard_past_the_top_bar_and_past_the_queues(
+    session: Session, tx_personas: Personas
+) -> None:
+    small_fleet(tx_personas)
+    page = session.page(tx_personas.admin)
+    page.goto("/")
+    page.keyboard.press("Tab")
+    expect(page.get_by_role("link", name="Skip to content")).to_be_focused()
+    page.keyboard.press("Enter")
+    page.keyboard.press("Tab")
+    expect(page.locator("#fleet-summary a").first).to_be_focused()
+    skip = page.get_by_role("link", name="Skip past the queues")
+    skip.focus()
+    page.keyboard.press("Enter")
+    expect(page.locator("#drawer-end")).to_be_focused()

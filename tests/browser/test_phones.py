@@ -1,0 +1,85 @@
+"""The console on a phone (390 px) and a laptop (1440 px): nothing scrolls sideways, the top bar
+folds into a menu (a <details>, so JavaScript is not needed), the drawer is a full-screen sheet."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.browser.conftest import DESKTOP, PHONE, WIDTHS, Session, screenshot
+from tests.browser.helpers import console_pages, small_fleet
+from tests.conftest import Personas
+
+
+def sideways_overflow(page: Page) -> int:
+    """How many pixels the page is wider than the window (0 when it does not scroll sideways)."""
+    return int(
+        page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    )
+
+
+@pytest.mark.parametrize("javascript", [True, False], ids=["js", "nojs"])
+@pytest.mark.parametrize("width", WIDTHS)
+def test_no_page_scrolls_sideways(
+    session: Session, tx_personas: Personas, width: int, javascript: bool
+) -> None:
+    p = tx_personas
+    fleet = small_fleet(p)
+    page = session.page(p.admin, width=width, javascript=javascript)
+    for url in console_pages(p, fleet):
+        page.goto(url)
+        assert sideways_overflow(page) == 0, url
+    page.goto("/")
+    screenshot(page, f"board-small-{width}-{'js' if javascript else 'nojs'}")
+
+
+@pytest.mark.parametrize("javascript", [True, False], ids=["js", "nojs"])
+def test_on_a_phone_the_top_bar_folds_into_a_menu(
+    session: Session, tx_personas: Personas, javascript: bool
+) -> None:
+    page = session.page(tx_personas.admin, width=PHONE, javascript=javascript)
+    page.goto("/")
+    nav = page.get_by_role("navigation", name="Console")
+    expect(nav).to_be_hidden()
+    page.get_by_text("Menu", exact=True).click()
+    expect(nav).to_be_visible()
+    nav.get_by_role("link", name="Ledger").click()
+    expect(page.get_by_role("heading", level=1)).to_contain_text("Ledger")
+    expect(page.get_by_role("button", name="Sign out")).to_be_hidden()
+    page.get_by_text("Menu", exact=True).click()
+    expect(page.get_by_role("button", name="Sign out")).to_be_visible()
+    # Everything in the open menu stays on the bar, inside the window.
+    box = page.locator(".topbar").bounding_box()
+    assert box is not None and box["width"] <= PHONE
+    screenshot(page, f"menu-open-{PHONE}-{'js' if javascript else 'nojs'}")
+
+
+def test_on_a_laptop_the_top_bar_shows_everything_without_a_menu(
+    session: Session, tx_personas: Personas
+) -> None:
+    page = session.page(tx_personas.admin, width=DESKTOP)
+    page.goto("/")
+    expect(page.get_by_text("Menu", exact=True)).to_be_hidden()
+    expect(page.get_by_role("navigation", name="Console")).to_be_visible()
+    expect(page.get_by_role("button", name="Sign out")).to_be_visible()
+    box = page.locator(".topbar").bounding_box()
+    assert box is not None and box["height"] < 60  # one line
+
+
+def test_on_a_phone_the_drawer_is_a_full_screen_sheet(
+    session: Session, tx_personas: Personas
+) -> None:
+    p = tx_personas
+    small_fleet(p)
+    page = session.page(p.owner, width=PHONE)
+    page.goto("/?queue=inbox")
+    page.locator(".card-title").first.click()
+    drawer = page.locator("#drawer")
+    expect(drawer.get_by_role("heading", level=2)).to_be_visible()
+    box = drawer.bounding_box()
+    assert box is not None
+    assert (box["x"], box["y"], box["width"]) == (0, 0, PHONE)
+    assert sideways_overflow(page) == 0
+    screenshot(page, f"drawer-{PHONE}")
+    drawer.get_by_role("link", name="Close").click()
+    expect(drawer).to_be_empty()
