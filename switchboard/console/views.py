@@ -23,7 +23,7 @@ from admission import selectors as admission_selectors
 from queues import pauses, selectors, services
 from queues.access import Viewer, refuse_auditors, visible_endpoints
 from queues.forms import PauseForm, TimezoneForm, TodoCompleteForm, TodoFailForm
-from queues.models import QUARANTINE_QUEUE, QueuePause, TodoState, check_queue_name
+from queues.models import QUARANTINE_QUEUE, TodoState, check_queue_name
 from switchboard.console import board, live
 from switchboard.console.board import Filters
 from switchboard.core.errors import DomainError, Forbidden, InvalidArgument, NotFound
@@ -99,7 +99,7 @@ def _queue_context(
 ) -> dict[str, Any]:
     filters = Filters(queue=name)
     found = board.sections(viewer, filters)
-    pause = selectors_pause(name)
+    pause = selectors.pause_of(name)
     here = reverse("queue", args=[name])
     return {
         "viewer": viewer,
@@ -116,11 +116,6 @@ def _queue_context(
         "live_url": live.live_url(viewer, filters, here),
         "nav": "queues",
     }
-
-
-def selectors_pause(name: str) -> pauses.PauseInfo | None:
-    row = QueuePause.objects.select_related("paused_by").filter(queue=name).first()
-    return pauses.PauseInfo.of(row) if row else None
 
 
 @require_GET
@@ -223,7 +218,7 @@ def _todo_context(request: HttpRequest, viewer: Viewer, todo_id: UUID) -> dict[s
             "usage": admission_selectors.usage(evaluation),
             "posture": evaluation.policy.posture,
         }
-    pause = selectors_pause(todo.queue)
+    pause = selectors.pause_of(todo.queue)
     can_act = viewer.can_act(todo.endpoint)
     back = safe_next(request, reverse("board"))
     return {
