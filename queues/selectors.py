@@ -45,6 +45,9 @@ def todos_for(
         )
     qs: QuerySet[Todo] = Todo.objects.filter(todo_scope(actor)).select_related("endpoint")
     if isinstance(actor, AgentActor):
+        if queue is not None:
+            # As every other verb answers a queue outside the scope (not an empty page).
+            access.check_scope(actor, queue)
         qs = qs.filter(queue__in=actor.endpoint.scope_queues)
     if endpoint is not None:
         qs = qs.filter(endpoint=endpoint)
