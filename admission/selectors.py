@@ -25,7 +25,7 @@ from admission.models import AdmissionPolicy, AdmissionWindow, DeferralReason
 from queues import access
 from queues.access import Actor, AgentActor, HumanActor
 from queues.models import QUARANTINE_QUEUE, Endpoint, Todo, TodoState
-from switchboard.core.errors import Forbidden, InvalidArgument, NotFound
+from switchboard.core.errors import InvalidArgument, NotFound
 from switchboard.ledger.models import LedgerEntry
 
 HISTORY_WINDOWS = 30
@@ -448,8 +448,7 @@ def admission_status(actor: AgentActor, queue: str | None = None) -> list[dict[s
     endpoint = actor.endpoint
     queues = [q for q in endpoint.scope_queues if q != QUARANTINE_QUEUE]
     if queue is not None:
-        if queue not in endpoint.scope_queues:
-            raise Forbidden(f"queue {queue!r} is not in this endpoint's scope", queue=queue)
+        access.check_scope(actor, queue)
         queues = [queue]
     policies = {
         p.queue: p

@@ -37,12 +37,12 @@ from admission.models import (
     Weekday,
     WindowPeriod,
 )
-from queues import wakes
+from queues import access, wakes
 from queues.access import Actor, AgentActor
 from queues.claimable import CLAIMABLE
 from queues.models import QUARANTINE_QUEUE, Endpoint, EndpointState, Verb, check_queue_name
 from switchboard.core import counters, ratelimit
-from switchboard.core.errors import Conflict, Forbidden, InvalidArgument, NotFound, RateLimited
+from switchboard.core.errors import Conflict, InvalidArgument, NotFound, RateLimited
 from switchboard.ledger import chain as ledger
 from switchboard.ledger.models import LedgerKind
 
@@ -204,16 +204,6 @@ def _ledger_actor(actor: Actor, endpoint: Endpoint) -> ledger.Actor:
     )
 
 
-def _check_agent(actor: Actor, queue: str, verb: str) -> None:
-    """An agent changes only its own endpoint's scoped queues, and only with the verb granted."""
-    if not isinstance(actor, AgentActor):
-        return
-    if not actor.endpoint.holds(verb):
-        raise Forbidden(f"this endpoint's grant does not include {verb}", verb=verb)
-    if queue not in actor.endpoint.scope_queues:
-        raise Forbidden(f"queue {queue!r} is not in this endpoint's scope", queue=queue)
-
-
 def _take_write_token(actor: Actor) -> None:
     rate, burst = settings.POLICY_WRITE_RATE_LIMIT
     if isinstance(actor, AgentActor):
@@ -246,7 +236,7 @@ def policy_set(
     A write that changes nothing stores nothing and appends no ledger row.
     """
     target = selectors.endpoint_for(actor, endpoint, write=True)  # 1
-    _check_agent(actor, queue, Verb.SET_ADMISSION_POLICY)
+    access.check_policy_write(actor, target, queue, Verb.SET_ADMISSION_POLICY)
     if target.state != EndpointState.ACTIVE:
         raise Conflict("the endpoint is revoked; its budgets can only be cleared")
     spec = clean_policy(  # 2
@@ -345,7 +335,7 @@ def _constraint_refusal(exc: IntegrityError) -> InvalidArgument:
 def policy_clear(*, actor: Actor, endpoint: Endpoint | str, queue: str) -> dict[str, Any]:
     """Remove a queue identity's budget; the ledger keeps its history. Returns what was removed."""
     target = selectors.endpoint_for(actor, endpoint, write=True)
-    _check_agent(actor, queue, Verb.CLEAR_ADMISSION_POLICY)
+    access.check_policy_write(actor, target, queue, Verb.CLEAR_ADMISSION_POLICY)
     _take_write_token(actor)
     with transaction.atomic():
         existing = _lock(target, queue)

@@ -33,7 +33,7 @@ from admission import selectors as admission_selectors
 from admission.forms import LedgerFilterForm, PolicyForm
 from admission.models import AdmissionPolicy, AdmissionWindow
 from queues.access import Viewer
-from queues.models import QUARANTINE_QUEUE, Endpoint, Todo, TodoState, check_queue_name
+from queues.models import Endpoint, Todo, TodoState, check_queue_name
 from switchboard.core.errors import DomainError, Forbidden, InvalidArgument, NotFound
 from switchboard.core.pages import HtmxHttpRequest, console_login_required, identity_key, refusal
 from switchboard.core.zones import zone_named, zones
@@ -130,10 +130,10 @@ def budget_view(request: HttpRequest, slug: str, queue: str) -> HttpResponse:
     except (NotFound, InvalidArgument) as exc:
         return refusal(request, NotFound(exc.message))
     policy = _policy(endpoint, queue)
-    can_write = viewer.can_write_budget(endpoint) and queue != QUARANTINE_QUEUE
+    can_write = viewer.can_write_budget(endpoint, queue)
     context: dict[str, Any] = {}
     if request.method == "POST":
-        if not viewer.writes or not can_write:
+        if not can_write:
             return refusal(request, Forbidden("you may read this budget but not change it"))
         form = PolicyForm(request.POST)
         if not form.is_valid():
@@ -193,7 +193,7 @@ def _budget_context(
         "window_description": admission_selectors.describe_window(policy) if policy else None,
         "policy_zone": zone_named(policy.window_tz)[1] if policy and policy.window_tz else None,
         "form": form,
-        "can_write": can_write and viewer.writes,
+        "can_write": can_write,
         "zones": zones(),
         "chart": usage_chart(history, policy) if policy is not None else None,
         "history": history,
@@ -223,7 +223,7 @@ def budget_clear_view(request: HttpRequest, slug: str, queue: str) -> HttpRespon
         endpoint = _identity(request, viewer, slug, queue)
     except (NotFound, InvalidArgument) as exc:
         return refusal(request, NotFound(exc.message))
-    if not viewer.writes or not viewer.can_write_budget(endpoint):
+    if not viewer.can_write_budget(endpoint, queue):
         return refusal(request, Forbidden("you may read this budget but not change it"))
     policy = _policy(endpoint, queue)
     if policy is None:

@@ -19,8 +19,8 @@ from uuid import UUID
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 
-from queues.models import Endpoint, EndpointState
-from switchboard.core.errors import Forbidden
+from queues.models import QUARANTINE_QUEUE, Endpoint, EndpointState
+from switchboard.core.errors import Conflict, Forbidden, NotFound
 from switchboard.core.pages import TZ_COOKIE, refusal
 from switchboard.core.zones import zone_named
 
@@ -87,6 +87,27 @@ class HumanActor:
 
 Actor = AgentActor | HumanActor
 
+
+@dataclass(frozen=True)
+class SystemActor:
+    """No human acts: the machine operator's shell without ``--as``, the demo seed, a fixture.
+
+    Writes made so pass no access check (whoever runs the process owns the database) and land
+    in the ledger under ``system:<via>``, so every change has a row and a named actor.
+    """
+
+    via: str = "system"
+
+    @property
+    def label(self) -> str:
+        return f"system:{self.via}"
+
+
+def human_or_system(user: Any, via: str) -> HumanActor | SystemActor:
+    """The named human acting through ``via``, or the system when no human is named."""
+    return HumanActor(user, via=via) if user is not None else SystemActor(via=via)
+
+
 AUDITORS_GROUP = "auditors"
 PAUSE_PERMISSION = "queues.pause_queue"
 
@@ -115,8 +136,62 @@ def acting_endpoint_ids(actor: Actor) -> list[UUID]:
     return list(qs.values_list("id", flat=True))
 
 
-def can_pause(actor: HumanActor) -> bool:
-    return actor.can_pause
+def can_pause(actor: Actor) -> bool:
+    """Whether this actor may pause and resume queues (agents never; auditors never, unless
+    superusers). The API, the pages, the admin and the CLI all ask this."""
+    return isinstance(actor, HumanActor) and actor.can_pause
+
+
+def check_pause(actor: Actor) -> None:
+    if not isinstance(actor, HumanActor):
+        raise Forbidden("only a human operator pauses or resumes a queue")
+    if not actor.can_pause:
+        raise Forbidden("pausing and resuming queues needs the queues.pause_queue permission")
+
+
+def check_writes(actor: Actor, refusal: str = "auditors read; they do not change anything") -> None:
+    """Auditors read and change nothing (agents' writes are scoped by the other checks)."""
+    if isinstance(actor, HumanActor) and not actor.writes:
+        raise Forbidden(refusal)
+
+
+def check_acts_for(actor: HumanActor, user: Any, refusal: str) -> None:
+    """A human writes for themself; only a superuser writes for someone else (vend an endpoint
+    they will own, make or revoke their token, give them an endpoint)."""
+    check_writes(actor)
+    if not actor.is_superuser and getattr(user, "pk", None) != getattr(actor.user, "pk", None):
+        raise Forbidden(refusal)
+
+
+def check_scope(actor: Actor, queue: str) -> None:
+    """An agent reaches only the queues in its endpoint's scope (humans are scoped by endpoint)."""
+    if isinstance(actor, AgentActor) and queue not in actor.endpoint.scope_queues:
+        raise Forbidden(f"queue {queue!r} is not in this endpoint's scope", queue=queue)
+
+
+def check_grant(actor: Actor, verb: str) -> None:
+    """An agent uses only the verbs its endpoint's grant holds."""
+    if isinstance(actor, AgentActor) and not actor.endpoint.holds(verb):
+        raise Forbidden(f"this endpoint's grant does not include {verb}", verb=verb)
+
+
+def may_change_policy(actor: Actor, endpoint: Endpoint, queue: str) -> bool:
+    """Whether this actor may set or clear the budget of (endpoint, queue): the endpoint's owner
+    or a superuser (never an auditor); an agent on its own endpoint and in scope (its grant is
+    checked per verb by ``check_policy_write``). The quarantine queue never has a budget."""
+    if queue == QUARANTINE_QUEUE:
+        return False
+    if isinstance(actor, AgentActor):
+        return endpoint.id == actor.endpoint.id and queue in actor.endpoint.scope_queues
+    return actor.may_change(endpoint)
+
+
+def check_policy_write(actor: Actor, endpoint: Endpoint, queue: str, verb: str) -> None:
+    """Refuse a budget write the actor may not make: an endpoint they may not read is not found
+    (``check_endpoint``, called first by the lookup); here auditors, grants and scope."""
+    check_writes(actor, "auditors read budgets; they do not change them")
+    check_grant(actor, verb)
+    check_scope(actor, queue)
 
 
 def sees_fleet(actor: HumanActor) -> bool:
@@ -157,6 +232,27 @@ def check_endpoint(
         return
     if not actor.owns(endpoint):
         raise missing
+
+
+def may_act(actor: HumanActor, endpoint: Endpoint) -> bool:
+    """Whether this human may act on the endpoint's todos (create, claim, retry, release): an
+    active endpoint they own, or any active one for a superuser; never an auditor."""
+    return endpoint.state == EndpointState.ACTIVE and actor.may_change(endpoint)
+
+
+def check_todo_write(actor: Actor, endpoint: Endpoint) -> None:
+    """Refuse a todo write on ``endpoint``: an agent's other endpoint is not found; a human
+    needs ``may_act`` (a revoked endpoint is a conflict, not a refusal)."""
+    if isinstance(actor, AgentActor):
+        if actor.endpoint.id != endpoint.id:
+            raise NotFound("no such endpoint")
+        return
+    if actor.is_superuser:
+        return
+    if not actor.may_change(endpoint):
+        raise Forbidden("only the endpoint's owner may change its todos")
+    if endpoint.state != EndpointState.ACTIVE:
+        raise Conflict("the endpoint is revoked")
 
 
 def ledger_q(actor: HumanActor) -> Q:
@@ -220,15 +316,13 @@ class Viewer:
     def owns(self, endpoint: Endpoint) -> bool:
         return self.actor.owns(endpoint)
 
-    def can_write_budget(self, endpoint: Endpoint) -> bool:
-        """Whether to offer the budget editor; ``admission.services.policy_set`` decides."""
-        return self.actor.may_change(endpoint)
+    def can_write_budget(self, endpoint: Endpoint, queue: str) -> bool:
+        """Whether to offer (and accept at a page) the budget editor: ``may_change_policy``."""
+        return may_change_policy(self.actor, endpoint, queue)
 
     def can_act(self, endpoint: Endpoint) -> bool:
         """Whether to offer todo actions; the todo services decide."""
-        if endpoint.state != EndpointState.ACTIVE:
-            return False
-        return self.actor.may_change(endpoint)
+        return may_act(self.actor, endpoint)
 
 
 def refuse_auditors(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:

@@ -13,7 +13,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 
-from queues import pauses, services
+from queues import access, pauses, services
 from queues.access import HumanActor
 from queues.models import (
     BASIC_VERBS,
@@ -338,7 +338,7 @@ class QueuePauseAdmin(admin.ModelAdmin):
     actions = ["resume"]
 
     def _may_pause(self, request: HttpRequest) -> bool:
-        return _actor(request).can_pause
+        return access.can_pause(_actor(request))
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return self._may_pause(request)

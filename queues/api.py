@@ -43,7 +43,7 @@ from queues.schemas import (
 )
 from queues.selectors import MAX_PAGE
 from switchboard.core import verbs
-from switchboard.core.errors import Forbidden, InvalidArgument, NotFound
+from switchboard.core.errors import InvalidArgument, NotFound
 from switchboard.core.http import ErrorOut
 
 # --- agent verbs ------------------------------------------------------------------------------
@@ -123,8 +123,7 @@ WRITE_ERRORS = (400, 401, 403, 404, 409, 413)
 
 
 def _refuse_auditor(actor: HumanActor) -> None:
-    if not actor.writes:
-        raise Forbidden("auditors read; they do not change endpoints or todos")
+    access.check_writes(actor, "auditors read; they do not change endpoints or todos")
 
 
 def _visible_endpoints(actor: HumanActor) -> Any:
@@ -149,8 +148,7 @@ def vend(request: HttpRequest, data: VendIn) -> Any:
     _refuse_auditor(actor)
     owner: Any = actor.user
     if data.owner is not None and data.owner != actor.user.get_username():
-        if not actor.is_superuser:
-            raise Forbidden("only a superuser may vend an endpoint for someone else")
+        access.check_acts_for(actor, None, "only a superuser may vend an endpoint for someone else")
         owner = get_user_model().objects.filter(username=data.owner).first()
         if owner is None:
             raise InvalidArgument(f"no user named {data.owner!r}", field="owner")

@@ -98,7 +98,7 @@ def list_queues(request: HttpRequest) -> QueueListOut:
                 counts=QueueCountsOut(**s.counts),
                 dead_letter=s.dead_letter,
                 oldest_pending_seconds=s.oldest_pending_seconds,
-                paused=_pause_out(pauses.PauseInfo.of(s.paused)) if s.paused else None,
+                paused=_pause_out(s.paused) if s.paused else None,
                 condition=s.condition,
                 conditions=s.conditions,
             )
@@ -139,5 +139,5 @@ def resume_queue(request: HttpRequest, queue: str) -> ResumeOut:
     )
 
 
-def _pause_out(info: pauses.PauseInfo) -> PauseInfoOut:
+def _pause_out(info: selectors.PauseInfo) -> PauseInfoOut:
     return PauseInfoOut(reason=info.reason, by=info.by, at=info.at)

@@ -26,17 +26,17 @@ out nothing, which is the safe direction.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from django.db import OperationalError, connection, transaction
 
-from queues import selectors, sql, wakes
+from queues import access, selectors, sql, wakes
 from queues.access import HumanActor
 from queues.models import QUARANTINE_QUEUE, QueuePause, check_queue_name
+from queues.selectors import PauseInfo
 from switchboard.core import validation
-from switchboard.core.errors import Conflict, Forbidden, InvalidArgument, NotFound
+from switchboard.core.errors import Conflict, InvalidArgument, NotFound
 from switchboard.ledger import chain as ledger
 from switchboard.ledger.models import LedgerKind
 
@@ -45,25 +45,6 @@ MAX_REASON = 500
 # transaction is one statement, so this is generous; tests shorten it).
 LOCK_TIMEOUT = "5s"
 RESUMED = "resumed"
-
-
-@dataclass(frozen=True)
-class PauseInfo:
-    """A pause as every surface renders it: ``{reason, by, at}``."""
-
-    reason: str
-    by: str
-    at: datetime
-
-    @classmethod
-    def of(cls, pause: QueuePause) -> PauseInfo:
-        return cls(reason=pause.reason, by=pause.paused_by.get_username(), at=pause.paused_at)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"reason": self.reason, "by": self.by, "at": self.at}
-
-    def ledger_dict(self) -> dict[str, Any]:
-        return {"reason": self.reason, "by": self.by, "at": self.at.isoformat()}
 
 
 @dataclass(frozen=True)
@@ -102,10 +83,7 @@ class ResumeResult:
 
 
 def _check_actor(actor: HumanActor) -> None:
-    if not isinstance(actor, HumanActor):
-        raise Forbidden("only a human operator pauses or resumes a queue")
-    if not actor.can_pause:
-        raise Forbidden("pausing and resuming queues needs the queues.pause_queue permission")
+    access.check_pause(actor)
 
 
 def _check_queue(queue: str) -> str:

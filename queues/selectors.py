@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -15,7 +16,7 @@ from queues import access, conditions, gates, sql
 from queues.access import Actor, AgentActor, HumanActor, todo_scope
 from queues.conditions import Condition
 from queues.models import QUARANTINE_QUEUE, Endpoint, QueuePause, Todo, TodoState
-from switchboard.core.errors import Forbidden, InvalidArgument, NotFound
+from switchboard.core.errors import InvalidArgument, NotFound
 
 MAX_PAGE = 200
 
@@ -45,9 +46,9 @@ def todos_for(
         )
     qs: QuerySet[Todo] = Todo.objects.filter(todo_scope(actor)).select_related("endpoint")
     if isinstance(actor, AgentActor):
-        if queue is not None and queue not in actor.endpoint.scope_queues:
+        if queue is not None:
             # As every other verb answers a queue outside the scope (not an empty page).
-            raise Forbidden(f"queue {queue!r} is not in this endpoint's scope", queue=queue)
+            access.check_scope(actor, queue)
         qs = qs.filter(queue__in=actor.endpoint.scope_queues)
     if endpoint is not None:
         qs = qs.filter(endpoint=endpoint)
@@ -88,8 +89,41 @@ def admission_for(todos: list[Todo]) -> dict[UUID, dict[str, Any]]:
     }
 
 
+@dataclass(frozen=True)
+class PauseInfo:
+    """A pause, the one shape every surface shows: the API (``PauseInfoOut``), the board, the
+    queue and todo pages, the CLI's --json, the ledger and list_todos' ``paused_queues``."""
+
+    reason: str
+    by: str
+    at: datetime
+
+    @classmethod
+    def of(cls, pause: QueuePause) -> PauseInfo:
+        return cls(reason=pause.reason, by=pause.paused_by.get_username(), at=pause.paused_at)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"reason": self.reason, "by": self.by, "at": self.at}
+
+    def ledger_dict(self) -> dict[str, Any]:
+        return {"reason": self.reason, "by": self.by, "at": self.at.isoformat()}
+
+
+def pauses_of(queues: Iterable[str] | None = None) -> dict[str, PauseInfo]:
+    """The pauses in force, by queue name (of ``queues``, or all): the one read of pauses."""
+    rows = QueuePause.objects.select_related("paused_by").order_by("queue")
+    if queues is not None:
+        rows = rows.filter(queue__in=list(queues))
+    return {row.queue: PauseInfo.of(row) for row in rows}
+
+
+def pause_of(queue: str) -> PauseInfo | None:
+    return pauses_of([queue]).get(queue)
+
+
 def paused_among(queues: list[str]) -> list[str]:
-    return sorted(QueuePause.objects.filter(queue__in=queues).values_list("queue", flat=True))
+    """The names among ``queues`` that are paused (list_todos' ``paused_queues``)."""
+    return sorted(pauses_of(queues))
 
 
 @dataclass
@@ -98,7 +132,7 @@ class QueueStat:
     counts: dict[str, int] = field(default_factory=dict)
     dead_letter: int = 0
     oldest_pending_at: datetime | None = None
-    paused: QueuePause | None = None
+    paused: PauseInfo | None = None
     # Every condition of the queue name, worst first (``queues.conditions``).
     conditions: list[Condition] = field(default_factory=list)
 
@@ -140,9 +174,9 @@ def queue_stats(
         known.update(scope)
     for name in known:
         stats.setdefault(name, QueueStat(name, dict.fromkeys(TodoState.values, 0)))
-    for pause in QueuePause.objects.select_related("paused_by"):
-        stats.setdefault(pause.queue, QueueStat(pause.queue, dict.fromkeys(TodoState.values, 0)))
-        stats[pause.queue].paused = pause
+    for name, pause in pauses_of().items():
+        stats.setdefault(name, QueueStat(name, dict.fromkeys(TodoState.values, 0)))
+        stats[name].paused = pause
     out = [stats[name] for name in sorted(stats)]
     if with_conditions:
         fill_conditions(out, endpoint_ids)

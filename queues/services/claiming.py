@@ -24,12 +24,12 @@ from uuid import UUID
 
 from django.db import transaction
 
-from queues import gates, metrics, sql
-from queues.access import Actor, AgentActor, HumanActor, acting_endpoint_ids
+from queues import access, gates, metrics, sql
+from queues.access import Actor, AgentActor, acting_endpoint_ids
 from queues.models import QUARANTINE_QUEUE, Endpoint, Todo, check_queue_name
 from queues.services.endpoints import resolve_lease_ttl
 from switchboard.core import availability, tokens, validation
-from switchboard.core.errors import Conflict, Forbidden, InvalidArgument, NotFound
+from switchboard.core.errors import Conflict, InvalidArgument, NotFound
 from switchboard.core.tokens import LEASE_TOKEN_PREFIX, hash_token
 
 
@@ -68,8 +68,7 @@ def claim_next(
     granted = [q for q in endpoint.scope_queues if q != QUARANTINE_QUEUE]
     if queue is not None:
         check_queue_name(queue)
-        if queue not in endpoint.scope_queues:
-            raise Forbidden(f"queue {queue!r} is not in this endpoint's scope", queue=queue)
+        access.check_scope(actor, queue)
         granted = [queue] if queue != QUARANTINE_QUEUE else []
     ttl = resolve_lease_ttl(lease_ttl_seconds, endpoint)
     lease_token, fence_hash = _fence(require_fence)
@@ -160,8 +159,7 @@ def claim(
     Locks the row with FOR UPDATE (waiting for another holder), then the same gates as
     claim_next. A refusing gate answers ``deferred`` and nothing changes.
     """
-    if isinstance(actor, HumanActor) and not actor.writes:
-        raise Forbidden("auditors read; they do not claim")
+    access.check_writes(actor, "auditors read; they do not claim")
     lease_token, fence_hash = _fence(require_fence)
     who = _claimant(actor, claimant)
     refused: _Refused | None = None
@@ -172,8 +170,7 @@ def claim(
         if locked is None:
             raise NotFound("no such todo", id=str(todo_id))
         endpoint = Endpoint.objects.get(pk=locked.endpoint_id)
-        if isinstance(actor, AgentActor) and locked.queue not in endpoint.scope_queues:
-            raise Forbidden(f"queue {locked.queue!r} is not in this endpoint's scope")
+        access.check_scope(actor, locked.queue)
         ttl = resolve_lease_ttl(lease_ttl_seconds, endpoint)
         if locked.paused:
             raise Conflict(

@@ -12,8 +12,8 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from queues import metrics, sql
-from queues.access import HumanActor
+from queues import access, metrics, sql
+from queues.access import HumanActor, SystemActor
 from queues.models import (
     BASIC_VERBS,
     GRANTABLE_VERBS,
@@ -61,17 +61,17 @@ def endpoint_vend(
     burst: int | None = None,
     notify_url: str = "",
     slug: str | None = None,
-    actor: HumanActor | None = None,
+    actor: HumanActor | SystemActor | None = None,
 ) -> tuple[Endpoint, str]:
     """Create an endpoint and its token. The token is returned once and stored only as a hash.
 
-    ``actor`` is the human vending (None: no human acts, as on the command line); only a superuser vends
+    ``actor`` is the human vending (or the system, when no human acts); only a superuser vends
     for someone else. The vend lands in the ledger in the same transaction.
     """
-    if actor is not None:
-        _check_writes(actor)
-        if not actor.is_superuser and getattr(owner, "pk", None) != getattr(actor.user, "pk", None):
-            raise Forbidden("only a superuser may vend an endpoint for someone else")
+    if isinstance(actor, HumanActor):
+        access.check_acts_for(
+            actor, owner, "only a superuser may vend an endpoint for someone else"
+        )
     name = validation.check_text(name or "", "name").strip()
     if not name or len(name) > 200:
         raise InvalidArgument("name is required (at most 200 characters)", field="name")
@@ -131,9 +131,9 @@ def _create_with_free_slug(base: str, chosen: bool, fields: dict[str, Any]) -> E
     raise Conflict("could not find a free slug; name the endpoint differently")
 
 
-def endpoint_revoke(*, endpoint: Endpoint, actor: HumanActor | None = None) -> int:
+def endpoint_revoke(*, endpoint: Endpoint, actor: HumanActor | SystemActor | None = None) -> int:
     """Revoke an endpoint; its live todos are dead-lettered with result endpoint_revoked."""
-    if actor is not None:
+    if isinstance(actor, HumanActor):
         _check_may_change(actor, endpoint)
     with transaction.atomic():
         locked = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
@@ -167,14 +167,12 @@ def endpoint_revoke(*, endpoint: Endpoint, actor: HumanActor | None = None) -> i
 
 
 def human_token_create(
-    *, user: User, name: str = "api", actor: HumanActor | None = None
+    *, user: User, name: str = "api", actor: HumanActor | SystemActor | None = None
 ) -> tuple[HumanToken, str]:
     """A personal token for ``user`` (shown once, stored as a hash). Only a superuser makes one
     for someone else."""
-    if actor is not None:
-        _check_writes(actor)
-        if not actor.is_superuser and user.pk != getattr(actor.user, "pk", None):
-            raise Forbidden("only a superuser may create a token for someone else")
+    if isinstance(actor, HumanActor):
+        access.check_acts_for(actor, user, "only a superuser may create a token for someone else")
     name = (name or "api").strip()[:100]
     token = tokens.mint(HUMAN_TOKEN_PREFIX)
     with transaction.atomic():
@@ -185,11 +183,9 @@ def human_token_create(
     return obj, token
 
 
-def human_token_revoke(*, token: HumanToken, actor: HumanActor | None = None) -> bool:
-    if actor is not None:
-        _check_writes(actor)
-        if not actor.is_superuser and token.user_id != getattr(actor.user, "pk", None):
-            raise Forbidden("only a superuser may revoke someone else's token")
+def human_token_revoke(*, token: HumanToken, actor: HumanActor | SystemActor | None = None) -> bool:
+    if isinstance(actor, HumanActor):
+        access.check_acts_for(actor, token.user, "only a superuser may revoke someone else's token")
     with transaction.atomic():
         updated = HumanToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
             revoked_at=timezone.now()
@@ -205,7 +201,7 @@ _UNSET: Any = object()
 def endpoint_update(
     *,
     endpoint: Endpoint,
-    actor: HumanActor | None = None,
+    actor: HumanActor | SystemActor | None = None,
     name: str = _UNSET,
     owner: User = _UNSET,
     notify_url: str = _UNSET,
@@ -220,10 +216,12 @@ def endpoint_update(
     endpoint to someone else. The change lands in the ledger (before and after) in the same
     transaction.
     """
-    if actor is not None:
+    if isinstance(actor, HumanActor):
         _check_may_change(actor, endpoint)
-        if owner is not _UNSET and owner.pk != endpoint.owner_id and not actor.is_superuser:
-            raise Forbidden("only a superuser may give an endpoint to someone else")
+        if owner is not _UNSET and owner.pk != endpoint.owner_id:
+            access.check_acts_for(
+                actor, owner, "only a superuser may give an endpoint to someone else"
+            )
     changes: dict[str, Any] = {}
     if name is not _UNSET:
         name = validation.check_text(name or "", "name").strip()
@@ -273,13 +271,8 @@ def endpoint_update(
     return endpoint
 
 
-def _check_writes(actor: HumanActor) -> None:
-    if not actor.writes:
-        raise Forbidden("auditors read; they do not change endpoints or todos")
-
-
 def _check_may_change(actor: HumanActor, endpoint: Endpoint) -> None:
-    _check_writes(actor)
+    access.check_writes(actor, "auditors read; they do not change endpoints or todos")
     if not actor.may_change(endpoint):
         raise Forbidden("only the endpoint's owner may change it")
 
@@ -303,16 +296,19 @@ def _audited(endpoint: Endpoint) -> dict[str, Any]:
     }
 
 
-def _ledger_actor(actor: HumanActor) -> ledger.Actor:
+def _ledger_actor(actor: HumanActor | SystemActor) -> ledger.Actor:
+    if isinstance(actor, SystemActor):
+        return ledger.Actor(human_name=actor.label)
     user = actor.user
     return ledger.Actor(human_id=getattr(user, "pk", None), human_name=user.get_username())
 
 
-# The ledger records what humans decide: a change made with no acting human (the machine
-# operator's command line, the demo seed, test fixtures) appends nothing.
+# Every change a surface makes lands in the ledger: a human's under their name, one made with no
+# acting human (the shell without --as, the demo seed) under the system actor's. ``None`` is only
+# for set-up outside the product (test fixtures, benchmarks) and appends nothing.
 def _append(
     kind: str,
-    actor: HumanActor | None,
+    actor: HumanActor | SystemActor | None,
     endpoint: Endpoint,
     before: dict[str, Any] | None,
     after: dict[str, Any] | None,
@@ -328,7 +324,7 @@ def _append(
     )
 
 
-def _append_token(kind: str, actor: HumanActor | None, token: HumanToken) -> None:
+def _append_token(kind: str, actor: HumanActor | SystemActor | None, token: HumanToken) -> None:
     if actor is None:
         return
     ledger.append(

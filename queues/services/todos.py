@@ -15,12 +15,11 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from queues import metrics, sql, wakes
+from queues import access, metrics, sql, wakes
 from queues.access import Actor, AgentActor, HumanActor, acting_endpoint_ids
 from queues.models import (
     LIVE_TODO,
     Endpoint,
-    EndpointState,
     Todo,
     TodoSource,
     TodoState,
@@ -28,7 +27,7 @@ from queues.models import (
 )
 from queues.services.endpoints import resolve_lease_ttl
 from switchboard.core import availability, validation
-from switchboard.core.errors import Conflict, Forbidden, InvalidArgument, NotFound
+from switchboard.core.errors import Conflict, InvalidArgument, NotFound
 from switchboard.core.tokens import hash_token
 
 BACKOFF_BASE_SECONDS = 30
@@ -62,11 +61,10 @@ def todo_create(
     source: str = TodoSource.API,
 ) -> TodoCreated:
     """Put a todo on a queue. A duplicate idempotency key returns the live todo, created=False."""
-    _check_can_write(actor, endpoint)
+    access.check_todo_write(actor, endpoint)
     check_queue_name(queue)
     if queue not in endpoint.scope_queues:
-        if isinstance(actor, AgentActor):
-            raise Forbidden(f"queue {queue!r} is not in this endpoint's scope", queue=queue)
+        access.check_scope(actor, queue)
         # An operator may not strand work where the endpoint can never claim it.
         raise InvalidArgument(
             f"queue {queue!r} is not in endpoint {endpoint.slug}'s scope "
@@ -137,8 +135,7 @@ def _transition(
     attempt: int | None = None,
 ) -> Todo:
     endpoint_ids = acting_endpoint_ids(actor)
-    if isinstance(actor, HumanActor) and not actor.writes:
-        raise Forbidden("auditors read; they do not change todos")
+    access.check_writes(actor, "auditors read; they do not change todos")
     params = {
         **params,
         "id": todo_id,
@@ -306,19 +303,6 @@ def _after_end(todo: Todo, outcome: str | None) -> None:
 # --- operator actions -------------------------------------------------------------------------
 
 
-def _check_can_write(actor: Actor, endpoint: Endpoint) -> None:
-    if isinstance(actor, AgentActor):
-        if actor.endpoint.id != endpoint.id:
-            raise NotFound("no such endpoint")
-        return
-    if actor.is_superuser:
-        return
-    if actor.is_auditor or endpoint.owner_id != getattr(actor.user, "pk", None):
-        raise Forbidden("only the endpoint's owner may change its todos")
-    if endpoint.state != EndpointState.ACTIVE:
-        raise Conflict("the endpoint is revoked")
-
-
 def todo_retry(*, actor: HumanActor, todo_id: UUID) -> Todo:
     """Operator retry: a failed todo (waiting or dead-lettered) back to pending, attempt reset."""
     todo = _operator_todo(actor, todo_id)
@@ -349,6 +333,5 @@ def _operator_todo(actor: HumanActor, todo_id: UUID) -> Todo:
     todo = Todo.objects.select_related("endpoint").filter(pk=todo_id).first()
     if todo is None or not (actor.is_superuser or actor.owns(todo.endpoint)):
         raise NotFound("no such todo", id=str(todo_id))
-    if not actor.writes:
-        raise Forbidden("auditors read; they do not change todos")
+    access.check_writes(actor, "auditors read; they do not change todos")
     return todo

@@ -4,9 +4,10 @@ A section is one queue identity ``(endpoint, queue)``. Everything it shows comes
 selectors: counts per identity (``identity_counts`` here, the per-identity sibling of
 ``queues.selectors.queue_stats``), cards from ``queues.selectors.todos_for``, the chip of a
 waiting todo from ``queues.selectors.admission_for``, the budget strip from
-``admission.selectors.evaluate_policies`` / ``status`` / ``usage``, the pause from ``QueuePause``
-(written only by ``queues.pauses``). The pages (``switchboard/console/views.py``) and the live stream
-(``switchboard/console/live.py``) both render these sections, so they cannot disagree.
+``admission.selectors.evaluate_policies`` / ``status`` / ``usage``, the pause from
+``queues.selectors.pauses_of`` (written only by ``queues.pauses``). The pages
+(``switchboard/console/views.py``) and the live stream (``switchboard/console/live.py``) both
+render these sections, so they cannot disagree.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from queues.models import (
     QUEUE_NAME_RE,
     Endpoint,
     EndpointState,
-    QueuePause,
     Todo,
     TodoState,
 )
@@ -172,7 +172,7 @@ class Section:
     dead_letter: int
     policy: AdmissionPolicy | None = None
     evaluation: engine.Evaluation | None = None
-    pause: QueuePause | None = None
+    pause: selectors.PauseInfo | None = None
     cards: list[Todo] = field(default_factory=list)
     chips: dict[UUID, dict[str, Any]] = field(default_factory=dict)
     next_cursor: str | None = None
@@ -359,12 +359,7 @@ def _all_sections(viewer: Viewer, filters: Filters) -> list[Section]:
     evaluations = admission_selectors.evaluate_policies(policies)
     policy_of = {(p.endpoint_id, p.queue): p for p in policies}
     pairs = _identities(endpoints, counts, policies, filters)
-    pause_of = {
-        p.queue: p
-        for p in QueuePause.objects.select_related("paused_by").filter(
-            queue__in={q for _, q in pairs}
-        )
-    }
+    pause_of = selectors.pauses_of({q for _, q in pairs})
     out: list[Section] = []
     for endpoint, queue in pairs:
         c = counts.get((endpoint.id, queue)) or IdentityCounts(dict.fromkeys(TodoState.values, 0))
@@ -378,7 +373,7 @@ def _all_sections(viewer: Viewer, filters: Filters) -> list[Section]:
             policy=policy,
             evaluation=evaluations.get(policy.id) if policy else None,
             pause=pause_of.get(queue),
-            can_write_budget=viewer.can_write_budget(endpoint) and queue != QUARANTINE_QUEUE,
+            can_write_budget=viewer.can_write_budget(endpoint, queue),
             can_act=viewer.can_act(endpoint),
         )
         section.total = shown_total(section, filters.state)

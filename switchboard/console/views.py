@@ -24,7 +24,7 @@ from queues import conditions, pauses, selectors, services
 from queues.access import Viewer, refuse_auditors, visible_endpoints
 from queues.conditions import Condition
 from queues.forms import PauseForm, TimezoneForm, TodoCompleteForm, TodoFailForm
-from queues.models import QUARANTINE_QUEUE, QueuePause, TodoState, check_queue_name
+from queues.models import QUARANTINE_QUEUE, TodoState, check_queue_name
 from switchboard.console import board, live
 from switchboard.console.board import Filters
 from switchboard.core.errors import DomainError, Forbidden, InvalidArgument, NotFound
@@ -103,7 +103,7 @@ def _queue_context(
     filters = Filters(queue=name)
     view = board.board_view(viewer, filters)
     found = view.sections
-    pause = selectors_pause(name)
+    pause = selectors.pause_of(name)
     here = reverse("queue", args=[name])
     return {
         "viewer": viewer,
@@ -122,11 +122,6 @@ def _queue_context(
         "live_url": live.live_url(viewer, filters, here),
         "nav": "queues",
     }
-
-
-def selectors_pause(name: str) -> pauses.PauseInfo | None:
-    row = QueuePause.objects.select_related("paused_by").filter(queue=name).first()
-    return pauses.PauseInfo.of(row) if row else None
 
 
 @require_GET
@@ -229,7 +224,7 @@ def _todo_context(request: HttpRequest, viewer: Viewer, todo_id: UUID) -> dict[s
             "usage": admission_selectors.usage(evaluation),
             "posture": evaluation.policy.posture,
         }
-    pause = selectors_pause(todo.queue)
+    pause = selectors.pause_of(todo.queue)
     can_act = viewer.can_act(todo.endpoint)
     back = safe_next(request, reverse("board"))
     return {

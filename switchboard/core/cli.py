@@ -62,15 +62,31 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_as_option(parser: argparse.ArgumentParser) -> None:
+    """--as USER on a subcommand that acts as a human only when told to (without it, the system
+    acts: the change passes no access check and lands in the ledger as ``system:cli``)."""
+    parser.add_argument(
+        "--as",
+        dest="as_user",
+        metavar="USER",
+        help="the acting human (default: the system; the ledger records system:cli)",
+    )
+
+
+def named_user(username: str, flag: str) -> AbstractBaseUser:
+    model = get_user_model()
+    user = model._default_manager.filter(**{model.USERNAME_FIELD: username}).first()
+    if user is None:
+        raise usage(f"{flag}: no user named {username!r}")
+    return user
+
+
 def acting_human(username: str | None) -> AbstractBaseUser:
     """The --as user, or the only superuser; a usage error when neither settles it."""
     model = get_user_model()
     users = model._default_manager
     if username:
-        user = users.filter(**{model.USERNAME_FIELD: username}).first()
-        if user is None:
-            raise usage(f"--as: no user named {username!r}")
-        return user
+        return named_user(username, "--as")
     supers = list(users.filter(is_superuser=True, is_active=True)[:2])
     if len(supers) != 1:
         raise usage("name the acting human with --as USER (there is not exactly one superuser)")

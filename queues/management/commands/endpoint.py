@@ -1,9 +1,12 @@
 """``manage.py endpoint vend|list|revoke``: agents' credentials, from the shell.
 
     endpoint vend --owner USER --name NAME --queues a,b [--verbs v,w] [--lease-ttl S] [--rps N]
-                  [--burst N] [--slug SLUG] [--json]
+                  [--burst N] [--slug SLUG] [--as USER] [--json]
     endpoint list [--owner USER] [--state active|revoked] [--json]
-    endpoint revoke SLUG [--json]
+    endpoint revoke SLUG [--as USER] [--json]
+
+``--as USER`` acts as that human (their access applies and the ledger names them); without it
+the system acts and the ledger row names ``system:cli``.
 
 ``vend`` prints the slug, the token (shown once), the MCP URL and a ready ``.mcp.json`` snippet.
 Exit codes: 0 ok, 1 refused (stderr names the field), 2 usage (switchboard/cli.py).
@@ -14,13 +17,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
 
 from queues import services
+from queues.access import HumanActor, SystemActor, human_or_system
 from queues.models import Endpoint
 from queues.schemas import endpoint_out, vend_out
-from switchboard.core.cli import emit, refused, usage
+from switchboard.core.cli import add_as_option, emit, named_user, refused, usage
 from switchboard.core.errors import DomainError, NotFound
 
 
@@ -29,10 +32,13 @@ def _csv(value: str) -> list[str]:
 
 
 def _user(username: str, flag: str) -> Any:
-    user = get_user_model()._default_manager.filter(username=username).first()
-    if user is None:
-        raise usage(f"{flag}: no user named {username!r}")
-    return user
+    return named_user(username, flag)
+
+
+def cli_actor(options: dict[str, Any]) -> HumanActor | SystemActor:
+    """The human named by --as, or the system (the shell's operator, recorded as system:cli)."""
+    as_user = options.get("as_user")
+    return human_or_system(named_user(as_user, "--as") if as_user else None, via="cli")
 
 
 class Command(BaseCommand):
@@ -60,6 +66,7 @@ class Command(BaseCommand):
         vend.add_argument("--burst", type=int, default=None)
         vend.add_argument("--slug", default=None, help="the URL slug (default: from the name)")
         vend.add_argument("--json", action="store_true", help="print JSON")
+        add_as_option(vend)
         vend.set_defaults(handler=self.vend)
 
         listing = sub.add_parser("list", help="list endpoints")
@@ -73,6 +80,7 @@ class Command(BaseCommand):
         )
         revoke.add_argument("slug", metavar="SLUG")
         revoke.add_argument("--json", action="store_true", help="print JSON")
+        add_as_option(revoke)
         revoke.set_defaults(handler=self.revoke)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -95,6 +103,7 @@ class Command(BaseCommand):
             rps=options["rps"],
             burst=options["burst"],
             slug=options["slug"],
+            actor=cli_actor(options),
         )
         data = vend_out(endpoint, token)
         text = "\n".join(
@@ -128,6 +137,6 @@ class Command(BaseCommand):
         endpoint = Endpoint.objects.select_related("owner").filter(slug=options["slug"]).first()
         if endpoint is None:
             raise NotFound(f"no endpoint with slug {options['slug']!r}", field="slug")
-        count = services.endpoint_revoke(endpoint=endpoint)
+        count = services.endpoint_revoke(endpoint=endpoint, actor=cli_actor(options))
         data = {"endpoint": endpoint_out(endpoint), "dead_lettered": count}
         emit(self, options, data, f"revoked {endpoint.slug}; {count} live todo(s) dead-lettered")

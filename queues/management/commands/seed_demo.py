@@ -13,7 +13,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
 from queues import services
-from queues.access import AUDITORS_GROUP, HumanActor
+from queues.access import AUDITORS_GROUP, HumanActor, SystemActor
 from queues.models import Endpoint, TodoSource
 
 OPERATOR = "operator"
@@ -56,10 +56,18 @@ class Command(BaseCommand):
             auditor = User.objects.create_user(AUDITOR, password=auditor_password, is_staff=True)
             auditor.groups.add(auditors)
             triage, triage_token = services.endpoint_vend(
-                owner=operator, name="Triage agent", queues=["inbox", "research"], slug="triage"
+                owner=operator,
+                name="Triage agent",
+                queues=["inbox", "research"],
+                slug="triage",
+                actor=SystemActor(via="seed"),
             )
             deployer, deployer_token = services.endpoint_vend(
-                owner=operator, name="Deploy agent", queues=["deploys", "inbox"], slug="deployer"
+                owner=operator,
+                name="Deploy agent",
+                queues=["deploys", "inbox"],
+                slug="deployer",
+                actor=SystemActor(via="seed"),
             )
             actor = HumanActor(operator, via="cli")
             for endpoint in (triage, deployer):

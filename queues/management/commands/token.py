@@ -1,7 +1,10 @@
 """``manage.py token create|revoke``: humans' personal access tokens (``sbh_…``) for the API.
 
-    token create --user USER [--name NAME] [--json]     prints the token once
-    token revoke PREFIX_OR_ID [--json]                  by id, by the shown prefix, or the token
+    token create --user USER [--name NAME] [--as USER] [--json]   prints the token once
+    token revoke PREFIX_OR_ID [--as USER] [--json]    by id, by the shown prefix, or the token
+
+``--as USER`` acts as that human (only a superuser acts for someone else); without it the
+system acts and the ledger row names ``system:cli``.
 
 Exit codes: 0 ok, 1 refused (stderr names the field), 2 usage (switchboard/cli.py).
 """
@@ -10,14 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
 
 from queues import services
+from queues.management.commands.endpoint import cli_actor
 from queues.models import HumanToken
 from queues.schemas import iso
 from switchboard.core import tokens
-from switchboard.core.cli import emit, refused, usage
+from switchboard.core.cli import add_as_option, emit, named_user, refused, usage
 from switchboard.core.errors import Conflict, DomainError, NotFound
 
 
@@ -41,11 +44,13 @@ class Command(BaseCommand):
         create.add_argument("--user", required=True, metavar="USER")
         create.add_argument("--name", default="cli", help="what the token is for")
         create.add_argument("--json", action="store_true", help="print JSON")
+        add_as_option(create)
         create.set_defaults(handler=self.create)
 
         revoke = sub.add_parser("revoke", help="revoke a token")
         revoke.add_argument("token", metavar="PREFIX_OR_ID")
         revoke.add_argument("--json", action="store_true", help="print JSON")
+        add_as_option(revoke)
         revoke.set_defaults(handler=self.revoke)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -58,10 +63,10 @@ class Command(BaseCommand):
             refused(self, options, exc)
 
     def create(self, options: dict[str, Any]) -> None:
-        user = get_user_model()._default_manager.filter(username=options["user"]).first()
-        if user is None:
-            raise usage(f"--user: no user named {options['user']!r}")
-        row, token = services.human_token_create(user=user, name=options["name"])
+        user: Any = named_user(options["user"], "--user")
+        row, token = services.human_token_create(
+            user=user, name=options["name"], actor=cli_actor(options)
+        )
         data = {**token_out(row), "token": token}
         text = f"token for {user.get_username()}: {token}\n(shown once; use it as Authorization: Bearer …)"
         emit(self, options, data, text)
@@ -80,7 +85,7 @@ class Command(BaseCommand):
         if len(matches) > 1:
             raise Conflict(f"{given!r} matches more than one token; give its id", field="token")
         row = matches[0]
-        changed = services.human_token_revoke(token=row)
+        changed = services.human_token_revoke(token=row, actor=cli_actor(options))
         row.refresh_from_db()
         text = f"revoked {row.token_prefix}… ({row.user.get_username()})"
         if not changed:
