@@ -13,11 +13,29 @@ from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
+from django.db.models.expressions import RawSQL
 
 from switchboard.core.errors import InvalidArgument
 
 QUARANTINE_QUEUE = "quarantine"
 QUEUE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
+
+
+# Pools, tag limits and rate limits: canonical names (lower case), matched with re.fullmatch
+# (``$`` would let a trailing newline through) and by the database's CHECKs.
+LIMIT_NAME_RE = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+MAX_TODO_TAGS = 8
+
+
+def check_limit_name(value: object, *, field_name: str) -> str:
+    """A canonical limit name, or ``invalid_argument`` naming the field."""
+    if not isinstance(value, str) or not re.fullmatch(LIMIT_NAME_RE[1:-1], value):
+        raise InvalidArgument(
+            f"{field_name} must be 1-64 lower-case letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit",
+            field=field_name,
+        )
+    return value
 
 
 def check_queue_name(queue: str, *, field_name: str = "queue") -> str:
@@ -189,10 +207,31 @@ class Todo(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     claimed_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Named limits the claim enforces (admission.limits declares them; intake refuses undeclared
+    # names through queues.declared).
+    pool = models.CharField(max_length=64, null=True, blank=True)
+    tags = ArrayField(models.CharField(max_length=64), default=list, blank=True)
+    rate_limit = models.CharField(max_length=64, null=True, blank=True)
 
     class Meta:
         ordering = ["created_at", "id"]
         constraints = [
+            models.CheckConstraint(name="todo_pool_format", condition=Q(pool__regex=LIMIT_NAME_RE)),
+            models.CheckConstraint(
+                name="todo_rate_limit_format", condition=Q(rate_limit__regex=LIMIT_NAME_RE)
+            ),
+            # array_length is NULL for an empty array, which a CHECK lets through.
+            models.CheckConstraint(
+                name="todo_tags_at_most_8", condition=Q(tags__len__lte=MAX_TODO_TAGS)
+            ),
+            models.CheckConstraint(
+                name="todo_tags_format",
+                condition=RawSQL(
+                    "array_to_string(tags, ',') ~ '^([a-z0-9][a-z0-9_.-]{0,63}(,|$))*$' AND NOT '' = ANY(tags)",
+                    (),
+                    output_field=models.BooleanField(),
+                ),
+            ),
             models.CheckConstraint(
                 name="todo_state_valid", condition=Q(state__in=TodoState.values)
             ),

@@ -7,19 +7,32 @@ todos), so the agent verbs, the operator routes and the CLI show a todo the same
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from django.conf import settings
 from ninja import Schema
 from pydantic import ConfigDict, Field
 
-from queues.models import GRANTABLE_VERBS, QUEUE_NAME_RE, SLUG_RE, Endpoint, Todo, TodoState
+from queues.models import (
+    GRANTABLE_VERBS,
+    LIMIT_NAME_RE,
+    MAX_TODO_TAGS,
+    QUEUE_NAME_RE,
+    SLUG_RE,
+    Endpoint,
+    Todo,
+    TodoState,
+)
 from queues.selectors import MAX_PAGE
 
 
 def QueueName() -> Any:
     return Field(pattern=QUEUE_NAME_RE, min_length=1, max_length=64)
+
+
+def LimitName(description: str) -> Any:
+    return Field(default=None, pattern=LIMIT_NAME_RE, max_length=64, description=description)
 
 
 def LeaseTtl() -> Any:
@@ -66,6 +79,9 @@ class TodoOut(Schema):
     result: Any = None
     created_at: datetime
     updated_at: datetime
+    pool: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    rate_limit: str | None = None
     admission: TodoAdmissionOut | None = Field(
         default=None,
         description="Present on a pending todo of a budgeted queue: whether a claim would be "
@@ -91,6 +107,9 @@ def todo_out(todo: Todo, admission: dict[str, Any] | None = None) -> dict[str, A
         "result": todo.result,
         "created_at": iso(todo.created_at),
         "updated_at": iso(todo.updated_at),
+        "pool": todo.pool,
+        "tags": list(todo.tags),
+        "rate_limit": todo.rate_limit,
     }
     if admission is not None and todo.state == TodoState.PENDING:
         out["admission"] = {
@@ -137,6 +156,13 @@ class CreateTodoIn(Strict):
         description="While a todo with this key is live, creating again returns it",
     )
     max_attempts: int | None = Field(default=None, ge=1, le=100)
+    pool: str | None = LimitName("A declared pool: the claim holds one of its slots")
+    tags: list[Annotated[str, Field(pattern=LIMIT_NAME_RE, max_length=64)]] | None = Field(
+        default=None,
+        max_length=MAX_TODO_TAGS,
+        description=f"Up to {MAX_TODO_TAGS} declared tags: the claim counts against each limit",
+    )
+    rate_limit: str | None = LimitName("A declared rate limit: the claim counts per minute")
 
 
 class CreateTodoOut(Schema):

@@ -93,6 +93,7 @@ INSTALLED_APPS = [
     "django_prometheus",
     "queues",
     "admission",
+    "admission.limits",
     "switchboard.ledger",
     "switchboard.console",
 ]

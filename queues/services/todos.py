@@ -7,6 +7,7 @@ happen only after commit.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -15,7 +16,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from queues import metrics, sql, wakes
+from queues import declared, metrics, sql, wakes
 from queues.access import Actor, AgentActor, HumanActor, acting_endpoint_ids
 from queues.models import (
     LIVE_TODO,
@@ -59,8 +60,14 @@ def todo_create(
     idempotency_key: str | None = None,
     max_attempts: int | None = None,
     source: str = TodoSource.API,
+    pool: str | None = None,
+    tags: Sequence[str] | None = None,
+    rate_limit: str | None = None,
 ) -> TodoCreated:
-    """Put a todo on a queue. A duplicate idempotency key returns the live todo, created=False."""
+    """Put a todo on a queue. A duplicate idempotency key returns the live todo, created=False.
+
+    ``pool``, ``tags`` and ``rate_limit`` name declared limits the claim enforces; an undeclared
+    name is refused naming its field (``queues.declared``)."""
     _check_can_write(actor, endpoint)
     check_queue_name(queue)
     if queue not in endpoint.scope_queues:
@@ -84,6 +91,7 @@ def todo_create(
         raise InvalidArgument("max_attempts must be between 1 and 100", field="max_attempts")
     if payload is None:
         payload = {}
+    names = declared.check(pool=pool, tags=tags, rate_limit=rate_limit)
     try:
         with transaction.atomic():
             todo = Todo.objects.create(
@@ -95,6 +103,9 @@ def todo_create(
                 idempotency_key=idempotency_key,
                 max_attempts=max_attempts,
                 source=source,
+                pool=names.pool,
+                tags=list(names.tags),
+                rate_limit=names.rate_limit,
             )
             metrics.created(queue, source)
             wakes.todo_ready(endpoint.id, queue)
@@ -115,6 +126,9 @@ def todo_create(
                 idempotency_key=idempotency_key,
                 max_attempts=max_attempts,
                 source=source,
+                pool=pool,
+                tags=tags,
+                rate_limit=rate_limit,
             )
         return TodoCreated(todo=existing, created=False)
     return TodoCreated(todo=todo, created=True)
