@@ -11,6 +11,7 @@ import uuid
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models import Q
 from django.db.models.expressions import RawSQL
@@ -263,6 +264,18 @@ class Todo(models.Model):
             ),
         ]
         indexes = [
+            # Occupancy of a pool and of tags, counted under the limit's lock in every claim
+            # that names one (admission.limits.gates).
+            models.Index(
+                fields=["pool"],
+                condition=Q(state=TodoState.CLAIMED, pool__isnull=False),
+                name="todo_claimed_pool_idx",
+            ),
+            GinIndex(
+                fields=["tags"],
+                condition=Q(state=TodoState.CLAIMED) & ~Q(tags=[]),
+                name="todo_claimed_tags_idx",
+            ),
             # claim_next's candidate scan (queues/sql.py claim_next_sql, FOR UPDATE SKIP
             # LOCKED): the endpoint's live rows in created_at order, so the oldest claimable row
             # of any granted queue is found without sorting the backlog.

@@ -12,7 +12,8 @@ class LimitsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from admission.limits import intake
+        from admission.limits import gates, intake
         from queues import declared
 
         declared.register(intake.check_declared)
+        gates.register()
