@@ -204,6 +204,7 @@ def fail(actor: AgentActor, data: FailIn) -> dict[str, Any]:
         error=data.error,
         summary=data.summary,
         lease_token=data.lease_token,
+        rate_limited=data.rate_limited,
     )
     return {"todo": one_todo_out(todo)}
 

@@ -4,13 +4,15 @@ Another app declares the names (``admission.limits``) and registers a check here
 ``AppConfig.ready()``, as it registers its claim gates; queues asks it at intake, so queues never
 reads that app's tables. A todo naming a limit when nothing is registered to know the names is
 refused: an undeclared name is never silently admitted.
+
+The same app registers the observer of 429s, which ``fail {rate_limited: true}`` reports.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from queues.models import MAX_TODO_TAGS, check_limit_name
 from switchboard.core.errors import InvalidArgument
@@ -65,3 +67,25 @@ def check(
     for declared in _CHECKS:
         declared(names)
     return names
+
+
+class RateObserver(Protocol):
+    def __call__(self, *, rate_limit: str, actor: Any, todo_id: Any = None) -> object:
+        """Record one 429 against a rate limit (in the caller's transaction)."""
+        ...
+
+
+_OBSERVERS: list[RateObserver] = []
+
+
+def register_rate_observer(observer: RateObserver) -> None:
+    if observer not in _OBSERVERS:
+        _OBSERVERS.append(observer)
+
+
+def observe_rate_limited(*, rate_limit: str | None, actor: Any, todo_id: Any) -> None:
+    """A todo's work met a 429: one observation against its rate limit."""
+    if rate_limit is None or not _OBSERVERS:
+        raise InvalidArgument("rate_limited: this todo names no rate limit", field="rate_limited")
+    for observer in _OBSERVERS:
+        observer(rate_limit=rate_limit, actor=actor, todo_id=todo_id)

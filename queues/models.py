@@ -66,6 +66,7 @@ class Verb(models.TextChoices):
     ADMISSION_STATUS = "admission_status"
     SET_ADMISSION_POLICY = "set_admission_policy"
     CLEAR_ADMISSION_POLICY = "clear_admission_policy"
+    REPORT_RATE_LIMITED = "report_rate_limited"
 
 
 # What a vend grants unless told otherwise: exactly the todo verbs.
@@ -84,7 +85,14 @@ BASIC_VERBS: tuple[str, ...] = (
 POLICY_VERBS: tuple[str, ...] = (Verb.SET_ADMISSION_POLICY, Verb.CLEAR_ADMISSION_POLICY)
 # Granted by implication to an endpoint that holds claim or claim_next.
 DRAIN_VERBS: tuple[str, ...] = (Verb.CLAIM, Verb.CLAIM_NEXT)
-GRANTABLE_VERBS: tuple[str, ...] = (*BASIC_VERBS, Verb.ADMISSION_STATUS, *POLICY_VERBS)
+# Their own family: reporting a 429 halves a shared rate limit for every agent naming it.
+RATE_VERBS: tuple[str, ...] = (Verb.REPORT_RATE_LIMITED,)
+GRANTABLE_VERBS: tuple[str, ...] = (
+    *BASIC_VERBS,
+    Verb.ADMISSION_STATUS,
+    *POLICY_VERBS,
+    *RATE_VERBS,
+)
 
 
 class EndpointState(models.TextChoices):

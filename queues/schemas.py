@@ -250,6 +250,10 @@ class FailIn(Strict):
     error: Any = None
     summary: str = Field(default="", max_length=10000)
     lease_token: str | None = Field(default=None, max_length=200)
+    rate_limited: bool = Field(
+        default=False,
+        description="The work met a 429: one observation against the todo's rate limit",
+    )
 
 
 class ReleaseIn(Strict):
@@ -378,7 +382,7 @@ def vend_out(endpoint: Endpoint, token: str) -> dict[str, Any]:
 
 def verb_families() -> list[dict[str, Any]]:
     """What a vend may grant, by family, with what each family lets the agent do."""
-    from queues.models import BASIC_VERBS, POLICY_VERBS, Verb
+    from queues.models import BASIC_VERBS, POLICY_VERBS, RATE_VERBS, Verb
 
     return [
         {
@@ -396,5 +400,11 @@ def verb_families() -> list[dict[str, Any]]:
             "verbs": list(POLICY_VERBS),
             "note": "set/clear_admission_policy lets the agent change its own budget; never "
             "part of the basic grant.",
+        },
+        {
+            "family": "rate",
+            "verbs": list(RATE_VERBS),
+            "note": "report_rate_limited halves a shared rate limit for every agent naming it; "
+            "never part of the basic grant.",
         },
     ]

@@ -12,8 +12,10 @@ class LimitsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from admission.limits import gates, intake
+        import admission.limits.verbs  # noqa: F401  (declares this app's agent verb)
+        from admission.limits import gates, intake, rates
         from queues import declared
 
         declared.register(intake.check_declared)
+        declared.register_rate_observer(rates.observe)
         gates.register()

@@ -1,11 +1,14 @@
-"""The pool and tag claim gates: occupancy (claimed todos naming the limit) below the limit.
+"""The pool, tag and rate claim gates: occupancy (claimed todos naming the limit) below the
+limit, and claims this minute below a rate limit's effective limit.
 
 Registered from ``LimitsConfig.ready()`` through ``queues.gates``, after admission's budget gate,
-so every claim takes its locks in one fixed order: policy (10), pool (20), tags sorted (30).
+so every claim takes its locks in one fixed order: policy (10), pool (20), tags sorted (30),
+rate (40).
 Under a gate's row lock (``FOR UPDATE``), a later statement counts occupancy excluding a takeover
 of this very todo, so it sees every claim committed by the transactions the lock waited for.
 
-Postures: ``enforce`` refuses (``pool_full`` / ``tag_full`` with ``next_eligible_at``),
+Postures: ``enforce`` refuses (``pool_full`` / ``tag_full`` / ``rate_limited`` with
+``next_eligible_at``),
 ``advise`` admits and appends a waiver to the ledger naming exactly the limits exceeded (ledger
 rows are HMAC-hashed in a signed chain), ``off`` is inert. A limit of 0 is quarantine.
 
@@ -26,6 +29,7 @@ from django.db import connection
 from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
+from admission.limits import rates
 from admission.limits.models import LimitPosture
 from queues import gates, metrics
 from queues.access import append_claim_waiver
@@ -69,6 +73,29 @@ class _Waived(gates.Admission):
         if self.over:
             append_waiver(self.gate, self.over, actor, todo)
         return None
+
+
+@dataclass
+class _RateCharge(_Waived):
+    """A rate limit spends one claim of the current minute, whatever the posture."""
+
+    rate_id: int = 0
+    now: datetime | None = None
+
+    def charge(self, cursor: CursorWrapper, *, todo: Any, actor: Any) -> dict[str, Any] | None:
+        assert self.now is not None
+        rates.charge(cursor, self.rate_id, self.now)
+        return super().charge(cursor, todo=todo, actor=actor)
+
+
+def _refusal(
+    cursor: Any, todo_id: UUID, reason: str, at: datetime | None, names: list[str], exact: bool
+) -> LimitRefusal:
+    cursor.execute("SELECT queue FROM queues_todo WHERE id = %s", [todo_id])
+    (queue,) = cursor.fetchone()
+    return LimitRefusal(
+        queue=queue, reason=reason, next_eligible_at=at, limits=tuple(names), exact=exact
+    )
 
 
 def _next_eligible(over: list[Held], now: datetime) -> datetime | None:
@@ -118,14 +145,8 @@ class _OccupancyGate:
         over = [h for h in self.read(cursor, self.names(key), todo_id, True) if h.exceeded]
         enforced = [h for h in over if h.posture == LimitPosture.ENFORCE]
         if enforced:
-            cursor.execute("SELECT queue FROM queues_todo WHERE id = %s", [todo_id])
-            (queue,) = cursor.fetchone()
-            return LimitRefusal(
-                queue=queue,
-                reason=self.reason,
-                next_eligible_at=_next_eligible(enforced, timezone.now()),
-                limits=tuple(h.name for h in enforced),
-            )
+            at = _next_eligible(enforced, timezone.now())
+            return _refusal(cursor, todo_id, self.reason, at, [h.name for h in enforced], False)
         return _Waived(self.name, over)
 
     def refused(self, refusals: list[gates.Refusal]) -> None:
@@ -148,7 +169,7 @@ class _OccupancyGate:
         at = refusal.next_eligible_at
         names = ", ".join(refusal.limits)
         return Deferred(
-            f"{self.noun} {names} is full"
+            f"{self.noun} {names} is at its limit"
             + (f"; eligible at {at.isoformat()}" if at else " (quarantined)"),
             queue=refusal.queue,
             reason=refusal.reason,
@@ -217,6 +238,38 @@ class TagGate(_OccupancyGate):
         ]
 
 
+class RateGate(_OccupancyGate):
+    """Claims per minute below the effective limit (``admission.limits.rates``)."""
+
+    name = "rate_limit"
+    lock_order = 40
+    reason = "rate_limited"
+    noun = "rate limit"
+
+    def probe(self, alias: str) -> str:
+        return f"{alias}.rate_limit"
+
+    def frees_slot(self, alias: str) -> str:
+        return "false"  # an ending claim refunds no minute
+
+    def admit(
+        self, cursor: CursorWrapper, *, key: Any, todo_id: UUID
+    ) -> gates.Admission | gates.Refusal:
+        rates.lock(cursor, key)
+        found = rates.read(cursor, key)
+        if found is None:  # declarations are never deleted; fail closed if one is
+            return _refusal(cursor, todo_id, self.reason, None, [key], False)
+        rate_id, st = found
+        over = [Held(st.name, st.effective, st.posture, st.used, None)] if st.exceeded else []
+        if over and st.posture == LimitPosture.ENFORCE:
+            return _refusal(cursor, todo_id, self.reason, st.next_eligible_at, [key], st.exact)
+        return _RateCharge(self.name, over, rate_id=rate_id, now=st.now)
+
+    def admits_now(self, key: Any) -> bool:
+        st = rates.state(key)
+        return st is None or not (st.exceeded and st.posture == LimitPosture.ENFORCE)
+
+
 def append_waiver(gate: str, over: list[Held], actor: Any, todo: Any) -> None:
     """A claim admitted over advise limits: one ledger row naming exactly the limits exceeded."""
     append_claim_waiver(
@@ -231,3 +284,4 @@ def append_waiver(gate: str, over: list[Held], actor: Any, todo: Any) -> None:
 def register() -> None:
     gates.register(PoolGate())
     gates.register(TagGate())
+    gates.register(RateGate())

@@ -140,3 +140,36 @@ class QueueSettings(models.Model):
 
     def __str__(self) -> str:
         return f"queue {self.queue} (priority {self.priority})"
+
+
+class RateObservation(models.Model):
+    """One 429 met by work naming a rate limit. The effective limit is read from these rows,
+    never cached: max(floor, base >> observations within the decay window)."""
+
+    rate_limit = models.ForeignKey(RateLimit, on_delete=models.CASCADE, related_name="observations")
+    observed_at = models.DateTimeField()
+    endpoint_id = models.UUIDField(null=True, blank=True)
+    todo_id = models.UUIDField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["rate_limit", "observed_at"], name="rateobs_window_idx")]
+
+    def __str__(self) -> str:
+        return f"429 on rate limit {self.rate_limit_id} at {self.observed_at.isoformat()}"
+
+
+class RateMinute(models.Model):
+    """Claims admitted per rate limit per minute, charged under the rate limit's row lock."""
+
+    rate_limit = models.ForeignKey(RateLimit, on_delete=models.CASCADE, related_name="minutes")
+    minute = models.DateTimeField()
+    used = models.IntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["rate_limit", "minute"], name="rateminute_unique"),
+            models.CheckConstraint(name="rateminute_used_nonnegative", condition=Q(used__gte=0)),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.used} claims at {self.minute.isoformat()} on rate limit {self.rate_limit_id}"

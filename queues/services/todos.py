@@ -8,6 +8,7 @@ happen only after commit.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -241,19 +242,26 @@ def fail(
     error: Any = None,
     summary: str = "",
     lease_token: str | None = None,
+    rate_limited: bool = False,
 ) -> Todo:
-    todo = _transition(
-        actor,
-        todo_id,
-        sql.fail_sql(),
-        {
-            "result": _json_param({"error": error} if error is not None else None),
-            "summary": _summary(summary),
-            "base": BACKOFF_BASE_SECONDS,
-            "cap": BACKOFF_CAP_SECONDS,
-        },
-        lease_token,
-    )
+    """Fail a claimed attempt. ``rate_limited``: the work met a 429, recorded against the todo's
+    rate limit in the same transaction (a todo naming none is refused, nothing changed)."""
+    # Only a reported 429 needs a transaction around the one statement.
+    with transaction.atomic() if rate_limited else nullcontext():
+        todo = _transition(
+            actor,
+            todo_id,
+            sql.fail_sql(),
+            {
+                "result": _json_param({"error": error} if error is not None else None),
+                "summary": _summary(summary),
+                "base": BACKOFF_BASE_SECONDS,
+                "cap": BACKOFF_CAP_SECONDS,
+            },
+            lease_token,
+        )
+        if rate_limited:
+            declared.observe_rate_limited(rate_limit=todo.rate_limit, actor=actor, todo_id=todo.id)
     _after_end(todo, "dead_lettered" if todo.dead_letter else "failed")
     return todo
 
