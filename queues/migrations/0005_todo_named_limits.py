@@ -10,7 +10,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('queues', '0003_drop_lease_expiry_index'),
+        ('queues', '0004_todo_json_edge_bounds'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
