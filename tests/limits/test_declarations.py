@@ -19,7 +19,7 @@ from queues.models import Todo
 from switchboard.core.errors import InvalidArgument
 from tests.api.conftest import Api, human_token
 from tests.conftest import Personas
-from tests.mcp.test_mcp_sdk import connect
+from tests.mcp.test_mcp_sdk import connect, error_of
 
 
 def declare() -> None:
@@ -169,7 +169,7 @@ def test_an_agent_names_limits_over_mcp(tx_personas: Personas, live_url: str) ->
             refused = await client.call_tool(
                 "create_todo", {"queue": "inbox", "title": "t", "pool": "nope"}
             )
-            seen["refused"] = (refused.is_error, refused.structured_content)
+            seen["refused"] = (refused.is_error, error_of(refused))
 
     anyio.run(job)
     assert seen["made"]["todo"]["pool"] == "gpu"
