@@ -345,3 +345,20 @@ def test_nothing_claimable_on_an_unbudgeted_queue_is_one_statement(
     with statements() as seen:
         assert isinstance(services.claim_next(actor=p.as_agent(), queue="inbox"), NothingClaimable)
     assert len(seen) == 1
+
+
+def test_a_window_redefined_a_moment_ago_is_charged_by_its_new_definition(
+    tx_personas: Personas,
+) -> None:
+    """The fast path's window bounds are cached for a second; the statement sees the policy's
+    new window definition, answers "stale" and the locked path charges the new window."""
+    p = tx_personas
+    policy = budget(p, per="day", limit=5, start=far_start())
+    push(p, 2)
+    assert isinstance(services.claim_next(actor=p.as_agent()), Claimed)  # bounds cached
+    policy = budget(p, per="day", limit=5, tz="Asia/Kolkata", start=far_start())
+    with statements() as sqls:
+        assert isinstance(services.claim_next(actor=p.as_agent()), Claimed)
+    assert "admission_check" in sqls[0] and len(sqls) > 1  # stale, then the locked path
+    assert used(policy) == 1  # the redefined window counts anew
+    assert not sql.recently_gated(p.agent.id)  # stale bounds alone keep the fast path
