@@ -59,12 +59,7 @@ def timed_pool(
     elapsed = time.perf_counter() - started
     if errors:
         raise errors[0]
-    return _stats(workers, [x for lat in latencies for x in lat], elapsed)
-
-
-def _stats(workers: int, latencies: list[float], elapsed: float) -> dict[str, Any]:
-    """Cycles per second and latency percentiles (ms) of one timed phase."""
-    flat = sorted(latencies)
+    flat = sorted(x for lat in latencies for x in lat)
     return {
         "workers": workers,
         "cycles": len(flat),
@@ -96,55 +91,3 @@ def write_result(name: str, data: dict[str, Any]) -> Path:
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     (RESULTS / f"{name}-latest.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     return path
-
-
-def timed_processes(
-    workers: int,
-    duration_s: float,
-    make_cycle: Callable[[], Callable[[int], bool]],
-) -> dict[str, Any]:
-    """``timed_pool`` with ``workers`` forked processes instead of threads (no shared GIL).
-
-    Each child closes the connections it inherited, builds its cycle with ``make_cycle()`` and
-    runs it until the shared deadline; counts and latencies come back through a queue.
-    """
-    import multiprocessing
-
-    from django.db import connections
-
-    connections.close_all()  # a forked child must not share its parent's sockets
-    ctx = multiprocessing.get_context("fork")
-    barrier = ctx.Barrier(workers + 1)
-    out: Any = ctx.Queue()
-
-    def child(i: int) -> None:
-        lat: list[float] = []
-        error = ""
-        try:
-            cycle = make_cycle()
-            barrier.wait()
-            deadline = time.perf_counter() + duration_s
-            while time.perf_counter() < deadline:
-                t0 = time.perf_counter()
-                if not cycle(i):
-                    break
-                lat.append(time.perf_counter() - t0)
-        except BaseException as exc:
-            error = repr(exc)
-        finally:
-            connections.close_all()
-            out.put((lat, error))
-
-    procs = [ctx.Process(target=child, args=(i,)) for i in range(workers)]
-    for p in procs:
-        p.start()
-    barrier.wait()
-    started = time.perf_counter()
-    results = [out.get(timeout=duration_s + 120) for _ in procs]
-    elapsed = time.perf_counter() - started
-    for p in procs:
-        p.join(timeout=30)
-    errors = [e for _, e in results if e]
-    if errors:
-        raise RuntimeError(errors[0])
-    return {**_stats(workers, [x for lat, _ in results for x in lat], elapsed), "processes": True}

@@ -9,14 +9,13 @@ import psycopg
 from django.contrib.auth.models import User
 from django.db import connection
 
-from bench.common import timed_pool, timed_processes
+from bench.common import timed_pool
 from queues import services
 from queues.access import AgentActor
 from queues.models import Endpoint, Todo
 from queues.services import Claimed
 
 WORKER_COUNTS = (1, 4, 16)
-PROCESS_WORKER_COUNTS = (4,)  # the target's point
 RAW_TABLE = "bench_raw_todo"
 
 
@@ -104,20 +103,6 @@ def _raw_pool(
             c.close()
 
 
-def _raw_cycle(params: dict[str, Any]) -> Any:
-    """The raw loop's cycle on a connection of its own (for a worker process)."""
-    conn = psycopg.connect(autocommit=True, **params)
-
-    def cycle(i: int) -> bool:
-        row = conn.execute(RAW_CLAIM, [f"raw-{i}"]).fetchone()
-        if row is None:
-            return False
-        conn.execute(RAW_COMPLETE, [row[0]])
-        return True
-
-    return cycle
-
-
 def _reload(endpoint: Endpoint, n: int) -> None:
     Todo.objects.filter(endpoint=endpoint).delete()
     _load_todos(endpoint, n)
@@ -138,9 +123,6 @@ def run(duration_s: float = 5.0) -> dict[str, Any]:
         "raw": [],
         "raw_same_table": [],
         "switchboard": [],
-        # The same two loops with worker processes instead of threads (no shared GIL).
-        "raw_processes": [],
-        "switchboard_processes": [],
     }
 
     def cycle(i: int) -> bool:
@@ -169,15 +151,6 @@ def run(duration_s: float = 5.0) -> dict[str, Any]:
             )
             _reload(endpoint, per_config)
             results["switchboard"].append(timed_pool(workers, duration_s, cycle))
-            if workers in PROCESS_WORKER_COUNTS:
-                _raw_setup(per_config)
-                results["raw_processes"].append(
-                    timed_processes(workers, duration_s, lambda: _raw_cycle(params))
-                )
-                _reload(endpoint, per_config)
-                results["switchboard_processes"].append(
-                    timed_processes(workers, duration_s, lambda: cycle)
-                )
     finally:
         Todo.objects.filter(endpoint=endpoint).delete()
         endpoint.delete()
@@ -191,10 +164,6 @@ def run(duration_s: float = 5.0) -> dict[str, Any]:
         }
 
     results["ratio_vs_raw"] = ratios("raw")
-    results["ratio_vs_raw_processes"] = {
-        str(b["workers"]): round(ours["cycles_per_s"] / b["cycles_per_s"], 3)
-        for b, ours in zip(results["raw_processes"], results["switchboard_processes"], strict=True)
-    }
     results["ratio_vs_raw_same_table"] = ratios("raw_same_table")
     results["target"] = "at 4 workers, switchboard >= 0.7 x raw"
     results["target_met"] = results["ratio_vs_raw"].get("4", 0) >= 0.7
