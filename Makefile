@@ -11,7 +11,7 @@ MYPY := DATABASE_URL=postgresql://typecheck@localhost/typecheck $(VENV)/bin/mypy
 # deptry: the runtime code's imports against requirements.txt (configured in pyproject.toml), then
 # the dev-only code (tests/, bench/) against requirements-dev.txt, where unused pins are tools.
 DEPTRY := $(VENV)/bin/deptry
-DEPTRY_DEV := $(DEPTRY) tests bench --requirements-files requirements-dev.txt --exclude '.*/\.venv' --ignore DEP002
+DEPTRY_DEV := $(DEPTRY) tests bench --requirements-files requirements-dev.txt --exclude '.*/\.venv|.*/node_modules' --ignore DEP002
 # `make run PORT=8001` wins; else SWITCHBOARD_PORT; else 8000. (A stray PORT in the environment is ignored.)
 ifneq ($(origin PORT),command line)
 PORT := $(or $(SWITCHBOARD_PORT),8000)

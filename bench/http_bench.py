@@ -110,7 +110,7 @@ def _mcp_call(http: httpx.Client, url: str, name: str, arguments: dict[str, Any]
     response.raise_for_status()
     result = response.json()["result"]
     if result.get("isError"):
-        raise RuntimeError(f"{name} failed: {result['structuredContent']}")
+        raise RuntimeError(f"{name} failed: {result['content'][0]['text']}")
     return result["structuredContent"]
 
 

@@ -88,11 +88,16 @@ def check_endpoint_rate(endpoint: Endpoint) -> None:
         )
 
 
-def authenticate_agent(request: HttpRequest, token: str, *, via: str) -> AgentActor:
+def authenticate_agent(
+    request: HttpRequest, token: str, *, via: str, charge_rate: bool = True
+) -> AgentActor:
+    """The agent behind ``token``; charges the endpoint's request rate unless the caller charges
+    it itself (MCP charges tool calls only, so a low rate still lets a client connect)."""
     endpoint = endpoint_for_token(token)
     if endpoint is None:
         raise Unauthorized("the bearer token is unknown or revoked")
-    check_endpoint_rate(endpoint)
+    if charge_rate:
+        check_endpoint_rate(endpoint)
     touch_endpoint(endpoint)
     return AgentActor(endpoint=endpoint, via=via)
 

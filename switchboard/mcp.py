@@ -13,20 +13,34 @@ Revisions served:
 * **2025-11-25, 2025-06-18, 2025-03-26, 2024-11-05** (handshake): ``initialize`` negotiates the
   version (the client's if served, else 2025-11-25) and issues an ``Mcp-Session-Id`` kept in
   Redis (sliding TTL) for that endpoint; later requests must carry it (400 without, 404 when
-  unknown or ended), and a ``MCP-Protocol-Version`` header, when sent, must match the
-  negotiated version (400). ``notifications/initialized`` (202), ``ping``, ``tools/list``,
+  unknown or ended). A ``MCP-Protocol-Version`` header naming another served handshake
+  revision is honoured for that request (the spec refuses only an invalid or unsupported one,
+  with 400). ``notifications/initialized`` (202), ``ping``, ``tools/list``,
   ``tools/call``; ``DELETE`` ends the session. JSON-RPC batches are accepted only on sessions
   that negotiated 2025-03-26 or 2024-11-05 (later revisions removed them).
 
 Responses are always ``application/json`` (never SSE); a POST must accept it (406) and send it
-(415). ``GET`` is 405 (there is no server-to-client stream). Tool results carry
-``structuredContent`` (from 2025-06-18) and the same JSON as text; a refusal is a result with
-``isError: true`` carrying the API's error object. Protocol faults are JSON-RPC errors: -32700
-malformed JSON, -32600 invalid request, -32601 unknown method, -32602 bad params or unknown tool.
+(415). There is no server-to-client stream. Tool results carry
+``structuredContent`` (from 2025-06-18) and the same JSON as text. A refusal is a result with
+``isError: true`` whose text is the API's error object as JSON, and which has no
+``structuredContent``: the spec requires structured content to fit the tool's ``outputSchema``,
+and the TypeScript SDK enforces that on error results too, so an error object there would make
+the agent's SDK throw instead of showing it the refusal.
 
-Transport refusals before JSON-RPC is read use the API's error shape (``{"error", "code"}``):
-401 unknown or revoked token, 403 a token of another endpoint or a foreign ``Origin``, 429 over
-the endpoint's request rate (with ``Retry-After``), 413 a body over 1 MiB.
+Every other answer is a JSON-RPC error object carrying the request's id (``null`` when the body
+could not be read). Protocol faults: -32700 malformed JSON, -32600 invalid request, -32601
+unknown method, -32602 bad params or unknown tool. Transport refusals keep their HTTP status and
+headers and carry the API's error object (``{"error", "code", ...}``) as ``error.data``: 401
+unknown or revoked token, 403 a token of another endpoint or a foreign ``Origin``, 413 a body
+over 1 MiB, 406/415 wrong media types, 429 over the endpoint's request rate (with
+``Retry-After``), 503 ``unavailable`` when PostgreSQL or Redis does not answer (with
+``Retry-After``), 405 for ``GET``. A method that fails unexpectedly is -32603 in its response
+(HTTP 200, as the SDKs' servers answer); a failure outside any method is -32603 with HTTP 500.
+Never Django's HTML error page.
+
+The endpoint's request rate is charged for ``tools/call`` only: the handshake and discovery
+(``initialize``, ``notifications/initialized``, ``server/discover``, ``ping``, ``tools/list``) are
+free, so an endpoint vended with a low ``--rps`` can still connect.
 """
 
 from __future__ import annotations
@@ -43,14 +57,16 @@ from urllib.parse import urlsplit
 
 import redis
 from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from queues.access import AgentActor
-from queues.auth import authenticate_agent
+from queues.auth import authenticate_agent, check_endpoint_rate
 from switchboard.core import counters, verbs
 from switchboard.core.errors import DomainError, Forbidden, InvalidArgument, Unauthorized
-from switchboard.core.http import API_BODY_LIMIT, check_body_size, retry_after_seconds
+from switchboard.core.http import API_BODY_LIMIT, BodyTooLarge, check_body_size, retry_after_seconds
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +83,14 @@ CLIENT_CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
 CLIENT_INFO_KEY = "io.modelcontextprotocol/clientInfo"
 SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
 
+SERVER_ERROR = -32000  # JSON-RPC's implementation-defined range: a transport refusal
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 HEADER_MISMATCH = -32020
+INTERNAL_FAILURE = "Internal error: the server could not answer this request"
 UNSUPPORTED_PROTOCOL_VERSION = -32022
 # The 2026-07-28 transport maps these JSON-RPC errors to HTTP statuses; everything else is 200.
 MODERN_ERROR_STATUS = {
@@ -113,9 +131,16 @@ def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -
     return response
 
 
-def _refusal(exc: DomainError) -> HttpResponse:
-    """A transport-level refusal in the API's error shape."""
-    response = _json(exc.as_dict(), status=exc.status)
+def _refusal(exc: DomainError, id_: Id = None) -> HttpResponse:
+    """A transport-level refusal: a JSON-RPC error carrying the API's error object as data."""
+    if exc.code == "invalid_argument":
+        code = INVALID_REQUEST
+    elif exc.status >= 500:
+        code = INTERNAL_ERROR
+    else:
+        code = SERVER_ERROR
+    error = RpcError(code, exc.message, exc.as_dict())
+    response = _json({"jsonrpc": "2.0", "id": id_, "error": error.as_dict()}, status=exc.status)
     seconds = retry_after_seconds(exc)
     if seconds is not None:
         response["Retry-After"] = str(seconds)
@@ -124,8 +149,11 @@ def _refusal(exc: DomainError) -> HttpResponse:
     return response
 
 
-def _rpc_error(id_: Id, error: RpcError, status: int) -> HttpResponse:
-    return _json({"jsonrpc": "2.0", "id": id_, "error": error.as_dict()}, status=status)
+def _rpc_error(
+    id_: Id, error: RpcError, status: int, headers: dict[str, str] | None = None
+) -> HttpResponse:
+    body = {"jsonrpc": "2.0", "id": id_, "error": error.as_dict()}
+    return _json(body, status=status, headers=headers)
 
 
 def _accepts_json(request: HttpRequest) -> bool:
@@ -145,22 +173,67 @@ def _origin_allowed(request: HttpRequest) -> bool:
     return urlsplit(origin).netloc == request.get_host()
 
 
+# A dependency that did not answer: the request changed nothing it reports, so retrying is safe.
+UNAVAILABLE = (OperationalError, InterfaceError, redis.RedisError)
+UNAVAILABLE_RETRY_AFTER = 5
+
+
+class Unavailable(DomainError):
+    code = "unavailable"
+    status = 503
+
+
 @csrf_exempt
 def mcp_view(request: HttpRequest, slug: str) -> HttpResponse:
     if request.method not in ("POST", "DELETE"):
-        response = HttpResponse(status=405)
-        response["Allow"] = "POST, DELETE"
-        return response
+        # No server-to-client stream (GET); clients tolerate the 405 and carry on.
+        error = RpcError(SERVER_ERROR, f"{request.method} is not served here; POST JSON-RPC")
+        return _rpc_error(None, error, 405, headers={"Allow": "POST, DELETE"})
     try:
-        check_body_size(request, API_BODY_LIMIT)
+        try:
+            check_body_size(request, API_BODY_LIMIT)
+        except RequestDataTooBig:  # a chunked body: Django's own bound tripped first
+            raise BodyTooLarge(
+                f"the request body is over the limit of {API_BODY_LIMIT} bytes",
+                field="body",
+                limit=API_BODY_LIMIT,
+            ) from None
         if not _origin_allowed(request):
             raise Forbidden("this Origin may not call the MCP endpoint")
         actor = _authenticate(request, slug)
+        if request.method == "DELETE":
+            return _delete(request, actor)
+        return _post(request, actor)
+    except BodyTooLarge as exc:
+        return _refusal(exc)  # the id stays unread: reading it means reading the whole body
     except DomainError as exc:
-        return _refusal(exc)
-    if request.method == "DELETE":
-        return _delete(request, actor)
-    return _post(request, actor)
+        return _refusal(exc, _body_id(request))
+    except UNAVAILABLE:
+        log.warning("MCP request met an unavailable database or Redis", exc_info=True)
+        unavailable = Unavailable(
+            "the service is unavailable right now (database or Redis); retry shortly",
+            retry_after=UNAVAILABLE_RETRY_AFTER,
+        )
+        return _refusal(unavailable, _body_id(request))
+    except Exception:
+        # Whatever broke, the client still reads a JSON-RPC answer to its request.
+        log.exception("MCP request failed")
+        return _rpc_error(_body_id(request), RpcError(INTERNAL_ERROR, INTERNAL_FAILURE), 500)
+
+
+def _handler_failed() -> RpcError:
+    """A method that failed unexpectedly: -32603 in the response to that request, as the SDKs'
+    servers answer (HTTP 200; in a batch the other messages keep their answers)."""
+    log.exception("MCP request failed")
+    return RpcError(INTERNAL_ERROR, INTERNAL_FAILURE)
+
+
+def _body_id(request: HttpRequest) -> Id:
+    """The id of the request in the body, when it can be read, for an answer that fails early."""
+    try:
+        return _request_id(json.loads(request.body))
+    except Exception:
+        return None
 
 
 def _authenticate(request: HttpRequest, slug: str) -> AgentActor:
@@ -168,7 +241,8 @@ def _authenticate(request: HttpRequest, slug: str) -> AgentActor:
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized("send Authorization: Bearer sbk_… (the endpoint's token)")
-    actor = authenticate_agent(request, token.strip(), via="mcp")
+    # The rate is charged per tool call (in _post), not per request: see the module docstring.
+    actor = authenticate_agent(request, token.strip(), via="mcp", charge_rate=False)
     if actor.endpoint.slug != slug:
         raise Forbidden("this token belongs to another endpoint's MCP URL")
     return actor
@@ -176,22 +250,25 @@ def _authenticate(request: HttpRequest, slug: str) -> AgentActor:
 
 def _post(request: HttpRequest, actor: AgentActor) -> HttpResponse:
     if not _accepts_json(request):
-        return _refusal(
-            _bad_header(406, "the Accept header must include application/json", "Accept")
-        )
+        raise _bad_header(406, "the Accept header must include application/json", "Accept")
     content_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
     if content_type != "application/json":
-        return _refusal(
-            _bad_header(415, "the body must be Content-Type: application/json", "Content-Type")
-        )
+        raise _bad_header(415, "the body must be Content-Type: application/json", "Content-Type")
     try:
         message = json.loads(request.body)
     except (ValueError, RecursionError):
         return _rpc_error(None, RpcError(PARSE_ERROR, "Parse error: the body is not JSON"), 400)
+    if _calls_a_tool(message):
+        check_endpoint_rate(actor.endpoint)
     version = request.headers.get("MCP-Protocol-Version")
     if version is not None and version not in HANDSHAKE_VERSIONS:
         return _modern(request, actor, message)
     return _legacy(request, actor, message)
+
+
+def _calls_a_tool(message: Any) -> bool:
+    messages = message if isinstance(message, list) else [message]
+    return any(isinstance(m, dict) and m.get("method") == "tools/call" for m in messages)
 
 
 def _bad_header(status: int, message: str, field: str) -> DomainError:
@@ -284,8 +361,8 @@ def _tools_call(actor: AgentActor, params: dict[str, Any], version: str) -> dict
         is_error = True
     text = json.dumps(output, separators=(",", ":"))
     result: dict[str, Any] = {"content": [{"type": "text", "text": text}], "isError": is_error}
-    if version in STRUCTURED_VERSIONS:
-        result["structuredContent"] = output
+    if version in STRUCTURED_VERSIONS and not is_error:
+        result["structuredContent"] = output  # never on errors: see the module docstring
     return result
 
 
@@ -321,8 +398,11 @@ def _modern(request: HttpRequest, actor: AgentActor, message: Any) -> HttpRespon
             )
         _check_envelope(request, parsed)
         result = _modern_dispatch(actor, parsed)
-    except RpcError as exc:
-        return _rpc_error(_request_id(message), exc, MODERN_ERROR_STATUS.get(exc.code, 200))
+    except (DomainError, *UNAVAILABLE):
+        raise  # the view answers these with their HTTP status (a refusal, 503)
+    except Exception as exc:
+        error = exc if isinstance(exc, RpcError) else _handler_failed()
+        return _rpc_error(_request_id(message), error, MODERN_ERROR_STATUS.get(error.code, 200))
     result.setdefault("resultType", "complete")
     result["_meta"] = {SERVER_INFO_KEY: SERVER_INFO}
     return _json({"jsonrpc": "2.0", "id": parsed.id, "result": result})
@@ -434,23 +514,11 @@ def _session_mark_initialized(actor: AgentActor, session_id: str, record: dict[s
         )
 
 
-def _sessions_unavailable() -> HttpResponse:
-    log.exception("MCP session store unavailable")
-    return _json(
-        {"error": "MCP sessions are unavailable right now; retry shortly", "code": "internal"},
-        status=503,
-        headers={"Retry-After": "5"},
-    )
-
-
 def _delete(request: HttpRequest, actor: AgentActor) -> HttpResponse:
     session_id = request.headers.get("Mcp-Session-Id")
     if not session_id:
         return _rpc_error(None, RpcError(INVALID_REQUEST, "Mcp-Session-Id header is required"), 400)
-    try:
-        removed = counters.client().delete(_session_key(actor, session_id))
-    except redis.RedisError:
-        return _sessions_unavailable()
+    removed = counters.client().delete(_session_key(actor, session_id))
     if not removed:
         return _rpc_error(None, RpcError(INVALID_REQUEST, "Session not found"), 404)
     return HttpResponse(status=204)
@@ -466,14 +534,11 @@ def _legacy(request: HttpRequest, actor: AgentActor, message: Any) -> HttpRespon
         record = _session_get(actor, session_id)
         if record is None:
             raise _Transport(404, "Session not found; it ended or expired: initialize again")
-        version: str = record["version"]
-        header = request.headers.get("MCP-Protocol-Version")
-        if header is not None and header != version:
-            raise _Transport(400, f"MCP-Protocol-Version {header} is not this session's {version}")
+        # The header, when sent, is one of HANDSHAKE_VERSIONS (others are routed to _modern and
+        # refused there); the spec answers by it even when it is not the negotiated one.
+        version: str = request.headers.get("MCP-Protocol-Version") or record["version"]
     except _Transport as exc:
         return _rpc_error(_request_id(message), RpcError(INVALID_REQUEST, exc.message), exc.status)
-    except redis.RedisError:
-        return _sessions_unavailable()
 
     def handle(req: Request) -> dict[str, Any] | None:
         return _legacy_dispatch(
@@ -530,10 +595,13 @@ def _answer(
         if parsed.is_notification:
             return None
         return {"jsonrpc": "2.0", "id": parsed.id, "result": result}
-    except RpcError as exc:
+    except (DomainError, *UNAVAILABLE):
+        raise  # the view answers these with their HTTP status (a refusal, 503)
+    except Exception as exc:
         if isinstance(message, dict) and "id" not in message and "method" in message:
             return None  # errors are never sent for notifications
-        return {"jsonrpc": "2.0", "id": _request_id(message), "error": exc.as_dict()}
+        error = exc if isinstance(exc, RpcError) else _handler_failed()
+        return {"jsonrpc": "2.0", "id": _request_id(message), "error": error.as_dict()}
 
 
 def _initialize(actor: AgentActor, message: dict[str, Any]) -> HttpResponse:
@@ -555,10 +623,7 @@ def _initialize(actor: AgentActor, message: dict[str, Any]) -> HttpResponse:
             id_, RpcError(INVALID_PARAMS, "params.capabilities must be an object"), 200
         )
     version = requested if requested in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[0]
-    try:
-        session_id = _session_create(actor, version)
-    except redis.RedisError:
-        return _sessions_unavailable()
+    session_id = _session_create(actor, version)
     result = {
         "protocolVersion": version,
         "capabilities": {"tools": {"listChanged": False}},

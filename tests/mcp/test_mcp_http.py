@@ -4,15 +4,19 @@ transport's refusals. The view is plain Django, so the test client drives it dir
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from django.test import Client
 
 from queues import services
 from queues.models import Todo
 from switchboard import mcp
+from switchboard.core import counters
 from switchboard.core.verbs import load_verbs
+from switchboard.embedded import free_port
 from tests.conftest import Personas, push
 
 MODERN = "2026-07-28"
@@ -96,11 +100,25 @@ def held(personas: Personas) -> set[str]:
 
 
 def _call(session: Mcp, name: str, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The tool result, with ``answer``: the JSON it carries (structured content, or on an error
+    the text, since error results carry no structured content)."""
     response = session.rpc("tools/call", {"name": name, "arguments": arguments or {}})
     assert response.status_code == 200, response.content
     result: dict[str, Any] = response.json()["result"]
-    assert json.loads(result["content"][0]["text"]) == result["structuredContent"]
-    return result
+    answer = json.loads(result["content"][0]["text"])
+    if result["isError"]:
+        assert "structuredContent" not in result
+    else:
+        assert answer == result["structuredContent"]
+    return {**result, "answer": answer}
+
+
+def refusal(response: Any) -> dict[str, Any]:
+    """The API error object a transport refusal carries as its JSON-RPC error's data."""
+    body = response.json()
+    assert body["jsonrpc"] == "2.0" and "id" in body
+    data: dict[str, Any] = body["error"]["data"]
+    return data
 
 
 # --- the handshake ------------------------------------------------------------------------------
@@ -175,12 +193,31 @@ def test_a_session_belongs_to_its_endpoint(personas: Personas, agent: Mcp, clien
     assert other.rpc("ping").status_code == 404
 
 
-def test_a_protocol_version_header_must_match_the_session(agent: Mcp) -> None:
+def test_a_served_but_not_negotiated_protocol_version_is_answered_by_its_rules(
+    agent: Mcp,
+) -> None:
     agent.initialize("2025-06-18")
-    response = agent.post(
+    newer = agent.post(
         {"jsonrpc": "2.0", "id": 1, "method": "ping"}, **{"MCP-Protocol-Version": "2025-11-25"}
     )
-    assert response.status_code == 400 and response.json()["error"]["code"] == -32600
+    assert newer.status_code == 200 and newer.json() == {"jsonrpc": "2.0", "id": 1, "result": {}}
+    older = agent.post(
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+        **{"MCP-Protocol-Version": "2025-03-26"},
+    )
+    assert all("outputSchema" not in tool for tool in older.json()["result"]["tools"])
+
+
+@pytest.mark.parametrize("header", ["2000-01-01", "2099-01-01", "not-a-version"])
+def test_an_unsupported_protocol_version_header_is_400_within_a_session(
+    agent: Mcp, header: str
+) -> None:
+    agent.initialize()
+    response = agent.post(
+        {"jsonrpc": "2.0", "id": 3, "method": "tools/list"}, **{"MCP-Protocol-Version": header}
+    )
+    assert response.status_code == 400
+    assert response.json()["id"] == 3 and response.json()["error"]["code"] < 0
 
 
 def test_an_unknown_method_is_method_not_found(agent: Mcp) -> None:
@@ -235,17 +272,17 @@ def test_a_refusal_is_a_tool_result_with_is_error(personas: Personas, agent: Mcp
     (theirs,) = push(personas, 1, endpoint=personas.foreign)
     missing = _call(agent, "complete", {"id": str(theirs.id)})
     assert missing["isError"] is True
-    assert missing["structuredContent"]["code"] == "not_found"
+    assert missing["answer"]["code"] == "not_found"
     invalid = _call(agent, "create_todo", {"queue": "inbox"})
     assert invalid["isError"] is True
-    assert invalid["structuredContent"] == {
+    assert invalid["answer"] == {
         "error": "title: Field required",
         "code": "invalid_argument",
         "field": "title",
         "errors": [{"field": "title", "message": "Field required"}],
     }
     scope = _call(agent, "create_todo", {"queue": "elsewhere", "title": "x"})
-    assert scope["structuredContent"]["code"] == "forbidden"
+    assert scope["answer"]["code"] == "forbidden"
 
 
 def test_a_verb_outside_the_grant_is_hidden_and_forbidden(
@@ -259,7 +296,7 @@ def test_a_verb_outside_the_grant_is_hidden_and_forbidden(
     tools = reader.rpc("tools/list").json()["result"]["tools"]
     assert [t["name"] for t in tools] == ["list_todos"]
     refused = _call(reader, "claim_next", {})
-    assert refused["isError"] is True and refused["structuredContent"]["code"] == "forbidden"
+    assert refused["isError"] is True and refused["answer"]["code"] == "forbidden"
 
 
 def test_batches_are_served_only_where_the_revision_has_them(agent: Mcp) -> None:
@@ -301,7 +338,8 @@ def test_an_unknown_or_missing_token_is_401(personas: Personas, client: Client) 
     for token in ("sbk_nope", None):
         response = Mcp(client, personas.agent.slug, token).rpc("ping")
         assert response.status_code == 401
-        assert response.json()["code"] == "unauthorized"
+        assert refusal(response)["code"] == "unauthorized"
+        assert response.json()["id"] == 1
         assert response["WWW-Authenticate"].startswith("Bearer")
 
 
@@ -314,25 +352,37 @@ def test_a_valid_token_on_another_endpoints_url_is_403(personas: Personas, clien
     for slug in (personas.foreign.slug, personas.agent2.slug, "no-such-slug"):
         refused = Mcp(client, slug, personas.agent_token).rpc("initialize", {})
         assert refused.status_code == 403, slug
-        assert refused.json()["code"] == "forbidden"
+        assert refusal(refused)["code"] == "forbidden"
 
 
-def test_the_endpoint_rate_limit_applies_to_mcp(personas: Personas, client: Client) -> None:
+def test_the_endpoint_rate_limit_charges_tool_calls_not_the_handshake(
+    personas: Personas, client: Client
+) -> None:
     endpoint, token = services.endpoint_vend(
-        owner=personas.owner, name="Chatty", queues=["inbox"], rps=0.2, burst=2
+        owner=personas.owner, name="Chatty", queues=["inbox"], rps=0.1, burst=2
     )
     chatty = Mcp(client, endpoint.slug, token)
-    chatty.initialize()
-    limited = chatty.rpc("ping")
-    assert limited.status_code == 429 and limited.json()["code"] == "rate_limited"
+    for _ in range(3):
+        chatty.initialize()
+        assert chatty.rpc("ping").status_code == 200
+        assert chatty.rpc("tools/list").status_code == 200
+        assert chatty.modern("server/discover").status_code == 200
+        assert chatty.modern("tools/list").status_code == 200
+    assert _call(chatty, "claim_next")["isError"] is False
+    assert chatty.modern("tools/call", {"name": "claim_next", "arguments": {}}).status_code == 200
+    limited = chatty.rpc("tools/call", {"name": "claim_next", "arguments": {}}, id_="c3")
+    assert limited.status_code == 429 and refusal(limited)["code"] == "rate_limited"
+    assert limited.json()["id"] == "c3"
     assert int(limited["Retry-After"]) >= 1
+    assert chatty.rpc("ping").status_code == 200
 
 
 def test_it_needs_to_be_allowed_to_answer_json(agent: Mcp) -> None:
     response = agent.post({"jsonrpc": "2.0", "id": 1, "method": "ping"}, Accept="text/event-stream")
-    assert response.status_code == 406 and response.json()["field"] == "Accept"
+    assert response.status_code == 406 and refusal(response)["field"] == "Accept"
+    assert response.json()["id"] == 1
     typed = agent.post(None, raw="ping", content_type="text/plain")
-    assert typed.status_code == 415 and typed.json()["field"] == "Content-Type"
+    assert typed.status_code == 415 and refusal(typed)["field"] == "Content-Type"
 
 
 def test_a_foreign_origin_is_refused(agent: Mcp) -> None:
@@ -348,7 +398,7 @@ def test_a_foreign_origin_is_refused(agent: Mcp) -> None:
 def test_a_body_over_one_mebibyte_is_413(agent: Mcp) -> None:
     response = agent.post(None, raw=json.dumps({"pad": "a" * (1024 * 1024)}))
     assert response.status_code == 413
-    assert response.json()["code"] == "invalid_argument" and response.json()["field"] == "body"
+    assert refusal(response)["code"] == "invalid_argument" and refusal(response)["field"] == "body"
 
 
 # --- 2026-07-28 ---------------------------------------------------------------------------------
@@ -427,3 +477,92 @@ def test_modern_batches_are_invalid_and_notifications_accepted(agent: Mcp) -> No
     assert batch.status_code == 400 and batch.json()["error"]["code"] == -32600
     note = agent.post({"jsonrpc": "2.0", "method": "notifications/cancelled"}, **headers)
     assert note.status_code == 202
+
+
+# --- failures nobody planned for ------------------------------------------------------------------
+
+
+def _broken_verb(*args: Any, **kwargs: Any) -> Any:
+    raise RuntimeError("a bug in a verb")
+
+
+def test_an_unexpected_failure_is_a_json_rpc_internal_error_with_the_id(
+    agent: Mcp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(mcp.verbs, "call", _broken_verb)
+    agent.initialize()
+    response = agent.rpc("tools/call", {"name": "claim_next", "arguments": {}}, id_="boom")
+    assert response["Content-Type"] == "application/json"
+    assert response.json()["id"] == "boom" and response.json()["error"]["code"] == -32603
+    modern = agent.modern("tools/call", {"name": "claim_next", "arguments": {}})
+    assert modern.json()["id"] == "m1" and modern.json()["error"]["code"] == -32603
+
+
+def test_a_failure_before_dispatch_is_a_json_rpc_500_not_a_page(
+    agent: Mcp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(mcp, "_authenticate", _broken_verb)
+    response = agent.rpc("tools/list", id_=41)
+    assert response.status_code == 500 and response["Content-Type"] == "application/json"
+    assert response.json() == {
+        "jsonrpc": "2.0",
+        "id": 41,
+        "error": {"code": -32603, "message": mcp.INTERNAL_FAILURE},
+    }
+
+
+def test_one_failing_message_of_a_batch_costs_the_others_nothing(
+    agent: Mcp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(mcp.verbs, "call", _broken_verb)
+    agent.initialize("2025-03-26")
+    answers = agent.post(
+        [
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "claim_next"}},
+            {"jsonrpc": "2.0", "id": 2, "method": "ping"},
+        ]
+    ).json()
+    assert answers[0]["id"] == 1 and answers[0]["error"]["code"] == -32603
+    assert answers[1] == {"jsonrpc": "2.0", "id": 2, "result": {}}
+
+
+def test_a_redis_that_does_not_answer_is_a_503_json_rpc_error_with_retry_after(
+    agent: Mcp, settings: Any
+) -> None:
+    agent.initialize()
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    counters.reset_client()
+    try:
+        response = agent.rpc("tools/list", id_="r1")
+    finally:
+        counters.reset_client()  # the settings fixture restores REDIS_URL after the test
+    assert response.status_code == 503 and int(response["Retry-After"]) >= 1
+    assert response.json()["id"] == "r1" and refusal(response)["code"] == "unavailable"
+
+
+def test_get_answers_405_as_json_rpc(agent: Mcp) -> None:
+    response = agent.client.get(agent.path, headers=agent.headers())
+    assert response.status_code == 405 and response.json()["error"]["code"] == -32000
+
+
+def test_a_chunked_body_over_one_mebibyte_is_a_413_json_rpc_error(
+    tx_personas: Personas, live_url: str
+) -> None:
+    def chunks() -> Iterator[bytes]:
+        yield b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "pad": "'
+        for _ in range(2 * 1024):
+            yield b"a" * 1024
+        yield b'"}'
+
+    response = httpx.post(
+        f"{live_url}/mcp/{tx_personas.agent.slug}",
+        content=chunks(),  # no Content-Length: sent chunked
+        headers={
+            "Authorization": f"Bearer {tx_personas.agent_token}",
+            "Accept": ACCEPT,
+            "Content-Type": "application/json",
+        },
+        timeout=30,
+    )
+    assert response.status_code == 413
+    assert response.json()["error"]["data"]["field"] == "body"

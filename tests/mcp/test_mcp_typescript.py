@@ -1,0 +1,80 @@
+"""The TypeScript MCP SDK (the client most agent hosts embed) against a live server.
+
+It negotiates 2025-11-25 and validates every tool result against the tool's output schema, error
+results included, so these tests show an agent on it receives each refusal as the API's error
+object instead of an exception from its own SDK.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from queues import services
+from queues.models import Todo, TodoState
+from tests.conftest import Personas, push
+from tests.mcp.conftest import NODE
+
+
+def run_agent(js: Path, url: str, token: str, calls: list[Any]) -> dict[str, Any]:
+    env = {**os.environ, "MCP_URL": url, "MCP_TOKEN": token, "MCP_CALLS": json.dumps(calls)}
+    done = subprocess.run(
+        [NODE, str(js / "agent.mjs")], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    report: dict[str, Any] = json.loads(done.stdout)
+    assert "failed" not in report, report
+    return report
+
+
+def test_a_typescript_agent_works_and_reads_every_refusal(
+    tx_personas: Personas, live_url: str, js_clients: Path
+) -> None:
+    (theirs,) = push(tx_personas, 1, endpoint=tx_personas.foreign)
+    calls = [
+        ["create_todo", {"queue": "inbox", "title": "from typescript"}],
+        ["claim_next", {"lease_ttl_seconds": 60}],
+        ["complete", {"id": {"$todo": 1}, "result": {"ok": True}}],
+        ["complete", {"id": {"$todo": 1}}],
+        ["get_todo", {"id": str(theirs.id)}],
+        ["create_todo", {"queue": "inbox"}],
+        ["create_todo", {"queue": "elsewhere", "title": "out of scope"}],
+    ]
+    report = run_agent(
+        js_clients, f"{live_url}/mcp/{tx_personas.agent.slug}", tx_personas.agent_token, calls
+    )
+
+    assert report["protocolVersion"] == "2025-11-25" and report["server"] == "switchboard"
+    assert all(tool["outputSchema"] for tool in report["tools"])
+    made, claimed, done, again, foreign, invalid, scope = report["calls"]
+    assert made["isError"] is False and made["structuredContent"]["created"] is True
+    assert claimed["structuredContent"]["todo"]["id"] == made["structuredContent"]["todo"]["id"]
+    assert done["structuredContent"]["todo"]["state"] == "done"
+    for refused, code in (
+        (again, "conflict"),
+        (foreign, "not_found"),
+        (invalid, "invalid_argument"),
+        (scope, "forbidden"),
+    ):
+        assert "thrown" not in refused, refused
+        assert refused["isError"] is True and refused["text"]["code"] == code, refused
+    assert invalid["text"]["field"] == "title"
+    mine = Todo.objects.get(endpoint=tx_personas.agent)
+    assert mine.state == TodoState.DONE and mine.result == {"ok": True}
+
+
+def test_a_typescript_agent_connects_to_an_endpoint_limited_to_one_request_a_second(
+    tx_personas: Personas, live_url: str, js_clients: Path
+) -> None:
+    endpoint, token = services.endpoint_vend(
+        owner=tx_personas.owner, name="Slow", queues=["inbox"], rps=1, burst=1
+    )
+    report = run_agent(js_clients, f"{live_url}/mcp/{endpoint.slug}", token, [["claim_next", {}]])
+    assert report["protocolVersion"] == "2025-11-25"
+    assert report["calls"] == [
+        {"name": "claim_next", "isError": False, "structuredContent": {"empty": True},
+         "text": {"empty": True}}
+    ]  # fmt: skip
