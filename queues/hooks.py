@@ -50,7 +50,7 @@ def deliver_ready(*, endpoint_id: str, queue: str, todo_id: str | None, reason: 
     endpoint = Endpoint.objects.filter(pk=endpoint_id, state=EndpointState.ACTIVE).first()
     if endpoint is None or not endpoint.notify_url:
         return False
-    may_ring, _ = wakes._gate(endpoint.id, queue)
+    may_ring, _, _ = wakes._gate(endpoint.id, queue)
     if not may_ring:
         return False
     todo = None
