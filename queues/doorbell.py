@@ -28,7 +28,7 @@ from typing import Any
 
 import psycopg
 from asgiref.sync import sync_to_async
-from django.db import connection
+from django.db import close_old_connections, connection
 
 from queues import gates, wakes
 from queues.claimable import CLAIMABLE
@@ -95,6 +95,7 @@ LIMIT 50
 def waiting(endpoint_id: str, since: datetime | None, limit: int = ATTACH_RINGS) -> list[Ring]:
     """Up to ``limit`` claimable todos of the endpoint that every gate admits now (oldest first),
     changed after ``since`` if given. A failing gate check lets the todo through (fail open)."""
+    close_old_connections()  # an executor thread's connection may have aged or broken
     with connection.cursor() as cursor:
         cursor.execute(
             _WAITING_SQL.format(probes=gates.probes("t")), {"e": endpoint_id, "since": since}

@@ -14,6 +14,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 
+from django.db import connection
 from django.http import HttpRequest, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
@@ -52,6 +53,14 @@ async def ring_stream(
         bell.detach(sub)
 
 
+def release_connection() -> None:
+    """Give back this request's database connection before streaming: Django closes it only
+    when the response ends, so every open stream would hold one and a few dozen idle agents
+    would exhaust PostgreSQL's connections. The stream itself needs none (the doorbell holds the
+    one LISTEN connection)."""
+    connection.close()
+
+
 @csrf_exempt
 @require_GET
 def agent_events(request: HttpRequest) -> HttpResponseBase:
@@ -62,6 +71,7 @@ def agent_events(request: HttpRequest) -> HttpResponseBase:
         actor = authenticate_agent(request, header[7:].strip(), via="api")
     except DomainError as exc:
         return error_response(request, exc)
+    release_connection()
     response = StreamingHttpResponse(
         ring_stream(str(actor.endpoint.id), request.headers.get("Last-Event-ID")),
         content_type="text/event-stream",

@@ -71,7 +71,7 @@ from django.views.decorators.csrf import csrf_exempt
 from queues.access import AgentActor
 from queues.auth import authenticate_agent, check_endpoint_rate
 from queues.doorbell import Ring
-from queues.events import ring_stream
+from queues.events import release_connection, ring_stream
 from switchboard.core import counters, verbs
 from switchboard.core.errors import DomainError, Forbidden, InvalidArgument, Unauthorized
 from switchboard.core.http import API_BODY_LIMIT, BodyTooLarge, check_body_size, retry_after_seconds
@@ -553,6 +553,7 @@ def _get_stream(request: HttpRequest, actor: AgentActor) -> HttpResponseBase:
         return _rpc_error(None, error, 405, headers={"Allow": "POST, DELETE"})
     if _session_get(actor, session_id) is None:
         return _rpc_error(None, RpcError(INVALID_REQUEST, "Session not found"), 404)
+    release_connection()
     response = StreamingHttpResponse(
         ring_stream(
             str(actor.endpoint.id), request.headers.get("Last-Event-ID"), render=_notification

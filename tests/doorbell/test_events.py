@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import ExitStack
 
 import httpx
 import pytest
@@ -116,6 +117,22 @@ def test_rings_resume_after_the_listen_connection_is_terminated(
         assert isinstance(services.claim_next(actor=p.as_agent()), Claimed)
         (fresh,) = push(p, 1)
         assert [(e["todo"], e["reason"]) for e in [stream.next()]] == [(str(fresh.id), "created")]
+
+
+def _database_sessions() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+        return int(cursor.fetchone()[0])
+
+
+def test_open_streams_hold_no_database_connection_each(tx_personas: Personas, server: str) -> None:
+    p = tx_personas
+    with attached(server, p.agent_token):  # the doorbell's LISTEN is up from here
+        before = _database_sessions()
+        with ExitStack() as streams:
+            for _ in range(12):
+                streams.enter_context(attached(server, p.agent_token))
+            assert _database_sessions() <= before + 1  # an executor thread's, at most
 
 
 def test_the_stream_refuses_a_missing_or_unknown_token(server: str) -> None:
