@@ -29,7 +29,9 @@ POLICY_BODY_LIMIT = 16 * 1024
 
 
 class Strict(Schema):
-    model_config = ConfigDict(extra="forbid")
+    """An input: unknown keys refused, no coercion (``true`` is not 1, ``"3"`` not a number)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 # --- inputs ---------------------------------------------------------------------------------------

@@ -308,18 +308,20 @@ def policy_status_out(policy: AdmissionPolicy, ev: engine.Evaluation) -> dict[st
 def parse_scope(scope: str) -> str:
     """The endpoint reference in ``endpoint:<slug-or-id>``."""
     kind, sep, ref = (scope or "").partition(":")
-    if not sep or kind != "endpoint" or not ref:
+    if not sep or kind != "endpoint" or not ref or "\x00" in ref:
         raise InvalidArgument("scope must be endpoint:<slug-or-id>", field="scope")
     return ref
 
 
 def _endpoint_by_ref(ref: str) -> Endpoint | None:
+    """An id-shaped reference is an id, always (slugs are never UUID-shaped; see check_slug),
+    so a reference cannot land on another endpoint whose slug happens to spell it."""
     qs = Endpoint.objects.select_related("owner")
     try:
         as_id = uuid.UUID(ref)
     except ValueError:
         return qs.filter(slug=ref).first()
-    return qs.filter(Q(id=as_id) | Q(slug=ref)).first()
+    return qs.filter(id=as_id).first()
 
 
 def endpoint_for(actor: Actor, endpoint: Endpoint | str, *, write: bool) -> Endpoint:

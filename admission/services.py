@@ -165,7 +165,7 @@ def clean_policy(
         raise InvalidArgument(f"window.tz {tz!r} is not a known IANA time zone", field="window.tz")
     start = window.get("start")
     start = DEFAULT_WINDOW_START if start is None else start
-    if not isinstance(start, str) or not re.match(WINDOW_START_RE, start):
+    if not isinstance(start, str) or not re.fullmatch(WINDOW_START_RE, start):
         raise InvalidArgument("window.start must be HH:MM (00:00 to 23:59)", field="window.start")
     weekday = window.get("weekday")
     if period == WindowPeriod.WEEK:

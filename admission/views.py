@@ -457,6 +457,18 @@ class _Echo:
         return value
 
 
+# A cell a spreadsheet would read as a formula (OWASP "CSV injection"): shown as text instead.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: object) -> object:
+    """A value safe to open in a spreadsheet: text starting like a formula gets a leading
+    apostrophe, which spreadsheets show as text and never evaluate."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def _csv_rows(qs: QuerySet[LedgerEntry]) -> Iterator[str]:
     writer = csv.writer(_Echo())
     yield writer.writerow(CSV_COLUMNS)
@@ -466,7 +478,8 @@ def _csv_rows(qs: QuerySet[LedgerEntry]) -> Iterator[str]:
             for c in changes(entry.before, entry.after)
         )
         yield writer.writerow(
-            [
+            csv_cell(cell)
+            for cell in [
                 entry.seq,
                 entry.at.isoformat(),
                 entry.kind,
@@ -494,4 +507,5 @@ def ledger_csv_view(request: HttpRequest) -> HttpResponseBase:
     response = StreamingHttpResponse(_csv_rows(qs), content_type="text/csv; charset=utf-8")
     stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
     response["Content-Disposition"] = f'attachment; filename="ledger-{stamp}.csv"'
+    response["Cache-Control"] = "no-store"
     return response

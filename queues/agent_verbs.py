@@ -164,6 +164,7 @@ def heartbeat(actor: AgentActor, data: HeartbeatIn) -> dict[str, Any]:
         todo_id=data.id,
         lease_ttl_seconds=data.lease_ttl_seconds,
         lease_token=data.lease_token,
+        attempt=data.attempt,
     )
     return {"todo": one_todo_out(todo)}
 
@@ -182,6 +183,7 @@ def complete(actor: AgentActor, data: CompleteIn) -> dict[str, Any]:
         result=data.result,
         summary=data.summary,
         lease_token=data.lease_token,
+        attempt=data.attempt,
     )
     return {"todo": one_todo_out(todo)}
 
@@ -201,6 +203,7 @@ def fail(actor: AgentActor, data: FailIn) -> dict[str, Any]:
         error=data.error,
         summary=data.summary,
         lease_token=data.lease_token,
+        attempt=data.attempt,
     )
     return {"todo": one_todo_out(todo)}
 
@@ -213,5 +216,7 @@ def fail(actor: AgentActor, data: FailIn) -> dict[str, Any]:
     errors=TRANSITION_ERRORS,
 )
 def release(actor: AgentActor, data: ReleaseIn) -> dict[str, Any]:
-    todo = services.release(actor=actor, todo_id=data.id, lease_token=data.lease_token)
+    todo = services.release(
+        actor=actor, todo_id=data.id, lease_token=data.lease_token, attempt=data.attempt
+    )
     return {"todo": one_todo_out(todo)}

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django import forms
 
 from queues.pauses import MAX_REASON
+from switchboard.core import validation
+from switchboard.core.errors import InvalidArgument
 
 
 class PauseForm(forms.Form):
@@ -33,9 +34,12 @@ class TodoCompleteForm(forms.Form):
         if not raw:
             return None
         try:
-            return json.loads(raw)
-        except ValueError:
+            value = validation.loads(raw, "result")
+        except InvalidArgument as exc:
+            if "not valid JSON" not in exc.message:
+                raise forms.ValidationError(exc.message) from None
             return raw
+        return value
 
 
 class TodoFailForm(forms.Form):

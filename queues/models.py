@@ -6,7 +6,6 @@ below name the statement or sweep that uses each one.
 
 from __future__ import annotations
 
-import re
 import uuid
 
 from django.conf import settings
@@ -15,6 +14,7 @@ from django.db import models
 from django.db.models import Q
 
 from switchboard.core.errors import InvalidArgument
+from switchboard.core.validation import SafeJSONDecoder, fullmatch, validate_stored_json
 
 QUARANTINE_QUEUE = "quarantine"
 QUEUE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
@@ -22,7 +22,7 @@ QUEUE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
 
 def check_queue_name(queue: str, *, field_name: str = "queue") -> str:
     """The queue name, or ``invalid_argument`` naming the field (the database checks it too)."""
-    if not isinstance(queue, str) or not re.match(QUEUE_NAME_RE, queue):
+    if not fullmatch(QUEUE_NAME_RE, queue):
         raise InvalidArgument(
             f"{field_name} must be 1-64 letters, digits, '.', '_', ':' or '-', "
             "starting with a letter or digit",
@@ -32,6 +32,24 @@ def check_queue_name(queue: str, *, field_name: str = "queue") -> str:
 
 
 SLUG_RE = r"^[a-z0-9][a-z0-9-]{0,62}$"
+
+
+def check_slug(slug: str) -> str:
+    """An endpoint slug: lowercase letters, digits and '-', and never shaped like a UUID (so
+    ``endpoint:<id>`` can never name two endpoints)."""
+    if not fullmatch(SLUG_RE, slug):
+        raise InvalidArgument("slug must be lowercase letters, digits and '-'", field="slug")
+    if looks_like_uuid(slug):
+        raise InvalidArgument("slug must not have the shape of an id (a UUID)", field="slug")
+    return slug
+
+
+def looks_like_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except (ValueError, TypeError, AttributeError):
+        return False
+    return True
 
 
 class Verb(models.TextChoices):
@@ -174,7 +192,11 @@ class Todo(models.Model):
     queue = models.CharField(max_length=64)
     title = models.CharField(max_length=500)
     kind = models.CharField(max_length=100, blank=True, default="")
-    payload = models.JSONField(default=dict, blank=True)
+    # Read with a decoder that never raises and written through the edge bounds, so a row stored
+    # behind the services' back can still be listed and claimed (switchboard/validation.py).
+    payload = models.JSONField(
+        default=dict, blank=True, decoder=SafeJSONDecoder, validators=[validate_stored_json]
+    )
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
     state = models.CharField(max_length=10, choices=TodoState.choices, default=TodoState.PENDING)
     # Who holds the claim: the claimant the agent named, or the endpoint slug / operator.
@@ -183,7 +205,9 @@ class Todo(models.Model):
     attempt = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField(default=5)
     next_retry_at = models.DateTimeField(null=True, blank=True)
-    result = models.JSONField(null=True, blank=True)
+    result = models.JSONField(
+        null=True, blank=True, decoder=SafeJSONDecoder, validators=[validate_stored_json]
+    )
     source = models.CharField(max_length=10, choices=TodoSource.choices, default=TodoSource.API)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -35,6 +35,7 @@ from django.db import OperationalError, connection, transaction
 from queues import selectors, sql, wakes
 from queues.access import HumanActor
 from queues.models import QUARANTINE_QUEUE, QueuePause, check_queue_name
+from switchboard.core import validation
 from switchboard.core.errors import Conflict, Forbidden, InvalidArgument, NotFound
 from switchboard.ledger import chain as ledger
 from switchboard.ledger.models import LedgerKind
@@ -118,6 +119,7 @@ def _check_queue(queue: str) -> str:
 
 def _check_reason(reason: str | None) -> str:
     reason = reason.strip() if isinstance(reason, str) else ""
+    validation.check_text(reason, "reason")
     if not reason:
         raise InvalidArgument("a reason is required to pause a queue", field="reason")
     if len(reason) > MAX_REASON:

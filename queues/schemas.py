@@ -7,19 +7,30 @@ todos), so the agent verbs, the operator routes and the CLI show a todo the same
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from django.conf import settings
 from ninja import Schema
-from pydantic import ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo
 
 from queues.models import GRANTABLE_VERBS, QUEUE_NAME_RE, SLUG_RE, Endpoint, Todo, TodoState
 from queues.selectors import MAX_PAGE
+from switchboard.core import validation
 
 
 def QueueName() -> Any:
     return Field(pattern=QUEUE_NAME_RE, min_length=1, max_length=64)
+
+
+def AttemptOf() -> Any:
+    return Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="The attempt this caller holds (from its claim): refused with 409 "
+        "'superseded' once the todo has been claimed again",
+    )
 
 
 def LeaseTtl() -> Any:
@@ -40,7 +51,26 @@ def iso(value: datetime | None) -> str | None:
 
 
 class Strict(Schema):
-    model_config = ConfigDict(extra="forbid")
+    """An input: unknown keys refused, and no coercion (``true`` is not 1, ``"300"`` not a
+    number). Ids are the exception: a UUID arrives as a string (``Field(strict=False)``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def TodoId() -> Any:
+    return Field(strict=False)
+
+
+def StoredJson(description: str) -> Any:
+    """A JSON field that is stored (payload, result, error): bounded as the README says."""
+    return Field(default=None, description=description)
+
+
+def _stored(value: Any, info: ValidationInfo) -> Any:
+    return validation.check_stored_json(value, info.field_name or "value")
+
+
+JsonValue = Annotated[Any, AfterValidator(_stored)]
 
 
 class TodoAdmissionOut(Schema):
@@ -80,7 +110,7 @@ def todo_out(todo: Todo, admission: dict[str, Any] | None = None) -> dict[str, A
         "queue": todo.queue,
         "title": todo.title,
         "kind": todo.kind,
-        "payload": todo.payload,
+        "payload": validation.shown(todo.payload),
         "state": todo.state,
         "owner": todo.owner,
         "attempt": todo.attempt,
@@ -88,7 +118,7 @@ def todo_out(todo: Todo, admission: dict[str, Any] | None = None) -> dict[str, A
         "lease_expires_at": iso(todo.lease_expires_at),
         "next_retry_at": iso(todo.next_retry_at),
         "dead_letter": todo.dead_letter,
-        "result": todo.result,
+        "result": validation.shown(todo.result),
         "created_at": iso(todo.created_at),
         "updated_at": iso(todo.updated_at),
     }
@@ -129,7 +159,7 @@ class CreateTodoIn(Strict):
     queue: str = QueueName()
     title: str = Field(min_length=1, max_length=500)
     kind: str = Field(default="", max_length=100)
-    payload: Any = Field(default=None, description="Any JSON; an object by convention")
+    payload: JsonValue = StoredJson("Any JSON; an object by convention (limits in the README)")
     idempotency_key: str | None = Field(
         default=None,
         min_length=1,
@@ -145,7 +175,7 @@ class CreateTodoOut(Schema):
 
 
 class TodoIdIn(Strict):
-    id: UUID
+    id: UUID = TodoId()
 
 
 class TodoEnvelope(Schema):
@@ -166,7 +196,7 @@ class ListTodosOut(Schema):
 
 
 class ClaimIn(Strict):
-    id: UUID
+    id: UUID = TodoId()
     lease_ttl_seconds: int | None = LeaseTtl()
     require_fence: bool = Field(
         default=False, description="Issue a lease_token that every later transition must carry"
@@ -207,28 +237,32 @@ class ClaimNextOut(Schema):
 
 
 class HeartbeatIn(Strict):
-    id: UUID
+    id: UUID = TodoId()
     lease_ttl_seconds: int | None = LeaseTtl()
     lease_token: str | None = Field(default=None, max_length=200)
+    attempt: int | None = AttemptOf()
 
 
 class CompleteIn(Strict):
-    id: UUID
-    result: Any = None
+    id: UUID = TodoId()
+    result: JsonValue = StoredJson("Any JSON (limits in the README)")
     summary: str = Field(default="", max_length=10000)
     lease_token: str | None = Field(default=None, max_length=200)
+    attempt: int | None = AttemptOf()
 
 
 class FailIn(Strict):
-    id: UUID
-    error: Any = None
+    id: UUID = TodoId()
+    error: JsonValue = StoredJson("Any JSON (limits in the README)")
     summary: str = Field(default="", max_length=10000)
     lease_token: str | None = Field(default=None, max_length=200)
+    attempt: int | None = AttemptOf()
 
 
 class ReleaseIn(Strict):
-    id: UUID
+    id: UUID = TodoId()
     lease_token: str | None = Field(default=None, max_length=200)
+    attempt: int | None = AttemptOf()
 
 
 # --- operators --------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from django.utils import timezone
 from queues import access, gates, sql
 from queues.access import Actor, AgentActor, HumanActor, todo_scope
 from queues.models import Endpoint, QueuePause, Todo, TodoState
-from switchboard.core.errors import InvalidArgument, NotFound
+from switchboard.core.errors import Forbidden, InvalidArgument, NotFound
 
 MAX_PAGE = 200
 
@@ -44,6 +44,9 @@ def todos_for(
         )
     qs: QuerySet[Todo] = Todo.objects.filter(todo_scope(actor)).select_related("endpoint")
     if isinstance(actor, AgentActor):
+        if queue is not None and queue not in actor.endpoint.scope_queues:
+            # As every other verb answers a queue outside the scope (not an empty page).
+            raise Forbidden(f"queue {queue!r} is not in this endpoint's scope", queue=queue)
         qs = qs.filter(queue__in=actor.endpoint.scope_queues)
     if endpoint is not None:
         qs = qs.filter(endpoint=endpoint)

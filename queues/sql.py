@@ -297,10 +297,16 @@ def claim_locked(
 # --- transitions of a claimed todo: each returns the todo's row and whether ending its claim
 # frees a unit some gate limits. ---------------------------------------------------------------
 
+# The caller holds the claim: the current attempt is open, its lease has not lapsed, and the
+# caller names it. A fenced attempt needs its token; a token or an attempt number naming another
+# attempt is a superseded holder. Operators (release from the console) need neither.
 HOLDS_CLAIM = """
     t.id = %(id)s AND t.endpoint_id = ANY(%(endpoints)s) AND t.state = 'claimed'
     AND a.todo_id = t.id AND a.number = t.attempt AND a.ended_at IS NULL
-    AND (%(operator)s OR a.lease_token_hash IS NULL OR a.lease_token_hash = %(fence)s::text)
+    AND (%(operator)s OR (
+        t.lease_expires_at > clock_timestamp()
+        AND (%(attempt)s::int IS NULL OR t.attempt = %(attempt)s::int)
+        AND (a.lease_token_hash IS NOT DISTINCT FROM %(fence)s::text)))
 """
 
 
@@ -503,9 +509,10 @@ GROUP BY queue, state
 """
 
 
-# Why a transition matched nothing: the todo's state and its open attempt's fence, if in scope.
+# Why a transition matched nothing: the todo's state, its current attempt, whether the lease is
+# live, and that attempt's fence, if in scope.
 UNMATCHED_SQL = """
-SELECT t.state, t.lease_expires_at, a.lease_token_hash
+SELECT t.state, t.attempt, t.lease_expires_at > clock_timestamp(), a.lease_token_hash
 FROM queues_todo t
 LEFT JOIN queues_attempt a ON a.todo_id = t.id AND a.number = t.attempt
 WHERE t.id = %s AND t.endpoint_id = ANY(%s)

@@ -22,12 +22,21 @@ from ninja.errors import ValidationError as NinjaValidationError
 from admission.api import router as admission_router
 from queues.api import build_agent_router, endpoints_router, todos_router
 from queues.api_queues import router as queues_router
+from switchboard.core import availability
 from switchboard.core.errors import DomainError
-from switchboard.core.http import API_BODY_LIMIT, bounded, error_response, field_name
+from switchboard.core.http import (
+    API_BODY_LIMIT,
+    REFUSED_BODY,
+    EdgeParser,
+    bounded,
+    error_response,
+    field_name,
+)
 
 log = logging.getLogger(__name__)
 
 api = NinjaAPI(
+    parser=EdgeParser(),
     title="Switchboard",
     version="1",
     urls_namespace="api",
@@ -89,6 +98,9 @@ def on_auth_error(request: HttpRequest, exc: AuthenticationError) -> HttpRespons
 
 @api.exception_handler(HttpError)
 def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+    refused = getattr(request, REFUSED_BODY, None)
+    if refused is not None and exc.status_code == 400:
+        return error_response(request, refused)  # the body's edge check, naming the field
     codes = {400: "invalid_argument", 401: "unauthorized", 403: "forbidden", 404: "not_found"}
     body: dict[str, Any] = {"error": str(exc), "code": codes.get(exc.status_code, "conflict")}
     if exc.status_code == 400:
@@ -98,6 +110,9 @@ def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
 
 @api.exception_handler(Exception)
 def on_unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
+    if availability.is_outage(exc):
+        log.warning("%s %s: dependency unavailable: %s", request.method, request.path, exc)
+        return error_response(request, availability.outage(exc))
     log.exception("unhandled error on %s %s", request.method, request.path)
     return api.create_response(
         request, {"error": "internal error; it has been logged", "code": "internal"}, status=500

@@ -50,8 +50,12 @@ def _answers(url: str) -> bool:
 
 
 @contextmanager
-def live_server(database_url: str | None = None, *, workers: int = 1) -> Iterator[str]:
-    """Run uvicorn serving switchboard.asgi:application; yields its base URL."""
+def live_server(
+    database_url: str | None = None, *, workers: int = 1, env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """Run uvicorn serving switchboard.asgi:application; yields its base URL. ``env`` adds to
+    (or overrides) the server's environment, e.g. another REDIS_URL for the fault tests."""
+    extra = env or {}
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = {
@@ -62,6 +66,7 @@ def live_server(database_url: str | None = None, *, workers: int = 1) -> Iterato
         "SWITCHBOARD_PUBLIC_URL": base,
         "LOG_LEVEL": "ERROR",
     }
+    env.update(extra)
     command = [
         sys.executable, "-m", "uvicorn", "switchboard.asgi:application",
         "--host", "127.0.0.1", "--port", str(port),

@@ -1,10 +1,20 @@
-"""Security headers on every response (CSP, nosniff and referrer policy; frames come from Django)."""
+"""Security headers on every response (CSP, nosniff and referrer policy; frames come from Django),
+and the edge check of every request's path, query and form fields (``switchboard.core.validation``):
+a NUL character anywhere is refused before any view runs (PostgreSQL cannot store it).
+
+One middleware, not two: under ASGI each sync-only middleware costs a thread hop."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+from switchboard.core import availability
+from switchboard.core.errors import InvalidArgument
+
+ARRIVED = "switchboard.arrived"
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -12,20 +22,75 @@ CONTENT_SECURITY_POLICY = (
 )
 
 
+DOCS_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; frame-ancestors 'none'; base-uri 'self'; form-action 'self'"
+)
+
+
+def _signed_in(request: HttpRequest) -> bool:
+    user = getattr(request, "user", None)
+    try:
+        return bool(user is not None and user.is_authenticated)
+    except Exception:  # the session store is down: treat the answer as private
+        return True
+
+
 class SecurityHeadersMiddleware:
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        response = self.get_response(request)
+        # The deadline counts from arrival at the server (stamped in switchboard.asgi), so time
+        # spent queued for a worker thread counts too.
+        scope = getattr(request, "scope", None) or {}
+        arrived = scope.get(ARRIVED, time.monotonic())
+        with availability.request_deadline(arrived):
+            try:
+                check_request_text(request)
+            except InvalidArgument as exc:
+                response: HttpResponse = JsonResponse(exc.as_dict(), status=400)
+            else:
+                response = self.get_response(request)
         if request.path.startswith("/api/v1/docs"):
-            # The OpenAPI docs page loads Swagger UI with inline script.
-            response.headers.setdefault(
-                "Content-Security-Policy",
-                "default-src 'self' 'unsafe-inline' cdn.jsdelivr.net data:; frame-ancestors 'none'",
-            )
+            # Swagger UI from ninja's bundled assets (served under /static/): no CDN and no
+            # inline script; it sets a few inline styles, which are only cosmetic.
+            response.headers.setdefault("Content-Security-Policy", DOCS_SECURITY_POLICY)
         else:
             response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
+        if "Cache-Control" not in response.headers and (
+            "Authorization" in request.headers or _signed_in(request)
+        ):
+            # What a signed-in person or a token holder sees is theirs: never kept by a cache.
+            # (A view that chose its own policy, e.g. the event stream's, keeps it.)
+            response.headers["Cache-Control"] = "no-store"
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         response.headers.setdefault("Referrer-Policy", "same-origin")
         return response
+
+    def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse | None:
+        """A dependency that did not answer is 503 with Retry-After on every page, not a 500."""
+        if not availability.is_outage(exc):
+            return None
+        refusal = availability.outage(exc)
+        response = JsonResponse(refusal.as_dict(), status=refusal.status)
+        response["Retry-After"] = str(refusal.details["retry_after"])
+        return response
+
+
+FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+
+
+def check_request_text(request: HttpRequest) -> None:
+    """Refuse a NUL (or a lone surrogate) in the path, a query parameter or a form field."""
+    from switchboard.core.validation import check_text
+
+    check_text(request.path, "path")
+    sources = [request.GET]
+    if request.method == "POST" and request.content_type in FORM_TYPES:
+        sources.append(request.POST)
+    for source in sources:
+        for key, values in source.lists():
+            check_text(key, "query")
+            for value in values:
+                check_text(value, key)

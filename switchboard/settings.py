@@ -91,6 +91,8 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "django_prometheus",
+    # The API docs page from ninja's own bundled Swagger UI (no CDN, no inline script).
+    "ninja",
     "queues",
     "admission",
     "switchboard.ledger",
@@ -136,10 +138,21 @@ if env_bool("DATABASE_POOL", True):
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": env_int("DATABASE_POOL_MIN", 2),
         "max_size": env_int("DATABASE_POOL_MAX", 40, minimum=1),
-        "timeout": 30,
+        # A request waits this long for a pooled connection, then answers 503 unavailable.
+        "timeout": env_int("DATABASE_POOL_TIMEOUT", 2, minimum=1),
     }
     DATABASES["default"]["CONN_MAX_AGE"] = 0
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Fail fast: a PostgreSQL that does not answer costs a request seconds, not minutes (README).
+_options = DATABASES["default"].setdefault("OPTIONS", {})
+_options.setdefault("connect_timeout", env_int("DATABASE_CONNECT_TIMEOUT", 2, minimum=1))
+_server_timeouts = {
+    "lock_timeout": env_int("DATABASE_LOCK_TIMEOUT_MS", 2000),
+    "statement_timeout": env_int("DATABASE_STATEMENT_TIMEOUT_MS", 10000),
+}
+_options["options"] = " ".join(
+    [_options.get("options", ""), *(f"-c {k}={v}" for k, v in _server_timeouts.items() if v)]
+).strip()
 # psycopg prepares a server-side-bound statement after this many runs on a connection. Only the
 # hot claim statements (queues/sql.py hot_cursor) bind server-side; set 0 to turn preparing
 # off (e.g. behind a transaction-pooling proxy).
@@ -150,6 +163,12 @@ DATABASES["default"]["TEST"] = {"NAME": env("SWITCHBOARD_TEST_DB", "test_switchb
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env("REDIS_URL") or embedded.embedded_redis_url()
+# Redis calls (counters, rate limits) give up after this long; after a failure Redis is skipped
+# for REDIS_BREAKER_OPEN_SECONDS, so a stall costs one request its timeout, not every request.
+REDIS_TIMEOUT_SECONDS = float(env("REDIS_TIMEOUT_SECONDS", "1"))
+REDIS_BREAKER_OPEN_SECONDS = float(env("REDIS_BREAKER_OPEN_SECONDS", "5"))
+# A request that waited longer than this since it arrived starts no write: 503, nothing changed.
+REQUEST_DEADLINE_SECONDS = float(env("REQUEST_DEADLINE_SECONDS", "5"))
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -173,6 +192,16 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+# Behind TLS (README "Deploying"): redirect plain HTTP and send HSTS, so `check --deploy` is clean.
+# Off by default because the console also runs on plain http://localhost.
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+# The health and metrics paths stay reachable over plain HTTP for probes inside the network.
+SECURE_REDIRECT_EXEMPT = [r"^metrics$"]
+if env_bool("SECURE_PROXY_SSL_HEADER", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 # Claims and leases.
 DEFAULT_LEASE_TTL_SECONDS = 300

@@ -1,9 +1,8 @@
 from __future__ import annotations
 
-from django.conf import settings
 from django.contrib import admin
+from django.contrib.staticfiles.views import serve
 from django.urls import include, path, re_path
-from django.views.static import serve
 
 from queues.events import agent_events
 from switchboard.api import urls as api_urls
@@ -19,8 +18,9 @@ urlpatterns = [
     path("api/v1/", api_urls()),
     # MCP over Streamable HTTP, one URL per endpoint (bounded inside the view).
     path("mcp/<str:slug>", mcp_view, name="mcp"),
-    # The app serves its own small static tree (htmx, css); a proxy may serve it instead.
-    re_path(r"^static/(?P<path>.*)$", serve, {"document_root": settings.STATICFILES_DIRS[0]}),
+    # The app serves its own small static tree (htmx, css) and the apps' (the admin's, the API
+    # docs' Swagger UI from ninja) through the staticfiles finders; a proxy may serve them instead.
+    re_path(r"^static/(?P<path>.*)$", serve, {"insecure": True}),
     # The operations console: board, queues, todos, budgets, ledger (pages for humans).
     path("", include("switchboard.console.urls")),
     path("", include("admission.urls")),

@@ -23,7 +23,7 @@ from queues import services
 from queues.access import AUDITORS_GROUP, AgentActor, HumanActor
 from queues.models import Endpoint
 from switchboard import embedded, liveserver
-from switchboard.core import counters
+from switchboard.core import availability, counters
 
 TEST_REDIS_DB = int(os.environ.get("SWITCHBOARD_TEST_REDIS_DB", "15"))
 _valkey: Any = None
@@ -64,7 +64,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 @pytest.fixture(autouse=True)
 def _clean_redis(settings: Any) -> Iterator[None]:
     settings.METRICS_TOKEN = "test-metrics-token"
-    # Increments buffered by the previous test must not land in this one.
+    # Increments buffered by the previous test must not land in this one, and a Redis failure
+    # a previous test provoked must not keep Redis skipped in this one.
+    availability.redis_breaker.reset()
     counters.flush()
     counters.client().flushdb()
     yield

@@ -28,7 +28,7 @@ from queues import gates, metrics, sql
 from queues.access import Actor, AgentActor, HumanActor, acting_endpoint_ids
 from queues.models import QUARANTINE_QUEUE, Endpoint, Todo, check_queue_name
 from queues.services.endpoints import resolve_lease_ttl
-from switchboard.core import tokens
+from switchboard.core import availability, tokens, validation
 from switchboard.core.errors import Conflict, Forbidden, InvalidArgument, NotFound
 from switchboard.core.tokens import LEASE_TOKEN_PREFIX, hash_token
 
@@ -80,6 +80,7 @@ def claim_next(
         # (1) The common path: one statement that commits on its own. It claims at once unless
         # a gate claims the candidate.
         with sql.hot_cursor() as cursor:
+            availability.check_deadline()  # the connection is in hand: late means no claim
             cand = sql.claim_next_candidate(
                 cursor,
                 endpoint_id=endpoint.id,
@@ -107,6 +108,7 @@ def claim_next(
     result: Claimed | None = None
     # (3)-(4) One transaction: candidates in turn, each through every gate.
     with transaction.atomic(), sql.hot_cursor() as cursor:
+        availability.check_deadline()  # the connection is in hand: late means no claim
         while granted_open:
             cand = sql.claim_next_candidate(
                 cursor,
@@ -165,6 +167,7 @@ def claim(
     refused: _Refused | None = None
     result: Claimed | None = None
     with transaction.atomic(), sql.hot_cursor() as cursor:
+        availability.check_deadline()  # the connection is in hand: late means no claim
         locked = sql.lock_one(cursor, todo_id=todo_id, endpoint_ids=acting_endpoint_ids(actor))
         if locked is None:
             raise NotFound("no such todo", id=str(todo_id))
@@ -249,7 +252,7 @@ def _fence(require_fence: bool) -> tuple[str | None, str | None]:
 
 def _claimant(actor: Actor, claimant: str | None) -> str:
     if claimant is not None:
-        claimant = claimant.strip()
+        claimant = validation.check_text(claimant, "claimant").strip()
         if not claimant or len(claimant) > 200:
             raise InvalidArgument("claimant must be 1-200 characters", field="claimant")
         return claimant

@@ -17,13 +17,14 @@ from queues.access import HumanActor
 from queues.models import (
     BASIC_VERBS,
     GRANTABLE_VERBS,
-    SLUG_RE,
     Endpoint,
     EndpointState,
     HumanToken,
     check_queue_name,
+    check_slug,
+    looks_like_uuid,
 )
-from switchboard.core import tokens
+from switchboard.core import tokens, validation
 from switchboard.core.errors import Conflict, Forbidden, InvalidArgument
 from switchboard.core.tokens import ENDPOINT_TOKEN_PREFIX, HUMAN_TOKEN_PREFIX, hash_token
 from switchboard.ledger import chain as ledger
@@ -42,6 +43,8 @@ def resolve_lease_ttl(requested: int | None, endpoint: Endpoint) -> int:
 
 def _slugify(name: str) -> str:
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:50] or "endpoint"
+    if looks_like_uuid(slug):
+        return "endpoint-" + slug[:40]  # slugs never have the shape of an id
     if not slug[0].isalnum():
         slug = "e" + slug
     return slug
@@ -69,7 +72,7 @@ def endpoint_vend(
         _check_writes(actor)
         if not actor.is_superuser and getattr(owner, "pk", None) != getattr(actor.user, "pk", None):
             raise Forbidden("only a superuser may vend an endpoint for someone else")
-    name = (name or "").strip()
+    name = validation.check_text(name or "", "name").strip()
     if not name or len(name) > 200:
         raise InvalidArgument("name is required (at most 200 characters)", field="name")
     if not queues:
@@ -90,8 +93,8 @@ def endpoint_vend(
         raise InvalidArgument("rps must be between 0 (unlimited) and 100000", field="rps")
     if burst is not None and burst < 1:
         raise InvalidArgument("burst must be at least 1", field="burst")
-    if slug is not None and not re.match(SLUG_RE, slug):
-        raise InvalidArgument("slug must be lowercase letters, digits and '-'", field="slug")
+    if slug is not None:
+        check_slug(slug)
     token = tokens.mint(ENDPOINT_TOKEN_PREFIX)
     fields: dict[str, Any] = {
         "name": name,
@@ -117,6 +120,8 @@ def _create_with_free_slug(base: str, chosen: bool, fields: dict[str, Any]) -> E
     """The endpoint under ``base``, or ``base-xxxxxx`` when that is taken and was not chosen."""
     for n in range(100):
         candidate = base if n == 0 else f"{base[:56]}-{secrets.token_hex(3)}"
+        if looks_like_uuid(candidate):
+            continue
         try:
             with transaction.atomic():
                 return Endpoint.objects.create(slug=candidate, **fields)
@@ -221,7 +226,7 @@ def endpoint_update(
             raise Forbidden("only a superuser may give an endpoint to someone else")
     changes: dict[str, Any] = {}
     if name is not _UNSET:
-        name = (name or "").strip()
+        name = validation.check_text(name or "", "name").strip()
         if not name or len(name) > 200:
             raise InvalidArgument("name is required (at most 200 characters)", field="name")
         changes["name"] = name

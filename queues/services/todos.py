@@ -27,6 +27,7 @@ from queues.models import (
     check_queue_name,
 )
 from queues.services.endpoints import resolve_lease_ttl
+from switchboard.core import availability, validation
 from switchboard.core.errors import Conflict, Forbidden, InvalidArgument, NotFound
 from switchboard.core.tokens import hash_token
 
@@ -72,6 +73,9 @@ def todo_create(
             f"({', '.join(endpoint.scope_queues)})",
             field="queue",
         )
+    for name, text in (("title", title), ("kind", kind), ("idempotency_key", idempotency_key)):
+        validation.check_text(text, name)
+    validation.check_stored_json(payload, "payload")
     title = (title or "").strip()
     if not title or len(title) > 500:
         raise InvalidArgument("title is required (at most 500 characters)", field="title")
@@ -86,6 +90,7 @@ def todo_create(
         payload = {}
     try:
         with transaction.atomic():
+            availability.check_deadline()  # a client that has given up gets no todo
             todo = Todo.objects.create(
                 endpoint=endpoint,
                 queue=queue,
@@ -124,7 +129,12 @@ def todo_create(
 
 
 def _transition(
-    actor: Actor, todo_id: UUID, statement: str, params: dict[str, Any], lease_token: str | None
+    actor: Actor,
+    todo_id: UUID,
+    statement: str,
+    params: dict[str, Any],
+    lease_token: str | None,
+    attempt: int | None = None,
 ) -> Todo:
     endpoint_ids = acting_endpoint_ids(actor)
     if isinstance(actor, HumanActor) and not actor.writes:
@@ -135,13 +145,14 @@ def _transition(
         "endpoints": endpoint_ids,
         "operator": isinstance(actor, HumanActor),
         "fence": hash_token(lease_token) if lease_token else None,
+        "attempt": attempt,
     }
     # One statement, committed on its own unless the caller holds a transaction.
     with sql.hot_cursor() as cursor:
         cursor.execute(statement, params)
         row = cursor.fetchone()
         if row is None:
-            _raise_unmatched(cursor, todo_id, endpoint_ids, lease_token)
+            _raise_unmatched(cursor, todo_id, endpoint_ids, lease_token, attempt)
     assert row is not None
     *columns, frees_slot = row
     todo = sql.todo_from_row(columns)
@@ -150,23 +161,37 @@ def _transition(
 
 
 def _raise_unmatched(
-    cursor: Any, todo_id: UUID, endpoint_ids: list[UUID], lease_token: str | None
+    cursor: Any,
+    todo_id: UUID,
+    endpoint_ids: list[UUID],
+    lease_token: str | None,
+    attempt: int | None = None,
 ) -> None:
-    """A transition that matched nothing: conflict in scope, not_found outside it."""
+    """A transition that matched nothing: conflict in scope, not_found outside it. Every verb
+    names the same reasons, in the same order: not claimed, superseded, lapsed, wrong token."""
     cursor.execute(sql.UNMATCHED_SQL, [todo_id, endpoint_ids])
     found = cursor.fetchone()
     if found is None:
         raise NotFound("no such todo", id=str(todo_id))
-    state, _lease_expires_at, token_hash = found
-    if (
-        state == TodoState.CLAIMED
-        and token_hash
-        and (not lease_token or hash_token(lease_token) != token_hash)
-    ):
-        raise Conflict("the lease token is missing or wrong for this claim", state=state)
-    if state == TodoState.CLAIMED:
-        raise Conflict("the lease has lapsed", state=state)
-    raise Conflict(f"todo is {state}, not claimed", state=state)
+    state, current, live, token_hash = found
+    if state != TodoState.CLAIMED:
+        raise Conflict(f"todo is {state}, not claimed", state=state, attempt=current)
+    presented = hash_token(lease_token) if lease_token else None
+    if (attempt is not None and attempt != current) or (presented and presented != token_hash):
+        raise Conflict(
+            "this attempt was superseded: the todo was claimed again since",
+            state=state,
+            reason="superseded",
+            attempt=current,
+        )
+    if not live:
+        raise Conflict("the lease has lapsed", state=state, reason="lease_lapsed", attempt=current)
+    raise Conflict(
+        "the lease token is missing or wrong for this claim",
+        state=state,
+        reason="fence_mismatch",
+        attempt=current,
+    )
 
 
 def heartbeat(
@@ -175,6 +200,7 @@ def heartbeat(
     todo_id: UUID,
     lease_ttl_seconds: int | None = None,
     lease_token: str | None = None,
+    attempt: int | None = None,
 ) -> Todo:
     """Extend a live lease the caller holds."""
     endpoint = actor.endpoint if isinstance(actor, AgentActor) else None
@@ -183,7 +209,7 @@ def heartbeat(
         if endpoint
         else _human_ttl(lease_ttl_seconds)
     )
-    return _transition(actor, todo_id, sql.heartbeat_sql(), {"ttl": ttl}, lease_token)
+    return _transition(actor, todo_id, sql.heartbeat_sql(), {"ttl": ttl}, lease_token, attempt)
 
 
 def _human_ttl(requested: int | None) -> int:
@@ -208,13 +234,16 @@ def complete(
     result: Any = None,
     summary: str = "",
     lease_token: str | None = None,
+    attempt: int | None = None,
 ) -> Todo:
+    validation.check_stored_json(result, "result")
     todo = _transition(
         actor,
         todo_id,
         sql.complete_sql(),
         {"result": _json_param(result), "summary": _summary(summary)},
         lease_token,
+        attempt,
     )
     _after_end(todo, "done")
     return todo
@@ -227,7 +256,9 @@ def fail(
     error: Any = None,
     summary: str = "",
     lease_token: str | None = None,
+    attempt: int | None = None,
 ) -> Todo:
+    validation.check_stored_json(error, "error")
     todo = _transition(
         actor,
         todo_id,
@@ -239,13 +270,16 @@ def fail(
             "cap": BACKOFF_CAP_SECONDS,
         },
         lease_token,
+        attempt,
     )
     _after_end(todo, "dead_lettered" if todo.dead_letter else "failed")
     return todo
 
 
-def release(*, actor: Actor, todo_id: UUID, lease_token: str | None = None) -> Todo:
-    todo = _transition(actor, todo_id, sql.release_sql(), {"summary": ""}, lease_token)
+def release(
+    *, actor: Actor, todo_id: UUID, lease_token: str | None = None, attempt: int | None = None
+) -> Todo:
+    todo = _transition(actor, todo_id, sql.release_sql(), {"summary": ""}, lease_token, attempt)
     if todo.state == TodoState.FAILED:
         _after_end(todo, "dead_lettered")
     else:
@@ -257,7 +291,7 @@ def release(*, actor: Actor, todo_id: UUID, lease_token: str | None = None) -> T
 
 
 def _summary(summary: str | None) -> str:
-    summary = summary or ""
+    summary = validation.check_text(summary or "", "summary")
     if len(summary) > 10000:
         raise InvalidArgument("summary is at most 10000 characters", field="summary")
     return summary

@@ -91,7 +91,7 @@ class Filters:
         state = query.get("state", "live").strip() or "live"
         if state not in STATE_VALUES:
             state = "live"
-        if queue and not re.match(QUEUE_NAME_RE, queue):
+        if queue and not re.fullmatch(QUEUE_NAME_RE, queue):
             queue = ""
         return cls(endpoint=endpoint[:63], queue=queue, state=state, cursor=query.get("cursor", ""))
 

@@ -21,7 +21,7 @@ from admission.models import AdmissionPolicy, DeferralReason
 from queues import metrics, selectors
 from queues.models import Todo, TodoState
 from queues.selectors import QueueStat
-from switchboard.core import counters
+from switchboard.core import availability, counters
 
 log = logging.getLogger(__name__)
 OTHER = "__other__"
@@ -48,11 +48,13 @@ class SwitchboardCollector(Collector):
 
         labels: QueueLabels | None = None
         stats = None
+        database_down = False
         try:
             stats = selectors.queue_stats()
             ranked = sorted(stats, key=lambda s: (-sum(s.counts.values()), s.queue))
             labels = QueueLabels([s.queue for s in ranked], settings.METRICS_MAX_QUEUES)
-        except Exception:
+        except Exception as exc:
+            database_down = availability.is_outage(exc)
             log.exception("queue collector failed")
             _errors["queues"] += 1
         if labels is None:
@@ -60,7 +62,12 @@ class SwitchboardCollector(Collector):
         yield from self._counters(labels)
         if stats is not None:
             yield from self._queue_gauges(stats, labels)
-        yield from self._admission(labels)
+        if database_down:
+            # The database just failed to answer: a second read would wait out its timeout
+            # again, and /metrics must answer within seconds whatever is down.
+            _errors["admission"] += 1
+        else:
+            yield from self._admission(labels)
         errors = CounterMetricFamily(
             "switchboard_metrics_collection_errors",
             "Collector failures; the series they would have produced were omitted.",

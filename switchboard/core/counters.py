@@ -15,11 +15,14 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections import Counter
 
 import redis
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
+
+from switchboard.core import availability
 
 log = logging.getLogger(__name__)
 KEY_PREFIX = "switchboard:counter:"
@@ -32,8 +35,9 @@ def client() -> redis.Redis:
     global _client
     with _client_lock:
         if _client is None:
+            timeout = float(getattr(settings, "REDIS_TIMEOUT_SECONDS", 1))
             _client = redis.Redis.from_url(
-                settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2
+                settings.REDIS_URL, socket_timeout=timeout, socket_connect_timeout=timeout
             )
         return _client
 
@@ -120,21 +124,42 @@ def flush() -> None:
         _flush_locked()
 
 
+# Applies one flush at most once: a flush whose answer was lost (a timeout while Redis was
+# stalled) is re-sent with the same id, and Redis, having applied it, skips it.
+_APPLY_ONCE = """
+if redis.call('SET', KEYS[1], '1', 'NX', 'EX', 86400) then
+  for i = 1, #ARGV, 3 do
+    redis.call('HINCRBY', ARGV[i], ARGV[i + 1], ARGV[i + 2])
+  end
+  return 1
+end
+return 0
+"""
+FLUSH_KEY_PREFIX = "switchboard:flush:"
+# Flushes sent and not acknowledged, oldest first: re-sent as they were, under their own id.
+_unacknowledged: list[tuple[str, Counter[tuple[str, str]]]] = []
+
+
 def _flush_locked() -> None:
     with _buffer_lock:
         items = _buffer.copy()
         _buffer.clear()
-    if not items:
-        return
-    try:
-        pipe = client().pipeline(transaction=False)
-        for (name, key), amount in items.items():
-            pipe.hincrby(KEY_PREFIX + name, key, amount)
-        pipe.execute()
-    except redis.RedisError:
-        log.exception("could not record %d counter increments; keeping them", len(items))
-        with _buffer_lock:
-            _buffer.update(items)
+    if items:
+        _unacknowledged.append((uuid.uuid4().hex, items))
+    while _unacknowledged:
+        if not availability.redis_breaker.allow():
+            return  # kept; sent once Redis answers again
+        flush_id, batch = _unacknowledged[0]
+        args: list[str | int] = []
+        for (name, key), amount in batch.items():
+            args.extend((KEY_PREFIX + name, key, amount))
+        try:
+            client().eval(_APPLY_ONCE, 1, FLUSH_KEY_PREFIX + flush_id, *args)
+        except redis.RedisError:
+            availability.redis_breaker.failed()
+            log.warning("could not record %d counter increments; keeping them", len(batch))
+            return
+        _unacknowledged.pop(0)
 
 
 def _ensure_flusher() -> None:
@@ -159,6 +184,7 @@ def _after_fork_in_child() -> None:
     # A forked worker must not send its parent's buffer again, nor rely on its parent's thread.
     global _flusher_pid, _client, _flush_lock
     _buffer.clear()
+    _unacknowledged.clear()
     _flush_lock = threading.Lock()
     _flusher_pid = None
     _client = None
@@ -168,8 +194,9 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def read(name: str) -> dict[tuple[tuple[str, str], ...], int]:
-    """Every label set of a counter and its value."""
+    """Every label set of a counter and its value (``BreakerOpen`` while Redis is skipped)."""
     flush()
+    availability.redis_breaker.check()
     raw: dict[bytes, bytes] = client().hgetall(KEY_PREFIX + name)  # type: ignore[assignment]
     out: dict[tuple[tuple[str, str], ...], int] = {}
     for key, value in raw.items():

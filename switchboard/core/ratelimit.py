@@ -1,7 +1,8 @@
 """Token buckets in Redis, shared by every process: per endpoint requests, per human policy writes.
 
 One Lua script refills and takes atomically. If Redis cannot be reached the limiter fails open
-(logged): a rate limit protects the service, it is not a correctness guarantee.
+(logged): a rate limit protects the service, it is not a correctness guarantee. A failure opens
+the Redis breaker (``switchboard.core.availability``), so a stall costs one request its timeout.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 
 import redis
 
-from switchboard.core import counters
+from switchboard.core import availability, counters
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +45,14 @@ def take(key: str, *, rate: float, burst: int) -> tuple[bool, int]:
     """Take one token; returns (allowed, seconds to wait before retrying). rate 0 = unlimited."""
     if rate <= 0:
         return True, 0
+    if not availability.redis_breaker.allow():
+        return True, 0  # Redis failed a moment ago: admit without waiting on it again
     try:
         allowed, wait_ms = counters.client().eval(
             _TAKE, 1, f"switchboard:bucket:{key}", rate, max(1, burst), time.time()
         )
     except redis.RedisError:
+        availability.redis_breaker.failed()
         log.warning("rate limiter unavailable; admitting %s", key)
         return True, 0
     return bool(allowed), max(1, math.ceil(int(wait_ms) / 1000)) if not allowed else 0

@@ -41,7 +41,7 @@ The contract of a handler ``fn(actor, data) -> dict``:
   ``exclude_unset=True``, so optional keys you leave out stay out (``lease_token?``), and keys
   you set to ``None`` appear as ``null``. Datetimes may be ``datetime`` objects or ISO strings.
 
-Every route answers 400/401/403/429 (and 413 for an oversized body); list any other status the
+Every route answers 400/401/403/429/503 (and 413 for an oversized body); list any other status the
 handler can raise in ``errors`` (e.g. 404 ``not_found``, 409 ``conflict``/``deferred``, 503
 ``admission_unavailable``) so the OpenAPI document stays true.
 
@@ -67,9 +67,11 @@ from django.core.exceptions import ImproperlyConfigured
 from pydantic import BaseModel, ValidationError
 
 from switchboard.core.errors import Forbidden, InvalidArgument
+from switchboard.core.validation import check_json
 
-# The statuses every agent route can answer, whatever the verb.
-COMMON_ERRORS = (400, 401, 403, 413, 429)
+# The statuses every agent route can answer, whatever the verb (503: a dependency did not answer
+# in time, switchboard.core.availability).
+COMMON_ERRORS = (400, 401, 403, 413, 429, 503)
 
 
 class AgentActor(Protocol):
@@ -108,8 +110,12 @@ class VerbSpec:
 
     def parse(self, arguments: Any) -> BaseModel:
         """Validate raw arguments; a failure is ``invalid_argument`` naming the first field."""
+        arguments = arguments if arguments is not None else {}
+        # The edge check (NUL, lone surrogates, non-finite numbers, depth): REST bodies had it
+        # when parsed; MCP arguments get it here, for every tool alike.
+        check_json(arguments, "")
         try:
-            return self.input.model_validate(arguments if arguments is not None else {})
+            return self.input.model_validate(arguments)
         except ValidationError as exc:
             raise invalid_argument(exc) from None
 

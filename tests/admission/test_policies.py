@@ -271,7 +271,8 @@ def test_an_agent_changes_only_its_own_scoped_queues(personas: Personas) -> None
 
 def test_policy_writes_are_limited_per_human(personas: Personas, settings: Any) -> None:
     p = personas
-    settings.POLICY_WRITE_RATE_LIMIT = (1, 10)
+    # A refill of one write per 100 s: eleven writes cannot earn a token back, however slow the run.
+    settings.POLICY_WRITE_RATE_LIMIT = (0.01, 10)
     for n in range(10):
         set_policy(p, max_claims_per_window=n + 1)
     with pytest.raises(RateLimited) as caught:

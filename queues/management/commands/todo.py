@@ -7,7 +7,6 @@ Exit codes: 0 ok, 1 refused (stderr names the field), 2 usage (switchboard/cli.p
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
@@ -16,8 +15,9 @@ from queues import services
 from queues.access import HumanActor
 from queues.models import Endpoint, TodoSource
 from queues.schemas import one_todo_out
+from switchboard.core import validation
 from switchboard.core.cli import emit, refused, usage
-from switchboard.core.errors import DomainError, InvalidArgument, NotFound
+from switchboard.core.errors import DomainError, NotFound
 
 
 class Command(BaseCommand):
@@ -51,10 +51,7 @@ class Command(BaseCommand):
             raise NotFound(f"no endpoint with slug {options['endpoint']!r}", field="endpoint")
         payload = None
         if options["payload"] is not None:
-            try:
-                payload = json.loads(options["payload"])
-            except ValueError as exc:
-                raise InvalidArgument(f"payload is not JSON: {exc}", field="payload") from None
+            payload = validation.loads(options["payload"], "payload")
         made = services.todo_create(
             actor=HumanActor(endpoint.owner, via="cli"),
             endpoint=endpoint,

@@ -1,0 +1,207 @@
+"""One validation at the edge for every string and JSON value a client sends.
+
+Every surface calls these before anything is stored: the REST API (``switchboard.core.http`` checks
+each JSON body once, before ninja's models see it), MCP tool arguments (``switchboard.core.verbs``),
+the CLI and the admin and page forms (the services and the model fields call them again, so a
+caller that skips the edge still cannot store what the edge refuses).
+
+What is refused, each as ``invalid_argument`` naming the field (dotted path into JSON):
+
+* a NUL character (PostgreSQL stores neither ``\\u0000`` in ``text`` nor in ``jsonb``);
+* a lone surrogate (``\\ud800``): not encodable as UTF-8, so not storable;
+* a non-finite number: ``NaN``, ``Infinity``, ``-Infinity`` and literals that overflow a double
+  (``1e309``); JSON has no such values and ``jsonb`` refuses them;
+* JSON nested deeper than ``MAX_JSON_DEPTH`` levels, or a stored JSON field (``payload``,
+  ``result``, ``error``) larger than ``MAX_JSON_BYTES`` once serialised.
+
+Names (queues, slugs) are matched against the whole string: ``re.fullmatch`` (Python's ``$``
+also matches before a trailing newline).
+
+Reading back is defensive too: ``renderable`` tells whether a stored JSON value can be shown,
+so a row written behind the services' back never breaks a listing or a claim.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from switchboard.core.errors import InvalidArgument
+
+# Nesting bound of any JSON a client sends (the body itself is level 1, so a payload may nest
+# MAX_JSON_DEPTH - 2 levels inside a verb's arguments). Deep enough for real documents; far below
+# Python's recursion limit and pydantic's serialisation limit (255).
+MAX_JSON_DEPTH = 64
+# One stored JSON field (payload, result, error) serialised; the whole body is bounded at 1 MiB.
+MAX_JSON_BYTES = 256 * 1024
+
+
+class Refused(ValueError):
+    """A value that cannot be stored; ``path`` is its location below the field."""
+
+    def __init__(self, path: tuple[str | int, ...], reason: str) -> None:
+        super().__init__(reason)
+        self.path = path
+        self.reason = reason
+
+
+def text_problem(value: str) -> str | None:
+    """Why this string cannot be stored, or None."""
+    if "\x00" in value:
+        return "must not contain a NUL character (\\u0000)"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "must not contain a lone surrogate (\\ud800-\\udfff)"
+    return None
+
+
+def _walk(value: Any, max_depth: int) -> Iterator[Refused]:
+    """Every problem in a JSON-like value, depth-first; iterative, so depth cannot blow the stack."""
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
+    while stack:
+        item, path = stack.pop()
+        if len(path) >= max_depth and isinstance(item, dict | list):
+            yield Refused(path, f"is nested deeper than {max_depth} levels")
+            continue
+        if isinstance(item, str):
+            problem = text_problem(item)
+            if problem:
+                yield Refused(path, problem)
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                yield Refused(path, "must be a finite number (no NaN, Infinity or overflow)")
+        elif isinstance(item, dict):
+            for key, child in reversed(list(item.items())):
+                if isinstance(key, str):
+                    problem = text_problem(key)
+                    if problem:
+                        yield Refused((*path, key.encode("utf-8", "replace").decode()), problem)
+                        continue
+                stack.append((child, (*path, str(key))))
+        elif isinstance(item, list | tuple):
+            for index in reversed(range(len(item))):
+                stack.append((item[index], (*path, index)))
+
+
+def dotted(field: str, path: tuple[str | int, ...]) -> str:
+    clean = [str(p).replace("\x00", "\\u0000") for p in path]
+    return ".".join([p for p in (field, *clean) if p != ""]) or "body"
+
+
+def refusal(field: str, problem: Refused) -> InvalidArgument:
+    name = dotted(field, problem.path)
+    return InvalidArgument(f"{name}: {problem.reason}", field=name)
+
+
+def check_text(value: Any, field: str) -> Any:
+    """Refuse a string that cannot be stored (None and non-strings pass through untouched)."""
+    if isinstance(value, str):
+        problem = text_problem(value)
+        if problem:
+            raise InvalidArgument(f"{field}: {problem}", field=field)
+    return value
+
+
+def check_json(
+    value: Any, field: str, *, max_depth: int = MAX_JSON_DEPTH, max_bytes: int | None = None
+) -> Any:
+    """Refuse JSON that cannot be stored: NUL, lone surrogates, non-finite numbers, too deep,
+    and (with ``max_bytes``) too large. Returns the value."""
+    for problem in _walk(value, max_depth):
+        raise refusal(field, problem)
+    if max_bytes is not None:
+        size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+        if size > max_bytes:
+            raise InvalidArgument(
+                f"{field}: is {size} bytes as JSON; the limit is {max_bytes}",
+                field=field,
+                limit=max_bytes,
+                size=size,
+            )
+    return value
+
+
+def check_stored_json(value: Any, field: str) -> Any:
+    """A JSON field about to be stored (payload, result, error): the bounds in the README."""
+    return check_json(value, field, max_depth=MAX_JSON_DEPTH, max_bytes=MAX_JSON_BYTES)
+
+
+def loads(raw: bytes | str, field: str = "") -> Any:
+    """Parse a client's JSON strictly: what ``json.loads`` accepts beyond JSON (NaN, Infinity,
+    overflowing literals) is refused, and so is anything ``check_json`` refuses.
+
+    Raises ``InvalidArgument`` naming the field (a path below ``field``; a request body's
+    problems name its keys); a body that is not JSON at all names ``body``.
+    """
+    name = field or "body"
+    try:
+        # NaN and Infinity parse as floats here; the walk below refuses them with their path.
+        value = json.loads(raw)
+    except RecursionError:
+        raise InvalidArgument(
+            f"{name}: is nested deeper than {MAX_JSON_DEPTH} levels", field=name
+        ) from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidArgument(f"{name}: is not valid JSON ({exc})", field=name) from None
+    return check_json(value, field)
+
+
+def renderable(value: Any) -> bool:
+    """Whether a stored JSON value can be shown to a client (defence against rows written
+    behind the services' back: too deep, or holding what JSON cannot say)."""
+    return next(_walk(value, MAX_JSON_DEPTH), None) is None
+
+
+def fullmatch(pattern: str, value: Any) -> bool:
+    """A name check against the whole string (``$`` alone accepts a trailing newline)."""
+    return isinstance(value, str) and re.fullmatch(pattern, value) is not None
+
+
+class SafeJSONDecoder(json.JSONDecoder):
+    """Reads stored JSON for the model fields without ever raising on depth: a value too deep
+    for Python's parser comes back as ``UNREADABLE`` so its row can still be listed."""
+
+    def decode(self, s: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().decode(s, *args, **kwargs)
+        except RecursionError:
+            return dict(UNREADABLE)
+
+
+def stored_json_loads(data: bytes | bytearray | memoryview | str) -> Any:
+    """psycopg's json/jsonb loader: ``json.loads``, or ``UNREADABLE`` for a value too deep."""
+    try:
+        return json.loads(bytes(data) if isinstance(data, memoryview) else data)
+    except RecursionError:
+        return dict(UNREADABLE)
+
+
+# What a stored value that cannot be read or shown is replaced with on every surface.
+UNREADABLE = {"unreadable": f"stored JSON nested deeper than {MAX_JSON_DEPTH} levels"}
+
+
+def shown(value: Any) -> Any:
+    """A stored JSON value as clients see it: itself, or ``UNREADABLE`` when it cannot be
+    rendered (so one bad row does not break a page of todos or a claim)."""
+    return value if renderable(value) else dict(UNREADABLE)
+
+
+def validate_stored_json(value: Any) -> None:
+    """Django model-field validator (the admin's forms call it through ``full_clean``)."""
+    from django.core.exceptions import ValidationError
+
+    try:
+        check_stored_json(value, "value")
+    except InvalidArgument as exc:
+        raise ValidationError(exc.message) from None
+
+
+def validate_text(value: Any) -> None:
+    from django.core.exceptions import ValidationError
+
+    if isinstance(value, str) and text_problem(value):
+        raise ValidationError(f"this {text_problem(value)}")

