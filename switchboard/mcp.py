@@ -63,7 +63,6 @@ from urllib.parse import urlsplit
 import redis
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
@@ -73,6 +72,7 @@ from queues.auth import authenticate_agent, check_endpoint_rate
 from queues.doorbell import Ring
 from queues.events import release_connection, ring_stream
 from switchboard.core import counters, verbs
+from switchboard.core.availability import is_outage, outage
 from switchboard.core.errors import DomainError, Forbidden, InvalidArgument, Unauthorized
 from switchboard.core.http import API_BODY_LIMIT, BodyTooLarge, check_body_size, retry_after_seconds
 
@@ -184,16 +184,6 @@ def _origin_allowed(request: HttpRequest) -> bool:
     return urlsplit(origin).netloc == request.get_host()
 
 
-# A dependency that did not answer: the request changed nothing it reports, so retrying is safe.
-UNAVAILABLE = (OperationalError, InterfaceError, redis.RedisError)
-UNAVAILABLE_RETRY_AFTER = 5
-
-
-class Unavailable(DomainError):
-    code = "unavailable"
-    status = 503
-
-
 @csrf_exempt
 def mcp_view(request: HttpRequest, slug: str) -> HttpResponseBase:
     if request.method not in ("GET", "POST", "DELETE"):
@@ -220,14 +210,10 @@ def mcp_view(request: HttpRequest, slug: str) -> HttpResponseBase:
         return _refusal(exc)  # the id stays unread: reading it means reading the whole body
     except DomainError as exc:
         return _refusal(exc, _body_id(request))
-    except UNAVAILABLE:
-        log.warning("MCP request met an unavailable database or Redis", exc_info=True)
-        unavailable = Unavailable(
-            "the service is unavailable right now (database or Redis); retry shortly",
-            retry_after=UNAVAILABLE_RETRY_AFTER,
-        )
-        return _refusal(unavailable, _body_id(request))
-    except Exception:
+    except Exception as exc:
+        if is_outage(exc):  # a dependency did not answer: 503 unavailable, Retry-After
+            log.warning("MCP request met an outage", exc_info=True)
+            return _refusal(outage(exc), _body_id(request))
         # Whatever broke, the client still reads a JSON-RPC answer to its request.
         log.exception("MCP request failed")
         return _rpc_error(_body_id(request), RpcError(INTERNAL_ERROR, INTERNAL_FAILURE), 500)
@@ -410,9 +396,9 @@ def _modern(request: HttpRequest, actor: AgentActor, message: Any) -> HttpRespon
             )
         _check_envelope(request, parsed)
         result = _modern_dispatch(actor, parsed)
-    except (DomainError, *UNAVAILABLE):
-        raise  # the view answers these with their HTTP status (a refusal, 503)
     except Exception as exc:
+        if isinstance(exc, DomainError) or is_outage(exc):
+            raise  # the view answers these with their HTTP status (a refusal, 503)
         error = exc if isinstance(exc, RpcError) else _handler_failed()
         return _rpc_error(_request_id(message), error, MODERN_ERROR_STATUS.get(error.code, 200))
     result.setdefault("resultType", "complete")
@@ -647,9 +633,9 @@ def _answer(
         if parsed.is_notification:
             return None
         return {"jsonrpc": "2.0", "id": parsed.id, "result": result}
-    except (DomainError, *UNAVAILABLE):
-        raise  # the view answers these with their HTTP status (a refusal, 503)
     except Exception as exc:
+        if isinstance(exc, DomainError) or is_outage(exc):
+            raise  # the view answers these with their HTTP status (a refusal, 503)
         if isinstance(message, dict) and "id" not in message and "method" in message:
             return None  # errors are never sent for notifications
         error = exc if isinstance(exc, RpcError) else _handler_failed()
