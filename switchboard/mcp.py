@@ -142,7 +142,7 @@ def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -
     return response
 
 
-def _refusal(exc: DomainError, id_: Id = None) -> HttpResponse:
+def refusal_response(exc: DomainError, id_: Id = None) -> HttpResponse:
     """A transport-level refusal: a JSON-RPC error carrying the API's error object as data."""
     if exc.code == "invalid_argument":
         code = INVALID_REQUEST
@@ -207,13 +207,13 @@ def mcp_view(request: HttpRequest, slug: str) -> HttpResponseBase:
             return _delete(request, actor)
         return _post(request, actor)
     except BodyTooLarge as exc:
-        return _refusal(exc)  # the id stays unread: reading it means reading the whole body
+        return refusal_response(exc)  # the id stays unread: reading it means reading the whole body
     except DomainError as exc:
-        return _refusal(exc, _body_id(request))
+        return refusal_response(exc, _body_id(request))
     except Exception as exc:
         if is_outage(exc):  # a dependency did not answer: 503 unavailable, Retry-After
             log.warning("MCP request met an outage", exc_info=True)
-            return _refusal(outage(exc), _body_id(request))
+            return refusal_response(outage(exc), _body_id(request))
         # Whatever broke, the client still reads a JSON-RPC answer to its request.
         log.exception("MCP request failed")
         return _rpc_error(_body_id(request), RpcError(INTERNAL_ERROR, INTERNAL_FAILURE), 500)

@@ -12,7 +12,9 @@ from collections.abc import Callable
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from switchboard.core import availability
-from switchboard.core.errors import InvalidArgument
+from switchboard.core.errors import DomainError, InvalidArgument
+from switchboard.core.validation import check_text
+from switchboard.mcp import refusal_response
 
 ARRIVED = "switchboard.arrived"
 
@@ -49,7 +51,7 @@ class SecurityHeadersMiddleware:
             try:
                 check_request_text(request)
             except InvalidArgument as exc:
-                response: HttpResponse = JsonResponse(exc.as_dict(), status=400)
+                response: HttpResponse = edge_refusal(request, exc)
             else:
                 response = self.get_response(request)
         if request.path.startswith("/api/v1/docs"):
@@ -73,9 +75,28 @@ class SecurityHeadersMiddleware:
         if not availability.is_outage(exc):
             return None
         refusal = availability.outage(exc)
-        response = JsonResponse(refusal.as_dict(), status=refusal.status)
+        response = edge_refusal(request, refusal)
         response["Retry-After"] = str(refusal.details["retry_after"])
         return response
+
+
+def edge_refusal(request: HttpRequest, exc: DomainError) -> HttpResponse:
+    """A refusal made before any view ran, in the shape the caller's protocol reads: a JSON-RPC
+    error on /mcp (no id: the body was never read), the API's error object everywhere else."""
+    if request.path.startswith("/mcp/"):
+        return refusal_response(exc)
+    return JsonResponse(exc.as_dict(), status=exc.status)
+
+
+def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """Django's 400 (a Host not in ALLOWED_HOSTS, a malformed request): never an HTML page for an
+    agent or API client, which cannot read one."""
+    refusal = InvalidArgument(
+        "The request is malformed or names a host this server does not serve.", field="host"
+    )
+    if request.path.startswith(("/mcp/", "/api/")):
+        return edge_refusal(request, refusal)
+    return HttpResponse(refusal.message, status=400, content_type="text/plain; charset=utf-8")
 
 
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
@@ -83,8 +104,6 @@ FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
 def check_request_text(request: HttpRequest) -> None:
     """Refuse a NUL (or a lone surrogate) in the path, a query parameter or a form field."""
-    from switchboard.core.validation import check_text
-
     check_text(request.path, "path")
     sources = [request.GET]
     if request.method == "POST" and request.content_type in FORM_TYPES:

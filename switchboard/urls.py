@@ -9,6 +9,9 @@ from switchboard.api import urls as api_urls
 from switchboard.mcp import mcp_view
 from switchboard.views import metrics_view
 
+# A malformed request or a Host outside ALLOWED_HOSTS: JSON (or JSON-RPC) for agents, not a page.
+handler400 = "switchboard.middleware.bad_request"
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("metrics", metrics_view, name="metrics"),

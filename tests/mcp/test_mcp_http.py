@@ -581,3 +581,26 @@ def test_a_chunked_body_over_one_mebibyte_is_a_413_json_rpc_error(
     )
     assert response.status_code == 413
     assert response.json()["error"]["data"]["field"] == "body"
+
+
+def test_a_nul_in_the_query_is_refused_before_any_view_as_a_json_rpc_error(agent: Mcp) -> None:
+    response = agent.client.post(
+        f"{agent.path}?x=a%00b", "{}", content_type="application/json", headers=agent.headers()
+    )
+    assert response.status_code == 400 and response["Content-Type"] == "application/json"
+    body = response.json()
+    assert body["jsonrpc"] == "2.0" and body["id"] is None
+    assert body["error"]["data"]["code"] == "invalid_argument"
+    assert body["error"]["data"]["field"] == "x"
+
+
+@pytest.mark.parametrize("path", ["/mcp/anything", "/api/v1/agent/claim_next"])
+def test_a_host_this_server_does_not_serve_is_a_json_refusal_not_a_page(
+    client: Client, path: str, settings: Any
+) -> None:
+    settings.DEBUG = False
+    response = client.post(path, "{}", content_type="application/json", HTTP_HOST="evil.example")
+    assert response.status_code == 400 and response["Content-Type"] == "application/json"
+    body = response.json()
+    error = body["error"]["data"] if path.startswith("/mcp/") else body
+    assert error["code"] == "invalid_argument" and error["field"] == "host"
