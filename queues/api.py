@@ -16,7 +16,6 @@ import inspect
 from typing import Any
 from uuid import UUID
 
-from django.contrib.auth import get_user_model
 from django.http import HttpRequest, HttpResponse
 from ninja import Query, Router, Schema
 from ninja.responses import Response, Status
@@ -45,6 +44,7 @@ from queues.selectors import MAX_PAGE
 from switchboard.core import verbs
 from switchboard.core.errors import InvalidArgument, NotFound
 from switchboard.core.http import ErrorOut
+from switchboard.core.users import user_named
 
 # --- agent verbs ------------------------------------------------------------------------------
 
@@ -149,7 +149,7 @@ def vend(request: HttpRequest, data: VendIn) -> Any:
     owner: Any = actor.user
     if data.owner is not None and data.owner != actor.user.get_username():
         access.check_acts_for(actor, None, "only a superuser may vend an endpoint for someone else")
-        owner = get_user_model().objects.filter(username=data.owner).first()
+        owner = user_named(data.owner)
         if owner is None:
             raise InvalidArgument(f"no user named {data.owner!r}", field="owner")
     endpoint, token = services.endpoint_vend(

@@ -16,6 +16,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.core.management.base import BaseCommand, CommandError
 
 from switchboard.core.errors import DomainError
+from switchboard.core.users import user_named
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 
@@ -74,8 +75,7 @@ def add_as_option(parser: argparse.ArgumentParser) -> None:
 
 
 def named_user(username: str, flag: str) -> AbstractBaseUser:
-    model = get_user_model()
-    user = model._default_manager.filter(**{model.USERNAME_FIELD: username}).first()
+    user = user_named(username)
     if user is None:
         raise usage(f"{flag}: no user named {username!r}")
     return user
