@@ -1,6 +1,6 @@
 """The claim gate protocol: how another app gets a say in a claim without queues knowing it.
 
-A gate (admission's budgets today; pools, tags and rate limits later) registers itself from its
+A gate (admission's budgets; admission.limits' pools and tags) registers itself from its
 app's ``AppConfig.ready()`` with ``register``. The claim (``queues.services.claiming``) then, for
 every gate in lock order:
 
@@ -64,8 +64,10 @@ class ClaimGate(Protocol):
     lock_order: int
 
     def probe(self, alias: str) -> str:
-        """A scalar SQL expression over the todo row ``alias`` (its ``endpoint_id`` and
-        ``queue``): the key ``admit`` needs, or NULL when this gate lets the row through."""
+        """A scalar SQL expression over the todo row ``alias`` (its ``endpoint_id``, ``queue``
+        and named limits ``pool``, ``tags``, ``rate_limit``): the key ``admit`` needs, or NULL
+        when this gate lets the row through. The wakes probe a queue identity as a todo-shaped
+        row whose other columns are NULL."""
         ...
 
     def frees_slot(self, alias: str) -> str:

@@ -104,7 +104,9 @@ def _claim_next_sql(gate_list: tuple[gates.ClaimGate, ...]) -> str:
         keys = "".join(f"(SELECT g{i} FROM gate), " for i in range(len(gate_list)))
     return f"""
 WITH cand AS (
-    SELECT t.id, t.state AS prev_state, t.attempt AS prev_attempt, t.endpoint_id, t.queue
+    -- What the gates' probes may read: the identity and the named limits (admission.limits).
+    SELECT t.id, t.state AS prev_state, t.attempt AS prev_attempt, t.endpoint_id, t.queue,
+           t.pool, t.tags, t.rate_limit
     FROM queues_todo t
     WHERE t.endpoint_id = %(endpoint)s
       AND t.queue = ANY({OPEN_QUEUES})

@@ -13,6 +13,7 @@ class LedgerKind(models.TextChoices):
     QUEUE_PAUSE = "queue.pause"
     QUEUE_RESUME = "queue.resume"
     ADMISSION_WAIVER = "admission.waiver"
+    LIMITS_WAIVER = "limits.waiver"
     ENDPOINT_VEND = "endpoint.vend"
     ENDPOINT_UPDATE = "endpoint.update"
     ENDPOINT_REVOKE = "endpoint.revoke"
