@@ -13,7 +13,7 @@ from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
 from django.db import models
-from django.db.models import Q
+from django.db.models import Q, Value
 from django.db.models.expressions import RawSQL
 
 from switchboard.core.errors import InvalidArgument
@@ -244,7 +244,10 @@ class Todo(models.Model):
     # Named limits the claim enforces (admission.limits declares them; intake refuses undeclared
     # names through queues.declared).
     pool = models.CharField(max_length=64, null=True, blank=True)
-    tags = ArrayField(models.CharField(max_length=64), default=list, blank=True)
+    # The database default serves raw inserts (the benches' bulk seeding) as the ORM's does.
+    tags = ArrayField(
+        models.CharField(max_length=64), default=list, db_default=Value([]), blank=True
+    )
     rate_limit = models.CharField(max_length=64, null=True, blank=True)
 
     class Meta:
