@@ -56,6 +56,7 @@ class _Charge(gates.Admission):
 class BudgetGate:
     name = "admission"
     lock_order = 10
+    per_todo = False  # a budget holds a queue identity, whatever todo is picked
 
     def probe(self, alias: str) -> str:
         return _PROBE.format(t=alias)
@@ -65,6 +66,12 @@ class BudgetGate:
 
     def pre_read(self, endpoint_id: UUID, queues: list[str]) -> list[gates.Refusal]:
         return list(selectors.deferred_among(endpoint_id, queues))
+
+    def skip(self, alias: str) -> str | None:
+        return None  # the pre-read excludes whole queues
+
+    def holding(self, endpoint_id: UUID, queues: list[str]) -> list[gates.Refusal]:
+        return []
 
     def admit(
         self, cursor: CursorWrapper, *, key: Any, todo_id: UUID

@@ -12,8 +12,11 @@ Postures: ``enforce`` refuses (``pool_full`` / ``tag_full`` / ``rate_limited`` w
 ``advise`` admits and appends a waiver to the ledger naming exactly the limits exceeded (ledger
 rows are HMAC-hashed in a signed chain), ``off`` is inert. A limit of 0 is quarantine.
 
-These limits hold per todo, not per queue identity: the gates have no queue-wide pre-read or
-status, and claim_next moves on past the refused candidate's queue.
+These limits hold per todo, not per queue identity: instead of a queue-wide pre-read each gate
+gives a skip (the limits it would refuse now, read without locks, as one array per statement)
+that claim_next's statement passes over, and a refusal under the lock passes over that todo
+only. ``holding`` says, for an empty claim_next, which queues' todos each gate holds and until
+when.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from admission.limits import rates
 from admission.limits.models import LimitPosture
 from queues import gates, metrics
 from queues.access import append_claim_waiver
-from queues.models import Todo, TodoState
+from queues.claimable import CLAIMABLE
 from switchboard.core.errors import Deferred
 from switchboard.ledger.models import LedgerKind
 
@@ -60,6 +63,42 @@ class LimitRefusal:
     next_eligible_at: datetime | None
     limits: tuple[str, ...]
     exact: bool = False
+    pending: int = 1  # the todos of the queue this holds
+
+
+# The limits full now under enforce, each an uncorrelated ARRAY(...) the planner runs once per
+# statement (an InitPlan), and only when a row naming such a limit is met. A takeover's own
+# occupancy would count against it here, so the skips leave claimed (lapsed) rows to ``admit``.
+_FULL_POOLS = """ARRAY(
+    SELECT p.name FROM limits_pool p
+    WHERE p.posture = 'enforce'
+      AND p.slots <= (SELECT count(*) FROM queues_todo o
+                      WHERE o.state = 'claimed' AND o.pool = p.name))"""
+# `o.tags <> '{}'` states todo_claimed_tags_idx's predicate, so the planner can use it.
+_FULL_TAGS = """ARRAY(
+    SELECT l.tag FROM limits_taglimit l
+    WHERE l.posture = 'enforce'
+      AND l."limit" <= (SELECT count(*) FROM queues_todo o
+                        WHERE o.state = 'claimed' AND o.tags <> '{}'
+                          AND o.tags @> ARRAY[l.tag]))"""
+# rates.effective_limit and rates.read, in SQL (base_limit < 2^20, so a shift of 31 is 0).
+_FULL_RATES = """ARRAY(
+    SELECT r.name FROM limits_ratelimit r
+    WHERE r.posture = 'enforce'
+      AND coalesce((SELECT m.used FROM limits_rateminute m
+                    WHERE m.rate_limit_id = r.id
+                      AND m.minute = date_trunc('minute', statement_timestamp())), 0)
+          >= GREATEST(r.floor, r.base_limit >> LEAST(31, (
+                SELECT count(*) FROM limits_rateobservation o
+                WHERE o.rate_limit_id = r.id AND o.observed_at <= statement_timestamp()
+                  AND o.observed_at > statement_timestamp()
+                                      - make_interval(secs => r.decay_window_seconds)))::int))"""
+
+
+def _earliest(times: list[datetime | None]) -> datetime | None:
+    """When the first of several held todos may be eligible (None: only by an operator)."""
+    known = [t for t in times if t is not None]
+    return min(known) if known else None
 
 
 @dataclass
@@ -110,8 +149,11 @@ def _next_eligible(over: list[Held], now: datetime) -> datetime | None:
 class _OccupancyGate:
     name: str
     lock_order: int
+    per_todo = True
     reason: str
     noun: str
+    # The names of the limits full now under enforce (SQL), for ``skip``.
+    full_now: str
     # The declaration rows of the key, locked in name order.
     lock_sql: str
     # Occupancy per name among the key, excluding the candidate.
@@ -139,6 +181,62 @@ class _OccupancyGate:
     def pre_read(self, endpoint_id: UUID, queues: list[str]) -> list[gates.Refusal]:
         return []
 
+    def skip(self, alias: str) -> str | None:
+        return (
+            f"CASE WHEN ({self.probe(alias)}) IS NULL OR {alias}.state = 'claimed' THEN false "
+            f"ELSE {self.matches(alias, self.full_now)} END"
+        )
+
+    def matches(self, alias: str, names: str) -> str:
+        """Whether the row names one of ``names`` (an SQL array)."""
+        return f"{alias}.{self.name} = ANY({names})"
+
+    def holding(self, endpoint_id: UUID, queues: list[str]) -> list[gates.Refusal]:
+        now = timezone.now()
+        found: dict[str, list[tuple[int, datetime | None, list[str]]]] = {}
+        with connection.cursor() as cursor:
+            for queue, key, count in self.held_groups(cursor, endpoint_id, queues):
+                hold = self.hold(cursor, key, now)
+                if hold is not None:  # None: freed since the statement passed it over
+                    found.setdefault(queue, []).append((count, *hold))
+        return [
+            LimitRefusal(
+                queue=queue,
+                reason=self.reason,
+                next_eligible_at=_earliest([at for _, at, _ in groups]),
+                limits=tuple(sorted({n for _, _, names in groups for n in names})),
+                pending=sum(count for count, _, _ in groups),
+            )
+            for queue, groups in found.items()
+        ]
+
+    def held_groups(
+        self, cursor: Any, endpoint_id: UUID, queues: list[str]
+    ) -> list[tuple[str, Any, int]]:
+        """(queue, key, count) of the claimable todos this gate's skip passes over now."""
+        cursor.execute(
+            f"""
+            SELECT t.queue, {self.probe("t")}, count(*) FROM queues_todo t
+            WHERE t.endpoint_id = %s AND t.queue = ANY(%s) AND {CLAIMABLE}
+              AND {self.skip("t")}
+            GROUP BY 1, 2
+            """,
+            [endpoint_id, queues],
+        )
+        return cursor.fetchall()
+
+    def hold(
+        self, cursor: Any, key: Any, now: datetime
+    ) -> tuple[datetime | None, list[str]] | None:
+        """When a todo naming ``key`` may be eligible and the limits holding it, or None if none
+        does now (read without locks)."""
+        over = [
+            h
+            for h in self.read(cursor, self.names(key), None, False)
+            if h.exceeded and h.posture == LimitPosture.ENFORCE
+        ]
+        return (_next_eligible(over, now), [h.name for h in over]) if over else None
+
     def admit(
         self, cursor: CursorWrapper, *, key: Any, todo_id: UUID
     ) -> gates.Admission | gates.Refusal:
@@ -154,12 +252,11 @@ class _OccupancyGate:
             metrics.refused(refusal.queue, refusal.reason or "")
 
     def deferred_entry(self, refusal: gates.Refusal, endpoint_id: UUID) -> dict[str, Any]:
+        assert isinstance(refusal, LimitRefusal)
         return {
             "queue": refusal.queue,
             "reason": refusal.reason,
-            "pending": Todo.objects.filter(
-                endpoint_id=endpoint_id, queue=refusal.queue, state=TodoState.PENDING
-            ).count(),
+            "pending": refusal.pending,
             "next_eligible_at": refusal.next_eligible_at,
             "exact": refusal.exact,
         }
@@ -197,6 +294,7 @@ class PoolGate(_OccupancyGate):
     lock_order = 20
     reason = "pool_full"
     noun = "pool"
+    full_now = _FULL_POOLS
     lock_sql = "SELECT name, slots, posture FROM limits_pool WHERE name = ANY(%s) ORDER BY name"
     count_sql = """
         SELECT t.pool, count(*), min(t.lease_expires_at) FROM queues_todo t
@@ -213,6 +311,7 @@ class TagGate(_OccupancyGate):
     lock_order = 30
     reason = "tag_full"
     noun = "tag"
+    full_now = _FULL_TAGS
     # ORDER BY with FOR UPDATE locks the rows as they come out of the sort: in tag order, so
     # two claims naming overlapping tags never wait on each other in opposite orders.
     lock_sql = 'SELECT tag, "limit", posture FROM limits_taglimit WHERE tag = ANY(%s) ORDER BY tag'
@@ -226,6 +325,9 @@ class TagGate(_OccupancyGate):
 
     def probe(self, alias: str) -> str:
         return f"CASE WHEN cardinality({alias}.tags) > 0 THEN {alias}.tags END"
+
+    def matches(self, alias: str, names: str) -> str:
+        return f"{alias}.tags && {names}"
 
     def read(self, cursor: Any, names: list[str], todo_id: UUID | None, lock: bool) -> list[Held]:
         cursor.execute(self.lock_sql + (" FOR UPDATE" if lock else ""), [names])
@@ -245,6 +347,7 @@ class RateGate(_OccupancyGate):
     lock_order = 40
     reason = "rate_limited"
     noun = "rate limit"
+    full_now = _FULL_RATES
 
     def probe(self, alias: str) -> str:
         return f"{alias}.rate_limit"
@@ -264,6 +367,14 @@ class RateGate(_OccupancyGate):
         if over and st.posture == LimitPosture.ENFORCE:
             return _refusal(cursor, todo_id, self.reason, st.next_eligible_at, [key], st.exact)
         return _RateCharge(self.name, over, rate_id=rate_id, now=st.now)
+
+    def hold(
+        self, cursor: Any, key: Any, now: datetime
+    ) -> tuple[datetime | None, list[str]] | None:
+        found = rates.read(cursor, key, now)
+        if found is None or not (found[1].exceeded and found[1].posture == LimitPosture.ENFORCE):
+            return None
+        return found[1].next_eligible_at, [key]
 
     def admits_now(self, key: Any) -> bool:
         st = rates.state(key)

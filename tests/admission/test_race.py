@@ -201,6 +201,7 @@ def test_the_policy_probe_uses_the_unique_identity_index(tx_personas: Personas) 
                 "endpoint": p.agent.id,
                 "queues": ["inbox"],
                 "excluded": [],
+                "passed": [],
                 "claimant": "x",
                 "via": "api",
                 "ttl": 60,
