@@ -9,6 +9,7 @@ from django.db import IntegrityError, connection, transaction
 
 from admission import services
 from admission.models import AdmissionPolicy
+from admission.policy import FIELD_OF_CONSTRAINT
 from admission.selectors import policy_dict
 from queues import services as queue_services
 from queues.models import BASIC_VERBS, POLICY_VERBS, Endpoint
@@ -219,7 +220,7 @@ def test_the_database_refuses_what_validation_would(
     with pytest.raises(IntegrityError) as caught, transaction.atomic(), connection.cursor() as c:
         c.execute(f"UPDATE admission_admissionpolicy SET {assignment} WHERE id = %s", [policy.pk])
     assert constraint in str(caught.value)
-    assert constraint in services.CONSTRAINT_FIELDS
+    assert constraint in FIELD_OF_CONSTRAINT
 
 
 def test_one_budget_per_queue_identity_is_a_database_constraint(personas: Personas) -> None:
