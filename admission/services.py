@@ -93,6 +93,7 @@ def policy_set(
 
     A write that changes nothing stores nothing and appends no ledger row.
     """
+    access.check_actor(actor)
     target = selectors.endpoint_for(actor, endpoint, write=True)  # 1
     access.check_policy_write(actor, target, queue, Verb.SET_ADMISSION_POLICY)
     if target.state != EndpointState.ACTIVE:
@@ -192,6 +193,7 @@ def _constraint_refusal(exc: IntegrityError) -> InvalidArgument:
 
 def policy_clear(*, actor: Actor, endpoint: Endpoint | str, queue: str) -> dict[str, Any]:
     """Remove a queue identity's budget; the ledger keeps its history. Returns what was removed."""
+    access.check_actor(actor)
     target = selectors.endpoint_for(actor, endpoint, write=True)
     access.check_policy_write(actor, target, queue, Verb.CLEAR_ADMISSION_POLICY)
     _take_write_token(actor)
