@@ -69,6 +69,7 @@ def todo_create(
 
     ``pool``, ``tags`` and ``rate_limit`` name declared limits the claim enforces; an undeclared
     name is refused naming its field (``queues.declared``)."""
+    access.check_actor(actor)
     access.check_todo_write(actor, endpoint)
     check_queue_name(queue)
     if queue not in endpoint.scope_queues:
@@ -149,6 +150,7 @@ def _transition(
     lease_token: str | None,
     attempt: int | None = None,
 ) -> Todo:
+    access.check_actor(actor)
     endpoint_ids = acting_endpoint_ids(actor)
     access.check_writes(actor, "auditors read; they do not change todos")
     params = {
@@ -352,6 +354,7 @@ def todo_release(*, actor: HumanActor, todo_id: UUID) -> Todo:
 
 
 def _operator_todo(actor: HumanActor, todo_id: UUID) -> Todo:
+    access.check_actor(actor)
     todo = Todo.objects.select_related("endpoint").filter(pk=todo_id).first()
     if todo is None or not (actor.is_superuser or actor.owns(todo.endpoint)):
         raise NotFound("no such todo", id=str(todo_id))

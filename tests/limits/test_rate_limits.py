@@ -16,7 +16,7 @@ from queues.services import Claimed, NothingClaimable
 from switchboard.core.errors import Deferred, InvalidArgument
 from switchboard.ledger.models import LedgerEntry, LedgerKind
 from tests.api.conftest import Api
-from tests.conftest import Personas
+from tests.conftest import FIXTURE, Personas
 from tests.limits.conftest import clear_of_a_minute_boundary, push_named
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -105,6 +105,7 @@ def test_report_rate_limited_is_its_own_family(personas: Personas, client: Clien
     assert basic.status_code == 403
     assert Verb.REPORT_RATE_LIMITED not in personas.agent.scope_verbs
     endpoint, token = services.endpoint_vend(
+        actor=FIXTURE,
         owner=personas.owner,
         name="Reporter",
         queues=["inbox"],
