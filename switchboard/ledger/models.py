@@ -14,6 +14,8 @@ class LedgerKind(models.TextChoices):
     QUEUE_RESUME = "queue.resume"
     ADMISSION_WAIVER = "admission.waiver"
     LIMITS_WAIVER = "limits.waiver"
+    LIMITS_SET = "limits.set"
+    LIMITS_DELETE = "limits.delete"
     ENDPOINT_VEND = "endpoint.vend"
     ENDPOINT_UPDATE = "endpoint.update"
     ENDPOINT_REVOKE = "endpoint.revoke"

@@ -17,10 +17,10 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name='ledgerentry',
             name='kind',
-            field=models.CharField(choices=[('policy.create', 'Policy Create'), ('policy.update', 'Policy Update'), ('policy.delete', 'Policy Delete'), ('queue.pause', 'Queue Pause'), ('queue.resume', 'Queue Resume'), ('admission.waiver', 'Admission Waiver'), ('limits.waiver', 'Limits Waiver'), ('endpoint.vend', 'Endpoint Vend'), ('endpoint.update', 'Endpoint Update'), ('endpoint.revoke', 'Endpoint Revoke'), ('token.create', 'Token Create'), ('token.revoke', 'Token Revoke')], max_length=32),
+            field=models.CharField(choices=[('policy.create', 'Policy Create'), ('policy.update', 'Policy Update'), ('policy.delete', 'Policy Delete'), ('queue.pause', 'Queue Pause'), ('queue.resume', 'Queue Resume'), ('admission.waiver', 'Admission Waiver'), ('limits.waiver', 'Limits Waiver'), ('limits.set', 'Limits Set'), ('limits.delete', 'Limits Delete'), ('endpoint.vend', 'Endpoint Vend'), ('endpoint.update', 'Endpoint Update'), ('endpoint.revoke', 'Endpoint Revoke'), ('token.create', 'Token Create'), ('token.revoke', 'Token Revoke')], max_length=32),
         ),
         migrations.AddConstraint(
             model_name='ledgerentry',
-            constraint=models.CheckConstraint(condition=models.Q(('kind__in', ['policy.create', 'policy.update', 'policy.delete', 'queue.pause', 'queue.resume', 'admission.waiver', 'limits.waiver', 'endpoint.vend', 'endpoint.update', 'endpoint.revoke', 'token.create', 'token.revoke'])), name='ledger_kind_valid'),
+            constraint=models.CheckConstraint(condition=models.Q(('kind__in', ['policy.create', 'policy.update', 'policy.delete', 'queue.pause', 'queue.resume', 'admission.waiver', 'limits.waiver', 'limits.set', 'limits.delete', 'endpoint.vend', 'endpoint.update', 'endpoint.revoke', 'token.create', 'token.revoke'])), name='ledger_kind_valid'),
         ),
     ]
