@@ -86,6 +86,7 @@ class Verb(models.TextChoices):
     SET_ADMISSION_POLICY = "set_admission_policy"
     CLEAR_ADMISSION_POLICY = "clear_admission_policy"
     REPORT_RATE_LIMITED = "report_rate_limited"
+    LIMITS_STATUS = "limits_status"
 
 
 # What a vend grants unless told otherwise: exactly the todo verbs.
@@ -109,6 +110,7 @@ RATE_VERBS: tuple[str, ...] = (Verb.REPORT_RATE_LIMITED,)
 GRANTABLE_VERBS: tuple[str, ...] = (
     *BASIC_VERBS,
     Verb.ADMISSION_STATUS,
+    Verb.LIMITS_STATUS,
     *POLICY_VERBS,
     *RATE_VERBS,
 )
@@ -183,8 +185,8 @@ class Endpoint(models.Model):
         return self.state == EndpointState.ACTIVE
 
     def holds(self, verb: str) -> bool:
-        """Whether the grant covers a verb; admission_status rides on the drain grant."""
-        if verb == Verb.ADMISSION_STATUS:
+        """Whether the grant covers a verb; the status reads ride on the drain grant."""
+        if verb in (Verb.ADMISSION_STATUS, Verb.LIMITS_STATUS):
             return any(v in self.scope_verbs for v in DRAIN_VERBS) or verb in self.scope_verbs
         return verb in self.scope_verbs
 

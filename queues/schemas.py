@@ -426,8 +426,9 @@ def verb_families() -> list[dict[str, Any]]:
         },
         {
             "family": "admission_status",
-            "verbs": [Verb.ADMISSION_STATUS.value],
-            "note": "Read the budgets of the scoped queues; implied by claim or claim_next.",
+            "verbs": [Verb.ADMISSION_STATUS.value, Verb.LIMITS_STATUS.value],
+            "note": "Read the budgets of the scoped queues and the fleet's named limits; "
+            "implied by claim or claim_next.",
         },
         {
             "family": "policy",

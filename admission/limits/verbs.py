@@ -1,5 +1,9 @@
-"""The agent's rate verb: ``report_rate_limited {rate_limit}``, its own family (never in the
-basic grant), served as a REST route and an MCP tool (switchboard/core/verbs.py)."""
+"""The agent's limits verbs, served as REST routes and MCP tools (switchboard/core/verbs.py):
+
+- ``report_rate_limited {rate_limit}``: its own family, never in the basic grant;
+- ``limits_status {}``: every declared limit and how full it is now (the operator API's list),
+  riding on the drain grant as ``admission_status`` does.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,8 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
-from admission.limits import rates
+from admission.limits import rates, selectors
+from admission.limits.api import LimitOut
 from queues.access import AgentActor
 from queues.models import LIMIT_NAME_RE
 from queues.schemas import Schema
@@ -47,3 +52,22 @@ def report_rate_limited(actor: AgentActor, data: ReportRateLimitedIn) -> dict[st
         "observations": st.observations,
         "decay_window_seconds": st.decay_window_seconds,
     }
+
+
+class LimitsStatusIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LimitsStatusOut(Schema):
+    limits: list[LimitOut]
+
+
+@verb(
+    "limits_status",
+    input=LimitsStatusIn,
+    output=LimitsStatusOut,
+    description="Every pool, tag limit and rate limit of the fleet: its posture and size, the "
+    "claims naming it now (held), and for a rate limit its effective claims per minute.",
+)
+def limits_status(actor: AgentActor, data: LimitsStatusIn) -> dict[str, Any]:
+    return {"limits": selectors.limits_status()}

@@ -44,7 +44,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='endpoint',
-            constraint=models.CheckConstraint(condition=models.Q(('scope_verbs__contained_by', ['list_todos', 'get_todo', 'claim', 'claim_next', 'heartbeat', 'complete', 'fail', 'release', 'create_todo', 'admission_status', 'set_admission_policy', 'clear_admission_policy', 'report_rate_limited'])), name='endpoint_scope_verbs_known'),
+            constraint=models.CheckConstraint(condition=models.Q(('scope_verbs__contained_by', ['list_todos', 'get_todo', 'claim', 'claim_next', 'heartbeat', 'complete', 'fail', 'release', 'create_todo', 'admission_status', 'limits_status', 'set_admission_policy', 'clear_admission_policy', 'report_rate_limited'])), name='endpoint_scope_verbs_known'),
         ),
         migrations.AddConstraint(
             model_name='todo',

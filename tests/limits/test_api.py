@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import anyio
 from django.test import Client
 
 from admission.limits.models import Pool
 from queues import services
-from tests.api.conftest import human_token
+from tests.api.conftest import Api, human_token
 from tests.conftest import Personas, push
 from tests.limits.conftest import pool, tag
+from tests.mcp.test_mcp_sdk import connect
 
 
 def put(user: Any, path: str, body: Any) -> Any:
@@ -77,3 +79,24 @@ def test_an_owner_or_auditor_is_forbidden_to_change_a_limit(personas: Personas) 
     pool("gpu", slots=1)
     assert delete(personas.owner, "/api/v1/limits/pool/gpu").status_code == 403
     assert Pool.objects.filter(name="gpu").exists()
+
+
+def test_an_agent_reads_limits_status_over_rest_on_its_drain_grant(personas: Personas) -> None:
+    pool("gpu", slots=2)
+    body = Api(Client(), personas.agent_token).verb("limits_status", {}).json()
+    assert [(x["name"], x["slots"], x["held"]) for x in body["limits"]] == [("gpu", 2, 0)]
+
+
+def test_an_agent_reads_limits_status_over_mcp(tx_personas: Personas, live_url: str) -> None:
+    pool("gpu", slots=2)
+    seen: dict[str, Any] = {}
+
+    async def job() -> None:
+        url = f"{live_url}/mcp/{tx_personas.agent.slug}"
+        async with connect(url, tx_personas.agent_token, "auto") as client:
+            seen["tools"] = {t.name for t in (await client.list_tools()).tools}
+            seen["status"] = (await client.call_tool("limits_status", {})).structured_content
+
+    anyio.run(job)
+    assert "limits_status" in seen["tools"]
+    assert seen["status"]["limits"][0]["name"] == "gpu"
