@@ -215,6 +215,9 @@ MAX_LEASE_TTL_SECONDS = 86400
 DEFAULT_MAX_ATTEMPTS = 5
 # How often the sweeps run on beat; deferral hints for in_flight_full add the reaper interval.
 SWEEP_INTERVAL_SECONDS = env_int("SWEEP_INTERVAL_SECONDS", 30, minimum=1)
+# Threads per web process that serve synchronous views (every page, the REST API, MCP's POSTs),
+# one request at a time each (switchboard/asgi.py); async views (event streams) need none.
+WEB_THREADS = env_int("WEB_THREADS", 16, minimum=1)
 # Per-endpoint request rate limit (requests per second / burst); an endpoint may override it.
 ENDPOINT_RATE_LIMIT = env_rate("ENDPOINT_RATE_LIMIT", "20/40")
 # Writes to admission policies, per human.
