@@ -17,6 +17,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 import psycopg
+from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -97,9 +98,7 @@ async def complete(request: Request) -> JSONResponse:
         return refused
     body = await request.json()
     async with pool.connection() as conn:
-        cursor = await conn.execute(
-            COMPLETE, (psycopg.types.json.Jsonb(None), uuid.UUID(body["id"])), prepare=True
-        )
+        cursor = await conn.execute(COMPLETE, (Jsonb(None), uuid.UUID(body["id"])), prepare=True)
         row = await cursor.fetchone()
     if row is None:
         return JSONResponse({"error": "not claimed", "code": "conflict"}, status_code=409)

@@ -29,7 +29,7 @@ from django.core import signals  # noqa: E402
 from django.core.exceptions import RequestAborted  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix  # noqa: E402
 from django.core.handlers.base import BaseHandler  # noqa: E402
-from django.http import HttpResponse  # noqa: E402
+from django.http.response import HttpResponseBase  # noqa: E402
 from django.urls import Resolver404, get_resolver, set_script_prefix  # noqa: E402
 
 ARRIVED = "switchboard.arrived"
@@ -75,13 +75,14 @@ class OneHopHandler(ASGIHandler):
             # request_finished) in a pool thread, where the request's connection lives.
             await loop.run_in_executor(self.pool, response.close)
 
-    def _respond(self, scope: dict[str, Any], body_file: Any) -> HttpResponse:
+    def _respond(self, scope: dict[str, Any], body_file: Any) -> HttpResponseBase:
         """The whole synchronous request in one pool thread: signals, middleware, view."""
         set_script_prefix(get_script_prefix(scope))
         signals.request_started.send(sender=self.__class__, scope=scope)
         request, error_response = self.create_request(scope, body_file)
         if request is None:
-            response: HttpResponse = error_response
+            assert error_response is not None  # create_request gives one or the other
+            response: HttpResponseBase = error_response
         else:
             response = self.sync_chain.get_response(request)
             response._handler_class = self.__class__  # type: ignore[attr-defined]
