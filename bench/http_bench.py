@@ -35,6 +35,7 @@ from django.db import connection
 
 from bench import http_baseline
 from queues import services
+from queues.access import SystemActor
 from queues.models import Endpoint, Todo
 from switchboard.liveserver import current_database_url, free_port, live_server, wait_until_up
 
@@ -231,7 +232,9 @@ def process_curve(
 
 def run(duration_s: float = 5.0, *, repeats: int = REPEATS) -> dict[str, Any]:
     owner, _ = User.objects.get_or_create(username="bench-http-owner")
-    endpoint, token = services.endpoint_vend(owner=owner, name="bench http", queues=[QUEUE], rps=0)
+    endpoint, token = services.endpoint_vend(
+        actor=SystemActor(via="bench"), owner=owner, name="bench http", queues=[QUEUE], rps=0
+    )
     results: dict[str, Any] = {
         "duration_s": duration_s,
         "repeats": repeats,

@@ -16,7 +16,7 @@ from queues.auth import endpoint_cache, endpoint_for_token
 from queues.models import EndpointState
 from switchboard.liveserver import live_server
 from tests.api.conftest import Api
-from tests.conftest import Personas, database_url, push
+from tests.conftest import FIXTURE, Personas, database_url, push
 
 
 def test_a_revoke_refuses_the_very_next_request_in_the_same_process(
@@ -24,7 +24,7 @@ def test_a_revoke_refuses_the_very_next_request_in_the_same_process(
 ) -> None:
     agent = Api(client, personas.agent_token)
     assert agent.verb("claim_next", {}).status_code == 200  # the row is now cached
-    services.endpoint_revoke(endpoint=personas.agent)
+    services.endpoint_revoke(actor=FIXTURE, endpoint=personas.agent)
     refused = agent.verb("claim_next", {})
     assert (refused.status_code, refused.json()["code"]) == (401, "unauthorized")
 
@@ -60,7 +60,9 @@ def test_a_revoke_made_by_another_process_takes_effect_within_the_ttl(
     with live_server(database_url()) as base:
         url = f"{base}/api/v1/agent/claim_next"
         assert httpx.post(url, headers=auth, json={}, timeout=30).status_code == 200
-        services.endpoint_revoke(endpoint=tx_personas.agent)  # in this process, not the server's
+        services.endpoint_revoke(
+            actor=FIXTURE, endpoint=tx_personas.agent
+        )  # in this process, not the server's
         time.sleep(settings.ENDPOINT_CACHE_SECONDS)
         refused = httpx.post(url, headers=auth, json={}, timeout=30)
         assert (refused.status_code, refused.json()["code"]) == (401, "unauthorized")

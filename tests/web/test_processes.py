@@ -24,7 +24,7 @@ from django.contrib.sessions.backends.db import SessionStore
 from queues import metrics, services
 from switchboard.core import counters
 from switchboard.liveserver import live_server
-from tests.conftest import Personas, database_url, push
+from tests.conftest import FIXTURE, Personas, database_url, push
 
 MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
@@ -61,7 +61,7 @@ def test_the_endpoint_rate_is_one_bucket_across_processes(
     tx_personas: Personas, two_servers: tuple[str, str]
 ) -> None:
     _, token = services.endpoint_vend(
-        owner=tx_personas.owner, name="Rated", queues=["inbox"], rps=0.1, burst=6
+        actor=FIXTURE, owner=tx_personas.owner, name="Rated", queues=["inbox"], rps=0.1, burst=6
     )
     auth = {"Authorization": f"Bearer {token}"}
     calls = [(f"{base}/api/v1/agent/claim_next", auth) for base in two_servers for _ in range(8)]
