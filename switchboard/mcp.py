@@ -156,6 +156,13 @@ def _rpc_error(
     return _json(body, status=status, headers=headers)
 
 
+def _header(request: HttpRequest, name: str, default: str | None = None) -> str | None:
+    """A header's value without surrounding whitespace, which is not part of it (RFC 9110
+    5.5); not every HTTP parser strips it (httptools keeps trailing blanks)."""
+    value = request.headers.get(name)
+    return value.strip() if value is not None else default
+
+
 def _accepts_json(request: HttpRequest) -> bool:
     types = [
         part.split(";")[0].strip().lower() for part in request.headers.get("Accept", "").split(",")
@@ -165,7 +172,7 @@ def _accepts_json(request: HttpRequest) -> bool:
 
 def _origin_allowed(request: HttpRequest) -> bool:
     """DNS-rebinding guard: a browser's Origin must be this host or a trusted origin."""
-    origin = request.headers.get("Origin")
+    origin = _header(request, "Origin")
     if not origin:
         return True
     if origin in settings.CSRF_TRUSTED_ORIGINS:
@@ -246,7 +253,7 @@ def _post(request: HttpRequest, actor: AgentActor) -> HttpResponse:
         return _rpc_error(None, RpcError(PARSE_ERROR, "Parse error: the body is not JSON"), 400)
     if _calls_a_tool(message):
         check_endpoint_rate(actor.endpoint)
-    version = request.headers.get("MCP-Protocol-Version")
+    version = _header(request, "MCP-Protocol-Version")
     if version is not None and version not in HANDSHAKE_VERSIONS:
         return _modern(request, actor, message)
     return _legacy(request, actor, message)
@@ -366,7 +373,7 @@ def _instructions(actor: AgentActor) -> str:
 
 def _modern(request: HttpRequest, actor: AgentActor, message: Any) -> HttpResponse:
     """One self-contained request (see the module docstring for the ladder)."""
-    header_version = request.headers.get("MCP-Protocol-Version", "")
+    header_version = _header(request, "MCP-Protocol-Version", "")
     if isinstance(message, dict) and "id" not in message:
         # A notification: the revision defines none from client to server; acknowledge it.
         try:
@@ -414,17 +421,17 @@ def _check_envelope(request: HttpRequest, req: Request) -> None:
     if missing:
         raise RpcError(INVALID_PARAMS, f"params._meta is missing {', '.join(missing)}")
     version = meta[PROTOCOL_VERSION_KEY]
-    if request.headers.get("MCP-Protocol-Version") != version:
+    if _header(request, "MCP-Protocol-Version") != version:
         raise RpcError(
             HEADER_MISMATCH, "the MCP-Protocol-Version header does not match params._meta"
         )
-    if request.headers.get("Mcp-Method") != req.method:
+    if _header(request, "Mcp-Method") != req.method:
         raise RpcError(HEADER_MISMATCH, "the Mcp-Method header does not match the method")
     name = req.params.get("name")
     if (
         req.method == "tools/call"
         and name is not None
-        and _header_value(request.headers.get("Mcp-Name")) != name
+        and _header_value(_header(request, "Mcp-Name")) != name
     ):
         raise RpcError(HEADER_MISMATCH, "the Mcp-Name header does not match params.name")
     if version not in MODERN_VERSIONS:
@@ -501,7 +508,7 @@ def _session_mark_initialized(actor: AgentActor, session_id: str, record: dict[s
 
 
 def _delete(request: HttpRequest, actor: AgentActor) -> HttpResponse:
-    session_id = request.headers.get("Mcp-Session-Id")
+    session_id = _header(request, "Mcp-Session-Id")
     if not session_id:
         return _rpc_error(None, RpcError(INVALID_REQUEST, "Mcp-Session-Id header is required"), 400)
     removed = counters.client().delete(_session_key(actor, session_id))
@@ -514,7 +521,7 @@ def _legacy(request: HttpRequest, actor: AgentActor, message: Any) -> HttpRespon
     try:
         if isinstance(message, dict) and message.get("method") == "initialize":
             return _initialize(actor, message)
-        session_id = request.headers.get("Mcp-Session-Id")
+        session_id = _header(request, "Mcp-Session-Id")
         if not session_id:
             raise _Transport(400, "Mcp-Session-Id header is required; send initialize first")
         record = _session_get(actor, session_id)
@@ -522,7 +529,7 @@ def _legacy(request: HttpRequest, actor: AgentActor, message: Any) -> HttpRespon
             raise _Transport(404, "Session not found; it ended or expired: initialize again")
         # The header, when sent, is one of HANDSHAKE_VERSIONS (others are routed to _modern and
         # refused there); the spec answers by it even when it is not the negotiated one.
-        version: str = request.headers.get("MCP-Protocol-Version") or record["version"]
+        version: str = _header(request, "MCP-Protocol-Version") or record["version"]
     except _Transport as exc:
         return _rpc_error(_request_id(message), RpcError(INVALID_REQUEST, exc.message), exc.status)
 
