@@ -16,6 +16,7 @@ import time
 import urllib.request
 import uuid
 
+from queues import metrics
 from queues.models import Endpoint, EndpointState, Todo, TodoState
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ def deliver_ready(*, endpoint_id: str, queue: str, todo_id: str | None, reason: 
     endpoint = Endpoint.objects.filter(pk=endpoint_id, state=EndpointState.ACTIVE).first()
     if endpoint is None or not endpoint.notify_url:
         return False
-    may_ring, _ = wakes._gate(endpoint.id, queue)
+    may_ring, _, _ = wakes._gate(endpoint.id, queue)
     if not may_ring:
         return False
     todo = None
@@ -83,5 +84,10 @@ def deliver_ready(*, endpoint_id: str, queue: str, todo_id: str | None, reason: 
             if response.status >= 300:
                 raise HookDeliveryError(f"hook answered {response.status}")
     except OSError as exc:
+        metrics.notify_hook("failed")
         raise HookDeliveryError(str(exc)) from exc
+    except HookDeliveryError:
+        metrics.notify_hook("failed")
+        raise
+    metrics.notify_hook("delivered")
     return True

@@ -19,8 +19,13 @@ Revisions served:
   ``tools/call``; ``DELETE`` ends the session. JSON-RPC batches are accepted only on sessions
   that negotiated 2025-03-26 or 2024-11-05 (later revisions removed them).
 
-Responses are always ``application/json`` (never SSE); a POST must accept it (406) and send it
-(415). There is no server-to-client stream. Tool results carry
+Responses to a POST are always ``application/json`` (never SSE); a POST must accept it (406) and
+send it (415). The server-to-client stream (``GET`` with the handshake's ``Mcp-Session-Id``,
+``Accept: text/event-stream``) carries the doorbell (``queues.doorbell``): each time work becomes
+claimable for the endpoint, one ``notifications/resources/updated`` whose ``uri`` is the todo
+(``switchboard://todos/<id>``) and whose ``_meta["io.switchboard/todo_ready"]`` names the todo,
+queue and reason; on opening, up to three rings for todos already waiting. Both official SDKs
+open this stream after the handshake and hand the notification to the client. Tool results carry
 ``structuredContent`` (from 2025-06-18) and the same JSON as text. A refusal is a result with
 ``isError: true`` whose text is the API's error object as JSON, and which has no
 ``structuredContent``: the spec requires structured content to fit the tool's ``outputSchema``,
@@ -34,7 +39,7 @@ headers and carry the API's error object (``{"error", "code", ...}``) as ``error
 unknown or revoked token, 403 a token of another endpoint or a foreign ``Origin``, 413 a body
 over 1 MiB, 406/415 wrong media types, 429 over the endpoint's request rate (with
 ``Retry-After``), 503 ``unavailable`` when PostgreSQL or Redis does not answer (with
-``Retry-After``), 405 for ``GET``. A method that fails unexpectedly is -32603 in its response
+``Retry-After``), 405 for a ``GET`` without a session. A method that fails unexpectedly is -32603 in its response
 (HTTP 200, as the SDKs' servers answer); a failure outside any method is -32603 with HTTP 500.
 Never Django's HTML error page.
 
@@ -58,11 +63,14 @@ from urllib.parse import urlsplit
 import redis
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from queues.access import AgentActor
 from queues.auth import authenticate_agent, check_endpoint_rate
+from queues.doorbell import Ring
+from queues.events import release_connection, ring_stream
 from switchboard.core import counters, verbs
 from switchboard.core.availability import is_outage, outage
 from switchboard.core.errors import DomainError, Forbidden, InvalidArgument, Unauthorized
@@ -82,6 +90,9 @@ PROTOCOL_VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
 CLIENT_CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
 CLIENT_INFO_KEY = "io.modelcontextprotocol/clientInfo"
 SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
+
+TODO_URI = "switchboard://todos/"
+READY_META = "io.switchboard/todo_ready"
 
 SERVER_ERROR = -32000  # JSON-RPC's implementation-defined range: a transport refusal
 PARSE_ERROR = -32700
@@ -174,11 +185,10 @@ def _origin_allowed(request: HttpRequest) -> bool:
 
 
 @csrf_exempt
-def mcp_view(request: HttpRequest, slug: str) -> HttpResponse:
-    if request.method not in ("POST", "DELETE"):
-        # No server-to-client stream (GET); clients tolerate the 405 and carry on.
+def mcp_view(request: HttpRequest, slug: str) -> HttpResponseBase:
+    if request.method not in ("GET", "POST", "DELETE"):
         error = RpcError(SERVER_ERROR, f"{request.method} is not served here; POST JSON-RPC")
-        return _rpc_error(None, error, 405, headers={"Allow": "POST, DELETE"})
+        return _rpc_error(None, error, 405, headers={"Allow": "GET, POST, DELETE"})
     try:
         try:
             check_body_size(request, API_BODY_LIMIT)
@@ -191,6 +201,8 @@ def mcp_view(request: HttpRequest, slug: str) -> HttpResponse:
         if not _origin_allowed(request):
             raise Forbidden("this Origin may not call the MCP endpoint")
         actor = _authenticate(request, slug)
+        if request.method == "GET":
+            return _get_stream(request, actor)
         if request.method == "DELETE":
             return _delete(request, actor)
         return _post(request, actor)
@@ -498,6 +510,46 @@ def _session_mark_initialized(actor: AgentActor, session_id: str, record: dict[s
         counters.client().set(
             _session_key(actor, session_id), json.dumps(record), ex=SESSION_TTL_SECONDS
         )
+
+
+def _notification(ring: Ring) -> str:
+    """A ring as a ``notifications/resources/updated`` for the todo's resource, which both
+    official SDKs surface to the client; ``_meta`` names the queue and the reason."""
+    message = {
+        "jsonrpc": "2.0",
+        "method": "notifications/resources/updated",
+        "params": {
+            "uri": f"{TODO_URI}{ring.todo}",
+            "_meta": {READY_META: ring.as_dict()},
+        },
+    }
+    return f"id: {ring.id}\nevent: message\ndata: {json.dumps(message)}\n\n"
+
+
+def _get_stream(request: HttpRequest, actor: AgentActor) -> HttpResponseBase:
+    """The server-to-client stream of the handshake revisions: the doorbell's rings for this
+    endpoint, as notifications, on the session the handshake opened."""
+    accept = request.headers.get("Accept", "")
+    if "text/event-stream" not in accept and "*/*" not in accept:
+        raise _bad_header(406, "the Accept header must include text/event-stream", "Accept")
+    session_id = request.headers.get("Mcp-Session-Id")
+    if not session_id:
+        # The 2026-07-28 revision has no GET stream: its clients listen by request instead.
+        error = RpcError(SERVER_ERROR, "GET needs the Mcp-Session-Id of a handshake session")
+        return _rpc_error(None, error, 405, headers={"Allow": "POST, DELETE"})
+    if _session_get(actor, session_id) is None:
+        return _rpc_error(None, RpcError(INVALID_REQUEST, "Session not found"), 404)
+    release_connection()
+    response = StreamingHttpResponse(
+        ring_stream(
+            str(actor.endpoint.id), request.headers.get("Last-Event-ID"), render=_notification
+        ),
+        content_type="text/event-stream",
+    )
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    response["Mcp-Session-Id"] = session_id
+    return response
 
 
 def _delete(request: HttpRequest, actor: AgentActor) -> HttpResponse:

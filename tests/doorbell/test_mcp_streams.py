@@ -1,0 +1,106 @@
+"""The doorbell over MCP: agents on both official SDKs, connected with the handshake, receive a
+notifications/resources/updated naming the todo, queue and reason on the GET stream the SDK opens
+after connecting, with no polling. Rings are counted exactly: a todo waiting before the agent
+connects proves the stream is attached (its attach ring), and a sentinel todo closes the count."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+import anyio
+from django.db import connection
+from mcp import Client
+from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+from mcp.types import ResourceUpdatedNotification
+
+from switchboard import mcp
+from tests.conftest import Personas, push
+from tests.mcp.conftest import NODE
+
+
+def _pushed(p: Personas, n: int = 1, queue: str = "inbox") -> list[str]:
+    """Push from a worker thread (the SDK's event loop must not run the ORM), committed."""
+    try:
+        return [str(t.id) for t in push(p, n, queue=queue)]
+    finally:
+        connection.close()
+
+
+def _ring(params: dict[str, Any]) -> tuple[str, str, str]:
+    meta = params["_meta"][mcp.READY_META]
+    assert params["uri"] == f"{mcp.TODO_URI}{meta['todo']}"
+    return meta["todo"], meta["queue"], meta["reason"]
+
+
+def test_a_python_sdk_agent_is_told_of_new_work_on_its_stream(
+    tx_personas: Personas, live_url: str
+) -> None:
+    p = tx_personas
+    (waiting,) = push(p, 1)
+    url = f"{live_url}/mcp/{p.agent.slug}"
+    rings: list[tuple[str, str, str]] = []
+
+    async def agent() -> None:
+        send, receive = anyio.create_memory_object_stream[dict[str, Any]](100)
+
+        async def on_message(message: Any) -> None:
+            if isinstance(message, ResourceUpdatedNotification):
+                await send.send(message.params.model_dump(by_alias=True))
+
+        http = create_mcp_http_client(headers={"Authorization": f"Bearer {p.agent_token}"})
+        transport = streamable_http_client(url, http_client=http)
+        async with Client(transport, mode="legacy", message_handler=on_message):
+            with anyio.fail_after(30):
+                assert _ring(await receive.receive()) == (str(waiting.id), "inbox", "waiting")
+                first, second = await anyio.to_thread.run_sync(_pushed, p, 2)
+                (sentinel,) = await anyio.to_thread.run_sync(_pushed, p, 1, "outbox")
+                while True:
+                    ring = _ring(await receive.receive())
+                    if ring[0] == sentinel:
+                        break
+                    rings.append(ring)
+        assert rings == [(first, "inbox", "created"), (second, "inbox", "created")]
+
+    anyio.run(agent)
+
+
+def test_a_typescript_sdk_agent_is_told_of_new_work_on_its_stream(
+    tx_personas: Personas, live_url: str, js_clients: Path
+) -> None:
+    p = tx_personas
+    (waiting,) = push(p, 1)
+    env = {**os.environ, "MCP_URL": f"{live_url}/mcp/{p.agent.slug}", "MCP_TOKEN": p.agent_token}
+    agent = subprocess.Popen(
+        [NODE, str(js_clients / "listen.mjs")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: queue.Queue[dict[str, Any]] = queue.Queue()
+
+    def read() -> None:
+        assert agent.stdout is not None
+        for line in agent.stdout:
+            lines.put(json.loads(line))
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        assert lines.get(timeout=30) == {"connected": "2025-11-25"}
+        assert _ring(lines.get(timeout=30)) == (str(waiting.id), "inbox", "waiting")
+        first, second = push(p, 2)
+        (sentinel,) = push(p, 1, queue="outbox")
+        rings = []
+        while (ring := _ring(lines.get(timeout=30)))[0] != str(sentinel.id):
+            rings.append(ring)
+        assert rings == [(str(first.id), "inbox", "created"), (str(second.id), "inbox", "created")]
+    finally:
+        agent.terminate()
+        _, errors = agent.communicate(timeout=15)
+        print(errors)  # shown when the test fails
