@@ -25,7 +25,18 @@ log = logging.getLogger(__name__)
 CHANNEL = "todo_ready"
 
 
-REASONS = ("created", "requeued", "released", "reaped", "reopened", "resumed", "stalled")
+# Why a ring rang: work became claimable (the first six), a reminder for work still waiting
+# (the doorbell heartbeat, and a stream's attach), or a held claim went quiet (to its holder).
+REASONS = (
+    "created",
+    "requeued",
+    "released",
+    "reaped",
+    "reopened",
+    "resumed",
+    "waiting",
+    "stalled",
+)
 
 
 def payload(endpoint_id: UUID | str, queue: str) -> str:
@@ -96,15 +107,22 @@ def todo_ready(
     if not may_ring:
         metrics.notify_suppressed(reason)
         return False
+    ring(endpoint_id, queue, reason, todo_id or oldest, hook=bool(url))
+    return True
+
+
+def ring(
+    endpoint_id: UUID | str, queue: str, reason: str, todo_id: UUID | str | None, *, hook: bool
+) -> None:
+    """The NOTIFY (and, with ``hook``, the ready hook after commit), ungated: for callers that
+    checked the gate or need none (a stall concerns a claim already held)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT pg_notify(%s, %s)",
-            [CHANNEL, message(endpoint_id, queue, reason, todo_id or oldest)],
+            "SELECT pg_notify(%s, %s)", [CHANNEL, message(endpoint_id, queue, reason, todo_id)]
         )
     metrics.notify_rung(reason)
-    if url:
+    if hook:
         transaction.on_commit(lambda: _enqueue_hook(endpoint_id, queue, todo_id, reason))
-    return True
 
 
 def todo_ready_now(

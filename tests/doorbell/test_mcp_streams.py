@@ -1,6 +1,7 @@
 """The doorbell over MCP: agents on both official SDKs, connected with the handshake, receive a
 notifications/resources/updated naming the todo, queue and reason on the GET stream the SDK opens
-after connecting, with no polling. Rings are counted exactly: a todo waiting before the agent
+after connecting, with no polling; on the 2026-07-28 revision the Python SDK's ``listen`` receives
+the same on its ``subscriptions/listen`` stream (the TypeScript SDK negotiates 2025-11-25). Rings are counted exactly: a todo waiting before the agent
 connects proves the stream is attached (its attach ring), and a sentinel todo closes the count."""
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 from django.db import connection
 from mcp import Client
 from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
-from mcp.types import ResourceUpdatedNotification
+from mcp.client.subscriptions import ResourceUpdated
+from mcp.types import ResourceUpdatedNotification, SubscriptionFilter
 
 from switchboard import mcp
 from tests.conftest import Personas, push
@@ -104,3 +107,96 @@ def test_a_typescript_sdk_agent_is_told_of_new_work_on_its_stream(
         agent.terminate()
         _, errors = agent.communicate(timeout=15)
         print(errors)  # shown when the test fails
+
+
+def test_a_python_sdk_agent_on_the_2026_revision_listens_and_is_told_of_new_work(
+    tx_personas: Personas, live_url: str
+) -> None:
+    """The 2026-07-28 revision has no GET stream: the SDK's ``Client.listen`` sends
+    ``subscriptions/listen`` and iterates the response stream (no handshake, no polling)."""
+    p = tx_personas
+    (waiting,) = push(p, 1)
+    url = f"{live_url}/mcp/{p.agent.slug}"
+    told: list[str] = []
+
+    async def agent() -> None:
+        http = create_mcp_http_client(headers={"Authorization": f"Bearer {p.agent_token}"})
+        async with Client(streamable_http_client(url, http_client=http)) as client:
+            assert client.session.protocol_version == "2026-07-28"
+            async with client.listen(resource_subscriptions=[mcp.TODO_URI]) as subscription:
+                assert subscription.honored.resource_subscriptions == [mcp.TODO_URI]
+                with anyio.fail_after(30):
+                    first_event = await subscription.__anext__()
+                    assert first_event == ResourceUpdated(uri=f"{mcp.TODO_URI}{waiting.id}")
+                    first, second = await anyio.to_thread.run_sync(_pushed, p, 2)
+                    (sentinel,) = await anyio.to_thread.run_sync(_pushed, p, 1, "outbox")
+                    async for event in subscription:
+                        assert isinstance(event, ResourceUpdated)
+                        if event.uri == f"{mcp.TODO_URI}{sentinel}":
+                            break
+                        told.append(event.uri)
+        assert told == [f"{mcp.TODO_URI}{first}", f"{mcp.TODO_URI}{second}"]
+
+    anyio.run(agent)
+
+
+def test_a_listen_for_nothing_this_server_sends_is_acknowledged_empty_and_closed_gracefully(
+    tx_personas: Personas, live_url: str
+) -> None:
+    p = tx_personas
+    url = f"{live_url}/mcp/{p.agent.slug}"
+
+    async def agent() -> None:
+        http = create_mcp_http_client(headers={"Authorization": f"Bearer {p.agent_token}"})
+        async with (
+            Client(streamable_http_client(url, http_client=http)) as client,
+            client.listen(tools_list_changed=True) as subscription,
+        ):
+            assert subscription.honored == SubscriptionFilter()
+            with anyio.fail_after(30):
+                assert [event async for event in subscription] == []
+
+    anyio.run(agent)
+
+
+def test_the_listen_stream_on_the_wire_acknowledges_first_and_stamps_every_frame(
+    tx_personas: Personas, live_url: str
+) -> None:
+    p = tx_personas
+    (waiting,) = push(p, 1)
+    meta = {mcp.PROTOCOL_VERSION_KEY: "2026-07-28", mcp.CLIENT_CAPABILITIES_KEY: {}}
+    body = {
+        "jsonrpc": "2.0",
+        "id": "listen-7",
+        "method": "subscriptions/listen",
+        "params": {
+            "notifications": {"resourceSubscriptions": [mcp.TODO_URI], "toolsListChanged": True},
+            "_meta": meta,
+        },
+    }
+    headers = {
+        "Authorization": f"Bearer {p.agent_token}",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": "2026-07-28",
+        "Mcp-Method": "subscriptions/listen",
+    }
+    url = f"{live_url}/mcp/{p.agent.slug}"
+    with httpx.Client(timeout=httpx.Timeout(10.0, read=30.0)) as http:
+        refused = http.post(url, json=body, headers={**headers, "Accept": "application/json"})
+        assert refused.status_code == 406
+        with http.stream("POST", url, json=body, headers=headers) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            frames = (
+                json.loads(line[5:]) for line in response.iter_lines() if line.startswith("data:")
+            )
+            ack = next(frames)
+            assert ack["method"] == "notifications/subscriptions/acknowledged"
+            assert ack["params"] == {
+                "notifications": {"resourceSubscriptions": [mcp.TODO_URI]},
+                "_meta": {mcp.SUBSCRIPTION_ID_KEY: "listen-7"},
+            }
+            ring = next(frames)
+            assert ring["method"] == "notifications/resources/updated"
+            assert ring["params"]["_meta"][mcp.SUBSCRIPTION_ID_KEY] == "listen-7"
+            assert _ring(ring["params"]) == (str(waiting.id), "inbox", "waiting")
