@@ -1,7 +1,8 @@
 """The ready hook: an HTTP POST to the endpoint's notify URL, signed per Standard Webhooks.
 
 Headers ``webhook-id``, ``webhook-timestamp`` and ``webhook-signature: v1,<base64 HMAC-SHA256 of
-"id.timestamp.body" under the endpoint's secret>``. Delivered by Celery: ``HOOK_ATTEMPTS`` attempts
+"id.timestamp.body" under the endpoint's secret>`` (the key is the base64 after ``whsec_``; during a
+rotation's overlap a second signature under the previous secret follows, space-separated). Delivered by Celery: ``HOOK_ATTEMPTS`` attempts
 ``HOOK_RETRY_SECONDS`` apart, each with a ``HOOK_TIMEOUT_SECONDS`` timeout, through the SSRF guard
 (``queues.hookguard``); when the last fails the endpoint is marked (``hook_failed_at``,
 ``hook_error``). Checked against pauses and deferral again at delivery time (fail open).
@@ -33,7 +34,10 @@ class HookDeliveryError(Exception):
 
 
 def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
-    key = secret.removeprefix("whsec_").encode()
+    """``v1,<signature>`` per Standard Webhooks: the key is the secret after ``whsec_``,
+    base64-decoded as receivers' libraries decode it (padding added, other characters skipped,
+    so secrets minted before the base64 form verify the same way)."""
+    key = base64.b64decode(secret.removeprefix("whsec_") + "==")
     signed = f"{msg_id}.{timestamp}.".encode() + body
     digest = hmac.new(key, signed, hashlib.sha256).digest()
     return "v1," + base64.b64encode(digest).decode()

@@ -30,24 +30,28 @@ REMINDER_AFTER = (300, 1200, 3600, 21600)
 PER_ENDPOINT = 3
 BATCH = 500
 
+# How many reminders a todo has had since it last changed, and whether the next one is due.
+_RUNG = "(CASE WHEN t.rung_since IS DISTINCT FROM t.updated_at THEN 0 ELSE t.rings END)"
+_DUE = f"""
+    t.state = 'pending' AND {_RUNG} < %(steps)s
+    AND now() >= t.updated_at + make_interval(secs => (%(after)s::int[])[{_RUNG} + 1])
+"""
+# The candidates are chosen without locks (oldest first, at most PER_ENDPOINT an endpoint); only
+# those are locked, SKIP LOCKED, and the due test is applied again to the locked row, so a claim
+# meanwhile skips only the rows about to ring and a sweep that raced another rings nothing twice.
 _DUE_SQL = f"""
 WITH due AS (
-    SELECT t.id, t.endpoint_id, t.queue, t.created_at,
-           CASE WHEN t.rung_since IS DISTINCT FROM t.updated_at THEN 0 ELSE t.rings END AS rung
+    SELECT t.id, row_number() OVER (PARTITION BY t.endpoint_id ORDER BY t.created_at, t.id) AS n
     FROM queues_todo t
-    WHERE t.state = 'pending' AND {CLAIMABLE}
-      AND (t.rung_since IS DISTINCT FROM t.updated_at OR t.rings < %(steps)s)
-      AND now() >= t.updated_at + make_interval(secs => (%(after)s::int[])[
-            (CASE WHEN t.rung_since IS DISTINCT FROM t.updated_at THEN 0 ELSE t.rings END) + 1])
+    WHERE {CLAIMABLE} AND {_DUE}
     ORDER BY t.created_at, t.id
     LIMIT %(batch)s
-    FOR UPDATE OF t SKIP LOCKED
-), ranked AS (
-    SELECT due.*, row_number() OVER (PARTITION BY endpoint_id ORDER BY created_at, id) AS n
-    FROM due
 )
-SELECT id, endpoint_id, queue, rung FROM ranked WHERE n <= %(per_endpoint)s
-ORDER BY created_at, id
+SELECT t.id, t.endpoint_id, t.queue, {_RUNG}
+FROM queues_todo t JOIN due ON due.id = t.id AND due.n <= %(per_endpoint)s
+WHERE {_DUE}
+ORDER BY t.created_at, t.id
+FOR UPDATE OF t SKIP LOCKED
 """
 
 _RUNG_SQL = """
