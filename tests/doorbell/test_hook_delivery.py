@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
@@ -129,6 +130,11 @@ def test_a_failing_receiver_gets_three_attempts_five_seconds_apart_then_the_endp
         counters.value("switchboard_notify_hooks_total", {"outcome": "gave_up"})
         == gave_up_before + 1
     )
+
+    admin = Client()
+    admin.force_login(p.admin)
+    page = admin.get(f"/admin/queues/endpoint/{p.agent.pk}/change/").content.decode()
+    assert "hook answered 500" in page
 
     hook_server.status = 204  # the receiver is back: the next delivery clears the mark
     push(p, 1)
