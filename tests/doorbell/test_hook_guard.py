@@ -80,7 +80,7 @@ def test_a_network_on_the_allow_list_is_accepted(
         )
 
 
-def test_a_hook_whose_host_now_resolves_to_loopback_is_refused_at_connect_time(
+def test_a_hook_address_allowed_when_set_but_not_at_delivery_is_refused_at_connect_time(
     tx_personas: Personas, hook_server: HookServer, celery_worker: Any, settings: Any
 ) -> None:
     """The URL passed the check when it was set (the receiver was allowed then); by delivery
