@@ -26,7 +26,7 @@ from django.contrib.auth.models import User
 from django.db import connection
 
 from queues import services
-from queues.access import AgentActor
+from queues.access import AgentActor, SystemActor
 from queues.models import Endpoint
 from switchboard.liveserver import live_server
 
@@ -52,7 +52,13 @@ def _server_process(base: str) -> psutil.Process:
 def _vend(n: int) -> list[tuple[Endpoint, str]]:
     owner, _ = User.objects.get_or_create(username="bench-doorbell")
     return [
-        services.endpoint_vend(owner=owner, name=f"Doorbell {i}", queues=["inbox"], rps=0)
+        services.endpoint_vend(
+            actor=SystemActor(via="bench"),
+            owner=owner,
+            name=f"Doorbell {i}",
+            queues=["inbox"],
+            rps=0,
+        )
         for i in range(n)
     ]
 

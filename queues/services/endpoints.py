@@ -172,7 +172,7 @@ def endpoint_revoke(*, endpoint: Endpoint, actor: HumanActor | SystemActor) -> i
 def endpoint_rotate_hook_secret(
     *,
     endpoint: Endpoint,
-    actor: HumanActor | SystemActor | None = None,
+    actor: HumanActor | SystemActor,
     overlap_seconds: int | None = None,
 ) -> str:
     """A new signing secret for the endpoint's hooks; returns it (the receiver needs it).
@@ -182,6 +182,7 @@ def endpoint_rotate_hook_secret(
     late still verifies every hook. The rotation lands in the ledger (never the secrets: the
     rotation's time and overlap) in the same transaction.
     """
+    access.check_actor(actor)
     if isinstance(actor, HumanActor):
         _check_may_change(actor, endpoint)
     if overlap_seconds is None:

@@ -12,7 +12,7 @@ from queues import services
 from queues.models import Endpoint
 from switchboard.core.errors import InvalidArgument
 from switchboard.ledger.models import LedgerEntry
-from tests.conftest import Personas, push
+from tests.conftest import FIXTURE, Personas, push
 from tests.doorbell.streams import wait_for
 from tests.pause.conftest import HookServer
 
@@ -38,7 +38,9 @@ def test_vending_with_a_hook_into_the_servers_own_network_is_refused_and_makes_n
 ) -> None:
     p = personas
     with pytest.raises(InvalidArgument) as refused:
-        services.endpoint_vend(owner=p.owner, name="Sneaky", queues=["inbox"], notify_url=url)
+        services.endpoint_vend(
+            actor=FIXTURE, owner=p.owner, name="Sneaky", queues=["inbox"], notify_url=url
+        )
     assert refused.value.field == "notify_url"
     assert not Endpoint.objects.filter(name="Sneaky").exists()
 
@@ -71,7 +73,11 @@ def test_a_network_on_the_allow_list_is_accepted(
 ) -> None:
     settings.HOOK_ALLOWED_NETWORKS = ["10.0.0.0/8"]
     endpoint, _ = services.endpoint_vend(
-        owner=personas.owner, name="Inside", queues=["inbox"], notify_url="http://10.1.2.3/hook"
+        actor=FIXTURE,
+        owner=personas.owner,
+        name="Inside",
+        queues=["inbox"],
+        notify_url="http://10.1.2.3/hook",
     )
     assert endpoint.notify_url == "http://10.1.2.3/hook"
     with pytest.raises(InvalidArgument):  # only that network

@@ -13,14 +13,14 @@ from queues.models import Endpoint, Todo
 from queues.services import Claimed
 from tests.admission.conftest import budget
 from tests.admission.test_reopen import exhaust, roll_over
-from tests.conftest import Personas, lapse, push
+from tests.conftest import FIXTURE, Personas, lapse, push
 from tests.pause.conftest import HookServer
 from tests.pause.helpers import Listener, pause
 
 
 def _hooked(p: Personas, hook_server: HookServer, name: str) -> Endpoint:
     endpoint, _ = services.endpoint_vend(
-        owner=p.owner, name=name, queues=["inbox"], rps=0, notify_url=hook_server.url
+        actor=FIXTURE, owner=p.owner, name=name, queues=["inbox"], rps=0, notify_url=hook_server.url
     )
     return endpoint
 
