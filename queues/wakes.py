@@ -38,6 +38,13 @@ REASONS = (
     "stalled",
 )
 
+# A queue identity as a todo-shaped row, every other column NULL: a gate's probe may name any todo
+# column (admission.limits' per-todo gates read pool and tags, and so say nothing here).
+IDENTITY_ROW = (
+    "jsonb_populate_record(NULL::queues_todo, "
+    "jsonb_build_object('endpoint_id', %(e)s::uuid, 'queue', %(q)s::text))"
+)
+
 
 def payload(endpoint_id: UUID | str, queue: str) -> str:
     """The queue identity a ring is for, as ``<endpoint_id>:<queue>``."""
@@ -81,7 +88,7 @@ def _gate(endpoint_id: UUID | str, queue: str) -> tuple[bool, str, UUID | None]:
                        (SELECT id FROM queues_todo WHERE endpoint_id = %(e)s AND queue = %(q)s
                           AND state = 'pending' ORDER BY created_at, id LIMIT 1)
                        {gates.probes("i")}
-                FROM (SELECT %(e)s::uuid AS endpoint_id, %(q)s::text AS queue) i
+                FROM {IDENTITY_ROW} i
                 """,
                 {"e": endpoint_id, "q": queue},
             )
@@ -150,7 +157,7 @@ def slot_freed(endpoint_id: UUID | str, queue: str) -> bool:
                 SELECT ({gates.frees_slot("i")})
                    AND EXISTS (SELECT 1 FROM queues_todo
                                WHERE endpoint_id = %(e)s AND queue = %(q)s AND state = 'pending')
-                FROM (SELECT %(e)s::uuid AS endpoint_id, %(q)s::text AS queue) i
+                FROM {IDENTITY_ROW} i
                 """,
                 {"e": endpoint_id, "q": queue},
             )
