@@ -143,6 +143,15 @@ class Endpoint(models.Model):
     rate_limit_burst = models.PositiveIntegerField(null=True, blank=True)
     notify_url = models.URLField(max_length=500, blank=True, default="")
     notify_secret = models.CharField(max_length=200, blank=True, default="", editable=False)
+    # After a rotation the old secret still signs until ``..._until`` (endpoint_rotate_hook_secret),
+    # so a receiver can switch to the new one without dropping a hook.
+    notify_secret_previous = models.CharField(
+        max_length=200, blank=True, default="", editable=False
+    )
+    notify_secret_previous_until = models.DateTimeField(null=True, blank=True, editable=False)
+    # The last ready hook that gave up after every attempt (cleared by the next delivery).
+    hook_failed_at = models.DateTimeField(null=True, blank=True, editable=False)
+    hook_error = models.CharField(max_length=500, blank=True, default="", editable=False)
     last_seen_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
@@ -243,6 +252,12 @@ class Todo(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     claimed_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # The doorbell's sweeps (queues/services/doorbell_sweeps.py): how many reminders rang for the
+    # todo since it last changed (``rung_since`` is the ``updated_at`` they count from), and when
+    # its holder was last told it stalled.
+    rings = models.PositiveSmallIntegerField(default=0, db_default=0, editable=False)
+    rung_since = models.DateTimeField(null=True, blank=True, editable=False)
+    stall_rung_at = models.DateTimeField(null=True, blank=True, editable=False)
     # Named limits the claim enforces (admission.limits declares them; intake refuses undeclared
     # names through queues.declared).
     pool = models.CharField(max_length=64, null=True, blank=True)

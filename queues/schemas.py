@@ -333,6 +333,10 @@ class EndpointOut(Schema):
     last_seen_at: datetime | None
     created_at: datetime
     revoked_at: datetime | None
+    hook_failed_at: datetime | None = Field(
+        description="When a ready hook last gave up after every attempt (null once one succeeds)"
+    )
+    hook_error: str = Field(description="Why that hook gave up")
 
 
 class VerbFamilyOut(Schema):
@@ -400,6 +404,8 @@ def endpoint_out(endpoint: Endpoint) -> dict[str, Any]:
         "last_seen_at": iso(endpoint.last_seen_at),
         "created_at": iso(endpoint.created_at),
         "revoked_at": iso(endpoint.revoked_at),
+        "hook_failed_at": iso(endpoint.hook_failed_at),
+        "hook_error": endpoint.hook_error,
     }
 
 

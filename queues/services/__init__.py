@@ -13,8 +13,10 @@ notifications happen only after commit.
 from __future__ import annotations
 
 from queues.services.claiming import Claimed, NothingClaimable, claim, claim_next
+from queues.services.doorbell_sweeps import remind_waiting, ring_stalled
 from queues.services.endpoints import (
     endpoint_revoke,
+    endpoint_rotate_hook_secret,
     endpoint_update,
     endpoint_vend,
     human_token_create,
@@ -45,6 +47,7 @@ __all__ = [
     "claim_next",
     "complete",
     "endpoint_revoke",
+    "endpoint_rotate_hook_secret",
     "endpoint_update",
     "endpoint_vend",
     "fail",
@@ -54,8 +57,10 @@ __all__ = [
     "human_token_revoke",
     "reap_expired",
     "release",
+    "remind_waiting",
     "requeue_due_retries",
     "resolve_lease_ttl",
+    "ring_stalled",
     "todo_create",
     "todo_release",
     "todo_retry",

@@ -113,7 +113,7 @@ def todo_create(
                 rate_limit=names.rate_limit,
             )
             metrics.created(queue, source)
-            wakes.todo_ready(endpoint.id, queue)
+            wakes.todo_ready(endpoint.id, queue, todo_id=todo.id)
     except IntegrityError:
         if idempotency_key is None:
             raise
@@ -305,7 +305,9 @@ def release(
         _after_end(todo, "dead_lettered")
     else:
         _after_end(todo, None)
-        transaction.on_commit(lambda: wakes.todo_ready_now(todo.endpoint_id, todo.queue))
+        transaction.on_commit(
+            lambda: wakes.todo_ready_now(todo.endpoint_id, todo.queue, todo_id=todo.id)
+        )
     return todo
 
 
@@ -343,7 +345,7 @@ def todo_retry(*, actor: HumanActor, todo_id: UUID) -> Todo:
             raise Conflict(
                 f"todo is {todo.state}; only a failed todo can be retried", state=todo.state
             )
-        wakes.todo_ready(todo.endpoint_id, todo.queue)
+        wakes.todo_ready(todo.endpoint_id, todo.queue, todo_id=todo.id, reason="requeued")
     todo.refresh_from_db()
     return todo
 

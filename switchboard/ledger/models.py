@@ -19,6 +19,7 @@ class LedgerKind(models.TextChoices):
     ENDPOINT_VEND = "endpoint.vend"
     ENDPOINT_UPDATE = "endpoint.update"
     ENDPOINT_REVOKE = "endpoint.revoke"
+    ENDPOINT_HOOK_SECRET_ROTATE = "endpoint.hook_secret_rotate"
     TOKEN_CREATE = "token.create"
     TOKEN_REVOKE = "token.revoke"
 

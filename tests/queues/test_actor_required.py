@@ -23,6 +23,9 @@ SERVICES: dict[str, Call] = {
     ),
     "endpoint_update": lambda p, a: services.endpoint_update(endpoint=p.agent, name="X", **a),
     "endpoint_revoke": lambda p, a: services.endpoint_revoke(endpoint=p.agent, **a),
+    "endpoint_rotate_hook_secret": lambda p, a: services.endpoint_rotate_hook_secret(
+        endpoint=p.agent, **a
+    ),
     "human_token_create": lambda p, a: services.human_token_create(user=p.owner, **a),
     "human_token_revoke": lambda p, a: services.human_token_revoke(
         token=HumanToken.objects.first() or HumanToken(), **a
