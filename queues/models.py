@@ -166,6 +166,8 @@ class TodoState(models.TextChoices):
     CLAIMED = "claimed"
     DONE = "done"
     FAILED = "failed"
+    # Terminal: an operator gave up on it (``todo_discard``, audited in the ledger).
+    DISCARDED = "discarded"
 
 
 class TodoSource(models.TextChoices):
@@ -328,6 +330,11 @@ class Attempt(models.Model):
         max_length=16, choices=AttemptDisposition.choices, null=True, blank=True
     )
     summary = models.TextField(blank=True, default="")
+    # What the agent said went wrong on this attempt (``fail``'s error), kept per attempt so an
+    # operator sees every failure, not only the last one the todo's result holds.
+    error = models.JSONField(
+        null=True, blank=True, decoder=SafeJSONDecoder, validators=[validate_stored_json]
+    )
 
     class Meta:
         ordering = ["todo", "claimed_at", "id"]

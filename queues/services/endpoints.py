@@ -296,7 +296,7 @@ def _audited(endpoint: Endpoint) -> dict[str, Any]:
     }
 
 
-def _ledger_actor(actor: HumanActor | SystemActor) -> ledger.Actor:
+def ledger_actor(actor: HumanActor | SystemActor) -> ledger.Actor:
     if isinstance(actor, SystemActor):
         return ledger.Actor(human_name=actor.label)
     user = actor.user
@@ -317,7 +317,7 @@ def _append(
         return
     ledger.append(
         kind=kind,
-        actor=_ledger_actor(actor),
+        actor=ledger_actor(actor),
         scope=f"endpoint:{endpoint.slug}",
         before=before,
         after=after,
@@ -329,7 +329,7 @@ def _append_token(kind: str, actor: HumanActor | SystemActor | None, token: Huma
         return
     ledger.append(
         kind=kind,
-        actor=_ledger_actor(actor),
+        actor=ledger_actor(actor),
         scope=f"user:{token.user.get_username()}",
         after={"token_prefix": token.token_prefix, "name": token.name},
     )

@@ -20,15 +20,15 @@ from typing import Any
 from uuid import UUID
 
 from django.db import connection, models
-from django.db.models import F, Q, QuerySet, TextField, Window
-from django.db.models.functions import Cast, RowNumber
+from django.db.models import F, Q, QuerySet, Window
+from django.db.models.functions import RowNumber
 from django.http import QueryDict
 
 from admission import engine
 from admission import selectors as admission_selectors
 from admission.models import AdmissionPolicy
 from queues import access, conditions, selectors, sql
-from queues.access import Viewer, todo_scope, visible_endpoints
+from queues.access import Viewer, visible_endpoints
 from queues.conditions import Condition
 from queues.models import (
     QUARANTINE_QUEUE,
@@ -47,7 +47,13 @@ CARD_LIMIT = 20
 FOLD_AFTER = 12
 FLEET_CARD_LIMIT = 6
 # Cards in a section: held work first, then waiting, then the rest.
-CARD_ORDER = (TodoState.CLAIMED, TodoState.PENDING, TodoState.FAILED, TodoState.DONE)
+CARD_ORDER = (
+    TodoState.CLAIMED,
+    TodoState.PENDING,
+    TodoState.FAILED,
+    TodoState.DONE,
+    TodoState.DISCARDED,
+)
 PAGE_LIMIT = 50
 
 # The board's state filter: "live" (claimed, then pending) is the default.
@@ -58,6 +64,7 @@ STATE_CHOICES: tuple[tuple[str, str], ...] = (
     (TodoState.FAILED, "failed"),
     ("dead_letter", "dead letter"),
     (TodoState.DONE, "done"),
+    (TodoState.DISCARDED, "discarded"),
 )
 STATE_VALUES = tuple(v for v, _ in STATE_CHOICES)
 
@@ -65,7 +72,7 @@ STATE_VALUES = tuple(v for v, _ in STATE_CHOICES)
 REASON_TEXT: dict[str, str] = {
     reason: condition.label for reason, condition in conditions.BY_REASON.items()
 }
-MAX_SEARCH = 200
+MAX_SEARCH = selectors.MAX_SEARCH
 
 
 class Tone:
@@ -132,6 +139,20 @@ class Filters:
     @property
     def single_identity(self) -> bool:
         return bool(self.endpoint and self.queue)
+
+    @property
+    def fields(self) -> list[tuple[str, str]]:
+        """The filters as form fields (a confirmation form carries them back)."""
+        query = QueryDict(self.query())
+        return [(key, query[key]) for key in query]
+
+    @property
+    def state_label(self) -> str:
+        return dict(STATE_CHOICES)[self.state]
+
+    @property
+    def condition_label(self) -> str:
+        return Condition(self.condition).label if self.condition else ""
 
 
 # --- identities and counts ---------------------------------------------------------------------
@@ -390,22 +411,13 @@ def _states(filters: Filters) -> list[str]:
 
 def _card_rows(viewer: Viewer, filters: Filters, endpoint_ids: list[UUID]) -> QuerySet[Todo]:
     """The todos the filters match on the given endpoints (state and search applied)."""
-    qs = Todo.objects.filter(todo_scope(viewer.actor), endpoint_id__in=endpoint_ids)
-    if filters.queue:
-        qs = qs.filter(queue=filters.queue)
-    states = _states(filters)
-    if states == ["dead_letter"]:
-        qs = qs.filter(state=TodoState.FAILED, next_retry_at__isnull=True)
-    else:
-        qs = qs.filter(state__in=states)
-    if filters.q:
-        match = Q(title__icontains=filters.q) | Q(payload_text__icontains=filters.q)
-        try:
-            match |= Q(id=UUID(filters.q))
-        except ValueError:
-            pass
-        qs = qs.annotate(payload_text=Cast("payload", TextField())).filter(match)
-    return qs
+    return selectors.todos_matching(
+        viewer.actor,
+        endpoint_ids=endpoint_ids,
+        queue=filters.queue,
+        states=_states(filters),
+        q=filters.q,
+    )
 
 
 def _search_hits(

@@ -14,6 +14,7 @@ urlpatterns = [
     path("queues/<str:name>", views.queue_view, name="queue"),
     path("queues/<str:name>/pause", views.queue_pause_view, name="queue_pause"),
     path("queues/<str:name>/resume", views.queue_resume_view, name="queue_resume"),
+    path("todos/bulk/<str:action>", views.bulk_view, name="todos_bulk"),
     path("todos/<uuid:todo_id>", views.todo_view, name="todo"),
     path("todos/<uuid:todo_id>/<str:action>", views.todo_action_view, name="todo_action"),
     path("prefs/tz", views.timezone_view, name="timezone"),

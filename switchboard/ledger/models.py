@@ -18,6 +18,8 @@ class LedgerKind(models.TextChoices):
     ENDPOINT_REVOKE = "endpoint.revoke"
     TOKEN_CREATE = "token.create"
     TOKEN_REVOKE = "token.revoke"
+    TODO_RETRY = "todo.retry"
+    TODO_DISCARD = "todo.discard"
 
 
 class LedgerEntry(models.Model):

@@ -57,6 +57,40 @@ def pretty_json(value: Any) -> str:
 
 
 @register.filter
+def state_word(todo: Any) -> str:
+    """A todo's state in the words of ``queues.conditions.TodoWord`` ("dead letter", …)."""
+    return conditions.todo_word(todo.state, todo.next_retry_at).label
+
+
+@register.filter
+def state_class(todo: Any) -> str:
+    """The CSS class of a todo's state: a dead letter has its own."""
+    return conditions.todo_word(todo.state, todo.next_retry_at).value.replace("_", "-")
+
+
+# Keys under which an agent's error carries a stack trace: shown as code, lines kept.
+TRACE_KEYS = ("traceback", "stack", "stacktrace", "stack_trace", "backtrace")
+
+
+@register.filter
+def error_parts(value: Any) -> dict[str, Any]:
+    """An error as the todo page shows it: its stack trace (if a string field names one) as
+    code with its lines, a plain string as text, and the rest as indented JSON."""
+    trace = None
+    rest = value
+    if isinstance(value, dict):
+        for key in TRACE_KEYS:
+            if isinstance(value.get(key), str):
+                trace = value[key]
+                rest = {k: v for k, v in value.items() if k != key}
+                break
+    if isinstance(rest, str):
+        return {"text": rest, "trace": trace, "json": None}
+    shown = None if rest in ({}, None) else json.dumps(rest, indent=2, sort_keys=True, default=str)
+    return {"text": None, "trace": trace, "json": shown}
+
+
+@register.filter
 def reason_text(reason: str | None) -> str:
     if not reason:
         return ""
