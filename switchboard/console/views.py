@@ -20,12 +20,12 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.http import reswap, retarget
 
 from admission import selectors as admission_selectors
-from queues import conditions, pauses, selectors, services
+from queues import activity, conditions, pauses, selectors, services
 from queues.access import Viewer, refuse_auditors, visible_endpoints
 from queues.conditions import Condition
 from queues.forms import PauseForm, TimezoneForm, TodoCompleteForm, TodoFailForm
 from queues.models import QUARANTINE_QUEUE, TodoState, check_queue_name
-from switchboard.console import board, live
+from switchboard.console import board, charts, live
 from switchboard.console.board import Filters
 from switchboard.core.errors import DomainError, Forbidden, InvalidArgument, NotFound
 from switchboard.core.pages import (
@@ -412,6 +412,45 @@ def bulk_view(request: HttpRequest, action: str) -> HttpResponse:
     messages.success(request, f"{done.capitalize()} {result.count} todo{plural}.")
     return HttpResponseRedirect(
         reverse("board") + (f"?{filters.query()}" if filters.query() else "")
+    )
+
+
+# --- throughput and agents ----------------------------------------------------------------------
+
+
+@require_GET
+@console_login_required
+def throughput_view(request: HttpRequest) -> HttpResponse:
+    """Claims, completions and failures per minute over the last hour, one chart per queue."""
+    viewer = Viewer.of(request)
+    ids = visible_endpoints(viewer.actor).values_list("id", flat=True)
+    data = activity.throughput(list(ids))
+    return render(
+        request,
+        "queues/throughput.html",
+        {
+            "viewer": viewer,
+            "charts": [charts.throughput_chart(q, viewer.tz) for q in data],
+            "window": activity.WINDOW_MINUTES,
+            "nav": "throughput",
+        },
+    )
+
+
+@require_GET
+@console_login_required
+def agents_view(request: HttpRequest) -> HttpResponse:
+    """Each endpoint: when it was last seen and what it holds now."""
+    viewer = Viewer.of(request)
+    return render(
+        request,
+        "queues/agents.html",
+        {
+            "viewer": viewer,
+            "agents": activity.agents(visible_endpoints(viewer.actor)),
+            "shown": activity.HELD_SHOWN,
+            "nav": "agents",
+        },
     )
 
 

@@ -57,6 +57,12 @@ def pretty_json(value: Any) -> str:
 
 
 @register.filter
+def words(value: str | None) -> str:
+    """A stored word as prose: ``dead_lettered`` reads "dead lettered"."""
+    return (value or "").replace("_", " ")
+
+
+@register.filter
 def state_word(todo: Any) -> str:
     """A todo's state in the words of ``queues.conditions.TodoWord`` ("dead letter", …)."""
     return conditions.todo_word(todo.state, todo.next_retry_at).label
