@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 from django.db import connection
@@ -122,7 +123,7 @@ def agents(endpoints: Iterable[Endpoint]) -> list[AgentView]:
     """Each endpoint with its claimed todos (the first few, oldest claim first) and how many it
     holds; most recently seen first. Three queries (todo_claimed_idx serves both counts)."""
     views = {e.id: AgentView(e) for e in endpoints}
-    params = {"endpoints": list(views), "shown": HELD_SHOWN}
+    params: dict[str, Any] = {"endpoints": list(views), "shown": HELD_SHOWN}
     with connection.cursor() as cursor:
         cursor.execute(HOLDING_SQL, params)
         for endpoint_id, count in cursor.fetchall():

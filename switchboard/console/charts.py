@@ -54,7 +54,9 @@ class Chart:
         busiest = max(self.lines, key=lambda line: line.peak)
         text = f"{self.queue}, last hour: {', '.join(parts)}."
         if busiest.peak and busiest.peak_at is not None:
-            text += f" Busiest minute: {busiest.peak} {busiest.label} at {busiest.peak_at:%H:%M %Z}."
+            text += (
+                f" Busiest minute: {busiest.peak} {busiest.label} at {busiest.peak_at:%H:%M %Z}."
+            )
         return text
 
 
@@ -62,7 +64,7 @@ def nice_ceiling(value: int) -> int:
     """The smallest of 1, 2, 5, 10, 20, 50 … at or above value (so gridlines read round)."""
     if value <= 1:
         return 1
-    magnitude = 10 ** int(math.floor(math.log10(value)))
+    magnitude: int = 10 ** math.floor(math.log10(value))
     for step in (1, 2, 5, 10):
         if value <= step * magnitude:
             return step * magnitude

@@ -61,7 +61,7 @@ def test_discard_is_terminal_and_lands_in_the_ledger(personas: Personas) -> None
         assert gone.state == TodoState.DISCARDED and gone.finished_at is not None
 
     rows = list(LedgerEntry.objects.filter(kind=LedgerKind.TODO_DISCARD).order_by("seq"))
-    assert [r.after["todos"] for r in rows] == [[str(pending.id)], [str(dead.id)]]
+    assert [(r.after or {})["todos"] for r in rows] == [[str(pending.id)], [str(dead.id)]]
     assert [r.before for r in rows] == [{"states": {"pending": 1}}, {"states": {"failed": 1}}]
     assert {r.actor_human_name for r in rows} == {"olive"}
     assert {(r.scope, r.queue) for r in rows} == {("endpoint:agent", "inbox")}
@@ -144,7 +144,7 @@ def test_a_bulk_retry_changes_exactly_what_its_preview_showed(personas: Personas
     for todo in Todo.objects.filter(pk__in=done.todo_ids):
         assert (todo.state, todo.attempt, todo.next_retry_at) == (TodoState.PENDING, 0, None)
     [row] = LedgerEntry.objects.filter(kind=LedgerKind.TODO_RETRY)
-    assert (row.scope, row.queue, row.after["count"]) == ("endpoint:agent", "inbox", 3)
+    assert (row.scope, row.queue, (row.after or {})["count"]) == ("endpoint:agent", "inbox", 3)
     assert Todo.objects.filter(queue="outbox", state=TodoState.FAILED).count() == 1
 
 
@@ -159,7 +159,7 @@ def test_a_bulk_discard_writes_one_ledger_row_per_queue_identity(personas: Perso
     services.todos_bulk(actor=owner, action="discard", selection=Selection(), token=preview.token)
 
     rows = LedgerEntry.objects.filter(kind=LedgerKind.TODO_DISCARD)
-    assert sorted((r.scope, r.queue, r.after["count"]) for r in rows) == [
+    assert sorted((r.scope, r.queue, (r.after or {})["count"]) for r in rows) == [
         ("endpoint:agent", "inbox", 2),
         ("endpoint:agent", "outbox", 1),
         (f"endpoint:{p.agent2.slug}", "inbox", 1),

@@ -47,7 +47,7 @@ def race(*calls: Callable[[], Any]) -> list[Any]:
 def _ledgered(kind: str) -> Counter[str]:
     """How many ledger rows of a kind name each todo."""
     return Counter(
-        todo for row in LedgerEntry.objects.filter(kind=kind) for todo in row.after["todos"]
+        todo for row in LedgerEntry.objects.filter(kind=kind) for todo in (row.after or {})["todos"]
     )
 
 
