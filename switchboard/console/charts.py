@@ -9,12 +9,14 @@ from datetime import datetime, tzinfo
 
 from queues.activity import SERIES, QueueThroughput
 
+# The plot stretches to its box (its lines keep their width); the labels are HTML around it,
+# so they read the same at 390 px and at 1440 px.
 WIDTH = 600
-HEIGHT = 150
-LEFT = 34  # room for the y axis labels
-RIGHT = 8
-TOP = 10
-BOTTOM = 24  # room for the time labels
+HEIGHT = 120
+LEFT = 0
+RIGHT = 0
+TOP = 4
+BOTTOM = 2
 LABELS = {"claims": "claims", "completions": "completions", "failures": "failures"}
 
 
@@ -45,7 +47,8 @@ class Chart:
     x_ticks: list[Tick]
     plot_left: int
     plot_right: int
-    rows: list[tuple[datetime, dict[str, int]]]  # the minutes with any activity, for the table
+    top: int  # what the top gridline stands for, per minute
+    rows: list[tuple[str, dict[str, int]]]  # the minutes with any activity, for the table
 
     @property
     def summary(self) -> str:
@@ -103,7 +106,7 @@ def throughput_chart(data: QueueThroughput, zone: tzinfo) -> Chart:
         for i in (0, n // 2, n - 1)
     ]
     rows = [
-        (m.astimezone(zone), {k: data.series[k][i] for k in SERIES})
+        (m.astimezone(zone).strftime("%H:%M"), {k: data.series[k][i] for k in SERIES})
         for i, m in enumerate(data.minutes)
         if any(data.series[k][i] for k in SERIES)
     ]
@@ -116,5 +119,6 @@ def throughput_chart(data: QueueThroughput, zone: tzinfo) -> Chart:
         x_ticks=x_ticks,
         plot_left=LEFT,
         plot_right=WIDTH - RIGHT,
+        top=top,
         rows=rows,
     )

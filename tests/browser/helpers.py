@@ -84,4 +84,6 @@ def console_pages(p: Personas, fleet: dict[str, Any]) -> list[str]:
         "/?state=dead_letter",
         "/todos/bulk/retry?state=dead_letter",
         "/todos/bulk/discard?queue=inbox",
+        "/throughput",
+        "/agents",
     ]
