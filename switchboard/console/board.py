@@ -317,6 +317,9 @@ class BoardView:
     total: int  # identities before the condition filter and the search
     healthy: int  # of those shown, collapsed to one line
     any_condition_query: str  # the same filters without the condition
+    # Every queue name of every identity, when neither the endpoint nor the queue filter narrowed
+    # them (then they are the queue filter's choices, with no query of their own).
+    queue_names: list[str] | None = None
 
 
 def board_view(viewer: Viewer, filters: Filters, *, cards: bool = True) -> BoardView:
@@ -347,6 +350,7 @@ def board_view(viewer: Viewer, filters: Filters, *, cards: bool = True) -> Board
         total=len(every),
         healthy=sum(1 for s in shown if s.collapsed),
         any_condition_query=filters.query(condition=""),
+        queue_names=None if filters.endpoint or filters.queue else sorted({s.queue for s in every}),
     )
 
 
@@ -458,6 +462,8 @@ def _fill_cards(
         rows = (
             _card_rows(viewer, filters, list({s.endpoint.id for s in found}))
             .select_related("endpoint")
+            # A card shows neither: decoding every card's JSON was a tenth of a large board.
+            .defer("payload", "result")
             .annotate(
                 rank=Window(
                     RowNumber(),

@@ -56,7 +56,9 @@ def board_context(request: HttpRequest, viewer: Viewer, filters: Filters) -> dic
         "here": here,
         "state_choices": board.STATE_CHOICES,
         "endpoints": visible_endpoints(viewer.actor),
-        "queue_names": board.visible_queue_names(viewer),
+        "queue_names": view.queue_names
+        if view.queue_names is not None
+        else board.visible_queue_names(viewer),
         "live_url": live.live_url(viewer, filters, here),
         "nav": "board",
     }
