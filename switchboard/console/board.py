@@ -320,13 +320,15 @@ class BoardView:
     # Every queue name of every identity, when neither the endpoint nor the queue filter narrowed
     # them (then they are the queue filter's choices, with no query of their own).
     queue_names: list[str] | None = None
+    # Every visible endpoint, when the endpoint filter did not narrow them (the filter's choices).
+    endpoints: list[Endpoint] | None = None
 
 
 def board_view(viewer: Viewer, filters: Filters, *, cards: bool = True) -> BoardView:
     """The board: every visible queue identity, trouble first, healthy ones on one line each
     (unless the filters ask for them), with the fleet summary counted before the condition filter
     and the search narrow it. A constant number of queries, however many sections."""
-    every = _all_sections(viewer, filters)
+    endpoints, every = _all_sections(viewer, filters)
     every.sort(key=lambda s: (conditions.RANK[s.condition], s.endpoint.slug, s.queue))
     summary = _summary(every, filters)
     shown = [s for s in every if not filters.condition or filters.condition in s.conditions]
@@ -351,6 +353,7 @@ def board_view(viewer: Viewer, filters: Filters, *, cards: bool = True) -> Board
         healthy=sum(1 for s in shown if s.collapsed),
         any_condition_query=filters.query(condition=""),
         queue_names=None if filters.endpoint or filters.queue else sorted({s.queue for s in every}),
+        endpoints=None if filters.endpoint else endpoints,
     )
 
 
@@ -373,7 +376,8 @@ def _summary(every: list[Section], filters: Filters) -> list[SummaryItem]:
     ]
 
 
-def _all_sections(viewer: Viewer, filters: Filters) -> list[Section]:
+def _all_sections(viewer: Viewer, filters: Filters) -> tuple[list[Endpoint], list[Section]]:
+    """The visible endpoints (narrowed by the endpoint filter) and every section of theirs."""
     qs = visible_endpoints(viewer.actor)
     if filters.endpoint:
         qs = qs.filter(slug=filters.endpoint)
@@ -403,7 +407,7 @@ def _all_sections(viewer: Viewer, filters: Filters) -> list[Section]:
         )
         section.total = shown_total(section, filters.state)
         out.append(section)
-    return out
+    return endpoints, out
 
 
 def _states(filters: Filters) -> list[str]:

@@ -55,7 +55,9 @@ def board_context(request: HttpRequest, viewer: Viewer, filters: Filters) -> dic
         "conditions": Condition.choices,
         "here": here,
         "state_choices": board.STATE_CHOICES,
-        "endpoints": visible_endpoints(viewer.actor),
+        "endpoints": view.endpoints
+        if view.endpoints is not None
+        else visible_endpoints(viewer.actor),
         "queue_names": view.queue_names
         if view.queue_names is not None
         else board.visible_queue_names(viewer),
