@@ -443,10 +443,10 @@ def _apply(actor: HumanActor, action: str, rows: list[tuple[UUID, str, UUID, str
                 "todos": [str(todo_id) for todo_id, _ in todos],
             },
         )
+        # A discard is counted by the todos gauge (state "discarded") and the ledger, not by
+        # the completed counter, which counts todos leaving a claim.
         if action == "retry":
             wakes.todo_ready(endpoint_id, queue)
-        else:
-            metrics.completed(queue, "discarded", len(todos))
 
 
 def todo_release(*, actor: HumanActor, todo_id: UUID) -> Todo:
