@@ -96,15 +96,21 @@ def run(duration_s: float) -> dict[str, Any]:
 
     from admission import services as admission_services
     from queues import services
-    from queues.access import HumanActor
+    from queues.access import HumanActor, SystemActor
     from queues.models import Endpoint
 
     tag = secrets.token_hex(4)
     user = get_user_model().objects.create_user(f"bench-admission-{tag}")
     actor = HumanActor(user, via="cli")
-    plain, _ = services.endpoint_vend(owner=user, name=f"bench plain {tag}", queues=[QUEUE], rps=0)
+    plain, _ = services.endpoint_vend(
+        actor=SystemActor(via="bench"), owner=user, name=f"bench plain {tag}", queues=[QUEUE], rps=0
+    )
     budgeted, _ = services.endpoint_vend(
-        owner=user, name=f"bench budgeted {tag}", queues=[QUEUE], rps=0
+        actor=SystemActor(via="bench"),
+        owner=user,
+        name=f"bench budgeted {tag}",
+        queues=[QUEUE],
+        rps=0,
     )
     rates: dict[str, dict[str, float]] = {"unbudgeted": {}, "budgeted": {}}
     ran_dry: list[str] = []
