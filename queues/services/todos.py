@@ -371,6 +371,7 @@ def todos_bulk(*, actor: HumanActor, action: str, selection: Selection, token: s
        count and token, and nothing changes.
     3. Change them all in one statement, with one ledger row per queue identity.
     """
+    access.check_actor(actor)
     access.check_writes(actor, "auditors read; they do not change todos")
     if not token:
         raise InvalidArgument(

@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from queues import activity, services
-from tests.conftest import Personas, push
+from tests.conftest import FIXTURE, Personas, push
 from tests.web.conftest import signed_in
 
 
@@ -86,7 +86,9 @@ def test_the_throughput_page_costs_the_same_queries_for_two_queues_or_twelve(
         client.get("/throughput")
     for i in range(10):
         queue = f"q{i}"
-        endpoint, _ = services.endpoint_vend(owner=p.owner, name=f"E{i}", queues=[queue], rps=0)
+        endpoint, _ = services.endpoint_vend(
+            actor=FIXTURE, owner=p.owner, name=f"E{i}", queues=[queue], rps=0
+        )
         work_on(p, endpoint, queue)
     with CaptureQueriesContext(connection) as many:
         page = client.get("/throughput").content.decode()
@@ -127,7 +129,9 @@ def test_the_agents_view_costs_the_same_queries_for_three_endpoints_or_thirteen(
     with CaptureQueriesContext(connection) as few:
         client.get("/agents")
     for i in range(10):
-        endpoint, _ = services.endpoint_vend(owner=p.owner, name=f"E{i}", queues=["inbox"], rps=0)
+        endpoint, _ = services.endpoint_vend(
+            actor=FIXTURE, owner=p.owner, name=f"E{i}", queues=["inbox"], rps=0
+        )
         services.claim(actor=p.as_agent(endpoint), todo_id=push(p, 1, endpoint=endpoint)[0].id)
     with CaptureQueriesContext(connection) as many:
         page = client.get("/agents").content.decode()
