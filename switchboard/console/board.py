@@ -463,9 +463,14 @@ def _fill_cards(
     else:
         by_key = {(s.endpoint.id, s.queue): s for s in found}
         order: dict[str, int] = {state: i for i, state in enumerate(CARD_ORDER)}
+        # Only the identities shown in full: on a folded board their endpoints' other queues
+        # (the one-line ones) would cost rows and model instances nobody sees.
+        shown = Q(pk__in=[])
+        for s in found:
+            shown |= Q(endpoint_id=s.endpoint.id, queue=s.queue)
         rows = (
             _card_rows(viewer, filters, list({s.endpoint.id for s in found}))
-            .select_related("endpoint")
+            .filter(shown)
             # A card shows neither: decoding every card's JSON was a tenth of a large board.
             .defer("payload", "result")
             .annotate(
@@ -481,6 +486,7 @@ def _fill_cards(
         for todo in rows:
             section = by_key.get((todo.endpoint_id, todo.queue))
             if section is not None:
+                todo.endpoint = section.endpoint  # the one already read, not a join per card
                 section.cards.append(todo)
         for s in found:
             s.cards.sort(key=lambda t: order[t.state])
