@@ -228,6 +228,9 @@ def create_todo(request: HttpRequest, data: OperatorCreateTodoIn) -> Any:
         payload=data.payload,
         idempotency_key=data.idempotency_key,
         max_attempts=data.max_attempts,
+        pool=data.pool,
+        tags=data.tags,
+        rate_limit=data.rate_limit,
         source=TodoSource.API,
     )
     body = {"todo": one_todo_out(made.todo), "created": made.created}

@@ -7,18 +7,37 @@ below name the statement or sweep that uses each one.
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
-from django.contrib.postgres.indexes import BrinIndex
+from django.contrib.postgres.indexes import BrinIndex, GinIndex
 from django.db import models
-from django.db.models import Q
+from django.db.models import Q, Value
+from django.db.models.expressions import RawSQL
 
 from switchboard.core.errors import InvalidArgument
 from switchboard.core.validation import SafeJSONDecoder, fullmatch, validate_stored_json
 
 QUARANTINE_QUEUE = "quarantine"
 QUEUE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
+
+
+# Pools, tag limits and rate limits: canonical names (lower case), matched in full (``$`` would
+# let a trailing newline through) and by the database's CHECKs.
+LIMIT_NAME_RE = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+MAX_TODO_TAGS = 8
+
+
+def check_limit_name(value: Any, *, field_name: str) -> str:
+    """A canonical limit name, or ``invalid_argument`` naming the field."""
+    if not fullmatch(LIMIT_NAME_RE, value):
+        raise InvalidArgument(
+            f"{field_name} must be 1-64 lower-case letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit",
+            field=field_name,
+        )
+    return value
 
 
 def check_queue_name(queue: str, *, field_name: str = "queue") -> str:
@@ -66,6 +85,8 @@ class Verb(models.TextChoices):
     ADMISSION_STATUS = "admission_status"
     SET_ADMISSION_POLICY = "set_admission_policy"
     CLEAR_ADMISSION_POLICY = "clear_admission_policy"
+    REPORT_RATE_LIMITED = "report_rate_limited"
+    LIMITS_STATUS = "limits_status"
 
 
 # What a vend grants unless told otherwise: exactly the todo verbs.
@@ -84,7 +105,15 @@ BASIC_VERBS: tuple[str, ...] = (
 POLICY_VERBS: tuple[str, ...] = (Verb.SET_ADMISSION_POLICY, Verb.CLEAR_ADMISSION_POLICY)
 # Granted by implication to an endpoint that holds claim or claim_next.
 DRAIN_VERBS: tuple[str, ...] = (Verb.CLAIM, Verb.CLAIM_NEXT)
-GRANTABLE_VERBS: tuple[str, ...] = (*BASIC_VERBS, Verb.ADMISSION_STATUS, *POLICY_VERBS)
+# Their own family: reporting a 429 halves a shared rate limit for every agent naming it.
+RATE_VERBS: tuple[str, ...] = (Verb.REPORT_RATE_LIMITED,)
+GRANTABLE_VERBS: tuple[str, ...] = (
+    *BASIC_VERBS,
+    Verb.ADMISSION_STATUS,
+    Verb.LIMITS_STATUS,
+    *POLICY_VERBS,
+    *RATE_VERBS,
+)
 
 
 class EndpointState(models.TextChoices):
@@ -156,8 +185,8 @@ class Endpoint(models.Model):
         return self.state == EndpointState.ACTIVE
 
     def holds(self, verb: str) -> bool:
-        """Whether the grant covers a verb; admission_status rides on the drain grant."""
-        if verb == Verb.ADMISSION_STATUS:
+        """Whether the grant covers a verb; the status reads ride on the drain grant."""
+        if verb in (Verb.ADMISSION_STATUS, Verb.LIMITS_STATUS):
             return any(v in self.scope_verbs for v in DRAIN_VERBS) or verb in self.scope_verbs
         return verb in self.scope_verbs
 
@@ -216,10 +245,34 @@ class Todo(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     claimed_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Named limits the claim enforces (admission.limits declares them; intake refuses undeclared
+    # names through queues.declared).
+    pool = models.CharField(max_length=64, null=True, blank=True)
+    # The database default serves raw inserts (the benches' bulk seeding) as the ORM's does.
+    tags = ArrayField(
+        models.CharField(max_length=64), default=list, db_default=Value([]), blank=True
+    )
+    rate_limit = models.CharField(max_length=64, null=True, blank=True)
 
     class Meta:
         ordering = ["created_at", "id"]
         constraints = [
+            models.CheckConstraint(name="todo_pool_format", condition=Q(pool__regex=LIMIT_NAME_RE)),
+            models.CheckConstraint(
+                name="todo_rate_limit_format", condition=Q(rate_limit__regex=LIMIT_NAME_RE)
+            ),
+            # array_length is NULL for an empty array, which a CHECK lets through.
+            models.CheckConstraint(
+                name="todo_tags_at_most_8", condition=Q(tags__len__lte=MAX_TODO_TAGS)
+            ),
+            models.CheckConstraint(
+                name="todo_tags_format",
+                condition=RawSQL(
+                    "array_to_string(tags, ',') ~ '^([a-z0-9][a-z0-9_.-]{0,63}(,|$))*$' AND NOT '' = ANY(tags)",
+                    (),
+                    output_field=models.BooleanField(),
+                ),
+            ),
             models.CheckConstraint(
                 name="todo_state_valid", condition=Q(state__in=TodoState.values)
             ),
@@ -251,6 +304,18 @@ class Todo(models.Model):
             ),
         ]
         indexes = [
+            # Occupancy of a pool and of tags, counted under the limit's lock in every claim
+            # that names one (admission.limits.gates).
+            models.Index(
+                fields=["pool"],
+                condition=Q(state=TodoState.CLAIMED, pool__isnull=False),
+                name="todo_claimed_pool_idx",
+            ),
+            GinIndex(
+                fields=["tags"],
+                condition=Q(state=TodoState.CLAIMED) & ~Q(tags=[]),
+                name="todo_claimed_tags_idx",
+            ),
             # claim_next's candidate scan (queues/sql.py claim_next_sql, FOR UPDATE SKIP
             # LOCKED): the endpoint's live rows in created_at order, so the oldest claimable row
             # of any granted queue is found without sorting the backlog.

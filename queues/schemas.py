@@ -14,13 +14,26 @@ from django.conf import settings
 from ninja import Schema
 from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo
 
-from queues.models import GRANTABLE_VERBS, QUEUE_NAME_RE, SLUG_RE, Endpoint, Todo, TodoState
+from queues.models import (
+    GRANTABLE_VERBS,
+    LIMIT_NAME_RE,
+    MAX_TODO_TAGS,
+    QUEUE_NAME_RE,
+    SLUG_RE,
+    Endpoint,
+    Todo,
+    TodoState,
+)
 from queues.selectors import MAX_PAGE
 from switchboard.core import validation
 
 
 def QueueName() -> Any:
     return Field(pattern=QUEUE_NAME_RE, min_length=1, max_length=64)
+
+
+def LimitName(description: str) -> Any:
+    return Field(default=None, pattern=LIMIT_NAME_RE, max_length=64, description=description)
 
 
 def AttemptOf() -> Any:
@@ -96,6 +109,9 @@ class TodoOut(Schema):
     result: Any = None
     created_at: datetime
     updated_at: datetime
+    pool: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    rate_limit: str | None = None
     admission: TodoAdmissionOut | None = Field(
         default=None,
         description="Present on a pending todo of a budgeted queue: whether a claim would be "
@@ -121,6 +137,9 @@ def todo_out(todo: Todo, admission: dict[str, Any] | None = None) -> dict[str, A
         "result": validation.shown(todo.result),
         "created_at": iso(todo.created_at),
         "updated_at": iso(todo.updated_at),
+        "pool": todo.pool,
+        "tags": list(todo.tags),
+        "rate_limit": todo.rate_limit,
     }
     if admission is not None and todo.state == TodoState.PENDING:
         out["admission"] = {
@@ -167,6 +186,13 @@ class CreateTodoIn(Strict):
         description="While a todo with this key is live, creating again returns it",
     )
     max_attempts: int | None = Field(default=None, ge=1, le=100)
+    pool: str | None = LimitName("A declared pool: the claim holds one of its slots")
+    tags: list[Annotated[str, Field(pattern=LIMIT_NAME_RE, max_length=64)]] | None = Field(
+        default=None,
+        max_length=MAX_TODO_TAGS,
+        description=f"Up to {MAX_TODO_TAGS} declared tags: the claim counts against each limit",
+    )
+    rate_limit: str | None = LimitName("A declared rate limit: the claim counts per minute")
 
 
 class CreateTodoOut(Schema):
@@ -257,6 +283,10 @@ class FailIn(Strict):
     summary: str = Field(default="", max_length=10000)
     lease_token: str | None = Field(default=None, max_length=200)
     attempt: int | None = AttemptOf()
+    rate_limited: bool = Field(
+        default=False,
+        description="The work met a 429: one observation against the todo's rate limit",
+    )
 
 
 class ReleaseIn(Strict):
@@ -423,7 +453,7 @@ def vend_out(endpoint: Endpoint, token: str) -> dict[str, Any]:
 
 def verb_families() -> list[dict[str, Any]]:
     """What a vend may grant, by family, with what each family lets the agent do."""
-    from queues.models import BASIC_VERBS, POLICY_VERBS, Verb
+    from queues.models import BASIC_VERBS, POLICY_VERBS, RATE_VERBS, Verb
 
     return [
         {
@@ -433,13 +463,20 @@ def verb_families() -> list[dict[str, Any]]:
         },
         {
             "family": "admission_status",
-            "verbs": [Verb.ADMISSION_STATUS.value],
-            "note": "Read the budgets of the scoped queues; implied by claim or claim_next.",
+            "verbs": [Verb.ADMISSION_STATUS.value, Verb.LIMITS_STATUS.value],
+            "note": "Read the budgets of the scoped queues and the fleet's named limits; "
+            "implied by claim or claim_next.",
         },
         {
             "family": "policy",
             "verbs": list(POLICY_VERBS),
             "note": "set/clear_admission_policy lets the agent change its own budget; never "
             "part of the basic grant.",
+        },
+        {
+            "family": "rate",
+            "verbs": list(RATE_VERBS),
+            "note": "report_rate_limited halves a shared rate limit for every agent naming it; "
+            "never part of the basic grant.",
         },
     ]

@@ -89,10 +89,22 @@ def _probes(gate_list: tuple[gates.ClaimGate, ...], alias: str) -> list[str]:
     return [f"{gate.probe(alias)} AS g{i}" for i, gate in enumerate(gate_list)]
 
 
+# The rows claim_next may take: the endpoint's claimable todos of the open queues (uses
+# todo_claimable_idx, whose predicate is stated so the planner can use it).
+_CLAIM_NEXT_ROWS = f"""
+    t.endpoint_id = %(endpoint)s
+      AND t.queue = ANY({OPEN_QUEUES})
+      AND (t.state IN ('pending', 'claimed') OR (t.state = 'failed' AND t.next_retry_at IS NOT NULL))
+      AND {CLAIMABLE_STATE}
+"""
+
+
 # claim_next: the oldest claimable todo of the endpoint's granted queues, skipping rows other
-# claimers hold (uses todo_pending_idx for the pending arm). Claims at once when no gate claims
-# the candidate; otherwise returns the candidate (locked) and each gate's key, and the caller
-# runs the gates.
+# claimers hold, rows this claim passed over after a per-todo refusal, and rows a per-todo gate
+# would refuse now (its skip). Claims at once when no gate claims the candidate; otherwise
+# returns the candidate (locked) and each gate's key, and the caller runs the gates. It always
+# answers one row: with no candidate, whether some claimable todo was skipped (the caller then
+# asks the gates why, for the deferred list).
 @functools.cache
 def _claim_next_sql(gate_list: tuple[gates.ClaimGate, ...]) -> str:
     probe = admit = ""
@@ -102,23 +114,31 @@ def _claim_next_sql(gate_list: tuple[gates.ClaimGate, ...]) -> str:
         held = " OR ".join(f"g{i} IS NOT NULL" for i in range(len(gate_list)))
         admit = f"AND NOT EXISTS (SELECT 1 FROM gate WHERE {held})"
         keys = "".join(f"(SELECT g{i} FROM gate), " for i in range(len(gate_list)))
+    skips = [f"({s})" for s in gates.skips("t")]
+    passes = "".join(f"\n      AND {s} IS NOT TRUE" for s in skips)
+    # Only read when there is no candidate (CASE), so a claim never pays for it.
+    skipped = (
+        f"CASE WHEN c.id IS NULL THEN EXISTS (SELECT 1 FROM queues_todo t "
+        f"WHERE {_CLAIM_NEXT_ROWS} AND ({' OR '.join(skips)})) ELSE false END"
+        if skips
+        else "false"
+    )
     return f"""
 WITH cand AS (
-    SELECT t.id, t.state AS prev_state, t.attempt AS prev_attempt, t.endpoint_id, t.queue
+    -- What the gates' probes may read: the identity and the named limits (admission.limits).
+    SELECT t.id, t.state AS prev_state, t.attempt AS prev_attempt, t.endpoint_id, t.queue,
+           t.pool, t.tags, t.rate_limit
     FROM queues_todo t
-    WHERE t.endpoint_id = %(endpoint)s
-      AND t.queue = ANY({OPEN_QUEUES})
-      -- todo_claimable_idx's predicate, stated so the planner can use it.
-      AND (t.state IN ('pending', 'claimed') OR (t.state = 'failed' AND t.next_retry_at IS NOT NULL))
-      AND {CLAIMABLE_STATE}
+    WHERE {_CLAIM_NEXT_ROWS}
+      AND t.id <> ALL(%(passed)s::uuid[]){passes}
     ORDER BY t.created_at, t.id
     LIMIT 1
     FOR UPDATE OF t SKIP LOCKED
 ),
 {probe}
 {_CLAIM_CTES.format(admit=admit, TODO_COLUMNS=TODO_COLUMNS)}
-SELECT c.id, c.queue, {keys}cl.id IS NOT NULL, {CLAIMED_COLUMNS}
-FROM cand c LEFT JOIN claimed cl ON cl.id = c.id
+SELECT c.id, c.queue, {skipped}, {keys}cl.id IS NOT NULL, {CLAIMED_COLUMNS}
+FROM (SELECT) one LEFT JOIN cand c ON true LEFT JOIN claimed cl ON cl.id = c.id
 """
 
 
@@ -216,8 +236,16 @@ def todo_from_row(values: tuple[Any, ...] | list[Any]) -> Todo:
     return Todo.from_db(DEFAULT_DB_ALIAS, _TODO_ATTNAMES, converted)
 
 
+@dataclass(frozen=True)
+class NoCandidate:
+    """claim_next's statement found nothing to take."""
+
+    # Some claimable todo was passed over because a per-todo gate would refuse it now.
+    skipped: bool
+
+
 def _candidate(row: tuple[Any, ...] | None, nkeys: int) -> Candidate | None:
-    if row is None:
+    if row is None or row[0] is None:
         return None
     todo_id, queue, *rest = row
     keys, (claimed, *columns) = tuple(rest[:nkeys]), rest[nkeys:]
@@ -230,24 +258,31 @@ def claim_next_candidate(
     endpoint_id: UUID,
     queues: list[str],
     excluded: list[str],
+    passed: list[UUID],
     claimant: str,
     via: str,
     ttl: int,
     fence_hash: str | None,
-) -> Candidate | None:
+) -> Candidate | NoCandidate:
+    """The claim_next statement. ``excluded``: queues a gate refuses; ``passed``: todos a
+    per-todo gate refused under its lock in this claim."""
     cursor.execute(
         claim_next_sql(),
         {
             "endpoint": endpoint_id,
             "queues": queues,
             "excluded": excluded,
+            "passed": passed,
             "claimant": claimant,
             "via": via,
             "ttl": ttl,
             "fence_hash": fence_hash,
         },
     )
-    return _candidate(cursor.fetchone(), len(gates.gates()))
+    row = cursor.fetchone()
+    assert row is not None, "the statement answers one row"
+    skipped, row = row[2], (*row[:2], *row[3:])
+    return _candidate(row, len(gates.gates())) or NoCandidate(skipped=skipped)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,14 @@ log = logging.getLogger(__name__)
 CHANNEL = "todo_ready"
 
 
+# A queue identity as a todo-shaped row, every other column NULL: a gate's probe may name any todo
+# column (admission.limits' per-todo gates read pool and tags, and so say nothing here).
+IDENTITY_ROW = (
+    "jsonb_populate_record(NULL::queues_todo, "
+    "jsonb_build_object('endpoint_id', %(e)s::uuid, 'queue', %(q)s::text))"
+)
+
+
 def payload(endpoint_id: UUID | str, queue: str) -> str:
     return f"{endpoint_id}:{queue}"
 
@@ -35,7 +43,7 @@ def _gate(endpoint_id: UUID | str, queue: str) -> tuple[bool, str]:
                 SELECT EXISTS (SELECT 1 FROM queues_queuepause WHERE queue = %(q)s),
                        (SELECT notify_url FROM queues_endpoint WHERE id = %(e)s)
                        {gates.probes("i")}
-                FROM (SELECT %(e)s::uuid AS endpoint_id, %(q)s::text AS queue) i
+                FROM {IDENTITY_ROW} i
                 """,
                 {"e": endpoint_id, "q": queue},
             )
@@ -86,7 +94,7 @@ def slot_freed(endpoint_id: UUID | str, queue: str) -> bool:
                 SELECT ({gates.frees_slot("i")})
                    AND EXISTS (SELECT 1 FROM queues_todo
                                WHERE endpoint_id = %(e)s AND queue = %(q)s AND state = 'pending')
-                FROM (SELECT %(e)s::uuid AS endpoint_id, %(q)s::text AS queue) i
+                FROM {IDENTITY_ROW} i
                 """,
                 {"e": endpoint_id, "q": queue},
             )

@@ -95,6 +95,7 @@ INSTALLED_APPS = [
     "ninja",
     "queues",
     "admission",
+    "admission.limits",
     "switchboard.ledger",
     "switchboard.console",
 ]

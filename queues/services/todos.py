@@ -8,6 +8,8 @@ happen only after commit.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -16,7 +18,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from queues import access, metrics, selectors, sql, wakes
+from queues import access, declared, metrics, selectors, sql, wakes
 from queues.access import Actor, AgentActor, HumanActor, acting_endpoint_ids
 from queues.models import (
     LIVE_TODO,
@@ -63,8 +65,14 @@ def todo_create(
     idempotency_key: str | None = None,
     max_attempts: int | None = None,
     source: str = TodoSource.API,
+    pool: str | None = None,
+    tags: Sequence[str] | None = None,
+    rate_limit: str | None = None,
 ) -> TodoCreated:
-    """Put a todo on a queue. A duplicate idempotency key returns the live todo, created=False."""
+    """Put a todo on a queue. A duplicate idempotency key returns the live todo, created=False.
+
+    ``pool``, ``tags`` and ``rate_limit`` name declared limits the claim enforces; an undeclared
+    name is refused naming its field (``queues.declared``)."""
     access.check_actor(actor)
     access.check_todo_write(actor, endpoint)
     check_queue_name(queue)
@@ -91,6 +99,7 @@ def todo_create(
         raise InvalidArgument("max_attempts must be between 1 and 100", field="max_attempts")
     if payload is None:
         payload = {}
+    names = declared.check(pool=pool, tags=tags, rate_limit=rate_limit)
     try:
         with transaction.atomic():
             availability.check_deadline()  # a client that has given up gets no todo
@@ -103,6 +112,9 @@ def todo_create(
                 idempotency_key=idempotency_key,
                 max_attempts=max_attempts,
                 source=source,
+                pool=names.pool,
+                tags=list(names.tags),
+                rate_limit=names.rate_limit,
             )
             metrics.created(queue, source)
             wakes.todo_ready(endpoint.id, queue)
@@ -123,6 +135,9 @@ def todo_create(
                 idempotency_key=idempotency_key,
                 max_attempts=max_attempts,
                 source=source,
+                pool=pool,
+                tags=tags,
+                rate_limit=rate_limit,
             )
         return TodoCreated(todo=existing, created=False)
     return TodoCreated(todo=todo, created=True)
@@ -261,22 +276,29 @@ def fail(
     summary: str = "",
     lease_token: str | None = None,
     attempt: int | None = None,
+    rate_limited: bool = False,
 ) -> Todo:
+    """Fail a claimed attempt. ``rate_limited``: the work met a 429, recorded against the todo's
+    rate limit in the same transaction (a todo naming none is refused, nothing changed)."""
     validation.check_stored_json(error, "error")
-    todo = _transition(
-        actor,
-        todo_id,
-        sql.fail_sql(),
-        {
-            "result": _json_param({"error": error} if error is not None else None),
-            "error": _json_param(error),
-            "summary": _summary(summary),
-            "base": BACKOFF_BASE_SECONDS,
-            "cap": BACKOFF_CAP_SECONDS,
-        },
-        lease_token,
-        attempt,
-    )
+    # Only a reported 429 needs a transaction around the one statement.
+    with transaction.atomic() if rate_limited else nullcontext():
+        todo = _transition(
+            actor,
+            todo_id,
+            sql.fail_sql(),
+            {
+                "result": _json_param({"error": error} if error is not None else None),
+                "error": _json_param(error),
+                "summary": _summary(summary),
+                "base": BACKOFF_BASE_SECONDS,
+                "cap": BACKOFF_CAP_SECONDS,
+            },
+            lease_token,
+            attempt,
+        )
+        if rate_limited:
+            declared.observe_rate_limited(rate_limit=todo.rate_limit, actor=actor, todo_id=todo.id)
     _after_end(todo, "dead_lettered" if todo.dead_letter else "failed")
     return todo
 

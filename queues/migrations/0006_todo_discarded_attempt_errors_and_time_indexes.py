@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('queues', '0004_todo_json_edge_bounds'),
+        ("queues", "0005_todo_named_limits"),
     ]
 
     operations = [
