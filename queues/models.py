@@ -11,7 +11,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
-from django.contrib.postgres.indexes import GinIndex
+from django.contrib.postgres.indexes import BrinIndex, GinIndex
 from django.db import models
 from django.db.models import Q, Value
 from django.db.models.expressions import RawSQL
@@ -205,6 +205,8 @@ class TodoState(models.TextChoices):
     CLAIMED = "claimed"
     DONE = "done"
     FAILED = "failed"
+    # Terminal: an operator gave up on it (``todo_discard``, audited in the ledger).
+    DISCARDED = "discarded"
 
 
 class TodoSource(models.TextChoices):
@@ -409,12 +411,21 @@ class Attempt(models.Model):
         max_length=16, choices=AttemptDisposition.choices, null=True, blank=True
     )
     summary = models.TextField(blank=True, default="")
+    # What the agent said went wrong on this attempt (``fail``'s error), kept per attempt so an
+    # operator sees every failure, not only the last one the todo's result holds.
+    error = models.JSONField(
+        null=True, blank=True, decoder=SafeJSONDecoder, validators=[validate_stored_json]
+    )
 
     class Meta:
         ordering = ["todo", "claimed_at", "id"]
         indexes = [
             # Transitions find the open attempt of a todo (queues/sql.py HOLDS_CLAIM).
             models.Index(fields=["todo", "number"], name="attempt_todo_number_idx"),
+            # The throughput chart's last hour (queues/activity.py THROUGHPUT_SQL): block-range
+            # indexes, which cost a claim next to nothing, since attempts arrive in time order.
+            BrinIndex(fields=["claimed_at"], name="attempt_claimed_brin"),
+            BrinIndex(fields=["ended_at"], name="attempt_ended_brin"),
         ]
         constraints = [
             # At most one open attempt per todo. Numbers repeat after an operator retry resets

@@ -50,7 +50,7 @@ def LeaseTtl() -> Any:
     return Field(default=None, ge=1, le=86400, description="Lease length; default per endpoint")
 
 
-TodoStateFilter = Literal["pending", "claimed", "done", "failed", "dead_letter"]
+TodoStateFilter = Literal["pending", "claimed", "done", "failed", "dead_letter", "discarded"]
 
 
 def iso(value: datetime | None) -> str | None:
@@ -99,7 +99,7 @@ class TodoOut(Schema):
     title: str
     kind: str
     payload: Any = None
-    state: Literal["pending", "claimed", "done", "failed"]
+    state: Literal["pending", "claimed", "done", "failed", "discarded"]
     owner: str
     attempt: int
     max_attempts: int
@@ -369,6 +369,43 @@ class OperatorCreateTodoIn(CreateTodoIn):
 class TodoListOut(Schema):
     todos: list[TodoOut]
     next_cursor: str | None
+
+
+class BulkSelectionIn(Strict):
+    """Which todos a bulk action applies to, as the board filters them; every field optional."""
+
+    endpoint: str | None = Field(
+        default=None, min_length=1, max_length=63, description="An endpoint slug"
+    )
+    queue: str | None = Field(default=None, pattern=QUEUE_NAME_RE, min_length=1, max_length=64)
+    state: Literal[TodoStateFilter, "live"] | None = Field(
+        default=None, description="live = pending and claimed; none = every state"
+    )
+    q: str | None = Field(
+        default=None, min_length=1, max_length=200, description="Title, payload text or id"
+    )
+
+
+class BulkConfirmIn(BulkSelectionIn):
+    selection: str = Field(
+        min_length=1,
+        max_length=64,
+        description="The selection token the preview answered: the action applies only if "
+        "the selection is still exactly what the preview showed",
+    )
+
+
+class BulkPreviewOut(Schema):
+    action: Literal["retry", "discard"]
+    count: int
+    sample: list[TodoOut]
+    selection: str
+
+
+class BulkDoneOut(Schema):
+    action: Literal["retry", "discard"]
+    count: int
+    todos: list[UUID]
 
 
 def mcp_url(endpoint: Endpoint) -> str:

@@ -378,7 +378,7 @@ WITH held AS (
 ), ended AS (
     UPDATE queues_attempt a
     SET ended_at = clock_timestamp(), outcome = {attempt_outcome},
-        disposition = {disposition}, summary = %(summary)s
+        disposition = {disposition}, summary = %(summary)s, error = %(error)s
     FROM held h WHERE a.id = h.attempt_id
 )
 UPDATE queues_todo t SET {todo_set}, updated_at = clock_timestamp()

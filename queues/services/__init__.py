@@ -5,7 +5,8 @@ arguments; refusals are ``switchboard.core.errors.DomainError`` subclasses. Coun
 notifications happen only after commit.
 
 - ``endpoints``: vend, update, revoke an endpoint; create and revoke a personal token;
-- ``todos``: intake, the transitions of a claimed todo, the operators' retry and release;
+- ``todos``: intake, the transitions of a claimed todo, the operators' retry, release and
+  discard, one todo at a time or a confirmed selection in bulk;
 - ``claiming``: the claim, through every registered gate;
 - ``sweeps``: lapsed leases and due retries.
 """
@@ -26,6 +27,7 @@ from queues.services.endpoints import (
 )
 from queues.services.sweeps import reap_expired, requeue_due_retries
 from queues.services.todos import (
+    BulkDone,
     TodoCreated,
     backoff_seconds,
     complete,
@@ -33,12 +35,15 @@ from queues.services.todos import (
     heartbeat,
     release,
     todo_create,
+    todo_discard,
     todo_release,
     todo_retry,
+    todos_bulk,
 )
 from switchboard.core.tokens import hash_token
 
 __all__ = [
+    "BulkDone",
     "Claimed",
     "NothingClaimable",
     "TodoCreated",
@@ -62,7 +67,9 @@ __all__ = [
     "resolve_lease_ttl",
     "ring_stalled",
     "todo_create",
+    "todo_discard",
     "todo_release",
     "todo_retry",
+    "todos_bulk",
     "touch_endpoint",
 ]

@@ -375,7 +375,7 @@ def _audited(endpoint: Endpoint) -> dict[str, Any]:
     }
 
 
-def _ledger_actor(actor: HumanActor | SystemActor) -> ledger.Actor:
+def ledger_actor(actor: HumanActor | SystemActor) -> ledger.Actor:
     if isinstance(actor, SystemActor):
         return ledger.Actor(human_name=actor.label)
     user = actor.user
@@ -393,7 +393,7 @@ def _append(
 ) -> None:
     ledger.append(
         kind=kind,
-        actor=_ledger_actor(actor),
+        actor=ledger_actor(actor),
         scope=f"endpoint:{endpoint.slug}",
         before=before,
         after=after,
@@ -405,7 +405,7 @@ def _append_token(kind: str, actor: HumanActor | SystemActor, token: HumanToken)
         return
     ledger.append(
         kind=kind,
-        actor=_ledger_actor(actor),
+        actor=ledger_actor(actor),
         scope=f"user:{token.user.get_username()}",
         after={"token_prefix": token.token_prefix, "name": token.name},
     )

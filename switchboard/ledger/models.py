@@ -22,6 +22,8 @@ class LedgerKind(models.TextChoices):
     ENDPOINT_HOOK_SECRET_ROTATE = "endpoint.hook_secret_rotate"
     TOKEN_CREATE = "token.create"
     TOKEN_REVOKE = "token.revoke"
+    TODO_RETRY = "todo.retry"
+    TODO_DISCARD = "todo.discard"
 
 
 class LedgerEntry(models.Model):
