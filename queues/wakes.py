@@ -144,22 +144,24 @@ def todo_ready_now(
         return todo_ready(endpoint_id, queue, todo_id=todo_id, reason=reason)
 
 
-def slot_freed(endpoint_id: UUID | str, queue: str) -> bool:
+def slot_freed(endpoint_id: UUID | str, queue: str, *, todo_id: UUID | str | None = None) -> bool:
     """The reopen edge: a claim ended, so a queue a gate limits in flight may be admitted again.
-    Rings only when some gate limits it, every gate admits now and todos are pending (an ending
-    claim frees no window budget: nothing refunds)."""
+    Rings only when some gate says the ending claim freed a unit it held (admission: an
+    in-flight cap; a pool or tag at its cap), every gate admits now and todos are pending (an
+    ending claim frees no window budget: nothing refunds). With ``todo_id`` the gates see the
+    ended todo's own row (the limits it names); without, the bare queue identity."""
+    row = "(SELECT * FROM queues_todo WHERE id = %(t)s)" if todo_id else IDENTITY_ROW
     try:
         with connection.cursor() as cursor:
-            # Whether some gate limits what the ending claim held (admission: an in-flight
-            # cap), and work waits.
+            # Whether some gate limits what the ending claim held, and work waits.
             cursor.execute(
                 f"""
                 SELECT ({gates.frees_slot("i")})
                    AND EXISTS (SELECT 1 FROM queues_todo
                                WHERE endpoint_id = %(e)s AND queue = %(q)s AND state = 'pending')
-                FROM {IDENTITY_ROW} i
+                FROM {row} i
                 """,
-                {"e": endpoint_id, "q": queue},
+                {"e": endpoint_id, "q": queue, "t": str(todo_id) if todo_id else None},
             )
             row = cursor.fetchone()
     except Exception:

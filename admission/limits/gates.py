@@ -162,8 +162,14 @@ class _OccupancyGate:
     def probe(self, alias: str) -> str:
         raise NotImplementedError
 
+    # Whether ending the claim of row ``alias`` frees a unit of a limit it names that was at its
+    # cap under enforce, with work of its queue identity naming that limit waiting. Occupancy
+    # leaves ``alias`` itself out, so the answer is the same inside the ending statement (whose
+    # snapshot still counts the row claimed) and after its commit.
+    at_cap: str
+
     def frees_slot(self, alias: str) -> str:
-        return f"({self.probe(alias)}) IS NOT NULL"
+        return self.at_cap.format(t=alias)
 
     def names(self, key: Any) -> list[str]:
         return [key] if isinstance(key, str) else sorted(key)
@@ -302,6 +308,16 @@ class PoolGate(_OccupancyGate):
         GROUP BY t.pool
     """
 
+    at_cap = """{t}.pool IS NOT NULL AND EXISTS (
+        SELECT 1 FROM limits_pool p
+        WHERE p.name = {t}.pool AND p.posture = 'enforce'
+          AND p.slots = 1 + (SELECT count(*) FROM queues_todo o
+                             WHERE o.state = 'claimed' AND o.pool = p.name
+                               AND o.id IS DISTINCT FROM {t}.id)
+          AND EXISTS (SELECT 1 FROM queues_todo w
+                      WHERE w.endpoint_id = {t}.endpoint_id AND w.queue = {t}.queue
+                        AND w.state = 'pending' AND w.pool = p.name))"""
+
     def probe(self, alias: str) -> str:
         return f"{alias}.pool"
 
@@ -322,6 +338,16 @@ class TagGate(_OccupancyGate):
           AND g.tag = ANY(%s::varchar[])
         GROUP BY g.tag
     """
+
+    at_cap = """cardinality({t}.tags) > 0 AND EXISTS (
+        SELECT 1 FROM limits_taglimit l
+        WHERE l.tag = ANY({t}.tags) AND l.posture = 'enforce'
+          AND l."limit" = 1 + (SELECT count(*) FROM queues_todo o
+                               WHERE o.state = 'claimed' AND o.tags <> '{{}}'
+                                 AND o.tags @> ARRAY[l.tag] AND o.id IS DISTINCT FROM {t}.id)
+          AND EXISTS (SELECT 1 FROM queues_todo w
+                      WHERE w.endpoint_id = {t}.endpoint_id AND w.queue = {t}.queue
+                        AND w.state = 'pending' AND w.tags @> ARRAY[l.tag]))"""
 
     def probe(self, alias: str) -> str:
         return f"CASE WHEN cardinality({alias}.tags) > 0 THEN {alias}.tags END"
@@ -351,6 +377,8 @@ class RateGate(_OccupancyGate):
 
     def probe(self, alias: str) -> str:
         return f"{alias}.rate_limit"
+
+    at_cap = "false"
 
     def frees_slot(self, alias: str) -> str:
         return "false"  # an ending claim refunds no minute

@@ -11,9 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Model, Q
+from django.utils import timezone
 
+from admission.limits import gates as limit_gates
 from admission.limits.models import (
     DEFAULT_DECAY_WINDOW_SECONDS,
     MAX_DECAY_WINDOW_SECONDS,
@@ -23,7 +25,9 @@ from admission.limits.models import (
     RateLimit,
     TagLimit,
 )
+from queues import gates, wakes
 from queues.access import Actor, HumanActor, SystemActor, check_actor
+from queues.claimable import CLAIMABLE
 from queues.models import Todo, TodoState, check_limit_name
 from switchboard.core.errors import Conflict, Forbidden, InvalidArgument, NotFound
 from switchboard.ledger import chain as ledger
@@ -57,6 +61,45 @@ KINDS = {
         ),
     ),
 }
+
+
+# The gate that holds todos naming each kind of limit.
+_GATES = {
+    "pool": limit_gates.PoolGate(),
+    "tag": limit_gates.TagGate(),
+    "rate": limit_gates.RateGate(),
+}
+# The todos naming a limit, as SQL over a todo row ``t`` (the limit's name is ``%(n)s``).
+_NAMING = {
+    "pool": "t.pool = %(n)s",
+    "tag": "t.tags @> ARRAY[%(n)s]::varchar[]",
+    "rate": "t.rate_limit = %(n)s",
+}
+
+
+def _holds(kind: Kind, name: str) -> bool:
+    """Whether the limit, as stored now, holds the todos naming it (read without locks)."""
+    with connection.cursor() as cursor:
+        return _GATES[kind.name].hold(cursor, name, timezone.now()) is not None
+
+
+def _ring_reopened(kind: Kind, name: str) -> None:
+    """After a change freed a limit that held work: ring ``reopened`` once per queue identity
+    with claimable todos naming it that no per-todo gate still passes over, through the doorbell's
+    gate (pause, admission; it fails open)."""
+    skips = " OR ".join(gates.skips("t")) or "false"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT DISTINCT t.endpoint_id, t.queue FROM queues_todo t
+            WHERE t.state = 'pending' AND {_NAMING[kind.name]} AND {CLAIMABLE} AND NOT ({skips})
+            ORDER BY 1, 2
+            """,
+            {"n": name},
+        )
+        identities = cursor.fetchall()
+    for endpoint_id, queue in identities:
+        wakes.todo_ready_now(endpoint_id, queue, reason="reopened")
 
 
 def kind_of(kind: str) -> Kind:
@@ -131,6 +174,7 @@ def limit_set(*, actor: Actor, kind: str, name: str, **given: Any) -> dict[str, 
         row = k.model.objects.select_for_update().filter(**{k.key: name}).first()  # type: ignore[attr-defined]
         values = _values(k, given, row)
         before = as_dict(k, row) if row is not None else None
+        held_before = row is not None and _holds(k, name)
         if row is None:
             row = k.model.objects.create(**{k.key: name}, **values)  # type: ignore[attr-defined]
         else:
@@ -140,6 +184,10 @@ def limit_set(*, actor: Actor, kind: str, name: str, **given: Any) -> dict[str, 
         after = as_dict(k, row)
         if after != before:
             _append(LedgerKind.LIMITS_SET, actor, before, after)
+        # A raise (or a posture off enforce) that frees work the limit held: the doorbell rings
+        # after commit; a lowering or a no-op change frees nothing and rings nothing.
+        if held_before and not _holds(k, name):
+            transaction.on_commit(lambda: _ring_reopened(k, name))
     return after
 
 

@@ -329,7 +329,9 @@ def _after_end(todo: Todo, outcome: str | None) -> None:
     if outcome is not None:
         metrics.completed(todo.queue, outcome)
     if getattr(todo, "_frees_slot", True):
-        transaction.on_commit(lambda: wakes.slot_freed(todo.endpoint_id, todo.queue))
+        transaction.on_commit(
+            lambda: wakes.slot_freed(todo.endpoint_id, todo.queue, todo_id=todo.id)
+        )
 
 
 # --- operator actions -------------------------------------------------------------------------
