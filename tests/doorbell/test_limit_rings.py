@@ -8,8 +8,9 @@ import json
 
 from admission.limits.services import limit_set
 from queues import services
+from queues.access import HumanActor
 from queues.services import Claimed
-from tests.conftest import FIXTURE, Personas, push
+from tests.conftest import Personas, push
 from tests.limits.conftest import pool, tag
 from tests.pause.helpers import Listener, pause
 
@@ -34,7 +35,7 @@ def test_raising_a_full_pool_rings_reopened_once_for_the_identity_with_waiting_w
     pool("gpu", slots=1)
     _fill(p, 1, 3, pool="gpu")
     listener.drain()
-    limit_set(actor=FIXTURE, kind="pool", name="gpu", slots=3)
+    limit_set(actor=HumanActor(p.admin), kind="pool", name="gpu", slots=3)
     assert _reasons(listener) == [(str(p.agent.id), "reopened")]
 
 
@@ -45,7 +46,7 @@ def test_moving_a_full_tag_off_enforce_rings_reopened_once(
     tag("hot", 1)
     _fill(p, 1, 2, tags=["hot"])  # type: ignore[arg-type]
     listener.drain()
-    limit_set(actor=FIXTURE, kind="tag", name="hot", posture="advise")
+    limit_set(actor=HumanActor(p.admin), kind="tag", name="hot", posture="advise")
     assert _reasons(listener) == [(str(p.agent.id), "reopened")]
 
 
@@ -56,9 +57,11 @@ def test_lowering_or_not_changing_a_full_pool_rings_nothing(
     pool("gpu", slots=2)
     _fill(p, 2, 2, pool="gpu")
     listener.drain()
-    limit_set(actor=FIXTURE, kind="pool", name="gpu", slots=1)
-    limit_set(actor=FIXTURE, kind="pool", name="gpu", slots=1)
-    limit_set(actor=FIXTURE, kind="pool", name="gpu", slots=2)  # back to full: still held
+    limit_set(actor=HumanActor(p.admin), kind="pool", name="gpu", slots=1)
+    limit_set(actor=HumanActor(p.admin), kind="pool", name="gpu", slots=1)
+    limit_set(
+        actor=HumanActor(p.admin), kind="pool", name="gpu", slots=2
+    )  # back to full: still held
     assert listener.drain() == []
 
 
@@ -70,7 +73,7 @@ def test_raising_a_full_pool_for_a_paused_queue_rings_nothing(
     _fill(p, 1, 2, pool="gpu")
     pause(p.pauser)
     listener.drain()
-    limit_set(actor=FIXTURE, kind="pool", name="gpu", slots=5)
+    limit_set(actor=HumanActor(p.admin), kind="pool", name="gpu", slots=5)
     assert listener.drain() == []
 
 
