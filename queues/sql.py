@@ -89,19 +89,56 @@ def _probes(gate_list: tuple[gates.ClaimGate, ...], alias: str) -> list[str]:
     return [f"{gate.probe(alias)} AS g{i}" for i, gate in enumerate(gate_list)]
 
 
+def _fast_gates(gate_list: tuple[gates.ClaimGate, ...]) -> tuple[str, str, str, str]:
+    """The fast path's CTEs for ``gate_list`` (see ``queues.gates``): one verdict per gate, in
+    lock order, each evaluated only if the gate's probe claims the candidate and every earlier
+    verdict admitted it; the claim's condition; the charges; the verdict columns."""
+    verdicts, charges, spent = [], [], ["0"]
+    admit = ""
+    for i, gate in enumerate(gate_list):
+        check = gate.fast_check(f"g.g{i}", "g.id", f"%(gp{i})s")
+        earlier = "".join(
+            f" AND coalesce((SELECT (v->>'ok')::boolean FROM v{j}), true)" for j in range(i)
+        )
+        if check is None:
+            verdict = "NULL::jsonb"
+            admit += f" AND (SELECT g{i} FROM gate) IS NULL"
+        else:
+            verdict = f"CASE WHEN g.g{i} IS NOT NULL{earlier} THEN {check} END"
+            admit += f" AND coalesce((SELECT (v->>'ok')::boolean FROM v{i}), true)"
+            # Referenced by the final select, so it runs; after `claimed`, so only for a claim.
+            charges.append(
+                f"charge{i} AS MATERIALIZED (SELECT {gate.fast_charge('x.v')} AS n "
+                f"FROM v{i} x, claimed WHERE x.v IS NOT NULL)"
+            )
+            spent.append(f"(SELECT count(*) FROM charge{i})")
+        verdicts.append(f"v{i} AS MATERIALIZED (SELECT {verdict} AS v FROM gate g),")
+    columns = "".join(f"(SELECT v FROM v{i}), " for i in range(len(gate_list)))
+    columns += " + ".join(spent) + ", "
+    return "\n".join(verdicts), admit, ",\n".join(charges), columns
+
+
 # claim_next: the oldest claimable todo of the endpoint's granted queues, skipping rows other
 # claimers hold (uses todo_pending_idx for the pending arm). Claims at once when no gate claims
 # the candidate; otherwise returns the candidate (locked) and each gate's key, and the caller
-# runs the gates.
+# runs the gates. ``fast``: the gates that can decide inside this statement do (their verdicts
+# follow the keys), and the claim is written when every verdict admits it.
 @functools.cache
-def _claim_next_sql(gate_list: tuple[gates.ClaimGate, ...]) -> str:
+def _claim_next_sql(gate_list: tuple[gates.ClaimGate, ...], fast: bool = False) -> str:
     probe = admit = ""
-    keys = ""
+    keys = charges = ""
     if gate_list:
-        probe = f"gate AS (SELECT {', '.join(_probes(gate_list, 'c'))} FROM cand c),"
+        probe = (
+            f"gate AS MATERIALIZED (SELECT c.id, {', '.join(_probes(gate_list, 'c'))} FROM cand c),"
+        )
         held = " OR ".join(f"g{i} IS NOT NULL" for i in range(len(gate_list)))
         admit = f"AND NOT EXISTS (SELECT 1 FROM gate WHERE {held})"
         keys = "".join(f"(SELECT g{i} FROM gate), " for i in range(len(gate_list)))
+        if fast:
+            verdict_ctes, admit, charge_ctes, columns = _fast_gates(gate_list)
+            probe += "\n" + verdict_ctes
+            keys += columns
+            charges = ",\n" + charge_ctes if charge_ctes else ""
     return f"""
 WITH cand AS (
     SELECT t.id, t.state AS prev_state, t.attempt AS prev_attempt, t.endpoint_id, t.queue
@@ -116,14 +153,14 @@ WITH cand AS (
     FOR UPDATE OF t SKIP LOCKED
 ),
 {probe}
-{_CLAIM_CTES.format(admit=admit, TODO_COLUMNS=TODO_COLUMNS)}
+{_CLAIM_CTES.format(admit=admit, TODO_COLUMNS=TODO_COLUMNS)}{charges}
 SELECT c.id, c.queue, {keys}cl.id IS NOT NULL, {CLAIMED_COLUMNS}
 FROM cand c LEFT JOIN claimed cl ON cl.id = c.id
 """
 
 
-def claim_next_sql() -> str:
-    return _claim_next_sql(gates.gates())
+def claim_next_sql(*, fast: bool = False) -> str:
+    return _claim_next_sql(gates.gates(), fast)
 
 
 # claim of one todo: lock it (waiting for any other holder), and report what it is, whether its
@@ -192,6 +229,8 @@ class Candidate:
     queue: str
     keys: tuple[Any, ...]  # per gate, in lock order: what admit needs, or None (not gated)
     todo: Todo | None  # set when the statement claimed it
+    # The fast path's verdicts, per gate (None: not asked); empty on the locked path.
+    verdicts: tuple[dict[str, Any] | None, ...] = ()
 
     @property
     def claimed(self) -> bool:
@@ -216,12 +255,17 @@ def todo_from_row(values: tuple[Any, ...] | list[Any]) -> Todo:
     return Todo.from_db(DEFAULT_DB_ALIAS, _TODO_ATTNAMES, converted)
 
 
-def _candidate(row: tuple[Any, ...] | None, nkeys: int) -> Candidate | None:
+def _candidate(row: tuple[Any, ...] | None, nkeys: int, fast: bool = False) -> Candidate | None:
     if row is None:
         return None
     todo_id, queue, *rest = row
-    keys, (claimed, *columns) = tuple(rest[:nkeys]), rest[nkeys:]
-    return Candidate(todo_id, queue, keys, todo_from_row(columns) if claimed else None)
+    keys, rest = tuple(rest[:nkeys]), rest[nkeys:]
+    verdicts: tuple[Any, ...] = ()
+    if fast and nkeys:
+        # The verdicts, then the number of charges (read only so that they run).
+        verdicts, rest = tuple(rest[:nkeys]), rest[nkeys + 1 :]
+    claimed, *columns = rest
+    return Candidate(todo_id, queue, keys, todo_from_row(columns) if claimed else None, verdicts)
 
 
 def claim_next_candidate(
@@ -234,20 +278,25 @@ def claim_next_candidate(
     via: str,
     ttl: int,
     fence_hash: str | None,
+    fast: bool = False,
 ) -> Candidate | None:
-    cursor.execute(
-        claim_next_sql(),
-        {
-            "endpoint": endpoint_id,
-            "queues": queues,
-            "excluded": excluded,
-            "claimant": claimant,
-            "via": via,
-            "ttl": ttl,
-            "fence_hash": fence_hash,
-        },
-    )
-    return _candidate(cursor.fetchone(), len(gates.gates()))
+    """The claim_next statement. ``fast``: gates that can decide inside it do (``queues.gates``),
+    so an admitted gated claim is this one statement too."""
+    gate_list = gates.gates()
+    params: dict[str, Any] = {
+        "endpoint": endpoint_id,
+        "queues": queues,
+        "excluded": excluded,
+        "claimant": claimant,
+        "via": via,
+        "ttl": ttl,
+        "fence_hash": fence_hash,
+    }
+    if fast:
+        for i, gate in enumerate(gate_list):
+            params[f"gp{i}"] = gate.fast_params(endpoint_id)
+    cursor.execute(_claim_next_sql(gate_list, fast), params)
+    return _candidate(cursor.fetchone(), len(gate_list), fast)
 
 
 @dataclass(frozen=True)
