@@ -63,13 +63,13 @@ claimed AS (
     WHERE t.id = c.id {admit}
     RETURNING {TODO_COLUMNS}, c.prev_state, c.prev_attempt
 ),
-superseded AS (
-    UPDATE queues_attempt a
-    SET ended_at = cl.claimed_at, outcome = 'superseded', disposition = 'requeued'
+-- A takeover closes the attempt it replaces. Not an UPDATE here: this statement's snapshot was
+-- taken before the candidate was locked, so it may not see an attempt whose claim committed in
+-- between; attempt_supersede (queues migration 0005) updates it with a fresh snapshot.
+superseded AS MATERIALIZED (
+    SELECT attempt_supersede(cl.id, cl.prev_attempt, cl.claimed_at) AS n
     FROM claimed cl
-    WHERE cl.prev_state = 'claimed' AND a.todo_id = cl.id AND a.number = cl.prev_attempt
-      AND a.ended_at IS NULL
-    RETURNING a.id
+    WHERE cl.prev_state = 'claimed'
 ),
 attempt_row AS (
     INSERT INTO queues_attempt (todo_id, number, endpoint_id, claimant, via, claimed_at,
