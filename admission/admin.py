@@ -16,8 +16,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from admission import selectors, services
-from admission.forms import FIELD_OF_ERROR
 from admission.models import AdmissionPolicy, AdmissionWindow
+from admission.policy import COLUMN_OF_FIELD, PolicySpec, arguments_from_columns
 from queues.access import HumanActor
 from switchboard.core.errors import DomainError, InvalidArgument
 from switchboard.ledger.admin import ReadOnlyAdmin
@@ -28,7 +28,7 @@ def _actor(request: HttpRequest) -> HumanActor:
 
 
 class AdmissionPolicyForm(forms.ModelForm):
-    """Validated by ``services.clean_policy``, its field-named errors shown beside the field."""
+    """Validated by ``PolicySpec.clean``, its field-named errors shown beside the field."""
 
     class Meta:
         model = AdmissionPolicy
@@ -57,9 +57,9 @@ class AdmissionPolicyForm(forms.ModelForm):
         try:
             if self.request is not None and endpoint is not None:
                 selectors.endpoint_for(_actor(self.request), endpoint, write=True)
-            services.clean_policy(**service_arguments(data))
+            PolicySpec.clean(**service_arguments(data))
         except InvalidArgument as exc:
-            field = "queue" if exc.field == "queue" else FIELD_OF_ERROR.get(exc.field)
+            field = "queue" if exc.field == "queue" else COLUMN_OF_FIELD.get(exc.field or "")
             self.add_error(field if field in self.fields else None, exc.message)
         except DomainError as exc:
             self.add_error("endpoint" if "endpoint" in self.fields else None, exc.message)
@@ -67,22 +67,8 @@ class AdmissionPolicyForm(forms.ModelForm):
 
 
 def service_arguments(data: dict[str, Any]) -> dict[str, Any]:
-    window = None
-    if data.get("max_claims_per_window") is not None:
-        window = {
-            "period": data.get("window_period") or None,
-            "tz": data.get("window_tz") or None,
-            "start": data.get("window_start") or None,
-        }
-        if data.get("window_weekday"):
-            window["weekday"] = data["window_weekday"]
-    return {
-        "queue": data.get("queue") or "",
-        "max_in_flight": data.get("max_in_flight"),
-        "max_claims_per_window": data.get("max_claims_per_window"),
-        "window": window,
-        "posture": data.get("posture") or None,
-    }
+    """The policy's arguments from the model form's columns (the identity's queue included)."""
+    return {"queue": data.get("queue") or "", **arguments_from_columns(data)}
 
 
 @admin.register(AdmissionPolicy)

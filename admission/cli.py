@@ -20,6 +20,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from admission import selectors, services
+from admission.policy import DEFAULT_POSTURE
 from queues.access import HumanActor
 from switchboard.core.cli import acting_human, add_common_options, emit, refused, usage
 from switchboard.core.errors import DomainError
@@ -63,7 +64,7 @@ def register(subparsers: Any, parser: argparse.ArgumentParser) -> None:
     set_.add_argument(
         "--posture",
         metavar="P",
-        default="enforce",
+        default=DEFAULT_POSTURE,
         help="enforce (default), advise (admit over limit with a ledger waiver) or off",
     )
     add_common_options(set_)

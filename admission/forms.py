@@ -1,6 +1,6 @@
 """Forms of the budget editor and the ledger list.
 
-The policy form only parses what was typed; ``admission.services.clean_policy`` /
+The policy form only parses what was typed; ``admission.policy.PolicySpec.clean`` /
 ``policy_set`` decide what is valid, and their ``InvalidArgument.field`` is mapped back onto the
 form field it names so the error shows beside it.
 """
@@ -11,22 +11,16 @@ from typing import Any
 
 from django import forms
 
-from admission import services
 from admission.models import AdmissionPolicy, Posture, Weekday, WindowPeriod
+from admission.policy import (
+    COLUMN_OF_FIELD,
+    DEFAULT_POSTURE,
+    DEFAULT_WINDOW_START,
+    PolicySpec,
+    arguments_from_columns,
+)
 from switchboard.core.errors import InvalidArgument
 from switchboard.ledger.models import LedgerKind
-
-# InvalidArgument.field (the API's names) -> the form field that shows the error.
-FIELD_OF_ERROR = {
-    "max_in_flight": "max_in_flight",
-    "max_claims_per_window": "max_claims_per_window",
-    "window": "window_period",
-    "window.period": "window_period",
-    "window.tz": "window_tz",
-    "window.start": "window_start",
-    "window.weekday": "window_weekday",
-    "posture": "posture",
-}
 
 
 class PolicyForm(forms.Form):
@@ -81,43 +75,32 @@ class PolicyForm(forms.Form):
             return {
                 "window_period": WindowPeriod.DAY,
                 "window_tz": zone_name,
-                "window_start": "00:00",
-                "posture": Posture.ENFORCE,
+                "window_start": DEFAULT_WINDOW_START,
+                "posture": DEFAULT_POSTURE,
             }
         return {
             "max_in_flight": policy.max_in_flight,
             "max_claims_per_window": policy.max_claims_per_window,
             "window_period": policy.window_period or WindowPeriod.DAY,
             "window_tz": policy.window_tz or zone_name,
-            "window_start": policy.window_start or "00:00",
+            "window_start": policy.window_start or DEFAULT_WINDOW_START,
             "window_weekday": policy.window_weekday or "",
             "posture": policy.posture,
         }
 
     def service_kwargs(self) -> dict[str, Any]:
-        """Arguments for ``policy_set``/``clean_policy``. The window fields count only with a
-        window limit; the weekday only for a week window."""
-        data = self.cleaned_data
-        window: dict[str, Any] | None = None
-        if data.get("max_claims_per_window") is not None:
-            window = {
-                "period": data.get("window_period") or None,
-                "tz": (data.get("window_tz") or "").strip() or None,
-                "start": (data.get("window_start") or "").strip() or None,
-            }
-            if data.get("window_period") == WindowPeriod.WEEK:
-                window["weekday"] = data.get("window_weekday") or None
-        return {
-            "max_in_flight": data.get("max_in_flight"),
-            "max_claims_per_window": data.get("max_claims_per_window"),
-            "window": window,
-            "posture": data.get("posture") or Posture.ENFORCE,
-        }
+        """Arguments for ``policy_set``/``PolicySpec.clean``. The window fields count only with a
+        window limit; the weekday only for a week window (its select keeps a value when the
+        period changes)."""
+        data = dict(self.cleaned_data)
+        if data.get("window_period") != WindowPeriod.WEEK:
+            data["window_weekday"] = None
+        return arguments_from_columns(data)
 
     def add_domain_error(self, field: str | None, message: str) -> None:
         """The service's error beside the field it names, in the page's words: the API's field
         name that opens the message is dropped (the field's label stands beside it)."""
-        name = FIELD_OF_ERROR.get(field or "")
+        name = COLUMN_OF_FIELD.get(field or "")
         if name is not None and name in self.errors:
             return  # one message per field is enough
         if field and message.startswith(field + " "):
@@ -125,7 +108,7 @@ class PolicyForm(forms.Form):
         self.add_error(name, message)
 
     def check_every_field(self, queue: str) -> None:
-        """Name every wrong field in one submit. ``clean_policy`` stops at the first error, so it
+        """Name every wrong field in one submit. ``PolicySpec.clean`` stops at the first error, so it
         runs once per field, with every other field held at a valid value; each refusal lands
         beside the field it names. The service stays the only judge of what is valid."""
         kwargs = self.service_kwargs()
@@ -160,7 +143,7 @@ class PolicyForm(forms.Form):
                 trials.append({**base, "max_claims_per_window": 1, "window": week})
         for trial in trials:
             try:
-                services.clean_policy(queue=queue, **trial)
+                PolicySpec.clean(queue=queue, **trial)
             except InvalidArgument as exc:
                 self.add_domain_error(exc.field, exc.message)
 

@@ -1,8 +1,9 @@
 """Input and output schemas of the budget surfaces: the operator API, the agent verbs, the CLI.
 
-The inputs mirror every database constraint of ``AdmissionPolicy`` (ranges, the start's format,
-the period and weekday choices, a known zone) so a bad request is refused naming the field before
-the service is asked; the service checks the cross-field rules (a window with a window limit, a
+The policy inputs take their bounds and defaults from the one policy spec (``admission/policy.py``)
+and mirror every database constraint (ranges, the start's format, the period and weekday choices,
+a known zone), so a bad request is refused naming the field before the service is asked;
+``PolicySpec.clean`` checks the cross-field rules (a window with a window limit, a
 weekday exactly for a week) with the same field names, and the database remains the backstop.
 """
 
@@ -16,7 +17,13 @@ from ninja import Schema
 from pydantic import ConfigDict, Field, field_validator
 
 from admission import windows
-from admission.models import MAX_CLAIMS_PER_WINDOW, MAX_IN_FLIGHT, WINDOW_START_RE
+from admission.policy import (
+    DEFAULT_POSTURE,
+    DEFAULT_WINDOW_START,
+    MAX_CLAIMS_PER_WINDOW,
+    MAX_IN_FLIGHT,
+    WINDOW_START_RE,
+)
 from queues.models import QUEUE_NAME_RE
 
 PostureName = Literal["enforce", "advise", "off"]
@@ -41,7 +48,7 @@ class WindowIn(Strict):
     period: PeriodName
     tz: str = Field(min_length=1, max_length=64, description="An IANA zone, e.g. Europe/Berlin")
     start: str = Field(
-        default="00:00",
+        default=DEFAULT_WINDOW_START,
         pattern=WINDOW_START_RE,
         description="Local HH:MM of the boundary; for an hour window only the minutes count",
     )
@@ -66,12 +73,13 @@ class PolicyIn(Strict):
     )
     window: WindowIn | None = None
     posture: PostureName = Field(
-        default="enforce",
+        default=DEFAULT_POSTURE,
         description="enforce refuses over-limit claims; advise admits them with a signed waiver "
         "in the ledger; off admits and only counts",
     )
 
     def service_kwargs(self) -> dict[str, Any]:
+        """The arguments of ``policy_set`` / ``PolicySpec.clean`` (admission/policy.py)."""
         return {
             "max_in_flight": self.max_in_flight,
             "max_claims_per_window": self.max_claims_per_window,

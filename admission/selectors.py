@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from admission import engine, windows
 from admission.models import AdmissionPolicy, AdmissionWindow, DeferralReason
+from admission.policy import PolicySpec
 from queues import access
 from queues.access import Actor, AgentActor, HumanActor
 from queues.models import QUARANTINE_QUEUE, Endpoint, Todo, TodoState
@@ -206,22 +207,7 @@ def statuses_for(identities: Iterable[tuple[UUID, str]]) -> dict[tuple[UUID, str
 
 def policy_dict(policy: AdmissionPolicy) -> dict[str, Any]:
     """The canonical policy: what the ledger records as before/after, and what verify compares."""
-    window = None
-    if policy.window_period is not None:
-        window = {
-            "period": policy.window_period,
-            "tz": policy.window_tz,
-            "start": policy.window_start,
-            "weekday": policy.window_weekday,
-        }
-    return {
-        "endpoint_id": str(policy.endpoint_id),
-        "queue": policy.queue,
-        "max_in_flight": policy.max_in_flight,
-        "max_claims_per_window": policy.max_claims_per_window,
-        "window": window,
-        "posture": policy.posture,
-    }
+    return PolicySpec.of(policy).audited(policy.endpoint_id)
 
 
 def describe_window(policy: AdmissionPolicy) -> str | None:

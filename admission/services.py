@@ -13,7 +13,6 @@ admitted it.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -26,160 +25,19 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from admission import selectors, windows
-from admission.models import (
-    MAX_CLAIMS_PER_WINDOW,
-    MAX_IN_FLIGHT,
-    WINDOW_START_RE,
-    AdmissionPolicy,
-    AdmissionWindow,
-    Posture,
-    Weekday,
-    WindowPeriod,
-)
+from admission import selectors
+from admission.models import AdmissionPolicy, AdmissionWindow, Posture
+from admission.policy import FIELD_OF_CONSTRAINT, PolicySpec
 from queues import access, wakes
 from queues.access import Actor, AgentActor
 from queues.claimable import CLAIMABLE
-from queues.models import QUARANTINE_QUEUE, Endpoint, EndpointState, Verb, check_queue_name
+from queues.models import Endpoint, EndpointState, Verb
 from switchboard.core import counters, ratelimit
 from switchboard.core.errors import Conflict, InvalidArgument, NotFound, RateLimited
 from switchboard.ledger import chain as ledger
 from switchboard.ledger.models import LedgerKind
 
 log = logging.getLogger(__name__)
-
-WINDOW_KEYS = ("period", "tz", "start", "weekday")
-DEFAULT_WINDOW_START = "00:00"
-
-# Which field a database constraint guards, for the (unexpected) case where the database refuses
-# what validation let through: the refusal still names the field.
-CONSTRAINT_FIELDS = {
-    "policy_max_in_flight_range": "max_in_flight",
-    "policy_max_claims_range": "max_claims_per_window",
-    "policy_window_period_valid": "window.period",
-    "policy_window_start_format": "window.start",
-    "policy_window_weekday_valid": "window.weekday",
-    "policy_has_a_limit": "max_in_flight",
-    "policy_window_complete": "window",
-    "policy_weekday_iff_week": "window.weekday",
-    "policy_posture_valid": "posture",
-}
-
-
-# --- validation ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PolicySpec:
-    """A validated policy, ready to store: every database constraint already holds."""
-
-    queue: str
-    max_in_flight: int | None
-    max_claims_per_window: int | None
-    window_period: str | None
-    window_tz: str | None
-    window_start: str | None
-    window_weekday: str | None
-    posture: str
-
-    def fields(self) -> dict[str, Any]:
-        return {
-            "max_in_flight": self.max_in_flight,
-            "max_claims_per_window": self.max_claims_per_window,
-            "window_period": self.window_period,
-            "window_tz": self.window_tz,
-            "window_start": self.window_start,
-            "window_weekday": self.window_weekday,
-            "posture": self.posture,
-        }
-
-
-def _limit(value: Any, name: str, top: int) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgument(f"{name} must be a whole number or null", field=name)
-    if not 0 <= value <= top:
-        raise InvalidArgument(
-            f"{name} must be between 0 and {top} (0 holds the queue: nothing is admitted)",
-            field=name,
-        )
-    return value
-
-
-def clean_policy(
-    *,
-    queue: str,
-    max_in_flight: Any,
-    max_claims_per_window: Any,
-    window: Mapping[str, Any] | None,
-    posture: Any = None,
-) -> PolicySpec:
-    """Validate a policy as the database would, naming the field that is wrong.
-
-    The same checks back the API schemas, the agent verbs, the CLI and the admin form.
-    """
-    check_queue_name(queue)
-    if queue == QUARANTINE_QUEUE:
-        raise InvalidArgument(
-            "the quarantine queue is never delivered; it takes no budget", field="queue"
-        )
-    in_flight = _limit(max_in_flight, "max_in_flight", MAX_IN_FLIGHT)
-    per_window = _limit(max_claims_per_window, "max_claims_per_window", MAX_CLAIMS_PER_WINDOW)
-    if in_flight is None and per_window is None:
-        raise InvalidArgument(
-            "a budget needs max_in_flight, max_claims_per_window, or both", field="max_in_flight"
-        )
-    posture = Posture.ENFORCE.value if posture is None else posture
-    if posture not in Posture.values:
-        raise InvalidArgument(
-            f"posture must be one of {', '.join(Posture.values)}", field="posture"
-        )
-    if window is None:
-        if per_window is not None:
-            raise InvalidArgument(
-                "max_claims_per_window needs a window: {period, tz, start, weekday}",
-                field="window",
-            )
-        return PolicySpec(queue, in_flight, None, None, None, None, None, posture)
-    if not isinstance(window, Mapping):
-        raise InvalidArgument(
-            "window must be an object {period, tz, start, weekday}", field="window"
-        )
-    unknown = sorted(set(window) - set(WINDOW_KEYS))
-    if unknown:
-        raise InvalidArgument(f"window has no field {unknown[0]!r}", field=f"window.{unknown[0]}")
-    if per_window is None:
-        raise InvalidArgument(
-            "a window only counts claims when max_claims_per_window is set", field="window"
-        )
-    period = window.get("period")
-    if period not in WindowPeriod.values:
-        raise InvalidArgument(
-            f"window.period must be one of {', '.join(WindowPeriod.values)}", field="window.period"
-        )
-    tz = window.get("tz")
-    if not isinstance(tz, str) or not tz:
-        raise InvalidArgument("window.tz must name an IANA time zone", field="window.tz")
-    if not windows.zone_exists(tz):
-        raise InvalidArgument(f"window.tz {tz!r} is not a known IANA time zone", field="window.tz")
-    start = window.get("start")
-    start = DEFAULT_WINDOW_START if start is None else start
-    if not isinstance(start, str) or not re.fullmatch(WINDOW_START_RE, start):
-        raise InvalidArgument("window.start must be HH:MM (00:00 to 23:59)", field="window.start")
-    weekday = window.get("weekday")
-    if period == WindowPeriod.WEEK:
-        if weekday not in Weekday.values:
-            raise InvalidArgument(
-                f"a week window needs window.weekday, one of {', '.join(Weekday.values)}",
-                field="window.weekday",
-            )
-    elif weekday is not None:
-        raise InvalidArgument(
-            "window.weekday applies only to a week window", field="window.weekday"
-        )
-    return PolicySpec(queue, in_flight, per_window, period, tz, start, weekday, posture)
-
 
 # --- who writes -----------------------------------------------------------------------------------
 
@@ -235,11 +93,12 @@ def policy_set(
 
     A write that changes nothing stores nothing and appends no ledger row.
     """
+    access.check_actor(actor)
     target = selectors.endpoint_for(actor, endpoint, write=True)  # 1
     access.check_policy_write(actor, target, queue, Verb.SET_ADMISSION_POLICY)
     if target.state != EndpointState.ACTIVE:
         raise Conflict("the endpoint is revoked; its budgets can only be cleared")
-    spec = clean_policy(  # 2
+    spec = PolicySpec.clean(  # 2
         queue=queue,
         max_in_flight=max_in_flight,
         max_claims_per_window=max_claims_per_window,
@@ -272,7 +131,7 @@ def _write(
                     queue=spec.queue,
                     created_by=human,
                     updated_by=human,
-                    **spec.fields(),
+                    **spec.columns(),
                 )
         except IntegrityError as exc:
             if _constraint_name(exc) != "admission_policy_identity":
@@ -292,7 +151,7 @@ def _write(
             return policy, True
     was_admitted = selectors.evaluate_policy(existing).admits
     before = selectors.policy_dict(existing)
-    for name, value in spec.fields().items():
+    for name, value in spec.columns().items():
         setattr(existing, name, value)
     after = selectors.policy_dict(existing)
     if after == before:
@@ -326,7 +185,7 @@ def _constraint_name(exc: IntegrityError) -> str | None:
 
 def _constraint_refusal(exc: IntegrityError) -> InvalidArgument:
     name = _constraint_name(exc)
-    field = CONSTRAINT_FIELDS.get(name or "")
+    field = FIELD_OF_CONSTRAINT.get(name or "")
     if field is None:
         raise exc
     return InvalidArgument(f"the database refused the policy ({name})", field=field)
@@ -334,6 +193,7 @@ def _constraint_refusal(exc: IntegrityError) -> InvalidArgument:
 
 def policy_clear(*, actor: Actor, endpoint: Endpoint | str, queue: str) -> dict[str, Any]:
     """Remove a queue identity's budget; the ledger keeps its history. Returns what was removed."""
+    access.check_actor(actor)
     target = selectors.endpoint_for(actor, endpoint, write=True)
     access.check_policy_write(actor, target, queue, Verb.CLEAR_ADMISSION_POLICY)
     _take_write_token(actor)

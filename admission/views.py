@@ -31,6 +31,7 @@ from admission import engine, services
 from admission import selectors as admission_selectors
 from admission.forms import LedgerFilterForm, PolicyForm
 from admission.models import AdmissionPolicy
+from admission.policy import PolicySpec
 from queues.access import Viewer
 from queues.models import Endpoint, check_queue_name
 from switchboard.core.errors import DomainError, Forbidden, InvalidArgument, NotFound
@@ -68,7 +69,7 @@ def _preview_token(kwargs: dict[str, Any]) -> str:
 
 
 def preview(
-    endpoint: Endpoint, queue: str, policy: AdmissionPolicy | None, spec: services.PolicySpec
+    endpoint: Endpoint, queue: str, policy: AdmissionPolicy | None, spec: PolicySpec
 ) -> dict[str, Any]:
     """What the change would do now: the proposed definition evaluated by the engine against the
     identity's current in-flight claims and window counters (the window under the new
@@ -79,12 +80,10 @@ def preview(
         id=policy.id if policy is not None else uuid.uuid4(),
         endpoint_id=endpoint.id,
         queue=queue,
-        **spec.fields(),
+        **spec.columns(),
     )
     proposed = admission_selectors.evaluate_rows([row], now)[row.id]
-    after = admission_selectors.policy_dict(
-        AdmissionPolicy(endpoint=endpoint, queue=queue, **spec.fields())
-    )
+    after = spec.audited(endpoint.id)
     before = admission_selectors.policy_dict(policy) if policy is not None else None
     new_count = (
         current is not None
@@ -100,7 +99,7 @@ def preview(
         "usage": admission_selectors.usage(proposed),
         "changes": changes(before, after),
         "new_count": new_count,
-        "zone": zone_named(spec.window_tz)[1] if spec.window_tz else None,
+        "zone": zone_named(spec.window.tz)[1] if spec.window and spec.window.tz else None,
     }
 
 
@@ -124,7 +123,7 @@ def budget_view(request: HttpRequest, slug: str, queue: str) -> HttpResponse:
         else:
             kwargs = form.service_kwargs()
             try:
-                spec = services.clean_policy(queue=queue, **kwargs)
+                spec = PolicySpec.clean(queue=queue, **kwargs)
             except InvalidArgument as exc:
                 form.add_domain_error(exc.field, exc.message)
                 form.check_every_field(queue)

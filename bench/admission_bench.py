@@ -165,7 +165,7 @@ def run(duration_s: float, repeats: int = 3) -> dict[str, Any]:
 
     from admission import services as admission_services
     from queues import services
-    from queues.access import HumanActor
+    from queues.access import HumanActor, SystemActor
     from queues.models import Endpoint
 
     tag = secrets.token_hex(4)
@@ -174,7 +174,9 @@ def run(duration_s: float, repeats: int = 3) -> dict[str, Any]:
     many = [f"{QUEUE}{i}" for i in range(MANY_QUEUES)]
 
     def vend(name: str, queues: list[str]) -> Any:
-        return services.endpoint_vend(owner=user, name=f"{name} {tag}", queues=queues, rps=0)[0]
+        return services.endpoint_vend(
+            actor=SystemActor(via="bench"), owner=user, name=f"{name} {tag}", queues=queues, rps=0
+        )[0]
 
     plain, budgeted = vend("bench plain", [QUEUE]), vend("bench budgeted", [QUEUE])
     plain_many, budgeted_many = vend("bench plain many", many), vend("bench budgeted many", many)

@@ -11,7 +11,7 @@ from django.db import connection
 
 from bench.common import timed_pool
 from queues import services
-from queues.access import AgentActor
+from queues.access import AgentActor, SystemActor
 from queues.models import Endpoint, Todo
 from queues.services import Claimed
 
@@ -114,7 +114,7 @@ def run(duration_s: float = 5.0) -> dict[str, Any]:
     params = connection.get_connection_params()
     owner, _ = User.objects.get_or_create(username="bench-owner")
     endpoint, _token = services.endpoint_vend(
-        owner=owner, name="bench core", queues=["bench"], rps=0
+        actor=SystemActor(via="bench"), owner=owner, name="bench core", queues=["bench"], rps=0
     )
     actor = AgentActor(endpoint, via="api")
     per_config = int(4000 * duration_s) + 2000

@@ -42,13 +42,14 @@ def seed(
     owner, _ = User.objects.get_or_create(
         username=f"{prefix}-owner", defaults={"is_superuser": True, "is_staff": True}
     )
+    human = HumanActor(owner, via="bench")
     endpoints: list[Any] = []
     tokens: dict[str, str] = {}
     pairs: list[tuple[Any, str]] = []
     for i in range((identities + 1) // 2):
         queues = [f"{prefix}-{i:03d}-a", f"{prefix}-{i:03d}-b"]
         endpoint, token = services.endpoint_vend(
-            owner=owner, name=f"{prefix} agent {i:03d}", queues=queues, rps=0
+            actor=human, owner=owner, name=f"{prefix} agent {i:03d}", queues=queues, rps=0
         )
         endpoints.append(endpoint)
         tokens[endpoint.slug] = token
@@ -56,7 +57,6 @@ def seed(
     pairs = pairs[:identities]
     _bulk_todos(pairs, todos)
     fleet = Fleet(owner, endpoints, tokens, pairs)
-    human = HumanActor(owner, via="bench")
     for n, (endpoint, queue) in enumerate(pairs):
         kind = TROUBLES[n % 40] if n % 40 < len(TROUBLES) else None
         if kind is None:

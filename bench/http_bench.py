@@ -23,7 +23,7 @@ from django.db import connection
 
 from bench.common import timed_pool
 from queues import services
-from queues.access import AgentActor
+from queues.access import AgentActor, SystemActor
 from queues.models import Endpoint, Todo
 from queues.services import Claimed
 from switchboard.liveserver import live_server
@@ -142,7 +142,9 @@ def run(duration_s: float = 5.0, *, server_workers: int | None = None) -> dict[s
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
     workers = server_workers or max(1, min(4, os.cpu_count() or 1))
     owner, _ = User.objects.get_or_create(username="bench-http-owner")
-    endpoint, token = services.endpoint_vend(owner=owner, name="bench http", queues=[QUEUE], rps=0)
+    endpoint, token = services.endpoint_vend(
+        actor=SystemActor(via="bench"), owner=owner, name="bench http", queues=[QUEUE], rps=0
+    )
     actor = AgentActor(endpoint, via="api")
     results: dict[str, Any] = {
         "duration_s": duration_s,

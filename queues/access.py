@@ -103,6 +103,13 @@ class SystemActor:
         return f"system:{self.via}"
 
 
+def check_actor(actor: object) -> None:
+    """Every service is told who acts. A missing actor is a programming error, never a silent
+    pass: a write nobody answers for would have no ledger row and no access check."""
+    if not isinstance(actor, AgentActor | HumanActor | SystemActor):
+        raise TypeError(f"a service needs an actor (agent, human or system), not {actor!r}")
+
+
 def human_or_system(user: Any, via: str) -> HumanActor | SystemActor:
     """The named human acting through ``via``, or the system when no human is named."""
     return HumanActor(user, via=via) if user is not None else SystemActor(via=via)

@@ -83,6 +83,7 @@ class ResumeResult:
 
 
 def _check_actor(actor: HumanActor) -> None:
+    access.check_actor(actor)
     access.check_pause(actor)
 
 

@@ -18,12 +18,24 @@ import redis
 from django.conf import settings
 from django.contrib.auth.models import Group, Permission, User
 from django.db import connection, connections
+from django.db.models import QuerySet
 
 from queues import services
-from queues.access import AUDITORS_GROUP, AgentActor, HumanActor
+from queues.access import AUDITORS_GROUP, AgentActor, HumanActor, SystemActor
 from queues.models import Endpoint
 from switchboard import embedded, liveserver
 from switchboard.core import availability, counters
+from switchboard.ledger.models import LedgerEntry
+
+# Who sets up a test's world when no human of the test acts (personas' endpoints, tokens): every
+# service takes an actor, so set-up lands in the ledger too, under "system:fixture".
+FIXTURE = SystemActor(via="fixture")
+
+
+def audit_rows() -> QuerySet[LedgerEntry]:
+    """The ledger rows the test's own actors wrote: set-up by FIXTURE left out."""
+    return LedgerEntry.objects.exclude(actor_human_name=FIXTURE.label)
+
 
 TEST_REDIS_DB = int(os.environ.get("SWITCHBOARD_TEST_REDIS_DB", "15"))
 _valkey: Any = None
@@ -103,13 +115,13 @@ def make_personas() -> Personas:
     pauser = User.objects.create_user("paul", password="pw-paul-123")
     pauser.user_permissions.add(Permission.objects.get(codename="pause_queue"))
     agent, agent_token = services.endpoint_vend(
-        owner=owner, name="Agent", queues=["inbox", "outbox", "quarantine"], rps=0
+        actor=FIXTURE, owner=owner, name="Agent", queues=["inbox", "outbox", "quarantine"], rps=0
     )
     agent2, agent2_token = services.endpoint_vend(
-        owner=owner, name="Agent two", queues=["inbox"], rps=0
+        actor=FIXTURE, owner=owner, name="Agent two", queues=["inbox"], rps=0
     )
     foreign, foreign_token = services.endpoint_vend(
-        owner=other, name="Foreign", queues=["inbox"], rps=0
+        actor=FIXTURE, owner=other, name="Foreign", queues=["inbox"], rps=0
     )
     return Personas(
         owner,

@@ -64,6 +64,7 @@ def claim_next(
     claimant: str | None = None,
 ) -> Claimed | NothingClaimable:
     """Claim the oldest claimable todo of the caller's granted queues (or of one of them)."""
+    access.check_actor(actor)
     endpoint = actor.endpoint
     granted = [q for q in endpoint.scope_queues if q != QUARANTINE_QUEUE]
     if queue is not None:
@@ -170,6 +171,7 @@ def claim(
     Locks the row with FOR UPDATE (waiting for another holder), then the same gates as
     claim_next. A refusing gate answers ``deferred`` and nothing changes.
     """
+    access.check_actor(actor)
     access.check_writes(actor, "auditors read; they do not claim")
     lease_token, fence_hash = _fence(require_fence)
     who = _claimant(actor, claimant)

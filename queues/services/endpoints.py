@@ -61,13 +61,14 @@ def endpoint_vend(
     burst: int | None = None,
     notify_url: str = "",
     slug: str | None = None,
-    actor: HumanActor | SystemActor | None = None,
+    actor: HumanActor | SystemActor,
 ) -> tuple[Endpoint, str]:
     """Create an endpoint and its token. The token is returned once and stored only as a hash.
 
     ``actor`` is the human vending (or the system, when no human acts); only a superuser vends
     for someone else. The vend lands in the ledger in the same transaction.
     """
+    access.check_actor(actor)
     if isinstance(actor, HumanActor):
         access.check_acts_for(
             actor, owner, "only a superuser may vend an endpoint for someone else"
@@ -131,8 +132,9 @@ def _create_with_free_slug(base: str, chosen: bool, fields: dict[str, Any]) -> E
     raise Conflict("could not find a free slug; name the endpoint differently")
 
 
-def endpoint_revoke(*, endpoint: Endpoint, actor: HumanActor | SystemActor | None = None) -> int:
+def endpoint_revoke(*, endpoint: Endpoint, actor: HumanActor | SystemActor) -> int:
     """Revoke an endpoint; its live todos are dead-lettered with result endpoint_revoked."""
+    access.check_actor(actor)
     if isinstance(actor, HumanActor):
         _check_may_change(actor, endpoint)
     with transaction.atomic():
@@ -167,10 +169,11 @@ def endpoint_revoke(*, endpoint: Endpoint, actor: HumanActor | SystemActor | Non
 
 
 def human_token_create(
-    *, user: User, name: str = "api", actor: HumanActor | SystemActor | None = None
+    *, user: User, name: str = "api", actor: HumanActor | SystemActor
 ) -> tuple[HumanToken, str]:
     """A personal token for ``user`` (shown once, stored as a hash). Only a superuser makes one
     for someone else."""
+    access.check_actor(actor)
     if isinstance(actor, HumanActor):
         access.check_acts_for(actor, user, "only a superuser may create a token for someone else")
     name = (name or "api").strip()[:100]
@@ -183,7 +186,8 @@ def human_token_create(
     return obj, token
 
 
-def human_token_revoke(*, token: HumanToken, actor: HumanActor | SystemActor | None = None) -> bool:
+def human_token_revoke(*, token: HumanToken, actor: HumanActor | SystemActor) -> bool:
+    access.check_actor(actor)
     if isinstance(actor, HumanActor):
         access.check_acts_for(actor, token.user, "only a superuser may revoke someone else's token")
     with transaction.atomic():
@@ -201,7 +205,7 @@ _UNSET: Any = object()
 def endpoint_update(
     *,
     endpoint: Endpoint,
-    actor: HumanActor | SystemActor | None = None,
+    actor: HumanActor | SystemActor,
     name: str = _UNSET,
     owner: User = _UNSET,
     notify_url: str = _UNSET,
@@ -216,6 +220,7 @@ def endpoint_update(
     endpoint to someone else. The change lands in the ledger (before and after) in the same
     transaction.
     """
+    access.check_actor(actor)
     if isinstance(actor, HumanActor):
         _check_may_change(actor, endpoint)
         if owner is not _UNSET and owner.pk != endpoint.owner_id:
@@ -303,18 +308,15 @@ def _ledger_actor(actor: HumanActor | SystemActor) -> ledger.Actor:
     return ledger.Actor(human_id=getattr(user, "pk", None), human_name=user.get_username())
 
 
-# Every change a surface makes lands in the ledger: a human's under their name, one made with no
-# acting human (the shell without --as, the demo seed) under the system actor's. ``None`` is only
-# for set-up outside the product (test fixtures, benchmarks) and appends nothing.
+# Every change lands in the ledger: a human's under their name, one made with no acting human (the
+# shell without --as, the demo seed, a test fixture, the bench) under the system actor's.
 def _append(
     kind: str,
-    actor: HumanActor | SystemActor | None,
+    actor: HumanActor | SystemActor,
     endpoint: Endpoint,
     before: dict[str, Any] | None,
     after: dict[str, Any] | None,
 ) -> None:
-    if actor is None:
-        return
     ledger.append(
         kind=kind,
         actor=_ledger_actor(actor),
@@ -324,7 +326,7 @@ def _append(
     )
 
 
-def _append_token(kind: str, actor: HumanActor | SystemActor | None, token: HumanToken) -> None:
+def _append_token(kind: str, actor: HumanActor | SystemActor, token: HumanToken) -> None:
     if actor is None:
         return
     ledger.append(

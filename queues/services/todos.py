@@ -61,6 +61,7 @@ def todo_create(
     source: str = TodoSource.API,
 ) -> TodoCreated:
     """Put a todo on a queue. A duplicate idempotency key returns the live todo, created=False."""
+    access.check_actor(actor)
     access.check_todo_write(actor, endpoint)
     check_queue_name(queue)
     if queue not in endpoint.scope_queues:
@@ -134,6 +135,7 @@ def _transition(
     lease_token: str | None,
     attempt: int | None = None,
 ) -> Todo:
+    access.check_actor(actor)
     endpoint_ids = acting_endpoint_ids(actor)
     access.check_writes(actor, "auditors read; they do not change todos")
     params = {
@@ -330,6 +332,7 @@ def todo_release(*, actor: HumanActor, todo_id: UUID) -> Todo:
 
 
 def _operator_todo(actor: HumanActor, todo_id: UUID) -> Todo:
+    access.check_actor(actor)
     todo = Todo.objects.select_related("endpoint").filter(pk=todo_id).first()
     if todo is None or not (actor.is_superuser or actor.owns(todo.endpoint)):
         raise NotFound("no such todo", id=str(todo_id))

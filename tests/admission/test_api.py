@@ -13,9 +13,9 @@ from admission.selectors import policy_dict
 from queues import services as queue_services
 from queues.models import BASIC_VERBS, POLICY_VERBS, Verb
 from switchboard.core import verbs
-from switchboard.ledger.models import LedgerEntry, LedgerKind
+from switchboard.ledger.models import LedgerKind
 from tests.admission.conftest import budget
-from tests.conftest import Personas, push
+from tests.conftest import FIXTURE, Personas, audit_rows, push
 
 DAY = {"period": "day", "tz": "Europe/Berlin", "start": "06:00"}
 
@@ -42,7 +42,7 @@ class Api:
 
 
 def human(user: Any) -> Api:
-    return Api(queue_services.human_token_create(user=user, name="test")[1])
+    return Api(queue_services.human_token_create(actor=FIXTURE, user=user, name="test")[1])
 
 
 def one(p: Personas, queue: str = "inbox", endpoint: Any = None) -> str:
@@ -145,7 +145,7 @@ def test_put_creates_then_fully_replaces_a_budget(personas: Personas) -> None:
         None,
     )
     assert policy.posture == "off"
-    assert LedgerEntry.objects.count() == 2
+    assert audit_rows().count() == 2
 
 
 @pytest.mark.parametrize(
@@ -174,7 +174,7 @@ def test_a_bad_put_is_refused_naming_the_field_and_leaves_the_budget_alone(
     assert response.json()["code"] == "invalid_argument"
     assert response.json()["field"] == field
     assert policy_dict(AdmissionPolicy.objects.get()) == stored
-    assert LedgerEntry.objects.count() == 1
+    assert audit_rows().count() == 1
 
 
 def test_a_policy_body_over_sixteen_kib_is_refused_before_parsing(personas: Personas) -> None:
@@ -203,7 +203,7 @@ def test_delete_removes_the_budget_and_keeps_its_history(personas: Personas) -> 
     assert api.delete(one(p)).status_code == 204
     assert api.delete(one(p)).status_code == 404
     assert not AdmissionPolicy.objects.exists()
-    assert LedgerEntry.objects.filter(kind=LedgerKind.POLICY_DELETE).count() == 1
+    assert audit_rows().filter(kind=LedgerKind.POLICY_DELETE).count() == 1
 
 
 def test_writes_over_the_per_human_rate_are_refused_with_retry_after(
@@ -275,7 +275,7 @@ def test_admission_status_on_a_queue_outside_the_scope_is_forbidden(personas: Pe
 def test_admission_status_is_not_granted_without_a_drain_verb(personas: Personas) -> None:
     p = personas
     endpoint, token = queue_services.endpoint_vend(
-        owner=p.owner, name="Writer", queues=["inbox"], verbs=["create_todo"], rps=0
+        actor=FIXTURE, owner=p.owner, name="Writer", queues=["inbox"], verbs=["create_todo"], rps=0
     )
     assert not endpoint.holds(Verb.ADMISSION_STATUS)
     response = Api(token).post("/api/v1/agent/admission_status", {})
@@ -299,6 +299,7 @@ def test_an_agent_granted_the_policy_verbs_sets_and_clears_its_own_budget(
 ) -> None:
     p = personas
     endpoint, token = queue_services.endpoint_vend(
+        actor=FIXTURE,
         owner=p.owner,
         name="Self-budgeting",
         queues=["inbox"],
@@ -313,7 +314,7 @@ def test_an_agent_granted_the_policy_verbs_sets_and_clears_its_own_budget(
     assert set_.status_code == 200, set_.json()
     assert set_.json()["policy"]["max_claims_per_window"] == 3
     assert set_.json()["status"]["state"] == "admitted"
-    row = LedgerEntry.objects.get()
+    row = audit_rows().get()
     assert row.actor_endpoint_id == endpoint.id and row.actor_human_id == p.owner.pk
     bad = api.post(
         "/api/v1/agent/set_admission_policy",

@@ -402,14 +402,14 @@ def test_the_claim_status_and_preview_read_usage_from_the_one_usage_query(
     from django.test.utils import CaptureQueriesContext
 
     from admission import engine, selectors
-    from admission.services import PolicySpec
+    from admission.policy import PolicySpec, Window
     from admission.views import preview
 
     p = personas
     policy = budget(p, max_in_flight=2, per="day", limit=5)
     push(p, 3)
     services.claim_next(actor=p.as_agent(), claimant="a")
-    spec = PolicySpec("inbox", 1, 5, "day", "UTC", "00:00", None, "enforce")
+    spec = PolicySpec("inbox", 1, 5, Window("day", "UTC", "00:00"), "enforce")
     # The claim's two paths: admission_check (in the claiming statement) and engine.decide.
     with connection.cursor() as cursor:
         cursor.execute(

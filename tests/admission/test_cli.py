@@ -15,9 +15,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from admission.models import AdmissionPolicy
-from switchboard.ledger.models import LedgerEntry
 from tests.admission.conftest import budget
-from tests.conftest import Personas, database_url, push
+from tests.conftest import Personas, audit_rows, database_url, push
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,7 +56,7 @@ def test_set_creates_a_budget_and_prints_it(personas: Personas) -> None:
         "America/Los_Angeles",
         "07:00",
     )
-    assert LedgerEntry.objects.get().actor_human_name == "olive"
+    assert audit_rows().get().actor_human_name == "olive"
 
 
 def test_set_is_a_full_replace_with_json_output(personas: Personas) -> None:

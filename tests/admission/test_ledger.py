@@ -110,6 +110,7 @@ def test_verify_names_the_exact_position_of_any_tampering(db: None, data: st.Dat
 
 def test_a_sound_ledger_verifies(personas: Personas) -> None:
     p = personas
+    set_up = LedgerEntry.objects.count()  # the personas' endpoints, vended by the fixture
     budget(p, per="day", limit=3)
     budget(p, per="day", limit=4)
     budget(p, "outbox", max_in_flight=1)
@@ -119,7 +120,7 @@ def test_a_sound_ledger_verifies(personas: Personas) -> None:
     build_chain(5)
     report = ledger.verify()
     assert report.ok, report.as_dict()
-    assert report.rows == 9 and report.head_seq == 9 and report.policies == 1
+    assert report.rows == set_up + 9 and report.head_seq == set_up + 9 and report.policies == 1
 
 
 def test_an_empty_ledger_verifies(db: None) -> None:
@@ -185,6 +186,7 @@ def test_concurrent_appends_never_fork_the_chain(transactional_db: None) -> None
 
 def test_a_policy_changed_outside_the_audited_path_is_drift(personas: Personas) -> None:
     p = personas
+    set_up = LedgerEntry.objects.count()
     policy = budget(p, per="day", limit=3)
     AdmissionPolicy.objects.filter(pk=policy.pk).update(max_claims_per_window=300)
     report = ledger.verify()
@@ -193,7 +195,7 @@ def test_a_policy_changed_outside_the_audited_path_is_drift(personas: Personas) 
     assert drift.problem == "changed_outside_audit"
     assert (drift.scope, drift.queue) == (f"endpoint:{p.agent.slug}", "inbox")
     assert "max_claims_per_window audited 3, now 300" in drift.detail
-    assert drift.seq == 1
+    assert drift.seq == set_up + 1
 
 
 def test_a_policy_the_ledger_never_saw_is_drift(personas: Personas) -> None:
@@ -218,13 +220,14 @@ def test_a_policy_alive_after_its_audited_delete_is_drift(personas: Personas) ->
     p = personas
     from admission import services
 
+    set_up = LedgerEntry.objects.count()
     budget(p, max_in_flight=1)
     services.policy_clear(actor=p.as_human(), endpoint=p.agent, queue="inbox")
     AdmissionPolicy.objects.create(
         endpoint=p.agent, queue="inbox", max_in_flight=1, created_by=p.owner, updated_by=p.owner
     )
     (drift,) = ledger.verify().drift
-    assert drift.problem == "exists_after_delete" and drift.seq == 2
+    assert drift.problem == "exists_after_delete" and drift.seq == set_up + 2
 
 
 def run_verify(*args: str) -> tuple[int, str]:
@@ -237,12 +240,13 @@ def run_verify(*args: str) -> tuple[int, str]:
 
 
 def test_ledger_verify_exits_zero_when_sound(personas: Personas) -> None:
+    set_up = LedgerEntry.objects.count()
     budget(personas, max_in_flight=2)
     code, out = run_verify("--json")
     assert code == 0
     assert json.loads(out)["ok"] is True
     code, out = run_verify()
-    assert code == 0 and "chain: ok (1 rows" in out
+    assert code == 0 and f"chain: ok ({set_up + 1} rows" in out
 
 
 def test_ledger_verify_exits_two_naming_the_row_and_the_drift(personas: Personas) -> None:

@@ -9,19 +9,21 @@ from django.db import IntegrityError, connection, transaction
 
 from admission import services
 from admission.models import AdmissionPolicy
+from admission.policy import FIELD_OF_CONSTRAINT
 from admission.selectors import policy_dict
 from queues import services as queue_services
 from queues.models import BASIC_VERBS, POLICY_VERBS, Endpoint
 from switchboard.core.errors import Conflict, Forbidden, InvalidArgument, NotFound, RateLimited
-from switchboard.ledger.models import LedgerEntry, LedgerKind
+from switchboard.ledger.models import LedgerKind
 from tests.admission.conftest import budget
-from tests.conftest import Personas, run_threads
+from tests.conftest import FIXTURE, Personas, audit_rows, run_threads
 
 DAY_UTC = {"period": "day", "tz": "UTC", "start": "00:00"}
 
 
 def policy_agent(p: Personas, queues: list[str] | None = None) -> Endpoint:
     endpoint, _ = queue_services.endpoint_vend(
+        actor=FIXTURE,
         owner=p.owner,
         name="Self-budgeting agent",
         queues=queues or ["inbox", "outbox"],
@@ -50,7 +52,7 @@ def test_an_owner_creates_a_budget_and_the_ledger_records_it(personas: Personas)
     policy = set_policy(p, max_in_flight=2)
     assert policy.max_claims_per_window == 10 and policy.max_in_flight == 2
     assert policy.created_by == p.owner and policy.updated_by == p.owner
-    (row,) = LedgerEntry.objects.all()
+    (row,) = audit_rows().all()
     assert row.kind == LedgerKind.POLICY_CREATE
     assert row.scope == f"endpoint:{p.agent.slug}" and row.queue == "inbox"
     assert row.before is None
@@ -78,7 +80,7 @@ def test_a_put_replaces_the_whole_budget_and_records_before_and_after(personas: 
         "Mon",
         "advise",
     )
-    update = LedgerEntry.objects.get(kind=LedgerKind.POLICY_UPDATE)
+    update = audit_rows().get(kind=LedgerKind.POLICY_UPDATE)
     assert update.before == before
     assert update.after == policy_dict(second)
 
@@ -86,7 +88,7 @@ def test_a_put_replaces_the_whole_budget_and_records_before_and_after(personas: 
 def test_a_write_that_changes_nothing_appends_nothing(personas: Personas) -> None:
     set_policy(personas)
     set_policy(personas)
-    assert LedgerEntry.objects.count() == 1
+    assert audit_rows().count() == 1
 
 
 def test_clearing_a_budget_records_the_delete_and_keeps_the_history(personas: Personas) -> None:
@@ -96,9 +98,9 @@ def test_clearing_a_budget_records_the_delete_and_keeps_the_history(personas: Pe
     removed = services.policy_clear(actor=p.as_human(), endpoint=p.agent, queue="inbox")
     assert removed == snapshot
     assert not AdmissionPolicy.objects.exists()
-    kinds = list(LedgerEntry.objects.values_list("kind", flat=True))
+    kinds = list(audit_rows().values_list("kind", flat=True))
     assert kinds == [LedgerKind.POLICY_CREATE, LedgerKind.POLICY_DELETE]
-    delete = LedgerEntry.objects.get(kind=LedgerKind.POLICY_DELETE)
+    delete = audit_rows().get(kind=LedgerKind.POLICY_DELETE)
     assert delete.before == snapshot and delete.after is None
 
 
@@ -115,7 +117,7 @@ def test_a_foreign_endpoint_and_an_unknown_one_are_both_not_found(personas: Pers
         assert caught.value.code == "not_found"
     with pytest.raises(NotFound):
         services.policy_clear(actor=p.as_human(), endpoint=p.foreign, queue="inbox")
-    assert not AdmissionPolicy.objects.exists() and not LedgerEntry.objects.exists()
+    assert not AdmissionPolicy.objects.exists() and not audit_rows().exists()
 
 
 def test_an_endpoint_may_be_named_by_slug_id_or_scope(personas: Personas) -> None:
@@ -146,7 +148,7 @@ def test_a_superuser_may_change_any_budget(personas: Personas) -> None:
 
 def test_a_revoked_endpoint_takes_no_new_budget(personas: Personas) -> None:
     p = personas
-    queue_services.endpoint_revoke(endpoint=p.agent2)
+    queue_services.endpoint_revoke(actor=FIXTURE, endpoint=p.agent2)
     with pytest.raises(Conflict):
         set_policy(p, endpoint=p.agent2)
 
@@ -188,12 +190,12 @@ def test_a_bad_write_is_refused_naming_the_field_and_changes_nothing(
 ) -> None:
     p = personas
     stored = policy_dict(set_policy(p, max_in_flight=4))
-    rows = LedgerEntry.objects.count()
+    rows = audit_rows().count()
     with pytest.raises(InvalidArgument) as caught:
         set_policy(p, **change)
     assert caught.value.field == field
     assert caught.value.as_dict()["field"] == field
-    assert LedgerEntry.objects.count() == rows
+    assert audit_rows().count() == rows
     assert policy_dict(AdmissionPolicy.objects.get()) == stored
 
 
@@ -219,7 +221,7 @@ def test_the_database_refuses_what_validation_would(
     with pytest.raises(IntegrityError) as caught, transaction.atomic(), connection.cursor() as c:
         c.execute(f"UPDATE admission_admissionpolicy SET {assignment} WHERE id = %s", [policy.pk])
     assert constraint in str(caught.value)
-    assert constraint in services.CONSTRAINT_FIELDS
+    assert constraint in FIELD_OF_CONSTRAINT
 
 
 def test_one_budget_per_queue_identity_is_a_database_constraint(personas: Personas) -> None:
@@ -244,11 +246,11 @@ def test_an_agent_with_the_policy_verbs_sets_its_own_budget_audited_as_itself(
     me = policy_agent(p)
     policy = set_policy(p, actor=p.as_agent(me), endpoint=me, max_claims_per_window=3)
     assert policy.created_by == p.owner  # the accountable human is the owner
-    row = LedgerEntry.objects.get()
+    row = audit_rows().get()
     assert row.actor_endpoint_id == me.id and row.actor_endpoint_slug == me.slug
     assert row.actor_human_id == p.owner.pk
     services.policy_clear(actor=p.as_agent(me), endpoint=me, queue="inbox")
-    delete = LedgerEntry.objects.get(kind=LedgerKind.POLICY_DELETE)
+    delete = audit_rows().get(kind=LedgerKind.POLICY_DELETE)
     assert delete.actor_endpoint_id == me.id
 
 
@@ -292,7 +294,7 @@ def test_two_writers_creating_one_budget_at_once_leave_one_policy(tx_personas: P
     made = run_threads(2, write)
     assert made[0].pk == made[1].pk
     policy = AdmissionPolicy.objects.get()
-    kinds = list(LedgerEntry.objects.values_list("kind", flat=True))
+    kinds = list(audit_rows().values_list("kind", flat=True))
     assert kinds == [LedgerKind.POLICY_CREATE, LedgerKind.POLICY_UPDATE]
-    last = LedgerEntry.objects.order_by("-seq").first()
+    last = audit_rows().order_by("-seq").first()
     assert last is not None and last.after == policy_dict(policy)

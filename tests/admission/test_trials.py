@@ -26,7 +26,7 @@ from admission.models import AdmissionPolicy, AdmissionWindow
 from queues import services
 from queues.models import Attempt
 from tests.admission.conftest import budget
-from tests.conftest import Personas, database_url, push
+from tests.conftest import FIXTURE, Personas, database_url, push
 
 ROOT = Path(__file__).resolve().parents[2]
 TRIALS = 100
@@ -140,7 +140,7 @@ def _phase(
 def _trial(p: Personas, children: list[Child], seed: int) -> None:
     rng = random.Random(seed)
     endpoint, _ = services.endpoint_vend(
-        owner=p.owner, name=f"trial {seed}", queues=["inbox"], rps=0
+        actor=FIXTURE, owner=p.owner, name=f"trial {seed}", queues=["inbox"], rps=0
     )
     cap = rng.choice([None, 1, 2, 3, 5])
     limit = rng.choice([None, 1, 3, 8, 15]) if cap is not None else rng.choice([1, 3, 8, 15])

@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 
 from queues import services
-from tests.conftest import Personas
+from tests.conftest import FIXTURE, Personas
 from tests.mcp.conftest import live_url  # noqa: F401  (a live server, for schemathesis)
 
 
@@ -47,7 +47,7 @@ def agent_api(personas: Personas, client: Client) -> Api:
 
 
 def human_token(user: Any) -> str:
-    return services.human_token_create(user=user, name="test")[1]
+    return services.human_token_create(actor=FIXTURE, user=user, name="test")[1]
 
 
 @pytest.fixture

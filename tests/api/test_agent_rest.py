@@ -15,7 +15,7 @@ from queues import services
 from queues.models import QueuePause, Todo, TodoState
 from switchboard.core.verbs import load_verbs
 from tests.api.conftest import Api
-from tests.conftest import Personas, push
+from tests.conftest import FIXTURE, Personas, push
 
 TODO_KEYS = {
     "id", "queue", "title", "kind", "payload", "state", "owner", "attempt", "max_attempts",
@@ -116,7 +116,7 @@ def test_a_missing_token_is_unauthorized(client: Client, personas: Personas) -> 
 
 
 def test_a_revoked_token_is_unauthorized(personas: Personas, agent_api: Api) -> None:
-    services.endpoint_revoke(endpoint=personas.agent)
+    services.endpoint_revoke(actor=FIXTURE, endpoint=personas.agent)
     response = agent_api.verb("list_todos")
     assert response.status_code == 401 and response.json()["code"] == "unauthorized"
 
@@ -125,7 +125,12 @@ def test_a_verb_outside_the_grant_is_forbidden_before_the_body_is_read(
     personas: Personas, client: Client
 ) -> None:
     _, token = services.endpoint_vend(
-        owner=personas.owner, name="Reader", queues=["inbox"], verbs=["list_todos"], rps=0
+        actor=FIXTURE,
+        owner=personas.owner,
+        name="Reader",
+        queues=["inbox"],
+        verbs=["list_todos"],
+        rps=0,
     )
     reader = Api(client, token)
     assert reader.verb("list_todos").status_code == 200
@@ -190,7 +195,7 @@ def test_over_the_endpoint_rate_it_answers_429_with_retry_after(
     personas: Personas, client: Client
 ) -> None:
     _, token = services.endpoint_vend(
-        owner=personas.owner, name="Chatty", queues=["inbox"], rps=1, burst=2
+        actor=FIXTURE, owner=personas.owner, name="Chatty", queues=["inbox"], rps=1, burst=2
     )
     chatty = Api(client, token)
     assert [chatty.verb("list_todos").status_code for _ in range(2)] == [200, 200]

@@ -18,7 +18,7 @@ from switchboard.core import validation
 from switchboard.core.errors import InvalidArgument
 from switchboard.core.verbs import get as verb
 from tests.api.conftest import Api, human_token
-from tests.conftest import Personas, push
+from tests.conftest import FIXTURE, Personas, push
 
 
 def nested(depth: int) -> Any:
@@ -212,7 +212,7 @@ def test_the_services_refuse_what_the_edge_refuses(personas: Personas) -> None:
         push(personas, payload={"deep": nested(80)})
     assert caught.value.field.startswith("payload.deep")
     with pytest.raises(InvalidArgument):
-        services.endpoint_vend(owner=personas.owner, name="n\x00", queues=["inbox"])
+        services.endpoint_vend(actor=FIXTURE, owner=personas.owner, name="n\x00", queues=["inbox"])
 
 
 # --- defence in depth: a row nobody could render --------------------------------------------------

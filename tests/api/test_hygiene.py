@@ -20,7 +20,7 @@ from queues import services
 from queues.models import looks_like_uuid
 from switchboard.core.errors import InvalidArgument
 from tests.api.conftest import Api, human_token
-from tests.conftest import Personas
+from tests.conftest import FIXTURE, Personas
 
 # --- identities ---------------------------------------------------------------------------------
 
@@ -30,7 +30,9 @@ from tests.conftest import Personas
 )
 def test_a_slug_shaped_like_an_id_is_refused(personas: Personas, slug: str) -> None:
     with pytest.raises(InvalidArgument) as caught:
-        services.endpoint_vend(owner=personas.owner, name="n", queues=["inbox"], slug=slug)
+        services.endpoint_vend(
+            actor=FIXTURE, owner=personas.owner, name="n", queues=["inbox"], slug=slug
+        )
     assert caught.value.field == "slug"
     api = Api(Client(), human_token(personas.owner))
     response = api.post("/api/v1/endpoints", {"name": "n", "queues": ["inbox"], "slug": slug})
@@ -39,7 +41,7 @@ def test_a_slug_shaped_like_an_id_is_refused(personas: Personas, slug: str) -> N
 
 def test_a_name_shaped_like_an_id_gets_a_slug_that_is_not(personas: Personas) -> None:
     endpoint, _ = services.endpoint_vend(
-        owner=personas.owner, name=str(uuid.uuid4()), queues=["inbox"]
+        actor=FIXTURE, owner=personas.owner, name=str(uuid.uuid4()), queues=["inbox"]
     )
     assert not looks_like_uuid(endpoint.slug)
 

@@ -12,7 +12,7 @@ from django.test import Client
 from queues import services
 from queues.models import BASIC_VERBS, Endpoint, EndpointState, Todo, TodoState
 from tests.api.conftest import Api, human_token
-from tests.conftest import Personas, push
+from tests.conftest import FIXTURE, Personas, push
 
 
 def test_an_owner_vends_an_endpoint_and_its_token_works_once_shown(
@@ -198,7 +198,7 @@ def test_humans_without_credentials_or_with_a_revoked_token_are_unauthorized(
     assert Api(Client()).get("/api/v1/endpoints").status_code == 401
     token = human_token(personas.owner)
     row = personas.owner.api_tokens.get()
-    services.human_token_revoke(token=row)
+    services.human_token_revoke(actor=FIXTURE, token=row)
     response = Api(Client(), token).get("/api/v1/todos")
     assert response.status_code == 401 and response.json()["code"] == "unauthorized"
 

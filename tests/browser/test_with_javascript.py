@@ -12,7 +12,7 @@ from queues.models import QueuePause, Todo, TodoState
 from switchboard.ledger.models import LedgerEntry
 from tests.browser.conftest import Session, screenshot
 from tests.browser.helpers import api_post, budget
-from tests.conftest import Personas, push
+from tests.conftest import Personas, audit_rows, push
 
 LIVE = 6_000  # ms: a functional wait for the server-sent event, not a performance bound
 
@@ -98,7 +98,7 @@ def test_a_superuser_pauses_and_resumes_a_queue_from_the_board(
     page.get_by_role("button", name="Resume inbox").click()
     expect(head.locator(".badge")).to_have_text("Healthy")
     assert not QueuePause.objects.exists()
-    kinds = list(LedgerEntry.objects.order_by("seq").values_list("kind", flat=True))
+    kinds = list(audit_rows().order_by("seq").values_list("kind", flat=True))
     assert kinds == ["queue.pause", "queue.resume"]
 
 

@@ -150,9 +150,11 @@ from django.contrib.auth.models import User
 from admission import services as admission
 from queues import services
 from queues.access import HumanActor
+from tests.conftest import FIXTURE
 owner = User.objects.create_user("faults", password="pw-faults-123")
 for name in ("load", "doomed"):
     endpoint, token = services.endpoint_vend(
+        actor=FIXTURE,
         owner=owner, name=name, queues=["work"], rps=100000, burst=100000
     )
     print(name, token)

@@ -17,7 +17,7 @@ from switchboard import mcp
 from switchboard.core import counters
 from switchboard.core.verbs import load_verbs
 from switchboard.embedded import free_port
-from tests.conftest import Personas, push
+from tests.conftest import FIXTURE, Personas, push
 
 MODERN = "2026-07-28"
 ACCEPT = "application/json, text/event-stream"
@@ -289,7 +289,12 @@ def test_a_verb_outside_the_grant_is_hidden_and_forbidden(
     personas: Personas, client: Client
 ) -> None:
     endpoint, token = services.endpoint_vend(
-        owner=personas.owner, name="Reader", queues=["inbox"], verbs=["list_todos"], rps=0
+        actor=FIXTURE,
+        owner=personas.owner,
+        name="Reader",
+        queues=["inbox"],
+        verbs=["list_todos"],
+        rps=0,
     )
     reader = Mcp(client, endpoint.slug, token)
     reader.initialize()
@@ -344,7 +349,7 @@ def test_an_unknown_or_missing_token_is_401(personas: Personas, client: Client) 
 
 
 def test_a_revoked_token_is_401(personas: Personas, agent: Mcp) -> None:
-    services.endpoint_revoke(endpoint=personas.agent)
+    services.endpoint_revoke(actor=FIXTURE, endpoint=personas.agent)
     assert agent.rpc("ping").status_code == 401
 
 
@@ -359,7 +364,7 @@ def test_the_endpoint_rate_limit_charges_tool_calls_not_the_handshake(
     personas: Personas, client: Client
 ) -> None:
     endpoint, token = services.endpoint_vend(
-        owner=personas.owner, name="Chatty", queues=["inbox"], rps=0.1, burst=2
+        actor=FIXTURE, owner=personas.owner, name="Chatty", queues=["inbox"], rps=0.1, burst=2
     )
     chatty = Mcp(client, endpoint.slug, token)
     for _ in range(3):

@@ -17,7 +17,7 @@ from mcp.types import CallToolResult, TextContent
 
 from queues import services
 from queues.models import Todo, TodoState
-from tests.conftest import Personas
+from tests.conftest import FIXTURE, Personas
 
 EXPECTED_VERSION = {"auto": "2026-07-28", "legacy": "2025-11-25"}
 
@@ -85,7 +85,12 @@ def test_the_sdk_sees_only_granted_tools_and_a_refusal_as_is_error(
     tx_personas: Personas, live_url: str, mode: str
 ) -> None:
     endpoint, token = services.endpoint_vend(
-        owner=tx_personas.owner, name="Reader", queues=["inbox"], verbs=["list_todos"], rps=0
+        actor=FIXTURE,
+        owner=tx_personas.owner,
+        name="Reader",
+        queues=["inbox"],
+        verbs=["list_todos"],
+        rps=0,
     )
     url = f"{live_url}/mcp/{endpoint.slug}"
     seen: dict[str, Any] = {}

@@ -15,7 +15,7 @@ from typing import Any
 
 from queues import services
 from queues.models import Todo, TodoState
-from tests.conftest import Personas, push
+from tests.conftest import FIXTURE, Personas, push
 from tests.mcp.conftest import NODE
 
 
@@ -70,7 +70,7 @@ def test_a_typescript_agent_connects_to_an_endpoint_limited_to_one_request_a_sec
     tx_personas: Personas, live_url: str, js_clients: Path
 ) -> None:
     endpoint, token = services.endpoint_vend(
-        owner=tx_personas.owner, name="Slow", queues=["inbox"], rps=1, burst=1
+        actor=FIXTURE, owner=tx_personas.owner, name="Slow", queues=["inbox"], rps=1, burst=1
     )
     report = run_agent(js_clients, f"{live_url}/mcp/{endpoint.slug}", token, [["claim_next", {}]])
     assert report["protocolVersion"] == "2025-11-25"

@@ -11,7 +11,7 @@ from django.test import Client
 from queues import services
 from queues.models import QueuePause
 from switchboard.ledger.models import LedgerEntry, LedgerKind
-from tests.conftest import Personas, push
+from tests.conftest import FIXTURE, Personas, push
 from tests.pause.helpers import pause
 
 QUEUES = "/api/v1/queues"
@@ -52,7 +52,7 @@ def test_a_pauser_pauses_a_queue_over_the_api(personas: Personas) -> None:
 
 
 def test_a_superuser_with_a_personal_token_pauses_and_resumes(personas: Personas) -> None:
-    _, token = services.human_token_create(user=personas.admin)
+    _, token = services.human_token_create(actor=FIXTURE, user=personas.admin)
     client = _client(token=token)
 
     paused = _post(client, f"{QUEUES}/inbox/pause", {"reason": "drain"})

@@ -11,7 +11,7 @@ from django.test import Client
 
 from queues import hooks, services
 from queues.models import Endpoint
-from tests.conftest import Personas, push
+from tests.conftest import FIXTURE, Personas, push
 from tests.pause.conftest import HookServer
 
 
@@ -30,7 +30,9 @@ def test_a_hook_url_set_after_vend_signs_with_a_non_empty_secret(
     tx_personas: Personas, hook_server: HookServer, eager_celery: None
 ) -> None:
     p = tx_personas
-    endpoint, _ = services.endpoint_vend(owner=p.owner, name="Late hook", queues=["inbox"], rps=0)
+    endpoint, _ = services.endpoint_vend(
+        actor=FIXTURE, owner=p.owner, name="Late hook", queues=["inbox"], rps=0
+    )
     assert endpoint.notify_secret == ""
 
     services.endpoint_update(
@@ -49,7 +51,9 @@ def test_the_admins_change_form_gives_a_new_hook_url_its_secret(
     tx_personas: Personas, hook_server: HookServer, eager_celery: None
 ) -> None:
     p = tx_personas
-    endpoint, _ = services.endpoint_vend(owner=p.owner, name="Admin hook", queues=["inbox"], rps=0)
+    endpoint, _ = services.endpoint_vend(
+        actor=FIXTURE, owner=p.owner, name="Admin hook", queues=["inbox"], rps=0
+    )
     client = Client()
     client.force_login(p.admin)
     response = client.post(
@@ -70,7 +74,12 @@ def test_clearing_the_hook_url_clears_its_secret(
 ) -> None:
     p = tx_personas
     endpoint, _ = services.endpoint_vend(
-        owner=p.owner, name="Hooked", queues=["inbox"], rps=0, notify_url=hook_server.url
+        actor=FIXTURE,
+        owner=p.owner,
+        name="Hooked",
+        queues=["inbox"],
+        rps=0,
+        notify_url=hook_server.url,
     )
     services.endpoint_update(endpoint=endpoint, actor=p.as_human(p.owner), notify_url="")
     endpoint.refresh_from_db()

@@ -19,8 +19,7 @@ from queues.access import HumanActor
 from queues.models import Attempt, QueuePause, Todo, TodoState
 from queues.services import Claimed, NothingClaimable
 from switchboard.core.errors import Conflict
-from switchboard.ledger.models import LedgerEntry
-from tests.conftest import Personas, run_threads
+from tests.conftest import Personas, audit_rows, run_threads
 from tests.pause.helpers import in_thread, pause, wait_until, waiting_locks
 
 CLAIMERS = 8
@@ -163,7 +162,7 @@ def test_a_pause_that_cannot_get_the_table_in_time_is_a_conflict_and_writes_noth
     assert "claims are holding the queue table" in refused.value.message
     assert isinstance(claim_a.result(), Claimed)
     assert not QueuePause.objects.exists()
-    assert not LedgerEntry.objects.exists()
+    assert not audit_rows().exists()
     # Once the claim has committed, the pause goes through.
     assert pause(p.pauser, "inbox").changed is True
 
@@ -180,4 +179,4 @@ def test_concurrent_pauses_of_one_queue_write_one_row_and_one_ledger_entry(
     [winner] = [r for r in results if r.changed]
     assert all(r.pause == winner.pause for r in results)
     assert QueuePause.objects.count() == 1
-    assert LedgerEntry.objects.filter(queue="inbox").count() == 1
+    assert audit_rows().filter(queue="inbox").count() == 1

@@ -11,7 +11,7 @@ from queues.models import QueuePause
 from switchboard.core.errors import Forbidden, InvalidArgument, NotFound
 from switchboard.ledger import chain as ledger
 from switchboard.ledger.models import LedgerEntry, LedgerKind
-from tests.conftest import Personas
+from tests.conftest import Personas, audit_rows
 from tests.pause.helpers import pause, resume
 
 
@@ -37,7 +37,7 @@ def test_it_appends_one_ledger_row_for_the_pause_and_one_for_the_resume(
     paused = pause(personas.pauser, "inbox", reason="upgrade")
     resume(personas.admin, "inbox")
 
-    rows = list(LedgerEntry.objects.filter(queue="inbox").order_by("seq"))
+    rows = list(audit_rows().filter(queue="inbox").order_by("seq"))
     assert [r.kind for r in rows] == [LedgerKind.QUEUE_PAUSE, LedgerKind.QUEUE_RESUME]
     assert (rows[0].actor_human_id, rows[0].actor_human_name) == (personas.pauser.pk, "paul")
     assert rows[0].scope == "queue"
@@ -63,7 +63,7 @@ def test_pausing_a_paused_queue_changes_nothing_and_says_so(personas: Personas) 
         personas.pauser,
         first.pause.at,
     )
-    assert LedgerEntry.objects.filter(kind=LedgerKind.QUEUE_PAUSE).count() == 1
+    assert audit_rows().filter(kind=LedgerKind.QUEUE_PAUSE).count() == 1
 
 
 def test_it_refuses_to_pause_the_quarantine_queue(personas: Personas) -> None:
@@ -72,7 +72,7 @@ def test_it_refuses_to_pause_the_quarantine_queue(personas: Personas) -> None:
 
     assert refused.value.field == "queue"
     assert not QueuePause.objects.exists()
-    assert not LedgerEntry.objects.exists()
+    assert not audit_rows().exists()
 
 
 def test_it_refuses_an_unknown_name_unless_asked_to_create_it(personas: Personas) -> None:
@@ -165,7 +165,7 @@ def test_resuming_a_queue_that_was_never_paused_lifts_nothing(personas: Personas
     result = resume(personas.pauser, "inbox")
 
     assert result.as_dict() == {"queue": "inbox", "resumed": False, "lifted": None, "woken": []}
-    assert not LedgerEntry.objects.exists()
+    assert not audit_rows().exists()
 
 
 def test_resume_of_an_unknown_name_is_not_an_error_either(personas: Personas) -> None:

@@ -18,14 +18,19 @@ from django.utils import timezone
 from queues import hooks, services
 from queues.models import Endpoint, Todo, TodoState
 from queues.services import Claimed, NothingClaimable
-from tests.conftest import Personas, push
+from tests.conftest import FIXTURE, Personas, push
 from tests.pause.conftest import HookServer
 from tests.pause.helpers import Listener, pause, resume
 
 
 def _hooked(p: Personas, hook_server: HookServer) -> Endpoint:
     endpoint, _ = services.endpoint_vend(
-        owner=p.owner, name="Hooked", queues=["inbox", "outbox"], rps=0, notify_url=hook_server.url
+        actor=FIXTURE,
+        owner=p.owner,
+        name="Hooked",
+        queues=["inbox", "outbox"],
+        rps=0,
+        notify_url=hook_server.url,
     )
     return endpoint
 

@@ -18,7 +18,7 @@ from queues import access, pauses, services
 from queues.access import Actor, AgentActor, HumanActor
 from queues.models import Verb
 from switchboard.core.errors import Conflict, Forbidden, NotFound
-from tests.conftest import Personas
+from tests.conftest import FIXTURE, Personas
 
 PERSONAS = ["owner", "other_owner", "auditor", "admin", "pauser", "agent"]
 
@@ -88,6 +88,7 @@ def test_the_budget_service_gives_the_same_answer(personas: Personas, name: str)
 
 def test_an_agent_granted_the_verb_sets_budgets_in_its_scope_only(personas: Personas) -> None:
     endpoint, _ = services.endpoint_vend(
+        actor=FIXTURE,
         owner=personas.owner,
         name="Budgeter",
         queues=["inbox"],

@@ -16,6 +16,7 @@ from queues.models import Attempt, AttemptOutcome, Todo, TodoState
 from queues.services import Claimed, NothingClaimable
 from switchboard.core.errors import Conflict, Forbidden, InvalidArgument, NotFound
 from tests.conftest import (
+    FIXTURE,
     Personas,
     claim_and_lapse,
     database_url,
@@ -376,7 +377,7 @@ def test_revoking_an_endpoint_dead_letters_its_live_todos(personas: Personas) ->
     services.claim(actor=personas.as_agent(), todo_id=b.id)
     services.claim(actor=personas.as_agent(), todo_id=c.id)
     services.complete(actor=personas.as_agent(), todo_id=c.id)
-    assert services.endpoint_revoke(endpoint=personas.agent) == 2
+    assert services.endpoint_revoke(actor=FIXTURE, endpoint=personas.agent) == 2
     for todo in (a, b):
         todo.refresh_from_db()
         assert todo.dead_letter and todo.result == {"error": "endpoint_revoked"}

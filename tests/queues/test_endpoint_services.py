@@ -11,7 +11,7 @@ from queues.models import HumanToken
 from switchboard.core.errors import Forbidden, InvalidArgument
 from switchboard.ledger import chain
 from switchboard.ledger.models import LedgerEntry, LedgerKind
-from tests.conftest import Personas, push
+from tests.conftest import FIXTURE, Personas, push
 
 
 def _kinds() -> list[str]:
@@ -84,7 +84,7 @@ def test_a_bad_update_names_the_field_and_changes_nothing(personas: Personas) ->
 def test_the_admin_deletes_neither_todos_nor_tokens(personas: Personas) -> None:
     p = personas
     (todo,) = push(p, 1)
-    token, _ = services.human_token_create(user=p.owner, name="ci")
+    token, _ = services.human_token_create(actor=FIXTURE, user=p.owner, name="ci")
     client = Client()
     client.force_login(p.admin)
     assert client.get(f"/admin/queues/todo/{todo.pk}/delete/").status_code == 403

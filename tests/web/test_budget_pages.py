@@ -7,8 +7,7 @@ from django.db import connection
 from admission.models import AdmissionPolicy
 from queues import services
 from queues.models import EndpointState
-from switchboard.ledger.models import LedgerEntry
-from tests.conftest import Personas, push
+from tests.conftest import FIXTURE, Personas, audit_rows, push
 from tests.web.conftest import budget, policy_form, previewed, signed_in
 
 
@@ -50,7 +49,7 @@ def test_saving_takes_a_preview_first_and_lands_in_the_ledger(personas: Personas
         5,
         "Europe/Paris",
     )
-    row = LedgerEntry.objects.get()
+    row = audit_rows().get()
     assert (row.kind, row.actor_human_name, row.scope) == (
         "policy.create",
         "olive",
@@ -105,7 +104,7 @@ def test_the_preview_shows_usage_against_the_new_limit_and_the_window_it_would_c
 
 def test_a_revoked_endpoint_refuses_a_new_budget_as_a_form_error(personas: Personas) -> None:
     p = personas
-    services.endpoint_revoke(endpoint=p.agent)
+    services.endpoint_revoke(actor=FIXTURE, endpoint=p.agent)
     assert p.agent.state == EndpointState.REVOKED
     client = signed_in(p.owner)
     html = client.post("/budgets/agent/inbox", policy_form()).content.decode()
@@ -127,7 +126,7 @@ def test_clearing_asks_first_then_goes_through_the_service(personas: Personas) -
     response = client.post("/budgets/agent/inbox/clear")
     assert response.status_code == 302 and response["Location"] == "/#edit-agent--inbox"
     assert not AdmissionPolicy.objects.exists()
-    assert LedgerEntry.objects.filter(kind="policy.delete").count() == 1
+    assert audit_rows().filter(kind="policy.delete").count() == 1
     assert client.get("/budgets/agent/inbox/clear").status_code == 404
 
 

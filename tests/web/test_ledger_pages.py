@@ -6,6 +6,7 @@ import csv
 import io
 from typing import Any
 
+import pytest
 from django.db import connection
 from django.http import QueryDict
 
@@ -15,6 +16,15 @@ from switchboard.ledger import tasks as ledger_tasks
 from switchboard.ledger.models import LedgerCheck, LedgerEntry
 from tests.conftest import Personas
 from tests.web.conftest import budget, signed_in
+
+
+@pytest.fixture(autouse=True)
+def _only_the_tests_own_history(personas: Personas) -> None:
+    """The list shows every row a reader may see. The personas' set-up (their endpoints, vended
+    by system:fixture) is cleared, as on a fresh install, so each test reads its own history."""
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM admission_ledgerentry")
+        cursor.execute("DELETE FROM admission_ledgerhead")
 
 
 def _history(p: Personas) -> None:

@@ -11,8 +11,7 @@ from django.test import Client
 from admission.models import AdmissionPolicy, AdmissionWindow
 from queues import services
 from queues.models import QueuePause, TodoState
-from switchboard.ledger.models import LedgerEntry
-from tests.conftest import Personas, push
+from tests.conftest import Personas, audit_rows, push
 from tests.web.conftest import budget, policy_form, signed_in
 
 
@@ -94,7 +93,7 @@ def test_a_write_an_auditor_forges_by_hand_is_refused_and_changes_nothing(
     QueuePause.objects.create(
         queue="outbox", reason="kept", paused_by=p.admin, paused_at="2026-01-01T00:00Z"
     )
-    ledger_rows = LedgerEntry.objects.count()
+    ledger_rows = audit_rows().count()
     writes = [
         ("/queues/inbox/pause", {"reason": "forged"}),
         ("/queues/outbox/resume", {}),
@@ -112,7 +111,7 @@ def test_a_write_an_auditor_forges_by_hand_is_refused_and_changes_nothing(
     for url, data in writes:
         assert client.post(url, data).status_code == 403, url
     assert client.get("/budgets/agent/inbox/clear").status_code == 403
-    assert LedgerEntry.objects.count() == ledger_rows
+    assert audit_rows().count() == ledger_rows
     assert list(QueuePause.objects.values_list("queue", flat=True)) == ["outbox"]
     pending.refresh_from_db()
     claimed.refresh_from_db()
@@ -123,7 +122,7 @@ def test_a_write_an_auditor_forges_by_hand_is_refused_and_changes_nothing(
 def test_the_ledger_is_read_only_in_the_admin_even_for_a_superuser(personas: Personas) -> None:
     p = personas
     budget(p, max_in_flight=2)
-    entry = LedgerEntry.objects.get()
+    entry = audit_rows().get()
     client = signed_in(p.admin)
     assert client.get("/admin/ledger/ledgerentry/").status_code == 200
     assert client.get(f"/admin/ledger/ledgerentry/{entry.seq}/change/").status_code == 200
@@ -135,7 +134,7 @@ def test_the_ledger_is_read_only_in_the_admin_even_for_a_superuser(personas: Per
     )
     assert client.get("/admin/admission/admissionwindow/add/").status_code == 403
     assert client.get("/admin/ledger/ledgerhead/add/").status_code == 403
-    assert LedgerEntry.objects.count() == 1
+    assert audit_rows().count() == 1
 
 
 def test_budgets_changed_in_the_admin_go_through_the_service_and_the_ledger(
@@ -169,8 +168,8 @@ def test_budgets_changed_in_the_admin_go_through_the_service_and_the_ledger(
     assert response.status_code == 302
     policy = AdmissionPolicy.objects.get()
     assert policy.max_in_flight == 3
-    assert LedgerEntry.objects.get().kind == "policy.create"
-    assert LedgerEntry.objects.get().actor_human_name == "ada"
+    assert audit_rows().get().kind == "policy.create"
+    assert audit_rows().get().actor_human_name == "ada"
     change = {k: v for k, v in form.items() if k not in ("endpoint", "queue")}
     response = client.post(
         f"/admin/admission/admissionpolicy/{policy.pk}/change/", {**change, "max_in_flight": "4"}
@@ -182,7 +181,7 @@ def test_budgets_changed_in_the_admin_go_through_the_service_and_the_ledger(
     assert "inbox" in listing and "enforce" in listing
     response = client.post(f"/admin/admission/admissionpolicy/{policy.pk}/delete/", {"post": "yes"})
     assert response.status_code == 302 and not AdmissionPolicy.objects.exists()
-    kinds = list(LedgerEntry.objects.values_list("kind", flat=True))
+    kinds = list(audit_rows().values_list("kind", flat=True))
     assert kinds == ["policy.create", "policy.update", "policy.delete"]
     assert not AdmissionWindow.objects.exists()
 
