@@ -33,11 +33,16 @@ _INITIAL_RATE_GUESS = 1500.0
 _SLACK = 2.0
 
 
-def _make_todos(endpoint: Any, n: int, *, queue: str = QUEUE, offset: int = 0) -> None:
+def _make_todos(endpoint: Any, n: int, queues: list[str]) -> None:
+    """``n`` todos dealt round-robin over ``queues``: claim_next takes the oldest first, so
+    todos made queue by queue would send every claimer to the first queue's budget."""
     from queues.models import Todo
 
     Todo.objects.bulk_create(
-        (Todo(endpoint=endpoint, queue=queue, title=f"bench {offset}.{i}") for i in range(n)),
+        (
+            Todo(endpoint=endpoint, queue=queues[i % len(queues)], title=f"bench {i}")
+            for i in range(n)
+        ),
         batch_size=5000,
     )
 
@@ -128,9 +133,7 @@ def _measure(
     endpoint: Any, claimers: int, duration_s: float, guess: float, queues: list[str]
 ) -> dict[str, Any]:
     """One point: fresh todos spread over ``queues``, the timed phase, its diagnostics."""
-    for i, queue in enumerate(queues):
-        share = (int(guess * duration_s * _SLACK) + 200) // len(queues) + 1
-        _make_todos(endpoint, share, queue=queue, offset=i)
+    _make_todos(endpoint, int(guess * duration_s * _SLACK) + 200, queues)
     # Every point starts from a vacuumed table: without it each phase inherited the dead tuples
     # of every phase before it (tens of thousands), and the claimable index scan walked them.
     _vacuum()
