@@ -29,9 +29,8 @@ from django.utils import timezone
 from admission import engine, selectors
 from admission.models import AdmissionPolicy, DeferralReason
 from queues import gates, metrics
-from queues.access import AgentActor, HumanActor
+from queues.access import append_claim_waiver
 from switchboard.core.errors import Deferred
-from switchboard.ledger import chain as ledger
 from switchboard.ledger.models import LedgerKind
 
 # One lookup on the policy table's unique (endpoint_id, queue) index.
@@ -66,6 +65,7 @@ class _Charge(gates.Admission):
 class BudgetGate:
     name = "admission"
     lock_order = 10
+    per_todo = False  # a budget holds a queue identity, whatever todo is picked
 
     def probe(self, alias: str) -> str:
         return _PROBE.format(t=alias)
@@ -75,6 +75,12 @@ class BudgetGate:
 
     def pre_read(self, endpoint_id: UUID, queues: list[str]) -> list[gates.Refusal]:
         return list(selectors.deferred_among(endpoint_id, queues))
+
+    def skip(self, alias: str) -> str | None:
+        return None  # the pre-read excludes whole queues
+
+    def holding(self, endpoint_id: UUID, queues: list[str]) -> list[gates.Refusal]:
+        return []
 
     def admit(
         self, cursor: CursorWrapper, *, key: Any, todo_id: UUID
@@ -203,30 +209,18 @@ def _windows_for(endpoint_id: UUID) -> str:
 def _append_waiver(decision: engine.Decision, actor: Any, todo: Any) -> None:
     """A claim admitted over a limit by the advise posture: the ledger keeps who and why."""
     ev = decision.evaluation
-    owner = todo.endpoint.owner if isinstance(actor, AgentActor) else None
-    human = actor.user if isinstance(actor, HumanActor) else owner
-    ledger.append(
+    append_claim_waiver(
         kind=LedgerKind.ADMISSION_WAIVER,
-        actor=ledger.Actor(
-            human_id=getattr(human, "pk", None),
-            human_name=human.get_username() if human is not None else "",
-            endpoint_id=actor.endpoint.id if isinstance(actor, AgentActor) else None,
-            endpoint_slug=actor.endpoint.slug if isinstance(actor, AgentActor) else "",
-        ),
-        scope=f"endpoint:{todo.endpoint.slug}",
-        queue=todo.queue,
-        after={
-            "todo": str(todo.id),
-            "attempt": todo.attempt,
-            "posture": ev.policy.posture,
-            "reason": ev.reason,
-            "exceeded": ev.exceeded,
-            "in_flight": ev.in_flight,
-            "max_in_flight": ev.policy.max_in_flight,
-            "used": ev.used,
-            "max_claims_per_window": ev.policy.max_claims_per_window,
-            "window_start": ev.window_start.isoformat() if ev.window_start else None,
-        },
+        actor=actor,
+        todo=todo,
+        posture=ev.policy.posture,
+        reason=ev.reason,
+        exceeded=ev.exceeded,
+        in_flight=ev.in_flight,
+        max_in_flight=ev.policy.max_in_flight,
+        used=ev.used,
+        max_claims_per_window=ev.policy.max_claims_per_window,
+        window_start=ev.window_start.isoformat() if ev.window_start else None,
     )
 
 

@@ -23,6 +23,7 @@ from queues.models import QUARANTINE_QUEUE, Endpoint, EndpointState
 from switchboard.core.errors import Conflict, Forbidden, NotFound
 from switchboard.core.pages import TZ_COOKIE, refusal
 from switchboard.core.zones import zone_named
+from switchboard.ledger import chain as ledger
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -345,3 +346,23 @@ def refuse_auditors(view: Callable[..., HttpResponse]) -> Callable[..., HttpResp
         return view(request, *args, **kwargs)
 
     return wrapper
+
+
+def append_claim_waiver(*, kind: str, actor: Actor, todo: Any, **details: Any) -> None:
+    """A claim admitted over a limit by the advise posture: one ledger row (HMAC-hashed in the
+    signed chain) naming the todo, its attempt, who claimed it and the ``details`` of the excess.
+    The human accountable is the one acting, or the agent's endpoint's owner."""
+    owner = todo.endpoint.owner if isinstance(actor, AgentActor) else None
+    human = actor.user if isinstance(actor, HumanActor) else owner
+    ledger.append(
+        kind=kind,
+        actor=ledger.Actor(
+            human_id=getattr(human, "pk", None),
+            human_name=human.get_username() if human is not None else "",
+            endpoint_id=actor.endpoint.id if isinstance(actor, AgentActor) else None,
+            endpoint_slug=actor.endpoint.slug if isinstance(actor, AgentActor) else "",
+        ),
+        scope=f"endpoint:{todo.endpoint.slug}",
+        queue=todo.queue,
+        after={"todo": str(todo.id), "attempt": todo.attempt, **details},
+    )

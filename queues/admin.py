@@ -94,6 +94,8 @@ class EndpointAdmin(admin.ModelAdmin):
         "last_seen_at",
         "created_at",
         "revoked_at",
+        "hook_failed_at",
+        "hook_error",
     ]
     fields = [
         "slug",
@@ -107,6 +109,8 @@ class EndpointAdmin(admin.ModelAdmin):
         "rate_limit_rps",
         "rate_limit_burst",
         "notify_url",
+        "hook_failed_at",
+        "hook_error",
         "last_seen_at",
         "created_at",
         "revoked_at",

@@ -74,6 +74,9 @@ def create_todo(actor: AgentActor, data: CreateTodoIn) -> dict[str, Any]:
         payload=data.payload,
         idempotency_key=data.idempotency_key,
         max_attempts=data.max_attempts,
+        pool=data.pool,
+        tags=data.tags,
+        rate_limit=data.rate_limit,
         source=TodoSource.MCP if actor.via == "mcp" else TodoSource.API,
     )
     return {"todo": one_todo_out(made.todo), "created": made.created}
@@ -204,6 +207,7 @@ def fail(actor: AgentActor, data: FailIn) -> dict[str, Any]:
         summary=data.summary,
         lease_token=data.lease_token,
         attempt=data.attempt,
+        rate_limited=data.rate_limited,
     )
     return {"todo": one_todo_out(todo)}
 

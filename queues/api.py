@@ -13,7 +13,7 @@ todos, superusers all, auditors read all and change nothing (403). Foreign and u
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
 from django.http import HttpRequest, HttpResponse
@@ -26,6 +26,10 @@ from queues.access import AgentActor, HumanActor
 from queues.auth import AgentAuth, HumanAuth, authenticate_agent
 from queues.models import QUEUE_NAME_RE, Endpoint, Todo, TodoSource
 from queues.schemas import (
+    BulkConfirmIn,
+    BulkDoneOut,
+    BulkPreviewOut,
+    BulkSelectionIn,
     CreateTodoOut,
     EndpointListOut,
     OperatorCreateTodoIn,
@@ -118,6 +122,7 @@ human_auth = HumanAuth()
 endpoints_router = Router(tags=["endpoints"], auth=human_auth)
 todos_router = Router(tags=["todos"], auth=human_auth)
 
+BulkAction = Literal["retry", "discard"]
 READ_ERRORS = (400, 401, 403, 404)
 WRITE_ERRORS = (400, 401, 403, 404, 409, 413)
 
@@ -223,6 +228,9 @@ def create_todo(request: HttpRequest, data: OperatorCreateTodoIn) -> Any:
         payload=data.payload,
         idempotency_key=data.idempotency_key,
         max_attempts=data.max_attempts,
+        pool=data.pool,
+        tags=data.tags,
+        rate_limit=data.rate_limit,
         source=TodoSource.API,
     )
     body = {"todo": one_todo_out(made.todo), "created": made.created}
@@ -256,6 +264,48 @@ def list_todos(request: HttpRequest, filters: Query[TodoFilter]) -> Any:
         limit=filters.limit,
     )
     return {"todos": todos_out(todos), "next_cursor": next_cursor}
+
+
+def _selection(data: BulkSelectionIn) -> selectors.Selection:
+    return selectors.Selection(
+        endpoint=data.endpoint or "", queue=data.queue or "", state=data.state or "", q=data.q or ""
+    )
+
+
+@todos_router.post(
+    "/bulk/{action}/preview",
+    response={200: BulkPreviewOut, **_errors(WRITE_ERRORS)},
+    operation_id="todos_bulk_preview",
+    summary="What a bulk retry or discard of a selection would change (nothing changes): the "
+    "count, a sample, and the selection token that confirms exactly this selection",
+)
+def bulk_preview(request: HttpRequest, action: BulkAction, data: BulkSelectionIn) -> Any:
+    actor: HumanActor = request.auth  # type: ignore[attr-defined]
+    _refuse_auditor(actor)
+    preview = selectors.bulk_preview(actor=actor, action=action, selection=_selection(data))
+    return {
+        "action": action,
+        "count": preview.count,
+        "sample": todos_out(preview.sample),
+        "selection": preview.token,
+    }
+
+
+@todos_router.post(
+    "/bulk/{action}",
+    response={200: BulkDoneOut, **_errors(WRITE_ERRORS)},
+    operation_id="todos_bulk",
+    summary="Retry (failed todos back to pending) or discard (pending and failed todos, for "
+    "good) every todo of a selection, confirmed by its preview's token; 409 stale_selection "
+    "with the fresh count and token if anything moved since, and nothing changes",
+)
+def bulk(request: HttpRequest, action: BulkAction, data: BulkConfirmIn) -> Any:
+    actor: HumanActor = request.auth  # type: ignore[attr-defined]
+    _refuse_auditor(actor)
+    done = services.todos_bulk(
+        actor=actor, action=action, selection=_selection(data), token=data.selection
+    )
+    return {"action": action, "count": done.count, "todos": done.todo_ids}
 
 
 def _todo(actor: HumanActor, todo_id: UUID) -> Todo:
@@ -297,3 +347,16 @@ def release(request: HttpRequest, id: UUID) -> Any:
     _todo(actor, id)
     _refuse_auditor(actor)
     return {"todo": one_todo_out(services.todo_release(actor=actor, todo_id=id))}
+
+
+@todos_router.post(
+    "/{id}/discard",
+    response={200: TodoEnvelope, **_errors(WRITE_ERRORS)},
+    operation_id="todos_discard",
+    summary="Discard a pending or failed todo: a terminal state, recorded in the ledger",
+)
+def discard(request: HttpRequest, id: UUID) -> Any:
+    actor: HumanActor = request.auth  # type: ignore[attr-defined]
+    _todo(actor, id)
+    _refuse_auditor(actor)
+    return {"todo": one_todo_out(services.todo_discard(actor=actor, todo_id=id))}

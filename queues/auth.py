@@ -8,10 +8,13 @@ through Redis (ENDPOINT_RATE_LIMIT, overridable per endpoint; 0 is unlimited).
 from __future__ import annotations
 
 import hmac
+import threading
+import time
 from typing import Any
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connection
+from django.db import DEFAULT_DB_ALIAS, connection, transaction
+from django.db.models.signals import post_delete, post_save
 from django.http import HttpRequest
 from django.middleware.csrf import CsrfViewMiddleware
 from django.utils import timezone
@@ -34,10 +37,57 @@ _ENDPOINT_BY_HASH = (
 )
 
 
-def endpoint_for_token(token: str) -> Endpoint | None:
-    if not token.startswith(ENDPOINT_TOKEN_PREFIX):
-        return None
-    digest = hash_token(token)
+class _EndpointCache:
+    """Endpoint rows by token hash, kept ``ENDPOINT_CACHE_SECONDS`` in this process.
+
+    Every agent request authenticates, and the lookup was a third of a claim's database round
+    trips (issue 11). A change to an endpoint saved in this process (a revoke, an edit in the
+    admin) empties the cache at once and again at commit; another process's change reaches this
+    one within the TTL. The cache keeps the row's values, not a model: each request gets an
+    Endpoint of its own.
+    """
+
+    def __init__(self) -> None:
+        self._rows: dict[str, tuple[float, list[Any]]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, digest: str, ttl: float) -> list[Any] | None:
+        hit = self._rows.get(digest)
+        if hit is None or time.monotonic() - hit[0] >= ttl:
+            return None
+        return hit[1]
+
+    def put(self, digest: str, values: list[Any]) -> None:
+        with self._lock:
+            if len(self._rows) >= ENDPOINT_CACHE_SIZE:
+                self._rows.clear()
+            self._rows[digest] = (time.monotonic(), values)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._rows.clear()
+
+
+ENDPOINT_CACHE_SIZE = 10_000
+endpoint_cache = _EndpointCache()
+
+
+def _forget_endpoints(**kwargs: Any) -> None:
+    endpoint_cache.clear()
+    # A row re-read before the change commits must not outlive it either.
+    transaction.on_commit(endpoint_cache.clear)
+
+
+post_save.connect(_forget_endpoints, sender=Endpoint, dispatch_uid="endpoint-cache-save")
+post_delete.connect(_forget_endpoints, sender=Endpoint, dispatch_uid="endpoint-cache-delete")
+
+
+def _endpoint_row(digest: str) -> list[Any] | None:
+    ttl = settings.ENDPOINT_CACHE_SECONDS
+    if ttl > 0:
+        cached = endpoint_cache.get(digest, ttl)
+        if cached is not None:
+            return cached
     with connection.cursor() as cursor:
         cursor.execute(_ENDPOINT_BY_HASH, [digest])
         row = cursor.fetchone()
@@ -47,7 +97,21 @@ def endpoint_for_token(token: str) -> Endpoint | None:
         f.from_db_value(v, None, connection) if v is not None and hasattr(f, "from_db_value") else v
         for f, v in zip(_ENDPOINT_FIELDS, row, strict=True)
     ]
-    endpoint = Endpoint.from_db(DEFAULT_DB_ALIAS, [f.attname for f in _ENDPOINT_FIELDS], values)
+    if ttl > 0:
+        endpoint_cache.put(digest, values)
+    return values
+
+
+def endpoint_for_token(token: str) -> Endpoint | None:
+    if not token.startswith(ENDPOINT_TOKEN_PREFIX):
+        return None
+    digest = hash_token(token)
+    values = _endpoint_row(digest)
+    if values is None:
+        return None
+    # Lists (scopes) are copied: no request can change what the next one reads.
+    fresh = [list(v) if isinstance(v, list) else v for v in values]
+    endpoint = Endpoint.from_db(DEFAULT_DB_ALIAS, [f.attname for f in _ENDPOINT_FIELDS], fresh)
     if not hmac.compare_digest(endpoint.token_hash, digest):
         return None
     if endpoint.state != EndpointState.ACTIVE:

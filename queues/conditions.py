@@ -1,5 +1,6 @@
 """One vocabulary for what state a queue is in, used by the board, ``/queues``, the queue page,
-``GET /api/v1/queues`` and ``/metrics`` alike.
+``GET /api/v1/queues`` and ``/metrics`` alike; and the words for one todo's state (``TodoWord``),
+used by its card, its page and the bulk confirmations.
 
 A queue identity (endpoint, queue) can be in several conditions at once: paused *and* holding
 dead letters. ``of`` lists every condition that holds, worst first; the first is the one a badge
@@ -10,6 +11,7 @@ queue name (``/queues``, the API) takes the worst condition among its identities
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 
 from django.db import models
 
@@ -93,3 +95,21 @@ def for_reason(reason: str | None) -> Condition | None:
 
 def worst(conditions: Iterable[Condition]) -> Condition:
     return min(conditions, key=RANK.__getitem__, default=Condition.HEALTHY)
+
+
+class TodoWord(models.TextChoices):
+    """What a todo's state reads as wherever a todo is shown. A failed todo reads differently
+    with a retry to come and without one: a dead letter is dead, and says so."""
+
+    PENDING = "pending", "pending"
+    CLAIMED = "claimed", "claimed"
+    DONE = "done", "done"
+    FAILED = "failed", "failed · retry waiting"
+    DEAD_LETTER = "dead_letter", "dead letter"
+    DISCARDED = "discarded", "discarded"
+
+
+def todo_word(state: str, next_retry_at: datetime | None) -> TodoWord:
+    if state == TodoWord.FAILED and next_retry_at is None:
+        return TodoWord.DEAD_LETTER
+    return TodoWord(state)

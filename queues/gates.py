@@ -1,6 +1,6 @@
 """The claim gate protocol: how another app gets a say in a claim without queues knowing it.
 
-A gate (admission's budgets today; pools, tags and rate limits later) registers itself from its
+A gate (admission's budgets; admission.limits' pools and tags) registers itself from its
 app's ``AppConfig.ready()`` with ``register``. The claim (``queues.services.claiming``) then, for
 every gate in lock order:
 
@@ -9,10 +9,14 @@ every gate in lock order:
    claims is claimed by that same statement, so ungated work costs exactly the statements it
    would cost without gates, plus one indexed probe per gate;
 2. before taking any lock, asks for the gate's **pre-read**: the queues it refuses now whatever
-   todo is picked, so they are excluded without taking the gate's lock;
+   todo is picked, so they are excluded without taking the gate's lock. A **per-todo** gate (a
+   pool, tags, a rate limit: limits a todo names, not its queue) instead gives a **skip**: SQL
+   folded into the candidate statement that passes over the rows it would refuse now, so
+   claim_next takes the next eligible todo of the same queue in that one statement;
 3. with the candidate todo locked, asks the gate to **admit** it under the gate's own lock (in
    ``lock_order``, so two claimers never wait on each other's gate locks in opposite orders). A
-   refusal rolls back to the savepoint, releasing every gate lock taken for this candidate;
+   refusal rolls back to the savepoint, releasing every gate lock taken for this candidate, and
+   claim_next passes over that queue (a per-todo gate: that todo) and tries again;
 4. after the claim is written, lets each admitting gate **charge** for it, in the same
    transaction;
 5. after the transaction, **records** the refusals (holding no lock, so no lock-order cycle).
@@ -73,10 +77,15 @@ class ClaimGate(Protocol):
     name: str
     # Gates lock in ascending lock_order; a gate never takes another gate's lock.
     lock_order: int
+    # Whether a refusal holds for the candidate todo alone (the limits it names) rather than for
+    # its whole queue identity: claim_next then passes over that todo, not its queue.
+    per_todo: bool
 
     def probe(self, alias: str) -> str:
-        """A scalar SQL expression over the todo row ``alias`` (its ``endpoint_id`` and
-        ``queue``): the key ``admit`` needs, or NULL when this gate lets the row through."""
+        """A scalar SQL expression over the todo row ``alias`` (its ``endpoint_id``, ``queue``
+        and named limits ``pool``, ``tags``, ``rate_limit``): the key ``admit`` needs, or NULL
+        when this gate lets the row through. The wakes probe a queue identity as a todo-shaped
+        row whose other columns are NULL."""
         ...
 
     def frees_slot(self, alias: str) -> str:
@@ -86,6 +95,19 @@ class ClaimGate(Protocol):
 
     def pre_read(self, endpoint_id: UUID, queues: list[str]) -> list[Refusal]:
         """The queues this gate refuses now, whatever todo is picked (read without locks)."""
+        ...
+
+    def skip(self, alias: str) -> str | None:
+        """A per-todo gate's pre-read, as a boolean SQL expression over the todo row ``alias``:
+        true when this gate would refuse the row now (read without locks). The candidate
+        statement passes such rows over; ``admit`` under the lock stays the authority. None for
+        a gate whose refusals hold per queue."""
+        ...
+
+    def holding(self, endpoint_id: UUID, queues: list[str]) -> list[Refusal]:
+        """A per-todo gate's part of an empty claim_next: per queue among ``queues``, the
+        claimable todos its ``skip`` passes over now (how many, why, and the earliest
+        ``next_eligible_at`` among them). Empty for a gate whose refusals hold per queue."""
         ...
 
     def admit(self, cursor: CursorWrapper, *, key: Any, todo_id: UUID) -> Admission | Refusal:
@@ -174,6 +196,11 @@ def admits_now(keys: tuple[Any, ...]) -> bool:
 def probes(alias: str) -> str:
     """Each gate's probe over ``alias``, as select-list items ``g0, g1, ...`` ("" without gates)."""
     return "".join(f", {gate.probe(alias)} AS g{i}" for i, gate in enumerate(_GATES))
+
+
+def skips(alias: str) -> list[str]:
+    """The per-todo gates' skips over ``alias`` (SQL booleans; none without such gates)."""
+    return [s for s in (gate.skip(alias) for gate in _GATES) if s is not None]
 
 
 def frees_slot(alias: str) -> str:

@@ -1,8 +1,11 @@
 """The ready hook: an HTTP POST to the endpoint's notify URL, signed per Standard Webhooks.
 
 Headers ``webhook-id``, ``webhook-timestamp`` and ``webhook-signature: v1,<base64 HMAC-SHA256 of
-"id.timestamp.body" under the endpoint's secret>``. Delivered by Celery with bounded retries;
-checked against pauses and deferral again at delivery time (fail open).
+"id.timestamp.body" under the endpoint's secret>`` (the key is the base64 after ``whsec_``; during a
+rotation's overlap a second signature under the previous secret follows, space-separated). Delivered by Celery: ``HOOK_ATTEMPTS`` attempts
+``HOOK_RETRY_SECONDS`` apart, each with a ``HOOK_TIMEOUT_SECONDS`` timeout, through the SSRF guard
+(``queues.hookguard``); when the last fails the endpoint is marked (``hook_failed_at``,
+``hook_error``). Checked against pauses and deferral again at delivery time (fail open).
 """
 
 from __future__ import annotations
@@ -10,16 +13,20 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import http.client
 import json
 import logging
 import time
-import urllib.request
 import uuid
+from urllib.parse import urlsplit
 
+from django.conf import settings
+from django.utils import timezone
+
+from queues import hookguard, metrics
 from queues.models import Endpoint, EndpointState, Todo, TodoState
 
 log = logging.getLogger(__name__)
-TIMEOUT_SECONDS = 10
 
 
 class HookDeliveryError(Exception):
@@ -27,10 +34,24 @@ class HookDeliveryError(Exception):
 
 
 def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
-    key = secret.removeprefix("whsec_").encode()
+    """``v1,<signature>`` per Standard Webhooks: the key is the secret after ``whsec_``,
+    base64-decoded as receivers' libraries decode it (padding added, other characters skipped,
+    so secrets minted before the base64 form verify the same way)."""
+    key = base64.b64decode(secret.removeprefix("whsec_") + "==")
     signed = f"{msg_id}.{timestamp}.".encode() + body
     digest = hmac.new(key, signed, hashlib.sha256).digest()
     return "v1," + base64.b64encode(digest).decode()
+
+
+def signatures(endpoint: Endpoint, msg_id: str, timestamp: int, body: bytes) -> str:
+    """The ``webhook-signature`` header: one signature per secret in force, space-separated as
+    Standard Webhooks allows, so during a rotation's overlap a receiver holding either the old or
+    the new secret finds its own."""
+    secrets = [endpoint.notify_secret]
+    until = endpoint.notify_secret_previous_until
+    if endpoint.notify_secret_previous and until is not None and until > timezone.now():
+        secrets.append(endpoint.notify_secret_previous)
+    return " ".join(sign(secret, msg_id, timestamp, body) for secret in secrets)
 
 
 def ready_body(endpoint: Endpoint, queue: str, todo: Todo | None, reason: str) -> dict[str, object]:
@@ -44,44 +65,80 @@ def ready_body(endpoint: Endpoint, queue: str, todo: Todo | None, reason: str) -
     }
 
 
-def deliver_ready(*, endpoint_id: str, queue: str, todo_id: str | None, reason: str) -> bool:
-    from queues import wakes
-
-    endpoint = Endpoint.objects.filter(pk=endpoint_id, state=EndpointState.ACTIVE).first()
-    if endpoint is None or not endpoint.notify_url:
-        return False
-    may_ring, _ = wakes._gate(endpoint.id, queue)
-    if not may_ring:
-        return False
+def _todo_named(endpoint: Endpoint, queue: str, todo_id: str | None, reason: str) -> Todo | None:
+    """The todo the hook names: for ``stalled`` the claimed todo, still claimed; else the given
+    todo while pending, or the queue identity's oldest pending todo."""
+    if reason == "stalled":
+        return Todo.objects.filter(pk=todo_id, state=TodoState.CLAIMED).first() if todo_id else None
     todo = None
     if todo_id:
         todo = Todo.objects.filter(pk=todo_id, state=TodoState.PENDING).first()
-    if todo is None:  # name the oldest pending todo of the queue identity
+    if todo is None:
         todo = (
             Todo.objects.filter(endpoint=endpoint, queue=queue, state=TodoState.PENDING)
             .order_by("created_at", "id")
             .first()
         )
+    return todo
+
+
+def deliver_ready(*, endpoint_id: str, queue: str, todo_id: str | None, reason: str) -> bool:
+    """One delivery attempt; raises HookDeliveryError for Celery to retry."""
+    from queues import wakes
+
+    endpoint = Endpoint.objects.filter(pk=endpoint_id, state=EndpointState.ACTIVE).first()
+    if endpoint is None or not endpoint.notify_url:
+        return False
+    if reason != "stalled":  # a stall concerns a claim already held: no gate applies
+        may_ring, _, _ = wakes._gate(endpoint.id, queue)
+        if not may_ring:
+            return False
+    todo = _todo_named(endpoint, queue, todo_id, reason)
     if todo is None:
         return False
     body = json.dumps(ready_body(endpoint, queue, todo, reason)).encode()
     msg_id = f"msg_{uuid.uuid4().hex}"
     ts = int(time.time())
-    request = urllib.request.Request(
-        endpoint.notify_url,
-        data=body,
-        method="POST",
-        headers={
-            "content-type": "application/json",
-            "webhook-id": msg_id,
-            "webhook-timestamp": str(ts),
-            "webhook-signature": sign(endpoint.notify_secret, msg_id, ts, body),
-        },
-    )
+    headers = {
+        "content-type": "application/json",
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(ts),
+        "webhook-signature": signatures(endpoint, msg_id, ts, body),
+    }
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:
-            if response.status >= 300:
-                raise HookDeliveryError(f"hook answered {response.status}")
-    except OSError as exc:
-        raise HookDeliveryError(str(exc)) from exc
+        status = post(endpoint.notify_url, body, headers)
+    except (OSError, http.client.HTTPException, hookguard.UnsafeHookAddress) as exc:
+        metrics.notify_hook("failed")
+        raise HookDeliveryError(str(exc) or type(exc).__name__) from exc
+    if status >= 300:
+        metrics.notify_hook("failed")
+        raise HookDeliveryError(f"hook answered {status}")
+    metrics.notify_hook("delivered")
+    if endpoint.hook_failed_at is not None:
+        Endpoint.objects.filter(pk=endpoint.pk).update(hook_failed_at=None, hook_error="")
     return True
+
+
+def post(url: str, body: bytes, headers: dict[str, str]) -> int:
+    """POST ``body`` to ``url`` through the SSRF guard; the response status. No redirects are
+    followed (a redirect could lead anywhere the guard did not see)."""
+    parts = urlsplit(url)
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = cls(parts.hostname or "", parts.port, timeout=settings.HOOK_TIMEOUT_SECONDS)
+    # http.client opens its socket through this attribute; HTTPS then wraps it, checking the
+    # certificate against the URL's host name.
+    conn._create_connection = hookguard.connect  # type: ignore[attr-defined]
+    try:
+        path = parts.path or "/"
+        conn.request("POST", f"{path}?{parts.query}" if parts.query else path, body, headers)
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def record_failure(*, endpoint_id: str, error: str) -> None:
+    """The last attempt failed: mark the endpoint so the console and the API show it."""
+    Endpoint.objects.filter(pk=endpoint_id).update(
+        hook_failed_at=timezone.now(), hook_error=error[:500]
+    )
+    metrics.notify_hook("gave_up")

@@ -15,6 +15,9 @@ LEASES_EXPIRED = "switchboard_todo_leases_expired_total"
 ATTEMPTS = "switchboard_todo_attempts_total"
 CHARGED = "switchboard_admission_charged_total"
 REFUSALS = "switchboard_admission_refusals_total"
+NOTIFY_RUNG = "switchboard_notify_rings_total"
+NOTIFY_SUPPRESSED = "switchboard_notify_suppressed_total"
+NOTIFY_HOOKS = "switchboard_notify_hooks_total"
 
 COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     CREATED: ("Todos created.", ("queue", "source")),
@@ -24,6 +27,9 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     ATTEMPTS: ("Claims by the attempt number they started.", ("queue", "attempt_bucket")),
     CHARGED: ("Claims charged to an admission policy.", ("queue",)),
     REFUSALS: ("Claims refused by admission, by reason.", ("queue", "reason")),
+    NOTIFY_RUNG: ("todo_ready notifications committed, by reason.", ("reason",)),
+    NOTIFY_SUPPRESSED: ("Rings the gate withheld (paused or deferred), by reason.", ("reason",)),
+    NOTIFY_HOOKS: ("Ready hook deliveries, by outcome.", ("outcome",)),
 }
 
 
@@ -59,3 +65,15 @@ def leases_expired(queue: str, amount: int) -> None:
 
 def refused(queue: str, reason: str) -> None:
     counters.incr(REFUSALS, {"queue": queue, "reason": reason})
+
+
+def notify_rung(reason: str) -> None:
+    counters.incr(NOTIFY_RUNG, {"reason": reason})
+
+
+def notify_suppressed(reason: str) -> None:
+    counters.incr(NOTIFY_SUPPRESSED, {"reason": reason})
+
+
+def notify_hook(outcome: str) -> None:
+    counters.incr(NOTIFY_HOOKS, {"outcome": outcome})

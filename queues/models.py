@@ -7,17 +7,37 @@ below name the statement or sweep that uses each one.
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import BrinIndex, GinIndex
 from django.db import models
-from django.db.models import Q
+from django.db.models import Q, Value
+from django.db.models.expressions import RawSQL
 
 from switchboard.core.errors import InvalidArgument
 from switchboard.core.validation import SafeJSONDecoder, fullmatch, validate_stored_json
 
 QUARANTINE_QUEUE = "quarantine"
 QUEUE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
+
+
+# Pools, tag limits and rate limits: canonical names (lower case), matched in full (``$`` would
+# let a trailing newline through) and by the database's CHECKs.
+LIMIT_NAME_RE = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+MAX_TODO_TAGS = 8
+
+
+def check_limit_name(value: Any, *, field_name: str) -> str:
+    """A canonical limit name, or ``invalid_argument`` naming the field."""
+    if not fullmatch(LIMIT_NAME_RE, value):
+        raise InvalidArgument(
+            f"{field_name} must be 1-64 lower-case letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit",
+            field=field_name,
+        )
+    return value
 
 
 def check_queue_name(queue: str, *, field_name: str = "queue") -> str:
@@ -65,6 +85,8 @@ class Verb(models.TextChoices):
     ADMISSION_STATUS = "admission_status"
     SET_ADMISSION_POLICY = "set_admission_policy"
     CLEAR_ADMISSION_POLICY = "clear_admission_policy"
+    REPORT_RATE_LIMITED = "report_rate_limited"
+    LIMITS_STATUS = "limits_status"
 
 
 # What a vend grants unless told otherwise: exactly the todo verbs.
@@ -83,7 +105,15 @@ BASIC_VERBS: tuple[str, ...] = (
 POLICY_VERBS: tuple[str, ...] = (Verb.SET_ADMISSION_POLICY, Verb.CLEAR_ADMISSION_POLICY)
 # Granted by implication to an endpoint that holds claim or claim_next.
 DRAIN_VERBS: tuple[str, ...] = (Verb.CLAIM, Verb.CLAIM_NEXT)
-GRANTABLE_VERBS: tuple[str, ...] = (*BASIC_VERBS, Verb.ADMISSION_STATUS, *POLICY_VERBS)
+# Their own family: reporting a 429 halves a shared rate limit for every agent naming it.
+RATE_VERBS: tuple[str, ...] = (Verb.REPORT_RATE_LIMITED,)
+GRANTABLE_VERBS: tuple[str, ...] = (
+    *BASIC_VERBS,
+    Verb.ADMISSION_STATUS,
+    Verb.LIMITS_STATUS,
+    *POLICY_VERBS,
+    *RATE_VERBS,
+)
 
 
 class EndpointState(models.TextChoices):
@@ -113,6 +143,15 @@ class Endpoint(models.Model):
     rate_limit_burst = models.PositiveIntegerField(null=True, blank=True)
     notify_url = models.URLField(max_length=500, blank=True, default="")
     notify_secret = models.CharField(max_length=200, blank=True, default="", editable=False)
+    # After a rotation the old secret still signs until ``..._until`` (endpoint_rotate_hook_secret),
+    # so a receiver can switch to the new one without dropping a hook.
+    notify_secret_previous = models.CharField(
+        max_length=200, blank=True, default="", editable=False
+    )
+    notify_secret_previous_until = models.DateTimeField(null=True, blank=True, editable=False)
+    # The last ready hook that gave up after every attempt (cleared by the next delivery).
+    hook_failed_at = models.DateTimeField(null=True, blank=True, editable=False)
+    hook_error = models.CharField(max_length=500, blank=True, default="", editable=False)
     last_seen_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
@@ -155,8 +194,8 @@ class Endpoint(models.Model):
         return self.state == EndpointState.ACTIVE
 
     def holds(self, verb: str) -> bool:
-        """Whether the grant covers a verb; admission_status rides on the drain grant."""
-        if verb == Verb.ADMISSION_STATUS:
+        """Whether the grant covers a verb; the status reads ride on the drain grant."""
+        if verb in (Verb.ADMISSION_STATUS, Verb.LIMITS_STATUS):
             return any(v in self.scope_verbs for v in DRAIN_VERBS) or verb in self.scope_verbs
         return verb in self.scope_verbs
 
@@ -166,6 +205,8 @@ class TodoState(models.TextChoices):
     CLAIMED = "claimed"
     DONE = "done"
     FAILED = "failed"
+    # Terminal: an operator gave up on it (``todo_discard``, audited in the ledger).
+    DISCARDED = "discarded"
 
 
 class TodoSource(models.TextChoices):
@@ -213,10 +254,40 @@ class Todo(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     claimed_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # The doorbell's sweeps (queues/services/doorbell_sweeps.py): how many reminders rang for the
+    # todo since it last changed (``rung_since`` is the ``updated_at`` they count from), and when
+    # its holder was last told it stalled.
+    rings = models.PositiveSmallIntegerField(default=0, db_default=0, editable=False)
+    rung_since = models.DateTimeField(null=True, blank=True, editable=False)
+    stall_rung_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # Named limits the claim enforces (admission.limits declares them; intake refuses undeclared
+    # names through queues.declared).
+    pool = models.CharField(max_length=64, null=True, blank=True)
+    # The database default serves raw inserts (the benches' bulk seeding) as the ORM's does.
+    tags = ArrayField(
+        models.CharField(max_length=64), default=list, db_default=Value([]), blank=True
+    )
+    rate_limit = models.CharField(max_length=64, null=True, blank=True)
 
     class Meta:
         ordering = ["created_at", "id"]
         constraints = [
+            models.CheckConstraint(name="todo_pool_format", condition=Q(pool__regex=LIMIT_NAME_RE)),
+            models.CheckConstraint(
+                name="todo_rate_limit_format", condition=Q(rate_limit__regex=LIMIT_NAME_RE)
+            ),
+            # array_length is NULL for an empty array, which a CHECK lets through.
+            models.CheckConstraint(
+                name="todo_tags_at_most_8", condition=Q(tags__len__lte=MAX_TODO_TAGS)
+            ),
+            models.CheckConstraint(
+                name="todo_tags_format",
+                condition=RawSQL(
+                    "array_to_string(tags, ',') ~ '^([a-z0-9][a-z0-9_.-]{0,63}(,|$))*$' AND NOT '' = ANY(tags)",
+                    (),
+                    output_field=models.BooleanField(),
+                ),
+            ),
             models.CheckConstraint(
                 name="todo_state_valid", condition=Q(state__in=TodoState.values)
             ),
@@ -248,6 +319,18 @@ class Todo(models.Model):
             ),
         ]
         indexes = [
+            # Occupancy of a pool and of tags, counted under the limit's lock in every claim
+            # that names one (admission.limits.gates).
+            models.Index(
+                fields=["pool"],
+                condition=Q(state=TodoState.CLAIMED, pool__isnull=False),
+                name="todo_claimed_pool_idx",
+            ),
+            GinIndex(
+                fields=["tags"],
+                condition=Q(state=TodoState.CLAIMED) & ~Q(tags=[]),
+                name="todo_claimed_tags_idx",
+            ),
             # claim_next's candidate scan (queues/sql.py claim_next_sql, FOR UPDATE SKIP
             # LOCKED): the endpoint's live rows in created_at order, so the oldest claimable row
             # of any granted queue is found without sorting the backlog.
@@ -328,12 +411,21 @@ class Attempt(models.Model):
         max_length=16, choices=AttemptDisposition.choices, null=True, blank=True
     )
     summary = models.TextField(blank=True, default="")
+    # What the agent said went wrong on this attempt (``fail``'s error), kept per attempt so an
+    # operator sees every failure, not only the last one the todo's result holds.
+    error = models.JSONField(
+        null=True, blank=True, decoder=SafeJSONDecoder, validators=[validate_stored_json]
+    )
 
     class Meta:
         ordering = ["todo", "claimed_at", "id"]
         indexes = [
             # Transitions find the open attempt of a todo (queues/sql.py HOLDS_CLAIM).
             models.Index(fields=["todo", "number"], name="attempt_todo_number_idx"),
+            # The throughput chart's last hour (queues/activity.py THROUGHPUT_SQL): block-range
+            # indexes, which cost a claim next to nothing, since attempts arrive in time order.
+            BrinIndex(fields=["claimed_at"], name="attempt_claimed_brin"),
+            BrinIndex(fields=["ended_at"], name="attempt_ended_brin"),
         ]
         constraints = [
             # At most one open attempt per todo. Numbers repeat after an operator retry resets

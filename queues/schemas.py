@@ -14,13 +14,26 @@ from django.conf import settings
 from ninja import Schema
 from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo
 
-from queues.models import GRANTABLE_VERBS, QUEUE_NAME_RE, SLUG_RE, Endpoint, Todo, TodoState
+from queues.models import (
+    GRANTABLE_VERBS,
+    LIMIT_NAME_RE,
+    MAX_TODO_TAGS,
+    QUEUE_NAME_RE,
+    SLUG_RE,
+    Endpoint,
+    Todo,
+    TodoState,
+)
 from queues.selectors import MAX_PAGE
 from switchboard.core import validation
 
 
 def QueueName() -> Any:
     return Field(pattern=QUEUE_NAME_RE, min_length=1, max_length=64)
+
+
+def LimitName(description: str) -> Any:
+    return Field(default=None, pattern=LIMIT_NAME_RE, max_length=64, description=description)
 
 
 def AttemptOf() -> Any:
@@ -37,7 +50,7 @@ def LeaseTtl() -> Any:
     return Field(default=None, ge=1, le=86400, description="Lease length; default per endpoint")
 
 
-TodoStateFilter = Literal["pending", "claimed", "done", "failed", "dead_letter"]
+TodoStateFilter = Literal["pending", "claimed", "done", "failed", "dead_letter", "discarded"]
 
 
 def iso(value: datetime | None) -> str | None:
@@ -86,7 +99,7 @@ class TodoOut(Schema):
     title: str
     kind: str
     payload: Any = None
-    state: Literal["pending", "claimed", "done", "failed"]
+    state: Literal["pending", "claimed", "done", "failed", "discarded"]
     owner: str
     attempt: int
     max_attempts: int
@@ -96,6 +109,9 @@ class TodoOut(Schema):
     result: Any = None
     created_at: datetime
     updated_at: datetime
+    pool: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    rate_limit: str | None = None
     admission: TodoAdmissionOut | None = Field(
         default=None,
         description="Present on a pending todo of a budgeted queue: whether a claim would be "
@@ -121,6 +137,9 @@ def todo_out(todo: Todo, admission: dict[str, Any] | None = None) -> dict[str, A
         "result": validation.shown(todo.result),
         "created_at": iso(todo.created_at),
         "updated_at": iso(todo.updated_at),
+        "pool": todo.pool,
+        "tags": list(todo.tags),
+        "rate_limit": todo.rate_limit,
     }
     if admission is not None and todo.state == TodoState.PENDING:
         out["admission"] = {
@@ -167,6 +186,13 @@ class CreateTodoIn(Strict):
         description="While a todo with this key is live, creating again returns it",
     )
     max_attempts: int | None = Field(default=None, ge=1, le=100)
+    pool: str | None = LimitName("A declared pool: the claim holds one of its slots")
+    tags: list[Annotated[str, Field(pattern=LIMIT_NAME_RE, max_length=64)]] | None = Field(
+        default=None,
+        max_length=MAX_TODO_TAGS,
+        description=f"Up to {MAX_TODO_TAGS} declared tags: the claim counts against each limit",
+    )
+    rate_limit: str | None = LimitName("A declared rate limit: the claim counts per minute")
 
 
 class CreateTodoOut(Schema):
@@ -257,6 +283,10 @@ class FailIn(Strict):
     summary: str = Field(default="", max_length=10000)
     lease_token: str | None = Field(default=None, max_length=200)
     attempt: int | None = AttemptOf()
+    rate_limited: bool = Field(
+        default=False,
+        description="The work met a 429: one observation against the todo's rate limit",
+    )
 
 
 class ReleaseIn(Strict):
@@ -303,6 +333,10 @@ class EndpointOut(Schema):
     last_seen_at: datetime | None
     created_at: datetime
     revoked_at: datetime | None
+    hook_failed_at: datetime | None = Field(
+        description="When a ready hook last gave up after every attempt (null once one succeeds)"
+    )
+    hook_error: str = Field(description="Why that hook gave up")
 
 
 class VerbFamilyOut(Schema):
@@ -335,6 +369,43 @@ class OperatorCreateTodoIn(CreateTodoIn):
 class TodoListOut(Schema):
     todos: list[TodoOut]
     next_cursor: str | None
+
+
+class BulkSelectionIn(Strict):
+    """Which todos a bulk action applies to, as the board filters them; every field optional."""
+
+    endpoint: str | None = Field(
+        default=None, min_length=1, max_length=63, description="An endpoint slug"
+    )
+    queue: str | None = Field(default=None, pattern=QUEUE_NAME_RE, min_length=1, max_length=64)
+    state: Literal[TodoStateFilter, "live"] | None = Field(
+        default=None, description="live = pending and claimed; none = every state"
+    )
+    q: str | None = Field(
+        default=None, min_length=1, max_length=200, description="Title, payload text or id"
+    )
+
+
+class BulkConfirmIn(BulkSelectionIn):
+    selection: str = Field(
+        min_length=1,
+        max_length=64,
+        description="The selection token the preview answered: the action applies only if "
+        "the selection is still exactly what the preview showed",
+    )
+
+
+class BulkPreviewOut(Schema):
+    action: Literal["retry", "discard"]
+    count: int
+    sample: list[TodoOut]
+    selection: str
+
+
+class BulkDoneOut(Schema):
+    action: Literal["retry", "discard"]
+    count: int
+    todos: list[UUID]
 
 
 def mcp_url(endpoint: Endpoint) -> str:
@@ -370,6 +441,8 @@ def endpoint_out(endpoint: Endpoint) -> dict[str, Any]:
         "last_seen_at": iso(endpoint.last_seen_at),
         "created_at": iso(endpoint.created_at),
         "revoked_at": iso(endpoint.revoked_at),
+        "hook_failed_at": iso(endpoint.hook_failed_at),
+        "hook_error": endpoint.hook_error,
     }
 
 
@@ -386,7 +459,7 @@ def vend_out(endpoint: Endpoint, token: str) -> dict[str, Any]:
 
 def verb_families() -> list[dict[str, Any]]:
     """What a vend may grant, by family, with what each family lets the agent do."""
-    from queues.models import BASIC_VERBS, POLICY_VERBS, Verb
+    from queues.models import BASIC_VERBS, POLICY_VERBS, RATE_VERBS, Verb
 
     return [
         {
@@ -396,13 +469,20 @@ def verb_families() -> list[dict[str, Any]]:
         },
         {
             "family": "admission_status",
-            "verbs": [Verb.ADMISSION_STATUS.value],
-            "note": "Read the budgets of the scoped queues; implied by claim or claim_next.",
+            "verbs": [Verb.ADMISSION_STATUS.value, Verb.LIMITS_STATUS.value],
+            "note": "Read the budgets of the scoped queues and the fleet's named limits; "
+            "implied by claim or claim_next.",
         },
         {
             "family": "policy",
             "verbs": list(POLICY_VERBS),
             "note": "set/clear_admission_policy lets the agent change its own budget; never "
             "part of the basic grant.",
+        },
+        {
+            "family": "rate",
+            "verbs": list(RATE_VERBS),
+            "note": "report_rate_limited halves a shared rate limit for every agent naming it; "
+            "never part of the basic grant.",
         },
     ]

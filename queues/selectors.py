@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -9,14 +10,23 @@ from typing import Any
 from uuid import UUID
 
 from django.db import connection
-from django.db.models import Q, QuerySet
+from django.db.models import Q, QuerySet, TextField
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from queues import access, conditions, gates, sql
 from queues.access import Actor, AgentActor, HumanActor, todo_scope
 from queues.conditions import Condition
-from queues.models import QUARANTINE_QUEUE, Endpoint, QueuePause, Todo, TodoState
+from queues.models import (
+    QUARANTINE_QUEUE,
+    QUEUE_NAME_RE,
+    Endpoint,
+    QueuePause,
+    Todo,
+    TodoState,
+)
 from switchboard.core.errors import InvalidArgument, NotFound
+from switchboard.core.validation import fullmatch
 
 MAX_PAGE = 200
 
@@ -230,3 +240,133 @@ def queue_known(queue: str) -> bool:
         or QueuePause.objects.filter(queue=queue).exists()
         or Endpoint.objects.filter(scope_queues__contains=[queue]).exists()
     )
+
+
+# --- selections: the todos a filter matches, and what a bulk action would change ----------------
+
+# The state words a selection may name: a todo state, "dead_letter" (failed, no retry to come)
+# or "live" (claimed and pending, the board's default).
+SELECTION_STATES: tuple[str, ...] = (*TodoState.values, "dead_letter", "live")
+# Which states each bulk action takes a todo from. Claimed work is the agent's: release it first.
+BULK_ACTIONS: dict[str, tuple[str, ...]] = {
+    "retry": (TodoState.FAILED,),
+    "discard": (TodoState.PENDING, TodoState.FAILED),
+}
+BULK_SAMPLE = 10
+MAX_SEARCH = 200
+
+
+def todos_matching(
+    actor: Actor,
+    *,
+    endpoint_ids: Iterable[UUID] | None = None,
+    queue: str = "",
+    states: Iterable[str] = (),
+    q: str = "",
+) -> QuerySet[Todo]:
+    """The todos a filter matches (the board's cards and a bulk action's selection): in the
+    actor's read scope, on those endpoints and that queue, in those states ("dead_letter" and
+    "live" included; none means every state), and, with ``q``, whose title or payload text
+    contains it or whose id it is."""
+    qs: QuerySet[Todo] = Todo.objects.filter(todo_scope(actor))
+    if endpoint_ids is not None:
+        qs = qs.filter(endpoint_id__in=list(endpoint_ids))
+    if queue:
+        qs = qs.filter(queue=queue)
+    wanted = set(states)
+    if "live" in wanted:
+        wanted |= {TodoState.CLAIMED, TodoState.PENDING}
+    if wanted:
+        match = Q(state__in=sorted(wanted & set(TodoState.values)))
+        if "dead_letter" in wanted:
+            match |= Q(state=TodoState.FAILED, next_retry_at__isnull=True)
+        qs = qs.filter(match)
+    if q:
+        found = Q(title__icontains=q) | Q(payload_text__icontains=q)
+        try:
+            found |= Q(id=UUID(q))
+        except ValueError:
+            pass
+        qs = qs.annotate(payload_text=Cast("payload", TextField())).filter(found)
+    return qs
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A bulk action's filter: the board's (endpoint slug, queue, state, search), narrowed on the
+    console to the identities its condition filter shows. Every field is optional: empty means
+    any. ``identities`` None means every identity the other fields allow."""
+
+    endpoint: str = ""
+    queue: str = ""
+    state: str = ""
+    q: str = ""
+    identities: frozenset[tuple[UUID, str]] | None = None
+
+    def check(self) -> Selection:
+        """The selection, or ``invalid_argument`` naming the first wrong field."""
+        if self.queue and not fullmatch(QUEUE_NAME_RE, self.queue):
+            raise InvalidArgument("queue is not a queue name", field="queue")
+        if self.state and self.state not in SELECTION_STATES:
+            raise InvalidArgument(
+                f"state must be one of {', '.join(SELECTION_STATES)}", field="state"
+            )
+        if len(self.q) > MAX_SEARCH:
+            raise InvalidArgument(f"q is at most {MAX_SEARCH} characters", field="q")
+        if len(self.endpoint) > 63:
+            raise InvalidArgument("endpoint is at most 63 characters", field="endpoint")
+        return self
+
+
+def bulk_rows(actor: HumanActor, action: str, selection: Selection) -> QuerySet[Todo]:
+    """The todos a bulk action would change: the selection's, in the states the action takes,
+    on endpoints the actor may change. Ordered by id, the order the service locks them in."""
+    if action not in BULK_ACTIONS:
+        raise InvalidArgument(f"action must be one of {', '.join(BULK_ACTIONS)}", field="action")
+    selection.check()
+    endpoints = Endpoint.objects.filter(
+        Q() if actor.is_superuser else Q(owner_id=getattr(actor.user, "pk", None))
+    )
+    if selection.endpoint:
+        endpoints = endpoints.filter(slug=selection.endpoint)
+    qs = todos_matching(
+        actor,
+        endpoint_ids=endpoints.values_list("id", flat=True),
+        queue=selection.queue,
+        states=[selection.state] if selection.state else [],
+        q=selection.q,
+    ).filter(state__in=BULK_ACTIONS[action])
+    if selection.identities is not None:
+        narrowed = Q(pk__in=[])
+        for endpoint_id, queue in selection.identities:
+            narrowed |= Q(endpoint_id=endpoint_id, queue=queue)
+        qs = qs.filter(narrowed)
+    return qs.order_by("id")
+
+
+def selection_token(rows: Iterable[tuple[UUID, str, datetime]]) -> str:
+    """A fingerprint of exactly which todos, in which state and version, a confirmation showed:
+    the service changes nothing unless the selection still has it (no todo moved since)."""
+    digest = hashlib.sha256()
+    for todo_id, state, updated_at in rows:
+        digest.update(f"{todo_id}:{state}:{updated_at.timestamp():.6f}\n".encode())
+    return digest.hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class BulkPreview:
+    """What a confirmation shows: how many todos the action would change, a sample of them, and
+    the token that confirms exactly this selection."""
+
+    action: str
+    count: int
+    sample: list[Todo]
+    token: str
+
+
+def bulk_preview(*, actor: HumanActor, action: str, selection: Selection) -> BulkPreview:
+    rows = bulk_rows(actor, action, selection)
+    versions = list(rows.values_list("id", "state", "updated_at"))
+    sample_ids = [row[0] for row in versions[:BULK_SAMPLE]]
+    sample = list(Todo.objects.filter(pk__in=sample_ids).select_related("endpoint").order_by("id"))
+    return BulkPreview(action, len(versions), sample, selection_token(versions))

@@ -95,6 +95,13 @@ def _fast_gates(gate_list: tuple[gates.ClaimGate, ...]) -> tuple[str, str, str, 
     verdict admitted it; the claim's condition; the charges; the verdict columns."""
     verdicts, charges, spent = [], [], ["0"]
     admit = ""
+    # A gate that cannot decide here (a per-todo limit) sends a candidate it claims to the
+    # locked path, which decides every gate: no fast verdict is taken for that candidate.
+    unclaimed = "".join(
+        f" AND g.g{j} IS NULL"
+        for j, gate in enumerate(gate_list)
+        if gate.fast_check("", "", "") is None
+    )
     for i, gate in enumerate(gate_list):
         check = gate.fast_check(f"g.g{i}", "g.id", f"%(gp{i})s")
         earlier = "".join(
@@ -104,7 +111,7 @@ def _fast_gates(gate_list: tuple[gates.ClaimGate, ...]) -> tuple[str, str, str, 
             verdict = "NULL::jsonb"
             admit += f" AND (SELECT g{i} FROM gate) IS NULL"
         else:
-            verdict = f"CASE WHEN g.g{i} IS NOT NULL{earlier} THEN {check} END"
+            verdict = f"CASE WHEN g.g{i} IS NOT NULL{unclaimed}{earlier} THEN {check} END"
             admit += f" AND coalesce((SELECT (v->>'ok')::boolean FROM v{i}), true)"
             # Referenced by the final select, so it runs; after `claimed`, so only for a claim.
             charges.append(
@@ -118,11 +125,24 @@ def _fast_gates(gate_list: tuple[gates.ClaimGate, ...]) -> tuple[str, str, str, 
     return "\n".join(verdicts), admit, ",\n".join(charges), columns
 
 
+# The rows claim_next may take: the endpoint's claimable todos of the open queues (uses
+# todo_claimable_idx, whose predicate is stated so the planner can use it).
+_CLAIM_NEXT_ROWS = f"""
+    t.endpoint_id = %(endpoint)s
+      AND t.queue = ANY({OPEN_QUEUES})
+      AND (t.state IN ('pending', 'claimed') OR (t.state = 'failed' AND t.next_retry_at IS NOT NULL))
+      AND {CLAIMABLE_STATE}
+"""
+
+
 # claim_next: the oldest claimable todo of the endpoint's granted queues, skipping rows other
-# claimers hold (uses todo_pending_idx for the pending arm). Claims at once when no gate claims
-# the candidate; otherwise returns the candidate (locked) and each gate's key, and the caller
-# runs the gates. ``fast``: the gates that can decide inside this statement do (their verdicts
-# follow the keys), and the claim is written when every verdict admits it.
+# claimers hold, rows this claim passed over after a per-todo refusal, and rows a per-todo gate
+# would refuse now (its skip). Claims at once when no gate claims the candidate; otherwise
+# returns the candidate (locked) and each gate's key, and the caller runs the gates. ``fast``:
+# the gates that can decide inside this statement do (their verdicts follow the keys), and the
+# claim is written when every verdict admits it. It always answers one row: with no candidate,
+# whether some claimable todo was skipped (the caller then asks the gates why, for the deferred
+# list).
 @functools.cache
 def _claim_next_sql(gate_list: tuple[gates.ClaimGate, ...], fast: bool = False) -> str:
     probe = admit = ""
@@ -139,23 +159,31 @@ def _claim_next_sql(gate_list: tuple[gates.ClaimGate, ...], fast: bool = False) 
             probe += "\n" + verdict_ctes
             keys += columns
             charges = ",\n" + charge_ctes if charge_ctes else ""
+    skips = [f"({s})" for s in gates.skips("t")]
+    passes = "".join(f"\n      AND {s} IS NOT TRUE" for s in skips)
+    # Only read when there is no candidate (CASE), so a claim never pays for it.
+    skipped = (
+        f"CASE WHEN c.id IS NULL THEN EXISTS (SELECT 1 FROM queues_todo t "
+        f"WHERE {_CLAIM_NEXT_ROWS} AND ({' OR '.join(skips)})) ELSE false END"
+        if skips
+        else "false"
+    )
     return f"""
 WITH cand AS (
-    SELECT t.id, t.state AS prev_state, t.attempt AS prev_attempt, t.endpoint_id, t.queue
+    -- What the gates' probes may read: the identity and the named limits (admission.limits).
+    SELECT t.id, t.state AS prev_state, t.attempt AS prev_attempt, t.endpoint_id, t.queue,
+           t.pool, t.tags, t.rate_limit
     FROM queues_todo t
-    WHERE t.endpoint_id = %(endpoint)s
-      AND t.queue = ANY({OPEN_QUEUES})
-      -- todo_claimable_idx's predicate, stated so the planner can use it.
-      AND (t.state IN ('pending', 'claimed') OR (t.state = 'failed' AND t.next_retry_at IS NOT NULL))
-      AND {CLAIMABLE_STATE}
+    WHERE {_CLAIM_NEXT_ROWS}
+      AND t.id <> ALL(%(passed)s::uuid[]){passes}
     ORDER BY t.created_at, t.id
     LIMIT 1
     FOR UPDATE OF t SKIP LOCKED
 ),
 {probe}
 {_CLAIM_CTES.format(admit=admit, TODO_COLUMNS=TODO_COLUMNS)}{charges}
-SELECT c.id, c.queue, {keys}cl.id IS NOT NULL, {CLAIMED_COLUMNS}
-FROM cand c LEFT JOIN claimed cl ON cl.id = c.id
+SELECT c.id, c.queue, {skipped}, {keys}cl.id IS NOT NULL, {CLAIMED_COLUMNS}
+FROM (SELECT) one LEFT JOIN cand c ON true LEFT JOIN claimed cl ON cl.id = c.id
 """
 
 
@@ -255,8 +283,16 @@ def todo_from_row(values: tuple[Any, ...] | list[Any]) -> Todo:
     return Todo.from_db(DEFAULT_DB_ALIAS, _TODO_ATTNAMES, converted)
 
 
+@dataclass(frozen=True)
+class NoCandidate:
+    """claim_next's statement found nothing to take."""
+
+    # Some claimable todo was passed over because a per-todo gate would refuse it now.
+    skipped: bool
+
+
 def _candidate(row: tuple[Any, ...] | None, nkeys: int, fast: bool = False) -> Candidate | None:
-    if row is None:
+    if row is None or row[0] is None:
         return None
     todo_id, queue, *rest = row
     keys, rest = tuple(rest[:nkeys]), rest[nkeys:]
@@ -274,19 +310,22 @@ def claim_next_candidate(
     endpoint_id: UUID,
     queues: list[str],
     excluded: list[str],
+    passed: list[UUID],
     claimant: str,
     via: str,
     ttl: int,
     fence_hash: str | None,
     fast: bool = False,
-) -> Candidate | None:
-    """The claim_next statement. ``fast``: gates that can decide inside it do (``queues.gates``),
-    so an admitted gated claim is this one statement too."""
+) -> Candidate | NoCandidate:
+    """The claim_next statement. ``excluded``: queues a gate refuses; ``passed``: todos a
+    per-todo gate refused under its lock in this claim. ``fast``: gates that can decide inside
+    it do (``queues.gates``), so an admitted gated claim is this one statement too."""
     gate_list = gates.gates()
     params: dict[str, Any] = {
         "endpoint": endpoint_id,
         "queues": queues,
         "excluded": excluded,
+        "passed": passed,
         "claimant": claimant,
         "via": via,
         "ttl": ttl,
@@ -296,7 +335,10 @@ def claim_next_candidate(
         for i, gate in enumerate(gate_list):
             params[f"gp{i}"] = gate.fast_params(endpoint_id)
     cursor.execute(_claim_next_sql(gate_list, fast), params)
-    return _candidate(cursor.fetchone(), len(gate_list), fast)
+    row = cursor.fetchone()
+    assert row is not None, "the statement answers one row"
+    skipped, row = row[2], (*row[:2], *row[3:])
+    return _candidate(row, len(gate_list), fast) or NoCandidate(skipped=skipped)
 
 
 @dataclass(frozen=True)
@@ -392,7 +434,7 @@ WITH held AS (
 ), ended AS (
     UPDATE queues_attempt a
     SET ended_at = clock_timestamp(), outcome = {attempt_outcome},
-        disposition = {disposition}, summary = %(summary)s
+        disposition = {disposition}, summary = %(summary)s, error = %(error)s
     FROM held h WHERE a.id = h.attempt_id
 )
 UPDATE queues_todo t SET {todo_set}, updated_at = clock_timestamp()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from celery import shared_task
+from celery import Task, shared_task
+from django.conf import settings
 
 from queues import hooks, services
 
@@ -21,16 +22,33 @@ def requeue_due_retries() -> int:
     return services.requeue_due_retries()
 
 
+@shared_task(name="queues.tasks.remind_waiting", ignore_result=True)
+def remind_waiting() -> int:
+    return services.remind_waiting()
+
+
+@shared_task(name="queues.tasks.ring_stalled", ignore_result=True)
+def ring_stalled() -> int:
+    return services.ring_stalled()
+
+
 @shared_task(
     name="queues.tasks.deliver_ready_hook",
     ignore_result=True,
     bind=True,
-    max_retries=5,
-    autoretry_for=(hooks.HookDeliveryError,),
-    retry_backoff=5,
-    retry_backoff_max=300,
+    max_retries=settings.HOOK_ATTEMPTS - 1,
 )
 def deliver_ready_hook(
-    self: object, endpoint_id: str, queue: str, todo_id: str | None, reason: str
+    self: Task, endpoint_id: str, queue: str, todo_id: str | None, reason: str
 ) -> None:
-    hooks.deliver_ready(endpoint_id=endpoint_id, queue=queue, todo_id=todo_id, reason=reason)
+    """At most ``HOOK_ATTEMPTS`` attempts, ``HOOK_RETRY_SECONDS`` apart; after the last the
+    endpoint is marked failed (a ring is a hint: a receiver that is down misses it, and the
+    doorbell's reminders ring again later)."""
+    try:
+        hooks.deliver_ready(endpoint_id=endpoint_id, queue=queue, todo_id=todo_id, reason=reason)
+    except hooks.HookDeliveryError as exc:
+        if self.request.retries >= self.max_retries:
+            log.warning("ready hook for %s gave up: %s", endpoint_id, exc)
+            hooks.record_failure(endpoint_id=endpoint_id, error=str(exc))
+            return
+        raise self.retry(exc=exc, countdown=settings.HOOK_RETRY_SECONDS) from exc

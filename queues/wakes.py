@@ -1,51 +1,104 @@
 """Wakes: the todo_ready notification and the ready hook. Hints, never the contract.
 
-After commit, ``pg_notify('todo_ready', '<endpoint_id>:<queue>')`` (NOTIFY is transactional, so
-issuing it inside the transaction delivers it exactly when the transaction commits) and, for an
-endpoint with a notify hook, a ready hook posted by Celery. Nothing rings for a paused queue or a
+After commit, one ``pg_notify('todo_ready', <message>)`` (NOTIFY is transactional, so issuing it
+inside the transaction delivers it exactly when the transaction commits) and, for an endpoint with
+a notify hook, a ready hook posted by Celery. The message is JSON naming the queue identity, the
+reason and the todo (the one that became claimable, else the identity's oldest pending):
+``{"e": endpoint_id, "q": queue, "r": reason, "t": todo_id}``. Every web process's doorbell
+(``queues.doorbell``) LISTENs and fans it out to the agents' streams. Nothing rings for a paused queue or a
 deferred queue identity. The gate fails open: a failed check costs one wasted wake, while failing
 closed could strand a live queue.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 from uuid import UUID
 
 from django.db import connection, transaction
 
-from queues import gates
+from queues import gates, metrics
 
 log = logging.getLogger(__name__)
 CHANNEL = "todo_ready"
 
 
+# Why a ring rang: work became claimable (the first six), a reminder for work still waiting
+# (the doorbell heartbeat, and a stream's attach), or a held claim went quiet (to its holder).
+REASONS = (
+    "created",
+    "requeued",
+    "released",
+    "reaped",
+    "reopened",
+    "resumed",
+    "waiting",
+    "stalled",
+)
+
+# A queue identity as a todo-shaped row, every other column NULL: a gate's probe may name any todo
+# column (admission.limits' per-todo gates read pool and tags, and so say nothing here).
+IDENTITY_ROW = (
+    "jsonb_populate_record(NULL::queues_todo, "
+    "jsonb_build_object('endpoint_id', %(e)s::uuid, 'queue', %(q)s::text))"
+)
+
+
 def payload(endpoint_id: UUID | str, queue: str) -> str:
+    """The queue identity a ring is for, as ``<endpoint_id>:<queue>``."""
     return f"{endpoint_id}:{queue}"
 
 
-def _gate(endpoint_id: UUID | str, queue: str) -> tuple[bool, str]:
-    """(may ring, notify hook URL). Fails open on any error."""
+def message(endpoint_id: UUID | str, queue: str, reason: str, todo_id: UUID | str | None) -> str:
+    """The NOTIFY payload (well under PostgreSQL's 8000-byte limit: a queue name is <= 64)."""
+    return json.dumps(
+        {"e": str(endpoint_id), "q": queue, "r": reason, "t": str(todo_id) if todo_id else None},
+        separators=(",", ":"),
+    )
+
+
+def parse(raw: str) -> dict[str, Any] | None:
+    """A NOTIFY payload back to ``{"e", "q", "r", "t"}``; None for anything else on the channel."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(body, dict) or not {"e", "q", "r"} <= body.keys():
+        return None
+    return body
+
+
+def identity(raw: str) -> str:
+    """``<endpoint_id>:<queue>`` of a NOTIFY payload (the raw text if it is not a ring)."""
+    body = parse(raw)
+    return payload(body["e"], body["q"]) if body else raw
+
+
+def _gate(endpoint_id: UUID | str, queue: str) -> tuple[bool, str, UUID | None]:
+    """(may ring, notify hook URL, the identity's oldest pending todo). Fails open on any error."""
     try:
         with transaction.atomic(), connection.cursor() as cursor:
             # The gates' probes over the identity, folded into the one lookup.
             cursor.execute(
                 f"""
                 SELECT EXISTS (SELECT 1 FROM queues_queuepause WHERE queue = %(q)s),
-                       (SELECT notify_url FROM queues_endpoint WHERE id = %(e)s)
+                       (SELECT notify_url FROM queues_endpoint WHERE id = %(e)s),
+                       (SELECT id FROM queues_todo WHERE endpoint_id = %(e)s AND queue = %(q)s
+                          AND state = 'pending' ORDER BY created_at, id LIMIT 1)
                        {gates.probes("i")}
-                FROM (SELECT %(e)s::uuid AS endpoint_id, %(q)s::text AS queue) i
+                FROM {IDENTITY_ROW} i
                 """,
                 {"e": endpoint_id, "q": queue},
             )
-            paused, url, *keys = cursor.fetchone()
+            paused, url, oldest, *keys = cursor.fetchone()
             if paused:
-                return False, url or ""
-            return gates.admits_now(tuple(keys)), url or ""
+                return False, url or "", oldest
+            return gates.admits_now(tuple(keys)), url or "", oldest
     except Exception:
         log.exception("wake gate failed for %s:%s; ringing anyway", endpoint_id, queue)
-        return True, ""
+        return True, "", None
 
 
 def todo_ready(
@@ -57,20 +110,38 @@ def todo_ready(
 ) -> bool:
     """Ring for a queue identity in the current transaction (delivered at commit). Returns
     whether it rang."""
-    may_ring, url = _gate(endpoint_id, queue)
+    may_ring, url, oldest = _gate(endpoint_id, queue)
     if not may_ring:
+        metrics.notify_suppressed(reason)
         return False
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, payload(endpoint_id, queue)])
-    if url:
-        transaction.on_commit(lambda: _enqueue_hook(endpoint_id, queue, todo_id, reason))
+    ring(endpoint_id, queue, reason, todo_id or oldest, hook=bool(url))
     return True
 
 
-def todo_ready_now(endpoint_id: UUID | str, queue: str, reason: str = "released") -> bool:
+def ring(
+    endpoint_id: UUID | str, queue: str, reason: str, todo_id: UUID | str | None, *, hook: bool
+) -> None:
+    """The NOTIFY (and, with ``hook``, the ready hook after commit), ungated: for callers that
+    checked the gate or need none (a stall concerns a claim already held)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_notify(%s, %s)", [CHANNEL, message(endpoint_id, queue, reason, todo_id)]
+        )
+    metrics.notify_rung(reason)
+    if hook:
+        transaction.on_commit(lambda: _enqueue_hook(endpoint_id, queue, todo_id, reason))
+
+
+def todo_ready_now(
+    endpoint_id: UUID | str,
+    queue: str,
+    reason: str = "released",
+    *,
+    todo_id: UUID | str | None = None,
+) -> bool:
     """Ring in a transaction of its own (for callers that have already committed)."""
     with transaction.atomic():
-        return todo_ready(endpoint_id, queue, reason=reason)
+        return todo_ready(endpoint_id, queue, todo_id=todo_id, reason=reason)
 
 
 def slot_freed(endpoint_id: UUID | str, queue: str) -> bool:
@@ -86,7 +157,7 @@ def slot_freed(endpoint_id: UUID | str, queue: str) -> bool:
                 SELECT ({gates.frees_slot("i")})
                    AND EXISTS (SELECT 1 FROM queues_todo
                                WHERE endpoint_id = %(e)s AND queue = %(q)s AND state = 'pending')
-                FROM (SELECT %(e)s::uuid AS endpoint_id, %(q)s::text AS queue) i
+                FROM {IDENTITY_ROW} i
                 """,
                 {"e": endpoint_id, "q": queue},
             )

@@ -20,6 +20,7 @@ from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 
 from admission.api import router as admission_router
+from admission.limits.api import router as limits_router
 from queues.api import build_agent_router, endpoints_router, todos_router
 from queues.api_queues import router as queues_router
 from switchboard.core import availability
@@ -133,6 +134,7 @@ def mount_routers() -> NinjaAPI:
     api.add_router("/todos", todos_router)
     api.add_router("/", queues_router)
     api.add_router("/", admission_router)
+    api.add_router("/", limits_router)
     _mounted = True
     return api
 

@@ -1,18 +1,119 @@
+"""The ASGI application: Django, with one thread hop per request instead of many.
+
+Django's own ASGI handler runs a synchronous view through the async middleware chain: every
+sync-only middleware adds a sync/async hop, the request signals add two more, and each request's
+sync work runs in a thread made for that request (asgiref's ``ThreadSensitiveContext``). Measured
+on the agent path (issue 11) that bridging cost more CPU than the view. So a request for a
+synchronous view (every page, the REST API and MCP's POSTs) is served whole, middleware included,
+by Django's synchronous handler in a long-lived thread of a fixed pool: one hop there, one back.
+Only requests for ``async def`` views (the console's live stream, event streams) take Django's
+async path, where they can wait without holding a thread.
+"""
+
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "switchboard.settings")
+django.setup(set_prefix=False)  # as django.core.asgi.get_asgi_application does
 
-django_application = get_asgi_application()
+from django.conf import settings  # noqa: E402  (after Django is set up)
+from django.core import signals  # noqa: E402
+from django.core.exceptions import RequestAborted  # noqa: E402
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix  # noqa: E402
+from django.core.handlers.base import BaseHandler  # noqa: E402
+from django.http.response import HttpResponseBase  # noqa: E402
+from django.urls import Resolver404, get_resolver, set_script_prefix  # noqa: E402
+
+ARRIVED = "switchboard.arrived"
+
+
+class _SyncChain(BaseHandler):
+    """Django's synchronous request handling (the WSGI handler's), middleware loaded for sync."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.load_middleware(is_async=False)
+
+
+class OneHopHandler(ASGIHandler):
+    """Django's ASGI handler, serving synchronous views in one hop to a fixed thread pool."""
+
+    def __init__(self, threads: int) -> None:
+        super().__init__()
+        self.sync_chain = _SyncChain()
+        # Fixed, long-lived threads: each keeps its database connection (CONN_MAX_AGE or the
+        # pool) and nothing is started per request. Sized like the connection pool's ceiling.
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="django")
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and not _async_view(_path(scope)):
+            await self.handle_in_thread(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+    async def handle_in_thread(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            response = await loop.run_in_executor(self.pool, self._respond, scope, body_file)
+            await self.send_response(response, send)
+        finally:
+            body_file.close()
+        if response.streaming:
+            # A streamed body (a file, a CSV export) was read in the loop; close it (and send
+            # request_finished) in a pool thread, where the request's connection lives.
+            await loop.run_in_executor(self.pool, response.close)
+
+    def _respond(self, scope: dict[str, Any], body_file: Any) -> HttpResponseBase:
+        """The whole synchronous request in one pool thread: signals, middleware, view."""
+        set_script_prefix(get_script_prefix(scope))
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        request, error_response = self.create_request(scope, body_file)
+        if request is None:
+            assert error_response is not None  # create_request gives one or the other
+            response: HttpResponseBase = error_response
+        else:
+            response = self.sync_chain.get_response(request)
+            response._handler_class = self.__class__  # type: ignore[attr-defined]
+        if not response.streaming:
+            # The content is in memory: closing now sends request_finished, which returns this
+            # thread's database connection, before the bytes go out.
+            response.close()
+        return response
+
+
+def _path(scope: dict[str, Any]) -> str:
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    return path.removeprefix(root) if root else path
+
+
+@functools.lru_cache(maxsize=4096)
+def _async_view(path: str) -> bool:
+    """Whether the view at ``path`` is ``async def`` (served on Django's async path)."""
+    try:
+        match = get_resolver().resolve(path)
+    except Resolver404:
+        return False
+    return asyncio.iscoroutinefunction(match.func)
+
+
+handler = OneHopHandler(threads=settings.WEB_THREADS)
 
 
 async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """Django, with each request's arrival stamped before it can queue for a worker thread
     (the request deadline counts from here: switchboard.core.availability)."""
-    scope["switchboard.arrived"] = time.monotonic()
-    await django_application(scope, receive, send)
+    scope[ARRIVED] = time.monotonic()
+    await handler(scope, receive, send)

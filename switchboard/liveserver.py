@@ -16,6 +16,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 
 from django.conf import settings
 from django.db import connection
@@ -25,7 +26,13 @@ from switchboard.embedded import free_port
 BASE_DIR = Path(__file__).resolve().parent.parent
 READY_TIMEOUT = 60.0
 
-__all__ = ["current_database_url", "free_port", "live_server"]
+__all__ = [
+    "current_database_url",
+    "free_port",
+    "live_server",
+    "server_command",
+    "wait_until_up",
+]
 
 
 def current_database_url() -> str:
@@ -49,12 +56,47 @@ def _answers(url: str) -> bool:
         return False
 
 
+def wait_until_up(process: subprocess.Popen[bytes], url: str, log: Path) -> None:
+    """Wait until ``url`` answers below 500; raises with the server's log if it exits or stalls."""
+    deadline = time.monotonic() + READY_TIMEOUT
+    while not _answers(url):
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the server did not come up (exit {process.poll()}):\n"
+                + log.read_text(errors="replace")[-4000:]
+            )
+        time.sleep(0.1)
+
+
+def server_command(
+    host: str, port: int, *, workers: int = 1, server: Literal["uvicorn", "gunicorn"] = "uvicorn"
+) -> list[str]:
+    """The web server's command line: ``uvicorn`` (``make run``) or the README's production
+    command, gunicorn with uvicorn workers. Both use httptools and uvloop (pinned)."""
+    if server == "gunicorn":
+        return [
+            sys.executable, "-m", "gunicorn", "switchboard.asgi:application",
+            "-k", "uvicorn.workers.UvicornWorker", "-w", str(workers),
+            "-b", f"{host}:{port}", "--log-level", "warning",
+        ]  # fmt: skip
+    return [
+        sys.executable, "-m", "uvicorn", "switchboard.asgi:application",
+        "--host", host, "--port", str(port), "--workers", str(workers),
+        "--lifespan", "off", "--no-access-log", "--log-level", "warning",
+        "--http", "httptools", "--loop", "uvloop",
+    ]  # fmt: skip
+
+
 @contextmanager
 def live_server(
-    database_url: str | None = None, *, workers: int = 1, env: dict[str, str] | None = None
+    database_url: str | None = None,
+    *,
+    workers: int = 1,
+    env: dict[str, str] | None = None,
+    server: Literal["uvicorn", "gunicorn"] = "uvicorn",
 ) -> Iterator[str]:
-    """Run uvicorn serving switchboard.asgi:application; yields its base URL. ``env`` adds to
-    (or overrides) the server's environment, e.g. another REDIS_URL for the fault tests."""
+    """Run a web server serving switchboard.asgi:application; yields its base URL. ``env`` adds
+    to (or overrides) the server's environment, e.g. another REDIS_URL for the fault tests."""
     extra = env or {}
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -67,24 +109,12 @@ def live_server(
         "LOG_LEVEL": "ERROR",
     }
     env.update(extra)
-    command = [
-        sys.executable, "-m", "uvicorn", "switchboard.asgi:application",
-        "--host", "127.0.0.1", "--port", str(port),
-        "--lifespan", "off", "--no-access-log", "--log-level", "warning",
-        "--workers", str(workers),
-    ]  # fmt: skip
+    command = server_command("127.0.0.1", port, workers=workers, server=server)
     # The server's log (every 4xx is a django.request warning) goes to a file, shown on failure.
     with tempfile.NamedTemporaryFile(prefix="switchboard-live-", suffix=".log") as log:
         process = subprocess.Popen(command, cwd=BASE_DIR, env=env, stdout=log, stderr=log)
         try:
-            deadline = time.monotonic() + READY_TIMEOUT
-            while not _answers(f"{base}/api/v1/openapi.json"):
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"uvicorn did not come up (exit {process.poll()}):\n"
-                        + Path(log.name).read_text(errors="replace")[-4000:]
-                    )
-                time.sleep(0.1)
+            wait_until_up(process, f"{base}/api/v1/openapi.json", Path(log.name))
             yield base
         finally:
             process.terminate()

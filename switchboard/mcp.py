@@ -5,7 +5,8 @@ Revisions served:
 * **2026-07-28** (stateless): each POST is one self-contained request carrying its protocol
   version and client capabilities in ``params._meta``, mirrored in the ``MCP-Protocol-Version``,
   ``Mcp-Method`` (and for ``tools/call`` ``Mcp-Name``) headers. Methods: ``server/discover``,
-  ``tools/list``, ``tools/call``. No sessions. A request is routed here when its
+  ``tools/list``, ``tools/call``, ``subscriptions/listen`` (the doorbell; see ``_listen``). No
+  sessions. A request is routed here when its
   ``MCP-Protocol-Version`` header names a version outside the handshake era (as the SDK's
   server does), and the envelope ladder then checks it: ``-32602`` for a missing envelope key,
   ``-32020`` for a header that disagrees with the body, ``-32022`` (with ``supported``) for an
@@ -19,8 +20,13 @@ Revisions served:
   ``tools/call``; ``DELETE`` ends the session. JSON-RPC batches are accepted only on sessions
   that negotiated 2025-03-26 or 2024-11-05 (later revisions removed them).
 
-Responses are always ``application/json`` (never SSE); a POST must accept it (406) and send it
-(415). There is no server-to-client stream. Tool results carry
+Responses to a POST are ``application/json`` (never SSE), except ``subscriptions/listen``, whose
+response is the stream; a POST must accept JSON (406) and send it (415). The server-to-client stream (``GET`` with the handshake's ``Mcp-Session-Id``,
+``Accept: text/event-stream``) carries the doorbell (``queues.doorbell``): each time work becomes
+claimable for the endpoint, one ``notifications/resources/updated`` whose ``uri`` is the todo
+(``switchboard://todos/<id>``) and whose ``_meta["io.switchboard/todo_ready"]`` names the todo,
+queue and reason; on opening, up to three rings for todos already waiting. Both official SDKs
+open this stream after the handshake and hand the notification to the client. Tool results carry
 ``structuredContent`` (from 2025-06-18) and the same JSON as text. A refusal is a result with
 ``isError: true`` whose text is the API's error object as JSON, and which has no
 ``structuredContent``: the spec requires structured content to fit the tool's ``outputSchema``,
@@ -34,7 +40,7 @@ headers and carry the API's error object (``{"error", "code", ...}``) as ``error
 unknown or revoked token, 403 a token of another endpoint or a foreign ``Origin``, 413 a body
 over 1 MiB, 406/415 wrong media types, 429 over the endpoint's request rate (with
 ``Retry-After``), 503 ``unavailable`` when PostgreSQL or Redis does not answer (with
-``Retry-After``), 405 for ``GET``. A method that fails unexpectedly is -32603 in its response
+``Retry-After``), 405 for a ``GET`` without a session. A method that fails unexpectedly is -32603 in its response
 (HTTP 200, as the SDKs' servers answer); a failure outside any method is -32603 with HTTP 500.
 Never Django's HTML error page.
 
@@ -50,7 +56,7 @@ import binascii
 import json
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -58,11 +64,14 @@ from urllib.parse import urlsplit
 import redis
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from queues.access import AgentActor
 from queues.auth import authenticate_agent, check_endpoint_rate
+from queues.doorbell import Ring
+from queues.events import release_connection, ring_stream
 from switchboard.core import counters, verbs
 from switchboard.core.availability import is_outage, outage
 from switchboard.core.errors import DomainError, Forbidden, InvalidArgument, Unauthorized
@@ -82,6 +91,10 @@ PROTOCOL_VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
 CLIENT_CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
 CLIENT_INFO_KEY = "io.modelcontextprotocol/clientInfo"
 SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
+
+TODO_URI = "switchboard://todos/"
+READY_META = "io.switchboard/todo_ready"
+SUBSCRIPTION_ID_KEY = "io.modelcontextprotocol/subscriptionId"
 
 SERVER_ERROR = -32000  # JSON-RPC's implementation-defined range: a transport refusal
 PARSE_ERROR = -32700
@@ -156,6 +169,13 @@ def _rpc_error(
     return _json(body, status=status, headers=headers)
 
 
+def _header(request: HttpRequest, name: str, default: str | None = None) -> str | None:
+    """A header's value without surrounding whitespace, which is not part of it (RFC 9110
+    5.5); not every HTTP parser strips it (httptools keeps trailing blanks)."""
+    value = request.headers.get(name)
+    return value.strip() if value is not None else default
+
+
 def _accepts_json(request: HttpRequest) -> bool:
     types = [
         part.split(";")[0].strip().lower() for part in request.headers.get("Accept", "").split(",")
@@ -165,7 +185,7 @@ def _accepts_json(request: HttpRequest) -> bool:
 
 def _origin_allowed(request: HttpRequest) -> bool:
     """DNS-rebinding guard: a browser's Origin must be this host or a trusted origin."""
-    origin = request.headers.get("Origin")
+    origin = _header(request, "Origin")
     if not origin:
         return True
     if origin in settings.CSRF_TRUSTED_ORIGINS:
@@ -174,11 +194,10 @@ def _origin_allowed(request: HttpRequest) -> bool:
 
 
 @csrf_exempt
-def mcp_view(request: HttpRequest, slug: str) -> HttpResponse:
-    if request.method not in ("POST", "DELETE"):
-        # No server-to-client stream (GET); clients tolerate the 405 and carry on.
+def mcp_view(request: HttpRequest, slug: str) -> HttpResponseBase:
+    if request.method not in ("GET", "POST", "DELETE"):
         error = RpcError(SERVER_ERROR, f"{request.method} is not served here; POST JSON-RPC")
-        return _rpc_error(None, error, 405, headers={"Allow": "POST, DELETE"})
+        return _rpc_error(None, error, 405, headers={"Allow": "GET, POST, DELETE"})
     try:
         try:
             check_body_size(request, API_BODY_LIMIT)
@@ -191,6 +210,8 @@ def mcp_view(request: HttpRequest, slug: str) -> HttpResponse:
         if not _origin_allowed(request):
             raise Forbidden("this Origin may not call the MCP endpoint")
         actor = _authenticate(request, slug)
+        if request.method == "GET":
+            return _get_stream(request, actor)
         if request.method == "DELETE":
             return _delete(request, actor)
         return _post(request, actor)
@@ -234,7 +255,7 @@ def _authenticate(request: HttpRequest, slug: str) -> AgentActor:
     return actor
 
 
-def _post(request: HttpRequest, actor: AgentActor) -> HttpResponse:
+def _post(request: HttpRequest, actor: AgentActor) -> HttpResponseBase:
     if not _accepts_json(request):
         raise _bad_header(406, "the Accept header must include application/json", "Accept")
     content_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
@@ -246,7 +267,7 @@ def _post(request: HttpRequest, actor: AgentActor) -> HttpResponse:
         return _rpc_error(None, RpcError(PARSE_ERROR, "Parse error: the body is not JSON"), 400)
     if _calls_a_tool(message):
         check_endpoint_rate(actor.endpoint)
-    version = request.headers.get("MCP-Protocol-Version")
+    version = _header(request, "MCP-Protocol-Version")
     if version is not None and version not in HANDSHAKE_VERSIONS:
         return _modern(request, actor, message)
     return _legacy(request, actor, message)
@@ -364,9 +385,9 @@ def _instructions(actor: AgentActor) -> str:
 # --- 2026-07-28: stateless requests ------------------------------------------------------------
 
 
-def _modern(request: HttpRequest, actor: AgentActor, message: Any) -> HttpResponse:
+def _modern(request: HttpRequest, actor: AgentActor, message: Any) -> HttpResponseBase:
     """One self-contained request (see the module docstring for the ladder)."""
-    header_version = request.headers.get("MCP-Protocol-Version", "")
+    header_version = _header(request, "MCP-Protocol-Version", "")
     if isinstance(message, dict) and "id" not in message:
         # A notification: the revision defines none from client to server; acknowledge it.
         try:
@@ -383,6 +404,8 @@ def _modern(request: HttpRequest, actor: AgentActor, message: Any) -> HttpRespon
                 INVALID_REQUEST, "Invalid Request: a single JSON-RPC request is required"
             )
         _check_envelope(request, parsed)
+        if parsed.method == "subscriptions/listen":
+            return _listen(request, actor, parsed)
         result = _modern_dispatch(actor, parsed)
     except Exception as exc:
         if isinstance(exc, DomainError) or is_outage(exc):
@@ -414,17 +437,17 @@ def _check_envelope(request: HttpRequest, req: Request) -> None:
     if missing:
         raise RpcError(INVALID_PARAMS, f"params._meta is missing {', '.join(missing)}")
     version = meta[PROTOCOL_VERSION_KEY]
-    if request.headers.get("MCP-Protocol-Version") != version:
+    if _header(request, "MCP-Protocol-Version") != version:
         raise RpcError(
             HEADER_MISMATCH, "the MCP-Protocol-Version header does not match params._meta"
         )
-    if request.headers.get("Mcp-Method") != req.method:
+    if _header(request, "Mcp-Method") != req.method:
         raise RpcError(HEADER_MISMATCH, "the Mcp-Method header does not match the method")
     name = req.params.get("name")
     if (
         req.method == "tools/call"
         and name is not None
-        and _header_value(request.headers.get("Mcp-Name")) != name
+        and _header_value(_header(request, "Mcp-Name")) != name
     ):
         raise RpcError(HEADER_MISMATCH, "the Mcp-Name header does not match params.name")
     if version not in MODERN_VERSIONS:
@@ -500,8 +523,100 @@ def _session_mark_initialized(actor: AgentActor, session_id: str, record: dict[s
         )
 
 
-def _delete(request: HttpRequest, actor: AgentActor) -> HttpResponse:
+def _notification(ring: Ring, meta: dict[str, Any] | None = None) -> str:
+    """A ring as a ``notifications/resources/updated`` for the todo's resource, which both
+    official SDKs surface to the client; ``_meta`` names the queue and the reason (and, on a
+    listen stream, the subscription)."""
+    message = {
+        "jsonrpc": "2.0",
+        "method": "notifications/resources/updated",
+        "params": {
+            "uri": f"{TODO_URI}{ring.todo}",
+            "_meta": {**(meta or {}), READY_META: ring.as_dict()},
+        },
+    }
+    return f"id: {ring.id}\nevent: message\ndata: {json.dumps(message)}\n\n"
+
+
+def _event_stream(body: AsyncIterator[str], session_id: str | None = None) -> HttpResponseBase:
+    response = StreamingHttpResponse(body, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    if session_id is not None:
+        response["Mcp-Session-Id"] = session_id
+    return response
+
+
+def _listen(request: HttpRequest, actor: AgentActor, req: Request) -> HttpResponseBase:
+    """``subscriptions/listen`` (2026-07-28): the response is the stream. Its first frame is
+    ``notifications/subscriptions/acknowledged`` with the honored subset of the filter; then one
+    ``notifications/resources/updated`` per ring, every frame stamped with the request's id
+    under ``_meta[SUBSCRIPTION_ID_KEY]``. Only resource subscriptions to the todos
+    (``switchboard://todos/``) are honored: the tool list never changes and there are no other
+    resources. No replay: a client that re-listens is rung again for what waits (attach)."""
+    accept = request.headers.get("Accept", "")
+    if "text/event-stream" not in accept:
+        raise _bad_header(
+            406, "subscriptions/listen answers with a stream: Accept text/event-stream", "Accept"
+        )
+    notifications = req.params.get("notifications")
+    if not isinstance(notifications, dict):
+        raise RpcError(INVALID_PARAMS, "params.notifications must be an object")
+    requested = notifications.get("resourceSubscriptions") or []
+    if not isinstance(requested, list) or not all(isinstance(u, str) for u in requested):
+        raise RpcError(INVALID_PARAMS, "params.notifications.resourceSubscriptions must be URIs")
+    honored: dict[str, Any] = {}
+    if any(uri.rstrip("/") == TODO_URI.rstrip("/") for uri in requested):
+        honored["resourceSubscriptions"] = [TODO_URI]
+    meta = {SUBSCRIPTION_ID_KEY: req.id}
+    ack = {
+        "jsonrpc": "2.0",
+        "method": "notifications/subscriptions/acknowledged",
+        "params": {"notifications": honored, "_meta": meta},
+    }
+
+    def render(ring: Ring) -> str:
+        return _notification(ring, meta)
+
+    async def body() -> AsyncIterator[str]:
+        yield f"event: message\ndata: {json.dumps(ack)}\n\n"
+        if not honored:
+            # Nothing asked for is sent here: close at once, gracefully (the listen result),
+            # rather than hold an idle stream open.
+            close = {"jsonrpc": "2.0", "id": req.id, "result": {"_meta": meta}}
+            yield f"event: message\ndata: {json.dumps(close)}\n\n"
+            return
+        async for chunk in ring_stream(str(actor.endpoint.id), None, render=render):
+            yield chunk
+
+    release_connection()
+    return _event_stream(body())
+
+
+def _get_stream(request: HttpRequest, actor: AgentActor) -> HttpResponseBase:
+    """The server-to-client stream of the handshake revisions: the doorbell's rings for this
+    endpoint, as notifications, on the session the handshake opened."""
+    accept = request.headers.get("Accept", "")
+    if "text/event-stream" not in accept and "*/*" not in accept:
+        raise _bad_header(406, "the Accept header must include text/event-stream", "Accept")
     session_id = request.headers.get("Mcp-Session-Id")
+    if not session_id:
+        # The 2026-07-28 revision has no GET stream: its clients listen by request instead.
+        error = RpcError(SERVER_ERROR, "GET needs the Mcp-Session-Id of a handshake session")
+        return _rpc_error(None, error, 405, headers={"Allow": "POST, DELETE"})
+    if _session_get(actor, session_id) is None:
+        return _rpc_error(None, RpcError(INVALID_REQUEST, "Session not found"), 404)
+    release_connection()
+    return _event_stream(
+        ring_stream(
+            str(actor.endpoint.id), request.headers.get("Last-Event-ID"), render=_notification
+        ),
+        session_id,
+    )
+
+
+def _delete(request: HttpRequest, actor: AgentActor) -> HttpResponse:
+    session_id = _header(request, "Mcp-Session-Id")
     if not session_id:
         return _rpc_error(None, RpcError(INVALID_REQUEST, "Mcp-Session-Id header is required"), 400)
     removed = counters.client().delete(_session_key(actor, session_id))
@@ -514,7 +629,7 @@ def _legacy(request: HttpRequest, actor: AgentActor, message: Any) -> HttpRespon
     try:
         if isinstance(message, dict) and message.get("method") == "initialize":
             return _initialize(actor, message)
-        session_id = request.headers.get("Mcp-Session-Id")
+        session_id = _header(request, "Mcp-Session-Id")
         if not session_id:
             raise _Transport(400, "Mcp-Session-Id header is required; send initialize first")
         record = _session_get(actor, session_id)
@@ -522,7 +637,7 @@ def _legacy(request: HttpRequest, actor: AgentActor, message: Any) -> HttpRespon
             raise _Transport(404, "Session not found; it ended or expired: initialize again")
         # The header, when sent, is one of HANDSHAKE_VERSIONS (others are routed to _modern and
         # refused there); the spec answers by it even when it is not the negotiated one.
-        version: str = request.headers.get("MCP-Protocol-Version") or record["version"]
+        version: str = _header(request, "MCP-Protocol-Version") or record["version"]
     except _Transport as exc:
         return _rpc_error(_request_id(message), RpcError(INVALID_REQUEST, exc.message), exc.status)
 

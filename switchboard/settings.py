@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import zoneinfo
 from pathlib import Path
@@ -95,6 +96,7 @@ INSTALLED_APPS = [
     "ninja",
     "queues",
     "admission",
+    "admission.limits",
     "switchboard.ledger",
     "switchboard.console",
 ]
@@ -215,6 +217,13 @@ MAX_LEASE_TTL_SECONDS = 86400
 DEFAULT_MAX_ATTEMPTS = 5
 # How often the sweeps run on beat; deferral hints for in_flight_full add the reaper interval.
 SWEEP_INTERVAL_SECONDS = env_int("SWEEP_INTERVAL_SECONDS", 30, minimum=1)
+# Threads per web process that serve synchronous views (every page, the REST API, MCP's POSTs),
+# one request at a time each (switchboard/asgi.py); async views (event streams) need none.
+WEB_THREADS = env_int("WEB_THREADS", 16, minimum=1)
+# Agents' endpoint rows may be kept this long per web process (queues/auth.py), saving a query per
+# agent request; a revoke or edit saved elsewhere then takes effect here only within it (at once
+# in the process that saved it). Off by default: a revoke refuses the next request everywhere.
+ENDPOINT_CACHE_SECONDS = float(env("ENDPOINT_CACHE_SECONDS", "0"))
 # Per-endpoint request rate limit (requests per second / burst); an endpoint may override it.
 ENDPOINT_RATE_LIMIT = env_rate("ENDPOINT_RATE_LIMIT", "20/40")
 # Writes to admission policies, per human.
@@ -223,6 +232,23 @@ POLICY_WRITE_RATE_LIMIT = env_rate("POLICY_WRITE_RATE_LIMIT", "1/10")
 WINDOW_RETENTION_DAYS = env_int("WINDOW_RETENTION_DAYS", 35, minimum=1)
 # Metrics: at most this many distinct queue labels; the rest are reported as __other__.
 METRICS_MAX_QUEUES = env_int("METRICS_MAX_QUEUES", 200, minimum=1)
+
+# Ready hooks: attempts per delivery, seconds between them, the timeout of each, and how long
+# a rotated-out signing secret still signs (receivers verify with the old or the new one).
+HOOK_ATTEMPTS = 3
+HOOK_RETRY_SECONDS = env_int("HOOK_RETRY_SECONDS", 5, minimum=0)
+HOOK_TIMEOUT_SECONDS = 5
+HOOK_SECRET_OVERLAP_SECONDS = env_int("HOOK_SECRET_OVERLAP_SECONDS", 86400, minimum=0)
+# Networks a notify URL may reach although they are not public (queues/hookguard.py), e.g.
+# "10.0.0.0/8,192.168.1.20": empty by default, so no hook calls into the server's own network.
+HOOK_ALLOWED_NETWORKS = [n.strip() for n in env("HOOK_ALLOWED_NETWORKS").split(",") if n.strip()]
+for _network in HOOK_ALLOWED_NETWORKS:
+    try:
+        ipaddress.ip_network(_network, strict=False)
+    except ValueError as _exc:
+        raise ImproperlyConfigured(
+            f"HOOK_ALLOWED_NETWORKS: {_network!r} is not an address or network"
+        ) from _exc
 
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = None
@@ -237,6 +263,9 @@ CELERY_BEAT_SCHEDULE = {
         "task": "queues.tasks.requeue_due_retries",
         "schedule": SWEEP_INTERVAL_SECONDS,
     },
+    # The doorbell: reminders for work still waiting, and stalls told to the claim's holder.
+    "doorbell-remind": {"task": "queues.tasks.remind_waiting", "schedule": SWEEP_INTERVAL_SECONDS},
+    "doorbell-stalls": {"task": "queues.tasks.ring_stalled", "schedule": SWEEP_INTERVAL_SECONDS},
     "admission-reopen": {"task": "admission.tasks.reopen", "schedule": SWEEP_INTERVAL_SECONDS},
     "retention": {"task": "admission.tasks.retention", "schedule": 3600},
     # The whole chain is read: often enough for the badge, rarely enough to cost nothing.

@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import include, path
 
+from queues.events import agent_events
 from switchboard.api import urls as api_urls
 from switchboard.mcp import mcp_view
 from switchboard.views import metrics_view
@@ -14,6 +15,8 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("metrics", metrics_view, name="metrics"),
     # The one NinjaAPI; every request body is bounded (1 MiB) before a view reads it.
+    # The agents' doorbell as server-sent events (a stream, so outside the NinjaAPI).
+    path("api/v1/agent/events", agent_events, name="agent-events"),
     path("api/v1/", api_urls()),
     # MCP over Streamable HTTP, one URL per endpoint (bounded inside the view).
     path("mcp/<str:slug>", mcp_view, name="mcp"),

@@ -5,7 +5,8 @@ arguments; refusals are ``switchboard.core.errors.DomainError`` subclasses. Coun
 notifications happen only after commit.
 
 - ``endpoints``: vend, update, revoke an endpoint; create and revoke a personal token;
-- ``todos``: intake, the transitions of a claimed todo, the operators' retry and release;
+- ``todos``: intake, the transitions of a claimed todo, the operators' retry, release and
+  discard, one todo at a time or a confirmed selection in bulk;
 - ``claiming``: the claim, through every registered gate;
 - ``sweeps``: lapsed leases and due retries.
 """
@@ -13,8 +14,10 @@ notifications happen only after commit.
 from __future__ import annotations
 
 from queues.services.claiming import Claimed, NothingClaimable, claim, claim_next
+from queues.services.doorbell_sweeps import remind_waiting, ring_stalled
 from queues.services.endpoints import (
     endpoint_revoke,
+    endpoint_rotate_hook_secret,
     endpoint_update,
     endpoint_vend,
     human_token_create,
@@ -24,6 +27,7 @@ from queues.services.endpoints import (
 )
 from queues.services.sweeps import reap_expired, requeue_due_retries
 from queues.services.todos import (
+    BulkDone,
     TodoCreated,
     backoff_seconds,
     complete,
@@ -31,12 +35,15 @@ from queues.services.todos import (
     heartbeat,
     release,
     todo_create,
+    todo_discard,
     todo_release,
     todo_retry,
+    todos_bulk,
 )
 from switchboard.core.tokens import hash_token
 
 __all__ = [
+    "BulkDone",
     "Claimed",
     "NothingClaimable",
     "TodoCreated",
@@ -45,6 +52,7 @@ __all__ = [
     "claim_next",
     "complete",
     "endpoint_revoke",
+    "endpoint_rotate_hook_secret",
     "endpoint_update",
     "endpoint_vend",
     "fail",
@@ -54,10 +62,14 @@ __all__ = [
     "human_token_revoke",
     "reap_expired",
     "release",
+    "remind_waiting",
     "requeue_due_retries",
     "resolve_lease_ttl",
+    "ring_stalled",
     "todo_create",
+    "todo_discard",
     "todo_release",
     "todo_retry",
+    "todos_bulk",
     "touch_endpoint",
 ]

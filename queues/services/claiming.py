@@ -7,11 +7,14 @@ limits) are asked in their lock order and never named here.
 1. The candidate: the oldest claimable todo (``FOR UPDATE SKIP LOCKED``), or the one todo
    (``FOR UPDATE``). The statement folds in each gate's probe and claims at once when no gate
    claims the row: one statement, committed on its own.
+   The statement passes over the rows a per-todo gate (a pool, tags, a rate limit) would
+   refuse now, so a todo held by its own limit never hides the next one behind it.
 2. Otherwise, before any lock, each gate's pre-read excludes the queues it refuses now.
 3. In one transaction, for each gated candidate: a savepoint; each gate admits under its own
-   lock; a refusal rolls back to the savepoint (releasing every gate lock taken for it),
-   excludes that queue and tries the next granted queue. ``claim_next`` never answers empty
-   while a claimable todo sits in a queue every gate admits.
+   lock; a refusal rolls back to the savepoint (releasing every gate lock taken for it), passes
+   over that queue (a per-todo gate's refusal: that todo) and tries again. ``claim_next`` never
+   answers empty while a claimable todo sits in a queue every gate admits and names no limit
+   that is full.
 4. The claim is written; each admitting gate charges for it in the same transaction.
 5. After the transaction: counters, and the refusals recorded (holding no gate lock).
 """
@@ -86,14 +89,15 @@ def claim_next(
                 endpoint_id=endpoint.id,
                 queues=granted,
                 excluded=[],
+                passed=[],
                 claimant=who,
                 via=actor.via,
                 ttl=ttl,
                 fence_hash=fence_hash,
                 fast=True,
             )
-        if cand is None:
-            return NothingClaimable()
+        if isinstance(cand, sql.NoCandidate):
+            return NothingClaimable(deferred=_held_entries(endpoint.id, granted, [], cand))
         if cand.todo is not None:
             report = _fast_report(cand.verdicts)
             metrics.claimed(cand.todo.queue, cand.todo.attempt, charged=report is not None)
@@ -115,23 +119,26 @@ def claim_next(
         for refusal in gate.pre_read(endpoint.id, granted)
     ]
     excluded = list(dict.fromkeys(r.refusal.queue for r in refusals))
+    passed: list[UUID] = []
     granted_open = [q for q in granted if q not in excluded]
     result: Claimed | None = None
+    last: sql.Candidate | sql.NoCandidate = sql.NoCandidate(skipped=False)
     # (3)-(4) One transaction: candidates in turn, each through every gate.
     with transaction.atomic(), sql.hot_cursor() as cursor:
         availability.check_deadline()  # the connection is in hand: late means no claim
         while granted_open:
-            cand = sql.claim_next_candidate(
+            last = cand = sql.claim_next_candidate(
                 cursor,
                 endpoint_id=endpoint.id,
                 queues=granted,
                 excluded=excluded,
+                passed=passed,
                 claimant=who,
                 via=actor.via,
                 ttl=ttl,
                 fence_hash=fence_hash,
             )
-            if cand is None:
+            if isinstance(cand, sql.NoCandidate):
                 break
             if cand.todo is not None:
                 result = Claimed(todo=cand.todo, attempt=cand.todo.attempt, lease_token=lease_token)
@@ -140,7 +147,12 @@ def claim_next(
                 cursor, cand.keys, cand.todo_id, who, actor, ttl, fence_hash
             )
             if isinstance(admitted, _Refused):
-                excluded.append(cand.queue)
+                # Each turn passes over one more todo or queue, so the loop ends. The passed
+                # todo stays locked by this transaction (others skip it) but no gate lock does.
+                if admitted.gate.per_todo:
+                    passed.append(cand.todo_id)
+                else:
+                    excluded.append(cand.queue)
                 refusals.append(admitted)
                 continue
             admitted.lease_token = lease_token
@@ -150,12 +162,19 @@ def claim_next(
             metrics.claimed(result.todo.queue, result.attempt, charged=result.admission is not None)
     # (5) A queue the pre-read excluded counts as refused only if it holds pending work: a
     # deferred queue with nothing waiting refuses nobody, and `{"empty": true}` alone means no work.
-    entries = [(r, r.gate.deferred_entry(r.refusal, endpoint.id)) for r in refusals]
+    per_queue = [r for r in refusals if not r.gate.per_todo]
+    entries = [(r, r.gate.deferred_entry(r.refusal, endpoint.id)) for r in per_queue]
     entries = [(r, entry) for r, entry in entries if entry["pending"] > 0]
-    _record_refusals([r for r, _ in entries])
     if result is not None:
+        _record_refusals([r for r, _ in entries] + [r for r in refusals if r.gate.per_todo])
         return result
-    return NothingClaimable(deferred=[entry for _, entry in entries])
+    # Empty: per-todo refusals are answered by what those gates hold now (their refusals under
+    # lock in this claim are among it, unless a slot has freed since).
+    _record_refusals([r for r, _ in entries])
+    return NothingClaimable(
+        deferred=[entry for _, entry in entries]
+        + _held_entries(endpoint.id, granted_open, passed, last)
+    )
 
 
 def claim(
@@ -255,6 +274,24 @@ def _fast_report(verdicts: tuple[dict[str, Any] | None, ...]) -> dict[str, Any] 
         if charged is not None:
             report = {**(report or {}), **charged}
     return report
+
+
+def _held_entries(
+    endpoint_id: UUID, queues: list[str], passed: list[UUID], last: sql.Candidate | sql.NoCandidate
+) -> list[dict[str, Any]]:
+    """An empty claim_next's deferred items for work per-todo gates hold: asked only when the
+    statement passed some todo over (or a gate refused one under its lock), and recorded as
+    refusals."""
+    if not passed and not (isinstance(last, sql.NoCandidate) and last.skipped):
+        return []
+    held = [
+        _Refused(gate, refusal)
+        for gate in gates.gates()
+        if gate.per_todo
+        for refusal in gate.holding(endpoint_id, queues)
+    ]
+    _record_refusals(held)
+    return [r.gate.deferred_entry(r.refusal, endpoint_id) for r in held]
 
 
 def _record_refusals(refusals: list[_Refused]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -12,7 +12,7 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from queues import access, metrics, sql
+from queues import access, hookguard, metrics, sql
 from queues.access import HumanActor, SystemActor
 from queues.models import (
     BASIC_VERBS,
@@ -96,6 +96,7 @@ def endpoint_vend(
         raise InvalidArgument("burst must be at least 1", field="burst")
     if slug is not None:
         check_slug(slug)
+    notify_url = check_notify_url(notify_url)
     token = tokens.mint(ENDPOINT_TOKEN_PREFIX)
     fields: dict[str, Any] = {
         "name": name,
@@ -168,6 +169,68 @@ def endpoint_revoke(*, endpoint: Endpoint, actor: HumanActor | SystemActor) -> i
         return total
 
 
+def endpoint_rotate_hook_secret(
+    *,
+    endpoint: Endpoint,
+    actor: HumanActor | SystemActor,
+    overlap_seconds: int | None = None,
+) -> str:
+    """A new signing secret for the endpoint's hooks; returns it (the receiver needs it).
+
+    The old secret keeps signing beside the new one for ``overlap_seconds`` (default
+    ``HOOK_SECRET_OVERLAP_SECONDS``; 0 drops it at once), so a receiver moved to the new secret
+    late still verifies every hook. The rotation lands in the ledger (never the secrets: the
+    rotation's time and overlap) in the same transaction.
+    """
+    access.check_actor(actor)
+    if isinstance(actor, HumanActor):
+        _check_may_change(actor, endpoint)
+    if overlap_seconds is None:
+        overlap_seconds = settings.HOOK_SECRET_OVERLAP_SECONDS
+    if not 0 <= overlap_seconds <= 30 * 86400:
+        raise InvalidArgument(
+            "overlap_seconds must be between 0 and 2592000 (30 days)", field="overlap_seconds"
+        )
+    with transaction.atomic():
+        locked = Endpoint.objects.select_for_update().select_related("owner").get(pk=endpoint.pk)
+        if locked.state != EndpointState.ACTIVE:
+            raise Conflict("the endpoint is revoked")
+        if not locked.notify_url:
+            raise Conflict("the endpoint has no hook URL, so no hook secret to rotate")
+        before = _audited(locked)
+        now = timezone.now()
+        locked.notify_secret_previous = locked.notify_secret if overlap_seconds else ""
+        locked.notify_secret_previous_until = (
+            now + timedelta(seconds=overlap_seconds) if overlap_seconds else None
+        )
+        locked.notify_secret = tokens.hook_secret()
+        locked.save(
+            update_fields=[
+                "notify_secret",
+                "notify_secret_previous",
+                "notify_secret_previous_until",
+            ]
+        )
+        _append(
+            LedgerKind.ENDPOINT_HOOK_SECRET_ROTATE,
+            actor,
+            locked,
+            before,
+            {
+                **_audited(locked),
+                "previous_secret_signs_until": _iso(locked.notify_secret_previous_until),
+            },
+        )
+    endpoint.notify_secret = locked.notify_secret
+    endpoint.notify_secret_previous = locked.notify_secret_previous
+    endpoint.notify_secret_previous_until = locked.notify_secret_previous_until
+    return locked.notify_secret
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None
+
+
 def human_token_create(
     *, user: User, name: str = "api", actor: HumanActor | SystemActor
 ) -> tuple[HumanToken, str]:
@@ -200,6 +263,21 @@ def human_token_revoke(*, token: HumanToken, actor: HumanActor | SystemActor) ->
 
 
 _UNSET: Any = object()
+
+
+def check_notify_url(notify_url: str | None) -> str:
+    """A hook URL, stripped ('' for none): http(s), at most 500 characters, and a host that
+    resolves only to addresses the server may call (queues.hookguard)."""
+    notify_url = validation.check_text(notify_url or "", "notify_url").strip()
+    if not notify_url:
+        return ""
+    if len(notify_url) > 500 or not notify_url.startswith(("https://", "http://")):
+        raise InvalidArgument("notify_url must be an http(s) URL", field="notify_url")
+    try:
+        hookguard.check_url(notify_url)
+    except hookguard.UnsafeHookAddress as exc:
+        raise InvalidArgument(f"notify_url is refused: {exc}", field="notify_url") from exc
+    return notify_url
 
 
 def endpoint_update(
@@ -236,12 +314,7 @@ def endpoint_update(
     if owner is not _UNSET:
         changes["owner"] = owner
     if notify_url is not _UNSET:
-        notify_url = (notify_url or "").strip()
-        if len(notify_url) > 500 or (
-            notify_url and not notify_url.startswith(("https://", "http://"))
-        ):
-            raise InvalidArgument("notify_url must be an http(s) URL", field="notify_url")
-        changes["notify_url"] = notify_url
+        changes["notify_url"] = check_notify_url(notify_url)
     if lease_ttl_seconds is not _UNSET:
         if lease_ttl_seconds is not None and not 1 <= lease_ttl_seconds <= 86400:
             raise InvalidArgument(
@@ -264,14 +337,15 @@ def endpoint_update(
         for field_name, value in changes.items():
             setattr(locked, field_name, value)
         if not locked.notify_url:
-            locked.notify_secret = ""
+            locked.notify_secret = locked.notify_secret_previous = ""
+            locked.notify_secret_previous_until = None
         elif not locked.notify_secret:
             locked.notify_secret = tokens.hook_secret()
         locked.save()
         after = _audited(locked)
         if after != before:
             _append(LedgerKind.ENDPOINT_UPDATE, actor, locked, before, after)
-    for field_name in [*changes, "notify_secret"]:
+    for field_name in [*changes, "notify_secret", "notify_secret_previous"]:
         setattr(endpoint, field_name, getattr(locked, field_name))
     return endpoint
 
@@ -301,7 +375,7 @@ def _audited(endpoint: Endpoint) -> dict[str, Any]:
     }
 
 
-def _ledger_actor(actor: HumanActor | SystemActor) -> ledger.Actor:
+def ledger_actor(actor: HumanActor | SystemActor) -> ledger.Actor:
     if isinstance(actor, SystemActor):
         return ledger.Actor(human_name=actor.label)
     user = actor.user
@@ -319,7 +393,7 @@ def _append(
 ) -> None:
     ledger.append(
         kind=kind,
-        actor=_ledger_actor(actor),
+        actor=ledger_actor(actor),
         scope=f"endpoint:{endpoint.slug}",
         before=before,
         after=after,
@@ -331,7 +405,7 @@ def _append_token(kind: str, actor: HumanActor | SystemActor, token: HumanToken)
         return
     ledger.append(
         kind=kind,
-        actor=_ledger_actor(actor),
+        actor=ledger_actor(actor),
         scope=f"user:{token.user.get_username()}",
         after={"token_prefix": token.token_prefix, "name": token.name},
     )

@@ -25,7 +25,7 @@ def reap_expired() -> int:
                 if state == TodoState.FAILED:
                     metrics.completed(queue, "dead_lettered", count)
                 else:
-                    wakes.todo_ready(endpoint_id, queue)
+                    wakes.todo_ready(endpoint_id, queue, reason="reaped")
                 transaction.on_commit(
                     lambda e=endpoint_id, q=queue: wakes.slot_freed(e, q)  # type: ignore[misc]
                 )
@@ -44,7 +44,7 @@ def requeue_due_retries() -> int:
             n = 0
             for endpoint_id, queue, count in rows:
                 n += count
-                wakes.todo_ready(endpoint_id, queue)
+                wakes.todo_ready(endpoint_id, queue, reason="requeued")
         total += n
         if n < SWEEP_BATCH:
             return total

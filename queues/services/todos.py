@@ -7,6 +7,9 @@ happen only after commit.
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -15,7 +18,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from queues import access, metrics, sql, wakes
+from queues import access, declared, metrics, selectors, sql, wakes
 from queues.access import Actor, AgentActor, HumanActor, acting_endpoint_ids
 from queues.models import (
     LIVE_TODO,
@@ -25,10 +28,13 @@ from queues.models import (
     TodoState,
     check_queue_name,
 )
-from queues.services.endpoints import resolve_lease_ttl
+from queues.selectors import BULK_ACTIONS, Selection
+from queues.services.endpoints import ledger_actor, resolve_lease_ttl
 from switchboard.core import availability, validation
 from switchboard.core.errors import Conflict, InvalidArgument, NotFound
 from switchboard.core.tokens import hash_token
+from switchboard.ledger import chain as ledger
+from switchboard.ledger.models import LedgerKind
 
 BACKOFF_BASE_SECONDS = 30
 BACKOFF_CAP_SECONDS = 900
@@ -59,8 +65,14 @@ def todo_create(
     idempotency_key: str | None = None,
     max_attempts: int | None = None,
     source: str = TodoSource.API,
+    pool: str | None = None,
+    tags: Sequence[str] | None = None,
+    rate_limit: str | None = None,
 ) -> TodoCreated:
-    """Put a todo on a queue. A duplicate idempotency key returns the live todo, created=False."""
+    """Put a todo on a queue. A duplicate idempotency key returns the live todo, created=False.
+
+    ``pool``, ``tags`` and ``rate_limit`` name declared limits the claim enforces; an undeclared
+    name is refused naming its field (``queues.declared``)."""
     access.check_actor(actor)
     access.check_todo_write(actor, endpoint)
     check_queue_name(queue)
@@ -87,6 +99,7 @@ def todo_create(
         raise InvalidArgument("max_attempts must be between 1 and 100", field="max_attempts")
     if payload is None:
         payload = {}
+    names = declared.check(pool=pool, tags=tags, rate_limit=rate_limit)
     try:
         with transaction.atomic():
             availability.check_deadline()  # a client that has given up gets no todo
@@ -99,9 +112,12 @@ def todo_create(
                 idempotency_key=idempotency_key,
                 max_attempts=max_attempts,
                 source=source,
+                pool=names.pool,
+                tags=list(names.tags),
+                rate_limit=names.rate_limit,
             )
             metrics.created(queue, source)
-            wakes.todo_ready(endpoint.id, queue)
+            wakes.todo_ready(endpoint.id, queue, todo_id=todo.id)
     except IntegrityError:
         if idempotency_key is None:
             raise
@@ -119,6 +135,9 @@ def todo_create(
                 idempotency_key=idempotency_key,
                 max_attempts=max_attempts,
                 source=source,
+                pool=pool,
+                tags=tags,
+                rate_limit=rate_limit,
             )
         return TodoCreated(todo=existing, created=False)
     return TodoCreated(todo=todo, created=True)
@@ -145,6 +164,7 @@ def _transition(
         "operator": isinstance(actor, HumanActor),
         "fence": hash_token(lease_token) if lease_token else None,
         "attempt": attempt,
+        "error": params.get("error"),
     }
     # One statement, committed on its own unless the caller holds a transaction.
     with sql.hot_cursor() as cursor:
@@ -256,21 +276,29 @@ def fail(
     summary: str = "",
     lease_token: str | None = None,
     attempt: int | None = None,
+    rate_limited: bool = False,
 ) -> Todo:
+    """Fail a claimed attempt. ``rate_limited``: the work met a 429, recorded against the todo's
+    rate limit in the same transaction (a todo naming none is refused, nothing changed)."""
     validation.check_stored_json(error, "error")
-    todo = _transition(
-        actor,
-        todo_id,
-        sql.fail_sql(),
-        {
-            "result": _json_param({"error": error} if error is not None else None),
-            "summary": _summary(summary),
-            "base": BACKOFF_BASE_SECONDS,
-            "cap": BACKOFF_CAP_SECONDS,
-        },
-        lease_token,
-        attempt,
-    )
+    # Only a reported 429 needs a transaction around the one statement.
+    with transaction.atomic() if rate_limited else nullcontext():
+        todo = _transition(
+            actor,
+            todo_id,
+            sql.fail_sql(),
+            {
+                "result": _json_param({"error": error} if error is not None else None),
+                "error": _json_param(error),
+                "summary": _summary(summary),
+                "base": BACKOFF_BASE_SECONDS,
+                "cap": BACKOFF_CAP_SECONDS,
+            },
+            lease_token,
+            attempt,
+        )
+        if rate_limited:
+            declared.observe_rate_limited(rate_limit=todo.rate_limit, actor=actor, todo_id=todo.id)
     _after_end(todo, "dead_lettered" if todo.dead_letter else "failed")
     return todo
 
@@ -283,7 +311,9 @@ def release(
         _after_end(todo, "dead_lettered")
     else:
         _after_end(todo, None)
-        transaction.on_commit(lambda: wakes.todo_ready_now(todo.endpoint_id, todo.queue))
+        transaction.on_commit(
+            lambda: wakes.todo_ready_now(todo.endpoint_id, todo.queue, todo_id=todo.id)
+        )
     return todo
 
 
@@ -307,23 +337,144 @@ def _after_end(todo: Todo, outcome: str | None) -> None:
 
 def todo_retry(*, actor: HumanActor, todo_id: UUID) -> Todo:
     """Operator retry: a failed todo (waiting or dead-lettered) back to pending, attempt reset."""
+    return _todo_act(actor, todo_id, "retry", seen_state=None)
+
+
+def todo_discard(*, actor: HumanActor, todo_id: UUID, seen_state: str | None = None) -> Todo:
+    """Operator discard: a pending or failed todo becomes ``discarded``, a terminal state no claim
+    and no sweep takes it out of. ``seen_state`` is the state the operator saw when deciding
+    (the todo page sends it): a todo that has moved since is refused, not discarded."""
+    return _todo_act(actor, todo_id, "discard", seen_state=seen_state)
+
+
+ACTION_WORDS = {"retry": "retried", "discard": "discarded"}
+ACTION_FROM = {"retry": "a failed todo", "discard": "a pending or failed todo"}
+
+
+def _todo_act(actor: HumanActor, todo_id: UUID, action: str, *, seen_state: str | None) -> Todo:
     todo = _operator_todo(actor, todo_id)
     with transaction.atomic():
-        updated = Todo.objects.filter(pk=todo.pk, state=TodoState.FAILED).update(
+        # Locked, so a concurrent retry, discard or claim waits and then sees the new state.
+        state = (
+            Todo.objects.select_for_update()
+            .filter(pk=todo.pk)
+            .values_list("state", flat=True)
+            .first()
+        )
+        if state not in BULK_ACTIONS[action]:
+            raise Conflict(
+                f"todo is {state}; only {ACTION_FROM[action]} can be {ACTION_WORDS[action]}",
+                state=state,
+            )
+        if seen_state is not None and state != seen_state:
+            raise Conflict(
+                f"todo is {state} now, not {seen_state} as you saw it: nothing was changed",
+                state=state,
+                reason="stale_selection",
+            )
+        _apply(actor, action, [(todo.pk, state, todo.endpoint_id, todo.queue)])
+    todo.refresh_from_db()
+    return todo
+
+
+@dataclass(frozen=True)
+class BulkDone:
+    action: str
+    count: int
+    todo_ids: list[UUID]
+
+
+def todos_bulk(*, actor: HumanActor, action: str, selection: Selection, token: str) -> BulkDone:
+    """Retry or discard every todo of a selection, exactly as its confirmation showed it.
+
+    1. Lock the selection's todos in id order (two bulk actions never deadlock; a concurrent
+       claim skips them, a concurrent retry or discard waits).
+    2. Fingerprint what is locked (ids, states, versions) and compare with ``token``, the
+       fingerprint the confirmation showed: anything that moved since (a todo retried, claimed,
+       discarded, a new failure) refuses the whole action with ``stale_selection`` and the fresh
+       count and token, and nothing changes.
+    3. Change them all in one statement, with one ledger row per queue identity.
+    """
+    access.check_actor(actor)
+    access.check_writes(actor, "auditors read; they do not change todos")
+    if not token:
+        raise InvalidArgument(
+            "selection is required: the token of the confirmation you are confirming",
+            field="selection",
+        )
+    with transaction.atomic():
+        locked = list(
+            selectors.bulk_rows(actor, action, selection)
+            .select_for_update(of=("self",))
+            .values_list("id", "state", "updated_at", "endpoint_id", "queue")
+        )
+        current = selectors.selection_token((i, st, at) for i, st, at, _, _ in locked)
+        if current != token:
+            raise Conflict(
+                f"the selection changed since it was confirmed: {len(locked)} todos match now; "
+                "nothing was changed",
+                reason="stale_selection",
+                count=len(locked),
+                selection=current,
+            )
+        _apply(actor, action, [(i, st, e, q) for i, st, _, e, q in locked])
+    return BulkDone(action, len(locked), [row[0] for row in locked])
+
+
+def _apply(actor: HumanActor, action: str, rows: list[tuple[UUID, str, UUID, str]]) -> None:
+    """Retry or discard locked todos (id, state, endpoint, queue), in the caller's transaction,
+    with one ledger row per queue identity naming every todo and the states they left."""
+    if not rows:
+        return
+    now = timezone.now()
+    ids = [row[0] for row in rows]
+    if action == "retry":
+        changed = Todo.objects.filter(pk__in=ids, state=TodoState.FAILED).update(
             state=TodoState.PENDING,
             attempt=0,
             next_retry_at=None,
             finished_at=None,
             owner="",
-            updated_at=timezone.now(),
+            updated_at=now,
         )
-        if updated != 1:
-            raise Conflict(
-                f"todo is {todo.state}; only a failed todo can be retried", state=todo.state
-            )
-        wakes.todo_ready(todo.endpoint_id, todo.queue)
-    todo.refresh_from_db()
-    return todo
+        new_state = TodoState.PENDING
+    else:
+        changed = Todo.objects.filter(pk__in=ids, state__in=BULK_ACTIONS["discard"]).update(
+            state=TodoState.DISCARDED,
+            next_retry_at=None,
+            lease_expires_at=None,
+            owner="",
+            finished_at=now,
+            updated_at=now,
+        )
+        new_state = TodoState.DISCARDED
+    # The rows are locked by this transaction: none can have moved between the read and here.
+    assert changed == len(ids), f"{changed} of {len(ids)} locked todos changed"
+    groups: dict[tuple[UUID, str], list[tuple[UUID, str]]] = defaultdict(list)
+    for todo_id, state, endpoint_id, queue in rows:
+        groups[(endpoint_id, queue)].append((todo_id, state))
+    slugs = dict(Endpoint.objects.filter(pk__in={e for e, _ in groups}).values_list("id", "slug"))
+    kind = LedgerKind.TODO_RETRY if action == "retry" else LedgerKind.TODO_DISCARD
+    for (endpoint_id, queue), todos in sorted(
+        groups.items(), key=lambda g: (str(g[0][0]), g[0][1])
+    ):
+        ledger.append(
+            kind=kind,
+            actor=ledger_actor(actor),
+            scope=f"endpoint:{slugs[endpoint_id]}",
+            queue=queue,
+            before={"states": dict(Counter(state for _, state in todos))},
+            after={
+                "state": new_state,
+                "count": len(todos),
+                "todos": [str(todo_id) for todo_id, _ in todos],
+            },
+        )
+        # A discard is counted by the todos gauge (state "discarded") and the ledger, not by
+        # the completed counter, which counts todos leaving a claim.
+        if action == "retry":
+            one = todos[0][0] if len(todos) == 1 else None
+            wakes.todo_ready(endpoint_id, queue, todo_id=one, reason="requeued")
 
 
 def todo_release(*, actor: HumanActor, todo_id: UUID) -> Todo:

@@ -20,15 +20,15 @@ from typing import Any
 from uuid import UUID
 
 from django.db import connection, models
-from django.db.models import F, Q, QuerySet, TextField, Window
-from django.db.models.functions import Cast, RowNumber
+from django.db.models import F, Q, QuerySet, Window
+from django.db.models.functions import RowNumber
 from django.http import QueryDict
 
 from admission import engine
 from admission import selectors as admission_selectors
 from admission.models import AdmissionPolicy
 from queues import access, conditions, selectors, sql
-from queues.access import Viewer, todo_scope, visible_endpoints
+from queues.access import Viewer, visible_endpoints
 from queues.conditions import Condition
 from queues.models import (
     QUARANTINE_QUEUE,
@@ -47,7 +47,13 @@ CARD_LIMIT = 20
 FOLD_AFTER = 12
 FLEET_CARD_LIMIT = 6
 # Cards in a section: held work first, then waiting, then the rest.
-CARD_ORDER = (TodoState.CLAIMED, TodoState.PENDING, TodoState.FAILED, TodoState.DONE)
+CARD_ORDER = (
+    TodoState.CLAIMED,
+    TodoState.PENDING,
+    TodoState.FAILED,
+    TodoState.DONE,
+    TodoState.DISCARDED,
+)
 PAGE_LIMIT = 50
 
 # The board's state filter: "live" (claimed, then pending) is the default.
@@ -58,6 +64,7 @@ STATE_CHOICES: tuple[tuple[str, str], ...] = (
     (TodoState.FAILED, "failed"),
     ("dead_letter", "dead letter"),
     (TodoState.DONE, "done"),
+    (TodoState.DISCARDED, "discarded"),
 )
 STATE_VALUES = tuple(v for v, _ in STATE_CHOICES)
 
@@ -65,7 +72,7 @@ STATE_VALUES = tuple(v for v, _ in STATE_CHOICES)
 REASON_TEXT: dict[str, str] = {
     reason: condition.label for reason, condition in conditions.BY_REASON.items()
 }
-MAX_SEARCH = 200
+MAX_SEARCH = selectors.MAX_SEARCH
 
 
 class Tone:
@@ -132,6 +139,20 @@ class Filters:
     @property
     def single_identity(self) -> bool:
         return bool(self.endpoint and self.queue)
+
+    @property
+    def fields(self) -> list[tuple[str, str]]:
+        """The filters as form fields (a confirmation form carries them back)."""
+        query = QueryDict(self.query())
+        return [(key, query[key]) for key in query]
+
+    @property
+    def state_label(self) -> str:
+        return dict(STATE_CHOICES)[self.state]
+
+    @property
+    def condition_label(self) -> str:
+        return Condition(self.condition).label if self.condition else ""
 
 
 # --- identities and counts ---------------------------------------------------------------------
@@ -296,13 +317,18 @@ class BoardView:
     total: int  # identities before the condition filter and the search
     healthy: int  # of those shown, collapsed to one line
     any_condition_query: str  # the same filters without the condition
+    # Every queue name of every identity, when neither the endpoint nor the queue filter narrowed
+    # them (then they are the queue filter's choices, with no query of their own).
+    queue_names: list[str] | None = None
+    # Every visible endpoint, when the endpoint filter did not narrow them (the filter's choices).
+    endpoints: list[Endpoint] | None = None
 
 
 def board_view(viewer: Viewer, filters: Filters, *, cards: bool = True) -> BoardView:
     """The board: every visible queue identity, trouble first, healthy ones on one line each
     (unless the filters ask for them), with the fleet summary counted before the condition filter
     and the search narrow it. A constant number of queries, however many sections."""
-    every = _all_sections(viewer, filters)
+    endpoints, every = _all_sections(viewer, filters)
     every.sort(key=lambda s: (conditions.RANK[s.condition], s.endpoint.slug, s.queue))
     summary = _summary(every, filters)
     shown = [s for s in every if not filters.condition or filters.condition in s.conditions]
@@ -326,6 +352,8 @@ def board_view(viewer: Viewer, filters: Filters, *, cards: bool = True) -> Board
         total=len(every),
         healthy=sum(1 for s in shown if s.collapsed),
         any_condition_query=filters.query(condition=""),
+        queue_names=None if filters.endpoint or filters.queue else sorted({s.queue for s in every}),
+        endpoints=None if filters.endpoint else endpoints,
     )
 
 
@@ -348,7 +376,8 @@ def _summary(every: list[Section], filters: Filters) -> list[SummaryItem]:
     ]
 
 
-def _all_sections(viewer: Viewer, filters: Filters) -> list[Section]:
+def _all_sections(viewer: Viewer, filters: Filters) -> tuple[list[Endpoint], list[Section]]:
+    """The visible endpoints (narrowed by the endpoint filter) and every section of theirs."""
     qs = visible_endpoints(viewer.actor)
     if filters.endpoint:
         qs = qs.filter(slug=filters.endpoint)
@@ -378,7 +407,7 @@ def _all_sections(viewer: Viewer, filters: Filters) -> list[Section]:
         )
         section.total = shown_total(section, filters.state)
         out.append(section)
-    return out
+    return endpoints, out
 
 
 def _states(filters: Filters) -> list[str]:
@@ -390,22 +419,13 @@ def _states(filters: Filters) -> list[str]:
 
 def _card_rows(viewer: Viewer, filters: Filters, endpoint_ids: list[UUID]) -> QuerySet[Todo]:
     """The todos the filters match on the given endpoints (state and search applied)."""
-    qs = Todo.objects.filter(todo_scope(viewer.actor), endpoint_id__in=endpoint_ids)
-    if filters.queue:
-        qs = qs.filter(queue=filters.queue)
-    states = _states(filters)
-    if states == ["dead_letter"]:
-        qs = qs.filter(state=TodoState.FAILED, next_retry_at__isnull=True)
-    else:
-        qs = qs.filter(state__in=states)
-    if filters.q:
-        match = Q(title__icontains=filters.q) | Q(payload_text__icontains=filters.q)
-        try:
-            match |= Q(id=UUID(filters.q))
-        except ValueError:
-            pass
-        qs = qs.annotate(payload_text=Cast("payload", TextField())).filter(match)
-    return qs
+    return selectors.todos_matching(
+        viewer.actor,
+        endpoint_ids=endpoint_ids,
+        queue=filters.queue,
+        states=_states(filters),
+        q=filters.q,
+    )
 
 
 def _search_hits(
@@ -443,9 +463,16 @@ def _fill_cards(
     else:
         by_key = {(s.endpoint.id, s.queue): s for s in found}
         order: dict[str, int] = {state: i for i, state in enumerate(CARD_ORDER)}
+        # Only the identities shown in full: on a folded board their endpoints' other queues
+        # (the one-line ones) would cost rows and model instances nobody sees.
+        shown = Q(pk__in=[])
+        for s in found:
+            shown |= Q(endpoint_id=s.endpoint.id, queue=s.queue)
         rows = (
             _card_rows(viewer, filters, list({s.endpoint.id for s in found}))
-            .select_related("endpoint")
+            .filter(shown)
+            # A card shows neither: decoding every card's JSON was a tenth of a large board.
+            .defer("payload", "result")
             .annotate(
                 rank=Window(
                     RowNumber(),
@@ -459,6 +486,7 @@ def _fill_cards(
         for todo in rows:
             section = by_key.get((todo.endpoint_id, todo.queue))
             if section is not None:
+                todo.endpoint = section.endpoint  # the one already read, not a join per card
                 section.cards.append(todo)
         for s in found:
             s.cards.sort(key=lambda t: order[t.state])

@@ -54,8 +54,10 @@ from switchboard.console.board import Filters, Section
 
 T = TypeVar("T")
 # Measured by `make bench` (bench/console_bench.py): commit to browser under a second at p50.
-INTERVAL = 0.5
-HUB_MAX_AGE = 0.4
+# 0.3 s each (was 0.5 and 0.4): a change is noticed 0.3 s sooner on average, for a fleet
+# snapshot (four grouped reads) at most every 0.3 s per web process while a board is open.
+INTERVAL = 0.3
+HUB_MAX_AGE = 0.3
 STREAM_SECONDS = 300
 RETRY_MS = 2000
 KEEPALIVE_SECONDS = 15

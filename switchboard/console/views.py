@@ -20,12 +20,12 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.http import reswap, retarget
 
 from admission import selectors as admission_selectors
-from queues import conditions, pauses, selectors, services
+from queues import activity, conditions, pauses, selectors, services
 from queues.access import Viewer, refuse_auditors, visible_endpoints
 from queues.conditions import Condition
 from queues.forms import PauseForm, TimezoneForm, TodoCompleteForm, TodoFailForm
 from queues.models import QUARANTINE_QUEUE, TodoState, check_queue_name
-from switchboard.console import board, live
+from switchboard.console import board, charts, live
 from switchboard.console.board import Filters
 from switchboard.core.errors import DomainError, Forbidden, InvalidArgument, NotFound
 from switchboard.core.pages import (
@@ -38,7 +38,7 @@ from switchboard.core.pages import (
 from switchboard.core.zones import zone_exists, zones
 
 TZ_COOKIE_AGE = 365 * 24 * 3600
-TODO_ACTIONS = ("claim", "complete", "fail", "release", "retry")
+TODO_ACTIONS = ("claim", "complete", "fail", "release", "retry", "discard")
 
 
 # --- the board ----------------------------------------------------------------------------------
@@ -55,8 +55,12 @@ def board_context(request: HttpRequest, viewer: Viewer, filters: Filters) -> dic
         "conditions": Condition.choices,
         "here": here,
         "state_choices": board.STATE_CHOICES,
-        "endpoints": visible_endpoints(viewer.actor),
-        "queue_names": board.visible_queue_names(viewer),
+        "endpoints": view.endpoints
+        if view.endpoints is not None
+        else visible_endpoints(viewer.actor),
+        "queue_names": view.queue_names
+        if view.queue_names is not None
+        else board.visible_queue_names(viewer),
         "live_url": live.live_url(viewer, filters, here),
         "nav": "board",
     }
@@ -244,11 +248,11 @@ def _todo_context(request: HttpRequest, viewer: Viewer, todo_id: UUID) -> dict[s
 
 def _actions_for(state: str, dead_letter: bool) -> list[str]:
     if state == TodoState.PENDING:
-        return ["claim"]
+        return ["claim", "discard"]
     if state == TodoState.CLAIMED:
         return ["complete", "fail", "release"]
     if state == TodoState.FAILED:
-        return ["retry"]
+        return ["retry", "discard"]
     return []
 
 
@@ -310,6 +314,11 @@ def todo_action_view(request: HttpRequest, todo_id: UUID, action: str) -> HttpRe
         elif action == "retry":
             services.todo_retry(actor=actor, todo_id=todo_id)
             messages.success(request, "Retried: back to pending with its attempts reset.")
+        elif action == "discard":
+            services.todo_discard(
+                actor=actor, todo_id=todo_id, seen_state=request.POST.get("seen_state") or None
+            )
+            messages.success(request, "Discarded: no claim or retry will take it again.")
         else:
             return refusal(request, NotFound(f"no todo action {action!r}"))
     except (Forbidden, NotFound) as exc:
@@ -317,6 +326,136 @@ def todo_action_view(request: HttpRequest, todo_id: UUID, action: str) -> HttpRe
     except DomainError as exc:
         messages.error(request, exc.message)
     return HttpResponseRedirect(back)
+
+
+# --- bulk retry and discard of the board's selection ---------------------------------------------
+
+BULK_WORDS = {
+    "retry": (
+        "Retry",
+        "retried",
+        "failed todos (waiting or dead) go back to pending, attempts reset",
+    ),
+    "discard": ("Discard", "discarded", "pending and failed todos are discarded for good"),
+}
+
+
+def _selection(viewer: Viewer, filters: Filters) -> selectors.Selection:
+    """The board's filtered selection. A condition filter narrows it to the identities the board
+    shows under that condition now (worked out again when the action is confirmed)."""
+    identities = None
+    if filters.condition:
+        shown = board.board_view(viewer, filters, cards=False).sections
+        identities = frozenset((s.endpoint.id, s.queue) for s in shown)
+    return selectors.Selection(
+        endpoint=filters.endpoint,
+        queue=filters.queue,
+        state=filters.state,
+        q=filters.q,
+        identities=identities,
+    )
+
+
+def _bulk_page(
+    request: HttpRequest,
+    viewer: Viewer,
+    action: str,
+    filters: Filters,
+    *,
+    stale: bool = False,
+    status: int = 200,
+) -> HttpResponse:
+    preview = selectors.bulk_preview(
+        actor=viewer.actor, action=action, selection=_selection(viewer, filters)
+    )
+    verb, done, rule = BULK_WORDS[action]
+    board_url = reverse("board") + (f"?{filters.query()}" if filters.query() else "")
+    context = {
+        "viewer": viewer,
+        "action": action,
+        "verb": verb,
+        "done": done,
+        "rule": rule,
+        "preview": preview,
+        "filters": filters,
+        "board_url": board_url,
+        "stale": stale,
+        "nav": "board",
+    }
+    return render(request, "queues/bulk.html", context, status=409 if stale else status)
+
+
+@require_http_methods(["GET", "POST"])
+@console_login_required
+@refuse_auditors
+def bulk_view(request: HttpRequest, action: str) -> HttpResponse:
+    """GET: what the action would change (count and sample), and a form to confirm exactly that.
+    POST: the confirmed action; a selection that moved since is shown again, unchanged (409)."""
+    if action not in BULK_WORDS:
+        return refusal(request, NotFound(f"no bulk action {action!r}"))
+    viewer = Viewer.of(request)
+    filters = Filters.from_query(request.POST if request.method == "POST" else request.GET)
+    if request.method == "GET":
+        return _bulk_page(request, viewer, action, filters)
+    try:
+        result = services.todos_bulk(
+            actor=viewer.actor,
+            action=action,
+            selection=_selection(viewer, filters),
+            token=request.POST.get("selection", ""),
+        )
+    except Forbidden as exc:
+        return refusal(request, exc)
+    except DomainError as exc:
+        if exc.details.get("reason") == "stale_selection":
+            return _bulk_page(request, viewer, action, filters, stale=True)
+        messages.error(request, exc.message)
+        return _bulk_page(request, viewer, action, filters, status=exc.status)
+    done = BULK_WORDS[action][1]
+    plural = "" if result.count == 1 else "s"
+    messages.success(request, f"{done.capitalize()} {result.count} todo{plural}.")
+    return HttpResponseRedirect(
+        reverse("board") + (f"?{filters.query()}" if filters.query() else "")
+    )
+
+
+# --- throughput and agents ----------------------------------------------------------------------
+
+
+@require_GET
+@console_login_required
+def throughput_view(request: HttpRequest) -> HttpResponse:
+    """Claims, completions and failures per minute over the last hour, one chart per queue."""
+    viewer = Viewer.of(request)
+    ids = visible_endpoints(viewer.actor).values_list("id", flat=True)
+    data = activity.throughput(list(ids))
+    return render(
+        request,
+        "queues/throughput.html",
+        {
+            "viewer": viewer,
+            "charts": [charts.throughput_chart(q, viewer.tz) for q in data],
+            "window": activity.WINDOW_MINUTES,
+            "nav": "throughput",
+        },
+    )
+
+
+@require_GET
+@console_login_required
+def agents_view(request: HttpRequest) -> HttpResponse:
+    """Each endpoint: when it was last seen and what it holds now."""
+    viewer = Viewer.of(request)
+    return render(
+        request,
+        "queues/agents.html",
+        {
+            "viewer": viewer,
+            "agents": activity.agents(visible_endpoints(viewer.actor)),
+            "shown": activity.HELD_SHOWN,
+            "nav": "agents",
+        },
+    )
 
 
 # --- the viewer's time zone ---------------------------------------------------------------------

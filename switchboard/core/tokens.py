@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import secrets
 
@@ -21,5 +22,6 @@ def mint(prefix: str, nbytes: int = 32) -> str:
 
 
 def hook_secret() -> str:
-    """A webhook signing secret (kept in clear: the receiver verifies with it)."""
-    return mint(HOOK_SECRET_PREFIX, 24)
+    """A webhook signing secret (kept in clear: the receiver verifies with it), in the Standard
+    Webhooks form: ``whsec_`` and the base64 of 24 random bytes, the key receivers decode."""
+    return HOOK_SECRET_PREFIX + base64.b64encode(secrets.token_bytes(24)).decode()

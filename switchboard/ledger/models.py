@@ -13,11 +13,17 @@ class LedgerKind(models.TextChoices):
     QUEUE_PAUSE = "queue.pause"
     QUEUE_RESUME = "queue.resume"
     ADMISSION_WAIVER = "admission.waiver"
+    LIMITS_WAIVER = "limits.waiver"
+    LIMITS_SET = "limits.set"
+    LIMITS_DELETE = "limits.delete"
     ENDPOINT_VEND = "endpoint.vend"
     ENDPOINT_UPDATE = "endpoint.update"
     ENDPOINT_REVOKE = "endpoint.revoke"
+    ENDPOINT_HOOK_SECRET_ROTATE = "endpoint.hook_secret_rotate"
     TOKEN_CREATE = "token.create"
     TOKEN_REVOKE = "token.revoke"
+    TODO_RETRY = "todo.retry"
+    TODO_DISCARD = "todo.discard"
 
 
 class LedgerEntry(models.Model):

@@ -4,12 +4,16 @@ Usage: python -m tests.admission.racer ENDPOINT_ID THREADS SYNC_DIR
 Environment: DATABASE_URL (the test database), REDIS_URL, DJANGO_SETTINGS_MODULE.
 Writes SYNC_DIR/ready-<pid> once every thread holds a connection, waits for SYNC_DIR/go, then
 prints one JSON line: {"claimed": [...todo ids], "deferred": [...reasons], "empty": n}.
+
+``race`` is the parent's side: it starts the children, lets them go together and returns their
+reports.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -74,6 +78,47 @@ def main(endpoint_id: str, threads: int, sync_dir: Path) -> None:
         "errors": errors,
     }
     print(json.dumps(out))
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def race(
+    endpoint_id: Any, threads: int, sync_dir: Path, database_url: str, redis_url: str
+) -> list[dict[str, Any]]:
+    """Two child processes of ``threads`` claimers each, released at once; their reports."""
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        "DJANGO_SETTINGS_MODULE": "switchboard.settings",
+    }
+    command = [sys.executable, "-m", "tests.admission.racer", str(endpoint_id), str(threads)]
+    children = [
+        subprocess.Popen(
+            [*command, str(sync_dir)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(sync_dir.glob("ready-*"))) < 2:
+            assert all(c.poll() is None for c in children), [c.communicate() for c in children]
+            assert time.monotonic() < deadline, "the racers never got ready"
+            time.sleep(0.01)
+        (sync_dir / "go").touch()
+        outputs = [c.communicate(timeout=120) for c in children]
+    finally:
+        for c in children:
+            if c.poll() is None:
+                c.kill()
+    assert [c.returncode for c in children] == [0, 0], outputs
+    return [json.loads(out.strip().splitlines()[-1]) for out, _err in outputs]
 
 
 if __name__ == "__main__":

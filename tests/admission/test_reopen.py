@@ -15,6 +15,7 @@ from django.utils import timezone
 from admission import services, windows
 from admission.models import AdmissionPolicy, AdmissionWindow
 from queues import services as queue_services
+from queues import wakes
 from queues.models import QueuePause, Todo
 from queues.services import Claimed
 from switchboard.celery import app
@@ -30,7 +31,7 @@ class Bell:
 
     def heard(self, wait: float = 0.5) -> list[str]:
         """Every notification delivered so far (each was sent at a commit that has returned)."""
-        return [n.payload for n in self.conn.notifies(timeout=wait)]
+        return [wakes.identity(n.payload) for n in self.conn.notifies(timeout=wait)]
 
 
 @contextmanager

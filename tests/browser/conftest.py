@@ -40,6 +40,41 @@ PHONE = 390
 WIDTHS = (DESKTOP, PHONE)
 
 
+# The running servers by URL, so a test's teardown can wait for its server to go quiet.
+_SERVERS: dict[str, uvicorn.Server] = {}
+QUIET_SECONDS = 15.0
+
+
+def wait_until_quiet(base: str) -> None:
+    """Wait until the server has no request in flight and no query of its own running.
+
+    The database reset after each test TRUNCATEs every table in one statement, taking its locks
+    one table at a time; a stream's read still running when the pages closed (a live board's
+    snapshot, finished by its executor thread after the request was cancelled) takes its locks in
+    another order, and PostgreSQL ends one of the two with "deadlock detected". Closing the pages
+    ends the requests; this waits for their queries to end too.
+    """
+    from django.db import connection
+
+    srv = _SERVERS[base]
+    deadline = time.monotonic() + QUIET_SECONDS
+    while srv.server_state.tasks and time.monotonic() < deadline:
+        time.sleep(0.02)
+    quiet_checks = 0
+    while quiet_checks < 2 and time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                SELECT count(*) FROM pg_stat_activity
+                WHERE datname = current_database() AND pid <> pg_backend_pid()
+                  AND backend_type = 'client backend' AND state <> 'idle'
+                """
+            )
+            busy = cursor.fetchone()[0]
+        quiet_checks = quiet_checks + 1 if busy == 0 else 0
+        time.sleep(0.02)
+
+
 @pytest.fixture(scope="session")
 def server(django_db_setup: Any) -> Iterator[str]:
     """uvicorn on 127.0.0.1:<free port> serving the ASGI app, for the whole session."""
@@ -62,7 +97,9 @@ def server(django_db_setup: Any) -> Iterator[str]:
         if time.monotonic() > deadline or not thread.is_alive():
             pytest.fail("uvicorn did not start")
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
+    url = f"http://127.0.0.1:{port}"
+    _SERVERS[url] = srv
+    yield url
     srv.should_exit = True
     thread.join(timeout=10)
 
@@ -139,6 +176,7 @@ class Session:
     def close(self) -> None:
         for context in self.contexts:
             context.close()
+        wait_until_quiet(self.base)
 
 
 @pytest.fixture

@@ -81,4 +81,9 @@ def console_pages(p: Personas, fleet: dict[str, Any]) -> list[str]:
         "/budgets/agent/inbox/clear",
         "/ledger",
         "/prefs/tz",
+        "/?state=dead_letter",
+        "/todos/bulk/retry?state=dead_letter",
+        "/todos/bulk/discard?queue=inbox",
+        "/throughput",
+        "/agents",
     ]

@@ -165,7 +165,7 @@ def test_an_operator_claims_and_completes_a_todo_in_the_drawer(
     drawer.locator("#complete-summary").fill("done by hand")
     drawer.get_by_role("button", name="Complete").click()
     expect(drawer.locator(".todo-head .state-label")).to_have_text("done")
-    expect(drawer.locator("table")).to_contain_text("done by hand")
+    expect(drawer.locator(".attempts")).to_contain_text("done by hand")
     todo.refresh_from_db()
     assert todo.state == TodoState.DONE
     attempt = todo.attempts.get()

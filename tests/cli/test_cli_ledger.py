@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from queues import services
 from switchboard.ledger import chain as ledger
 from switchboard.ledger.models import LedgerEntry, LedgerKind
 from tests.cli.test_cli import refusal, run
@@ -94,3 +95,28 @@ def test_a_token_for_someone_else_needs_a_superuser(personas: Personas) -> None:
     assert (code, error["code"]) == (1, "forbidden")
     run("token", "create", "--user", "olive", "--as", "ada")
     assert (last_row().kind, last_row().actor_human_name) == (LedgerKind.TOKEN_CREATE, "ada")
+
+
+def test_a_hook_secret_rotated_from_the_shell_is_printed_once_and_recorded(
+    personas: Personas, settings: Any
+) -> None:
+    settings.HOOK_ALLOWED_NETWORKS = ["10.0.0.0/8"]
+    p = personas
+    services.endpoint_update(
+        endpoint=p.agent, actor=p.as_human(p.owner), notify_url="http://10.0.0.7/hook"
+    )
+    old = p.agent.notify_secret
+    rotated = run(
+        "endpoint", "rotate-hook-secret", p.agent.slug, "--overlap", "600", "--as", "olive"
+    )
+    p.agent.refresh_from_db()
+    assert rotated["hook_secret"] == p.agent.notify_secret != old
+    assert p.agent.notify_secret_previous == old
+    assert rotated["previous_secret_signs_until"] is not None
+    row = last_row()
+    assert (row.kind, row.actor_human_name) == (LedgerKind.ENDPOINT_HOOK_SECRET_ROTATE, "olive")
+    assert old not in str(row.after) and p.agent.notify_secret not in str(row.after)
+
+    code, error = refusal("endpoint", "rotate-hook-secret", p.agent.slug, "--overlap", "-5")
+    assert (code, error["field"]) == (1, "overlap_seconds")
+    assert last_row().seq == row.seq

@@ -333,10 +333,25 @@ def test_a_client_response_is_accepted_without_an_answer(agent: Mcp) -> None:
 # --- transport refusals -------------------------------------------------------------------------
 
 
-def test_get_is_not_allowed(agent: Mcp) -> None:
+def test_get_without_a_session_is_not_allowed(agent: Mcp) -> None:
     response = agent.client.get(agent.path, headers=agent.headers())
     assert response.status_code == 405
     assert response["Allow"] == "POST, DELETE"
+
+
+def test_the_get_stream_needs_a_known_session_and_an_event_stream_accept(agent: Mcp) -> None:
+    agent.initialize()
+    unknown = agent.client.get(agent.path, headers=agent.headers(**{"Mcp-Session-Id": "nope"}))
+    assert unknown.status_code == 404
+    json_only = agent.client.get(agent.path, headers=agent.headers(Accept="application/json"))
+    assert json_only.status_code == 406
+    assert json_only.json()["error"]["data"]["field"] == "Accept"
+
+
+def test_other_methods_are_not_allowed(agent: Mcp) -> None:
+    response = agent.client.put(agent.path, headers=agent.headers())
+    assert response.status_code == 405
+    assert response["Allow"] == "GET, POST, DELETE"
 
 
 def test_an_unknown_or_missing_token_is_401(personas: Personas, client: Client) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -34,24 +35,36 @@ def listener(transactional_db: None) -> Iterator[Listener]:
 class HookServer:
     url: str
     posts: list[dict[str, Any]] = field(default_factory=list)
+    status: int = 204  # what the receiver answers (a test sets 500 for a receiver that is down)
 
     def bodies(self) -> list[dict[str, Any]]:
         return [json.loads(p["body"]) for p in self.posts]
 
 
 @pytest.fixture
-def hook_server() -> Iterator[HookServer]:
-    """A local HTTP server recording every POST (the agent's side of the ready hook)."""
+def hook_server(settings: Any) -> Iterator[HookServer]:
+    """A local HTTP server recording every POST (the agent's side of the ready hook). Loopback
+    is refused to hooks unless allowed (queues/hookguard.py): this receiver's address is put on
+    the allow-list for the test."""
+    settings.HOOK_ALLOWED_NETWORKS = ["127.0.0.1/32"]
     posts: list[dict[str, Any]] = []
     lock = threading.Lock()
+    receiver = HookServer(url="", posts=posts)
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             length = int(self.headers.get("content-length") or 0)
             body = self.rfile.read(length).decode()
             with lock:
-                posts.append({"path": self.path, "headers": dict(self.headers), "body": body})
-            self.send_response(204)
+                posts.append(
+                    {
+                        "path": self.path,
+                        "headers": dict(self.headers),
+                        "body": body,
+                        "at": time.monotonic(),
+                    }
+                )
+            self.send_response(receiver.status)
             self.end_headers()
 
         def log_message(self, format: str, *args: Any) -> None:
@@ -62,7 +75,8 @@ def hook_server() -> Iterator[HookServer]:
     thread.start()
     host, port = server.server_address[:2]
     try:
-        yield HookServer(url=f"http://{host!s}:{port}/hook", posts=posts)
+        receiver.url = f"http://{host!s}:{port}/hook"
+        yield receiver
     finally:
         server.shutdown()
         server.server_close()

@@ -37,6 +37,10 @@ class Listener:
         self.conn.execute(f"LISTEN {wakes.CHANNEL}")
 
     def drain(self) -> list[str]:
+        """The queue identities (``<endpoint_id>:<queue>``) rung since the last drain."""
+        return [wakes.identity(raw) for raw in self.drain_raw()]
+
+    def drain_raw(self) -> list[str]:
         sentinel = f"sentinel:{uuid.uuid4()}"
         self.conn.execute("SELECT pg_notify(%s, %s)", [wakes.CHANNEL, sentinel])
         seen: list[str] = []

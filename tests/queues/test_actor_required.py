@@ -12,6 +12,7 @@ import pytest
 from admission import services as admission_services
 from queues import pauses, services
 from queues.models import Endpoint, HumanToken, Todo
+from queues.selectors import Selection
 from switchboard.ledger.models import LedgerEntry
 from tests.conftest import Personas, push
 
@@ -23,6 +24,9 @@ SERVICES: dict[str, Call] = {
     ),
     "endpoint_update": lambda p, a: services.endpoint_update(endpoint=p.agent, name="X", **a),
     "endpoint_revoke": lambda p, a: services.endpoint_revoke(endpoint=p.agent, **a),
+    "endpoint_rotate_hook_secret": lambda p, a: services.endpoint_rotate_hook_secret(
+        endpoint=p.agent, **a
+    ),
     "human_token_create": lambda p, a: services.human_token_create(user=p.owner, **a),
     "human_token_revoke": lambda p, a: services.human_token_revoke(
         token=HumanToken.objects.first() or HumanToken(), **a
@@ -38,6 +42,10 @@ SERVICES: dict[str, Call] = {
     "release": lambda p, a: services.release(todo_id=uuid.uuid4(), **a),
     "todo_retry": lambda p, a: services.todo_retry(todo_id=uuid.uuid4(), **a),
     "todo_release": lambda p, a: services.todo_release(todo_id=uuid.uuid4(), **a),
+    "todo_discard": lambda p, a: services.todo_discard(todo_id=Todo.objects.first().pk, **a),  # type: ignore[union-attr]
+    "todos_bulk": lambda p, a: services.todos_bulk(
+        action="discard", selection=Selection(), token="x", **a
+    ),
     "queue_pause": lambda p, a: pauses.queue_pause(queue="inbox", reason="r", **a),
     "queue_resume": lambda p, a: pauses.queue_resume(queue="inbox", **a),
     "policy_set": lambda p, a: admission_services.policy_set(

@@ -469,7 +469,7 @@ def test_a_takeover_whose_snapshot_predates_the_claim_it_replaces_still_ends_tha
     takes the todo over: the attempt it replaces ends, and one attempt stays open."""
     p = tx_personas
     (todo,) = push(p, 1)
-    scan = "WHERE t.endpoint_id = %(endpoint)s"
+    scan = "AND t.id <> ALL(%(passed)s::uuid[])"  # the candidate scan's own condition
     original = sql._claim_next_sql
 
     def waits_first(gate_list: Any, fast: bool = False) -> str:
@@ -477,7 +477,7 @@ def test_a_takeover_whose_snapshot_predates_the_claim_it_replaces_still_ends_tha
         assert scan in statement
         return statement.replace(
             scan,
-            f"WHERE (SELECT count(*) FROM (SELECT pg_advisory_xact_lock(4242)) w) = 1 AND {scan[6:]}",
+            f"AND (SELECT count(*) FROM (SELECT pg_advisory_xact_lock(4242)) w) = 1 {scan}",
         )
 
     monkeypatch.setattr(sql, "_claim_next_sql", waits_first)

@@ -1,9 +1,10 @@
-"""``manage.py endpoint vend|list|revoke``: agents' credentials, from the shell.
+"""``manage.py endpoint vend|list|revoke|rotate-hook-secret``: agents' credentials, from the shell.
 
     endpoint vend --owner USER --name NAME --queues a,b [--verbs v,w] [--lease-ttl S] [--rps N]
                   [--burst N] [--slug SLUG] [--as USER] [--json]
     endpoint list [--owner USER] [--state active|revoked] [--json]
     endpoint revoke SLUG [--as USER] [--json]
+    endpoint rotate-hook-secret SLUG [--overlap S] [--as USER] [--json]
 
 ``--as USER`` acts as that human (their access applies and the ledger names them); without it
 the system acts and the ledger row names ``system:cli``.
@@ -83,10 +84,26 @@ class Command(BaseCommand):
         add_as_option(revoke)
         revoke.set_defaults(handler=self.revoke)
 
+        rotate = sub.add_parser(
+            "rotate-hook-secret",
+            help="a new signing secret for the ready hooks; the old one signs too for --overlap",
+        )
+        rotate.add_argument("slug", metavar="SLUG")
+        rotate.add_argument(
+            "--overlap",
+            type=int,
+            default=None,
+            metavar="S",
+            help="seconds the old secret still signs (default HOOK_SECRET_OVERLAP_SECONDS)",
+        )
+        rotate.add_argument("--json", action="store_true", help="print JSON")
+        add_as_option(rotate)
+        rotate.set_defaults(handler=self.rotate_hook_secret)
+
     def handle(self, *args: Any, **options: Any) -> None:
         handler = options.get("handler")
         if handler is None:
-            raise usage("name a subcommand: endpoint vend|list|revoke")
+            raise usage("name a subcommand: endpoint vend|list|revoke|rotate-hook-secret")
         try:
             handler(options)
         except DomainError as exc:
@@ -134,9 +151,32 @@ class Command(BaseCommand):
         emit(self, options, {"endpoints": rows}, "\n".join(lines) or "no endpoints")
 
     def revoke(self, options: dict[str, Any]) -> None:
-        endpoint = Endpoint.objects.select_related("owner").filter(slug=options["slug"]).first()
-        if endpoint is None:
-            raise NotFound(f"no endpoint with slug {options['slug']!r}", field="slug")
+        endpoint = _endpoint(options["slug"])
         count = services.endpoint_revoke(endpoint=endpoint, actor=cli_actor(options))
         data = {"endpoint": endpoint_out(endpoint), "dead_lettered": count}
         emit(self, options, data, f"revoked {endpoint.slug}; {count} live todo(s) dead-lettered")
+
+    def rotate_hook_secret(self, options: dict[str, Any]) -> None:
+        endpoint = _endpoint(options["slug"])
+        secret = services.endpoint_rotate_hook_secret(
+            endpoint=endpoint, actor=cli_actor(options), overlap_seconds=options["overlap"]
+        )
+        until = endpoint.notify_secret_previous_until
+        data = {
+            "endpoint": endpoint_out(endpoint),
+            "hook_secret": secret,
+            "previous_secret_signs_until": until.isoformat() if until else None,
+        }
+        text = f"hook secret: {secret}   (shown once)\n" + (
+            f"the old secret also signs until {until.isoformat()}"
+            if until
+            else "the old secret no longer signs"
+        )
+        emit(self, options, data, text)
+
+
+def _endpoint(slug: str) -> Endpoint:
+    endpoint = Endpoint.objects.select_related("owner").filter(slug=slug).first()
+    if endpoint is None:
+        raise NotFound(f"no endpoint with slug {slug!r}", field="slug")
+    return endpoint

@@ -1,4 +1,5 @@
-"""``manage.py todo push ENDPOINT QUEUE --title T [--payload JSON] [--key K]``: put work in.
+"""``manage.py todo push ENDPOINT QUEUE --title T [--payload JSON] [--key K] [--pool P]
+[--tag T ...] [--rate-limit R]``: put work in.
 
 Acts as the endpoint's owner (the operator at the shell stands in for them). ``--key`` is the
 idempotency key: while a todo with it is live, pushing again returns that todo (created: false).
@@ -33,6 +34,11 @@ class Command(BaseCommand):
         push.add_argument("--key", default=None, help="idempotency key")
         push.add_argument("--kind", default="")
         push.add_argument("--max-attempts", type=int, default=None, metavar="N")
+        push.add_argument("--pool", default=None, help="a declared pool")
+        push.add_argument(
+            "--tag", dest="tags", action="append", default=None, help="a declared tag (repeatable)"
+        )
+        push.add_argument("--rate-limit", default=None, help="a declared rate limit")
         push.add_argument("--json", action="store_true", help="print JSON")
         push.set_defaults(handler=self.push)
 
@@ -61,6 +67,9 @@ class Command(BaseCommand):
             payload=payload,
             idempotency_key=options["key"],
             max_attempts=options["max_attempts"],
+            pool=options["pool"],
+            tags=options["tags"],
+            rate_limit=options["rate_limit"],
             source=TodoSource.CLI,
         )
         todo = one_todo_out(made.todo)

@@ -7,7 +7,11 @@ from datetime import UTC, datetime, tzinfo
 from typing import Any
 
 from django import template
+from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.http import urlencode
+from django.utils.safestring import SafeString
 
 from queues import conditions
 from switchboard.console.board import REASON_TEXT
@@ -57,6 +61,46 @@ def pretty_json(value: Any) -> str:
 
 
 @register.filter
+def words(value: str | None) -> str:
+    """A stored word as prose: ``dead_lettered`` reads "dead lettered"."""
+    return (value or "").replace("_", " ")
+
+
+@register.filter
+def state_word(todo: Any) -> str:
+    """A todo's state in the words of ``queues.conditions.TodoWord`` ("dead letter", …)."""
+    return conditions.todo_word(todo.state, todo.next_retry_at).label
+
+
+@register.filter
+def state_class(todo: Any) -> str:
+    """The CSS class of a todo's state: a dead letter has its own."""
+    return conditions.todo_word(todo.state, todo.next_retry_at).value.replace("_", "-")
+
+
+# Keys under which an agent's error carries a stack trace: shown as code, lines kept.
+TRACE_KEYS = ("traceback", "stack", "stacktrace", "stack_trace", "backtrace")
+
+
+@register.filter
+def error_parts(value: Any) -> dict[str, Any]:
+    """An error as the todo page shows it: its stack trace (if a string field names one) as
+    code with its lines, a plain string as text, and the rest as indented JSON."""
+    trace = None
+    rest = value
+    if isinstance(value, dict):
+        for key in TRACE_KEYS:
+            if isinstance(value.get(key), str):
+                trace = value[key]
+                rest = {k: v for k, v in value.items() if k != key}
+                break
+    if isinstance(rest, str):
+        return {"text": rest, "trace": trace, "json": None}
+    shown = None if rest in ({}, None) else json.dumps(rest, indent=2, sort_keys=True, default=str)
+    return {"text": None, "trace": trace, "json": shown}
+
+
+@register.filter
 def reason_text(reason: str | None) -> str:
     if not reason:
         return ""
@@ -95,3 +139,28 @@ def get_item(mapping: dict[Any, Any] | None, key: Any) -> Any:
 def times(value: int | None, factor: float) -> float:
     """``max|times:0.8``: a fraction of a limit (the meters' "getting full" mark)."""
     return round((value or 0) * float(factor), 2)
+
+
+@register.simple_tag
+def board_line(s: Any) -> SafeString:
+    """A healthy section folded to one line. Written here rather than as template markup: a
+    large board has a hundred of them, and the template engine's lookups were most of its time."""
+    query = urlencode({"endpoint": s.endpoint.slug, "queue": s.queue})
+    return format_html(
+        '<li id="line-{key}" class="qline">\n'
+        '  <a href="{board}?{query}">{queue} <span class="muted">on</span> '
+        '<span class="endpoint">{slug}</span></a>\n'
+        '  <span class="badge tone-{tone}" data-tone="{tone}">{label}</span>\n'
+        '  <span class="muted nowrap">{pending} pending · {claimed} claimed · {done} done</span>\n'
+        "</li>",
+        key=s.key,
+        board=reverse("board"),
+        query=query,
+        queue=s.queue,
+        slug=s.endpoint.slug,
+        tone=s.tone,
+        label=s.tone_label,
+        pending=s.counts.get("pending", 0),
+        claimed=s.counts.get("claimed", 0),
+        done=s.counts.get("done", 0),
+    )

@@ -49,7 +49,7 @@ $$;
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('queues', '0004_todo_json_edge_bounds'),
+        ('queues', '0007_todo_discarded_attempt_errors_and_time_indexes'),
     ]
 
     operations = [

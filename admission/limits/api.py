@@ -1,0 +1,92 @@
+"""The operators' limits API (humans: session or ``sbh_`` token), mounted at /api/v1/.
+
+- ``GET /limits``: every declared limit with how full it is now (``limits_status``);
+- ``PUT /limits/{kind}/{name}``: declare it or change the fields given (``kind``: pool, tag, rate);
+- ``DELETE /limits/{kind}/{name}``: remove a limit no live todo names.
+
+Any signed-in human reads; changing a fleet-wide limit needs the limits change permission
+(superusers). Handlers are thin: ``admission.limits.selectors`` and ``services``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from django.http import HttpRequest, HttpResponse
+from ninja import Router, Schema
+from pydantic import Field
+
+from admission.limits import selectors, services
+from queues.access import HumanActor
+from queues.auth import HumanAuth
+from queues.schemas import Strict
+from switchboard.core.http import ErrorOut
+
+router = Router(tags=["limits"], auth=HumanAuth())
+
+WRITE_ERRORS: dict[int, Any] = {
+    400: ErrorOut,
+    401: ErrorOut,
+    403: ErrorOut,
+    404: ErrorOut,
+    409: ErrorOut,
+}
+
+
+class LimitIn(Strict):
+    """Only the fields of the limit's kind; a field left out keeps its value (or default)."""
+
+    slots: int | None = Field(default=None, description="pool: claims naming it at once")
+    limit: int | None = Field(default=None, description="tag: claims naming it at once")
+    base_limit: int | None = Field(default=None, description="rate: claims per minute")
+    floor: int | None = Field(default=None, description="rate: the least claims per minute")
+    decay_window_seconds: int | None = Field(default=None, description="rate: a 429's reach")
+    posture: Literal["enforce", "advise", "off"] | None = None
+
+
+class LimitOut(Schema):
+    kind: Literal["pool", "tag", "rate"]
+    name: str
+    posture: str
+    slots: int | None = None
+    limit: int | None = None
+    base_limit: int | None = None
+    floor: int | None = None
+    decay_window_seconds: int | None = None
+    held: int | None = None
+    effective_limit: int | None = None
+    observations: int | None = None
+    used_this_minute: int | None = None
+
+
+class LimitListOut(Schema):
+    limits: list[LimitOut]
+
+
+def _actor(request: HttpRequest) -> HumanActor:
+    actor: HumanActor = request.auth  # type: ignore[attr-defined]
+    return actor
+
+
+@router.get("/limits", response={200: LimitListOut, 401: ErrorOut}, summary="List limits")
+def list_limits(request: HttpRequest) -> dict[str, Any]:
+    """Every pool, tag limit and rate limit, with its occupancy (or effective limit) now."""
+    return {"limits": selectors.limits_status()}
+
+
+@router.put(
+    "/limits/{kind}/{name}", response={200: LimitOut, **WRITE_ERRORS}, summary="Set a limit"
+)
+def put_limit(request: HttpRequest, kind: str, name: str, payload: LimitIn) -> dict[str, Any]:
+    """Declare the limit, or change the fields given. Each change is a ledger row."""
+    given = payload.model_dump(exclude_none=True)
+    return services.limit_set(actor=_actor(request), kind=kind, name=name, **given)
+
+
+@router.delete(
+    "/limits/{kind}/{name}", response={204: None, **WRITE_ERRORS}, summary="Delete a limit"
+)
+def delete_limit(request: HttpRequest, kind: str, name: str) -> HttpResponse:
+    """Remove a limit no live todo names (the ledger keeps it as ``before``)."""
+    services.limit_delete(actor=_actor(request), kind=kind, name=name)
+    return HttpResponse(status=204)

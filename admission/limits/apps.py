@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class LimitsConfig(AppConfig):
+    """Named limits (pools, tag limits, rate limits, queue settings): declared here, named by
+    todos at intake (``queues.declared``)."""
+
+    name = "admission.limits"
+    label = "limits"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        import admission.limits.verbs  # noqa: F401  (declares this app's agent verb)
+        from admission.limits import gates, intake, rates
+        from queues import declared
+
+        declared.register(intake.check_declared)
+        declared.register_rate_observer(rates.observe)
+        gates.register()

@@ -1,0 +1,412 @@
+"""The pool, tag and rate claim gates: occupancy (claimed todos naming the limit) below the
+limit, and claims this minute below a rate limit's effective limit.
+
+Registered from ``LimitsConfig.ready()`` through ``queues.gates``, after admission's budget gate,
+so every claim takes its locks in one fixed order: policy (10), pool (20), tags sorted (30),
+rate (40).
+Under a gate's row lock (``FOR UPDATE``), a later statement counts occupancy excluding a takeover
+of this very todo, so it sees every claim committed by the transactions the lock waited for.
+
+Postures: ``enforce`` refuses (``pool_full`` / ``tag_full`` / ``rate_limited`` with
+``next_eligible_at``),
+``advise`` admits and appends a waiver to the ledger naming exactly the limits exceeded (ledger
+rows are HMAC-hashed in a signed chain), ``off`` is inert. A limit of 0 is quarantine.
+
+These limits hold per todo, not per queue identity: instead of a queue-wide pre-read each gate
+gives a skip (the limits it would refuse now, read without locks, as one array per statement)
+that claim_next's statement passes over, and a refusal under the lock passes over that todo
+only. ``holding`` says, for an empty claim_next, which queues' todos each gate holds and until
+when.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.db import connection
+from django.db.backends.utils import CursorWrapper
+from django.utils import timezone
+
+from admission.limits import rates
+from admission.limits.models import LimitPosture
+from queues import gates, metrics
+from queues.access import append_claim_waiver
+from queues.claimable import CLAIMABLE
+from switchboard.core.errors import Deferred
+from switchboard.ledger.models import LedgerKind
+
+
+@dataclass(frozen=True)
+class Held:
+    """One limit read under its lock: its occupancy excluding the candidate."""
+
+    name: str
+    limit: int
+    posture: str
+    held: int
+    earliest_lease: datetime | None
+
+    @property
+    def exceeded(self) -> bool:
+        return self.posture != LimitPosture.OFF and self.held >= self.limit
+
+
+@dataclass(frozen=True)
+class LimitRefusal:
+    queue: str
+    reason: str
+    next_eligible_at: datetime | None
+    limits: tuple[str, ...]
+    exact: bool = False
+    pending: int = 1  # the todos of the queue this holds
+
+
+# The limits full now under enforce, each an uncorrelated ARRAY(...) the planner runs once per
+# statement (an InitPlan), and only when a row naming such a limit is met. A takeover's own
+# occupancy would count against it here, so the skips leave claimed (lapsed) rows to ``admit``.
+_FULL_POOLS = """ARRAY(
+    SELECT p.name FROM limits_pool p
+    WHERE p.posture = 'enforce'
+      AND p.slots <= (SELECT count(*) FROM queues_todo o
+                      WHERE o.state = 'claimed' AND o.pool = p.name))"""
+# `o.tags <> '{}'` states todo_claimed_tags_idx's predicate, so the planner can use it.
+_FULL_TAGS = """ARRAY(
+    SELECT l.tag FROM limits_taglimit l
+    WHERE l.posture = 'enforce'
+      AND l."limit" <= (SELECT count(*) FROM queues_todo o
+                        WHERE o.state = 'claimed' AND o.tags <> '{}'
+                          AND o.tags @> ARRAY[l.tag]))"""
+# rates.effective_limit and rates.read, in SQL (base_limit < 2^20, so a shift of 31 is 0).
+_FULL_RATES = """ARRAY(
+    SELECT r.name FROM limits_ratelimit r
+    WHERE r.posture = 'enforce'
+      AND coalesce((SELECT m.used FROM limits_rateminute m
+                    WHERE m.rate_limit_id = r.id
+                      AND m.minute = date_trunc('minute', statement_timestamp())), 0)
+          >= GREATEST(r.floor, r.base_limit >> LEAST(31, (
+                SELECT count(*) FROM limits_rateobservation o
+                WHERE o.rate_limit_id = r.id AND o.observed_at <= statement_timestamp()
+                  AND o.observed_at > statement_timestamp()
+                                      - make_interval(secs => r.decay_window_seconds)))::int))"""
+
+
+def _earliest(times: list[datetime | None]) -> datetime | None:
+    """When the first of several held todos may be eligible (None: only by an operator)."""
+    known = [t for t in times if t is not None]
+    return min(known) if known else None
+
+
+@dataclass
+class _Waived(gates.Admission):
+    """Admitted over an advise limit: the waiver is appended with the claim."""
+
+    gate: str
+    over: list[Held] = field(default_factory=list)
+
+    def charge(self, cursor: CursorWrapper, *, todo: Any, actor: Any) -> dict[str, Any] | None:
+        if self.over:
+            append_waiver(self.gate, self.over, actor, todo)
+        return None
+
+
+@dataclass
+class _RateCharge(_Waived):
+    """A rate limit spends one claim of the current minute, whatever the posture."""
+
+    rate_id: int = 0
+    now: datetime | None = None
+
+    def charge(self, cursor: CursorWrapper, *, todo: Any, actor: Any) -> dict[str, Any] | None:
+        assert self.now is not None
+        rates.charge(cursor, self.rate_id, self.now)
+        return super().charge(cursor, todo=todo, actor=actor)
+
+
+def _refusal(
+    cursor: Any, todo_id: UUID, reason: str, at: datetime | None, names: list[str], exact: bool
+) -> LimitRefusal:
+    cursor.execute("SELECT queue FROM queues_todo WHERE id = %s", [todo_id])
+    (queue,) = cursor.fetchone()
+    return LimitRefusal(
+        queue=queue, reason=reason, next_eligible_at=at, limits=tuple(names), exact=exact
+    )
+
+
+def _next_eligible(over: list[Held], now: datetime) -> datetime | None:
+    """A unit frees at the latest when the earliest lease lapses and the reaper runs; a
+    quarantined (0) limit never frees one by itself."""
+    leases = [h.earliest_lease for h in over if h.limit > 0 and h.earliest_lease is not None]
+    if len(leases) < len(over):
+        return None
+    return max(now, *leases) + timedelta(seconds=settings.SWEEP_INTERVAL_SECONDS)
+
+
+class _OccupancyGate:
+    name: str
+    lock_order: int
+    per_todo = True
+    reason: str
+    noun: str
+    # The names of the limits full now under enforce (SQL), for ``skip``.
+    full_now: str
+    # The declaration rows of the key, locked in name order.
+    lock_sql: str
+    # Occupancy per name among the key, excluding the candidate.
+    count_sql: str
+
+    def probe(self, alias: str) -> str:
+        raise NotImplementedError
+
+    def frees_slot(self, alias: str) -> str:
+        return f"({self.probe(alias)}) IS NOT NULL"
+
+    def names(self, key: Any) -> list[str]:
+        return [key] if isinstance(key, str) else sorted(key)
+
+    def read(self, cursor: Any, names: list[str], todo_id: UUID | None, lock: bool) -> list[Held]:
+        cursor.execute(self.lock_sql + (" FOR UPDATE" if lock else ""), [names])
+        declared = cursor.fetchall()
+        cursor.execute(self.count_sql, [names, todo_id])
+        counts = {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
+        return [
+            Held(name, limit, posture, *counts.get(name, (0, None)))
+            for name, limit, posture in declared
+        ]
+
+    def pre_read(self, endpoint_id: UUID, queues: list[str]) -> list[gates.Refusal]:
+        return []
+
+    def skip(self, alias: str) -> str | None:
+        return (
+            f"CASE WHEN ({self.probe(alias)}) IS NULL OR {alias}.state = 'claimed' THEN false "
+            f"ELSE {self.matches(alias, self.full_now)} END"
+        )
+
+    # The fast path (queues.gates): a named limit decides under its own lock on the locked path
+    # only, so a candidate naming one takes that path.
+    def fast_check(self, key: str, todo: str, params: str) -> str | None:
+        return None
+
+    def fast_charge(self, verdict: str) -> str:
+        raise NotImplementedError("a named limit has no fast path")
+
+    def fast_params(self, endpoint_id: UUID) -> Any:
+        return None
+
+    def fast_report(self, verdict: dict[str, Any]) -> dict[str, Any] | None:
+        return None
+
+    def matches(self, alias: str, names: str) -> str:
+        """Whether the row names one of ``names`` (an SQL array)."""
+        return f"{alias}.{self.name} = ANY({names})"
+
+    def holding(self, endpoint_id: UUID, queues: list[str]) -> list[gates.Refusal]:
+        now = timezone.now()
+        found: dict[str, list[tuple[int, datetime | None, list[str]]]] = {}
+        with connection.cursor() as cursor:
+            for queue, key, count in self.held_groups(cursor, endpoint_id, queues):
+                hold = self.hold(cursor, key, now)
+                if hold is not None:  # None: freed since the statement passed it over
+                    found.setdefault(queue, []).append((count, *hold))
+        return [
+            LimitRefusal(
+                queue=queue,
+                reason=self.reason,
+                next_eligible_at=_earliest([at for _, at, _ in groups]),
+                limits=tuple(sorted({n for _, _, names in groups for n in names})),
+                pending=sum(count for count, _, _ in groups),
+            )
+            for queue, groups in found.items()
+        ]
+
+    def held_groups(
+        self, cursor: Any, endpoint_id: UUID, queues: list[str]
+    ) -> list[tuple[str, Any, int]]:
+        """(queue, key, count) of the claimable todos this gate's skip passes over now."""
+        cursor.execute(
+            f"""
+            SELECT t.queue, {self.probe("t")}, count(*) FROM queues_todo t
+            WHERE t.endpoint_id = %s AND t.queue = ANY(%s) AND {CLAIMABLE}
+              AND {self.skip("t")}
+            GROUP BY 1, 2
+            """,
+            [endpoint_id, queues],
+        )
+        return cursor.fetchall()
+
+    def hold(
+        self, cursor: Any, key: Any, now: datetime
+    ) -> tuple[datetime | None, list[str]] | None:
+        """When a todo naming ``key`` may be eligible and the limits holding it, or None if none
+        does now (read without locks)."""
+        over = [
+            h
+            for h in self.read(cursor, self.names(key), None, False)
+            if h.exceeded and h.posture == LimitPosture.ENFORCE
+        ]
+        return (_next_eligible(over, now), [h.name for h in over]) if over else None
+
+    def admit(
+        self, cursor: CursorWrapper, *, key: Any, todo_id: UUID
+    ) -> gates.Admission | gates.Refusal:
+        over = [h for h in self.read(cursor, self.names(key), todo_id, True) if h.exceeded]
+        enforced = [h for h in over if h.posture == LimitPosture.ENFORCE]
+        if enforced:
+            at = _next_eligible(enforced, timezone.now())
+            return _refusal(cursor, todo_id, self.reason, at, [h.name for h in enforced], False)
+        return _Waived(self.name, over)
+
+    def refused(self, refusals: list[gates.Refusal]) -> None:
+        for refusal in refusals:
+            metrics.refused(refusal.queue, refusal.reason or "")
+
+    def deferred_entry(self, refusal: gates.Refusal, endpoint_id: UUID) -> dict[str, Any]:
+        assert isinstance(refusal, LimitRefusal)
+        return {
+            "queue": refusal.queue,
+            "reason": refusal.reason,
+            "pending": refusal.pending,
+            "next_eligible_at": refusal.next_eligible_at,
+            "exact": refusal.exact,
+        }
+
+    def deferred_error(self, refusal: gates.Refusal) -> Deferred:
+        assert isinstance(refusal, LimitRefusal)
+        at = refusal.next_eligible_at
+        names = ", ".join(refusal.limits)
+        return Deferred(
+            f"{self.noun} {names} is at its limit"
+            + (f"; eligible at {at.isoformat()}" if at else " (quarantined)"),
+            queue=refusal.queue,
+            reason=refusal.reason,
+            next_eligible_at=at.isoformat() if at else None,
+            exact=refusal.exact,
+            **{self.name: list(refusal.limits)},
+        )
+
+    def statuses(
+        self, identities: Iterable[tuple[UUID, str]]
+    ) -> dict[tuple[UUID, str], dict[str, Any]]:
+        return {}  # per todo, not per queue identity
+
+    def admits_now(self, key: Any) -> bool:
+        with connection.cursor() as cursor:
+            held = self.read(cursor, self.names(key), None, False)
+        return not any(h.exceeded and h.posture == LimitPosture.ENFORCE for h in held)
+
+    def queue_names(self, endpoint_ids: list[UUID] | None) -> set[str]:
+        return set()
+
+
+class PoolGate(_OccupancyGate):
+    name = "pool"
+    lock_order = 20
+    reason = "pool_full"
+    noun = "pool"
+    full_now = _FULL_POOLS
+    lock_sql = "SELECT name, slots, posture FROM limits_pool WHERE name = ANY(%s) ORDER BY name"
+    count_sql = """
+        SELECT t.pool, count(*), min(t.lease_expires_at) FROM queues_todo t
+        WHERE t.state = 'claimed' AND t.pool = ANY(%s) AND t.id IS DISTINCT FROM %s
+        GROUP BY t.pool
+    """
+
+    def probe(self, alias: str) -> str:
+        return f"{alias}.pool"
+
+
+class TagGate(_OccupancyGate):
+    name = "tags"
+    lock_order = 30
+    reason = "tag_full"
+    noun = "tag"
+    full_now = _FULL_TAGS
+    # ORDER BY with FOR UPDATE locks the rows as they come out of the sort: in tag order, so
+    # two claims naming overlapping tags never wait on each other in opposite orders.
+    lock_sql = 'SELECT tag, "limit", posture FROM limits_taglimit WHERE tag = ANY(%s) ORDER BY tag'
+    count_sql = """
+        SELECT g.tag, count(*), min(t.lease_expires_at)
+        FROM queues_todo t CROSS JOIN LATERAL unnest(t.tags) AS g(tag)
+        WHERE t.state = 'claimed' AND t.tags && %s::varchar[] AND t.id IS DISTINCT FROM %s
+          AND g.tag = ANY(%s::varchar[])
+        GROUP BY g.tag
+    """
+
+    def probe(self, alias: str) -> str:
+        return f"CASE WHEN cardinality({alias}.tags) > 0 THEN {alias}.tags END"
+
+    def matches(self, alias: str, names: str) -> str:
+        return f"{alias}.tags && {names}"
+
+    def read(self, cursor: Any, names: list[str], todo_id: UUID | None, lock: bool) -> list[Held]:
+        cursor.execute(self.lock_sql + (" FOR UPDATE" if lock else ""), [names])
+        declared = cursor.fetchall()
+        cursor.execute(self.count_sql, [names, todo_id, names])
+        counts = {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
+        return [
+            Held(name, limit, posture, *counts.get(name, (0, None)))
+            for name, limit, posture in declared
+        ]
+
+
+class RateGate(_OccupancyGate):
+    """Claims per minute below the effective limit (``admission.limits.rates``)."""
+
+    name = "rate_limit"
+    lock_order = 40
+    reason = "rate_limited"
+    noun = "rate limit"
+    full_now = _FULL_RATES
+
+    def probe(self, alias: str) -> str:
+        return f"{alias}.rate_limit"
+
+    def frees_slot(self, alias: str) -> str:
+        return "false"  # an ending claim refunds no minute
+
+    def admit(
+        self, cursor: CursorWrapper, *, key: Any, todo_id: UUID
+    ) -> gates.Admission | gates.Refusal:
+        rates.lock(cursor, key)
+        found = rates.read(cursor, key)
+        if found is None:  # declarations are never deleted; fail closed if one is
+            return _refusal(cursor, todo_id, self.reason, None, [key], False)
+        rate_id, st = found
+        over = [Held(st.name, st.effective, st.posture, st.used, None)] if st.exceeded else []
+        if over and st.posture == LimitPosture.ENFORCE:
+            return _refusal(cursor, todo_id, self.reason, st.next_eligible_at, [key], st.exact)
+        return _RateCharge(self.name, over, rate_id=rate_id, now=st.now)
+
+    def hold(
+        self, cursor: Any, key: Any, now: datetime
+    ) -> tuple[datetime | None, list[str]] | None:
+        found = rates.read(cursor, key, now)
+        if found is None or not (found[1].exceeded and found[1].posture == LimitPosture.ENFORCE):
+            return None
+        return found[1].next_eligible_at, [key]
+
+    def admits_now(self, key: Any) -> bool:
+        st = rates.state(key)
+        return st is None or not (st.exceeded and st.posture == LimitPosture.ENFORCE)
+
+
+def append_waiver(gate: str, over: list[Held], actor: Any, todo: Any) -> None:
+    """A claim admitted over advise limits: one ledger row naming exactly the limits exceeded."""
+    append_claim_waiver(
+        kind=LedgerKind.LIMITS_WAIVER,
+        actor=actor,
+        todo=todo,
+        gate=gate,
+        exceeded=[{"name": h.name, "limit": h.limit, "held": h.held} for h in over],
+    )
+
+
+def register() -> None:
+    gates.register(PoolGate())
+    gates.register(TagGate())
+    gates.register(RateGate())

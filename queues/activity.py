@@ -1,0 +1,145 @@
+"""Reads for "what is the fleet doing": claims, completions and failures per queue and minute
+over the last hour (the throughput chart), and each endpoint's last sighting and what it holds now
+(the agents view). Each is a fixed number of queries however many queues or endpoints there are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from django.db import connection
+from django.utils import timezone
+
+from queues.models import Endpoint, EndpointState, Todo
+
+WINDOW_MINUTES = 60
+# Claimed todos listed per endpoint on the agents view; the count says how many there are.
+HELD_SHOWN = 5
+SERIES = ("claims", "completions", "failures")
+
+# One grouped read of the attempts that began or ended in the window (attempt_claimed_brin and
+# attempt_ended_brin find them without reading older attempts), per queue, kind and minute.
+THROUGHPUT_SQL = """
+SELECT t.queue, x.kind, date_trunc('minute', x.at) AS minute, count(*)
+FROM (
+    SELECT a.todo_id, 'claims' AS kind, a.claimed_at AS at
+    FROM queues_attempt a
+    WHERE a.claimed_at >= %(since)s AND a.endpoint_id = ANY(%(endpoints)s)
+    UNION ALL
+    SELECT a.todo_id, CASE a.outcome WHEN 'completed' THEN 'completions' ELSE 'failures' END,
+           a.ended_at
+    FROM queues_attempt a
+    WHERE a.ended_at >= %(since)s AND a.outcome IN ('completed', 'failed')
+      AND a.endpoint_id = ANY(%(endpoints)s)
+) x JOIN queues_todo t ON t.id = x.todo_id
+GROUP BY 1, 2, 3
+"""
+
+
+@dataclass
+class QueueThroughput:
+    """One queue's last hour: per series, a count for each minute, oldest first."""
+
+    queue: str
+    minutes: list[datetime]
+    series: dict[str, list[int]] = field(default_factory=dict)
+
+    def total(self, kind: str) -> int:
+        return sum(self.series[kind])
+
+    def peak(self, kind: str) -> tuple[int, datetime | None]:
+        counts = self.series[kind]
+        top = max(counts, default=0)
+        return top, (self.minutes[counts.index(top)] if top else None)
+
+    @property
+    def busiest(self) -> int:
+        return max((max(v, default=0) for v in self.series.values()), default=0)
+
+    @property
+    def active(self) -> int:
+        return sum(self.total(kind) for kind in SERIES)
+
+
+def throughput(
+    endpoint_ids: Iterable[UUID], *, now: datetime | None = None
+) -> list[QueueThroughput]:
+    """Claims, completions and failures per minute over the last hour, per queue name, for the
+    given endpoints; busiest queue first, quiet queues left out. One query."""
+    now = now or timezone.now()
+    end = now.replace(second=0, microsecond=0)
+    minutes = [end - timedelta(minutes=i) for i in range(WINDOW_MINUTES - 1, -1, -1)]
+    index = {m: i for i, m in enumerate(minutes)}
+    with connection.cursor() as cursor:
+        cursor.execute(THROUGHPUT_SQL, {"since": minutes[0], "endpoints": list(endpoint_ids)})
+        rows = cursor.fetchall()
+    out: dict[str, QueueThroughput] = {}
+    for queue, kind, minute, count in rows:
+        slot = index.get(minute)
+        if slot is None:  # a clock a little ahead of ours; never drawn off the chart
+            continue
+        entry = out.get(queue)
+        if entry is None:
+            entry = out[queue] = QueueThroughput(
+                queue, minutes, {k: [0] * WINDOW_MINUTES for k in SERIES}
+            )
+        entry.series[kind][slot] += count
+    return sorted(out.values(), key=lambda q: (-q.active, q.queue))
+
+
+@dataclass
+class AgentView:
+    """An endpoint as the agents view shows it: when it was last seen, what it holds now."""
+
+    endpoint: Endpoint
+    held: list[Todo] = field(default_factory=list)
+    holding: int = 0
+
+    @property
+    def queues_held(self) -> list[str]:
+        return sorted({t.queue for t in self.held})
+
+
+HELD_SQL = """
+SELECT id FROM (
+    SELECT t.id, row_number() OVER (PARTITION BY t.endpoint_id ORDER BY t.claimed_at, t.id) AS n
+    FROM queues_todo t
+    WHERE t.state = 'claimed' AND t.endpoint_id = ANY(%(endpoints)s)
+) ranked WHERE n <= %(shown)s
+"""
+
+HOLDING_SQL = """
+SELECT endpoint_id, count(*) FROM queues_todo
+WHERE state = 'claimed' AND endpoint_id = ANY(%(endpoints)s)
+GROUP BY endpoint_id
+"""
+
+
+def agents(endpoints: Iterable[Endpoint]) -> list[AgentView]:
+    """Each endpoint with its claimed todos (the first few, oldest claim first) and how many it
+    holds; most recently seen first. Three queries (todo_claimed_idx serves both counts)."""
+    views = {e.id: AgentView(e) for e in endpoints}
+    params: dict[str, Any] = {"endpoints": list(views), "shown": HELD_SHOWN}
+    with connection.cursor() as cursor:
+        cursor.execute(HOLDING_SQL, params)
+        for endpoint_id, count in cursor.fetchall():
+            views[endpoint_id].holding = count
+        cursor.execute(HELD_SQL, params)
+        ids = [row[0] for row in cursor.fetchall()]
+    for todo in Todo.objects.filter(pk__in=ids).order_by("claimed_at", "id"):
+        views[todo.endpoint_id].held.append(todo)
+    return sorted(views.values(), key=_recent_first)
+
+
+def _recent_first(view: AgentView) -> tuple[bool, bool, float, str]:
+    seen = view.endpoint.last_seen_at
+    return (
+        view.endpoint.state != EndpointState.ACTIVE,
+        seen is None,
+        -seen.timestamp() if seen else 0.0,
+        view.endpoint.slug,
+    )

@@ -1,0 +1,81 @@
+"""``GET /api/v1/agent/events``: the doorbell as server-sent events, for agents without MCP.
+
+Each ring is one event: ``id`` (resume point), ``event: todo_ready`` and ``data`` naming the todo,
+queue and reason. On connect the stream rings for up to three waiting claimable todos; with
+``Last-Event-ID`` only for those that changed since that event, so a reconnecting agent is not
+told again what it was told. A comment every ``KEEPALIVE_SECONDS`` keeps proxies from closing an
+idle stream. Authentication is the agent's bearer token, as on every agent route; opening a
+stream is charged to the endpoint's request rate once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+
+from django.db import connection
+from django.http import HttpRequest, StreamingHttpResponse
+from django.http.response import HttpResponseBase
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET
+
+from queues.auth import authenticate_agent
+from queues.doorbell import Ring, doorbell, since_event
+from switchboard.core.errors import DomainError, Unauthorized
+from switchboard.core.http import error_response
+
+KEEPALIVE_SECONDS = 15.0
+RETRY_MS = 1000
+
+
+def sse(ring: Ring) -> str:
+    return f"id: {ring.id}\nevent: todo_ready\ndata: {json.dumps(ring.as_dict())}\n\n"
+
+
+async def ring_stream(
+    endpoint_id: str, last_event_id: str | None, render: Callable[[Ring], str] = sse
+) -> AsyncIterator[str]:
+    """The rings of one endpoint as SSE text, each event rendered by ``render`` (the MCP stream
+    renders JSON-RPC notifications), with keepalive comments between."""
+    bell = doorbell()
+    sub = await bell.attach(endpoint_id, since_event(last_event_id))
+    try:
+        yield f"retry: {RETRY_MS}\n: attached\n\n"
+        while True:
+            try:
+                ring = await asyncio.wait_for(sub.rings.get(), KEEPALIVE_SECONDS)
+            except TimeoutError:
+                yield ": keepalive\n\n"
+                continue
+            yield render(ring)
+    finally:
+        bell.detach(sub)
+
+
+def release_connection() -> None:
+    """Give back this request's database connection before streaming: Django closes it only
+    when the response ends, so every open stream would hold one and a few dozen idle agents
+    would exhaust PostgreSQL's connections. The stream itself needs none (the doorbell holds the
+    one LISTEN connection)."""
+    connection.close()
+
+
+@csrf_exempt
+@require_GET
+def agent_events(request: HttpRequest) -> HttpResponseBase:
+    header = request.headers.get("Authorization", "")
+    try:
+        if not header.lower().startswith("bearer "):
+            raise Unauthorized("a bearer token is required")
+        actor = authenticate_agent(request, header[7:].strip(), via="api")
+    except DomainError as exc:
+        return error_response(request, exc)
+    release_connection()
+    response = StreamingHttpResponse(
+        ring_stream(str(actor.endpoint.id), request.headers.get("Last-Event-ID")),
+        content_type="text/event-stream",
+    )
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response

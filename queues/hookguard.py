@@ -1,0 +1,97 @@
+"""The SSRF guard on outbound hooks: a notify URL may only reach public addresses.
+
+An endpoint owner chooses the URL the server POSTs to, so without a guard the server would call
+into its own network for them (the cloud metadata service, PostgreSQL's host, an admin port on
+loopback). Every address the host name resolves to must be public: loopback, private, link-local
+(which holds the metadata address 169.254.169.254), shared, multicast, reserved and unspecified
+addresses are refused, for IPv4 and IPv6 alike (an IPv4-mapped IPv6 address is judged as the IPv4
+address it carries).
+
+The check runs twice: when the URL is set (``check_url``, a clear error naming ``notify_url``)
+and at connect time (``connect``), on the addresses the connection actually uses, so a name that
+resolved to a public address when it was saved and resolves to 127.0.0.1 now (DNS rebinding) is
+refused too. ``HOOK_ALLOWED_NETWORKS`` lists networks allowed anyway (a receiver inside the
+operator's own network; the tests' local receiver).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Iterable
+from urllib.parse import urlsplit
+
+from django.conf import settings
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+class UnsafeHookAddress(Exception):
+    """The hook's host is, or resolves to, an address the server may not call."""
+
+
+def _allowed_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    return [ipaddress.ip_network(n, strict=False) for n in settings.HOOK_ALLOWED_NETWORKS]
+
+
+def refusal(address: IPAddress) -> str | None:
+    """Why the server may not call ``address`` (None when it may)."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if any(address in network for network in _allowed_networks()):
+        return None
+    for kind in ("loopback", "link_local", "private", "multicast", "reserved", "unspecified"):
+        if getattr(address, f"is_{kind}"):
+            return kind.replace("_", "-")
+    if not address.is_global:  # shared address space (100.64/10) and the like
+        return "non-public"
+    return None
+
+
+def resolve(host: str, port: int) -> list[IPAddress]:
+    """Every address ``host`` resolves to, each checked; raises UnsafeHookAddress if any is
+    refused (a name with one public and one private address is refused: the connection could
+    take either)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise UnsafeHookAddress(f"the host {host} does not resolve") from exc
+    addresses = list(dict.fromkeys(ipaddress.ip_address(info[4][0]) for info in infos))
+    _check(host, addresses)
+    return addresses
+
+
+def _check(host: str, addresses: Iterable[IPAddress]) -> None:
+    for address in addresses:
+        reason = refusal(address)
+        if reason is not None:
+            raise UnsafeHookAddress(f"the host {host} is a {reason} address ({address})")
+
+
+def check_url(url: str) -> None:
+    """Refuse a notify URL that is not http(s) or whose host is not public (resolved now)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UnsafeHookAddress("it must be an http(s) URL with a host")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        raise UnsafeHookAddress("its port is not a number from 1 to 65535") from exc
+    resolve(parts.hostname, port)
+
+
+def connect(
+    address: tuple[str, int],
+    timeout: float | None = None,
+    source_address: tuple[str, int] | None = None,
+) -> socket.socket:
+    """``socket.create_connection`` that connects only to checked addresses (http.client's
+    connection factory: HTTPS still verifies the certificate against the URL's host name)."""
+    host, port = address
+    error: OSError | None = None
+    for ip in resolve(host, port):
+        try:
+            return socket.create_connection((str(ip), port), timeout, source_address)
+        except OSError as exc:
+            error = exc
+    raise error or OSError(f"cannot connect to {host}")

@@ -1,0 +1,74 @@
+"""Throughput and agents in Chromium at 1440 and 390 px, JavaScript on and off: the chart is an
+image with its words (and a table behind a disclosure that opens without JavaScript), the agents
+view lists what each endpoint holds; axe finds nothing serious, nothing scrolls sideways."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from playwright.sync_api import expect
+
+from queues import services
+from tests.browser.conftest import PHONE, WIDTHS, Session, screenshot
+from tests.browser.test_accessibility import findings
+from tests.browser.test_failures import mode, open_page
+from tests.browser.test_phones import sideways_overflow
+from tests.conftest import Personas, push
+
+
+def busy_fleet(p: Personas) -> None:
+    agent = p.as_agent()
+    for i, todo in enumerate(push(p, 9)):
+        services.claim(actor=agent, todo_id=todo.id, claimant=f"worker-{i % 3}")
+        if i < 5:
+            services.complete(actor=agent, todo_id=todo.id)
+        elif i < 7:
+            services.fail(actor=agent, todo_id=todo.id, error="boom")
+    for todo in push(p, 2, queue="outbox"):
+        services.claim(actor=agent, todo_id=todo.id)
+        services.complete(actor=agent, todo_id=todo.id)
+    services.touch_endpoint(p.agent)
+
+
+@pytest.mark.parametrize("javascript", [True, False], ids=["js", "nojs"])
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_throughput_page_draws_each_queue_with_its_words(
+    session: Session, tx_personas: Personas, width: int, javascript: bool
+) -> None:
+    busy_fleet(tx_personas)
+    page = open_page(session, tx_personas.owner, width=width, javascript=javascript)
+    page.goto("/")
+    if width == PHONE:
+        page.get_by_text("Menu", exact=True).click()
+    page.get_by_role("navigation", name="Console").get_by_role("link", name="Throughput").click()
+    charts = page.get_by_role("img", name=re.compile("claims, completions and failures"))
+    expect(charts).to_have_count(2)
+    expect(page.locator("section.chart h2")).to_have_text(["inbox", "outbox"])
+    expect(page.locator("section.chart").first.locator(".chart-totals")).to_have_text(
+        re.compile(r"9\s*claims\s*5\s*completions\s*2\s*failures")
+    )
+    page.get_by_text("Minute by minute").first.click()
+    expect(page.get_by_role("region", name="inbox, minute by minute")).to_be_visible()
+    assert sideways_overflow(page) == 0
+    assert findings(page) == []
+    screenshot(page, f"throughput-{width}-{mode(javascript)}")
+
+
+@pytest.mark.parametrize("javascript", [True, False], ids=["js", "nojs"])
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_agents_view_shows_what_each_endpoint_holds(
+    session: Session, tx_personas: Personas, width: int, javascript: bool
+) -> None:
+    busy_fleet(tx_personas)
+    page = open_page(session, tx_personas.owner, width=width, javascript=javascript)
+    page.goto("/agents")
+
+    first = page.locator(".agent").first
+    expect(first.locator(".agent-name")).to_contain_text("agent")
+    expect(first.locator(".agent-seen")).to_contain_text("holds 2 todos")
+    expect(first.locator(".held li")).to_have_count(2)
+    expect(page.locator(".agent").nth(1).locator(".agent-seen")).to_contain_text("never")
+    assert sideways_overflow(page) == 0
+    assert findings(page) == []
+    screenshot(page, f"agents-{width}-{mode(javascript)}")

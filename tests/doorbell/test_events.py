@@ -1,0 +1,145 @@
+"""GET /api/v1/agent/events: real SSE clients on a real web process, rings counted exactly."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack
+
+import httpx
+import pytest
+from django.db import connection
+
+from queues import doorbell, services
+from queues.services import Claimed
+from switchboard.liveserver import live_server
+from tests.conftest import Personas, push
+from tests.doorbell.streams import attached
+from tests.pause.helpers import pause, resume
+
+
+@pytest.fixture
+def server(tx_personas: Personas) -> Iterator[str]:
+    with live_server() as base:
+        yield base
+
+
+def _doorbell_pids() -> list[int]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+            [doorbell.APPLICATION_NAME],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def test_an_attached_agent_is_told_of_each_new_todo_once(
+    tx_personas: Personas, server: str
+) -> None:
+    p = tx_personas
+    with attached(server, p.agent_token) as stream:
+        first, second = push(p, 2)
+        (sentinel,) = push(p, 1, queue="outbox")
+        rung = stream.until(str(sentinel.id))
+        assert [(e["todo"], e["queue"], e["reason"]) for e in rung] == [
+            (str(first.id), "inbox", "created"),
+            (str(second.id), "inbox", "created"),
+        ]
+
+
+def test_rings_for_another_endpoint_do_not_reach_the_stream(
+    tx_personas: Personas, server: str
+) -> None:
+    p = tx_personas
+    with attached(server, p.agent_token) as stream:
+        push(p, 2, endpoint=p.agent2)
+        (sentinel,) = push(p, 1)
+        assert stream.until(str(sentinel.id)) == []
+
+
+def test_on_attach_the_stream_rings_for_up_to_three_waiting_todos(
+    tx_personas: Personas, server: str
+) -> None:
+    p = tx_personas
+    waiting = push(p, 5)
+    with attached(server, p.agent_token) as stream:
+        rung = [stream.next() for _ in range(3)]
+        assert [(e["todo"], e["reason"]) for e in rung] == [
+            (str(t.id), "waiting") for t in waiting[:3]
+        ]
+        (sentinel,) = push(p, 1, queue="outbox")
+        assert stream.until(str(sentinel.id)) == []
+
+
+def test_a_paused_queue_rings_nothing_and_its_resume_rings_once(
+    tx_personas: Personas, server: str
+) -> None:
+    p = tx_personas
+    pause(p.pauser)
+    with attached(server, p.agent_token) as stream:
+        held = push(p, 4)
+        (sentinel,) = push(p, 1, queue="outbox")
+        assert stream.until(str(sentinel.id)) == []
+        resume(p.pauser)
+        (sentinel,) = push(p, 1, queue="outbox")
+        assert [(e["todo"], e["reason"]) for e in stream.until(str(sentinel.id))] == [
+            (str(held[0].id), "resumed")
+        ]
+
+
+def test_resuming_with_last_event_id_rings_only_what_changed_since(
+    tx_personas: Personas, server: str
+) -> None:
+    p = tx_personas
+    (old,) = push(p, 1)
+    with attached(server, p.agent_token) as stream:
+        assert stream.next()["todo"] == str(old.id)
+        last = stream.last_id
+    (new,) = push(p, 1)
+    with attached(server, p.agent_token, last_event_id=last) as again:
+        assert [(e["todo"], e["reason"]) for e in [again.next()]] == [(str(new.id), "waiting")]
+        (sentinel,) = push(p, 1, queue="outbox")
+        assert again.until(str(sentinel.id)) == []
+
+
+def test_rings_resume_after_the_listen_connection_is_terminated(
+    tx_personas: Personas, server: str
+) -> None:
+    p = tx_personas
+    with attached(server, p.agent_token) as stream:
+        (before,) = _doorbell_pids()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [before])
+        # Pushed while nobody listens: the NOTIFY is lost; the re-ring after reconnecting finds it.
+        (missed,) = push(p, 1)
+        assert stream.next(timeout=30)["todo"] == str(missed.id)
+        (after,) = _doorbell_pids()
+        assert after != before
+        assert isinstance(services.claim_next(actor=p.as_agent()), Claimed)
+        (fresh,) = push(p, 1)
+        assert [(e["todo"], e["reason"]) for e in [stream.next()]] == [(str(fresh.id), "created")]
+
+
+def _database_sessions() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+        return int(cursor.fetchone()[0])
+
+
+def test_open_streams_hold_no_database_connection_each(tx_personas: Personas, server: str) -> None:
+    p = tx_personas
+    with attached(server, p.agent_token):  # the doorbell's LISTEN is up from here
+        before = _database_sessions()
+        with ExitStack() as streams:
+            for _ in range(12):
+                streams.enter_context(attached(server, p.agent_token))
+            assert _database_sessions() <= before + 1  # an executor thread's, at most
+
+
+def test_the_stream_refuses_a_missing_or_unknown_token(server: str) -> None:
+    response = httpx.get(f"{server}/api/v1/agent/events")
+    assert response.status_code == 401
+    assert response.json()["code"] == "unauthorized"
+    response = httpx.get(
+        f"{server}/api/v1/agent/events", headers={"Authorization": "Bearer sbk_nope"}
+    )
+    assert response.status_code == 401

@@ -1,0 +1,31 @@
+"""Helpers for the named-limit tests."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from admission.limits.models import Pool, TagLimit
+from tests.conftest import Personas, push
+from tests.mcp.conftest import live_url  # noqa: F401  (a live server, for the MCP tests)
+
+
+def pool(name: str = "gpu", slots: int = 2, posture: str = "enforce") -> Pool:
+    return Pool.objects.create(name=name, slots=slots, posture=posture)
+
+
+def tag(name: str, limit: int, posture: str = "enforce") -> TagLimit:
+    return TagLimit.objects.create(tag=name, limit=limit, posture=posture)
+
+
+def push_named(p: Personas, n: int = 1, queue: str = "inbox", **names: Any) -> list[Any]:
+    return push(p, n, queue=queue, **names)
+
+
+def clear_of_a_minute_boundary(margin: int = 10) -> None:
+    """Rate limits count per wall-clock minute: a test that claims several times waits out the
+    last seconds of a minute, so all its claims land in one."""
+    now = datetime.now(UTC)
+    if now.second >= 60 - margin:
+        time.sleep(60 - now.second - now.microsecond / 1e6 + 0.05)

@@ -1,0 +1,102 @@
+"""The operators' limits API: list with occupancy, set, delete; the same service and shapes as
+the CLI, field-named refusals, writes only with the limits change permission."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+from django.test import Client
+
+from admission.limits.models import Pool
+from queues import services
+from tests.api.conftest import Api, human_token
+from tests.conftest import Personas, push
+from tests.limits.conftest import pool, tag
+from tests.mcp.test_mcp_sdk import connect
+
+
+def put(user: Any, path: str, body: Any) -> Any:
+    token = human_token(user)
+    return Client().put(
+        path,
+        json.dumps(body),
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+
+
+def delete(user: Any, path: str) -> Any:
+    return Client().delete(path, headers={"Authorization": f"Bearer {human_token(user)}"})
+
+
+def test_the_list_shows_each_limit_and_how_full_it_is(personas: Personas) -> None:
+    pool("gpu", slots=2)
+    tag("vendor.a", 3, posture="advise")
+    [todo] = push(personas, 1, pool="gpu", tags=["vendor.a"])
+    services.claim(actor=personas.as_agent(), todo_id=todo.id)
+    token = human_token(personas.auditor)
+    listed = Client().get("/api/v1/limits", headers={"Authorization": f"Bearer {token}"}).json()
+    assert listed["limits"] == [
+        {"kind": "pool", "name": "gpu", "slots": 2, "posture": "enforce", "held": 1}
+        | dict.fromkeys(["limit", "base_limit", "floor", "decay_window_seconds"])
+        | dict.fromkeys(["effective_limit", "observations", "used_this_minute"]),
+        {"kind": "tag", "name": "vendor.a", "limit": 3, "posture": "advise", "held": 1}
+        | dict.fromkeys(["slots", "base_limit", "floor", "decay_window_seconds"])
+        | dict.fromkeys(["effective_limit", "observations", "used_this_minute"]),
+    ]
+
+
+def test_a_superuser_sets_and_deletes_a_limit(personas: Personas) -> None:
+    made = put(personas.admin, "/api/v1/limits/rate/openai", {"base_limit": 60})
+    assert made.status_code == 200, made.content
+    assert made.json()["floor"] == 1 and made.json()["decay_window_seconds"] == 300
+    changed = put(personas.admin, "/api/v1/limits/rate/openai", {"posture": "advise"})
+    assert changed.json()["base_limit"] == 60 and changed.json()["posture"] == "advise"
+    assert delete(personas.admin, "/api/v1/limits/rate/openai").status_code == 204
+
+
+def test_bad_input_is_refused_naming_the_field(personas: Personas) -> None:
+    cases = [
+        ("/api/v1/limits/pool/gpu", {"slots": "3"}, "slots"),
+        ("/api/v1/limits/pool/gpu", {"slots": 3, "color": "red"}, "color"),
+        ("/api/v1/limits/pool/gpu", {"slots": 3, "limit": 2}, "limit"),
+        ("/api/v1/limits/shelf/gpu", {"slots": 3}, "kind"),
+        ("/api/v1/limits/pool/GPU", {"slots": 3}, "name"),
+        ("/api/v1/limits/pool/gpu", {"slots": 3, "posture": "maybe"}, "posture"),
+    ]
+    for path, body, field in cases:
+        refused = put(personas.admin, path, body)
+        assert refused.status_code == 400, (body, refused.content)
+        assert field in json.dumps(refused.json()), (body, refused.json())
+    assert not Pool.objects.exists()
+
+
+def test_an_owner_or_auditor_is_forbidden_to_change_a_limit(personas: Personas) -> None:
+    for user in (personas.owner, personas.auditor):
+        assert put(user, "/api/v1/limits/pool/gpu", {"slots": 1}).status_code == 403
+    pool("gpu", slots=1)
+    assert delete(personas.owner, "/api/v1/limits/pool/gpu").status_code == 403
+    assert Pool.objects.filter(name="gpu").exists()
+
+
+def test_an_agent_reads_limits_status_over_rest_on_its_drain_grant(personas: Personas) -> None:
+    pool("gpu", slots=2)
+    body = Api(Client(), personas.agent_token).verb("limits_status", {}).json()
+    assert [(x["name"], x["slots"], x["held"]) for x in body["limits"]] == [("gpu", 2, 0)]
+
+
+def test_an_agent_reads_limits_status_over_mcp(tx_personas: Personas, live_url: str) -> None:
+    pool("gpu", slots=2)
+    seen: dict[str, Any] = {}
+
+    async def job() -> None:
+        url = f"{live_url}/mcp/{tx_personas.agent.slug}"
+        async with connect(url, tx_personas.agent_token, "auto") as client:
+            seen["tools"] = {t.name for t in (await client.list_tools()).tools}
+            seen["status"] = (await client.call_tool("limits_status", {})).structured_content
+
+    anyio.run(job)
+    assert "limits_status" in seen["tools"]
+    assert seen["status"]["limits"][0]["name"] == "gpu"

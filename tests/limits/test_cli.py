@@ -1,0 +1,103 @@
+"""``manage.py limits``: set, list and delete the named limits, each write a ledger row, bad
+input refused naming its field with nothing changed."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from admission.limits.models import Pool, RateLimit, TagLimit
+from switchboard.ledger import chain
+from switchboard.ledger.models import LedgerKind
+from tests.conftest import Personas, audit_rows, push
+from tests.limits.conftest import pool
+
+
+def limits(*args: str) -> str:
+    out = StringIO()
+    call_command("limits", *args, stdout=out, stderr=StringIO())
+    return out.getvalue()
+
+
+def refusal(*args: str) -> dict[str, object]:
+    err = StringIO()
+    with pytest.raises(CommandError) as exc:
+        call_command("limits", *args, "--json", stdout=StringIO(), stderr=err)
+    assert exc.value.returncode == 1
+    return json.loads(err.getvalue())
+
+
+def test_an_operator_declares_changes_and_lists_each_kind(personas: Personas) -> None:
+    limits("set", "pool", "gpu", "--slots", "4", "--as", "ada")
+    limits("set", "tag", "vendor.a", "--limit", "2", "--posture", "advise", "--as", "ada")
+    limits("set", "rate", "openai", "--base-limit", "60", "--floor", "5", "--as", "ada")
+    limits("set", "pool", "gpu", "--posture", "advise", "--as", "ada")
+    assert Pool.objects.get().slots == 4 and Pool.objects.get().posture == "advise"
+    assert TagLimit.objects.get().limit == 2
+    rate = RateLimit.objects.get()
+    assert (rate.base_limit, rate.floor, rate.decay_window_seconds) == (60, 5, 300)
+    listed = json.loads(limits("list", "--json"))
+    assert [(x["kind"], x["name"]) for x in listed] == [
+        ("pool", "gpu"),
+        ("tag", "vendor.a"),
+        ("rate", "openai"),
+    ]
+    assert "pool gpu: slots=4 (advise)" in limits("list")
+
+
+def test_every_change_is_a_ledger_row_naming_who_and_what_changed(personas: Personas) -> None:
+    limits("set", "pool", "gpu", "--slots", "4", "--as", "ada")
+    limits("set", "pool", "gpu", "--slots", "4", "--as", "ada")  # no change: no row
+    limits("set", "pool", "gpu", "--slots", "2", "--as", "ada")
+    limits("delete", "pool", "gpu", "--as", "ada")
+    rows = list(audit_rows().filter(scope="limits").order_by("seq"))
+    assert [r.kind for r in rows] == [
+        LedgerKind.LIMITS_SET,
+        LedgerKind.LIMITS_SET,
+        LedgerKind.LIMITS_DELETE,
+    ]
+    assert rows[1].before == {"kind": "pool", "name": "gpu", "slots": 4, "posture": "enforce"}
+    assert rows[1].after == {"kind": "pool", "name": "gpu", "slots": 2, "posture": "enforce"}
+    assert rows[2].after is None and {r.actor_human_name for r in rows} == {"ada"}
+    assert chain.verify().ok
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["set", "pool", "Bad Name", "--slots", "1"], "name"),
+        (["set", "pool", "gpu"], "slots"),
+        (["set", "pool", "gpu", "--slots", "-1"], "slots"),
+        (["set", "pool", "gpu", "--slots", "1", "--limit", "2"], "limit"),
+        (["set", "tag", "t", "--limit", "2000000"], "limit"),
+        (["set", "rate", "r", "--base-limit", "0"], "base_limit"),
+        (["set", "rate", "r", "--base-limit", "4", "--floor", "5"], "floor"),
+        (["set", "rate", "r", "--base-limit", "4", "--decay-window", "0"], "decay_window_seconds"),
+        (["delete", "tag", "nope"], "name"),
+    ],
+)
+def test_bad_input_is_refused_naming_the_field_and_changes_nothing(
+    personas: Personas, args: list[str], field: str
+) -> None:
+    before = audit_rows().count()
+    assert refusal(*args, "--as", "ada")["field"] == field
+    assert not Pool.objects.exists() and not TagLimit.objects.exists()
+    assert not RateLimit.objects.exists() and audit_rows().count() == before
+
+
+def test_a_limit_live_work_names_is_not_deleted(personas: Personas) -> None:
+    pool("gpu", slots=1)
+    push(personas, 1, pool="gpu")
+    error = refusal("delete", "pool", "gpu", "--as", "ada")
+    assert error["code"] == "conflict" and error["live_todos"] == 1
+    assert Pool.objects.filter(name="gpu").exists()
+
+
+def test_an_auditor_or_owner_changes_no_fleet_wide_limit(personas: Personas) -> None:
+    for user in ("audrey", "olive"):
+        assert refusal("set", "pool", "gpu", "--slots", "1", "--as", user)["code"] == "forbidden"
+    assert not Pool.objects.exists()

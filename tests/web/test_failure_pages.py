@@ -1,0 +1,173 @@
+"""Failures on the console: the todo page shows every attempt's error (JSON indented, a
+traceback as code), dead letters read dead, discard from the page, and bulk retry or discard of
+the board's selection through a confirmation page that changes nothing until confirmed."""
+
+from __future__ import annotations
+
+import html as htmllib
+import re
+from typing import Any
+
+from django.test import Client
+
+from queues import services
+from queues.models import Todo, TodoState
+from switchboard.ledger.models import LedgerEntry, LedgerKind
+from tests.conftest import Personas, make_retry_due, push
+from tests.web.conftest import signed_in
+
+
+def fail(p: Personas, todo: Any, error: Any) -> None:
+    agent = p.as_agent(todo.endpoint)
+    services.claim(actor=agent, todo_id=todo.id, claimant="worker-7")
+    services.fail(actor=agent, todo_id=todo.id, error=error)
+
+
+def dead_letters(p: Personas, n: int, queue: str = "inbox") -> list[Any]:
+    todos = push(p, n, queue=queue, max_attempts=1)
+    for t in todos:
+        fail(p, t, "boom")
+    return todos
+
+
+def token_of(page: str) -> str:
+    match = re.search(r'name="selection" value="([0-9a-f]+)"', page)
+    assert match, "the page offers no confirmation"
+    return match.group(1)
+
+
+def hidden_fields(page: str) -> dict[str, str]:
+    form = page[page.index('<form method="post" action="/todos/bulk/') :]
+    form = form[: form.index("</form>")]
+    fields = re.findall(r'type="hidden" name="(\w+)" value="([^"]*)"', form)
+    return {
+        name: htmllib.unescape(value) for name, value in fields if name != "csrfmiddlewaretoken"
+    }
+
+
+def test_the_todo_page_shows_every_attempts_error_and_the_traceback_as_code(
+    personas: Personas,
+) -> None:
+    p = personas
+    [todo] = push(p, 1, max_attempts=2)
+    fail(p, todo, {"type": "TimeoutError", "traceback": 'File "agent.py", line 3\nTimeoutError'})
+    make_retry_due(todo)
+    fail(p, todo, {"type": "ValueError", "detail": {"field": "amount"}})
+
+    page = signed_in(p.owner).get(f"/todos/{todo.id}").content.decode()
+
+    assert '<pre class="traceback"' in page
+    assert "<code>File &quot;agent.py&quot;, line 3\nTimeoutError</code>" in page
+    assert '"type": "TimeoutError"' in htmllib.unescape(page)
+    assert '"detail": {\n    "field": "amount"\n  }' in htmllib.unescape(page)
+    assert page.count('class="attempt-error"') == 2
+    assert "dead letter" in page and "no retry will come" in page
+    assert "Held by" not in page and "Last held by" in page
+
+
+def test_a_dead_letter_is_discarded_from_its_page(personas: Personas) -> None:
+    p = personas
+    [dead] = dead_letters(p, 1)
+    client = signed_in(p.owner)
+    page = client.get(f"/todos/{dead.id}").content.decode()
+    assert f'action="/todos/{dead.id}/discard"' in page
+    assert 'name="seen_state" value="failed"' in page
+
+    response = client.post(f"/todos/{dead.id}/discard", {"seen_state": "failed"}, follow=True)
+
+    assert "Discarded" in response.content.decode()
+    assert Todo.objects.get(pk=dead.pk).state == TodoState.DISCARDED
+    assert LedgerEntry.objects.filter(kind=LedgerKind.TODO_DISCARD).count() == 1
+
+
+def test_the_board_offers_bulk_actions_on_a_filtered_selection(personas: Personas) -> None:
+    p = personas
+    dead_letters(p, 2)
+    client = signed_in(p.owner)
+    assert "Retry the failed ones" not in client.get("/").content.decode()
+    board = client.get("/?state=dead_letter").content.decode()
+    assert 'href="/todos/bulk/retry?state=dead_letter"' in board
+    assert 'href="/todos/bulk/discard?state=dead_letter"' in board
+    auditor = signed_in(p.auditor).get("/?state=dead_letter").content.decode()
+    assert "/todos/bulk/" not in auditor
+
+
+def test_a_bulk_retry_shows_count_and_sample_and_changes_nothing_until_confirmed(
+    personas: Personas,
+) -> None:
+    p = personas
+    dead = dead_letters(p, 12)
+    dead_letters(p, 1, queue="outbox")
+    client = signed_in(p.owner)
+
+    page = client.get("/todos/bulk/retry?state=dead_letter&queue=inbox").content.decode()
+
+    assert "Retry 12 todos?" in page
+    assert "The first 10 of 12" in page
+    assert page.count('<li><a href="/todos/') == 10
+    assert Todo.objects.filter(state=TodoState.FAILED).count() == 13
+    assert hidden_fields(page) == {
+        "selection": token_of(page),
+        "queue": "inbox",
+        "state": "dead_letter",
+    }
+
+    response = client.post("/todos/bulk/retry", hidden_fields(page), follow=True)
+
+    assert response.redirect_chain[0][0] == "/?queue=inbox&state=dead_letter"
+    assert "Retried 12 todos." in response.content.decode()
+    assert set(
+        Todo.objects.filter(pk__in=[t.id for t in dead]).values_list("state", flat=True)
+    ) == {TodoState.PENDING}
+    assert Todo.objects.get(queue="outbox").state == TodoState.FAILED
+
+
+def test_a_stale_confirmation_shows_the_selection_again_and_changes_nothing(
+    personas: Personas,
+) -> None:
+    p = personas
+    dead = dead_letters(p, 3)
+    client = signed_in(p.owner)
+    page = client.get("/todos/bulk/discard?state=failed").content.decode()
+    services.todo_retry(actor=p.as_human(p.admin), todo_id=dead[0].id)  # meanwhile
+
+    response = client.post("/todos/bulk/discard", hidden_fields(page))
+
+    again = response.content.decode()
+    assert response.status_code == 409
+    assert "The selection changed since you looked" in again
+    assert "Discard 2 todos?" in again
+    assert token_of(again) != token_of(page)
+    assert not Todo.objects.filter(state=TodoState.DISCARDED).exists()
+    client.post("/todos/bulk/discard", hidden_fields(again))
+    assert Todo.objects.filter(state=TodoState.DISCARDED).count() == 2
+
+
+def test_a_condition_filter_narrows_the_selection_to_its_queues(personas: Personas) -> None:
+    p = personas
+    dead_letters(p, 2)
+    push(p, 3, queue="outbox")
+    client = signed_in(p.owner)
+    page = client.get("/todos/bulk/discard?condition=dead_letters&state=failed").content.decode()
+    assert "Discard 2 todos?" in page
+    assert "in queues now “Dead letters”" in page
+    everything = client.get("/todos/bulk/discard?state=live").content.decode()
+    assert "Discard 3 todos?" in everything  # pending outbox; claimed work is left alone
+
+
+def test_nothing_to_act_on_says_so_and_offers_no_form(personas: Personas) -> None:
+    p = personas
+    push(p, 2)
+    page = signed_in(p.owner).get("/todos/bulk/retry?state=pending").content.decode()
+    assert "Nothing to retry" in page and "No todo in this selection can be retried" in page
+    assert 'name="selection"' not in page
+
+
+def test_auditors_and_unknown_actions_are_refused(personas: Personas, client: Client) -> None:
+    p = personas
+    dead_letters(p, 1)
+    auditor = signed_in(p.auditor)
+    assert auditor.get("/todos/bulk/retry?state=failed").status_code == 403
+    assert auditor.post("/todos/bulk/retry", {"selection": "x"}).status_code == 403
+    assert signed_in(p.owner).get("/todos/bulk/explode").status_code == 404
+    assert client.get("/todos/bulk/retry").status_code == 302  # signed out: to the sign-in
