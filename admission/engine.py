@@ -194,19 +194,14 @@ def bounds(policy: PolicyRow, now: datetime) -> tuple[datetime, datetime] | None
         return None
 
 
-# In-flight (excluding a takeover of this very todo) and the current window's counter, read in
-# one statement under the policy lock. It runs after the lock is granted, so its snapshot sees
-# every claim committed by the transactions the lock waited for (READ COMMITTED).
-_DECIDE_SQL = """
-SELECT f.n, f.earliest,
-       (SELECT w.used FROM admission_admissionwindow w
-        WHERE w.policy_id = %(policy)s AND w.window_start = %(ws)s::timestamptz)
-FROM (
-    SELECT count(*) AS n, min(t.lease_expires_at) AS earliest FROM queues_todo t
-    WHERE t.endpoint_id = %(endpoint)s AND t.queue = %(queue)s AND t.state = 'claimed'
-      AND t.id <> %(todo)s
-) f
-"""
+# In-flight (excluding a takeover of this very todo), the earliest lease and the current window's
+# counter: admission_usage (migration 0005), the one usage query every surface reads. Run after
+# the lock is granted, so its snapshot sees every claim committed by the transactions the lock
+# waited for (READ COMMITTED).
+_DECIDE_SQL = (
+    "SELECT in_flight, earliest_lease, used "
+    "FROM admission_usage(%s::uuid, %s::text, %s::uuid, %s::timestamptz, %s::uuid)"
+)
 
 
 def decide(cursor: CursorWrapper, *, policy: PolicyRow, todo_id: UUID, now: datetime) -> Decision:
@@ -217,18 +212,9 @@ def decide(cursor: CursorWrapper, *, policy: PolicyRow, todo_id: UUID, now: date
     """
     current = bounds(policy, now)
     ws = current[0] if current else None
-    cursor.execute(
-        _DECIDE_SQL,
-        {
-            "policy": policy.id,
-            "ws": ws,
-            "endpoint": policy.endpoint_id,
-            "queue": policy.queue,
-            "todo": todo_id,
-        },
-    )
+    cursor.execute(_DECIDE_SQL, [policy.endpoint_id, policy.queue, policy.id, ws, todo_id])
     in_flight, earliest, used = cursor.fetchone()
-    used_in = {ws: used or 0} if ws is not None else {}
+    used_in = {ws: used} if ws is not None else {}
     ev = evaluate(
         policy,
         in_flight=in_flight,

@@ -4,12 +4,21 @@ Registered from ``AdmissionConfig.ready()``; the claim (``queues.services.claimi
 through the gate protocol of ``queues.gates``. Under the policy row lock it counts in-flight
 (excluding a takeover of this very todo) and the window, then refuses or charges one unit; a
 claim admitted only because of the ``advise`` posture leaves a waiver in the ledger.
+
+Two paths, one arithmetic. The fast path (``fast_check``: ``admission_check`` and
+``admission_charge``, migration 0004) decides a claim under every limit inside the claiming
+statement; anything else (a limit reached, paused, advise, off, unavailable, stale bounds) goes
+to the locked path (``admit``), which refuses, waives or admits with ``engine.decide``. Both lock
+the policy row before counting, so they serialise with each other exactly.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -125,6 +134,76 @@ class BudgetGate:
         if endpoint_ids is not None:
             policies = policies.filter(endpoint_id__in=endpoint_ids)
         return set(policies.values_list("queue", flat=True))
+
+    def fast_check(self, key: str, todo: str, params: str) -> str | None:
+        return f"admission_check({key}, {todo}, {params}::jsonb)"
+
+    def fast_charge(self, verdict: str) -> str:
+        return f"admission_charge({verdict})"
+
+    def fast_params(self, endpoint_id: UUID) -> Any:
+        return _windows_for(endpoint_id)
+
+    def fast_report(self, verdict: dict[str, Any]) -> dict[str, Any] | None:
+        if "policy" not in verdict:  # the policy was cleared since the probe
+            return None
+        limit = verdict["max_claims_per_window"]
+        used = verdict["used"]
+        resets = verdict["window_resets_at"]
+        return {
+            "max_in_flight": verdict["max_in_flight"],
+            "in_flight": verdict["in_flight"] + 1,
+            "max_claims_per_window": limit,
+            "used": None if used is None else used + 1,
+            "remaining": None if limit is None else max(0, limit - used - 1),
+            "window_resets_at": datetime.fromisoformat(resets) if resets else None,
+            "posture": verdict["posture"],
+        }
+
+
+# The fast path's window bounds per endpoint, computed in Python (zoneinfo over tzdata, as every
+# other window here) and bound to admission_check (migration 0004). Only a hint: the function
+# compares each policy's window definition and the clock with them and answers "stale" (the
+# locked path) when they no longer hold, so a cache a second old is never wrong, only slower.
+_FAST_TTL_SECONDS = 1.0
+_fast_windows: dict[UUID, tuple[float, datetime | None, str]] = {}
+
+
+def _window_cfg(policy: engine.PolicyRow) -> str:
+    """The window definition as admission_check formats it (NULL as empty)."""
+    parts = (policy.window_period, policy.window_tz, policy.window_start, policy.window_weekday)
+    return "|".join("" if part is None else str(part) for part in parts)
+
+
+def _windows_for(endpoint_id: UUID) -> str:
+    now = timezone.now()
+    cached = _fast_windows.get(endpoint_id)
+    if cached is not None:
+        expires, resets, text = cached
+        if time.monotonic() < expires and (resets is None or now < resets):
+            return text
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {engine.POLICY_COLUMNS} FROM admission_admissionpolicy "
+            "WHERE endpoint_id = %s AND max_claims_per_window IS NOT NULL",
+            [endpoint_id],
+        )
+        policies = [engine.PolicyRow(*row) for row in cursor.fetchall()]
+    found: dict[str, dict[str, str]] = {}
+    earliest: datetime | None = None
+    for policy in policies:
+        current = engine.bounds(policy, now)
+        if current is None:  # unavailable: the locked path fails closed and says why
+            continue
+        found[str(policy.id)] = {
+            "cfg": _window_cfg(policy),
+            "ws": current[0].isoformat(),
+            "resets": current[1].isoformat(),
+        }
+        earliest = current[1] if earliest is None else min(earliest, current[1])
+    text = json.dumps(found)
+    _fast_windows[endpoint_id] = (time.monotonic() + _FAST_TTL_SECONDS, earliest, text)
+    return text
 
 
 def _append_waiver(decision: engine.Decision, actor: Any, todo: Any) -> None:

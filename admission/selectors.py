@@ -51,51 +51,43 @@ def policy_row(policy: AdmissionPolicy) -> engine.PolicyRow:
 # --- evaluation ---------------------------------------------------------------------------------
 
 
-def evaluate_policies(
-    policies: Iterable[AdmissionPolicy], now: datetime | None = None
+def evaluate_rows(
+    rows: Iterable[engine.PolicyRow], now: datetime | None = None
 ) -> dict[UUID, engine.Evaluation]:
-    """Evaluate many policies at once: one query for in-flight, one for the current windows."""
+    """Evaluate policy rows at ``now`` in one statement: each row's usage from admission_usage
+    (migration 0005), the query the claim reads under the policy lock.
+
+    The one place every read surface evaluates budgets (status, reopen, the budget preview of a
+    definition not yet saved, the board, /metrics), so none of them can disagree with the claim.
+    A row's window counter is its policy's (a row whose id is no policy's has used nothing)."""
     now = now or timezone.now()
-    policies = list(policies)
-    if not policies:
+    rows = list(rows)
+    if not rows:
         return {}
-    rows = {p.id: policy_row(p) for p in policies}
-    current = {pid: engine.bounds(row, now) for pid, row in rows.items()}
-    keyed = [(pid, b[0]) for pid, b in current.items() if b is not None]
+    current = [engine.bounds(row, now) for row in rows]
     with connection.cursor() as cursor:
-        # In-flight per policy (todo_claimed_idx), joined on the queue identity.
         cursor.execute(
             """
-            SELECT p.id, count(t.id), min(t.lease_expires_at)
-            FROM admission_admissionpolicy p
-            JOIN queues_todo t
-              ON t.endpoint_id = p.endpoint_id AND t.queue = p.queue AND t.state = 'claimed'
-            WHERE p.id = ANY(%s)
-            GROUP BY p.id
+            SELECT u.in_flight, u.earliest_lease, u.used
+            FROM unnest(%s::uuid[], %s::text[], %s::uuid[], %s::timestamptz[])
+                 WITH ORDINALITY AS k(endpoint_id, queue, policy_id, ws, n)
+            CROSS JOIN LATERAL admission_usage(k.endpoint_id, k.queue, k.policy_id, k.ws, NULL) u
+            ORDER BY k.n
             """,
-            [list(rows)],
+            [
+                [row.endpoint_id for row in rows],
+                [row.queue for row in rows],
+                [row.id for row in rows],
+                [b[0] if b is not None else None for b in current],
+            ],
         )
-        flights = {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
-        used: dict[UUID, int] = {}
-        if keyed:
-            # Exactly the current window of each (admission_window_key).
-            cursor.execute(
-                """
-                SELECT w.policy_id, w.used FROM admission_admissionwindow w
-                JOIN unnest(%s::uuid[], %s::timestamptz[]) AS k(policy_id, window_start)
-                  ON w.policy_id = k.policy_id AND w.window_start = k.window_start
-                """,
-                [[k[0] for k in keyed], [k[1] for k in keyed]],
-            )
-            used = dict(cursor.fetchall())
+        usage = cursor.fetchall()
     out: dict[UUID, engine.Evaluation] = {}
-    for pid, row in rows.items():
-        n, earliest = flights.get(pid, (0, None))
-        b = current[pid]
-        out[pid] = engine.evaluate(
+    for row, b, (n, earliest, used) in zip(rows, current, usage, strict=True):
+        out[row.id] = engine.evaluate(
             row,
             in_flight=n,
-            used_in={b[0]: used.get(pid, 0)} if b is not None else {},
+            used_in={b[0]: used} if b is not None else {},
             now=now,
             earliest_lease_expiry=earliest,
             window=b,
@@ -103,60 +95,19 @@ def evaluate_policies(
     return out
 
 
+def evaluate_policies(
+    policies: Iterable[AdmissionPolicy], now: datetime | None = None
+) -> dict[UUID, engine.Evaluation]:
+    return evaluate_rows((policy_row(p) for p in policies), now)
+
+
 def evaluate_policy(policy: AdmissionPolicy, now: datetime | None = None) -> engine.Evaluation:
     return evaluate_policies([policy], now)[policy.id]
 
 
-# One queue identity's policy, in-flight and latest window counter in one statement: the wake
-# gate asks this on every ring of a budgeted queue.
-_IDENTITY_SQL = f"""
-SELECT {", ".join("p." + c.strip() for c in engine.POLICY_COLUMNS.split(","))},
-       f.n, f.earliest, w.window_start, w.used
-FROM admission_admissionpolicy p
-CROSS JOIN LATERAL (
-    SELECT count(*) AS n, min(t.lease_expires_at) AS earliest FROM queues_todo t
-    WHERE t.endpoint_id = p.endpoint_id AND t.queue = p.queue AND t.state = 'claimed'
-) f
-LEFT JOIN LATERAL (
-    SELECT w.window_start, w.used FROM admission_admissionwindow w
-    WHERE w.policy_id = p.id ORDER BY w.window_start DESC LIMIT 1
-) w ON true
-WHERE {{where}}
-"""
-
-
-def _evaluate_identity(where: str, params: list[Any]) -> engine.Evaluation | None:
-    now = timezone.now()
-    with connection.cursor() as cursor:
-        cursor.execute(_IDENTITY_SQL.format(where=where), params)
-        found = cursor.fetchone()
-        if found is None:
-            return None
-        n_cols = len(engine.POLICY_COLUMNS.split(","))
-        row = engine.PolicyRow(*found[:n_cols])
-        in_flight, earliest, latest_start, latest_used = found[n_cols:]
-        current = engine.bounds(row, now)
-        used_in: dict[datetime, int] = {}
-        if current is not None:
-            if latest_start == current[0]:
-                used_in[current[0]] = latest_used
-            elif latest_start is not None and latest_start > current[0]:
-                # A redefined window left a later counter behind: read the current one exactly.
-                cursor.execute(
-                    "SELECT used FROM admission_admissionwindow "
-                    "WHERE policy_id = %s AND window_start = %s",
-                    [row.id, current[0]],
-                )
-                exact = cursor.fetchone()
-                used_in[current[0]] = exact[0] if exact else 0
-    return engine.evaluate(
-        row,
-        in_flight=in_flight,
-        used_in=used_in,
-        now=now,
-        earliest_lease_expiry=earliest,
-        window=current,
-    )
+def _evaluate_identity(**lookup: Any) -> engine.Evaluation | None:
+    policy = AdmissionPolicy.objects.filter(**lookup).first()
+    return evaluate_policy(policy) if policy is not None else None
 
 
 def deferred_among(endpoint_id: UUID, queues: list[str]) -> list[engine.Evaluation]:
@@ -177,13 +128,13 @@ def deferred_among(endpoint_id: UUID, queues: list[str]) -> list[engine.Evaluati
 
 def identity_admitted(policy_id: UUID) -> bool:
     """Whether a claim on this policy's queue identity would be admitted now (for wake gating)."""
-    ev = _evaluate_identity("p.id = %s", [policy_id])
+    ev = _evaluate_identity(pk=policy_id)
     return ev is None or ev.admits
 
 
 def identity_status(endpoint_id: UUID, queue: str) -> engine.Evaluation | None:
     """The evaluation of one queue identity now, or None when it has no policy."""
-    return _evaluate_identity("p.endpoint_id = %s AND p.queue = %s", [endpoint_id, queue])
+    return _evaluate_identity(endpoint_id=endpoint_id, queue=queue)
 
 
 def status(ev: engine.Evaluation) -> dict[str, Any]:

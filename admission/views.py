@@ -15,12 +15,11 @@ import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.db.models import Count, Min, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
@@ -31,10 +30,10 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from admission import engine, services
 from admission import selectors as admission_selectors
 from admission.forms import LedgerFilterForm, PolicyForm
-from admission.models import AdmissionPolicy, AdmissionWindow
+from admission.models import AdmissionPolicy
 from admission.policy import PolicySpec
 from queues.access import Viewer
-from queues.models import Endpoint, Todo, TodoState, check_queue_name
+from queues.models import Endpoint, check_queue_name
 from switchboard.core.errors import DomainError, Forbidden, InvalidArgument, NotFound
 from switchboard.core.pages import HtmxHttpRequest, console_login_required, identity_key, refusal
 from switchboard.core.zones import zone_named, zones
@@ -83,23 +82,7 @@ def preview(
         queue=queue,
         **spec.columns(),
     )
-    claimed = Todo.objects.filter(
-        endpoint=endpoint, queue=queue, state=TodoState.CLAIMED
-    ).aggregate(n=Count("id"), earliest=Min("lease_expires_at"))
-    used_in: dict[datetime, int] = {}
-    if policy is not None:
-        used_in = dict(
-            AdmissionWindow.objects.filter(
-                policy=policy, window_start__gte=now - timedelta(days=8)
-            ).values_list("window_start", "used")
-        )
-    proposed = engine.evaluate(
-        row,
-        in_flight=claimed["n"],
-        used_in=used_in,
-        now=now,
-        earliest_lease_expiry=claimed["earliest"],
-    )
+    proposed = admission_selectors.evaluate_rows([row], now)[row.id]
     after = spec.audited(endpoint.id)
     before = admission_selectors.policy_dict(policy) if policy is not None else None
     new_count = (

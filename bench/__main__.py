@@ -20,6 +20,8 @@ BENCHES = {
     "console": "bench.console_bench",
     "doorbell": "bench.doorbell_bench",
 }
+# The benches that measure each point several times and report medians and spreads.
+REPEATING = {"admission"}
 
 
 def _bench_database() -> None:
@@ -54,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
     parser.add_argument("--only", default=",".join(BENCHES), help="comma-separated benches")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="runs per point, where a bench repeats (median)"
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "switchboard.settings")
     _bench_database()
@@ -76,9 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.only.split(","):
             module = importlib.import_module(BENCHES[name.strip()])
             print(f"== {name} ({args.duration:g} s per measurement)", flush=True)
-            result = module.run(args.duration)
+            repeats = {"repeats": args.repeats} if name.strip() in REPEATING else {}
+            result = module.run(args.duration, **repeats)
             path = write_result(name, result)
-            summary = {k: v for k, v in result.items() if not isinstance(v, list)}
+            summary = {k: v for k, v in result.items() if not isinstance(v, list) and k != "points"}
             print(f"   {summary}\n   -> {path}", flush=True)
     finally:
         if valkey is not None:

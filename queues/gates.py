@@ -21,6 +21,17 @@ every gate in lock order:
    transaction;
 5. after the transaction, **records** the refusals (holding no lock, so no lock-order cycle).
 
+The fast path (issue 12). A gate that can decide in SQL also offers ``fast_check``: an
+expression the claim_next statement evaluates for a candidate the gate's probe claims, in lock
+order, taking the gate's lock and deciding inside that one autocommitted statement; the claim is
+written only if every verdict says ``ok``, and each gate's ``fast_charge`` then spends it in the
+same statement. So an admitted claim is one statement and no gate lock is held across a client
+round trip. A verdict is a jsonb object: ``{"ok": true, ...}`` (admitted; the rest is what
+``fast_report`` turns into the claim's report), ``{"ok": false}`` (take the locked path above,
+which refuses, waives or admits exactly as before) or ``{"ok": false, "stale": true}`` (the
+parameters ``fast_params`` bound were out of date: take the locked path this once). A gate whose
+``fast_check`` answers None always takes the locked path.
+
 The read surfaces ask the same gates why a queue identity waits (``statuses``), whether it would
 admit now (``admits_now``, for the doorbell) and which queue names they know (``queue_names``).
 """
@@ -128,6 +139,26 @@ class ClaimGate(Protocol):
 
     def queue_names(self, endpoint_ids: list[UUID] | None) -> set[str]:
         """Queue names this gate has configuration for (narrowed to the endpoints if given)."""
+        ...
+
+    def fast_check(self, key: str, todo: str, params: str) -> str | None:
+        """A jsonb SQL expression deciding the candidate (``key``: its probe's value, ``todo``:
+        its id, ``params``: the placeholder bound to ``fast_params``), or None (locked path only).
+        It must take the gate's lock itself and read under it with fresh snapshots (a VOLATILE
+        function's own statements do)."""
+        ...
+
+    def fast_charge(self, verdict: str) -> str:
+        """An SQL expression spending an ``ok`` verdict, evaluated once after the claim row is
+        written, in the same statement."""
+        ...
+
+    def fast_params(self, endpoint_id: UUID) -> Any:
+        """The value bound to ``fast_check``'s ``params`` for a claim by this endpoint."""
+        ...
+
+    def fast_report(self, verdict: dict[str, Any]) -> dict[str, Any] | None:
+        """What the claim reports of an ``ok`` verdict (as ``Admission.charge`` returns)."""
         ...
 
 

@@ -63,13 +63,13 @@ claimed AS (
     WHERE t.id = c.id {admit}
     RETURNING {TODO_COLUMNS}, c.prev_state, c.prev_attempt
 ),
-superseded AS (
-    UPDATE queues_attempt a
-    SET ended_at = cl.claimed_at, outcome = 'superseded', disposition = 'requeued'
+-- A takeover closes the attempt it replaces. Not an UPDATE here: this statement's snapshot was
+-- taken before the candidate was locked, so it may not see an attempt whose claim committed in
+-- between; attempt_supersede (queues migration 0005) updates it with a fresh snapshot.
+superseded AS MATERIALIZED (
+    SELECT attempt_supersede(cl.id, cl.prev_attempt, cl.claimed_at) AS n
     FROM claimed cl
-    WHERE cl.prev_state = 'claimed' AND a.todo_id = cl.id AND a.number = cl.prev_attempt
-      AND a.ended_at IS NULL
-    RETURNING a.id
+    WHERE cl.prev_state = 'claimed'
 ),
 attempt_row AS (
     INSERT INTO queues_attempt (todo_id, number, endpoint_id, claimant, via, claimed_at,
@@ -89,6 +89,42 @@ def _probes(gate_list: tuple[gates.ClaimGate, ...], alias: str) -> list[str]:
     return [f"{gate.probe(alias)} AS g{i}" for i, gate in enumerate(gate_list)]
 
 
+def _fast_gates(gate_list: tuple[gates.ClaimGate, ...]) -> tuple[str, str, str, str]:
+    """The fast path's CTEs for ``gate_list`` (see ``queues.gates``): one verdict per gate, in
+    lock order, each evaluated only if the gate's probe claims the candidate and every earlier
+    verdict admitted it; the claim's condition; the charges; the verdict columns."""
+    verdicts, charges, spent = [], [], ["0"]
+    admit = ""
+    # A gate that cannot decide here (a per-todo limit) sends a candidate it claims to the
+    # locked path, which decides every gate: no fast verdict is taken for that candidate.
+    unclaimed = "".join(
+        f" AND g.g{j} IS NULL"
+        for j, gate in enumerate(gate_list)
+        if gate.fast_check("", "", "") is None
+    )
+    for i, gate in enumerate(gate_list):
+        check = gate.fast_check(f"g.g{i}", "g.id", f"%(gp{i})s")
+        earlier = "".join(
+            f" AND coalesce((SELECT (v->>'ok')::boolean FROM v{j}), true)" for j in range(i)
+        )
+        if check is None:
+            verdict = "NULL::jsonb"
+            admit += f" AND (SELECT g{i} FROM gate) IS NULL"
+        else:
+            verdict = f"CASE WHEN g.g{i} IS NOT NULL{unclaimed}{earlier} THEN {check} END"
+            admit += f" AND coalesce((SELECT (v->>'ok')::boolean FROM v{i}), true)"
+            # Referenced by the final select, so it runs; after `claimed`, so only for a claim.
+            charges.append(
+                f"charge{i} AS MATERIALIZED (SELECT {gate.fast_charge('x.v')} AS n "
+                f"FROM v{i} x, claimed WHERE x.v IS NOT NULL)"
+            )
+            spent.append(f"(SELECT count(*) FROM charge{i})")
+        verdicts.append(f"v{i} AS MATERIALIZED (SELECT {verdict} AS v FROM gate g),")
+    columns = "".join(f"(SELECT v FROM v{i}), " for i in range(len(gate_list)))
+    columns += " + ".join(spent) + ", "
+    return "\n".join(verdicts), admit, ",\n".join(charges), columns
+
+
 # The rows claim_next may take: the endpoint's claimable todos of the open queues (uses
 # todo_claimable_idx, whose predicate is stated so the planner can use it).
 _CLAIM_NEXT_ROWS = f"""
@@ -102,18 +138,27 @@ _CLAIM_NEXT_ROWS = f"""
 # claim_next: the oldest claimable todo of the endpoint's granted queues, skipping rows other
 # claimers hold, rows this claim passed over after a per-todo refusal, and rows a per-todo gate
 # would refuse now (its skip). Claims at once when no gate claims the candidate; otherwise
-# returns the candidate (locked) and each gate's key, and the caller runs the gates. It always
-# answers one row: with no candidate, whether some claimable todo was skipped (the caller then
-# asks the gates why, for the deferred list).
+# returns the candidate (locked) and each gate's key, and the caller runs the gates. ``fast``:
+# the gates that can decide inside this statement do (their verdicts follow the keys), and the
+# claim is written when every verdict admits it. It always answers one row: with no candidate,
+# whether some claimable todo was skipped (the caller then asks the gates why, for the deferred
+# list).
 @functools.cache
-def _claim_next_sql(gate_list: tuple[gates.ClaimGate, ...]) -> str:
+def _claim_next_sql(gate_list: tuple[gates.ClaimGate, ...], fast: bool = False) -> str:
     probe = admit = ""
-    keys = ""
+    keys = charges = ""
     if gate_list:
-        probe = f"gate AS (SELECT {', '.join(_probes(gate_list, 'c'))} FROM cand c),"
+        probe = (
+            f"gate AS MATERIALIZED (SELECT c.id, {', '.join(_probes(gate_list, 'c'))} FROM cand c),"
+        )
         held = " OR ".join(f"g{i} IS NOT NULL" for i in range(len(gate_list)))
         admit = f"AND NOT EXISTS (SELECT 1 FROM gate WHERE {held})"
         keys = "".join(f"(SELECT g{i} FROM gate), " for i in range(len(gate_list)))
+        if fast:
+            verdict_ctes, admit, charge_ctes, columns = _fast_gates(gate_list)
+            probe += "\n" + verdict_ctes
+            keys += columns
+            charges = ",\n" + charge_ctes if charge_ctes else ""
     skips = [f"({s})" for s in gates.skips("t")]
     passes = "".join(f"\n      AND {s} IS NOT TRUE" for s in skips)
     # Only read when there is no candidate (CASE), so a claim never pays for it.
@@ -136,14 +181,14 @@ WITH cand AS (
     FOR UPDATE OF t SKIP LOCKED
 ),
 {probe}
-{_CLAIM_CTES.format(admit=admit, TODO_COLUMNS=TODO_COLUMNS)}
+{_CLAIM_CTES.format(admit=admit, TODO_COLUMNS=TODO_COLUMNS)}{charges}
 SELECT c.id, c.queue, {skipped}, {keys}cl.id IS NOT NULL, {CLAIMED_COLUMNS}
 FROM (SELECT) one LEFT JOIN cand c ON true LEFT JOIN claimed cl ON cl.id = c.id
 """
 
 
-def claim_next_sql() -> str:
-    return _claim_next_sql(gates.gates())
+def claim_next_sql(*, fast: bool = False) -> str:
+    return _claim_next_sql(gates.gates(), fast)
 
 
 # claim of one todo: lock it (waiting for any other holder), and report what it is, whether its
@@ -212,6 +257,8 @@ class Candidate:
     queue: str
     keys: tuple[Any, ...]  # per gate, in lock order: what admit needs, or None (not gated)
     todo: Todo | None  # set when the statement claimed it
+    # The fast path's verdicts, per gate (None: not asked); empty on the locked path.
+    verdicts: tuple[dict[str, Any] | None, ...] = ()
 
     @property
     def claimed(self) -> bool:
@@ -244,12 +291,17 @@ class NoCandidate:
     skipped: bool
 
 
-def _candidate(row: tuple[Any, ...] | None, nkeys: int) -> Candidate | None:
+def _candidate(row: tuple[Any, ...] | None, nkeys: int, fast: bool = False) -> Candidate | None:
     if row is None or row[0] is None:
         return None
     todo_id, queue, *rest = row
-    keys, (claimed, *columns) = tuple(rest[:nkeys]), rest[nkeys:]
-    return Candidate(todo_id, queue, keys, todo_from_row(columns) if claimed else None)
+    keys, rest = tuple(rest[:nkeys]), rest[nkeys:]
+    verdicts: tuple[Any, ...] = ()
+    if fast and nkeys:
+        # The verdicts, then the number of charges (read only so that they run).
+        verdicts, rest = tuple(rest[:nkeys]), rest[nkeys + 1 :]
+    claimed, *columns = rest
+    return Candidate(todo_id, queue, keys, todo_from_row(columns) if claimed else None, verdicts)
 
 
 def claim_next_candidate(
@@ -263,26 +315,30 @@ def claim_next_candidate(
     via: str,
     ttl: int,
     fence_hash: str | None,
+    fast: bool = False,
 ) -> Candidate | NoCandidate:
     """The claim_next statement. ``excluded``: queues a gate refuses; ``passed``: todos a
-    per-todo gate refused under its lock in this claim."""
-    cursor.execute(
-        claim_next_sql(),
-        {
-            "endpoint": endpoint_id,
-            "queues": queues,
-            "excluded": excluded,
-            "passed": passed,
-            "claimant": claimant,
-            "via": via,
-            "ttl": ttl,
-            "fence_hash": fence_hash,
-        },
-    )
+    per-todo gate refused under its lock in this claim. ``fast``: gates that can decide inside
+    it do (``queues.gates``), so an admitted gated claim is this one statement too."""
+    gate_list = gates.gates()
+    params: dict[str, Any] = {
+        "endpoint": endpoint_id,
+        "queues": queues,
+        "excluded": excluded,
+        "passed": passed,
+        "claimant": claimant,
+        "via": via,
+        "ttl": ttl,
+        "fence_hash": fence_hash,
+    }
+    if fast:
+        for i, gate in enumerate(gate_list):
+            params[f"gp{i}"] = gate.fast_params(endpoint_id)
+    cursor.execute(_claim_next_sql(gate_list, fast), params)
     row = cursor.fetchone()
     assert row is not None, "the statement answers one row"
     skipped, row = row[2], (*row[:2], *row[3:])
-    return _candidate(row, len(gates.gates())) or NoCandidate(skipped=skipped)
+    return _candidate(row, len(gate_list), fast) or NoCandidate(skipped=skipped)
 
 
 @dataclass(frozen=True)

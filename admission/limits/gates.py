@@ -193,6 +193,20 @@ class _OccupancyGate:
             f"ELSE {self.matches(alias, self.full_now)} END"
         )
 
+    # The fast path (queues.gates): a named limit decides under its own lock on the locked path
+    # only, so a candidate naming one takes that path.
+    def fast_check(self, key: str, todo: str, params: str) -> str | None:
+        return None
+
+    def fast_charge(self, verdict: str) -> str:
+        raise NotImplementedError("a named limit has no fast path")
+
+    def fast_params(self, endpoint_id: UUID) -> Any:
+        return None
+
+    def fast_report(self, verdict: dict[str, Any]) -> dict[str, Any] | None:
+        return None
+
     def matches(self, alias: str, names: str) -> str:
         """Whether the row names one of ``names`` (an SQL array)."""
         return f"{alias}.{self.name} = ANY({names})"

@@ -80,8 +80,8 @@ def claim_next(
     if not granted:
         return NothingClaimable()
     if not sql.recently_gated(endpoint.id):
-        # (1) The common path: one statement that commits on its own. It claims at once unless
-        # a gate claims the candidate.
+        # (1) The common path: one statement that commits on its own. It claims at once when no
+        # gate claims the candidate or every gate that does admits it inside the statement.
         with sql.hot_cursor() as cursor:
             availability.check_deadline()  # the connection is in hand: late means no claim
             cand = sql.claim_next_candidate(
@@ -94,13 +94,24 @@ def claim_next(
                 via=actor.via,
                 ttl=ttl,
                 fence_hash=fence_hash,
+                fast=True,
             )
         if isinstance(cand, sql.NoCandidate):
             return NothingClaimable(deferred=_held_entries(endpoint.id, granted, [], cand))
         if cand.todo is not None:
-            metrics.claimed(cand.todo.queue, cand.todo.attempt, charged=False)
-            return Claimed(todo=cand.todo, attempt=cand.todo.attempt, lease_token=lease_token)
-        sql.mark_gated(endpoint.id)
+            report = _fast_report(cand.verdicts)
+            metrics.claimed(cand.todo.queue, cand.todo.attempt, charged=report is not None)
+            return Claimed(
+                todo=cand.todo,
+                attempt=cand.todo.attempt,
+                lease_token=lease_token,
+                admission=report,
+            )
+        # A gate said no (or cannot decide in the statement): the locked path decides, and
+        # this endpoint's next claims go there directly for a while. Stale parameters alone
+        # (a policy just changed) send only this claim there.
+        if not any(v is not None and v.get("stale") for v in cand.verdicts):
+            sql.mark_gated(endpoint.id)
     # (2) The unlocked pre-read: queues a gate refuses now are excluded without its lock.
     refusals = [
         _Refused(gate, refusal)
@@ -253,6 +264,16 @@ def _admit_and_claim(
     # No RELEASE: the transaction's COMMIT releases the savepoint, one round trip fewer while the
     # gate locks are held.
     return Claimed(todo=cand.todo, attempt=cand.todo.attempt, admission=report)
+
+
+def _fast_report(verdicts: tuple[dict[str, Any] | None, ...]) -> dict[str, Any] | None:
+    """What the gates report of a claim admitted on the fast path (None: no gate charged it)."""
+    report: dict[str, Any] | None = None
+    for gate, verdict in zip(gates.gates(), verdicts, strict=True):
+        charged = gate.fast_report(verdict) if verdict is not None else None
+        if charged is not None:
+            report = {**(report or {}), **charged}
+    return report
 
 
 def _held_entries(

@@ -391,3 +391,40 @@ def test_a_counter_left_by_an_earlier_window_never_hides_the_current_one(
     assert selectors.evaluate_policy(policy).used == 2
     (entry,) = nothing(services.claim_next(actor=p.as_agent())).deferred
     assert entry["reason"] == "window_exhausted"
+
+
+def test_the_claim_status_and_preview_read_usage_from_the_one_usage_query(
+    personas: Personas,
+) -> None:
+    """admission_usage (migration 0005) is the only SQL that counts a budget's in-flight claims
+    and reads its window counter; the locked claim, the status selector and the budget preview
+    all go through it, so they cannot count differently."""
+    from django.test.utils import CaptureQueriesContext
+
+    from admission import engine, selectors
+    from admission.policy import PolicySpec, Window
+    from admission.views import preview
+
+    p = personas
+    policy = budget(p, max_in_flight=2, per="day", limit=5)
+    push(p, 3)
+    services.claim_next(actor=p.as_agent(), claimant="a")
+    spec = PolicySpec("inbox", 1, 5, Window("day", "UTC", "00:00"), "enforce")
+    # The claim's two paths: admission_check (in the claiming statement) and engine.decide.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_get_functiondef('admission_check(uuid, uuid, jsonb)'::regprocedure)"
+        )
+        assert "admission_usage(" in cursor.fetchone()[0]
+    assert "admission_usage(" in engine._DECIDE_SQL
+    for read in (
+        lambda: selectors.identity_status(p.agent.id, "inbox"),
+        lambda: preview(p.agent, "inbox", policy, spec),
+    ):
+        with CaptureQueriesContext(connection) as ctx:
+            read()
+        sqls = [q["sql"] for q in ctx.captured_queries]
+        assert any("admission_usage(" in s for s in sqls), sqls
+        assert not any("state = 'claimed'" in s for s in sqls if "admission_usage(" not in s)
+    assert selectors.identity_status(p.agent.id, "inbox").in_flight == 1  # type: ignore[union-attr]
+    assert preview(p.agent, "inbox", policy, spec)

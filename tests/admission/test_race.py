@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from django.conf import settings
 from django.db import connection, connections
@@ -94,7 +96,7 @@ def test_charged_total_equals_claimed_total_for_the_queue(tx_personas: Personas)
 
 
 @pytest.mark.parametrize("pause_after", ["lock_policy", "charge"])
-def test_a_claim_killed_after_the_policy_lock_charges_nothing_and_leaves_the_todo_pending(
+def test_a_locked_path_claim_killed_after_the_policy_lock_charges_nothing(
     tx_personas: Personas, monkeypatch: pytest.MonkeyPatch, pause_after: str
 ) -> None:
     p = tx_personas
@@ -114,6 +116,8 @@ def test_a_claim_killed_after_the_policy_lock_charges_nothing_and_leaves_the_tod
         return result
 
     monkeypatch.setattr(engine, pause_after, hooked)
+    # The locked path (a refusal seen lately sends the endpoint's claims there).
+    sql.mark_gated(p.agent.id)
     outcome: list[Any] = []
 
     def doomed() -> None:
@@ -150,6 +154,65 @@ def test_a_claim_killed_after_the_policy_lock_charges_nothing_and_leaves_the_tod
     assert used(policy) == 1
 
 
+@pytest.mark.parametrize("blocked_on", ["policy", "window"])
+def test_a_one_statement_claim_killed_mid_statement_charges_nothing_and_leaves_the_todo_pending(
+    tx_personas: Personas, blocked_on: str
+) -> None:
+    """The fast path's claim is one statement: killed while it waits for the policy lock, or for
+    the window row after it holds the policy lock and has written the todo, it leaves nothing."""
+    p = tx_personas
+    policy = budget(p, per="day", limit=5, max_in_flight=5, start=far_start())
+    _first, todo = push(p, 2)
+    assert isinstance(services.claim_next(actor=p.as_agent()), Claimed)  # the window row exists
+    assert used(policy) == 1
+    holder = psycopg.connect(database_url(), autocommit=False)
+    table, column = {
+        "policy": ("admission_admissionpolicy", "id"),
+        "window": ("admission_admissionwindow", "policy_id"),
+    }[blocked_on]
+    holder.execute(f"SELECT 1 FROM {table} WHERE {column} = %s FOR UPDATE", [policy.id])
+    outcome: list[Any] = []
+
+    def doomed() -> None:
+        try:
+            outcome.append(services.claim_next(actor=p.as_agent()))
+        except Exception as exc:
+            outcome.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=doomed)
+    thread.start()
+    pid = None
+    with connection.cursor() as cursor:
+        for _ in range(300):
+            cursor.execute(
+                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE %s AND pid <> pg_backend_pid()",
+                # The statement's opening: pg_stat_activity keeps only its first 1024 bytes.
+                ["%WITH cand AS (%"],
+            )
+            row = cursor.fetchone()
+            if row:
+                pid = row[0]
+                break
+            time.sleep(0.05)
+        assert pid is not None, "the claim never waited on the held lock"
+        cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    thread.join(timeout=30)
+    holder.rollback()
+    holder.close()
+    assert isinstance(outcome[0], Exception), outcome
+    todo.refresh_from_db()
+    assert todo.state == TodoState.PENDING and todo.attempt == 0
+    assert Attempt.objects.count() == 1
+    assert used(policy) == 1
+    assert counters.value(metrics.CLAIMED, {"queue": "inbox"}) == 1
+    again = services.claim_next(actor=p.as_agent())
+    assert isinstance(again, Claimed) and again.todo.id == todo.id
+    assert used(policy) == 2
+
+
 @contextmanager
 def statements() -> Iterator[list[str]]:
     """Every statement this thread's connection executes, through any cursor Django wraps."""
@@ -169,6 +232,7 @@ def test_a_claim_on_an_unbudgeted_queue_is_one_statement_with_the_indexed_probe(
     p = tx_personas
     budget(p, "outbox", max_in_flight=1)  # the policy table is not empty
     push(p, 1, queue="inbox")
+    services.claim_next(actor=p.as_agent(), queue="outbox")  # window bounds cached for a second
     with statements() as seen:
         result = services.claim_next(actor=p.as_agent(), queue="inbox")
     assert isinstance(result, Claimed)
@@ -212,17 +276,33 @@ def test_the_policy_probe_uses_the_unique_identity_index(tx_personas: Personas) 
     assert "admission_policy_identity" in plan, plan
 
 
-def test_a_budgeted_claim_runs_the_candidate_then_the_admission_statements(
-    tx_personas: Personas,
-) -> None:
+def test_an_admitted_budgeted_claim_is_one_statement(tx_personas: Personas) -> None:
     p = tx_personas
-    budget(p, per="day", limit=5, start=far_start())
+    policy = budget(p, per="day", limit=5, max_in_flight=3, start=far_start())
     push(p, 1)
+    services.claim_next(actor=p.as_agent(), queue="outbox")  # the window bounds are cached
     with statements() as sqls:
-        assert isinstance(services.claim_next(actor=p.as_agent()), Claimed)
-    assert "SKIP LOCKED" in sqls[0]
-    assert any("FROM admission_admissionpolicy WHERE id" in s and "FOR UPDATE" in s for s in sqls)
-    assert any("INSERT INTO admission_admissionwindow" in s for s in sqls)
+        result = services.claim_next(actor=p.as_agent())
+    assert isinstance(result, Claimed)
+    assert len(sqls) == 1, sqls
+    assert "SKIP LOCKED" in sqls[0] and "admission_check" in sqls[0]
+    assert used(policy) == 1
+    assert result.admission is not None
+    assert result.admission["used"] == 1 and result.admission["remaining"] == 4
+    assert result.admission["in_flight"] == 1 and result.admission["max_in_flight"] == 3
+
+
+def test_a_refused_budgeted_claim_takes_the_locked_path(tx_personas: Personas) -> None:
+    p = tx_personas
+    budget(p, per="day", limit=1, start=far_start())
+    push(p, 2)
+    assert isinstance(services.claim_next(actor=p.as_agent()), Claimed)
+    with statements() as sqls:
+        result = services.claim_next(actor=p.as_agent())
+    assert isinstance(result, NothingClaimable)
+    assert result.deferred and result.deferred[0]["reason"] == "window_exhausted"
+    assert "admission_check" in sqls[0]
+    assert any("INSERT INTO admission_admissionwindow" in s for s in sqls)  # the refusal
     assert not any(s.startswith("INSERT INTO admission_ledgerentry") for s in sqls)
 
 
@@ -230,6 +310,24 @@ def test_nothing_claimable_on_an_unbudgeted_queue_is_one_statement(
     tx_personas: Personas,
 ) -> None:
     p = tx_personas
+    services.claim_next(actor=p.as_agent(), queue="outbox")  # window bounds cached for a second
     with statements() as seen:
         assert isinstance(services.claim_next(actor=p.as_agent(), queue="inbox"), NothingClaimable)
     assert len(seen) == 1
+
+
+def test_a_window_redefined_a_moment_ago_is_charged_by_its_new_definition(
+    tx_personas: Personas,
+) -> None:
+    """The fast path's window bounds are cached for a second; the statement sees the policy's
+    new window definition, answers "stale" and the locked path charges the new window."""
+    p = tx_personas
+    policy = budget(p, per="day", limit=5, start=far_start())
+    push(p, 2)
+    assert isinstance(services.claim_next(actor=p.as_agent()), Claimed)  # bounds cached
+    policy = budget(p, per="day", limit=5, tz="Asia/Kolkata", start=far_start())
+    with statements() as sqls:
+        assert isinstance(services.claim_next(actor=p.as_agent()), Claimed)
+    assert "admission_check" in sqls[0] and len(sqls) > 1  # stale, then the locked path
+    assert used(policy) == 1  # the redefined window counts anew
+    assert not sql.recently_gated(p.agent.id)  # stale bounds alone keep the fast path

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
+import psycopg
 import pytest
+from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
-from queues import services
+from queues import services, sql
 from queues.models import Attempt, AttemptOutcome, Todo, TodoState
 from queues.services import Claimed, NothingClaimable
 from switchboard.core.errors import Conflict, Forbidden, InvalidArgument, NotFound
@@ -15,6 +19,7 @@ from tests.conftest import (
     FIXTURE,
     Personas,
     claim_and_lapse,
+    database_url,
     lapse,
     make_retry_due,
     push,
@@ -438,3 +443,79 @@ def test_takeovers_racing_the_reaper_never_leave_two_open_attempts(
     assert claimed.count() == taken
     assert Attempt.objects.filter(ended_at__isnull=True).count() == taken
     assert set(pending.values_list("attempt", flat=True)) <= {1}
+
+
+def test_the_database_refuses_a_second_open_attempt_of_a_todo(personas: Personas) -> None:
+    (todo,) = push(personas, 1)
+    services.claim(actor=personas.as_agent(), todo_id=todo.id, claimant="first")
+    with pytest.raises(IntegrityError, match="attempt_one_open"), transaction.atomic():
+        Attempt.objects.create(
+            todo=todo,
+            number=2,
+            endpoint=personas.agent,
+            claimant="second",
+            via="api",
+            claimed_at=timezone.now(),
+            lease_expires_at=timezone.now(),
+        )
+
+
+def test_a_takeover_whose_snapshot_predates_the_claim_it_replaces_still_ends_that_attempt(
+    tx_personas: Personas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """claim_next's statement takes its snapshot before it locks its candidate. Here that gap is
+    held open on purpose (the statement waits on an advisory lock before its candidate scan)
+    while another connection claims the todo and lets its lease lapse. The waiting statement then
+    takes the todo over: the attempt it replaces ends, and one attempt stays open."""
+    p = tx_personas
+    (todo,) = push(p, 1)
+    scan = "AND t.id <> ALL(%(passed)s::uuid[])"  # the candidate scan's own condition
+    original = sql._claim_next_sql
+
+    def waits_first(gate_list: Any, fast: bool = False) -> str:
+        statement = original(gate_list, fast)
+        assert scan in statement
+        return statement.replace(
+            scan,
+            f"AND (SELECT count(*) FROM (SELECT pg_advisory_xact_lock(4242)) w) = 1 {scan}",
+        )
+
+    monkeypatch.setattr(sql, "_claim_next_sql", waits_first)
+    holder = psycopg.connect(database_url(), autocommit=False)
+    holder.execute("SELECT pg_advisory_xact_lock(4242)")
+    late: list[Any] = []
+
+    def take_over() -> None:
+        try:
+            late.append(services.claim_next(actor=p.as_agent(), claimant="late"))
+        except Exception as exc:  # asserted below, in the test's thread
+            late.append(exc)
+        finally:
+            connections.close_all()
+
+    taker = threading.Thread(target=take_over)
+    taker.start()
+    try:
+        # The statement has its snapshot and waits on the advisory lock.
+        for _ in range(600):
+            waiting = holder.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            ).fetchone()
+            if waiting and waiting[0]:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the claim statement never waited on the advisory lock")
+        claim_and_lapse(p, [todo])  # committed while the statement waits
+    finally:
+        holder.commit()
+        holder.close()
+        taker.join(timeout=60)
+    (claimed,) = late
+    assert isinstance(claimed, Claimed), claimed
+    assert claimed.todo.id == todo.id and claimed.attempt == 2
+    attempts = list(Attempt.objects.filter(todo=todo).order_by("number"))
+    assert [(a.number, a.outcome) for a in attempts] == [
+        (1, AttemptOutcome.SUPERSEDED),
+        (2, None),
+    ]

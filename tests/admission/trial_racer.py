@@ -1,0 +1,86 @@
+"""A long-lived child process for the randomized admission trials (test_trials.py).
+
+Usage: python -m tests.admission.trial_racer
+Environment: DATABASE_URL (the test database), REDIS_URL, DJANGO_SETTINGS_MODULE.
+Prints "ready", then for each JSON command line on stdin ({"endpoint", "threads", "ops",
+"seed"}) runs that many threads, each doing ``ops`` random steps (claim_next, then complete,
+release, fail, let the lease lapse, or hold), and prints one JSON line: {"claims": n, "errors":
+[...]}. Started once per test module, so a hundred trials do not pay a hundred Django startups.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import threading
+import time
+from typing import Any
+
+
+def run_trial(command: dict[str, Any]) -> dict[str, Any]:
+    from django.db import connection, connections
+
+    from queues import services
+    from queues.access import AgentActor
+    from queues.models import Endpoint
+
+    actor = AgentActor(Endpoint.objects.get(pk=command["endpoint"]))
+    connections.close_all()
+    threads = int(command["threads"])
+    claims: list[int] = [0] * threads
+    errors: list[str] = []
+    lock = threading.Lock()
+    start = threading.Barrier(threads)
+
+    def racer(i: int) -> None:
+        rng = random.Random(f"{command['seed']}-{os.getpid()}-{i}")
+        try:
+            connection.ensure_connection()
+            start.wait()
+            for _ in range(int(command["ops"])):
+                got = services.claim_next(actor=actor, claimant=f"{os.getpid()}-{i}")
+                if isinstance(got, services.Claimed):
+                    claims[i] += 1
+                    step = rng.choice(["complete", "complete", "release", "fail", "lapse", "hold"])
+                    if step == "complete":
+                        services.complete(actor=actor, todo_id=got.todo.id)
+                    elif step == "release":
+                        services.release(actor=actor, todo_id=got.todo.id)
+                    elif step == "fail":
+                        services.fail(actor=actor, todo_id=got.todo.id, error="trial")
+                    elif step == "lapse":  # the holder goes silent: a takeover may follow
+                        with connection.cursor() as cursor:
+                            cursor.execute(
+                                "UPDATE queues_todo SET lease_expires_at = clock_timestamp() "
+                                "- interval '1 second' WHERE id = %s",
+                                [got.todo.id],
+                            )
+                time.sleep(rng.random() * 0.003)
+        except Exception as exc:  # reported to the parent
+            with lock:
+                errors.append(repr(exc))
+        finally:
+            connections.close_all()
+
+    workers = [threading.Thread(target=racer, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return {"claims": sum(claims), "errors": errors}
+
+
+def main() -> None:
+    import django
+
+    django.setup()
+    print("ready", flush=True)
+    for line in sys.stdin:
+        if line.strip():
+            print(json.dumps(run_trial(json.loads(line))), flush=True)
+
+
+if __name__ == "__main__":
+    main()
