@@ -52,14 +52,7 @@ def _accountable(actor: Actor, endpoint: Endpoint) -> Any:
 
 
 def _ledger_actor(actor: Actor, endpoint: Endpoint) -> ledger.Actor:
-    human = _accountable(actor, endpoint)
-    agent = actor.endpoint if isinstance(actor, AgentActor) else None
-    return ledger.Actor(
-        human_id=human.pk,
-        human_name=human.get_username(),
-        endpoint_id=agent.id if agent else None,
-        endpoint_slug=agent.slug if agent else "",
-    )
+    return access.ledger_actor(actor, owner=_accountable(actor, endpoint))
 
 
 def _take_write_token(actor: Actor) -> None:

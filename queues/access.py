@@ -348,20 +348,31 @@ def refuse_auditors(view: Callable[..., HttpResponse]) -> Callable[..., HttpResp
     return wrapper
 
 
+def ledger_actor(actor: Actor | SystemActor, *, owner: Any = None) -> ledger.Actor:
+    """Who a ledger row names: a human by id and name; the system by its label; an agent by its
+    endpoint and the human answerable for it (``owner``, else its endpoint's owner)."""
+    if isinstance(actor, SystemActor):
+        return ledger.Actor(human_name=actor.label)
+    if isinstance(actor, AgentActor):
+        human = owner if owner is not None else actor.endpoint.owner
+        return ledger.Actor(
+            human_id=getattr(human, "pk", None),
+            human_name=human.get_username() if human is not None else "",
+            endpoint_id=actor.endpoint.id,
+            endpoint_slug=actor.endpoint.slug,
+        )
+    user = actor.user
+    return ledger.Actor(human_id=getattr(user, "pk", None), human_name=user.get_username())
+
+
 def append_claim_waiver(*, kind: str, actor: Actor, todo: Any, **details: Any) -> None:
     """A claim admitted over a limit by the advise posture: one ledger row (HMAC-hashed in the
     signed chain) naming the todo, its attempt, who claimed it and the ``details`` of the excess.
     The human accountable is the one acting, or the agent's endpoint's owner."""
     owner = todo.endpoint.owner if isinstance(actor, AgentActor) else None
-    human = actor.user if isinstance(actor, HumanActor) else owner
     ledger.append(
         kind=kind,
-        actor=ledger.Actor(
-            human_id=getattr(human, "pk", None),
-            human_name=human.get_username() if human is not None else "",
-            endpoint_id=actor.endpoint.id if isinstance(actor, AgentActor) else None,
-            endpoint_slug=actor.endpoint.slug if isinstance(actor, AgentActor) else "",
-        ),
+        actor=ledger_actor(actor, owner=owner),
         scope=f"endpoint:{todo.endpoint.slug}",
         queue=todo.queue,
         after={"todo": str(todo.id), "attempt": todo.attempt, **details},

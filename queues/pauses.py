@@ -106,10 +106,6 @@ def _check_reason(reason: str | None) -> str:
     return reason
 
 
-def _ledger_actor(actor: HumanActor) -> ledger.Actor:
-    return ledger.Actor(human_id=actor.user.pk, human_name=actor.user.get_username())
-
-
 def _existing(queue: str) -> QueuePause | None:
     return QueuePause.objects.select_related("paused_by").filter(queue=queue).first()
 
@@ -182,7 +178,7 @@ def _insert_pause(actor: HumanActor, queue: str, reason: str) -> PauseResult:
     info = PauseInfo(reason=reason, by=actor.user.get_username(), at=row[0])
     ledger.append(
         kind=LedgerKind.QUEUE_PAUSE,
-        actor=_ledger_actor(actor),
+        actor=access.ledger_actor(actor),
         scope="queue",
         queue=queue,
         before=None,
@@ -208,7 +204,7 @@ def queue_resume(*, actor: HumanActor, queue: str) -> ResumeResult:
         pause.delete()
         ledger.append(
             kind=LedgerKind.QUEUE_RESUME,
-            actor=_ledger_actor(actor),
+            actor=access.ledger_actor(actor),
             scope="queue",
             queue=queue,
             before=lifted.ledger_dict(),

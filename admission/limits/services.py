@@ -25,7 +25,7 @@ from admission.limits.models import (
     RateLimit,
     TagLimit,
 )
-from queues import gates, wakes
+from queues import access, gates, wakes
 from queues.access import Actor, HumanActor, SystemActor, check_actor
 from queues.claimable import CLAIMABLE
 from queues.models import Todo, TodoState, check_limit_name
@@ -153,11 +153,9 @@ def _values(kind: Kind, given: dict[str, Any], row: Any | None) -> dict[str, Any
 
 
 def _append(kind: str, actor: Actor, before: Any, after: Any) -> None:
-    if isinstance(actor, HumanActor):
-        who = ledger.Actor(human_id=actor.user.pk, human_name=actor.user.get_username())
-    else:
-        who = ledger.Actor(human_name=getattr(actor, "label", ""))
-    ledger.append(kind=kind, actor=who, scope="limits", before=before, after=after)
+    ledger.append(
+        kind=kind, actor=access.ledger_actor(actor), scope="limits", before=before, after=after
+    )
 
 
 def limit_set(*, actor: Actor, kind: str, name: str, **given: Any) -> dict[str, Any]:

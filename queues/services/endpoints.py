@@ -375,13 +375,6 @@ def _audited(endpoint: Endpoint) -> dict[str, Any]:
     }
 
 
-def ledger_actor(actor: HumanActor | SystemActor) -> ledger.Actor:
-    if isinstance(actor, SystemActor):
-        return ledger.Actor(human_name=actor.label)
-    user = actor.user
-    return ledger.Actor(human_id=getattr(user, "pk", None), human_name=user.get_username())
-
-
 # Every change lands in the ledger: a human's under their name, one made with no acting human (the
 # shell without --as, the demo seed, a test fixture, the bench) under the system actor's.
 def _append(
@@ -393,7 +386,7 @@ def _append(
 ) -> None:
     ledger.append(
         kind=kind,
-        actor=ledger_actor(actor),
+        actor=access.ledger_actor(actor),
         scope=f"endpoint:{endpoint.slug}",
         before=before,
         after=after,
@@ -405,7 +398,7 @@ def _append_token(kind: str, actor: HumanActor | SystemActor, token: HumanToken)
         return
     ledger.append(
         kind=kind,
-        actor=ledger_actor(actor),
+        actor=access.ledger_actor(actor),
         scope=f"user:{token.user.get_username()}",
         after={"token_prefix": token.token_prefix, "name": token.name},
     )

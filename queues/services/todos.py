@@ -29,7 +29,7 @@ from queues.models import (
     check_queue_name,
 )
 from queues.selectors import BULK_ACTIONS, Selection
-from queues.services.endpoints import ledger_actor, resolve_lease_ttl
+from queues.services.endpoints import resolve_lease_ttl
 from switchboard.core import availability, validation
 from switchboard.core.errors import Conflict, InvalidArgument, NotFound
 from switchboard.core.tokens import hash_token
@@ -462,7 +462,7 @@ def _apply(actor: HumanActor, action: str, rows: list[tuple[UUID, str, UUID, str
     ):
         ledger.append(
             kind=kind,
-            actor=ledger_actor(actor),
+            actor=access.ledger_actor(actor),
             scope=f"endpoint:{slugs[endpoint_id]}",
             queue=queue,
             before={"states": dict(Counter(state for _, state in todos))},
