@@ -30,8 +30,8 @@ from admission.models import AdmissionPolicy, AdmissionWindow, Posture
 from admission.policy import FIELD_OF_CONSTRAINT, PolicySpec
 from queues import access, wakes
 from queues.access import Actor, AgentActor
-from queues.claimable import CLAIMABLE
 from queues.models import Endpoint, EndpointState, Verb
+from queues.sql import gated
 from switchboard.core import counters, ratelimit
 from switchboard.core.errors import Conflict, InvalidArgument, NotFound, RateLimited
 from switchboard.ledger import chain as ledger
@@ -237,18 +237,13 @@ return out
 _ELIGIBLE_SQL = f"""
 SELECT p.id FROM admission_admissionpolicy p
 JOIN queues_endpoint e ON e.id = p.endpoint_id AND e.state = 'active'
-WHERE EXISTS (
-    SELECT 1 FROM queues_todo t
-    WHERE t.endpoint_id = p.endpoint_id AND t.queue = p.queue AND {CLAIMABLE}
-)
+WHERE {gated.claimable_in("p.endpoint_id", "p.queue")}
 """
 
 _IDENTITY_ELIGIBLE_SQL = f"""
 SELECT EXISTS (
     SELECT 1 FROM queues_endpoint e WHERE e.id = %(e)s AND e.state = 'active'
-) AND EXISTS (
-    SELECT 1 FROM queues_todo t WHERE t.endpoint_id = %(e)s AND t.queue = %(q)s AND {CLAIMABLE}
-)
+) AND {gated.claimable_in("%(e)s", "%(q)s")}
 """
 
 

@@ -36,7 +36,7 @@ from admission.limits import rates
 from admission.limits.models import LimitPosture
 from queues import gates, metrics
 from queues.access import append_claim_waiver
-from queues.claimable import CLAIMABLE
+from queues.sql import gated
 from switchboard.core.errors import Deferred
 from switchboard.ledger.models import LedgerKind
 
@@ -69,18 +69,12 @@ class LimitRefusal:
 # The limits full now under enforce, each an uncorrelated ARRAY(...) the planner runs once per
 # statement (an InitPlan), and only when a row naming such a limit is met. A takeover's own
 # occupancy would count against it here, so the skips leave claimed (lapsed) rows to ``admit``.
-_FULL_POOLS = """ARRAY(
+_FULL_POOLS = f"""ARRAY(
     SELECT p.name FROM limits_pool p
-    WHERE p.posture = 'enforce'
-      AND p.slots <= (SELECT count(*) FROM queues_todo o
-                      WHERE o.state = 'claimed' AND o.pool = p.name))"""
-# `o.tags <> '{}'` states todo_claimed_tags_idx's predicate, so the planner can use it.
-_FULL_TAGS = """ARRAY(
+    WHERE p.posture = 'enforce' AND p.slots <= {gated.claimed_in_pool("p.name")})"""
+_FULL_TAGS = f"""ARRAY(
     SELECT l.tag FROM limits_taglimit l
-    WHERE l.posture = 'enforce'
-      AND l."limit" <= (SELECT count(*) FROM queues_todo o
-                        WHERE o.state = 'claimed' AND o.tags <> '{}'
-                          AND o.tags @> ARRAY[l.tag]))"""
+    WHERE l.posture = 'enforce' AND l."limit" <= {gated.claimed_with_tag("l.tag")})"""
 # rates.effective_limit and rates.read, in SQL (base_limit < 2^20, so a shift of 31 is 0).
 _FULL_RATES = """ARRAY(
     SELECT r.name FROM limits_ratelimit r
@@ -130,10 +124,12 @@ class _RateCharge(_Waived):
 def _refusal(
     cursor: Any, todo_id: UUID, reason: str, at: datetime | None, names: list[str], exact: bool
 ) -> LimitRefusal:
-    cursor.execute("SELECT queue FROM queues_todo WHERE id = %s", [todo_id])
-    (queue,) = cursor.fetchone()
     return LimitRefusal(
-        queue=queue, reason=reason, next_eligible_at=at, limits=tuple(names), exact=exact
+        queue=gated.todo_queue(cursor, todo_id),
+        reason=reason,
+        next_eligible_at=at,
+        limits=tuple(names),
+        exact=exact,
     )
 
 
@@ -156,20 +152,16 @@ class _OccupancyGate:
     full_now: str
     # The declaration rows of the key, locked in name order.
     lock_sql: str
-    # Occupancy per name among the key, excluding the candidate.
-    count_sql: str
 
     def probe(self, alias: str) -> str:
         raise NotImplementedError
 
-    # Whether ending the claim of row ``alias`` frees a unit of a limit it names that was at its
-    # cap under enforce, with work of its queue identity naming that limit waiting. Occupancy
-    # leaves ``alias`` itself out, so the answer is the same inside the ending statement (whose
-    # snapshot still counts the row claimed) and after its commit.
-    at_cap: str
-
     def frees_slot(self, alias: str) -> str:
-        return self.at_cap.format(t=alias)
+        """Whether ending the claim of row ``alias`` frees a unit of a limit it names that was at
+        its cap under enforce, with work of its queue identity naming that limit waiting.
+        Occupancy leaves ``alias`` itself out, so the answer is the same inside the ending
+        statement (whose snapshot still counts the row claimed) and after its commit."""
+        raise NotImplementedError
 
     def names(self, key: Any) -> list[str]:
         return [key] if isinstance(key, str) else sorted(key)
@@ -177,12 +169,17 @@ class _OccupancyGate:
     def read(self, cursor: Any, names: list[str], todo_id: UUID | None, lock: bool) -> list[Held]:
         cursor.execute(self.lock_sql + (" FOR UPDATE" if lock else ""), [names])
         declared = cursor.fetchall()
-        cursor.execute(self.count_sql, [names, todo_id])
-        counts = {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
+        counts = self.counts(cursor, names, todo_id)
         return [
             Held(name, limit, posture, *counts.get(name, (0, None)))
             for name, limit, posture in declared
         ]
+
+    def counts(
+        self, cursor: Any, names: list[str], todo_id: UUID | None
+    ) -> dict[str, tuple[int, Any]]:
+        """Occupancy per name among the key, excluding the candidate."""
+        raise NotImplementedError
 
     def pre_read(self, endpoint_id: UUID, queues: list[str]) -> list[gates.Refusal]:
         return []
@@ -234,16 +231,9 @@ class _OccupancyGate:
         self, cursor: Any, endpoint_id: UUID, queues: list[str]
     ) -> list[tuple[str, Any, int]]:
         """(queue, key, count) of the claimable todos this gate's skip passes over now."""
-        cursor.execute(
-            f"""
-            SELECT t.queue, {self.probe("t")}, count(*) FROM queues_todo t
-            WHERE t.endpoint_id = %s AND t.queue = ANY(%s) AND {CLAIMABLE}
-              AND {self.skip("t")}
-            GROUP BY 1, 2
-            """,
-            [endpoint_id, queues],
-        )
-        return cursor.fetchall()
+        skip = self.skip("t")
+        assert skip is not None
+        return gated.claimable_groups(cursor, endpoint_id, queues, key=self.probe("t"), where=skip)
 
     def hold(
         self, cursor: Any, key: Any, now: datetime
@@ -316,21 +306,18 @@ class PoolGate(_OccupancyGate):
     noun = "pool"
     full_now = _FULL_POOLS
     lock_sql = "SELECT name, slots, posture FROM limits_pool WHERE name = ANY(%s) ORDER BY name"
-    count_sql = """
-        SELECT t.pool, count(*), min(t.lease_expires_at) FROM queues_todo t
-        WHERE t.state = 'claimed' AND t.pool = ANY(%s) AND t.id IS DISTINCT FROM %s
-        GROUP BY t.pool
-    """
 
-    at_cap = """{t}.pool IS NOT NULL AND EXISTS (
+    def counts(
+        self, cursor: Any, names: list[str], todo_id: UUID | None
+    ) -> dict[str, tuple[int, Any]]:
+        return gated.claimed_by_pool(cursor, names, todo_id)
+
+    def frees_slot(self, alias: str) -> str:
+        return f"""{alias}.pool IS NOT NULL AND EXISTS (
         SELECT 1 FROM limits_pool p
-        WHERE p.name = {t}.pool AND p.posture = 'enforce'
-          AND p.slots = 1 + (SELECT count(*) FROM queues_todo o
-                             WHERE o.state = 'claimed' AND o.pool = p.name
-                               AND o.id IS DISTINCT FROM {t}.id)
-          AND EXISTS (SELECT 1 FROM queues_todo w
-                      WHERE w.endpoint_id = {t}.endpoint_id AND w.queue = {t}.queue
-                        AND w.state = 'pending' AND w.pool = p.name))"""
+        WHERE p.name = {alias}.pool AND p.posture = 'enforce'
+          AND p.slots = 1 + {gated.claimed_in_pool("p.name", excluding=f"{alias}.id")}
+          AND {gated.pending_in_pool(alias, "p.name")})"""
 
     def probe(self, alias: str) -> str:
         return f"{alias}.pool"
@@ -345,39 +332,24 @@ class TagGate(_OccupancyGate):
     # ORDER BY with FOR UPDATE locks the rows as they come out of the sort: in tag order, so
     # two claims naming overlapping tags never wait on each other in opposite orders.
     lock_sql = 'SELECT tag, "limit", posture FROM limits_taglimit WHERE tag = ANY(%s) ORDER BY tag'
-    count_sql = """
-        SELECT g.tag, count(*), min(t.lease_expires_at)
-        FROM queues_todo t CROSS JOIN LATERAL unnest(t.tags) AS g(tag)
-        WHERE t.state = 'claimed' AND t.tags && %s::varchar[] AND t.id IS DISTINCT FROM %s
-          AND g.tag = ANY(%s::varchar[])
-        GROUP BY g.tag
-    """
 
-    at_cap = """cardinality({t}.tags) > 0 AND EXISTS (
+    def counts(
+        self, cursor: Any, names: list[str], todo_id: UUID | None
+    ) -> dict[str, tuple[int, Any]]:
+        return gated.claimed_by_tag(cursor, names, todo_id)
+
+    def frees_slot(self, alias: str) -> str:
+        return f"""cardinality({alias}.tags) > 0 AND EXISTS (
         SELECT 1 FROM limits_taglimit l
-        WHERE l.tag = ANY({t}.tags) AND l.posture = 'enforce'
-          AND l."limit" = 1 + (SELECT count(*) FROM queues_todo o
-                               WHERE o.state = 'claimed' AND o.tags <> '{{}}'
-                                 AND o.tags @> ARRAY[l.tag] AND o.id IS DISTINCT FROM {t}.id)
-          AND EXISTS (SELECT 1 FROM queues_todo w
-                      WHERE w.endpoint_id = {t}.endpoint_id AND w.queue = {t}.queue
-                        AND w.state = 'pending' AND w.tags @> ARRAY[l.tag]))"""
+        WHERE l.tag = ANY({alias}.tags) AND l.posture = 'enforce'
+          AND l."limit" = 1 + {gated.claimed_with_tag("l.tag", excluding=f"{alias}.id")}
+          AND {gated.pending_with_tag(alias, "l.tag")})"""
 
     def probe(self, alias: str) -> str:
         return f"CASE WHEN cardinality({alias}.tags) > 0 THEN {alias}.tags END"
 
     def matches(self, alias: str, names: str) -> str:
         return f"{alias}.tags && {names}"
-
-    def read(self, cursor: Any, names: list[str], todo_id: UUID | None, lock: bool) -> list[Held]:
-        cursor.execute(self.lock_sql + (" FOR UPDATE" if lock else ""), [names])
-        declared = cursor.fetchall()
-        cursor.execute(self.count_sql, [names, todo_id, names])
-        counts = {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
-        return [
-            Held(name, limit, posture, *counts.get(name, (0, None)))
-            for name, limit, posture in declared
-        ]
 
 
 class RateGate(_OccupancyGate):
@@ -391,8 +363,6 @@ class RateGate(_OccupancyGate):
 
     def probe(self, alias: str) -> str:
         return f"{alias}.rate_limit"
-
-    at_cap = "false"
 
     def frees_slot(self, alias: str) -> str:
         return "false"  # an ending claim refunds no minute

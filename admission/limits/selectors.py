@@ -12,16 +12,10 @@ from django.db import connection
 
 from admission.limits import rates, services
 from admission.limits.models import RateLimit
+from queues.sql import gated
 
-_POOLS_SQL = """
-SELECT p.name, (SELECT count(*) FROM queues_todo o WHERE o.state = 'claimed' AND o.pool = p.name)
-FROM limits_pool p
-"""
-_TAGS_SQL = """
-SELECT l.tag, (SELECT count(*) FROM queues_todo o
-               WHERE o.state = 'claimed' AND o.tags <> '{}' AND o.tags @> ARRAY[l.tag])
-FROM limits_taglimit l
-"""
+_POOLS_SQL = f"SELECT p.name, {gated.claimed_in_pool('p.name')} FROM limits_pool p"
+_TAGS_SQL = f"SELECT l.tag, {gated.claimed_with_tag('l.tag')} FROM limits_taglimit l"
 
 
 def limits_status() -> list[dict[str, Any]]:

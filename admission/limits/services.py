@@ -27,8 +27,8 @@ from admission.limits.models import (
 )
 from queues import access, gates, wakes
 from queues.access import Actor, HumanActor, SystemActor, check_actor
-from queues.claimable import CLAIMABLE
 from queues.models import Todo, TodoState, check_limit_name
+from queues.sql import gated
 from switchboard.core.errors import Conflict, Forbidden, InvalidArgument, NotFound
 from switchboard.ledger import chain as ledger
 from switchboard.ledger.models import LedgerKind
@@ -89,15 +89,9 @@ def _ring_reopened(kind: Kind, name: str) -> None:
     gate (pause, admission; it fails open)."""
     skips = " OR ".join(gates.skips("t")) or "false"
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            SELECT DISTINCT t.endpoint_id, t.queue FROM queues_todo t
-            WHERE t.state = 'pending' AND {_NAMING[kind.name]} AND {CLAIMABLE} AND NOT ({skips})
-            ORDER BY 1, 2
-            """,
-            {"n": name},
+        identities = gated.pending_identities(
+            cursor, where=f"{_NAMING[kind.name]} AND NOT ({skips})", params={"n": name}
         )
-        identities = cursor.fetchall()
     for endpoint_id, queue in identities:
         wakes.todo_ready_now(endpoint_id, queue, reason="reopened")
 

@@ -1,0 +1,130 @@
+"""The todo-table reads other apps compose: the claim gates' occupancy counts and skips, and the
+"is there claimable work" questions admission's reopen asks.
+
+A gate owns its own tables (a pool's slots, a budget's policy) and this module owns the todo
+tables, so a gate's statement is the gate's SQL around fragments from here: an expression over
+an alias the caller names, or a whole statement run on the caller's cursor. Nothing here knows a
+gate's tables. Imported by ``admission`` as the one door into ``queues.sql`` (see the import
+contract in pyproject.toml).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from django.db.backends.utils import CursorWrapper
+
+from queues.claimable import CLAIMABLE
+
+
+def _claimed(match: str, excluding: str | None) -> str:
+    skip = f" AND o.id IS DISTINCT FROM {excluding}" if excluding else ""
+    return f"(SELECT count(*) FROM queues_todo o WHERE o.state = 'claimed' AND {match}{skip})"
+
+
+def claimed_in_pool(name: str, *, excluding: str | None = None) -> str:
+    """How many claimed todos name the pool ``name`` (SQL), leaving out the todo whose id is
+    ``excluding`` (SQL) if given."""
+    return _claimed(f"o.pool = {name}", excluding)
+
+
+def claimed_with_tag(tag: str, *, excluding: str | None = None) -> str:
+    """How many claimed todos carry the tag ``tag`` (SQL), leaving out ``excluding``'s todo."""
+    # `o.tags <> '{}'` states todo_claimed_tags_idx's predicate, so the planner can use it.
+    return _claimed(f"o.tags <> '{{}}' AND o.tags @> ARRAY[{tag}]", excluding)
+
+
+def _pending_of_identity(row: str, match: str) -> str:
+    return (
+        f"EXISTS (SELECT 1 FROM queues_todo w WHERE w.endpoint_id = {row}.endpoint_id"
+        f" AND w.queue = {row}.queue AND w.state = 'pending' AND {match})"
+    )
+
+
+def pending_in_pool(row: str, name: str) -> str:
+    """Whether the queue identity of todo row ``row`` has pending work naming pool ``name``."""
+    return _pending_of_identity(row, f"w.pool = {name}")
+
+
+def pending_with_tag(row: str, tag: str) -> str:
+    """Whether the queue identity of todo row ``row`` has pending work carrying tag ``tag``."""
+    return _pending_of_identity(row, f"w.tags @> ARRAY[{tag}]")
+
+
+def claimable_in(endpoint: str, queue: str) -> str:
+    """Whether the queue identity (``endpoint``, ``queue``: SQL) has work a claim could take."""
+    return (
+        f"EXISTS (SELECT 1 FROM queues_todo t"
+        f" WHERE t.endpoint_id = {endpoint} AND t.queue = {queue} AND {CLAIMABLE})"
+    )
+
+
+def todo_queue(cursor: CursorWrapper, todo_id: UUID) -> str:
+    cursor.execute("SELECT queue FROM queues_todo WHERE id = %s", [todo_id])
+    (queue,) = cursor.fetchone()
+    return str(queue)
+
+
+_CLAIMED_BY_POOL = """
+    SELECT t.pool, count(*), min(t.lease_expires_at) FROM queues_todo t
+    WHERE t.state = 'claimed' AND t.pool = ANY(%s) AND t.id IS DISTINCT FROM %s
+    GROUP BY t.pool
+"""
+_CLAIMED_BY_TAG = """
+    SELECT g.tag, count(*), min(t.lease_expires_at)
+    FROM queues_todo t CROSS JOIN LATERAL unnest(t.tags) AS g(tag)
+    WHERE t.state = 'claimed' AND t.tags && %s::varchar[] AND t.id IS DISTINCT FROM %s
+      AND g.tag = ANY(%s::varchar[])
+    GROUP BY g.tag
+"""
+
+
+def claimed_by_pool(
+    cursor: CursorWrapper, names: list[str], excluding: UUID | None
+) -> dict[str, tuple[int, Any]]:
+    """Per pool among ``names``: the claimed todos naming it (leaving out ``excluding``) and
+    their earliest lease expiry."""
+    cursor.execute(_CLAIMED_BY_POOL, [names, excluding])
+    return {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
+
+
+def claimed_by_tag(
+    cursor: CursorWrapper, names: list[str], excluding: UUID | None
+) -> dict[str, tuple[int, Any]]:
+    """``claimed_by_pool`` for tags."""
+    cursor.execute(_CLAIMED_BY_TAG, [names, excluding, names])
+    return {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
+
+
+def claimable_groups(
+    cursor: CursorWrapper, endpoint_id: UUID, queues: list[str], *, key: str, where: str
+) -> list[tuple[str, Any, int]]:
+    """(queue, key, count) of the endpoint's claimable todos in ``queues`` for which ``where``
+    holds, grouped by ``key`` (both SQL over the todo row ``t``)."""
+    cursor.execute(
+        f"""
+        SELECT t.queue, {key}, count(*) FROM queues_todo t
+        WHERE t.endpoint_id = %s AND t.queue = ANY(%s) AND {CLAIMABLE}
+          AND {where}
+        GROUP BY 1, 2
+        """,
+        [endpoint_id, queues],
+    )
+    return cursor.fetchall()
+
+
+def pending_identities(
+    cursor: CursorWrapper, *, where: str, params: dict[str, Any]
+) -> list[tuple[UUID, str]]:
+    """The queue identities with claimable pending todos for which ``where`` (SQL over ``t``,
+    with named ``params``) holds, in (endpoint, queue) order."""
+    cursor.execute(
+        f"""
+        SELECT DISTINCT t.endpoint_id, t.queue FROM queues_todo t
+        WHERE t.state = 'pending' AND {where} AND {CLAIMABLE}
+        ORDER BY 1, 2
+        """,
+        params,
+    )
+    return cursor.fetchall()
