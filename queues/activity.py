@@ -15,29 +15,12 @@ from django.db import connection
 from django.utils import timezone
 
 from queues.models import Endpoint, EndpointState, Todo
+from queues.sql.activity import HELD_SQL, HOLDING_SQL, THROUGHPUT_SQL
 
 WINDOW_MINUTES = 60
 # Claimed todos listed per endpoint on the agents view; the count says how many there are.
 HELD_SHOWN = 5
 SERIES = ("claims", "completions", "failures")
-
-# One grouped read of the attempts that began or ended in the window (attempt_claimed_brin and
-# attempt_ended_brin find them without reading older attempts), per queue, kind and minute.
-THROUGHPUT_SQL = """
-SELECT t.queue, x.kind, date_trunc('minute', x.at) AS minute, count(*)
-FROM (
-    SELECT a.todo_id, 'claims' AS kind, a.claimed_at AS at
-    FROM queues_attempt a
-    WHERE a.claimed_at >= %(since)s AND a.endpoint_id = ANY(%(endpoints)s)
-    UNION ALL
-    SELECT a.todo_id, CASE a.outcome WHEN 'completed' THEN 'completions' ELSE 'failures' END,
-           a.ended_at
-    FROM queues_attempt a
-    WHERE a.ended_at >= %(since)s AND a.outcome IN ('completed', 'failed')
-      AND a.endpoint_id = ANY(%(endpoints)s)
-) x JOIN queues_todo t ON t.id = x.todo_id
-GROUP BY 1, 2, 3
-"""
 
 
 @dataclass
@@ -102,21 +85,6 @@ class AgentView:
     @property
     def queues_held(self) -> list[str]:
         return sorted({t.queue for t in self.held})
-
-
-HELD_SQL = """
-SELECT id FROM (
-    SELECT t.id, row_number() OVER (PARTITION BY t.endpoint_id ORDER BY t.claimed_at, t.id) AS n
-    FROM queues_todo t
-    WHERE t.state = 'claimed' AND t.endpoint_id = ANY(%(endpoints)s)
-) ranked WHERE n <= %(shown)s
-"""
-
-HOLDING_SQL = """
-SELECT endpoint_id, count(*) FROM queues_todo
-WHERE state = 'claimed' AND endpoint_id = ANY(%(endpoints)s)
-GROUP BY endpoint_id
-"""
 
 
 def agents(endpoints: Iterable[Endpoint]) -> list[AgentView]:

@@ -31,7 +31,7 @@ from asgiref.sync import sync_to_async
 from django.db import close_old_connections, connection
 
 from queues import gates, wakes
-from queues.claimable import CLAIMABLE
+from queues.sql.push import WAITING_SQL
 
 log = logging.getLogger(__name__)
 ATTACH_RINGS = 3
@@ -82,23 +82,13 @@ class Subscription:
         self.rings.put_nowait(ring)
 
 
-_WAITING_SQL = f"""
-SELECT t.id::text, t.queue {{probes}}
-FROM queues_todo t
-WHERE t.endpoint_id = %(e)s AND {CLAIMABLE}
-  AND (%(since)s::timestamptz IS NULL OR t.updated_at > %(since)s::timestamptz)
-ORDER BY t.created_at, t.id
-LIMIT 50
-"""
-
-
 def waiting(endpoint_id: str, since: datetime | None, limit: int = ATTACH_RINGS) -> list[Ring]:
     """Up to ``limit`` claimable todos of the endpoint that every gate admits now (oldest first),
     changed after ``since`` if given. A failing gate check lets the todo through (fail open)."""
     close_old_connections()  # an executor thread's connection may have aged or broken
     with connection.cursor() as cursor:
         cursor.execute(
-            _WAITING_SQL.format(probes=gates.probes("t")), {"e": endpoint_id, "since": since}
+            WAITING_SQL.format(probes=gates.probes("t")), {"e": endpoint_id, "since": since}
         )
         rows = cursor.fetchall()
     rings: list[Ring] = []

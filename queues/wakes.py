@@ -20,6 +20,7 @@ from uuid import UUID
 from django.db import connection, transaction
 
 from queues import gates, metrics
+from queues.sql.push import ENDED_ROW, IDENTITY_ROW, frees_slot_sql, identity_lookup_sql
 
 log = logging.getLogger(__name__)
 CHANNEL = "todo_ready"
@@ -36,13 +37,6 @@ REASONS = (
     "resumed",
     "waiting",
     "stalled",
-)
-
-# A queue identity as a todo-shaped row, every other column NULL: a gate's probe may name any todo
-# column (admission.limits' per-todo gates read pool and tags, and so say nothing here).
-IDENTITY_ROW = (
-    "jsonb_populate_record(NULL::queues_todo, "
-    "jsonb_build_object('endpoint_id', %(e)s::uuid, 'queue', %(q)s::text))"
 )
 
 
@@ -81,17 +75,7 @@ def _gate(endpoint_id: UUID | str, queue: str) -> tuple[bool, str, UUID | None]:
     try:
         with transaction.atomic(), connection.cursor() as cursor:
             # The gates' probes over the identity, folded into the one lookup.
-            cursor.execute(
-                f"""
-                SELECT EXISTS (SELECT 1 FROM queues_queuepause WHERE queue = %(q)s),
-                       (SELECT notify_url FROM queues_endpoint WHERE id = %(e)s),
-                       (SELECT id FROM queues_todo WHERE endpoint_id = %(e)s AND queue = %(q)s
-                          AND state = 'pending' ORDER BY created_at, id LIMIT 1)
-                       {gates.probes("i")}
-                FROM {IDENTITY_ROW} i
-                """,
-                {"e": endpoint_id, "q": queue},
-            )
+            cursor.execute(identity_lookup_sql(gates.probes("i")), {"e": endpoint_id, "q": queue})
             paused, url, oldest, *keys = cursor.fetchone()
             if paused:
                 return False, url or "", oldest
@@ -150,17 +134,12 @@ def slot_freed(endpoint_id: UUID | str, queue: str, *, todo_id: UUID | str | Non
     in-flight cap; a pool or tag at its cap), every gate admits now and todos are pending (an
     ending claim frees no window budget: nothing refunds). With ``todo_id`` the gates see the
     ended todo's own row (the limits it names); without, the bare queue identity."""
-    row = "(SELECT * FROM queues_todo WHERE id = %(t)s)" if todo_id else IDENTITY_ROW
+    row = ENDED_ROW if todo_id else IDENTITY_ROW
     try:
         with connection.cursor() as cursor:
             # Whether some gate limits what the ending claim held, and work waits.
             cursor.execute(
-                f"""
-                SELECT ({gates.frees_slot("i")})
-                   AND EXISTS (SELECT 1 FROM queues_todo
-                               WHERE endpoint_id = %(e)s AND queue = %(q)s AND state = 'pending')
-                FROM {row} i
-                """,
+                frees_slot_sql(gates.frees_slot("i"), row),
                 {"e": endpoint_id, "q": queue, "t": str(todo_id) if todo_id else None},
             )
             row = cursor.fetchone()

@@ -23,62 +23,19 @@ from typing import Any
 from django.db import connection, transaction
 
 from queues import wakes
-from queues.claimable import CLAIMABLE
+from queues.sql.push import DUE_SQL, RUNG_SQL, STALLED_SQL
 
 # Seconds after a todo last changed at which the heartbeat reminds (one reminder per step).
 REMINDER_AFTER = (300, 1200, 3600, 21600)
 PER_ENDPOINT = 3
 BATCH = 500
 
-# How many reminders a todo has had since it last changed, and whether the next one is due.
-_RUNG = "(CASE WHEN t.rung_since IS DISTINCT FROM t.updated_at THEN 0 ELSE t.rings END)"
-_DUE = f"""
-    t.state = 'pending' AND {_RUNG} < %(steps)s
-    AND now() >= t.updated_at + make_interval(secs => (%(after)s::int[])[{_RUNG} + 1])
-"""
-# The candidates are chosen without locks (oldest first, at most PER_ENDPOINT an endpoint); only
-# those are locked, SKIP LOCKED, and the due test is applied again to the locked row, so a claim
-# meanwhile skips only the rows about to ring and a sweep that raced another rings nothing twice.
-_DUE_SQL = f"""
-WITH due AS (
-    SELECT t.id, row_number() OVER (PARTITION BY t.endpoint_id ORDER BY t.created_at, t.id) AS n
-    FROM queues_todo t
-    WHERE {CLAIMABLE} AND {_DUE}
-    ORDER BY t.created_at, t.id
-    LIMIT %(batch)s
-)
-SELECT t.id, t.endpoint_id, t.queue, {_RUNG}
-FROM queues_todo t JOIN due ON due.id = t.id AND due.n <= %(per_endpoint)s
-WHERE {_DUE}
-ORDER BY t.created_at, t.id
-FOR UPDATE OF t SKIP LOCKED
-"""
-
-_RUNG_SQL = """
-UPDATE queues_todo SET rings = %(rung)s + 1, rung_since = updated_at WHERE id = %(id)s
-"""
-
-_STALLED_SQL = """
-WITH stalled AS (
-    SELECT t.id FROM queues_todo t
-    WHERE t.state = 'claimed' AND t.lease_expires_at > now()
-      AND now() >= t.updated_at + (t.lease_expires_at - t.updated_at) / 2
-      AND (t.stall_rung_at IS NULL OR t.stall_rung_at < t.updated_at)
-    ORDER BY t.lease_expires_at
-    LIMIT %(batch)s
-    FOR UPDATE OF t SKIP LOCKED
-)
-UPDATE queues_todo t SET stall_rung_at = now()
-FROM stalled s WHERE t.id = s.id
-RETURNING t.id, t.endpoint_id, t.queue
-"""
-
 
 def remind_waiting() -> int:
     """One heartbeat sweep; returns how many reminders rang."""
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            _DUE_SQL,
+            DUE_SQL,
             {
                 "steps": len(REMINDER_AFTER),
                 "after": list(REMINDER_AFTER),
@@ -97,7 +54,7 @@ def remind_waiting() -> int:
             may_ring, url = gate[key]
             if not may_ring:  # deferred now: the reminder waits for a later sweep
                 continue
-            cursor.execute(_RUNG_SQL, {"id": todo_id, "rung": rung})
+            cursor.execute(RUNG_SQL, {"id": todo_id, "rung": rung})
             wakes.ring(endpoint_id, queue, "waiting", todo_id, hook=bool(url))
             rang += 1
         return rang
@@ -106,7 +63,7 @@ def remind_waiting() -> int:
 def ring_stalled() -> int:
     """One stall sweep; returns how many holders were told."""
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(_STALLED_SQL, {"batch": BATCH})
+        cursor.execute(STALLED_SQL, {"batch": BATCH})
         rows = cursor.fetchall()
         if not rows:
             return 0
