@@ -19,7 +19,7 @@ from uuid import UUID
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 
-from queues.models import QUARANTINE_QUEUE, Endpoint, EndpointState
+from queues.models import QUARANTINE_QUEUE, Endpoint, EndpointState, Todo
 from switchboard.core.errors import Conflict, Forbidden, NotFound
 from switchboard.core.pages import TZ_COOKIE, refusal
 from switchboard.core.zones import zone_named
@@ -248,19 +248,36 @@ def may_act(actor: HumanActor, endpoint: Endpoint) -> bool:
     return endpoint.state == EndpointState.ACTIVE and actor.may_change(endpoint)
 
 
+# What an auditor is told when they try to change an endpoint or a todo.
+AUDITORS_CHANGE_NO_WORK = "auditors read; they do not change endpoints or todos"
+
+
 def check_todo_write(actor: Actor, endpoint: Endpoint) -> None:
-    """Refuse a todo write on ``endpoint``: an agent's other endpoint is not found; a human
-    needs ``may_act`` (a revoked endpoint is a conflict, not a refusal)."""
+    """Refuse a todo write on ``endpoint``: an agent's other endpoint is not found; an auditor is
+    forbidden; a human needs ``may_act`` (a revoked endpoint is a conflict, not a refusal)."""
     if isinstance(actor, AgentActor):
         if actor.endpoint.id != endpoint.id:
             raise NotFound("no such endpoint")
         return
+    check_writes(actor, AUDITORS_CHANGE_NO_WORK)
     if actor.is_superuser:
         return
     if not actor.may_change(endpoint):
         raise Forbidden("only the endpoint's owner may change its todos")
     if endpoint.state != EndpointState.ACTIVE:
         raise Conflict("the endpoint is revoked")
+
+
+def todo_to_change(actor: HumanActor, todo_id: UUID) -> Todo:
+    """The todo an operator acts on (retry, release, discard): not found unless the actor may
+    read it (``todo_scope``, so a todo they may not see does not leak), then forbidden to an
+    auditor, who reads every todo and changes none (404 before 403)."""
+    check_actor(actor)
+    todo = Todo.objects.select_related("endpoint").filter(todo_scope(actor), pk=todo_id).first()
+    if todo is None:
+        raise NotFound("no such todo", id=str(todo_id))
+    check_writes(actor, AUDITORS_CHANGE_NO_WORK)
+    return todo
 
 
 def ledger_q(actor: HumanActor) -> Q:

@@ -351,7 +351,7 @@ def endpoint_update(
 
 
 def _check_may_change(actor: HumanActor, endpoint: Endpoint) -> None:
-    access.check_writes(actor, "auditors read; they do not change endpoints or todos")
+    access.check_writes(actor, access.AUDITORS_CHANGE_NO_WORK)
     if not actor.may_change(endpoint):
         raise Forbidden("only the endpoint's owner may change it")
 

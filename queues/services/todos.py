@@ -354,7 +354,7 @@ ACTION_FROM = {"retry": "a failed todo", "discard": "a pending or failed todo"}
 
 
 def _todo_act(actor: HumanActor, todo_id: UUID, action: str, *, seen_state: str | None) -> Todo:
-    todo = _operator_todo(actor, todo_id)
+    todo = access.todo_to_change(actor, todo_id)
     with transaction.atomic():
         # Locked, so a concurrent retry, discard or claim waits and then sees the new state.
         state = (
@@ -481,13 +481,5 @@ def _apply(actor: HumanActor, action: str, rows: list[tuple[UUID, str, UUID, str
 
 def todo_release(*, actor: HumanActor, todo_id: UUID) -> Todo:
     """Operator release of a claim on an owned endpoint (no lease token needed)."""
+    access.todo_to_change(actor, todo_id)
     return release(actor=actor, todo_id=todo_id)
-
-
-def _operator_todo(actor: HumanActor, todo_id: UUID) -> Todo:
-    access.check_actor(actor)
-    todo = Todo.objects.select_related("endpoint").filter(pk=todo_id).first()
-    if todo is None or not (actor.is_superuser or actor.owns(todo.endpoint)):
-        raise NotFound("no such todo", id=str(todo_id))
-    access.check_writes(actor, "auditors read; they do not change todos")
-    return todo

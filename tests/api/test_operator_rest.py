@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 from django.conf import settings
 from django.test import Client
 
 from queues import services
+from queues.access import HumanActor
 from queues.models import BASIC_VERBS, Endpoint, EndpointState, Todo, TodoState
+from switchboard.core.errors import Forbidden, NotFound
 from tests.api.conftest import Api, human_token
 from tests.conftest import FIXTURE, Personas, push
 
@@ -227,3 +230,22 @@ def test_the_openapi_document_and_its_docs_page_are_served(db: None, client: Cli
     doc = client.get("/api/v1/openapi.json")
     assert doc.status_code == 200 and doc.json()["info"]["title"] == "Switchboard"
     assert client.get("/api/v1/docs").status_code == 200
+
+
+def test_the_todo_services_decide_not_found_before_forbidden_for_an_auditor(
+    personas: Personas, auditor_api: Api
+) -> None:
+    (todo,) = push(personas, 1)
+    auditor = HumanActor(personas.auditor, via="api")
+    for act in (services.todo_retry, services.todo_release, services.todo_discard):
+        with pytest.raises(NotFound):
+            act(actor=auditor, todo_id=uuid.uuid4())
+        with pytest.raises(Forbidden, match="auditors read"):
+            act(actor=auditor, todo_id=todo.id)
+    for action in ("retry", "release", "discard"):
+        unknown = auditor_api.post(f"/api/v1/todos/{uuid.uuid4()}/{action}")
+        assert unknown.status_code == 404 and unknown.json()["code"] == "not_found"
+        seen = auditor_api.post(f"/api/v1/todos/{todo.id}/{action}")
+        assert seen.status_code == 403
+        assert seen.json()["error"] == "auditors read; they do not change endpoints or todos"
+    assert Todo.objects.get(pk=todo.pk).state == TodoState.PENDING
