@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.utils import timezone
 
-from queues import hookguard, metrics
+from queues import hookguard, metrics, ring_gate
 from queues.models import Endpoint, EndpointState, Todo, TodoState
 
 log = logging.getLogger(__name__)
@@ -84,13 +84,11 @@ def _todo_named(endpoint: Endpoint, queue: str, todo_id: str | None, reason: str
 
 def deliver_ready(*, endpoint_id: str, queue: str, todo_id: str | None, reason: str) -> bool:
     """One delivery attempt; raises HookDeliveryError for Celery to retry."""
-    from queues import wakes
-
     endpoint = Endpoint.objects.filter(pk=endpoint_id, state=EndpointState.ACTIVE).first()
     if endpoint is None or not endpoint.notify_url:
         return False
     if reason != "stalled":  # a stall concerns a claim already held: no gate applies
-        may_ring, _, _ = wakes._gate(endpoint.id, queue)
+        may_ring, _, _ = ring_gate.check(endpoint.id, queue)
         if not may_ring:
             return False
     todo = _todo_named(endpoint, queue, todo_id, reason)

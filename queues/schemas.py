@@ -15,16 +15,20 @@ from ninja import Schema
 from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo
 
 from queues.models import (
+    BASIC_VERBS,
     GRANTABLE_VERBS,
     LIMIT_NAME_RE,
     MAX_TODO_TAGS,
+    POLICY_VERBS,
     QUEUE_NAME_RE,
+    RATE_VERBS,
     SLUG_RE,
     Endpoint,
     Todo,
     TodoState,
+    Verb,
 )
-from queues.selectors import MAX_PAGE
+from queues.selectors import MAX_PAGE, admission_for
 from switchboard.core import validation
 
 
@@ -153,8 +157,6 @@ def todo_out(todo: Todo, admission: dict[str, Any] | None = None) -> dict[str, A
 
 def todos_out(todos: list[Todo]) -> list[dict[str, Any]]:
     """Several todos, with one admission lookup for all of them."""
-    from queues.selectors import admission_for
-
     statuses = admission_for(todos)
     return [todo_out(t, statuses.get(t.id)) for t in todos]
 
@@ -459,8 +461,6 @@ def vend_out(endpoint: Endpoint, token: str) -> dict[str, Any]:
 
 def verb_families() -> list[dict[str, Any]]:
     """What a vend may grant, by family, with what each family lets the agent do."""
-    from queues.models import BASIC_VERBS, POLICY_VERBS, RATE_VERBS, Verb
-
     return [
         {
             "family": "basic",

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 
-from celery import Task, shared_task
-from django.conf import settings
+from celery import shared_task
 
-from queues import hooks, services
+from queues import services
+
+# Registered with Celery here too: autodiscovery imports each app's tasks module only.
+from queues.hook_tasks import deliver_ready_hook as deliver_ready_hook
 
 log = logging.getLogger(__name__)
 
@@ -30,25 +32,3 @@ def remind_waiting() -> int:
 @shared_task(name="queues.tasks.ring_stalled", ignore_result=True)
 def ring_stalled() -> int:
     return services.ring_stalled()
-
-
-@shared_task(
-    name="queues.tasks.deliver_ready_hook",
-    ignore_result=True,
-    bind=True,
-    max_retries=settings.HOOK_ATTEMPTS - 1,
-)
-def deliver_ready_hook(
-    self: Task, endpoint_id: str, queue: str, todo_id: str | None, reason: str
-) -> None:
-    """At most ``HOOK_ATTEMPTS`` attempts, ``HOOK_RETRY_SECONDS`` apart; after the last the
-    endpoint is marked failed (a ring is a hint: a receiver that is down misses it, and the
-    doorbell's reminders ring again later)."""
-    try:
-        hooks.deliver_ready(endpoint_id=endpoint_id, queue=queue, todo_id=todo_id, reason=reason)
-    except hooks.HookDeliveryError as exc:
-        if self.request.retries >= self.max_retries:
-            log.warning("ready hook for %s gave up: %s", endpoint_id, exc)
-            hooks.record_failure(endpoint_id=endpoint_id, error=str(exc))
-            return
-        raise self.retry(exc=exc, countdown=settings.HOOK_RETRY_SECONDS) from exc

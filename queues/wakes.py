@@ -17,10 +17,11 @@ import logging
 from typing import Any
 from uuid import UUID
 
+import psycopg
 from django.db import connection, transaction
 
-from queues import gates, metrics
-from queues.sql.push import ENDED_ROW, IDENTITY_ROW, frees_slot_sql, identity_lookup_sql
+from queues import gates, hook_tasks, metrics, ring_gate
+from queues.sql.push import ENDED_ROW, IDENTITY_ROW, frees_slot_sql
 
 log = logging.getLogger(__name__)
 CHANNEL = "todo_ready"
@@ -70,21 +71,6 @@ def identity(raw: str) -> str:
     return payload(body["e"], body["q"]) if body else raw
 
 
-def _gate(endpoint_id: UUID | str, queue: str) -> tuple[bool, str, UUID | None]:
-    """(may ring, notify hook URL, the identity's oldest pending todo). Fails open on any error."""
-    try:
-        with transaction.atomic(), connection.cursor() as cursor:
-            # The gates' probes over the identity, folded into the one lookup.
-            cursor.execute(identity_lookup_sql(gates.probes("i")), {"e": endpoint_id, "q": queue})
-            paused, url, oldest, *keys = cursor.fetchone()
-            if paused:
-                return False, url or "", oldest
-            return gates.admits_now(tuple(keys)), url or "", oldest
-    except Exception:
-        log.exception("wake gate failed for %s:%s; ringing anyway", endpoint_id, queue)
-        return True, "", None
-
-
 def todo_ready(
     endpoint_id: UUID | str,
     queue: str,
@@ -94,7 +80,7 @@ def todo_ready(
 ) -> bool:
     """Ring for a queue identity in the current transaction (delivered at commit). Returns
     whether it rang."""
-    may_ring, url, oldest = _gate(endpoint_id, queue)
+    may_ring, url, oldest = ring_gate.check(endpoint_id, queue)
     if not may_ring:
         metrics.notify_suppressed(reason)
         return False
@@ -155,9 +141,7 @@ def _enqueue_hook(
     endpoint_id: UUID | str, queue: str, todo_id: UUID | str | None, reason: str
 ) -> None:
     try:
-        from queues import tasks
-
-        tasks.deliver_ready_hook.delay(
+        hook_tasks.deliver_ready_hook.delay(
             str(endpoint_id), queue, str(todo_id) if todo_id else None, reason
         )
     except Exception:
@@ -167,8 +151,6 @@ def _enqueue_hook(
 def listen(timeout: float, *, channel: str = CHANNEL) -> list[Any]:
     """Collect todo_ready notifications on a fresh connection for up to ``timeout`` seconds
     (operators' debugging and the tests; the SSE forwarder has its own listener)."""
-    import psycopg
-
     params = connection.get_connection_params()
     conn = psycopg.connect(autocommit=True, **params)
     try:

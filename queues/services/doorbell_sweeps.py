@@ -22,7 +22,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from queues import wakes
+from queues import ring_gate, wakes
 from queues.sql.push import DUE_SQL, RUNG_SQL, STALLED_SQL
 
 # Seconds after a todo last changed at which the heartbeat reminds (one reminder per step).
@@ -49,7 +49,7 @@ def remind_waiting() -> int:
         for todo_id, endpoint_id, queue, rung in rows:
             key = (endpoint_id, queue)
             if key not in gate:
-                may_ring, url, _ = wakes._gate(endpoint_id, queue)
+                may_ring, url, _ = ring_gate.check(endpoint_id, queue)
                 gate[key] = (may_ring, url)
             may_ring, url = gate[key]
             if not may_ring:  # deferred now: the reminder waits for a later sweep

@@ -17,6 +17,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from psycopg.types.json import Jsonb
 
 from queues import access, declared, metrics, selectors, sql, wakes
 from queues.access import Actor, AgentActor, HumanActor, acting_endpoint_ids
@@ -241,8 +242,6 @@ def _human_ttl(requested: int | None) -> int:
 
 
 def _json_param(value: Any) -> Any:
-    from psycopg.types.json import Jsonb
-
     return Jsonb(value) if value is not None else None
 
 

@@ -109,8 +109,8 @@ def test_the_database_refuses_a_state_nobody_named(personas: Personas) -> None:
 def test_auditors_and_strangers_discard_nothing(personas: Personas) -> None:
     p = personas
     [todo] = push(p, 1)
-    # The service sees no todo of the auditor's (the API and pages answer 403 before it).
-    with pytest.raises(NotFound):
+    # An auditor reads every todo, so the service answers 403 (as the API does), not 404.
+    with pytest.raises(Forbidden):
         services.todo_discard(actor=p.as_human(p.auditor), todo_id=todo.id)
     with pytest.raises(NotFound):
         services.todo_discard(actor=p.as_human(p.other_owner), todo_id=todo.id)
