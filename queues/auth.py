@@ -41,7 +41,7 @@ class _EndpointCache:
     """Endpoint rows by token hash, kept ``ENDPOINT_CACHE_SECONDS`` in this process.
 
     Every agent request authenticates, and the lookup was a third of a claim's database round
-    trips (issue 11). A change to an endpoint saved in this process (a revoke, an edit in the
+    trips. A change to an endpoint saved in this process (a revoke, an edit in the
     admin) empties the cache at once and again at commit; another process's change reaches this
     one within the TTL. The cache keeps the row's values, not a model: each request gets an
     Endpoint of its own.

@@ -21,7 +21,7 @@ every gate in lock order:
    transaction;
 5. after the transaction, **records** the refusals (holding no lock, so no lock-order cycle).
 
-The fast path (issue 12). A gate that can decide in SQL also offers ``fast_check``: an
+The fast path. A gate that can decide in SQL also offers ``fast_check``: an
 expression the claim_next statement evaluates for a candidate the gate's probe claims, in lock
 order, taking the gate's lock and deciding inside that one autocommitted statement; the claim is
 written only if every verdict says ``ok``, and each gate's ``fast_charge`` then spends it in the

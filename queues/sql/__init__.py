@@ -1,5 +1,8 @@
 """Every statement on the todo tables that is not a plain ORM call: the claim (raw SQL, because it
-is the hot path), the transitions of a claimed todo, the sweeps and the revoke.
+is the hot path), the transitions of a claimed todo, the sweeps and the revoke. The package's
+other modules hold the rest: ``gated`` (the fragments admission's gates and reopen compose),
+``push`` (the doorbell and the wakes) and ``activity`` (the fleet's reads). No other module
+names the todo or attempt table (``tests/test_import_contract.py`` checks).
 
 One predicate decides what is claimable on all three claim paths (claim_next, claim of one todo,
 the board's claim): pending with attempts left, a claimed todo whose lease lapsed with attempts
