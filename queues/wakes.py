@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from typing import Any
 from uuid import UUID
 
 from django.db import connection, transaction
 
-from queues import gates, metrics
+from queues import gates, metrics, sql
 
 log = logging.getLogger(__name__)
 CHANNEL = "todo_ready"
@@ -144,32 +145,38 @@ def todo_ready_now(
         return todo_ready(endpoint_id, queue, todo_id=todo_id, reason=reason)
 
 
-def slot_freed(endpoint_id: UUID | str, queue: str, *, todo_id: UUID | str | None = None) -> bool:
-    """The reopen edge: a claim ended, so a queue a gate limits in flight may be admitted again.
-    Rings only when some gate says the ending claim freed a unit it held (admission: an
-    in-flight cap; a pool or tag at its cap), every gate admits now and todos are pending (an
-    ending claim frees no window budget: nothing refunds). With ``todo_id`` the gates see the
-    ended todo's own row (the limits it names); without, the bare queue identity."""
-    row = "(SELECT * FROM queues_todo WHERE id = %(t)s)" if todo_id else IDENTITY_ROW
-    try:
-        with connection.cursor() as cursor:
-            # Whether some gate limits what the ending claim held, and work waits.
-            cursor.execute(
-                f"""
-                SELECT ({gates.frees_slot("i")})
-                   AND EXISTS (SELECT 1 FROM queues_todo
-                               WHERE endpoint_id = %(e)s AND queue = %(q)s AND state = 'pending')
-                FROM {row} i
-                """,
-                {"e": endpoint_id, "q": queue, "t": str(todo_id) if todo_id else None},
-            )
-            row = cursor.fetchone()
-    except Exception:
-        log.exception("reopen check failed for %s:%s", endpoint_id, queue)
-        return False
-    if not row or not row[0]:
-        return False
-    return todo_ready_now(endpoint_id, queue, reason="reopened")
+def reopen(
+    keys: Iterable[str],
+    *,
+    own: tuple[UUID | str, str] | None = None,
+    reason: str | None = None,
+    todo_id: UUID | str | None = None,
+) -> int:
+    """After a commit that ended claims: one ring per queue identity, in a transaction of its
+    own. ``own`` (the ended todo's identity) rings ``reason`` (``released``) when given; every
+    other identity among ``keys`` (``<endpoint_id>:<queue>``, from ``gates.reopens``: a limit
+    that was at its cap freed a unit) rings ``reopened`` if a claim could take its work now.
+    Each ring passes the gate (pause, admission); if the waiting check fails, all ring (fail
+    open). Returns how many rang."""
+    own_key = payload(*own) if own is not None else None
+    wanted = sorted(set(keys) - ({own_key} if reason and own_key else set()))
+    rang = 0
+    with transaction.atomic():
+        if own is not None and reason:
+            rang += todo_ready(own[0], own[1], todo_id=todo_id, reason=reason)
+        if not wanted:
+            return rang
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(sql.waiting_sql(), {"keys": wanted})
+                waiting = [k for (k,) in cursor.fetchall()]
+        except Exception:
+            log.exception("reopen check failed for %s; ringing anyway", wanted)
+            waiting = wanted
+        for key in waiting:
+            endpoint_id, _, queue = key.partition(":")
+            rang += todo_ready(endpoint_id, queue, reason="reopened")
+    return rang
 
 
 def _enqueue_hook(

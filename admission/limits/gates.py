@@ -162,13 +162,14 @@ class _OccupancyGate:
     def probe(self, alias: str) -> str:
         raise NotImplementedError
 
-    # Whether ending the claim of row ``alias`` frees a unit of a limit it names that was at its
-    # cap under enforce, with work of its queue identity naming that limit waiting. Occupancy
-    # leaves ``alias`` itself out, so the answer is the same inside the ending statement (whose
-    # snapshot still counts the row claimed) and after its commit.
+    # The queue identities with pending work naming a limit the row ``alias`` names that was at
+    # its cap under enforce counting this claim (occupancy leaves ``alias`` itself out): ending the
+    # claim frees a unit they wait for. The limit's row is read under a share lock, so a
+    # ``limit_set`` racing this statement either waits for it (and then sees the unit freed, so
+    # it rings nothing) or commits first (and this reads its new limit, so this rings nothing).
     at_cap: str
 
-    def frees_slot(self, alias: str) -> str:
+    def reopens(self, alias: str) -> str:
         return self.at_cap.format(t=alias)
 
     def names(self, key: Any) -> list[str]:
@@ -322,15 +323,15 @@ class PoolGate(_OccupancyGate):
         GROUP BY t.pool
     """
 
-    at_cap = """{t}.pool IS NOT NULL AND EXISTS (
-        SELECT 1 FROM limits_pool p
-        WHERE p.name = {t}.pool AND p.posture = 'enforce'
+    at_cap = """CASE WHEN {t}.pool IS NOT NULL THEN ARRAY(
+        SELECT DISTINCT w.endpoint_id::text || ':' || w.queue
+        FROM (SELECT p.name, p.slots, p.posture FROM limits_pool p
+              WHERE p.name = {t}.pool FOR SHARE) p
+        JOIN queues_todo w ON w.state = 'pending' AND w.pool = p.name
+        WHERE p.posture = 'enforce'
           AND p.slots = 1 + (SELECT count(*) FROM queues_todo o
                              WHERE o.state = 'claimed' AND o.pool = p.name
-                               AND o.id IS DISTINCT FROM {t}.id)
-          AND EXISTS (SELECT 1 FROM queues_todo w
-                      WHERE w.endpoint_id = {t}.endpoint_id AND w.queue = {t}.queue
-                        AND w.state = 'pending' AND w.pool = p.name))"""
+                               AND o.id IS DISTINCT FROM {t}.id)) END"""
 
     def probe(self, alias: str) -> str:
         return f"{alias}.pool"
@@ -353,15 +354,16 @@ class TagGate(_OccupancyGate):
         GROUP BY g.tag
     """
 
-    at_cap = """cardinality({t}.tags) > 0 AND EXISTS (
-        SELECT 1 FROM limits_taglimit l
-        WHERE l.tag = ANY({t}.tags) AND l.posture = 'enforce'
+    at_cap = """CASE WHEN cardinality({t}.tags) > 0 THEN ARRAY(
+        SELECT DISTINCT w.endpoint_id::text || ':' || w.queue
+        FROM (SELECT l.tag, l."limit", l.posture FROM limits_taglimit l
+              WHERE l.tag = ANY({t}.tags) ORDER BY l.tag FOR SHARE) l
+        JOIN queues_todo w ON w.state = 'pending' AND w.tags @> ARRAY[l.tag]
+        WHERE l.posture = 'enforce'
           AND l."limit" = 1 + (SELECT count(*) FROM queues_todo o
                                WHERE o.state = 'claimed' AND o.tags <> '{{}}'
-                                 AND o.tags @> ARRAY[l.tag] AND o.id IS DISTINCT FROM {t}.id)
-          AND EXISTS (SELECT 1 FROM queues_todo w
-                      WHERE w.endpoint_id = {t}.endpoint_id AND w.queue = {t}.queue
-                        AND w.state = 'pending' AND w.tags @> ARRAY[l.tag]))"""
+                                 AND o.tags @> ARRAY[l.tag] AND o.id IS DISTINCT FROM {t}.id))
+        END"""
 
     def probe(self, alias: str) -> str:
         return f"CASE WHEN cardinality({alias}.tags) > 0 THEN {alias}.tags END"
@@ -392,10 +394,7 @@ class RateGate(_OccupancyGate):
     def probe(self, alias: str) -> str:
         return f"{alias}.rate_limit"
 
-    at_cap = "false"
-
-    def frees_slot(self, alias: str) -> str:
-        return "false"  # an ending claim refunds no minute
+    at_cap = "NULL::text[]"  # an ending claim refunds no minute
 
     def admit(
         self, cursor: CursorWrapper, *, key: Any, todo_id: UUID
