@@ -25,9 +25,8 @@ from admission.limits.models import (
     RateLimit,
     TagLimit,
 )
-from queues import access, gates, wakes
+from queues import access, wakes
 from queues.access import Actor, HumanActor, SystemActor, check_actor
-from queues.claimable import CLAIMABLE
 from queues.models import Todo, TodoState, check_limit_name
 from switchboard.core.errors import Conflict, Forbidden, InvalidArgument, NotFound
 from switchboard.ledger import chain as ledger
@@ -85,21 +84,15 @@ def _holds(kind: Kind, name: str) -> bool:
 
 def _ring_reopened(kind: Kind, name: str) -> None:
     """After a change freed a limit that held work: ring ``reopened`` once per queue identity
-    with claimable todos naming it that no per-todo gate still passes over, through the doorbell's
-    gate (pause, admission; it fails open)."""
-    skips = " OR ".join(gates.skips("t")) or "false"
+    with pending todos naming it that a claim could take now (``wakes.reopen``: claimable, no
+    per-todo gate passing them over, through the doorbell's gate; it fails open)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            f"""
-            SELECT DISTINCT t.endpoint_id, t.queue FROM queues_todo t
-            WHERE t.state = 'pending' AND {_NAMING[kind.name]} AND {CLAIMABLE} AND NOT ({skips})
-            ORDER BY 1, 2
-            """,
+            f"SELECT DISTINCT t.endpoint_id, t.queue FROM queues_todo t "
+            f"WHERE t.state = 'pending' AND {_NAMING[kind.name]}",
             {"n": name},
         )
-        identities = cursor.fetchall()
-    for endpoint_id, queue in identities:
-        wakes.todo_ready_now(endpoint_id, queue, reason="reopened")
+        wakes.reopen(wakes.payload(e, q) for e, q in cursor.fetchall())
 
 
 def kind_of(kind: str) -> Kind:
@@ -183,7 +176,9 @@ def limit_set(*, actor: Actor, kind: str, name: str, **given: Any) -> dict[str, 
         if after != before:
             _append(LedgerKind.LIMITS_SET, actor, before, after)
         # A raise (or a posture off enforce) that frees work the limit held: the doorbell rings
-        # after commit; a lowering or a no-op change frees nothing and rings nothing.
+        # after commit; a lowering or a no-op change frees nothing and rings nothing. Exact
+        # under races: both reads run under this row's lock, which every claim naming the limit
+        # takes to admit and every ending claim takes (shared) to decide its own reopen ring.
         if held_before and not _holds(k, name):
             transaction.on_commit(lambda: _ring_reopened(k, name))
     return after
