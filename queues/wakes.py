@@ -26,8 +26,13 @@ log = logging.getLogger(__name__)
 CHANNEL = "todo_ready"
 
 
-# Why a ring rang: work became claimable (the first six), a reminder for work still waiting
-# (the doorbell heartbeat, and a stream's attach), or a held claim went quiet (to its holder).
+# Why a ring rang, the ``reason`` of every stream event and ready hook: work became claimable
+# (``created`` ... ``resumed``: the edges issue 14 lists), a held claim went quiet (``stalled``,
+# to its holder), or ``waiting``: a reminder that work already claimable still waits (the
+# doorbell heartbeat, a stream's attach or reconnect). ``waiting`` is kept apart on purpose: no
+# edge happened, so naming one (say ``created`` for a todo created hours ago and requeued since)
+# would tell an agent or a hook receiver something false; an agent may treat it like any other
+# ring (try claim_next), and one already busy may ignore it.
 REASONS = (
     "created",
     "requeued",
