@@ -20,6 +20,17 @@ static/js/live.js puts in the page's ``aria-live="polite"`` region. A change in 
 exist sends the whole list once. Worst case from a commit to the browser: ``HUB_MAX_AGE`` +
 ``INTERVAL`` + a render, about a second.
 
+Rings too (issue 14, item 2): with ``LIVE_BOARD_RINGS`` each stream also watches this process's
+doorbell (``queues.doorbell``) and refreshes at once after a ``todo_ready`` ring (creates,
+releases, reaps, requeues, reopens, resumes), at most one snapshot per ``RING_MIN_GAP``; the poll
+stays, because claims, heartbeats and completions ring nothing. Off by default: measured side by
+side (``python -m bench --only boardlive``, 10 boards, load 4-7), create to board p50 493 ms by the
+poll and 336 ms with rings (spread 147-525 ms: the render of ten boards dominates), idle cost the
+same (1.8 % of a core, ~13 transactions/s), but under a create every 0.1 s the server spent 77 %
+of a core against 61 % and the database 157 transactions/s against 106: each ring is a snapshot
+and a render per board that the poll batches. The gain is for the changes that ring only, the
+cost grows with ring rate, so the poll alone stays the default.
+
 A stream ends after ``STREAM_SECONDS``; EventSource reconnects (``retry``) with ``Last-Event-ID``,
 the fingerprint it last saw, so nothing is resent needlessly and a revoked session is noticed.
 """
