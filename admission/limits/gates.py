@@ -323,11 +323,13 @@ class PoolGate(_OccupancyGate):
         GROUP BY t.pool
     """
 
+    # LATERAL: the waiting rows are read only for a pool that was at its cap.
     at_cap = """CASE WHEN {t}.pool IS NOT NULL THEN ARRAY(
         SELECT DISTINCT w.endpoint_id::text || ':' || w.queue
         FROM (SELECT p.name, p.slots, p.posture FROM limits_pool p
-              WHERE p.name = {t}.pool FOR SHARE) p
-        JOIN queues_todo w ON w.state = 'pending' AND w.pool = p.name
+              WHERE p.name = {t}.pool FOR SHARE) p,
+             LATERAL (SELECT w.endpoint_id, w.queue FROM queues_todo w
+                      WHERE w.state = 'pending' AND w.pool = p.name) w
         WHERE p.posture = 'enforce'
           AND p.slots = 1 + (SELECT count(*) FROM queues_todo o
                              WHERE o.state = 'claimed' AND o.pool = p.name
@@ -354,11 +356,14 @@ class TagGate(_OccupancyGate):
         GROUP BY g.tag
     """
 
+    # `w.tags <> '{}'` states todo_pending_tags_idx's predicate, so the planner can use it.
     at_cap = """CASE WHEN cardinality({t}.tags) > 0 THEN ARRAY(
         SELECT DISTINCT w.endpoint_id::text || ':' || w.queue
         FROM (SELECT l.tag, l."limit", l.posture FROM limits_taglimit l
-              WHERE l.tag = ANY({t}.tags) ORDER BY l.tag FOR SHARE) l
-        JOIN queues_todo w ON w.state = 'pending' AND w.tags @> ARRAY[l.tag]
+              WHERE l.tag = ANY({t}.tags) ORDER BY l.tag FOR SHARE) l,
+             LATERAL (SELECT w.endpoint_id, w.queue FROM queues_todo w
+                      WHERE w.state = 'pending' AND w.tags <> '{{}}'
+                        AND w.tags @> ARRAY[l.tag]) w
         WHERE l.posture = 'enforce'
           AND l."limit" = 1 + (SELECT count(*) FROM queues_todo o
                                WHERE o.state = 'claimed' AND o.tags <> '{{}}'
