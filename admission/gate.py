@@ -70,8 +70,12 @@ class BudgetGate:
     def probe(self, alias: str) -> str:
         return _PROBE.format(t=alias)
 
-    def frees_slot(self, alias: str) -> str:
-        return _FREES_SLOT.format(t=alias)
+    def reopens(self, alias: str) -> str:
+        # An in-flight cap limits the claim's own queue identity only.
+        return (
+            f"CASE WHEN {_FREES_SLOT.format(t=alias)} "
+            f"THEN ARRAY[{alias}.endpoint_id::text || ':' || {alias}.queue] END"
+        )
 
     def pre_read(self, endpoint_id: UUID, queues: list[str]) -> list[gates.Refusal]:
         return list(selectors.deferred_among(endpoint_id, queues))

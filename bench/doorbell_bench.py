@@ -7,14 +7,18 @@
    random endpoint through the services (a commit, as an API call would make) every 20 ms; the
    time from just before the create to the agent's client reading the ring, p50 and p99.
 
+3. **The same through the official Python MCP SDK** at ``SDK_AGENTS`` agents (``python_sdk``).
+
 The clients are asyncio streams in this process; they share the two cores with the server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import os
 import random
 import statistics
 import time
@@ -31,11 +35,14 @@ from queues.models import Endpoint
 from switchboard.liveserver import live_server
 
 IDLE_STREAMS = 1000
-logging.getLogger("httpx").setLevel(logging.WARNING)
+for _name in ("httpx", "httpx2", "mcp"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
 IDLE_ENDPOINTS = 100
 LATENCY_AGENTS = 100
 LATENCY_SAMPLES = 300
 CREATE_EVERY_S = 0.02
+SDK_AGENTS = 20
+SDK_SAMPLES = 100
 
 
 def _server_process(base: str) -> psutil.Process:
@@ -115,29 +122,22 @@ def _create(endpoint: Endpoint) -> str:
     return str(todo.id)
 
 
-async def _latency(base: str, agents: list[tuple[Endpoint, str]]) -> dict[str, Any]:
-    received: dict[str, float] = {}
-
-    def on_ring(ring: dict[str, Any]) -> None:
-        received.setdefault(ring["todo"], time.perf_counter())
-
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(30, read=None), limits=limits) as client:
-        tasks = [await _attach(client, base, token, on_ring) for _, token in agents]
-        sent: dict[str, float] = {}
-        rng = random.Random(14)
-        for _ in range(LATENCY_SAMPLES):
-            endpoint = rng.choice(agents)[0]
-            t0 = time.perf_counter()
-            todo_id = await asyncio.to_thread(_create, endpoint)
-            sent[todo_id] = t0
-            await asyncio.sleep(CREATE_EVERY_S)
-        deadline = time.perf_counter() + 10
-        while len(set(sent) & set(received)) < len(sent) and time.perf_counter() < deadline:
-            await asyncio.sleep(0.05)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+async def _timed_creates(
+    agents: list[tuple[Endpoint, str]], received: dict[str, float], samples: int
+) -> dict[str, Any]:
+    """Create ``samples`` todos for random agents every ``CREATE_EVERY_S``; the time from just
+    before each create to its ring in ``received`` (filled by the clients), p50 and p99."""
+    sent: dict[str, float] = {}
+    rng = random.Random(14)
+    for _ in range(samples):
+        endpoint = rng.choice(agents)[0]
+        t0 = time.perf_counter()
+        todo_id = await asyncio.to_thread(_create, endpoint)
+        sent[todo_id] = t0
+        await asyncio.sleep(CREATE_EVERY_S)
+    deadline = time.perf_counter() + 10
+    while len(set(sent) & set(received)) < len(sent) and time.perf_counter() < deadline:
+        await asyncio.sleep(0.05)
     latencies = sorted(1000 * (received[t] - sent[t]) for t in sent if t in received)
     q = statistics.quantiles(latencies, n=100)
     return {
@@ -149,10 +149,54 @@ async def _latency(base: str, agents: list[tuple[Endpoint, str]]) -> dict[str, A
     }
 
 
+async def _latency(base: str, agents: list[tuple[Endpoint, str]]) -> dict[str, Any]:
+    received: dict[str, float] = {}
+
+    def on_ring(ring: dict[str, Any]) -> None:
+        received.setdefault(ring["todo"], time.perf_counter())
+
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(30, read=None), limits=limits) as client:
+        tasks = [await _attach(client, base, token, on_ring) for _, token in agents]
+        result = await _timed_creates(agents, received, LATENCY_SAMPLES)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return result
+
+
+async def _sdk_latency(base: str, agents: list[tuple[Endpoint, str]]) -> dict[str, Any]:
+    """The same through the official Python MCP SDK: each agent a ``Client`` after the
+    handshake (2025-11-25), told on the GET stream the SDK opens (the Done-when of issue 14)."""
+    from mcp import Client
+    from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+    from mcp.types import ResourceUpdatedNotification
+
+    from switchboard import mcp
+
+    received: dict[str, float] = {}
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, ResourceUpdatedNotification):
+            meta = message.params.model_dump(by_alias=True)["_meta"][mcp.READY_META]
+            received.setdefault(meta["todo"], time.perf_counter())
+
+    async with contextlib.AsyncExitStack() as stack:
+        for endpoint, token in agents:
+            http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+            transport = streamable_http_client(f"{base}/mcp/{endpoint.slug}", http_client=http)
+            await stack.enter_async_context(
+                Client(transport, mode="legacy", message_handler=on_message)
+            )
+        await asyncio.sleep(3)  # every SDK has opened its GET stream
+        return await _timed_creates(agents, received, SDK_SAMPLES)
+
+
 def run(duration: float) -> dict[str, Any]:
     endpoints = _vend(max(IDLE_ENDPOINTS, LATENCY_AGENTS))
     connection.close()  # the creates run on worker threads with connections of their own
     with live_server() as base:
         idle = asyncio.run(_idle(base, [t for _, t in endpoints[:IDLE_ENDPOINTS]], duration))
         latency = asyncio.run(_latency(base, endpoints[:LATENCY_AGENTS]))
-    return {**idle, **latency}
+        sdk = asyncio.run(_sdk_latency(base, endpoints[:SDK_AGENTS]))
+    return {**idle, **latency, "python_sdk": sdk, "load_average_1m": os.getloadavg()[0]}

@@ -117,6 +117,8 @@ class Doorbell:
         self.listening = asyncio.Event()
         self.connections = 0  # how many times LISTEN was established (the reconnect test reads it)
         self.backend_pid: int | None = None
+        # Fleet-wide watchers (the live console board): set on every ring, whatever its endpoint.
+        self._watchers: set[asyncio.Event] = set()
 
     def streams(self) -> int:
         return sum(len(s) for s in self._subs.values())
@@ -138,6 +140,16 @@ class Doorbell:
         if self.listening.is_set():
             await self._ring_waiting([sub], since)
         return sub
+
+    def watch(self) -> asyncio.Event:
+        """An event set by every ring of any endpoint (and by a reconnect); the watcher clears it."""
+        event = asyncio.Event()
+        self._watchers.add(event)
+        self._ensure_started()
+        return event
+
+    def unwatch(self, event: asyncio.Event) -> None:
+        self._watchers.discard(event)
 
     def detach(self, sub: Subscription) -> None:
         subs = self._subs.get(sub.endpoint_id)
@@ -165,6 +177,8 @@ class Doorbell:
         body = wakes.parse(raw)
         if body is None:
             return 0
+        for event in self._watchers:
+            event.set()
         subs = self._subs.get(str(body["e"]))
         if not subs:
             return 0
@@ -194,6 +208,8 @@ class Doorbell:
                 self.backend_pid = conn.info.backend_pid
                 self.connections += 1
                 if self.connections > 1:  # what became claimable while nobody listened
+                    for event in self._watchers:
+                        event.set()
                     await self._ring_waiting([s for g in self._subs.values() for s in g], None)
                 backoff = BACKOFF_MIN
                 self.listening.set()

@@ -88,9 +88,13 @@ class ClaimGate(Protocol):
         row whose other columns are NULL."""
         ...
 
-    def frees_slot(self, alias: str) -> str:
-        """A boolean SQL expression over the todo row ``alias``: whether ending its claim frees a
-        unit of a limit someone may be waiting for (the doorbell rings for it)."""
+    def reopens(self, alias: str) -> str:
+        """A ``text[]`` SQL expression over the todo row ``alias`` (NULL or empty: none): the
+        queue identities (``<endpoint_id>:<queue>``) with pending work that ending its claim may
+        make claimable, because it frees a unit of a limit that was at its cap counting this
+        claim (the doorbell rings ``reopened`` for each, once). Evaluated inside the ending
+        statement; a gate whose limit a concurrent change may raise reads that limit's row under
+        a share lock, so the change and the ending claim ring once between them."""
         ...
 
     def pre_read(self, endpoint_id: UUID, queues: list[str]) -> list[Refusal]:
@@ -203,9 +207,12 @@ def skips(alias: str) -> list[str]:
     return [s for s in (gate.skip(alias) for gate in _GATES) if s is not None]
 
 
-def frees_slot(alias: str) -> str:
-    """Whether ending this row's claim may free a unit some gate limits (SQL; false ungated)."""
-    return " OR ".join(f"({gate.frees_slot(alias)})" for gate in _GATES) or "false"
+def reopens(alias: str) -> str:
+    """The queue identities ending this row's claim may reopen, every gate's together (SQL
+    ``text[]``, never NULL; empty ungated)."""
+    return " || ".join(f"coalesce({g.reopens(alias)}, '{{}}'::text[])" for g in _GATES) or (
+        "'{}'::text[]"
+    )
 
 
 def queue_names(endpoint_ids: list[UUID] | None) -> set[str]:

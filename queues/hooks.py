@@ -6,6 +6,12 @@ rotation's overlap a second signature under the previous secret follows, space-s
 ``HOOK_RETRY_SECONDS`` apart, each with a ``HOOK_TIMEOUT_SECONDS`` timeout, through the SSRF guard
 (``queues.hookguard``); when the last fails the endpoint is marked (``hook_failed_at``,
 ``hook_error``). Checked against pauses and deferral again at delivery time (fail open).
+
+The body (``ready_body``): ``{"type": "todo.ready", "endpoint": slug, "queue", "todo": id or null,
+"title", "reason"}``, ``reason`` one of ``wakes.REASONS``: ``created``, ``requeued``,
+``released``, ``reaped``, ``reopened``, ``resumed`` (work became claimable), ``stalled`` (a claim
+the endpoint holds went quiet for half its lease) or ``waiting`` (a reminder from the doorbell
+heartbeat: claimable work still waits; no new edge).
 """
 
 from __future__ import annotations

@@ -331,6 +331,18 @@ class Todo(models.Model):
                 condition=Q(state=TodoState.CLAIMED) & ~Q(tags=[]),
                 name="todo_claimed_tags_idx",
             ),
+            # The work waiting on a pool or a tag: who an ending claim that frees a unit wakes
+            # (gates.reopens: one ring per queue identity) and who a raised limit wakes.
+            models.Index(
+                fields=["pool"],
+                condition=Q(state=TodoState.PENDING, pool__isnull=False),
+                name="todo_pending_pool_idx",
+            ),
+            GinIndex(
+                fields=["tags"],
+                condition=Q(state=TodoState.PENDING) & ~Q(tags=[]),
+                name="todo_pending_tags_idx",
+            ),
             # claim_next's candidate scan (queues/sql.py claim_next_sql, FOR UPDATE SKIP
             # LOCKED): the endpoint's live rows in created_at order, so the oldest claimable row
             # of any granted queue is found without sorting the backlog.

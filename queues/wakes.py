@@ -14,21 +14,26 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from typing import Any
 from uuid import UUID
 
 import psycopg
 from django.db import connection, transaction
 
-from queues import gates, hook_tasks, metrics, ring_gate
-from queues.sql.push import ENDED_ROW, IDENTITY_ROW, frees_slot_sql
+from queues import hook_tasks, metrics, ring_gate, sql
 
 log = logging.getLogger(__name__)
 CHANNEL = "todo_ready"
 
 
-# Why a ring rang: work became claimable (the first six), a reminder for work still waiting
-# (the doorbell heartbeat, and a stream's attach), or a held claim went quiet (to its holder).
+# Why a ring rang, the ``reason`` of every stream event and ready hook: work became claimable
+# (``created`` ... ``resumed``: the edges issue 14 lists), a held claim went quiet (``stalled``,
+# to its holder), or ``waiting``: a reminder that work already claimable still waits (the
+# doorbell heartbeat, a stream's attach or reconnect). ``waiting`` is kept apart on purpose: no
+# edge happened, so naming one (say ``created`` for a todo created hours ago and requeued since)
+# would tell an agent or a hook receiver something false; an agent may treat it like any other
+# ring (try claim_next), and one already busy may ignore it.
 REASONS = (
     "created",
     "requeued",
@@ -114,27 +119,38 @@ def todo_ready_now(
         return todo_ready(endpoint_id, queue, todo_id=todo_id, reason=reason)
 
 
-def slot_freed(endpoint_id: UUID | str, queue: str, *, todo_id: UUID | str | None = None) -> bool:
-    """The reopen edge: a claim ended, so a queue a gate limits in flight may be admitted again.
-    Rings only when some gate says the ending claim freed a unit it held (admission: an
-    in-flight cap; a pool or tag at its cap), every gate admits now and todos are pending (an
-    ending claim frees no window budget: nothing refunds). With ``todo_id`` the gates see the
-    ended todo's own row (the limits it names); without, the bare queue identity."""
-    row = ENDED_ROW if todo_id else IDENTITY_ROW
-    try:
-        with connection.cursor() as cursor:
-            # Whether some gate limits what the ending claim held, and work waits.
-            cursor.execute(
-                frees_slot_sql(gates.frees_slot("i"), row),
-                {"e": endpoint_id, "q": queue, "t": str(todo_id) if todo_id else None},
-            )
-            row = cursor.fetchone()
-    except Exception:
-        log.exception("reopen check failed for %s:%s", endpoint_id, queue)
-        return False
-    if not row or not row[0]:
-        return False
-    return todo_ready_now(endpoint_id, queue, reason="reopened")
+def reopen(
+    keys: Iterable[str],
+    *,
+    own: tuple[UUID | str, str] | None = None,
+    reason: str | None = None,
+    todo_id: UUID | str | None = None,
+) -> int:
+    """After a commit that ended claims: one ring per queue identity, in a transaction of its
+    own. ``own`` (the ended todo's identity) rings ``reason`` (``released``) when given; every
+    other identity among ``keys`` (``<endpoint_id>:<queue>``, from ``gates.reopens``: a limit
+    that was at its cap freed a unit) rings ``reopened`` if a claim could take its work now.
+    Each ring passes the gate (pause, admission); if the waiting check fails, all ring (fail
+    open). Returns how many rang."""
+    own_key = payload(*own) if own is not None else None
+    wanted = sorted(set(keys) - ({own_key} if reason and own_key else set()))
+    rang = 0
+    with transaction.atomic():
+        if own is not None and reason:
+            rang += todo_ready(own[0], own[1], todo_id=todo_id, reason=reason)
+        if not wanted:
+            return rang
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(sql.waiting_sql(), {"keys": wanted})
+                waiting = [k for (k,) in cursor.fetchall()]
+        except Exception:
+            log.exception("reopen check failed for %s; ringing anyway", wanted)
+            waiting = wanted
+        for key in waiting:
+            endpoint_id, _, queue = key.partition(":")
+            rang += todo_ready(endpoint_id, queue, reason="reopened")
+    return rang
 
 
 def _enqueue_hook(

@@ -241,6 +241,10 @@ HOOK_TIMEOUT_SECONDS = 5
 HOOK_SECRET_OVERLAP_SECONDS = env_int("HOOK_SECRET_OVERLAP_SECONDS", 86400, minimum=0)
 # Networks a notify URL may reach although they are not public (queues/hookguard.py), e.g.
 # "10.0.0.0/8,192.168.1.20": empty by default, so no hook calls into the server's own network.
+# The live console board also refreshes at once on a doorbell ring (work became claimable), on
+# top of its 0.3 s fleet poll (claims, heartbeats and completions ring nothing). Measured by
+# `python -m bench --only boardlive`: off by default, see switchboard/console/live.py and the README.
+LIVE_BOARD_RINGS = env_bool("SWITCHBOARD_LIVE_BOARD_RINGS", False)
 HOOK_ALLOWED_NETWORKS = [n.strip() for n in env("HOOK_ALLOWED_NETWORKS").split(",") if n.strip()]
 for _network in HOOK_ALLOWED_NETWORKS:
     try:

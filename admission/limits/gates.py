@@ -156,11 +156,13 @@ class _OccupancyGate:
     def probe(self, alias: str) -> str:
         raise NotImplementedError
 
-    def frees_slot(self, alias: str) -> str:
-        """Whether ending the claim of row ``alias`` frees a unit of a limit it names that was at
-        its cap under enforce, with work of its queue identity naming that limit waiting.
-        Occupancy leaves ``alias`` itself out, so the answer is the same inside the ending
-        statement (whose snapshot still counts the row claimed) and after its commit."""
+    def reopens(self, alias: str) -> str:
+        """The queue identities (``text[]``) with pending work naming a limit the row ``alias``
+        names that was at its cap under enforce counting this claim (occupancy leaves ``alias``
+        itself out): ending the claim frees a unit they wait for. The limit's row is read under a
+        share lock, so a ``limit_set`` racing this statement either waits for it (and then sees
+        the unit freed, so it rings nothing) or commits first (and this reads its new limit, so
+        this rings nothing)."""
         raise NotImplementedError
 
     def names(self, key: Any) -> list[str]:
@@ -312,12 +314,15 @@ class PoolGate(_OccupancyGate):
     ) -> dict[str, tuple[int, Any]]:
         return gated.claimed_by_pool(cursor, names, todo_id)
 
-    def frees_slot(self, alias: str) -> str:
-        return f"""{alias}.pool IS NOT NULL AND EXISTS (
-        SELECT 1 FROM limits_pool p
-        WHERE p.name = {alias}.pool AND p.posture = 'enforce'
-          AND p.slots = 1 + {gated.claimed_in_pool("p.name", excluding=f"{alias}.id")}
-          AND {gated.pending_in_pool(alias, "p.name")})"""
+    def reopens(self, alias: str) -> str:
+        # LATERAL: the waiting rows are read only for a pool that was at its cap.
+        return f"""CASE WHEN {alias}.pool IS NOT NULL THEN ARRAY(
+        SELECT DISTINCT {gated.identity_key("w")}
+        FROM (SELECT p.name, p.slots, p.posture FROM limits_pool p
+              WHERE p.name = {alias}.pool FOR SHARE) p,
+             LATERAL ({gated.pending_rows_in_pool("p.name")}) w
+        WHERE p.posture = 'enforce'
+          AND p.slots = 1 + {gated.claimed_in_pool("p.name", excluding=f"{alias}.id")}) END"""
 
     def probe(self, alias: str) -> str:
         return f"{alias}.pool"
@@ -338,12 +343,15 @@ class TagGate(_OccupancyGate):
     ) -> dict[str, tuple[int, Any]]:
         return gated.claimed_by_tag(cursor, names, todo_id)
 
-    def frees_slot(self, alias: str) -> str:
-        return f"""cardinality({alias}.tags) > 0 AND EXISTS (
-        SELECT 1 FROM limits_taglimit l
-        WHERE l.tag = ANY({alias}.tags) AND l.posture = 'enforce'
-          AND l."limit" = 1 + {gated.claimed_with_tag("l.tag", excluding=f"{alias}.id")}
-          AND {gated.pending_with_tag(alias, "l.tag")})"""
+    def reopens(self, alias: str) -> str:
+        return f"""CASE WHEN cardinality({alias}.tags) > 0 THEN ARRAY(
+        SELECT DISTINCT {gated.identity_key("w")}
+        FROM (SELECT l.tag, l."limit", l.posture FROM limits_taglimit l
+              WHERE l.tag = ANY({alias}.tags) ORDER BY l.tag FOR SHARE) l,
+             LATERAL ({gated.pending_rows_with_tag("l.tag")}) w
+        WHERE l.posture = 'enforce'
+          AND l."limit" = 1 + {gated.claimed_with_tag("l.tag", excluding=f"{alias}.id")})
+        END"""
 
     def probe(self, alias: str) -> str:
         return f"CASE WHEN cardinality({alias}.tags) > 0 THEN {alias}.tags END"
@@ -364,8 +372,8 @@ class RateGate(_OccupancyGate):
     def probe(self, alias: str) -> str:
         return f"{alias}.rate_limit"
 
-    def frees_slot(self, alias: str) -> str:
-        return "false"  # an ending claim refunds no minute
+    def reopens(self, alias: str) -> str:
+        return "NULL::text[]"  # an ending claim refunds no minute
 
     def admit(
         self, cursor: CursorWrapper, *, key: Any, todo_id: UUID

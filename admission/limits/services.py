@@ -25,7 +25,7 @@ from admission.limits.models import (
     RateLimit,
     TagLimit,
 )
-from queues import access, gates, wakes
+from queues import access, wakes
 from queues.access import Actor, HumanActor, SystemActor, check_actor
 from queues.models import Todo, TodoState, check_limit_name
 from queues.sql import gated
@@ -85,15 +85,11 @@ def _holds(kind: Kind, name: str) -> bool:
 
 def _ring_reopened(kind: Kind, name: str) -> None:
     """After a change freed a limit that held work: ring ``reopened`` once per queue identity
-    with claimable todos naming it that no per-todo gate still passes over, through the doorbell's
-    gate (pause, admission; it fails open)."""
-    skips = " OR ".join(gates.skips("t")) or "false"
+    with pending todos naming it that a claim could take now (``wakes.reopen``: claimable, no
+    per-todo gate passing them over, through the doorbell's gate; it fails open)."""
     with connection.cursor() as cursor:
-        identities = gated.pending_identities(
-            cursor, where=f"{_NAMING[kind.name]} AND NOT ({skips})", params={"n": name}
-        )
-    for endpoint_id, queue in identities:
-        wakes.todo_ready_now(endpoint_id, queue, reason="reopened")
+        identities = gated.pending_identities(cursor, where=_NAMING[kind.name], params={"n": name})
+    wakes.reopen(wakes.payload(e, q) for e, q in identities)
 
 
 def kind_of(kind: str) -> Kind:
@@ -177,7 +173,9 @@ def limit_set(*, actor: Actor, kind: str, name: str, **given: Any) -> dict[str, 
         if after != before:
             _append(LedgerKind.LIMITS_SET, actor, before, after)
         # A raise (or a posture off enforce) that frees work the limit held: the doorbell rings
-        # after commit; a lowering or a no-op change frees nothing and rings nothing.
+        # after commit; a lowering or a no-op change frees nothing and rings nothing. Exact
+        # under races: both reads run under this row's lock, which every claim naming the limit
+        # takes to admit and every ending claim takes (shared) to decide its own reopen ring.
         if held_before and not _holds(k, name):
             transaction.on_commit(lambda: _ring_reopened(k, name))
     return after

@@ -16,19 +16,24 @@ def reap_expired() -> int:
     total = 0
     while True:
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(sql.REAP_SQL, {"batch": SWEEP_BATCH})
+            cursor.execute(sql.reap_sql(), {"batch": SWEEP_BATCH})
             rows = cursor.fetchall()
             n = 0
-            for endpoint_id, queue, state, count in rows:
+            # One ring per queue identity for this commit: ``reaped`` for the identities work
+            # returned to, ``reopened`` (after commit) for the others a freed limit unit wakes.
+            reaped: set[str] = set()
+            reopens: set[str] = set()
+            for endpoint_id, queue, state, count, keys in rows:
                 n += count
+                reopens.update(keys)
                 metrics.leases_expired(queue, count)
                 if state == TodoState.FAILED:
                     metrics.completed(queue, "dead_lettered", count)
                 else:
+                    reaped.add(wakes.payload(endpoint_id, queue))
                     wakes.todo_ready(endpoint_id, queue, reason="reaped")
-                transaction.on_commit(
-                    lambda e=endpoint_id, q=queue: wakes.slot_freed(e, q)  # type: ignore[misc]
-                )
+            if reopens - reaped:
+                transaction.on_commit(lambda keys=reopens - reaped: wakes.reopen(keys))  # type: ignore[misc]
         total += n
         if n < SWEEP_BATCH:
             return total

@@ -174,9 +174,9 @@ def _transition(
         if row is None:
             _raise_unmatched(cursor, todo_id, endpoint_ids, lease_token, attempt)
     assert row is not None
-    *columns, frees_slot = row
+    *columns, reopens = row
     todo = sql.todo_from_row(columns)
-    todo._frees_slot = frees_slot  # type: ignore[attr-defined]
+    todo._reopens = reopens or []  # type: ignore[attr-defined]
     return todo
 
 
@@ -309,10 +309,7 @@ def release(
     if todo.state == TodoState.FAILED:
         _after_end(todo, "dead_lettered")
     else:
-        _after_end(todo, None)
-        transaction.on_commit(
-            lambda: wakes.todo_ready_now(todo.endpoint_id, todo.queue, todo_id=todo.id)
-        )
+        _after_end(todo, None, ring="released")
     return todo
 
 
@@ -323,13 +320,18 @@ def _summary(summary: str | None) -> str:
     return summary
 
 
-def _after_end(todo: Todo, outcome: str | None) -> None:
-    """A slot may have freed: count the outcome and ring the reopen for this queue identity."""
+def _after_end(todo: Todo, outcome: str | None, *, ring: str | None = None) -> None:
+    """Count the outcome; after commit, ring the todo's own identity with ``ring`` (a release
+    made it claimable) and ``reopened`` for every other identity the ended claim freed a limit
+    for (``gates.reopens``): one ring per identity."""
     if outcome is not None:
         metrics.completed(todo.queue, outcome)
-    if getattr(todo, "_frees_slot", True):
+    keys: list[str] = getattr(todo, "_reopens", [])
+    if keys or ring:
         transaction.on_commit(
-            lambda: wakes.slot_freed(todo.endpoint_id, todo.queue, todo_id=todo.id)
+            lambda: wakes.reopen(
+                keys, own=(todo.endpoint_id, todo.queue), reason=ring, todo_id=todo.id
+            )
         )
 
 

@@ -30,7 +30,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.backends.utils import CursorWrapper
 
 from queues import gates
-from queues.claimable import CLAIMABLE_STATE
+from queues.claimable import CLAIMABLE, CLAIMABLE_STATE
 from queues.models import Todo
 
 _TODO_FIELDS = list(Todo._meta.concrete_fields)
@@ -419,7 +419,7 @@ UPDATE queues_todo t
 SET lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
     updated_at = clock_timestamp()
 FROM held h WHERE t.id = h.id
-RETURNING {TODO_COLUMNS}, {gates.frees_slot("t")}
+RETURNING {TODO_COLUMNS}, NULL::text[]
 """
 
 
@@ -442,7 +442,7 @@ WITH held AS (
 )
 UPDATE queues_todo t SET {todo_set}, updated_at = clock_timestamp()
 FROM held h WHERE t.id = h.id
-RETURNING {TODO_COLUMNS}, {gates.frees_slot("t")}
+RETURNING {TODO_COLUMNS}, {gates.reopens("t")}
 """
 
 
@@ -495,7 +495,12 @@ def release_sql() -> str:
 
 # --- sweeps ------------------------------------------------------------------------------------
 
-REAP_SQL = """
+
+@functools.cache
+def _reap_sql(gate_list: tuple[gates.ClaimGate, ...]) -> str:
+    """Lapsed claims back to pending (dead-lettered at the cap): per queue identity and new
+    state, the count and the identities the freed claims may reopen (``gates.reopens``)."""
+    return f"""
 WITH lapsed AS (
     SELECT t.id FROM queues_todo t
     WHERE t.state = 'claimed' AND t.lease_expires_at <= now()
@@ -507,19 +512,47 @@ WITH lapsed AS (
     SET state = CASE WHEN t.attempt < t.max_attempts THEN 'pending' ELSE 'failed' END,
         owner = '', lease_expires_at = NULL, next_retry_at = NULL,
         result = CASE WHEN t.attempt < t.max_attempts THEN t.result
-                      ELSE '{"error": "lease_expired"}'::jsonb END,
+                      ELSE '{{"error": "lease_expired"}}'::jsonb END,
         finished_at = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE now() END,
         updated_at = now()
     FROM lapsed l WHERE t.id = l.id
-    RETURNING t.id, t.endpoint_id, t.queue, t.attempt, t.state
+    RETURNING t.id, t.endpoint_id, t.queue, t.attempt, t.state, {gates.reopens("t")} AS reopens
 ), closed AS (
     UPDATE queues_attempt a
     SET ended_at = now(), outcome = 'expired',
         disposition = CASE WHEN r.state = 'pending' THEN 'requeued' ELSE 'dead_lettered' END
     FROM reaped r WHERE a.todo_id = r.id AND a.number = r.attempt AND a.ended_at IS NULL
 )
-SELECT endpoint_id, queue, state, count(*) FROM reaped GROUP BY endpoint_id, queue, state
+SELECT r.endpoint_id, r.queue, r.state, count(DISTINCT r.id),
+       coalesce(array_agg(DISTINCT k) FILTER (WHERE k IS NOT NULL), '{{}}')
+FROM reaped r LEFT JOIN LATERAL unnest(r.reopens) k ON true
+GROUP BY r.endpoint_id, r.queue, r.state
 """
+
+
+def reap_sql() -> str:
+    return _reap_sql(gates.gates())
+
+
+# The queue identities among ``%(keys)s`` (``<endpoint_id>:<queue>``) with a pending todo a claim
+# could take now: claimable, and passed over by no per-todo gate's skip (a freed unit a racing
+# claim took again reopens nothing).
+@functools.cache
+def _waiting_sql(gate_list: tuple[gates.ClaimGate, ...]) -> str:
+    skips = " OR ".join(gates.skips("t")) or "false"
+    return f"""
+SELECT k FROM unnest(%(keys)s::text[]) k
+WHERE EXISTS (SELECT 1 FROM queues_todo t
+              WHERE t.endpoint_id = split_part(k, ':', 1)::uuid
+                AND t.queue = substr(k, strpos(k, ':') + 1)
+                AND t.state = 'pending' AND {CLAIMABLE} AND NOT ({skips}))
+ORDER BY k
+"""
+
+
+def waiting_sql() -> str:
+    return _waiting_sql(gates.gates())
+
 
 REQUEUE_SQL = """
 WITH due AS (

@@ -1,6 +1,6 @@
 """The push path's statements on the todo tables: the doorbell's attach read, its sweeps
 (reminders for work nobody took, stalls told to the holder) and the wakes' gate lookups over a
-queue identity. The gates' probes and ``frees_slot`` are folded in by the caller (``queues.gates``).
+queue identity. The gates' probes are folded in by the caller (``queues.gates``).
 """
 
 from __future__ import annotations
@@ -77,19 +77,4 @@ def identity_lookup_sql(probes: str) -> str:
                   AND state = 'pending' ORDER BY created_at, id LIMIT 1)
                {probes}
         FROM {IDENTITY_ROW} i
-        """
-
-
-# The ended todo's own row (``%(t)s``), for the gates' ``frees_slot``.
-ENDED_ROW = "(SELECT * FROM queues_todo WHERE id = %(t)s)"
-
-
-def frees_slot_sql(frees: str, row: str) -> str:
-    """Whether ``frees`` (the gates' ``frees_slot`` over ``i``) holds for ``row`` and the identity
-    ``%(e)s``, ``%(q)s`` has pending work."""
-    return f"""
-        SELECT ({frees})
-           AND EXISTS (SELECT 1 FROM queues_todo
-                       WHERE endpoint_id = %(e)s AND queue = %(q)s AND state = 'pending')
-        FROM {row} i
         """

@@ -88,3 +88,25 @@ def test_forty_pending_todos_in_an_exhausted_queue_ring_once_per_endpoint_at_the
     assert sorted((b["endpoint"], b["reason"]) for b in hook_server.bodies()) == sorted(
         (e.slug, "reopened") for e in endpoints
     )
+
+
+def test_each_edge_reaches_the_ready_hook_with_its_reason(
+    tx_personas: Personas, listener: Listener, hook_server: HookServer, eager_celery: None
+) -> None:
+    """created, released, reaped, requeued here; reopened, resumed and stalled in
+    test_forty_pending_..., tests/pause/test_wakes.py and test_sweeps.py."""
+    p = tx_personas
+    hooked = _hooked(p, hook_server, "Hooked")
+    agent = p.as_agent(hooked)
+    (todo,) = push(p, 1, endpoint=hooked)
+    claimed = services.claim_next(actor=agent)
+    assert isinstance(claimed, Claimed)
+    services.release(actor=agent, todo_id=todo.id, lease_token=claimed.lease_token)
+    assert isinstance(services.claim_next(actor=agent), Claimed)
+    lapse(todo)
+    assert services.reap_expired() == 1
+    Todo.objects.filter(pk=todo.pk).update(state="failed", next_retry_at="2000-01-01T00:00Z")
+    assert services.requeue_due_retries() == 1
+    assert [(b["reason"], b["todo"]) for b in hook_server.bodies()] == [
+        (reason, str(todo.id)) for reason in ("created", "released", "reaped", "requeued")
+    ]
