@@ -55,6 +55,8 @@ CARD_ORDER = (
     TodoState.DISCARDED,
 )
 PAGE_LIMIT = 50
+# ``TodoState.values`` builds a new list on every read; the board reads it once per identity.
+TODO_STATES: tuple[str, ...] = tuple(TodoState.values)
 
 # The board's state filter: "live" (claimed, then pending) is the default.
 STATE_CHOICES: tuple[tuple[str, str], ...] = (
@@ -174,7 +176,7 @@ def identity_counts(endpoint_ids: list[UUID]) -> dict[tuple[UUID, str], Identity
     out: dict[tuple[UUID, str], IdentityCounts] = {}
     for endpoint_id, queue, state, count, dead in rows:
         entry = out.setdefault(
-            (endpoint_id, queue), IdentityCounts(dict.fromkeys(TodoState.values, 0))
+            (endpoint_id, queue), IdentityCounts(dict.fromkeys(TODO_STATES, 0))
         )
         entry.counts[state] = count
         entry.dead_letter += dead
@@ -391,7 +393,7 @@ def _all_sections(viewer: Viewer, filters: Filters) -> tuple[list[Endpoint], lis
     pause_of = selectors.pauses_of({q for _, q in pairs})
     out: list[Section] = []
     for endpoint, queue in pairs:
-        c = counts.get((endpoint.id, queue)) or IdentityCounts(dict.fromkeys(TodoState.values, 0))
+        c = counts.get((endpoint.id, queue)) or IdentityCounts(dict.fromkeys(TODO_STATES, 0))
         policy = policy_of.get((endpoint.id, queue))
         section = Section(
             key=identity_key(endpoint.slug, queue),
