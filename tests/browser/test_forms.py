@@ -35,6 +35,7 @@ def test_one_submit_names_every_wrong_field_and_the_zone_is_a_searchable_list(
     assert page.locator("#zones option").count() > 300
 
     page.get_by_label("Max in flight", exact=True).fill("-3")
+    page.get_by_label("Max claims per window", exact=True).fill("5")
     zone.fill("Mars/Olympus_Mons")
     page.get_by_label("Start", exact=True).fill("25:99")
     page.get_by_role("button", name="Preview change").click()
