@@ -228,3 +228,26 @@ def _card(t: Any, s: Any, zone: tzinfo | None, today: date, url: str, nxt: str) 
         f'<span class="state-label state-{_e(word.value.replace("_", "-"))}">{_e(word.label)}</span>\n'
         f'</div>\n<div class="card-meta muted">{meta}</div>\n{chip}</li>\n'
     )
+
+
+@register.simple_tag
+def queue_options(names: list[str], chosen: str) -> SafeString:
+    """The board filter's queue choices (a hundred on a large fleet: one string, not a loop)."""
+    return mark_safe(
+        "".join(
+            f'<option value="{_e(q)}"{" selected" if q == chosen else ""}>{_e(q)}</option>'
+            for q in names
+        )
+    )
+
+
+@register.simple_tag
+def endpoint_options(endpoints: Any, chosen: str) -> SafeString:
+    """The board filter's endpoint choices, a revoked one marked so."""
+    return mark_safe(
+        "".join(
+            f'<option value="{_e(e.slug)}"{" selected" if e.slug == chosen else ""}>'
+            f"{_e(e.slug)}{'' if e.state == 'active' else ' (revoked)'}</option>"
+            for e in endpoints
+        )
+    )
