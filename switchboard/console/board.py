@@ -21,6 +21,7 @@ from uuid import UUID
 
 from django.db import connection, models
 from django.db.models import F, Q, QuerySet, Window
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import RowNumber
 from django.http import QueryDict
 
@@ -55,6 +56,8 @@ CARD_ORDER = (
     TodoState.DISCARDED,
 )
 PAGE_LIMIT = 50
+# ``TodoState.values`` builds a new list on every read; the board reads it once per identity.
+TODO_STATES: tuple[str, ...] = tuple(TodoState.values)
 
 # The board's state filter: "live" (claimed, then pending) is the default.
 STATE_CHOICES: tuple[tuple[str, str], ...] = (
@@ -173,9 +176,7 @@ def identity_counts(endpoint_ids: list[UUID]) -> dict[tuple[UUID, str], Identity
         rows = cursor.fetchall()
     out: dict[tuple[UUID, str], IdentityCounts] = {}
     for endpoint_id, queue, state, count, dead in rows:
-        entry = out.setdefault(
-            (endpoint_id, queue), IdentityCounts(dict.fromkeys(TodoState.values, 0))
-        )
+        entry = out.setdefault((endpoint_id, queue), IdentityCounts(dict.fromkeys(TODO_STATES, 0)))
         entry.counts[state] = count
         entry.dead_letter += dead
     return out
@@ -391,7 +392,7 @@ def _all_sections(viewer: Viewer, filters: Filters) -> tuple[list[Endpoint], lis
     pause_of = selectors.pauses_of({q for _, q in pairs})
     out: list[Section] = []
     for endpoint, queue in pairs:
-        c = counts.get((endpoint.id, queue)) or IdentityCounts(dict.fromkeys(TodoState.values, 0))
+        c = counts.get((endpoint.id, queue)) or IdentityCounts(dict.fromkeys(TODO_STATES, 0))
         policy = policy_of.get((endpoint.id, queue))
         section = Section(
             key=identity_key(endpoint.slug, queue),
@@ -465,12 +466,18 @@ def _fill_cards(
         order: dict[str, int] = {state: i for i, state in enumerate(CARD_ORDER)}
         # Only the identities shown in full: on a folded board their endpoints' other queues
         # (the one-line ones) would cost rows and model instances nobody sees.
-        shown = Q(pk__in=[])
-        for s in found:
-            shown |= Q(endpoint_id=s.endpoint.id, queue=s.queue)
+        # One array pair as the parameter, not an OR of pairs: compiling a Q per section
+        # cost more than the query.
+        shown = RawSQL(
+            '("queues_todo"."endpoint_id", "queues_todo"."queue") IN '
+            "(SELECT * FROM unnest(%s::uuid[], %s::text[]))",
+            ([s.endpoint.id for s in found], [s.queue for s in found]),
+            output_field=models.BooleanField(),
+        )
         rows = (
             _card_rows(viewer, filters, list({s.endpoint.id for s in found}))
-            .filter(shown)
+            .alias(shown=shown)
+            .filter(shown=True)
             # A card shows neither: decoding every card's JSON was a tenth of a large board.
             .defer("payload", "result")
             .annotate(

@@ -6,9 +6,26 @@ import json
 import urllib.request
 from typing import Any
 
+from axe_playwright_python.sync_playwright import Axe
+from playwright.sync_api import Page
+
 from admission import services as admission_services
 from admission.models import AdmissionPolicy
 from tests.conftest import Personas, push
+
+AXE = Axe()
+BLOCKING = {"critical", "serious"}
+
+
+def findings(page: Page) -> list[str]:
+    """Critical and serious axe violations on the page, one line each (rule, impact, where)."""
+    results: Any = AXE.run(page)
+    out = []
+    for violation in results.response["violations"]:
+        if violation.get("impact") in BLOCKING:
+            targets = [", ".join(node["target"]) for node in violation["nodes"][:3]]
+            out.append(f"{violation['id']} ({violation['impact']}): {targets}")
+    return out
 
 
 def budget(

@@ -3,29 +3,12 @@ page, at 1440 and 390 px, with JavaScript on and off: no critical and no serious
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from axe_playwright_python.sync_playwright import Axe
-from playwright.sync_api import Page, expect
+from playwright.sync_api import expect
 
 from tests.browser.conftest import PHONE, WIDTHS, Session
-from tests.browser.helpers import console_pages, small_fleet
+from tests.browser.helpers import console_pages, findings, small_fleet
 from tests.conftest import Personas
-
-AXE = Axe()
-BLOCKING = {"critical", "serious"}
-
-
-def findings(page: Page) -> list[str]:
-    """Critical and serious violations on the page, one line each (rule, impact, where)."""
-    results: Any = AXE.run(page)
-    out = []
-    for violation in results.response["violations"]:
-        if violation.get("impact") in BLOCKING:
-            targets = [", ".join(node["target"]) for node in violation["nodes"][:3]]
-            out.append(f"{violation['id']} ({violation['impact']}): {targets}")
-    return out
 
 
 @pytest.mark.parametrize("javascript", [True, False], ids=["js", "nojs"])
@@ -62,11 +45,13 @@ def test_the_sign_in_page_has_no_serious_accessibility_findings(
         page.close()
 
 
+@pytest.mark.parametrize("javascript", [True, False], ids=["js", "nojs"])
+@pytest.mark.parametrize("width", WIDTHS)
 def test_skip_links_take_the_keyboard_past_the_top_bar_and_past_the_queues(
-    session: Session, tx_personas: Personas
+    session: Session, tx_personas: Personas, width: int, javascript: bool
 ) -> None:
     small_fleet(tx_personas)
-    page = session.page(tx_personas.admin)
+    page = session.page(tx_personas.admin, width=width, javascript=javascript)
     page.goto("/")
     page.keyboard.press("Tab")
     expect(page.get_by_role("link", name="Skip to content")).to_be_focused()

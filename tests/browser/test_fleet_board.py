@@ -12,6 +12,7 @@ from playwright.sync_api import expect
 
 from bench.fleet import seed
 from tests.browser.conftest import WIDTHS, Session, screenshot
+from tests.browser.helpers import findings
 
 
 @pytest.fixture
@@ -35,6 +36,8 @@ def test_the_large_fleets_board_puts_the_summary_and_trouble_first(
     expect(first.locator(".badge").first).to_have_text(re.compile("^Paused"))
     expect(page.locator(".qline")).to_have_count(85)
     assert page.evaluate("document.documentElement.scrollWidth") <= width
+    if javascript:  # axe runs as a script; tests/browser/test_accessibility.py covers JS off
+        assert findings(page) == []  # the folded lines and the summary at scale
     name = f"board-large-{width}-{'js' if javascript else 'nojs'}"
     screenshot(page, name)
     screenshot(page, f"{name}-first-screen", full_page=False)

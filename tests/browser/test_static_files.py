@@ -1,4 +1,4 @@
-"""Static files through WhiteNoise: the admin arrives styled, at both widths."""
+"""Static files through WhiteNoise: the admin arrives styled, at both widths, JS on and off."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from tests.browser.conftest import WIDTHS, Session, screenshot
 from tests.conftest import Personas
 
 
+@pytest.mark.parametrize("javascript", [True, False], ids=["js", "nojs"])
 @pytest.mark.parametrize("width", WIDTHS)
 def test_the_admin_loads_its_stylesheets_and_is_styled(
-    session: Session, tx_personas: Personas, width: int
+    session: Session, tx_personas: Personas, width: int, javascript: bool
 ) -> None:
-    page = session.page(tx_personas.admin, width=width)
+    page = session.page(tx_personas.admin, width=width, javascript=javascript)
     static: list[Response] = []
     page.on("response", lambda r: static.append(r) if "/static/" in r.url else None)
     page.goto("/admin/")
@@ -26,4 +27,4 @@ def test_the_admin_loads_its_stylesheets_and_is_styled(
     header = page.locator("#header")
     background = header.evaluate("el => getComputedStyle(el).backgroundColor")
     assert background not in ("rgba(0, 0, 0, 0)", "transparent")
-    screenshot(page, f"admin-{width}")
+    screenshot(page, f"admin-{width}-{'js' if javascript else 'nojs'}")

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from playwright.sync_api import expect
 
-from tests.browser.conftest import Session
+from tests.browser.conftest import WIDTHS, Session
 from tests.conftest import Personas
 
 
+@pytest.mark.parametrize("width", WIDTHS)
 def test_the_browsers_own_zone_is_used_on_the_first_visit(
-    session: Session, tx_personas: Personas
+    session: Session, tx_personas: Personas, width: int
 ) -> None:
-    context = session.context(tx_personas.owner, tz=None, timezone_id="Europe/Paris")
+    context = session.context(tx_personas.owner, width=width, tz=None, timezone_id="Europe/Paris")
     page = context.new_page()
     page.goto("/")
     expect(page.locator(".tzlink")).to_have_text("Times in Europe/Paris")
@@ -45,11 +47,15 @@ def test_without_javascript_times_are_in_utc_until_a_zone_is_chosen(
     expect(page.locator(".tzlink")).to_have_text("Times in UTC")
 
 
+@pytest.mark.parametrize("javascript", [True, False], ids=["js", "nojs"])
+@pytest.mark.parametrize("width", WIDTHS)
 def test_the_console_turns_dark_when_the_browser_prefers_dark(
-    session: Session, tx_personas: Personas
+    session: Session, tx_personas: Personas, width: int, javascript: bool
 ) -> None:
     def background(scheme: str) -> tuple[int, ...]:
-        page = session.page(tx_personas.owner, color_scheme=scheme)
+        page = session.page(
+            tx_personas.owner, width=width, javascript=javascript, color_scheme=scheme
+        )
         page.goto("/")
         colour = page.evaluate("getComputedStyle(document.documentElement).backgroundColor")
         return tuple(int(n) for n in re.findall(r"\d+", colour)[:3])

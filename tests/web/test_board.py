@@ -204,3 +204,18 @@ def test_a_url_encoded_zone_cookie_from_an_older_script_still_counts(personas: P
     client = signed_in(personas.owner)
     client.cookies["tz"] = "Europe%2FParis"
     assert "Times in Europe/Paris" in client.get("/").content.decode()
+
+
+def test_a_cards_title_and_the_page_it_returns_to_are_escaped(personas: Personas) -> None:
+    p = personas
+    services.todo_create(
+        actor=p.as_agent(p.agent),
+        endpoint=p.agent,
+        queue="inbox",
+        title='<img src=x onerror="alert(1)"> & co',
+    )
+    html = signed_in(p.owner).get("/?q=<img&state=pending").content.decode()
+    assert "<img src=x" not in html
+    assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt; &amp; co</a>" in html
+    # The card links back to the board as filtered, the query quoted inside the attribute.
+    assert "?next=/%3Fq%3D%253Cimg%26state%3Dpending" in html
