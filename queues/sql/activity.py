@@ -34,3 +34,10 @@ SELECT endpoint_id, count(*) FROM queues_todo
 WHERE state = 'claimed' AND endpoint_id = ANY(%(endpoints)s)
 GROUP BY endpoint_id
 """
+
+# The board's card rows of the shown queue identities only: one array pair as the parameters
+# (endpoint ids, queue names), not an OR of pairs, whose compiling cost more than the query.
+SHOWN_IDENTITIES = (
+    '("queues_todo"."endpoint_id", "queues_todo"."queue") IN '
+    "(SELECT * FROM unnest(%s::uuid[], %s::text[]))"
+)

@@ -39,6 +39,7 @@ from queues.models import (
     Todo,
     TodoState,
 )
+from queues.sql import activity as activity_sql
 from switchboard.core.pages import identity_key
 from switchboard.core.zones import zone_named
 
@@ -466,11 +467,8 @@ def _fill_cards(
         order: dict[str, int] = {state: i for i, state in enumerate(CARD_ORDER)}
         # Only the identities shown in full: on a folded board their endpoints' other queues
         # (the one-line ones) would cost rows and model instances nobody sees.
-        # One array pair as the parameter, not an OR of pairs: compiling a Q per section
-        # cost more than the query.
         shown = RawSQL(
-            '("queues_todo"."endpoint_id", "queues_todo"."queue") IN '
-            "(SELECT * FROM unnest(%s::uuid[], %s::text[]))",
+            activity_sql.SHOWN_IDENTITIES,
             ([s.endpoint.id for s in found], [s.queue for s in found]),
             output_field=models.BooleanField(),
         )
