@@ -608,3 +608,58 @@ FROM queues_todo t
 LEFT JOIN queues_attempt a ON a.todo_id = t.id AND a.number = t.attempt
 WHERE t.id = %s AND t.endpoint_id = ANY(%s)
 """
+
+
+# --- quarantine of a named limit (admission.limits.services.limit_quarantine) ------------------
+
+# The todos naming a pool or a tag, as SQL over a todo row ``t`` (the limit's name is ``%(n)s``).
+NAMING = {
+    "pool": "t.pool = %(n)s",
+    "tag": "t.tags <> '{}' AND t.tags @> ARRAY[%(n)s]::varchar[]",
+}
+
+
+def quarantine_lock_sql(kind: str) -> str:
+    """The claims naming the limit, locked before the limit's row: a claimer locks its todo
+    before the gate's row, so the quarantine takes the todos it will expire first (the
+    same order) and never waits on a takeover that waits on it."""
+    return f"""
+SELECT t.id FROM queues_todo t WHERE t.state = 'claimed' AND {NAMING[kind]}
+ORDER BY t.id FOR UPDATE OF t
+"""
+
+
+def quarantine_queued_sql(kind: str) -> str:
+    """The live, unclaimed todos naming the limit (pending, or failed with a retry due)."""
+    return f"""
+SELECT t.id::text FROM queues_todo t
+WHERE {NAMING[kind]}
+  AND (t.state = 'pending' OR (t.state = 'failed' AND t.next_retry_at IS NOT NULL))
+ORDER BY t.id
+"""
+
+
+def quarantine_expire_sql(kind: str) -> str:
+    """Every claim naming the limit expired at once, as the reaper would at its lapse: back to
+    pending (dead-lettered at the cap), the attempt closed as expired, so the holder's complete,
+    heartbeat or fail no longer holds the claim (a conflict). Answers one row per claim."""
+    return f"""
+WITH expired AS (
+    UPDATE queues_todo t
+    SET state = CASE WHEN t.attempt < t.max_attempts THEN 'pending' ELSE 'failed' END,
+        owner = '', lease_expires_at = NULL, next_retry_at = NULL,
+        result = CASE WHEN t.attempt < t.max_attempts THEN t.result
+                      ELSE '{{"error": "lease_expired"}}'::jsonb END,
+        finished_at = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE now() END,
+        updated_at = now()
+    FROM (SELECT id, owner FROM queues_todo t WHERE t.state = 'claimed' AND {NAMING[kind]}) h
+    WHERE t.id = h.id
+    RETURNING t.id, h.owner, t.endpoint_id, t.queue, t.attempt, t.state
+), closed AS (
+    UPDATE queues_attempt a
+    SET ended_at = now(), outcome = 'expired',
+        disposition = CASE WHEN x.state = 'pending' THEN 'requeued' ELSE 'dead_lettered' END
+    FROM expired x WHERE a.todo_id = x.id AND a.number = x.attempt AND a.ended_at IS NULL
+)
+SELECT id::text, owner, endpoint_id::text, queue, attempt, state FROM expired ORDER BY id
+"""

@@ -12,6 +12,8 @@ from django.db import connection
 
 from admission.limits import rates, services
 from admission.limits.models import RateLimit
+from switchboard.ledger import chain
+from switchboard.ledger.models import LedgerEntry, LedgerKind
 
 _POOLS_SQL = """
 SELECT p.name, (SELECT count(*) FROM queues_todo o WHERE o.state = 'claimed' AND o.pool = p.name)
@@ -47,3 +49,22 @@ def limits_status() -> list[dict[str, Any]]:
             }
         out.append(limit)
     return out
+
+
+def quarantines() -> list[dict[str, Any]]:
+    """Every quarantine, replayed from the ledger alone: the limit and its manifest, in order."""
+    return [
+        {
+            "seq": row.seq,
+            "entry_hash": row.entry_hash,
+            "at": row.at,
+            "limit": row.after["limit"],
+            "manifest": row.after["manifest"],
+        }
+        for row in LedgerEntry.objects.filter(kind=LedgerKind.LIMITS_QUARANTINE).order_by("seq")
+    ]
+
+
+def manifest_bytes(manifest: dict[str, Any]) -> bytes:
+    """A manifest's canonical bytes (as the ledger hashes them)."""
+    return chain.canonical(manifest)

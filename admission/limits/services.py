@@ -8,6 +8,7 @@ constraints see it.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ from admission.limits.models import (
     RateLimit,
     TagLimit,
 )
-from queues import access, gates, wakes
+from queues import access, gates, metrics, sql, wakes
 from queues.access import Actor, HumanActor, SystemActor, check_actor
 from queues.claimable import CLAIMABLE
 from queues.models import Todo, TodoState, check_limit_name
@@ -223,3 +224,52 @@ def limits_list() -> list[dict[str, Any]]:
         for k in KINDS.values()
         for row in k.model.objects.order_by(k.key)  # type: ignore[attr-defined]
     ]
+
+
+def limit_quarantine(*, actor: Actor, kind: str, name: str) -> dict[str, Any]:
+    """Quarantine a pool or a tag in one transaction: its limit set to 0 under enforce, every
+    claim naming it expired at once, and one ``limits.quarantine`` ledger row whose payload is
+    the whole manifest (the expired todos with their holders, the queued todos).
+
+    A claim racing it either commits first (it holds the limit's row lock until then) and is
+    expired here, or reads the limit after this commits and is refused: none holds a unit after.
+    """
+    if kind not in sql.NAMING:
+        raise InvalidArgument("kind must be pool or tag", field="kind")
+    k = kind_of(kind)
+    _check_may_change(actor, k)
+    check_limit_name(name, field_name="name")
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(sql.quarantine_lock_sql(kind), {"n": name})
+        row = k.model.objects.select_for_update().filter(**{k.key: name}).first()  # type: ignore[attr-defined]
+        if row is None:
+            raise NotFound(f"no {k.name} limit named {name!r}", field="name")
+        before = as_dict(k, row)
+        cursor.execute(sql.quarantine_queued_sql(kind), {"n": name})
+        queued = [todo_id for (todo_id,) in cursor.fetchall()]
+        cursor.execute(sql.quarantine_expire_sql(kind), {"n": name})
+        expired = [
+            {
+                "todo": todo_id,
+                "holder": owner,
+                "endpoint": endpoint_id,
+                "queue": queue,
+                "attempt": attempt,
+                "state": state,
+            }
+            for todo_id, owner, endpoint_id, queue, attempt, state in cursor.fetchall()
+        ]
+        setattr(row, k.numbers[0][0], 0)
+        row.posture = LimitPosture.ENFORCE
+        row.save()
+        manifest = {"expired": expired, "queued": queued}
+        entry = ledger.append(
+            kind=LedgerKind.LIMITS_QUARANTINE,
+            actor=access.ledger_actor(actor),
+            scope="limits",
+            before=before,
+            after={"limit": as_dict(k, row), "manifest": manifest},
+        )
+        for queue, count in Counter(e["queue"] for e in expired).items():
+            metrics.leases_expired(queue, count)
+    return {"limit": as_dict(k, row), "manifest": manifest, "entry_hash": entry.entry_hash}
