@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import connection
+from django.db.models import Count
 
 from admission.limits import rates, services
 from admission.limits.models import RateLimit
@@ -58,8 +59,8 @@ def quarantines() -> list[dict[str, Any]]:
             "seq": row.seq,
             "entry_hash": row.entry_hash,
             "at": row.at,
-            "limit": row.after["limit"],
-            "manifest": row.after["manifest"],
+            "limit": (row.after or {}).get("limit"),
+            "manifest": (row.after or {}).get("manifest"),
         }
         for row in LedgerEntry.objects.filter(kind=LedgerKind.LIMITS_QUARANTINE).order_by("seq")
     ]
@@ -68,3 +69,44 @@ def quarantines() -> list[dict[str, Any]]:
 def manifest_bytes(manifest: dict[str, Any]) -> bytes:
     """A manifest's canonical bytes (as the ledger hashes them)."""
     return chain.canonical(manifest)
+
+
+_GRANTS_SQL = """
+SELECT count(*) FROM queues_todo t
+WHERE t.state = 'claimed' AND (t.pool IS NOT NULL OR cardinality(t.tags) > 0
+                               OR t.rate_limit IS NOT NULL)
+"""
+
+
+def limits_overview() -> dict[str, Any]:
+    """``limits status``: pools (slots, held, posture), tags (limit, held, posture), rates (base,
+    effective, observations), queue settings, the grants held now (claims naming a limit), the
+    waivers ever written and the quarantines (in force now; ever written)."""
+    limits = limits_status()
+    with connection.cursor() as cursor:
+        cursor.execute(_GRANTS_SQL)
+        (grants,) = cursor.fetchone()
+    counts = dict(
+        LedgerEntry.objects.filter(
+            kind__in=[LedgerKind.LIMITS_WAIVER, LedgerKind.LIMITS_QUARANTINE]
+        )
+        .values_list("kind")
+        .annotate(n=Count("seq"))
+        .values_list("kind", "n")
+    )
+    return {
+        "pools": [x for x in limits if x["kind"] == "pool"],
+        "tags": [x for x in limits if x["kind"] == "tag"],
+        "rates": [x for x in limits if x["kind"] == "rate"],
+        "queues": services.queue_settings_list(),
+        "grants": grants,
+        "waivers": counts.get(LedgerKind.LIMITS_WAIVER, 0),
+        "quarantines": {
+            "in_force": [
+                f"{x['kind']}:{x['name']}"
+                for x in limits
+                if x["kind"] in ("pool", "tag") and x.get("slots", x.get("limit")) == 0
+            ],
+            "recorded": counts.get(LedgerKind.LIMITS_QUARANTINE, 0),
+        },
+    }

@@ -48,7 +48,8 @@ def test_quarantining_a_pool_expires_its_claims_and_records_one_manifest(
     claimed_ids = {first.todo.id, second.todo.id}
     assert manifest["queued"] == sorted(str(t.id) for t in todos if t.id not in claimed_ids)
     [row] = audit_rows().filter(kind=LedgerKind.LIMITS_QUARANTINE)
-    assert row.entry_hash == done["entry_hash"] and row.before["slots"] == 3
+    assert row.entry_hash == done["entry_hash"]
+    assert row.before is not None and row.before["slots"] == 3
     assert set(Attempt.objects.filter(outcome="expired").values_list("todo_id", flat=True)) == (
         claimed_ids
     )
