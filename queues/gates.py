@@ -213,3 +213,35 @@ def queue_names(endpoint_ids: list[UUID] | None) -> set[str]:
     for gate in _GATES:
         names |= gate.queue_names(endpoint_ids)
     return names
+
+
+class Priority(Protocol):
+    """Another app's say in which queue claim_next serves first (admission.limits' queue
+    priority with aging). Without one, or when it does not apply, claim_next is oldest-first."""
+
+    def applies(self, queues: list[str]) -> bool:
+        """Whether any of these queue names has a priority (may lag another process's change
+        by a moment: an ordering preference, never a limit)."""
+        ...
+
+    def score(self, alias: str) -> str:
+        """An SQL expression over the todo row ``alias``: higher is served first; equal scores
+        go oldest first."""
+        ...
+
+
+_PRIORITY: list[Priority] = []
+
+
+def register_priority(priority: Priority) -> None:
+    _PRIORITY[:] = [priority]
+
+
+def prioritised(queues: list[str]) -> bool:
+    """Whether claim_next over these queues orders by a registered priority (two queues at
+    least: one queue is oldest-first whatever its priority)."""
+    return len(queues) > 1 and any(p.applies(queues) for p in _PRIORITY)
+
+
+def priority_score(alias: str) -> str:
+    return _PRIORITY[0].score(alias) if _PRIORITY else "0"

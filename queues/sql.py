@@ -144,7 +144,9 @@ _CLAIM_NEXT_ROWS = f"""
 # whether some claimable todo was skipped (the caller then asks the gates why, for the deferred
 # list).
 @functools.cache
-def _claim_next_sql(gate_list: tuple[gates.ClaimGate, ...], fast: bool = False) -> str:
+def _claim_next_sql(
+    gate_list: tuple[gates.ClaimGate, ...], fast: bool = False, prioritised: bool = False
+) -> str:
     probe = admit = ""
     keys = charges = ""
     if gate_list:
@@ -168,6 +170,12 @@ def _claim_next_sql(gate_list: tuple[gates.ClaimGate, ...], fast: bool = False) 
         if skips
         else "false"
     )
+    # Oldest first (todo_claimable_idx gives the order); with a queue priority (queues.gates),
+    # the highest score first, then oldest: that sorts the candidate rows, so it is used only
+    # when a priority applies to these queues.
+    order = "t.created_at, t.id"
+    if prioritised:
+        order = f"{gates.priority_score('t')} DESC, {order}"
     return f"""
 WITH cand AS (
     -- What the gates' probes may read: the identity and the named limits (admission.limits).
@@ -176,7 +184,7 @@ WITH cand AS (
     FROM queues_todo t
     WHERE {_CLAIM_NEXT_ROWS}
       AND t.id <> ALL(%(passed)s::uuid[]){passes}
-    ORDER BY t.created_at, t.id
+    ORDER BY {order}
     LIMIT 1
     FOR UPDATE OF t SKIP LOCKED
 ),
@@ -187,8 +195,8 @@ FROM (SELECT) one LEFT JOIN cand c ON true LEFT JOIN claimed cl ON cl.id = c.id
 """
 
 
-def claim_next_sql(*, fast: bool = False) -> str:
-    return _claim_next_sql(gates.gates(), fast)
+def claim_next_sql(*, fast: bool = False, prioritised: bool = False) -> str:
+    return _claim_next_sql(gates.gates(), fast, prioritised)
 
 
 # claim of one todo: lock it (waiting for any other holder), and report what it is, whether its
@@ -316,6 +324,7 @@ def claim_next_candidate(
     ttl: int,
     fence_hash: str | None,
     fast: bool = False,
+    prioritised: bool = False,
 ) -> Candidate | NoCandidate:
     """The claim_next statement. ``excluded``: queues a gate refuses; ``passed``: todos a
     per-todo gate refused under its lock in this claim. ``fast``: gates that can decide inside
@@ -334,7 +343,7 @@ def claim_next_candidate(
     if fast:
         for i, gate in enumerate(gate_list):
             params[f"gp{i}"] = gate.fast_params(endpoint_id)
-    cursor.execute(_claim_next_sql(gate_list, fast), params)
+    cursor.execute(_claim_next_sql(gate_list, fast, prioritised), params)
     row = cursor.fetchone()
     assert row is not None, "the statement answers one row"
     skipped, row = row[2], (*row[:2], *row[3:])

@@ -17,6 +17,7 @@ from django.db.models import Model, Q
 from django.utils import timezone
 
 from admission.limits import gates as limit_gates
+from admission.limits import priority as queue_priority
 from admission.limits.models import (
     DEFAULT_DECAY_WINDOW_SECONDS,
     MAX_DECAY_WINDOW_SECONDS,
@@ -327,6 +328,9 @@ def queue_settings_set(
             row.aging_seconds = None
         row.save()
         after = _queue_dict(row)
+        # Forget now (this connection) and at commit (every other thread of this process).
+        queue_priority.forget()
+        transaction.on_commit(queue_priority.forget)
         if after != before:
             ledger.append(
                 kind=LedgerKind.LIMITS_QUEUE,
