@@ -11,6 +11,7 @@ within that many seconds: priority is an ordering preference, not a limit.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
@@ -23,6 +24,7 @@ _names: frozenset[str] = frozenset()
 _read_at = float("-inf")
 
 
+@functools.cache
 def _ttl() -> float:
     return float(getattr(settings, "QUEUE_SETTINGS_CACHE_SECONDS", 2.0))
 
@@ -37,9 +39,8 @@ def forget() -> None:
 def _known() -> frozenset[str]:
     global _names, _read_at
     now = time.monotonic()
-    with _lock:
-        if now - _read_at < _ttl():
-            return _names
+    if now - _read_at < _ttl():  # the common case: one read of two module globals, no lock
+        return _names
     names = frozenset(QueueSettings.objects.values_list("queue", flat=True))
     with _lock:
         _names, _read_at = names, now
