@@ -628,6 +628,14 @@ NAMING = {
 }
 
 
+# The claims naming any limit now: ``limits status``'s grants held.
+LIMITED_CLAIMS_SQL = """
+SELECT count(*) FROM queues_todo t
+WHERE t.state = 'claimed' AND (t.pool IS NOT NULL OR cardinality(t.tags) > 0
+                               OR t.rate_limit IS NOT NULL)
+"""
+
+
 def quarantine_lock_sql(kind: str) -> str:
     """The claims naming the limit, locked before the limit's row: a claimer locks its todo
     before the gate's row, so the quarantine takes the todos it will expire first (the

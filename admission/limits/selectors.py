@@ -13,6 +13,7 @@ from django.db.models import Count
 
 from admission.limits import rates, services
 from admission.limits.models import RateLimit
+from queues import sql
 from switchboard.ledger import chain
 from switchboard.ledger.models import LedgerEntry, LedgerKind
 
@@ -71,20 +72,13 @@ def manifest_bytes(manifest: dict[str, Any]) -> bytes:
     return chain.canonical(manifest)
 
 
-_GRANTS_SQL = """
-SELECT count(*) FROM queues_todo t
-WHERE t.state = 'claimed' AND (t.pool IS NOT NULL OR cardinality(t.tags) > 0
-                               OR t.rate_limit IS NOT NULL)
-"""
-
-
 def limits_overview() -> dict[str, Any]:
     """``limits status``: pools (slots, held, posture), tags (limit, held, posture), rates (base,
     effective, observations), queue settings, the grants held now (claims naming a limit), the
     waivers ever written and the quarantines (in force now; ever written)."""
     limits = limits_status()
     with connection.cursor() as cursor:
-        cursor.execute(_GRANTS_SQL)
+        cursor.execute(sql.LIMITED_CLAIMS_SQL)
         (grants,) = cursor.fetchone()
     counts = dict(
         LedgerEntry.objects.filter(

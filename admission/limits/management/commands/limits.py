@@ -27,7 +27,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from admission.limits import selectors, services
 from admission.limits.models import QueueSettings
 from admission.limits.verify import LimitsReport, limits_verify
-from queues import pauses
+from queues import cli_pause
 from queues.access import HumanActor
 from switchboard.core.cli import acting_human, add_common_options, emit, refused, usage
 from switchboard.core.errors import DomainError
@@ -185,6 +185,9 @@ class Command(BaseCommand):
             )
         if subcommand in ("pool", "tag", "rate", "queue") and not options.get("verb"):
             raise usage(f"name a verb: limits {subcommand} --help")
+        if subcommand == "queue" and options["verb"] == "pause":
+            self._pause(options)
+            return
         actor = HumanActor(acting_human(options.get("as_user")), via="cli")
         try:
             self._write(subcommand, actor, options)
@@ -213,7 +216,7 @@ class Command(BaseCommand):
                 f"{len(manifest['expired'])} claim(s) expired, {len(manifest['queued'])} queued "
                 f"(ledger {done['entry_hash'][:12]})",
             )
-        elif options["verb"] == "create":
+        else:
             settings = services.queue_settings_set(
                 actor=actor,
                 queue=options["name"],
@@ -229,30 +232,13 @@ class Command(BaseCommand):
                 f"queue {settings['queue']}: priority {settings['priority']}, aging "
                 + (f"{aging}s" if aging else "none"),
             )
-        else:
-            self._pause(actor, options)
 
-    def _pause(self, actor: HumanActor, options: dict[str, Any]) -> None:
-        name = options["name"]
+    def _pause(self, options: dict[str, Any]) -> None:
+        """The queue app's own pause and resume (``manage.py queue pause|resume``): the same
+        service, output and refusals; a queue declared here counts as known."""
+        options = {**options, "queue": options["name"]}
         if options.get("resume"):
-            resumed = pauses.queue_resume(actor=actor, queue=name)
-            emit(
-                self,
-                options,
-                {"queue": name, "resumed": resumed.lifted is not None},
-                f"resumed {name}" if resumed.lifted else f"{name} was not paused",
-            )
+            cli_pause.handle_resume(self, options)
             return
-        result = pauses.queue_pause(
-            actor=actor,
-            queue=name,
-            reason=options["reason"],
-            # A queue declared here is known even before any todo or endpoint names it.
-            create=QueueSettings.objects.filter(queue=name).exists(),
-        )
-        emit(
-            self,
-            options,
-            {"queue": name, "paused": True, "changed": result.changed},
-            f"paused {name}" + ("" if result.changed else " (already paused)"),
-        )
+        options["create"] = QueueSettings.objects.filter(queue=options["name"]).exists()
+        cli_pause.handle_pause(self, options)
