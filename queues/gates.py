@@ -220,8 +220,20 @@ class Priority(Protocol):
     priority with aging). Without one, or when it does not apply, claim_next is oldest-first."""
 
     def applies(self, queues: list[str]) -> bool:
-        """Whether any of these queue names has a priority (may lag another process's change
-        by a moment: an ordering preference, never a limit)."""
+        """Whether any of these queue names has a priority, from what this process knows (no
+        query: it may lag another process's change by a moment; an ordering, never a limit)."""
+        ...
+
+    def stale(self) -> bool:
+        """Whether the next claim_next statement should carry the names back (``names_sql``)."""
+        ...
+
+    def names_sql(self) -> str:
+        """An SQL text[] of the queue names with a priority."""
+        ...
+
+    def refresh(self, names: Iterable[str]) -> None:
+        """What ``names_sql`` answered."""
         ...
 
     def score(self, alias: str) -> str:
@@ -241,6 +253,19 @@ def prioritised(queues: list[str]) -> bool:
     """Whether claim_next over these queues orders by a registered priority (two queues at
     least: one queue is oldest-first whatever its priority)."""
     return len(queues) > 1 and any(p.applies(queues) for p in _PRIORITY)
+
+
+def priority_stale() -> bool:
+    return any(p.stale() for p in _PRIORITY)
+
+
+def priority_names_sql() -> str:
+    return _PRIORITY[0].names_sql() if _PRIORITY else "ARRAY[]::text[]"
+
+
+def priority_refresh(names: Iterable[str]) -> None:
+    for p in _PRIORITY:
+        p.refresh(names)
 
 
 def priority_score(alias: str) -> str:

@@ -145,7 +145,10 @@ _CLAIM_NEXT_ROWS = f"""
 # list).
 @functools.cache
 def _claim_next_sql(
-    gate_list: tuple[gates.ClaimGate, ...], fast: bool = False, prioritised: bool = False
+    gate_list: tuple[gates.ClaimGate, ...],
+    fast: bool = False,
+    prioritised: bool = False,
+    names: bool = False,
 ) -> str:
     probe = admit = ""
     keys = charges = ""
@@ -176,6 +179,9 @@ def _claim_next_sql(
     order = "t.created_at, t.id"
     if prioritised:
         order = f"{gates.priority_score('t')} DESC, {order}"
+    # Now and then the statement also carries back which queue names have a priority, so the
+    # claim never spends a statement of its own on that (queues.gates.Priority).
+    names_column = f"{gates.priority_names_sql()}, " if names else ""
     return f"""
 WITH cand AS (
     -- What the gates' probes may read: the identity and the named limits (admission.limits).
@@ -190,13 +196,13 @@ WITH cand AS (
 ),
 {probe}
 {_CLAIM_CTES.format(admit=admit, TODO_COLUMNS=TODO_COLUMNS)}{charges}
-SELECT c.id, c.queue, {skipped}, {keys}cl.id IS NOT NULL, {CLAIMED_COLUMNS}
+SELECT c.id, c.queue, {skipped}, {names_column}{keys}cl.id IS NOT NULL, {CLAIMED_COLUMNS}
 FROM (SELECT) one LEFT JOIN cand c ON true LEFT JOIN claimed cl ON cl.id = c.id
 """
 
 
 def claim_next_sql(*, fast: bool = False, prioritised: bool = False) -> str:
-    return _claim_next_sql(gates.gates(), fast, prioritised)
+    return _claim_next_sql(gates.gates(), fast, prioritised, False)
 
 
 # claim of one todo: lock it (waiting for any other holder), and report what it is, whether its
@@ -343,9 +349,13 @@ def claim_next_candidate(
     if fast:
         for i, gate in enumerate(gate_list):
             params[f"gp{i}"] = gate.fast_params(endpoint_id)
-    cursor.execute(_claim_next_sql(gate_list, fast, prioritised), params)
+    names = gates.priority_stale()
+    cursor.execute(_claim_next_sql(gate_list, fast, prioritised, names), params)
     row = cursor.fetchone()
     assert row is not None, "the statement answers one row"
+    if names:
+        gates.priority_refresh(row[3])
+        row = (*row[:3], *row[4:])
     skipped, row = row[2], (*row[:2], *row[3:])
     return _candidate(row, len(gate_list), fast) or NoCandidate(skipped=skipped)
 

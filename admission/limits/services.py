@@ -328,9 +328,7 @@ def queue_settings_set(
             row.aging_seconds = None
         row.save()
         after = _queue_dict(row)
-        # Forget now (this connection) and at commit (every other thread of this process).
-        queue_priority.forget()
-        transaction.on_commit(queue_priority.forget)
+        queue_priority.learn(queue)  # this process orders by it from its next claim
         if after != before:
             ledger.append(
                 kind=LedgerKind.LIMITS_QUEUE,

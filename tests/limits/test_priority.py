@@ -4,12 +4,23 @@ low-priority queue is served once its oldest todo has waited out its aging bound
 
 from __future__ import annotations
 
+import pytest
 from django.db import connection
 
+from admission.limits import priority as priority_module
+from admission.limits.models import QueueSettings
+from admission.limits.priority import QueuePriority
 from admission.limits.services import queue_settings_set
 from queues import gates, services, sql
 from queues.services import Claimed
 from tests.conftest import Personas, push
+
+
+@pytest.fixture(autouse=True)
+def names_from_the_database(db: None) -> None:
+    """What this process knows of queue settings is process-wide: start each test from the
+    database (earlier tests' settings rolled back with them)."""
+    QueuePriority().refresh(QueueSettings.objects.values_list("queue", flat=True))
 
 
 def drain(p: Personas) -> list[str]:
@@ -82,3 +93,19 @@ def test_a_starved_low_priority_queue_is_served_within_its_aging_bound(
     push(personas, 1, queue="outbox")
     claimed = services.claim_next(actor=personas.as_agent())
     assert isinstance(claimed, Claimed) and claimed.todo.id == starved.id
+
+
+def test_another_process_s_setting_reaches_this_one_inside_a_claim_statement(
+    personas: Personas,
+) -> None:
+    [old] = push(personas, 1, queue="inbox")
+    waited(old, 300)
+    [new] = push(personas, 1, queue="outbox")
+    QueueSettings.objects.create(queue="outbox", priority=1)  # as if written elsewhere
+    assert not gates.prioritised(["inbox", "outbox"])  # not known here yet
+    priority_module._read_at = float("-inf")  # the cache's time is up
+    first = services.claim_next(actor=personas.as_agent())
+    assert isinstance(first, Claimed) and first.todo.id == old.id  # carried the names back
+    services.release(actor=personas.as_agent(), todo_id=first.todo.id)
+    second = services.claim_next(actor=personas.as_agent())
+    assert isinstance(second, Claimed) and second.todo.id == new.id

@@ -3,7 +3,7 @@ it and writes one ledger row carrying the whole manifest, which the ledger alone
 
 from __future__ import annotations
 
-import time
+import threading
 
 import pytest
 
@@ -135,39 +135,47 @@ def test_no_claim_racing_a_quarantine_holds_a_slot_after_it_commits(
     push_named(p, 60, pool="gpu")
     push_named(p, 20, endpoint=p.agent2, pool="gpu")
     done: dict[str, object] = {}
+    first_claim, quarantined = threading.Event(), threading.Event()
 
-    def act(i: int) -> list[object]:
-        if i == 0:
-            time.sleep(0.05)  # let some claims land first
-            done.update(quarantine(p, "pool", "gpu"))
-            return []
+    def claim_once(i: int) -> object:
         agent = p.agent if i % 2 else p.agent2
-        out: list[object] = []
-        for _ in range(6):
-            if i % 3 == 0:
-                pending = Todo.objects.filter(endpoint=agent, state=TodoState.PENDING).first()
-                if pending is None:
-                    continue
-                try:
-                    out.append(services.claim(actor=p.as_agent(agent), todo_id=pending.id))
-                except (Conflict, Deferred):
-                    pass
-            else:
-                out.append(services.claim_next(actor=p.as_agent(agent)))
+        if i % 3:
+            return services.claim_next(actor=p.as_agent(agent))
+        pending = Todo.objects.filter(endpoint=agent, state=TodoState.PENDING).first()
+        if pending is None:
+            return None
+        try:
+            return services.claim(actor=p.as_agent(agent), todo_id=pending.id)
+        except (Conflict, Deferred) as exc:
+            return exc
+
+    def act(i: int) -> list[tuple[bool, object]]:
+        if i == 0:
+            assert first_claim.wait(60)  # claims are landing: quarantine among them
+            done.update(quarantine(p, "pool", "gpu"))
+            quarantined.set()
+            return []
+        out: list[tuple[bool, object]] = []
+        # Claims before, during and (two each) after the quarantine commits.
+        for _ in range(40):
+            after = quarantined.is_set()
+            out.append((after, claim_once(i)))
+            if isinstance(out[-1][1], Claimed):
+                first_claim.set()
+            if sum(a for a, _ in out) >= 2:
+                break
         return out
 
-    results = run_threads(12, act)
-    claimed = {str(r.todo.id) for rs in results for r in rs if isinstance(r, Claimed)}
+    results = [x for rs in run_threads(8, act) for x in rs]
+    claimed = {str(r.todo.id) for _, r in results if isinstance(r, Claimed)}
     manifest = done["manifest"]
     assert isinstance(manifest, dict)
     expired = {e["todo"] for e in manifest["expired"]}
+    # Every claim that landed was expired by the quarantine; none started after it landed.
     assert claimed and claimed <= expired
     assert Todo.objects.filter(state=TodoState.CLAIMED, pool="gpu").count() == 0
-    refused = [
-        d["reason"]
-        for rs in results
-        for r in rs
-        if isinstance(r, NothingClaimable)
-        for d in r.deferred
-    ]
-    assert set(refused) <= {"pool_full"}
+    later = [r for after, r in results if after and r is not None]
+    assert later and not any(isinstance(r, Claimed) for r in later)
+    reasons = {d["reason"] for r in later if isinstance(r, NothingClaimable) for d in r.deferred}
+    reasons |= {r.details["reason"] for r in later if isinstance(r, Deferred)}
+    assert reasons == {"pool_full"}
