@@ -220,3 +220,60 @@ def queue_names(endpoint_ids: list[UUID] | None) -> set[str]:
     for gate in _GATES:
         names |= gate.queue_names(endpoint_ids)
     return names
+
+
+class Priority(Protocol):
+    """Another app's say in which queue claim_next serves first (admission.limits' queue
+    priority with aging). Without one, or when it does not apply, claim_next is oldest-first."""
+
+    def applies(self, queues: list[str]) -> bool:
+        """Whether any of these queue names has a priority, from what this process knows (no
+        query: it may lag another process's change by a moment; an ordering, never a limit)."""
+        ...
+
+    def stale(self) -> bool:
+        """Whether the next claim_next statement should carry the names back (``names_sql``)."""
+        ...
+
+    def names_sql(self) -> str:
+        """An SQL text[] of the queue names with a priority."""
+        ...
+
+    def refresh(self, names: Iterable[str]) -> None:
+        """What ``names_sql`` answered."""
+        ...
+
+    def score(self, alias: str) -> str:
+        """An SQL expression over the todo row ``alias``: higher is served first; equal scores
+        go oldest first."""
+        ...
+
+
+_PRIORITY: list[Priority] = []
+
+
+def register_priority(priority: Priority) -> None:
+    _PRIORITY[:] = [priority]
+
+
+def prioritised(queues: list[str]) -> bool:
+    """Whether claim_next over these queues orders by a registered priority (two queues at
+    least: one queue is oldest-first whatever its priority)."""
+    return len(queues) > 1 and any(p.applies(queues) for p in _PRIORITY)
+
+
+def priority_stale() -> bool:
+    return any(p.stale() for p in _PRIORITY)
+
+
+def priority_names_sql() -> str:
+    return _PRIORITY[0].names_sql() if _PRIORITY else "ARRAY[]::text[]"
+
+
+def priority_refresh(names: Iterable[str]) -> None:
+    for p in _PRIORITY:
+        p.refresh(names)
+
+
+def priority_score(alias: str) -> str:
+    return _PRIORITY[0].score(alias) if _PRIORITY else "0"

@@ -18,6 +18,8 @@ REFUSALS = "switchboard_admission_refusals_total"
 NOTIFY_RUNG = "switchboard_notify_rings_total"
 NOTIFY_SUPPRESSED = "switchboard_notify_suppressed_total"
 NOTIFY_HOOKS = "switchboard_notify_hooks_total"
+LIMIT_REFUSALS = "switchboard_limit_refusals_total"
+WAIVERS = "switchboard_waivers_total"
 
 COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     CREATED: ("Todos created.", ("queue", "source")),
@@ -30,6 +32,8 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     NOTIFY_RUNG: ("todo_ready notifications committed, by reason.", ("reason",)),
     NOTIFY_SUPPRESSED: ("Rings the gate withheld (paused or deferred), by reason.", ("reason",)),
     NOTIFY_HOOKS: ("Ready hook deliveries, by outcome.", ("outcome",)),
+    LIMIT_REFUSALS: ("Todos a named limit held back from a claim, by gate.", ("gate",)),
+    WAIVERS: ("Claims admitted over an advise limit (one waiver row each), by gate.", ("gate",)),
 }
 
 
@@ -77,3 +81,11 @@ def notify_suppressed(reason: str) -> None:
 
 def notify_hook(outcome: str) -> None:
     counters.incr(NOTIFY_HOOKS, {"outcome": outcome})
+
+
+def limit_refused(gate: str, amount: int = 1) -> None:
+    counters.incr(LIMIT_REFUSALS, {"gate": gate}, amount)
+
+
+def waived(gate: str) -> None:
+    counters.incr(WAIVERS, {"gate": gate})

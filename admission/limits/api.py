@@ -2,7 +2,11 @@
 
 - ``GET /limits``: every declared limit with how full it is now (``limits_status``);
 - ``PUT /limits/{kind}/{name}``: declare it or change the fields given (``kind``: pool, tag, rate);
-- ``DELETE /limits/{kind}/{name}``: remove a limit no live todo names.
+- ``DELETE /limits/{kind}/{name}``: remove a limit no live todo names;
+- ``POST /limits/{kind}/{name}/quarantine``: a pool or tag to 0, its claims expired (the manifest);
+- ``PUT /limits/queues/{queue}``: a queue name's priority and aging;
+- ``GET /limits/status``: the ``limits status`` projection; ``GET /limits/verify``: the
+  ``limits verify`` report (``ok`` false naming the bad row or each grant in drift).
 
 Any signed-in human reads; changing a fleet-wide limit needs the limits change permission
 (superusers). Handlers are thin: ``admission.limits.selectors`` and ``services``.
@@ -17,6 +21,7 @@ from ninja import Router, Schema
 from pydantic import Field
 
 from admission.limits import selectors, services
+from admission.limits.verify import limits_verify
 from queues.access import HumanActor
 from queues.auth import HumanAuth
 from queues.schemas import Strict
@@ -72,6 +77,58 @@ def _actor(request: HttpRequest) -> HumanActor:
 def list_limits(request: HttpRequest) -> dict[str, Any]:
     """Every pool, tag limit and rate limit, with its occupancy (or effective limit) now."""
     return {"limits": selectors.limits_status()}
+
+
+class QueueSettingsIn(Strict):
+    priority: int | None = Field(default=None, description="higher is claimed first")
+    aging_seconds: int | None = Field(
+        default=None, description="seconds of the oldest todo's wait per priority step"
+    )
+    clear_aging: bool = Field(default=False, description="remove the aging")
+
+
+class QueueSettingsOut(Schema):
+    queue: str
+    priority: int
+    aging_seconds: int | None
+
+
+class QuarantineOut(Schema):
+    limit: LimitOut
+    manifest: dict[str, Any]
+    entry_hash: str
+
+
+@router.get("/limits/status", response={200: dict[str, Any], 401: ErrorOut}, summary="Status")
+def limits_status(request: HttpRequest) -> dict[str, Any]:
+    """Pools, tags, rates, queue settings, grants held, waivers and quarantines."""
+    return selectors.limits_overview()
+
+
+@router.get("/limits/verify", response={200: dict[str, Any], 401: ErrorOut}, summary="Verify")
+def limits_verify_report(request: HttpRequest) -> dict[str, Any]:
+    """The ledger from genesis, then every pool/tag grant against the limit in force."""
+    return limits_verify().as_dict()
+
+
+@router.put(
+    "/limits/queues/{queue}",
+    response={200: QueueSettingsOut, **WRITE_ERRORS},
+    summary="Set a queue's priority",
+)
+def put_queue_settings(request: HttpRequest, queue: str, payload: QueueSettingsIn) -> Any:
+    """Create or change a queue name's priority and aging (a ledger row when it changed)."""
+    return services.queue_settings_set(actor=_actor(request), queue=queue, **payload.model_dump())
+
+
+@router.post(
+    "/limits/{kind}/{name}/quarantine",
+    response={200: QuarantineOut, **WRITE_ERRORS},
+    summary="Quarantine a pool or tag",
+)
+def quarantine(request: HttpRequest, kind: str, name: str) -> Any:
+    """Limit to 0 under enforce and expire every claim naming it, in one transaction."""
+    return services.limit_quarantine(actor=_actor(request), kind=kind, name=name)
 
 
 @router.put(

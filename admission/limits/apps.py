@@ -13,9 +13,11 @@ class LimitsConfig(AppConfig):
 
     def ready(self) -> None:
         import admission.limits.verbs  # noqa: F401  (declares this app's agent verb)
-        from admission.limits import gates, intake, rates
+        from admission.limits import gates, intake, priority, rates
         from queues import declared
+        from queues import gates as claim_gates
 
         declared.register(intake.check_declared)
         declared.register_rate_observer(rates.observe)
         gates.register()
+        claim_gates.register_priority(priority.QueuePriority())

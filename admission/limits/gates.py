@@ -262,6 +262,9 @@ class _OccupancyGate:
     def refused(self, refusals: list[gates.Refusal]) -> None:
         for refusal in refusals:
             metrics.refused(refusal.queue, refusal.reason or "")
+            # One per refusal: a todo refused under the lock, or a queue whose todos this
+            # limit held when a claim_next came back empty.
+            metrics.limit_refused(self.name)
 
     def deferred_entry(self, refusal: gates.Refusal, endpoint_id: UUID) -> dict[str, Any]:
         assert isinstance(refusal, LimitRefusal)
@@ -410,6 +413,7 @@ def append_waiver(gate: str, over: list[Held], actor: Any, todo: Any) -> None:
         gate=gate,
         exceeded=[{"name": h.name, "limit": h.limit, "held": h.held} for h in over],
     )
+    metrics.waived(gate)
 
 
 def register() -> None:

@@ -9,10 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import connection
+from django.db.models import Count
 
 from admission.limits import rates, services
 from admission.limits.models import RateLimit
 from queues.sql import gated
+from switchboard.ledger import chain
+from switchboard.ledger.models import LedgerEntry, LedgerKind
 
 _POOLS_SQL = f"SELECT p.name, {gated.claimed_in_pool('p.name')} FROM limits_pool p"
 _TAGS_SQL = f"SELECT l.tag, {gated.claimed_with_tag('l.tag')} FROM limits_taglimit l"
@@ -41,3 +44,56 @@ def limits_status() -> list[dict[str, Any]]:
             }
         out.append(limit)
     return out
+
+
+def quarantines() -> list[dict[str, Any]]:
+    """Every quarantine, replayed from the ledger alone: the limit and its manifest, in order."""
+    return [
+        {
+            "seq": row.seq,
+            "entry_hash": row.entry_hash,
+            "at": row.at,
+            "limit": (row.after or {}).get("limit"),
+            "manifest": (row.after or {}).get("manifest"),
+        }
+        for row in LedgerEntry.objects.filter(kind=LedgerKind.LIMITS_QUARANTINE).order_by("seq")
+    ]
+
+
+def manifest_bytes(manifest: dict[str, Any]) -> bytes:
+    """A manifest's canonical bytes (as the ledger hashes them)."""
+    return chain.canonical(manifest)
+
+
+def limits_overview() -> dict[str, Any]:
+    """``limits status``: pools (slots, held, posture), tags (limit, held, posture), rates (base,
+    effective, observations), queue settings, the grants held now (claims naming a limit), the
+    waivers ever written and the quarantines (in force now; ever written)."""
+    limits = limits_status()
+    with connection.cursor() as cursor:
+        cursor.execute(gated.LIMITED_CLAIMS_SQL)
+        (grants,) = cursor.fetchone()
+    counts = dict(
+        LedgerEntry.objects.filter(
+            kind__in=[LedgerKind.LIMITS_WAIVER, LedgerKind.LIMITS_QUARANTINE]
+        )
+        .values_list("kind")
+        .annotate(n=Count("seq"))
+        .values_list("kind", "n")
+    )
+    return {
+        "pools": [x for x in limits if x["kind"] == "pool"],
+        "tags": [x for x in limits if x["kind"] == "tag"],
+        "rates": [x for x in limits if x["kind"] == "rate"],
+        "queues": services.queue_settings_list(),
+        "grants": grants,
+        "waivers": counts.get(LedgerKind.LIMITS_WAIVER, 0),
+        "quarantines": {
+            "in_force": [
+                f"{x['kind']}:{x['name']}"
+                for x in limits
+                if x["kind"] in ("pool", "tag") and x.get("slots", x.get("limit")) == 0
+            ],
+            "recorded": counts.get(LedgerKind.LIMITS_QUARANTINE, 0),
+        },
+    }

@@ -8,6 +8,7 @@ constraints see it.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,18 +17,20 @@ from django.db.models import Model, Q
 from django.utils import timezone
 
 from admission.limits import gates as limit_gates
+from admission.limits import priority as queue_priority
 from admission.limits.models import (
     DEFAULT_DECAY_WINDOW_SECONDS,
     MAX_DECAY_WINDOW_SECONDS,
     MAX_LIMIT,
     LimitPosture,
     Pool,
+    QueueSettings,
     RateLimit,
     TagLimit,
 )
-from queues import access, wakes
+from queues import access, metrics, wakes
 from queues.access import Actor, HumanActor, SystemActor, check_actor
-from queues.models import Todo, TodoState, check_limit_name
+from queues.models import Todo, TodoState, check_limit_name, check_queue_name
 from queues.sql import gated
 from switchboard.core.errors import Conflict, Forbidden, InvalidArgument, NotFound
 from switchboard.ledger import chain as ledger
@@ -108,11 +111,15 @@ def as_dict(kind: Kind, row: Any) -> dict[str, Any]:
 
 
 def _check_may_change(actor: Actor, kind: Kind) -> None:
+    _check_perm(actor, kind.model._meta.model_name or "")
+
+
+def _check_perm(actor: Actor, model_name: str) -> None:
     check_actor(actor)
     if isinstance(actor, SystemActor):
         return  # the machine operator's shell owns the database
     has_perm = getattr(actor.user, "has_perm", None) if isinstance(actor, HumanActor) else None
-    if has_perm is None or not has_perm(f"limits.change_{kind.model._meta.model_name}"):
+    if has_perm is None or not has_perm(f"limits.change_{model_name}"):
         raise Forbidden("changing a fleet-wide limit needs the limits change permission")
 
 
@@ -215,3 +222,116 @@ def limits_list() -> list[dict[str, Any]]:
         for k in KINDS.values()
         for row in k.model.objects.order_by(k.key)  # type: ignore[attr-defined]
     ]
+
+
+def limit_quarantine(*, actor: Actor, kind: str, name: str) -> dict[str, Any]:
+    """Quarantine a pool or a tag in one transaction: its limit set to 0 under enforce, every
+    claim naming it expired at once, and one ``limits.quarantine`` ledger row whose payload is
+    the whole manifest (the expired todos with their holders, the queued todos).
+
+    A claim racing it either commits first (it holds the limit's row lock until then) and is
+    expired here, or reads the limit after this commits and is refused: none holds a unit after.
+    """
+    if kind not in gated.NAMING:
+        raise InvalidArgument("kind must be pool or tag", field="kind")
+    k = kind_of(kind)
+    _check_may_change(actor, k)
+    check_limit_name(name, field_name="name")
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(gated.quarantine_lock_sql(kind), {"n": name})
+        row = k.model.objects.select_for_update().filter(**{k.key: name}).first()  # type: ignore[attr-defined]
+        if row is None:
+            raise NotFound(f"no {k.name} limit named {name!r}", field="name")
+        before = as_dict(k, row)
+        cursor.execute(gated.quarantine_queued_sql(kind), {"n": name})
+        queued = [todo_id for (todo_id,) in cursor.fetchall()]
+        cursor.execute(gated.quarantine_expire_sql(kind), {"n": name})
+        expired = [
+            {
+                "todo": todo_id,
+                "holder": owner,
+                "endpoint": endpoint_id,
+                "queue": queue,
+                "attempt": attempt,
+                "state": state,
+            }
+            for todo_id, owner, endpoint_id, queue, attempt, state in cursor.fetchall()
+        ]
+        setattr(row, k.numbers[0][0], 0)
+        row.posture = LimitPosture.ENFORCE
+        row.save()
+        manifest = {"expired": expired, "queued": queued}
+        entry = ledger.append(
+            kind=LedgerKind.LIMITS_QUARANTINE,
+            actor=access.ledger_actor(actor),
+            scope="limits",
+            before=before,
+            after={"limit": as_dict(k, row), "manifest": manifest},
+        )
+        for queue, count in Counter(e["queue"] for e in expired).items():
+            metrics.leases_expired(queue, count)
+    return {"limit": as_dict(k, row), "manifest": manifest, "entry_hash": entry.entry_hash}
+
+
+def _queue_dict(row: QueueSettings) -> dict[str, Any]:
+    return {"queue": row.queue, "priority": row.priority, "aging_seconds": row.aging_seconds}
+
+
+def queue_settings_set(
+    *,
+    actor: Actor,
+    queue: str,
+    priority: int | None = None,
+    aging_seconds: int | None = None,
+    clear_aging: bool = False,
+) -> dict[str, Any]:
+    """Create or change a queue name's priority (higher first in claim_next) and aging (a
+    waiting queue gains one priority step per ``aging_seconds`` of its oldest todo's wait);
+    one ``limits.queue`` ledger row when something changed."""
+    _check_perm(actor, "queuesettings")
+    check_queue_name(queue)
+    if priority is not None and (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not -MAX_LIMIT <= priority <= MAX_LIMIT
+    ):
+        raise InvalidArgument(
+            f"priority must be a whole number from {-MAX_LIMIT} to {MAX_LIMIT}", field="priority"
+        )
+    if aging_seconds is not None and (
+        isinstance(aging_seconds, bool)
+        or not isinstance(aging_seconds, int)
+        or not 1 <= aging_seconds <= MAX_DECAY_WINDOW_SECONDS
+    ):
+        raise InvalidArgument(
+            f"aging_seconds must be a whole number from 1 to {MAX_DECAY_WINDOW_SECONDS}",
+            field="aging_seconds",
+        )
+    with transaction.atomic():
+        row = QueueSettings.objects.select_for_update().filter(queue=queue).first()
+        before = _queue_dict(row) if row is not None else None
+        if row is None:
+            row = QueueSettings(queue=queue)
+        if priority is not None:
+            row.priority = priority
+        if aging_seconds is not None:
+            row.aging_seconds = aging_seconds
+        elif clear_aging:
+            row.aging_seconds = None
+        row.save()
+        after = _queue_dict(row)
+        queue_priority.learn(queue)  # this process orders by it from its next claim
+        if after != before:
+            ledger.append(
+                kind=LedgerKind.LIMITS_QUEUE,
+                actor=access.ledger_actor(actor),
+                scope="queue",
+                queue=queue,
+                before=before,
+                after=after,
+            )
+    return after
+
+
+def queue_settings_list() -> list[dict[str, Any]]:
+    return [_queue_dict(row) for row in QueueSettings.objects.order_by("queue")]

@@ -4,7 +4,8 @@
 the same steps; the gates (``queues.gates``: admission's budgets, later pools, tags and rate
 limits) are asked in their lock order and never named here.
 
-1. The candidate: the oldest claimable todo (``FOR UPDATE SKIP LOCKED``), or the one todo
+1. The candidate: the oldest claimable todo (``FOR UPDATE SKIP LOCKED``; with a queue priority
+   registered for some of the queues, the highest score first: ``queues.gates.Priority``), or the one todo
    (``FOR UPDATE``). The statement folds in each gate's probe and claims at once when no gate
    claims the row: one statement, committed on its own.
    The statement passes over the rows a per-todo gate (a pool, tags, a rate limit) would
@@ -79,6 +80,7 @@ def claim_next(
     who = _claimant(actor, claimant)
     if not granted:
         return NothingClaimable()
+    prioritised = gates.prioritised(granted)
     if not sql.recently_gated(endpoint.id):
         # (1) The common path: one statement that commits on its own. It claims at once when no
         # gate claims the candidate or every gate that does admits it inside the statement.
@@ -95,6 +97,7 @@ def claim_next(
                 ttl=ttl,
                 fence_hash=fence_hash,
                 fast=True,
+                prioritised=prioritised,
             )
         if isinstance(cand, sql.NoCandidate):
             return NothingClaimable(deferred=_held_entries(endpoint.id, granted, [], cand))
@@ -137,6 +140,7 @@ def claim_next(
                 via=actor.via,
                 ttl=ttl,
                 fence_hash=fence_hash,
+                prioritised=prioritised,
             )
             if isinstance(cand, sql.NoCandidate):
                 break

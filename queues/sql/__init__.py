@@ -147,7 +147,12 @@ _CLAIM_NEXT_ROWS = f"""
 # whether some claimable todo was skipped (the caller then asks the gates why, for the deferred
 # list).
 @functools.cache
-def _claim_next_sql(gate_list: tuple[gates.ClaimGate, ...], fast: bool = False) -> str:
+def _claim_next_sql(
+    gate_list: tuple[gates.ClaimGate, ...],
+    fast: bool = False,
+    prioritised: bool = False,
+    names: bool = False,
+) -> str:
     probe = admit = ""
     keys = charges = ""
     if gate_list:
@@ -171,6 +176,15 @@ def _claim_next_sql(gate_list: tuple[gates.ClaimGate, ...], fast: bool = False) 
         if skips
         else "false"
     )
+    # Oldest first (todo_claimable_idx gives the order); with a queue priority (queues.gates),
+    # the highest score first, then oldest: that sorts the candidate rows, so it is used only
+    # when a priority applies to these queues.
+    order = "t.created_at, t.id"
+    if prioritised:
+        order = f"{gates.priority_score('t')} DESC, {order}"
+    # Now and then the statement also carries back which queue names have a priority, so the
+    # claim never spends a statement of its own on that (queues.gates.Priority).
+    names_column = f"{gates.priority_names_sql()}, " if names else ""
     return f"""
 WITH cand AS (
     -- What the gates' probes may read: the identity and the named limits (admission.limits).
@@ -179,19 +193,19 @@ WITH cand AS (
     FROM queues_todo t
     WHERE {_CLAIM_NEXT_ROWS}
       AND t.id <> ALL(%(passed)s::uuid[]){passes}
-    ORDER BY t.created_at, t.id
+    ORDER BY {order}
     LIMIT 1
     FOR UPDATE OF t SKIP LOCKED
 ),
 {probe}
 {_CLAIM_CTES.format(admit=admit, TODO_COLUMNS=TODO_COLUMNS)}{charges}
-SELECT c.id, c.queue, {skipped}, {keys}cl.id IS NOT NULL, {CLAIMED_COLUMNS}
+SELECT c.id, c.queue, {skipped}, {names_column}{keys}cl.id IS NOT NULL, {CLAIMED_COLUMNS}
 FROM (SELECT) one LEFT JOIN cand c ON true LEFT JOIN claimed cl ON cl.id = c.id
 """
 
 
-def claim_next_sql(*, fast: bool = False) -> str:
-    return _claim_next_sql(gates.gates(), fast)
+def claim_next_sql(*, fast: bool = False, prioritised: bool = False) -> str:
+    return _claim_next_sql(gates.gates(), fast, prioritised, False)
 
 
 # claim of one todo: lock it (waiting for any other holder), and report what it is, whether its
@@ -319,6 +333,7 @@ def claim_next_candidate(
     ttl: int,
     fence_hash: str | None,
     fast: bool = False,
+    prioritised: bool = False,
 ) -> Candidate | NoCandidate:
     """The claim_next statement. ``excluded``: queues a gate refuses; ``passed``: todos a
     per-todo gate refused under its lock in this claim. ``fast``: gates that can decide inside
@@ -337,9 +352,13 @@ def claim_next_candidate(
     if fast:
         for i, gate in enumerate(gate_list):
             params[f"gp{i}"] = gate.fast_params(endpoint_id)
-    cursor.execute(_claim_next_sql(gate_list, fast), params)
+    names = gates.priority_stale()
+    cursor.execute(_claim_next_sql(gate_list, fast, prioritised, names), params)
     row = cursor.fetchone()
     assert row is not None, "the statement answers one row"
+    if names:
+        gates.priority_refresh(row[3])
+        row = (*row[:3], *row[4:])
     skipped, row = row[2], (*row[:2], *row[3:])
     return _candidate(row, len(gate_list), fast) or NoCandidate(skipped=skipped)
 

@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from admission import selectors as admission_selectors
+from admission.limits import selectors as limits_selectors
 from admission.models import AdmissionPolicy, DeferralReason
 from queues import metrics, selectors
 from queues.models import Todo, TodoState
@@ -75,12 +76,13 @@ class SwitchboardCollector(Collector):
             _errors["admission"] += 1
         else:
             yield from self._admission(labels)
+            yield from self._limits()
         errors = CounterMetricFamily(
             "switchboard_metrics_collection_errors",
             "Collector failures; the series they would have produced were omitted.",
             labels=["collector"],
         )
-        for name in ("admission", "conditions", "counters", "queues"):
+        for name in ("admission", "conditions", "counters", "limits", "queues"):
             errors.add_metric([name], _errors[name])
         yield errors
 
@@ -194,3 +196,41 @@ class SwitchboardCollector(Collector):
             deferred_family.add_metric([q, r], n)
         yield status_family
         yield deferred_family
+
+    def _limits(self) -> Iterator[GaugeMetricFamily]:
+        """Each declared pool's slots and claims held, each tag limit's claims held and each rate
+        limit's effective limit, read from the same selector as ``limits status``. Limits are
+        declared by operators, so their names are a small label set."""
+        try:
+            limits = limits_selectors.limits_status()
+        except Exception:
+            log.exception("limits collector failed")
+            _errors["limits"] += 1
+            return
+        slots = GaugeMetricFamily(
+            "switchboard_pool_slots", "A pool's slots (0: quarantined).", labels=["pool"]
+        )
+        pool_held = GaugeMetricFamily(
+            "switchboard_pool_held", "Claims naming the pool now.", labels=["pool"]
+        )
+        tag_held = GaugeMetricFamily(
+            "switchboard_tag_held", "Claims carrying the tag now.", labels=["tag"]
+        )
+        effective = GaugeMetricFamily(
+            "switchboard_rate_effective_limit",
+            "A rate limit's claims per minute now, after the 429s in its decay window.",
+            labels=["rate_limit"],
+        )
+        for limit in limits:
+            name = [limit["name"]]
+            if limit["kind"] == "pool":
+                slots.add_metric(name, limit["slots"])
+                pool_held.add_metric(name, limit["held"])
+            elif limit["kind"] == "tag":
+                tag_held.add_metric(name, limit["held"])
+            elif "effective_limit" in limit:
+                effective.add_metric(name, limit["effective_limit"])
+        yield slots
+        yield pool_held
+        yield tag_held
+        yield effective

@@ -16,6 +16,8 @@ class LedgerKind(models.TextChoices):
     LIMITS_WAIVER = "limits.waiver"
     LIMITS_SET = "limits.set"
     LIMITS_DELETE = "limits.delete"
+    LIMITS_QUARANTINE = "limits.quarantine"
+    LIMITS_QUEUE = "limits.queue"
     ENDPOINT_VEND = "endpoint.vend"
     ENDPOINT_UPDATE = "endpoint.update"
     ENDPOINT_REVOKE = "endpoint.revoke"

@@ -100,3 +100,45 @@ def test_an_agent_reads_limits_status_over_mcp(tx_personas: Personas, live_url: 
     anyio.run(job)
     assert "limits_status" in seen["tools"]
     assert seen["status"]["limits"][0]["name"] == "gpu"
+
+
+def post(user: Any, path: str) -> Any:
+    return Client().post(
+        path,
+        "{}",
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {human_token(user)}"},
+    )
+
+
+def get(user: Any, path: str) -> Any:
+    return Client().get(path, headers={"Authorization": f"Bearer {human_token(user)}"})
+
+
+def test_an_admin_quarantines_a_pool_over_rest_and_an_auditor_may_not(personas: Personas) -> None:
+    pool("gpu", slots=3)
+    [todo, _] = push(personas, 2, pool="gpu")
+    services.claim(actor=personas.as_agent(), todo_id=todo.id)
+    refused = post(personas.auditor, "/api/v1/limits/pool/gpu/quarantine")
+    assert refused.status_code == 403 and Pool.objects.get().slots == 3
+    unknown = post(personas.admin, "/api/v1/limits/pool/cpu/quarantine")
+    assert unknown.status_code == 404 and unknown.json()["field"] == "name"
+    done = post(personas.admin, "/api/v1/limits/pool/gpu/quarantine")
+    assert done.status_code == 200
+    assert [e["todo"] for e in done.json()["manifest"]["expired"]] == [str(todo.id)]
+    assert done.json()["limit"]["slots"] == 0
+    status = get(personas.auditor, "/api/v1/limits/status").json()
+    assert status["quarantines"] == {"in_force": ["pool:gpu"], "recorded": 1}
+    report = get(personas.auditor, "/api/v1/limits/verify").json()
+    assert report["ok"] is True and report["grants"] == 1
+
+
+def test_queue_settings_over_rest_name_a_bad_field_and_change_nothing(personas: Personas) -> None:
+    bad = put(personas.admin, "/api/v1/limits/queues/inbox", {"aging_seconds": 0})
+    assert bad.status_code == 400 and bad.json()["field"] == "aging_seconds"
+    assert put(personas.auditor, "/api/v1/limits/queues/inbox", {"priority": 2}).status_code == 403
+    ok = put(personas.admin, "/api/v1/limits/queues/inbox", {"priority": 2, "aging_seconds": 60})
+    assert ok.status_code == 200
+    assert ok.json() == {"queue": "inbox", "priority": 2, "aging_seconds": 60}
+    status = get(personas.owner, "/api/v1/limits/status").json()
+    assert status["queues"] == [{"queue": "inbox", "priority": 2, "aging_seconds": 60}]

@@ -472,8 +472,8 @@ def test_a_takeover_whose_snapshot_predates_the_claim_it_replaces_still_ends_tha
     scan = "AND t.id <> ALL(%(passed)s::uuid[])"  # the candidate scan's own condition
     original = sql._claim_next_sql
 
-    def waits_first(gate_list: Any, fast: bool = False) -> str:
-        statement = original(gate_list, fast)
+    def waits_first(gate_list: Any, *args: Any) -> str:
+        statement = original(gate_list, *args)
         assert scan in statement
         return statement.replace(
             scan,
