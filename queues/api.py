@@ -41,6 +41,7 @@ from queues.schemas import (
     VendOut,
     endpoint_out,
     one_todo_out,
+    todo_detail_out,
     todos_out,
     vend_out,
 )
@@ -316,11 +317,12 @@ def _todo(actor: HumanActor, todo_id: UUID) -> Todo:
     "/{id}",
     response={200: TodoEnvelope, **_errors(READ_ERRORS)},
     operation_id="todos_get",
-    summary="One todo",
+    summary="One todo; a pending one with explain: every gate that may hold it and the one that "
+    "binds",
 )
 def get_todo(request: HttpRequest, id: UUID) -> Any:
     actor: HumanActor = request.auth  # type: ignore[attr-defined]
-    return {"todo": one_todo_out(_todo(actor, id))}
+    return {"todo": todo_detail_out(_todo(actor, id))}
 
 
 @todos_router.post(

@@ -146,6 +146,34 @@ def _next_eligible(over: list[Held], now: datetime) -> datetime | None:
     return max(now, *leases) + timedelta(seconds=settings.SWEEP_INTERVAL_SECONDS)
 
 
+def _state_of(held: list[Held]) -> str:
+    over = [h for h in held if h.exceeded]
+    if any(h.posture == LimitPosture.ENFORCE for h in over):
+        return "holds"
+    return "waives" if over else "admits"
+
+
+def _explained(
+    gate: str, reason: str, noun: str, held: list[Held], now: datetime
+) -> gates.GateState:
+    """A pool's or tags' word on a pending todo: every limit it names with its occupancy."""
+    state = _state_of(held)
+    over = [h for h in held if h.exceeded and (state == "waives" or h.posture == "enforce")]
+    detail = "; ".join(
+        f"{noun} {h.name}: {h.held} of {h.limit} held ({h.posture})"
+        + (" (quarantined)" if h.limit == 0 else "")
+        for h in held
+    )
+    return gates.GateState(
+        gate=gate,
+        state=state,
+        reason=reason if state != "admits" else None,
+        next_eligible_at=_next_eligible(over, now) if state == "holds" else None,
+        detail=detail,
+        limits=tuple(h.name for h in over),
+    )
+
+
 class _OccupancyGate:
     name: str
     lock_order: int
@@ -300,6 +328,18 @@ class _OccupancyGate:
     ) -> dict[tuple[UUID, str], dict[str, Any]]:
         return {}  # per todo, not per queue identity
 
+    def key_of(self, todo: Any) -> Any:
+        """The todo's key for this gate, as ``probe`` gives it in SQL (None: not subject)."""
+        return getattr(todo, self.name) or None
+
+    def explain(self, todo: Any) -> gates.GateState | None:
+        key = self.key_of(todo)
+        if key is None:
+            return None
+        with connection.cursor() as cursor:
+            held = self.read(cursor, self.names(key), None, False)
+        return _explained(self.name, self.reason, self.noun, held, timezone.now())
+
     def admits_now(self, key: Any) -> bool:
         with connection.cursor() as cursor:
             held = self.read(cursor, self.names(key), None, False)
@@ -417,6 +457,27 @@ class RateGate(_OccupancyGate):
         if found is None or not (found[1].exceeded and found[1].posture == LimitPosture.ENFORCE):
             return None
         return found[1].next_eligible_at, [key]
+
+    def explain(self, todo: Any) -> gates.GateState | None:
+        if not todo.rate_limit:
+            return None
+        st = rates.state(todo.rate_limit)
+        if st is None:
+            return None
+        held = Held(st.name, st.effective, st.posture, st.used, None)
+        detail = (
+            f"rate limit {st.name}: {st.used} of {st.effective} claims this minute "
+            f"(base {st.base_limit}, {st.observations} 429s in the window; {st.posture})"
+        )
+        state = _state_of([held])
+        return gates.GateState(
+            gate=self.name,
+            state=state,
+            reason=self.reason if state != "admits" else None,
+            next_eligible_at=st.next_eligible_at if state == "holds" else None,
+            detail=detail,
+            limits=(st.name,) if state != "admits" else (),
+        )
 
     def admits_now(self, key: Any) -> bool:
         st = rates.state(key)

@@ -238,6 +238,7 @@ def _todo_context(request: HttpRequest, viewer: Viewer, todo_id: UUID) -> dict[s
         "admission": chips.get(todo.id),
         "policy_status": policy_status,
         "pause": pause,
+        "explain": selectors.todo_explain(todo),
         "can_act": can_act,
         "actions": _actions_for(todo.state, todo.dead_letter) if can_act else [],
         "here": back,
