@@ -2,7 +2,7 @@
 
 Runs against a database of its own (``switchboard_bench``) on the embedded PostgreSQL, or on the
 server of DATABASE_URL, migrated fresh; the embedded Valkey is started if REDIS_URL is unset.
-``python -m bench [--duration S] [--only core,http,admission,console,doorbell]``.
+``python -m bench [--duration S] [--only core,http,admission,console,doorbell,limits]``.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ BENCHES = {
     "admission": "bench.admission_bench",
     "console": "bench.console_bench",
     "doorbell": "bench.doorbell_bench",
+    "limits": "bench.limits_bench",
 }
 # The benches that measure each point several times and report medians and spreads.
-REPEATING = {"admission"}
+REPEATING = {"admission", "limits"}
 
 
 def _bench_database() -> None:

@@ -95,7 +95,7 @@ def _fast_gates(gate_list: tuple[gates.ClaimGate, ...]) -> tuple[str, str, str, 
     verdict admitted it; the claim's condition; the charges; the verdict columns."""
     verdicts, charges, spent = [], [], ["0"]
     admit = ""
-    # A gate that cannot decide here (a per-todo limit) sends a candidate it claims to the
+    # A gate that cannot decide here (a rate limit) sends a candidate it claims to the
     # locked path, which decides every gate: no fast verdict is taken for that candidate.
     unclaimed = "".join(
         f" AND g.g{j} IS NULL"

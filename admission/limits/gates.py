@@ -12,6 +12,11 @@ Postures: ``enforce`` refuses (``pool_full`` / ``tag_full`` / ``rate_limited`` w
 ``advise`` admits and appends a waiver to the ledger naming exactly the limits exceeded (ledger
 rows are HMAC-hashed in a signed chain), ``off`` is inert. A limit of 0 is quarantine.
 
+The fast path: a pool or tags decide inside the claim_next statement (``limits_pool_check``,
+``limits_tags_check``, migration 0002) under the same locks and counts, so an admitted claim
+holds them only for that one autocommitted statement; any limit at its cap (or advise) sends the
+candidate to the locked path below. A rate limit always takes the locked path.
+
 These limits hold per todo, not per queue identity: instead of a queue-wide pre-read each gate
 gives a skip (the limits it would refuse now, read without locks, as one array per statement)
 that claim_next's statement passes over, and a refusal under the lock passes over that todo
@@ -221,13 +226,19 @@ class _OccupancyGate:
             f"ELSE {self.matches(alias, self.full_now)} END"
         )
 
-    # The fast path (queues.gates): a named limit decides under its own lock on the locked path
-    # only, so a candidate naming one takes that path.
+    # The fast path (queues.gates): a pool or tags decide inside the claim statement with
+    # limits_pool_check / limits_tags_check (migration 0002), which lock the declarations and
+    # count under the lock; anything but room under every limit takes the locked path. A rate
+    # limit (check None) always takes the locked path.
+    fast_function: str | None = None
+
     def fast_check(self, key: str, todo: str, params: str) -> str | None:
-        return None
+        if self.fast_function is None:
+            return None
+        return f"{self.fast_function}({key}, {todo})"
 
     def fast_charge(self, verdict: str) -> str:
-        raise NotImplementedError("a named limit has no fast path")
+        return "NULL::integer"  # occupancy is the claimed rows themselves: nothing to spend
 
     def fast_params(self, endpoint_id: UUID) -> Any:
         return None
@@ -355,6 +366,7 @@ class PoolGate(_OccupancyGate):
     reason = "pool_full"
     noun = "pool"
     full_now = _FULL_POOLS
+    fast_function = "limits_pool_check"
     lock_sql = "SELECT name, slots, posture FROM limits_pool WHERE name = ANY(%s) ORDER BY name"
     count_sql = """
         SELECT t.pool, count(*), min(t.lease_expires_at) FROM queues_todo t
@@ -382,6 +394,7 @@ class TagGate(_OccupancyGate):
     reason = "tag_full"
     noun = "tag"
     full_now = _FULL_TAGS
+    fast_function = "limits_tags_check"
     # ORDER BY with FOR UPDATE locks the rows as they come out of the sort: in tag order, so
     # two claims naming overlapping tags never wait on each other in opposite orders.
     lock_sql = 'SELECT tag, "limit", posture FROM limits_taglimit WHERE tag = ANY(%s) ORDER BY tag'
@@ -436,6 +449,12 @@ class RateGate(_OccupancyGate):
 
     def frees_slot(self, alias: str) -> str:
         return "false"  # an ending claim refunds no minute
+
+    def fast_check(self, key: str, todo: str, params: str) -> str | None:
+        return None  # the minute's counter is spent under the lock, on the locked path
+
+    def fast_charge(self, verdict: str) -> str:
+        raise NotImplementedError("a rate limit has no fast path")
 
     def admit(
         self, cursor: CursorWrapper, *, key: Any, todo_id: UUID
