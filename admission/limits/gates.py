@@ -86,14 +86,15 @@ _FULL_TAGS = """ARRAY(
       AND l."limit" <= (SELECT count(*) FROM queues_todo o
                         WHERE o.state = 'claimed' AND o.tags <> '{}'
                           AND o.tags @> ARRAY[l.tag]))"""
-# rates.effective_limit and rates.read, in SQL (base_limit < 2^20, so a shift of 31 is 0).
+# rates.effective_limit and rates.read, in SQL (base_limit < 2^20, so a shift of 31 is 0;
+# decay_step * observations is capped at 31 the same way).
 _FULL_RATES = """ARRAY(
     SELECT r.name FROM limits_ratelimit r
     WHERE r.posture = 'enforce'
       AND coalesce((SELECT m.used FROM limits_rateminute m
                     WHERE m.rate_limit_id = r.id
                       AND m.minute = date_trunc('minute', statement_timestamp())), 0)
-          >= GREATEST(r.floor, r.base_limit >> LEAST(31, (
+          >= GREATEST(r.floor, r.base_limit >> LEAST(31, r.decay_step * (
                 SELECT count(*) FROM limits_rateobservation o
                 WHERE o.rate_limit_id = r.id AND o.observed_at <= statement_timestamp()
                   AND o.observed_at > statement_timestamp()
