@@ -11,7 +11,7 @@ from typing import Any
 from django.db import connection
 
 from admission.limits import rates, services
-from admission.limits.models import RateLimit
+from admission.limits.models import Pool, RateLimit, TagLimit
 
 _POOLS_SQL = """
 SELECT p.name, (SELECT count(*) FROM queues_todo o WHERE o.state = 'claimed' AND o.pool = p.name)
@@ -47,3 +47,10 @@ def limits_status() -> list[dict[str, Any]]:
             }
         out.append(limit)
     return out
+
+
+def declared_occupancy_limits() -> list[tuple[str, str, int, str]]:
+    """(kind, name, limit, posture) of every pool, then every tag, by name."""
+    declared = [("pool", p.name, p.slots, p.posture) for p in Pool.objects.all()]
+    declared += [("tag", t.tag, t.limit, t.posture) for t in TagLimit.objects.all()]
+    return declared
