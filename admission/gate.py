@@ -27,7 +27,7 @@ from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
 from admission import engine, selectors
-from admission.models import AdmissionPolicy, DeferralReason
+from admission.models import AdmissionPolicy, DeferralReason, Posture
 from queues import gates, metrics
 from queues.access import append_claim_waiver
 from switchboard.core.errors import Deferred
@@ -129,6 +129,30 @@ class BudgetGate:
         self, identities: Iterable[tuple[UUID, str]]
     ) -> dict[tuple[UUID, str], dict[str, Any]]:
         return selectors.statuses_for(identities)
+
+    def explain(self, todo: Any) -> gates.GateState | None:
+        ev = selectors.identity_status(todo.endpoint_id, todo.queue)
+        if ev is None:
+            return None
+        usage = []
+        if ev.policy.max_in_flight is not None:
+            usage.append(f"{ev.in_flight} of {ev.policy.max_in_flight} in flight")
+        if ev.policy.max_claims_per_window is not None:
+            usage.append(f"{ev.used} of {ev.policy.max_claims_per_window} claims this window")
+        detail = f"budget ({ev.policy.posture}): " + ("; ".join(usage) or "no limit set")
+        if not ev.admits:
+            state = "holds"
+        elif ev.over_limit and ev.policy.posture == Posture.ADVISE:
+            state = "waives"
+        else:
+            state = "admits"
+        return gates.GateState(
+            gate="budget",
+            state=state,
+            reason=ev.reason if state != "admits" else None,
+            next_eligible_at=ev.next_eligible_at if state == "holds" else None,
+            detail=detail,
+        )
 
     def admits_now(self, key: Any) -> bool:
         return selectors.identity_admitted(key)

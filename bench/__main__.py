@@ -2,7 +2,7 @@
 
 Runs against a database of its own (``switchboard_bench``) on the embedded PostgreSQL, or on the
 server of DATABASE_URL, migrated fresh; the embedded Valkey is started if REDIS_URL is unset.
-``python -m bench [--duration S] [--only core,http,admission,console,doorbell,boardlive]``.
+``python -m bench [--duration S] [--only core,http,admission,console,doorbell,boardlive,limits]``.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ BENCHES = {
     "console": "bench.console_bench",
     "doorbell": "bench.doorbell_bench",
     "boardlive": "bench.board_live_bench",
+    "limits": "bench.limits_bench",
 }
 # The benches that measure each point several times and report medians and spreads.
-REPEATING = {"admission", "boardlive"}
+REPEATING = {"admission", "boardlive", "limits"}
 
 
 def _bench_database() -> None:

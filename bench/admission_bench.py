@@ -33,14 +33,15 @@ _INITIAL_RATE_GUESS = 1500.0
 _SLACK = 2.0
 
 
-def _make_todos(endpoint: Any, n: int, queues: list[str]) -> None:
+def _make_todos(endpoint: Any, n: int, queues: list[str], **names: Any) -> None:
     """``n`` todos dealt round-robin over ``queues``: claim_next takes the oldest first, so
-    todos made queue by queue would send every claimer to the first queue's budget."""
+    todos made queue by queue would send every claimer to the first queue's budget. ``names``:
+    the named limits (pool, tags, rate_limit) every todo names."""
     from queues.models import Todo
 
     Todo.objects.bulk_create(
         (
-            Todo(endpoint=endpoint, queue=queues[i % len(queues)], title=f"bench {i}")
+            Todo(endpoint=endpoint, queue=queues[i % len(queues)], title=f"bench {i}", **names)
             for i in range(n)
         ),
         batch_size=5000,
@@ -130,10 +131,16 @@ def _todo_stats() -> tuple[int, int]:
 
 
 def _measure(
-    endpoint: Any, claimers: int, duration_s: float, guess: float, queues: list[str]
+    endpoint: Any,
+    claimers: int,
+    duration_s: float,
+    guess: float,
+    queues: list[str],
+    **names: Any,
 ) -> dict[str, Any]:
-    """One point: fresh todos spread over ``queues``, the timed phase, its diagnostics."""
-    _make_todos(endpoint, int(guess * duration_s * _SLACK) + 200, queues)
+    """One point: fresh todos spread over ``queues`` (naming ``names``), the timed phase, its
+    diagnostics."""
+    _make_todos(endpoint, int(guess * duration_s * _SLACK) + 200, queues, **names)
     # Every point starts from a vacuumed table: without it each phase inherited the dead tuples
     # of every phase before it (tens of thousands), and the claimable index scan walked them.
     _vacuum()

@@ -14,6 +14,7 @@ from uuid import UUID
 from django.db import connection
 from django.utils import timezone
 
+from queues import sql
 from queues.models import Endpoint, EndpointState, Todo
 from queues.sql.activity import HELD_SQL, HOLDING_SQL, THROUGHPUT_SQL
 
@@ -111,3 +112,42 @@ def _recent_first(view: AgentView) -> tuple[bool, bool, float, str]:
         -seen.timestamp() if seen else 0.0,
         view.endpoint.slug,
     )
+
+
+HISTORY_MINUTES = 24 * 60
+
+
+@dataclass(frozen=True)
+class OccupancyHistory:
+    """One pool's or tag's last 24 hours: claims held per minute, oldest minute first."""
+
+    kind: str
+    name: str
+    limit: int
+    posture: str
+    minutes: list[datetime]
+    held: list[int]
+
+    @property
+    def peak(self) -> int:
+        return max(self.held, default=0)
+
+
+def occupancy_history(
+    declared: list[tuple[str, str, int, str]], *, now: datetime | None = None
+) -> list[OccupancyHistory]:
+    """Per pool and tag of ``declared`` (kind, name, limit, posture: admission.limits'
+    declarations), the claims naming it held in each minute of the last 24 h (one query over
+    the attempts)."""
+    now = now or timezone.now()
+    last = now.replace(second=0, microsecond=0)
+    minutes = [last - timedelta(minutes=HISTORY_MINUTES - 1 - i) for i in range(HISTORY_MINUTES)]
+    with connection.cursor() as cursor:
+        cursor.execute(sql.OCCUPANCY_HISTORY_SQL, {"since": minutes[0], "now": now})
+        found = {(kind, name, minute): n for kind, name, minute, n in cursor.fetchall()}
+    return [
+        OccupancyHistory(
+            kind, name, limit, posture, minutes, [found.get((kind, name, m), 0) for m in minutes]
+        )
+        for kind, name, limit, posture in declared
+    ]

@@ -28,6 +28,7 @@ from queues.schemas import (
     TodoIdIn,
     iso,
     one_todo_out,
+    todo_detail_out,
     todos_out,
 )
 from switchboard.core.verbs import verb
@@ -86,11 +87,13 @@ def create_todo(actor: AgentActor, data: CreateTodoIn) -> dict[str, Any]:
     "get_todo",
     input=TodoIdIn,
     output=TodoEnvelope,
-    description="One todo of this endpoint by id.",
+    description="One todo of this endpoint by id. A pending todo carries explain: every gate "
+    "that may hold it (pause, budget, pool, tags, rate_limit) with its state and "
+    "next_eligible_at, and the one that binds.",
     errors=(404,),
 )
 def get_todo(actor: AgentActor, data: TodoIdIn) -> dict[str, Any]:
-    return {"todo": one_todo_out(selectors.todo_get(actor=actor, todo_id=data.id))}
+    return {"todo": todo_detail_out(selectors.todo_get(actor=actor, todo_id=data.id))}
 
 
 @verb(

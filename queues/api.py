@@ -41,6 +41,7 @@ from queues.schemas import (
     VendOut,
     endpoint_out,
     one_todo_out,
+    todo_detail_out,
     todos_out,
     vend_out,
 )
@@ -310,11 +311,12 @@ def bulk(request: HttpRequest, action: BulkAction, data: BulkConfirmIn) -> Any:
     "/{id}",
     response={200: TodoEnvelope, **_errors(READ_ERRORS)},
     operation_id="todos_get",
-    summary="One todo",
+    summary="One todo; a pending one with explain: every gate that may hold it and the one that "
+    "binds",
 )
 def get_todo(request: HttpRequest, id: UUID) -> Any:
     actor: HumanActor = request.auth  # type: ignore[attr-defined]
-    return {"todo": one_todo_out(selectors.todo_get(actor=actor, todo_id=id))}
+    return {"todo": todo_detail_out(selectors.todo_get(actor=actor, todo_id=id))}
 
 
 @todos_router.post(

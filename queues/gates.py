@@ -39,6 +39,7 @@ admit now (``admits_now``, for the doorbell) and which queue names they know (``
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
@@ -62,6 +63,36 @@ class Refusal(Protocol):
 
     @property
     def exact(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class GateState:
+    """What one gate says of one pending todo now (read without locks), for explain.
+
+    ``state``: ``admits`` (a claim passes this gate), ``waives`` (passes over an ``advise``
+    limit, with a waiver) or ``holds`` (refused until ``next_eligible_at``; None: until an
+    operator acts, e.g. a pause or a quarantine)."""
+
+    gate: str
+    state: str
+    reason: str | None
+    next_eligible_at: datetime | None
+    detail: str
+    limits: tuple[str, ...] = ()
+
+    @property
+    def holds(self) -> bool:
+        return self.state == "holds"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "gate": self.gate,
+            "state": self.state,
+            "reason": self.reason,
+            "next_eligible_at": self.next_eligible_at,
+            "limits": list(self.limits),
+            "detail": self.detail,
+        }
 
 
 class Admission:
@@ -136,6 +167,11 @@ class ClaimGate(Protocol):
         """The derived status of each gated identity among ``identities`` (others absent)."""
         ...
 
+    def explain(self, todo: Any) -> GateState | None:
+        """What this gate says of the pending todo now (read without locks), or None when the
+        todo is not subject to it (no budget on its queue identity, no pool named, ...)."""
+        ...
+
     def admits_now(self, key: Any) -> bool:
         """Whether a claim on the identity its probe gave ``key`` for would pass now (for the
         doorbell)."""
@@ -190,6 +226,11 @@ def statuses(identities: Iterable[tuple[UUID, str]]) -> dict[tuple[UUID, str], d
             if key not in found or found[key]["state"] == "admitted":
                 found[key] = status
     return found
+
+
+def explain(todo: Any) -> list[GateState]:
+    """Each gate's word on the pending todo, in lock order (gates it is not subject to: none)."""
+    return [s for s in (gate.explain(todo) for gate in _GATES) if s is not None]
 
 
 def admits_now(keys: tuple[Any, ...]) -> bool:

@@ -28,7 +28,7 @@ from queues.models import (
     TodoState,
     Verb,
 )
-from queues.selectors import MAX_PAGE, admission_for
+from queues.selectors import MAX_PAGE, admission_for, todo_explain
 from switchboard.core import validation
 
 
@@ -97,6 +97,25 @@ class TodoAdmissionOut(Schema):
     exact: bool
 
 
+class GateStateOut(Schema):
+    gate: str = Field(description="pause, budget, pool, tags or rate_limit")
+    state: Literal["admits", "waives", "holds"]
+    reason: str | None = None
+    next_eligible_at: datetime | None = Field(
+        default=None, description="While it holds: when it may pass (null: an operator must act)"
+    )
+    limits: list[str] = Field(default_factory=list, description="The named limits over")
+    detail: str
+
+
+class TodoExplainOut(Schema):
+    binding: str = Field(
+        description="The gate that binds (the latest next_eligible_at), or none when claimable"
+    )
+    next_eligible_at: datetime | None = None
+    gates: list[GateStateOut]
+
+
 class TodoOut(Schema):
     id: UUID
     queue: str
@@ -120,6 +139,11 @@ class TodoOut(Schema):
         default=None,
         description="Present on a pending todo of a budgeted queue: whether a claim would be "
         "admitted now, and if not, why and until when.",
+    )
+    explain: TodoExplainOut | None = Field(
+        default=None,
+        description="On one pending todo (get_todo): every gate that may hold it, and the one "
+        "that binds.",
     )
 
 
@@ -163,6 +187,19 @@ def todos_out(todos: list[Todo]) -> list[dict[str, Any]]:
 
 def one_todo_out(todo: Todo) -> dict[str, Any]:
     return todos_out([todo])[0]
+
+
+def todo_detail_out(todo: Todo) -> dict[str, Any]:
+    """One todo with its explain (pending only): what get_todo answers on every surface."""
+    out = one_todo_out(todo)
+    explanation = todo_explain(todo)
+    if explanation is not None:
+        found = explanation.as_dict()
+        found["next_eligible_at"] = iso(found["next_eligible_at"])
+        for gate in found["gates"]:
+            gate["next_eligible_at"] = iso(gate["next_eligible_at"])
+        out["explain"] = found
+    return out
 
 
 class DeferredQueueOut(Schema):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -17,6 +17,7 @@ from django.utils import timezone
 from queues import access, conditions, gates, sql
 from queues.access import Actor, AgentActor, HumanActor, todo_scope
 from queues.conditions import Condition
+from queues.gates import GateState
 from queues.models import (
     QUARANTINE_QUEUE,
     QUEUE_NAME_RE,
@@ -97,6 +98,56 @@ def admission_for(todos: list[Todo]) -> dict[UUID, dict[str, Any]]:
         for t in pending
         if (t.endpoint_id, t.queue) in statuses
     }
+
+
+_FOREVER = datetime.max.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Why a pending todo waits: every gate it is subject to, and the one that binds (the
+    holding gate with the latest ``next_eligible_at``, one held until an operator acts before
+    any; None when a claim would pass every gate now)."""
+
+    gates: list[GateState]
+
+    @property
+    def binding(self) -> GateState | None:
+        holding = [g for g in self.gates if g.holds]
+        if not holding:
+            return None
+        # Forever (None) outranks any instant; among equals the first in lock order binds.
+        return max(holding, key=lambda g: g.next_eligible_at or _FOREVER)
+
+    def as_dict(self) -> dict[str, Any]:
+        binding = self.binding
+        return {
+            "binding": binding.gate if binding else "none",
+            "next_eligible_at": binding.next_eligible_at if binding else None,
+            "gates": [g.as_dict() for g in self.gates],
+        }
+
+
+def _pause_state(queue: str) -> GateState:
+    pause = pause_of(queue)
+    if pause is None:
+        return GateState("pause", "admits", None, None, f"{queue} is not paused")
+    return GateState(
+        "pause",
+        "holds",
+        "paused",
+        None,
+        f"{queue} is paused by {pause.by} since {pause.at.isoformat()}: {pause.reason}",
+    )
+
+
+def todo_explain(todo: Todo) -> Explanation | None:
+    """The one explain of a todo, for get_todo (REST and MCP), the operator API and the
+    console: None unless it is pending. Read without locks, so it is a snapshot: the claim's
+    gates decide under their locks."""
+    if todo.state != TodoState.PENDING:
+        return None
+    return Explanation([_pause_state(todo.queue), *gates.explain(todo)])
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,9 @@ class LimitIn(Strict):
     base_limit: int | None = Field(default=None, description="rate: claims per minute")
     floor: int | None = Field(default=None, description="rate: the least claims per minute")
     decay_window_seconds: int | None = Field(default=None, description="rate: a 429's reach")
+    decay_step: int | None = Field(
+        default=None, description="rate: halvings per 429 in the window (0: no decay)"
+    )
     posture: Literal["enforce", "advise", "off"] | None = None
 
 
@@ -58,6 +61,7 @@ class LimitOut(Schema):
     base_limit: int | None = None
     floor: int | None = None
     decay_window_seconds: int | None = None
+    decay_step: int | None = None
     held: int | None = None
     effective_limit: int | None = None
     observations: int | None = None

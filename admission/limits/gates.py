@@ -12,6 +12,11 @@ Postures: ``enforce`` refuses (``pool_full`` / ``tag_full`` / ``rate_limited`` w
 ``advise`` admits and appends a waiver to the ledger naming exactly the limits exceeded (ledger
 rows are HMAC-hashed in a signed chain), ``off`` is inert. A limit of 0 is quarantine.
 
+The fast path: a pool or tags decide inside the claim_next statement (``limits_pool_check``,
+``limits_tags_check``, migration 0002) under the same locks and counts, so an admitted claim
+holds them only for that one autocommitted statement; any limit at its cap (or advise) sends the
+candidate to the locked path below. A rate limit always takes the locked path.
+
 These limits hold per todo, not per queue identity: instead of a queue-wide pre-read each gate
 gives a skip (the limits it would refuse now, read without locks, as one array per statement)
 that claim_next's statement passes over, and a refusal under the lock passes over that todo
@@ -75,14 +80,15 @@ _FULL_POOLS = f"""ARRAY(
 _FULL_TAGS = f"""ARRAY(
     SELECT l.tag FROM limits_taglimit l
     WHERE l.posture = 'enforce' AND l."limit" <= {gated.claimed_with_tag("l.tag")})"""
-# rates.effective_limit and rates.read, in SQL (base_limit < 2^20, so a shift of 31 is 0).
+# rates.effective_limit and rates.read, in SQL (base_limit < 2^20, so a shift of 31 is 0;
+# decay_step * observations is capped at 31 the same way).
 _FULL_RATES = """ARRAY(
     SELECT r.name FROM limits_ratelimit r
     WHERE r.posture = 'enforce'
       AND coalesce((SELECT m.used FROM limits_rateminute m
                     WHERE m.rate_limit_id = r.id
                       AND m.minute = date_trunc('minute', statement_timestamp())), 0)
-          >= GREATEST(r.floor, r.base_limit >> LEAST(31, (
+          >= GREATEST(r.floor, r.base_limit >> LEAST(31, r.decay_step * (
                 SELECT count(*) FROM limits_rateobservation o
                 WHERE o.rate_limit_id = r.id AND o.observed_at <= statement_timestamp()
                   AND o.observed_at > statement_timestamp()
@@ -142,6 +148,34 @@ def _next_eligible(over: list[Held], now: datetime) -> datetime | None:
     return max(now, *leases) + timedelta(seconds=settings.SWEEP_INTERVAL_SECONDS)
 
 
+def _state_of(held: list[Held]) -> str:
+    over = [h for h in held if h.exceeded]
+    if any(h.posture == LimitPosture.ENFORCE for h in over):
+        return "holds"
+    return "waives" if over else "admits"
+
+
+def _explained(
+    gate: str, reason: str, noun: str, held: list[Held], now: datetime
+) -> gates.GateState:
+    """A pool's or tags' word on a pending todo: every limit it names with its occupancy."""
+    state = _state_of(held)
+    over = [h for h in held if h.exceeded and (state == "waives" or h.posture == "enforce")]
+    detail = "; ".join(
+        f"{noun} {h.name}: {h.held} of {h.limit} held ({h.posture})"
+        + (" (quarantined)" if h.limit == 0 else "")
+        for h in held
+    )
+    return gates.GateState(
+        gate=gate,
+        state=state,
+        reason=reason if state != "admits" else None,
+        next_eligible_at=_next_eligible(over, now) if state == "holds" else None,
+        detail=detail,
+        limits=tuple(h.name for h in over),
+    )
+
+
 class _OccupancyGate:
     name: str
     lock_order: int
@@ -192,13 +226,19 @@ class _OccupancyGate:
             f"ELSE {self.matches(alias, self.full_now)} END"
         )
 
-    # The fast path (queues.gates): a named limit decides under its own lock on the locked path
-    # only, so a candidate naming one takes that path.
+    # The fast path (queues.gates): a pool or tags decide inside the claim statement with
+    # limits_pool_check / limits_tags_check (migration 0002), which lock the declarations and
+    # count under the lock; anything but room under every limit takes the locked path. A rate
+    # limit (check None) always takes the locked path.
+    fast_function: str | None = None
+
     def fast_check(self, key: str, todo: str, params: str) -> str | None:
-        return None
+        if self.fast_function is None:
+            return None
+        return f"{self.fast_function}({key}, {todo})"
 
     def fast_charge(self, verdict: str) -> str:
-        raise NotImplementedError("a named limit has no fast path")
+        return "NULL::integer"  # occupancy is the claimed rows themselves: nothing to spend
 
     def fast_params(self, endpoint_id: UUID) -> Any:
         return None
@@ -295,6 +335,18 @@ class _OccupancyGate:
     ) -> dict[tuple[UUID, str], dict[str, Any]]:
         return {}  # per todo, not per queue identity
 
+    def key_of(self, todo: Any) -> Any:
+        """The todo's key for this gate, as ``probe`` gives it in SQL (None: not subject)."""
+        return getattr(todo, self.name) or None
+
+    def explain(self, todo: Any) -> gates.GateState | None:
+        key = self.key_of(todo)
+        if key is None:
+            return None
+        with connection.cursor() as cursor:
+            held = self.read(cursor, self.names(key), None, False)
+        return _explained(self.name, self.reason, self.noun, held, timezone.now())
+
     def admits_now(self, key: Any) -> bool:
         with connection.cursor() as cursor:
             held = self.read(cursor, self.names(key), None, False)
@@ -310,6 +362,7 @@ class PoolGate(_OccupancyGate):
     reason = "pool_full"
     noun = "pool"
     full_now = _FULL_POOLS
+    fast_function = "limits_pool_check"
     lock_sql = "SELECT name, slots, posture FROM limits_pool WHERE name = ANY(%s) ORDER BY name"
 
     def counts(
@@ -337,6 +390,7 @@ class TagGate(_OccupancyGate):
     reason = "tag_full"
     noun = "tag"
     full_now = _FULL_TAGS
+    fast_function = "limits_tags_check"
     # ORDER BY with FOR UPDATE locks the rows as they come out of the sort: in tag order, so
     # two claims naming overlapping tags never wait on each other in opposite orders.
     lock_sql = 'SELECT tag, "limit", posture FROM limits_taglimit WHERE tag = ANY(%s) ORDER BY tag'
@@ -378,6 +432,12 @@ class RateGate(_OccupancyGate):
     def reopens(self, alias: str) -> str:
         return "NULL::text[]"  # an ending claim refunds no minute
 
+    def fast_check(self, key: str, todo: str, params: str) -> str | None:
+        return None  # the minute's counter is spent under the lock, on the locked path
+
+    def fast_charge(self, verdict: str) -> str:
+        raise NotImplementedError("a rate limit has no fast path")
+
     def admit(
         self, cursor: CursorWrapper, *, key: Any, todo_id: UUID
     ) -> gates.Admission | gates.Refusal:
@@ -398,6 +458,27 @@ class RateGate(_OccupancyGate):
         if found is None or not (found[1].exceeded and found[1].posture == LimitPosture.ENFORCE):
             return None
         return found[1].next_eligible_at, [key]
+
+    def explain(self, todo: Any) -> gates.GateState | None:
+        if not todo.rate_limit:
+            return None
+        st = rates.state(todo.rate_limit)
+        if st is None:
+            return None
+        held = Held(st.name, st.effective, st.posture, st.used, None)
+        detail = (
+            f"rate limit {st.name}: {st.used} of {st.effective} claims this minute "
+            f"(base {st.base_limit}, {st.observations} 429s in the window; {st.posture})"
+        )
+        state = _state_of([held])
+        return gates.GateState(
+            gate=self.name,
+            state=state,
+            reason=self.reason if state != "admits" else None,
+            next_eligible_at=st.next_eligible_at if state == "holds" else None,
+            detail=detail,
+            limits=(st.name,) if state != "admits" else (),
+        )
 
     def admits_now(self, key: Any) -> bool:
         st = rates.state(key)

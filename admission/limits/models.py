@@ -15,6 +15,10 @@ from queues.models import LIMIT_NAME_RE, QUEUE_NAME_RE
 DEFAULT_DECAY_WINDOW_SECONDS = 300
 MAX_LIMIT = 1_000_000
 MAX_DECAY_WINDOW_SECONDS = 86_400
+# Halvings per 429 observed: 1 halves the limit per observation (the default), 2 quarters it,
+# 0 turns decay off.
+DEFAULT_DECAY_STEP = 1
+MAX_DECAY_STEP = 16
 
 
 class LimitPosture(models.TextChoices):
@@ -85,6 +89,7 @@ class RateLimit(_Declared):
     base_limit = models.IntegerField()  # claims per minute with no 429 in the decay window
     floor = models.IntegerField(default=1)
     decay_window_seconds = models.IntegerField(default=DEFAULT_DECAY_WINDOW_SECONDS)
+    decay_step = models.IntegerField(default=DEFAULT_DECAY_STEP)
 
     class Meta:
         ordering = ["name"]
@@ -104,6 +109,10 @@ class RateLimit(_Declared):
                 condition=Q(
                     decay_window_seconds__gte=1, decay_window_seconds__lte=MAX_DECAY_WINDOW_SECONDS
                 ),
+            ),
+            models.CheckConstraint(
+                name="ratelimit_decay_step_range",
+                condition=Q(decay_step__gte=0, decay_step__lte=MAX_DECAY_STEP),
             ),
             _posture_valid("ratelimit"),
         ]

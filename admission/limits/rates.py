@@ -1,6 +1,7 @@
 """Adaptive rate limits: claims per minute under a limit that halves with each 429 observed.
 
-effective = max(floor, base >> n), n = the observations within the decay window before now
+effective = max(floor, base >> (n * step)), n = the observations within the decay window before now
+and step the rate limit's ``decay_step`` (halvings per observation; 1 by default, 0: no decay)
 (an observation at ``t`` counts while ``now - window < t <= now``). Read from the observation
 rows every time, never cached.
 """
@@ -20,9 +21,9 @@ from queues.access import AgentActor
 from switchboard.core.errors import InvalidArgument
 
 
-def effective_limit(base: int, floor: int, observations: int) -> int:
+def effective_limit(base: int, floor: int, observations: int, step: int = 1) -> int:
     # base >> n for n past the bit length is 0, which the floor lifts.
-    return max(floor, base >> min(observations, 63))
+    return max(floor, base >> min(observations * step, 63))
 
 
 def minute_of(now: datetime) -> datetime:
@@ -40,10 +41,11 @@ class RateState:
     oldest_observation: datetime | None
     used: int  # claims admitted this minute
     now: datetime
+    decay_step: int = 1
 
     @property
     def effective(self) -> int:
-        return effective_limit(self.base_limit, self.floor, self.observations)
+        return effective_limit(self.base_limit, self.floor, self.observations, self.decay_step)
 
     @property
     def exceeded(self) -> bool:
@@ -73,7 +75,8 @@ SELECT r.id, r.name, r.base_limit, r.floor, r.decay_window_seconds, r.posture,
         WHERE o.rate_limit_id = r.id AND o.observed_at <= %(now)s
           AND o.observed_at > %(now)s - make_interval(secs => r.decay_window_seconds)),
        coalesce((SELECT m.used FROM limits_rateminute m
-                 WHERE m.rate_limit_id = r.id AND m.minute = %(minute)s), 0)
+                 WHERE m.rate_limit_id = r.id AND m.minute = %(minute)s), 0),
+       r.decay_step
 FROM limits_ratelimit r WHERE r.name = %(name)s
 """
 
@@ -90,8 +93,10 @@ def read(cursor: Any, name: str, now: datetime | None = None) -> tuple[int, Rate
     row = cursor.fetchone()
     if row is None:
         return None
-    rid, name, base, floor, window, posture, observations, oldest, used = row
-    return rid, RateState(name, base, floor, window, posture, observations, oldest, used, now)
+    rid, name, base, floor, window, posture, observations, oldest, used, step = row
+    return rid, RateState(
+        name, base, floor, window, posture, observations, oldest, used, now, decay_step=step
+    )
 
 
 def state(name: str, now: datetime | None = None) -> RateState | None:

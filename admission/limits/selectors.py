@@ -12,7 +12,7 @@ from django.db import connection
 from django.db.models import Count
 
 from admission.limits import rates, services
-from admission.limits.models import RateLimit
+from admission.limits.models import Pool, RateLimit, TagLimit
 from queues.sql import gated
 from switchboard.ledger import chain
 from switchboard.ledger.models import LedgerEntry, LedgerKind
@@ -97,3 +97,10 @@ def limits_overview() -> dict[str, Any]:
             "recorded": counts.get(LedgerKind.LIMITS_QUARANTINE, 0),
         },
     }
+
+
+def declared_occupancy_limits() -> list[tuple[str, str, int, str]]:
+    """(kind, name, limit, posture) of every pool, then every tag, by name."""
+    declared = [("pool", p.name, p.slots, p.posture) for p in Pool.objects.all()]
+    declared += [("tag", t.tag, t.limit, t.posture) for t in TagLimit.objects.all()]
+    return declared

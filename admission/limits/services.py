@@ -19,7 +19,9 @@ from django.utils import timezone
 from admission.limits import gates as limit_gates
 from admission.limits import priority as queue_priority
 from admission.limits.models import (
+    DEFAULT_DECAY_STEP,
     DEFAULT_DECAY_WINDOW_SECONDS,
+    MAX_DECAY_STEP,
     MAX_DECAY_WINDOW_SECONDS,
     MAX_LIMIT,
     LimitPosture,
@@ -61,6 +63,7 @@ KINDS = {
             ("base_limit", 1, None),
             ("floor", 1, 1),
             ("decay_window_seconds", 1, DEFAULT_DECAY_WINDOW_SECONDS),
+            ("decay_step", 0, DEFAULT_DECAY_STEP),
         ),
     ),
 }
@@ -123,6 +126,12 @@ def _check_perm(actor: Actor, model_name: str) -> None:
         raise Forbidden("changing a fleet-wide limit needs the limits change permission")
 
 
+_HIGHEST = {
+    "decay_window_seconds": MAX_DECAY_WINDOW_SECONDS,
+    "decay_step": MAX_DECAY_STEP,
+}
+
+
 def _values(kind: Kind, given: dict[str, Any], row: Any | None) -> dict[str, Any]:
     """The fields after the change, each checked by name (a missing one keeps its value)."""
     values: dict[str, Any] = {}
@@ -132,7 +141,7 @@ def _values(kind: Kind, given: dict[str, Any], row: Any | None) -> dict[str, Any
             value = getattr(row, field) if row is not None else default
         if value is None:
             raise InvalidArgument(f"{field} is required", field=field)
-        highest = MAX_DECAY_WINDOW_SECONDS if field == "decay_window_seconds" else MAX_LIMIT
+        highest = _HIGHEST.get(field, MAX_LIMIT)
         if isinstance(value, bool) or not isinstance(value, int) or not lowest <= value <= highest:
             raise InvalidArgument(
                 f"{field} must be a whole number from {lowest} to {highest}", field=field

@@ -31,6 +31,7 @@ class RateLimitOut(Schema):
     effective_limit: int
     observations: int
     decay_window_seconds: int
+    decay_step: int
 
 
 @verb(
@@ -51,6 +52,7 @@ def report_rate_limited(actor: AgentActor, data: ReportRateLimitedIn) -> dict[st
         "effective_limit": st.effective,
         "observations": st.observations,
         "decay_window_seconds": st.decay_window_seconds,
+        "decay_step": st.decay_step,
     }
 
 

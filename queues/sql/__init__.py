@@ -98,7 +98,7 @@ def _fast_gates(gate_list: tuple[gates.ClaimGate, ...]) -> tuple[str, str, str, 
     verdict admitted it; the claim's condition; the charges; the verdict columns."""
     verdicts, charges, spent = [], [], ["0"]
     admit = ""
-    # A gate that cannot decide here (a per-todo limit) sends a candidate it claims to the
+    # A gate that cannot decide here (a rate limit) sends a candidate it claims to the
     # locked path, which decides every gate: no fast verdict is taken for that candidate.
     unclaimed = "".join(
         f" AND g.g{j} IS NULL"
@@ -662,4 +662,30 @@ SELECT t.state, t.attempt, t.lease_expires_at > clock_timestamp(), a.lease_token
 FROM queues_todo t
 LEFT JOIN queues_attempt a ON a.todo_id = t.id AND a.number = t.attempt
 WHERE t.id = %s AND t.endpoint_id = ANY(%s)
+"""
+
+
+# Occupancy history (issue 13): per pool and per tag, per minute since %(since)s, how many claims
+# naming it were held at some moment of that minute. Each attempt that overlaps the window spans
+# the minutes from its claim to its end (or now); attempt_claimed_brin finds recent ones.
+OCCUPANCY_HISTORY_SQL = """
+WITH spans AS (
+    SELECT t.pool, t.tags,
+           date_trunc('minute', GREATEST(a.claimed_at, %(since)s)) AS first_minute,
+           date_trunc('minute', LEAST(coalesce(a.ended_at, %(now)s), %(now)s)) AS last_minute
+    FROM queues_attempt a JOIN queues_todo t ON t.id = a.todo_id
+    WHERE a.claimed_at <= %(now)s AND (a.ended_at IS NULL OR a.ended_at >= %(since)s)
+      AND (t.pool IS NOT NULL OR t.tags <> '{}')
+),
+named AS (
+    SELECT 'pool' AS kind, s.pool AS name, s.first_minute, s.last_minute
+    FROM spans s WHERE s.pool IS NOT NULL
+    UNION ALL
+    SELECT 'tag', g.tag, s.first_minute, s.last_minute
+    FROM spans s CROSS JOIN LATERAL unnest(s.tags) AS g(tag)
+)
+SELECT n.kind, n.name, m.minute, count(*)
+FROM named n
+CROSS JOIN LATERAL generate_series(n.first_minute, n.last_minute, interval '1 minute') AS m(minute)
+GROUP BY 1, 2, 3
 """

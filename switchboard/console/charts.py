@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
 
-from queues.activity import SERIES, QueueThroughput
+from queues.activity import SERIES, OccupancyHistory, QueueThroughput
 
 # The plot stretches to its box (its lines keep their width); the labels are HTML around it,
 # so they read the same at 390 px and at 1440 px.
@@ -49,13 +49,14 @@ class Chart:
     plot_right: int
     top: int  # what the top gridline stands for, per minute
     rows: list[tuple[str, dict[str, int]]]  # the minutes with any activity, for the table
+    span: str = "last hour"
 
     @property
     def summary(self) -> str:
         """The chart in one sentence (its text alternative)."""
         parts = [f"{line.total} {line.label}" for line in self.lines]
         busiest = max(self.lines, key=lambda line: line.peak)
-        text = f"{self.queue}, last hour: {', '.join(parts)}."
+        text = f"{self.queue}, {self.span}: {', '.join(parts)}."
         if busiest.peak and busiest.peak_at is not None:
             text += (
                 f" Busiest minute: {busiest.peak} {busiest.label} at {busiest.peak_at:%H:%M %Z}."
@@ -121,4 +122,51 @@ def throughput_chart(data: QueueThroughput, zone: tzinfo) -> Chart:
         plot_right=WIDTH - RIGHT,
         top=top,
         rows=rows,
+    )
+
+
+def occupancy_chart(history: OccupancyHistory, zone: tzinfo) -> Chart:
+    """A pool's or tag's claims held per minute over 24 h, with its limit as a gridline."""
+    top = nice_ceiling(max(history.peak, history.limit))
+    n = len(history.minutes)
+    span_x = WIDTH - LEFT - RIGHT
+    span_y = HEIGHT - TOP - BOTTOM
+
+    def x(i: int) -> float:
+        return round(LEFT + span_x * i / max(n - 1, 1), 1)
+
+    def y(v: float) -> float:
+        return round(TOP + span_y * (1 - v / top), 1)
+
+    peak_i = max(range(n), key=lambda i: history.held[i]) if n else 0
+    line = Line(
+        kind="held",
+        label="held at the busiest minute",
+        points=" ".join(f"{x(i)},{y(c)}" for i, c in enumerate(history.held)),
+        total=history.peak,
+        peak=history.peak,
+        peak_at=history.minutes[peak_i].astimezone(zone) if history.peak else None,
+    )
+    y_ticks = [Tick(LEFT, y(v), str(v)) for v in sorted({0, history.limit, top})]
+    x_ticks = [
+        Tick(x(i), HEIGHT - 6, history.minutes[i].astimezone(zone).strftime("%H:%M"))
+        for i in (0, n // 2, n - 1)
+    ]
+    rows = [
+        (m.astimezone(zone).strftime("%d %b %H:%M"), {"held": history.held[i]})
+        for i, m in enumerate(history.minutes)
+        if history.held[i]
+    ]
+    return Chart(
+        queue=f"{history.kind} {history.name}",
+        width=WIDTH,
+        height=HEIGHT,
+        lines=[line],
+        y_ticks=y_ticks,
+        x_ticks=x_ticks,
+        plot_left=LEFT,
+        plot_right=WIDTH - RIGHT,
+        top=top,
+        rows=rows,
+        span=f"last 24 hours, limit {history.limit} ({history.posture})",
     )

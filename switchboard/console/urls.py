@@ -15,6 +15,7 @@ urlpatterns = [
     path("queues/<str:name>/pause", views.queue_pause_view, name="queue_pause"),
     path("queues/<str:name>/resume", views.queue_resume_view, name="queue_resume"),
     path("throughput", views.throughput_view, name="throughput"),
+    path("limits/occupancy", views.occupancy_view, name="occupancy"),
     path("agents", views.agents_view, name="agents"),
     path("todos/bulk/<str:action>", views.bulk_view, name="todos_bulk"),
     path("todos/<uuid:todo_id>", views.todo_view, name="todo"),

@@ -20,6 +20,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.http import reswap, retarget
 
 from admission import selectors as admission_selectors
+from admission.limits import selectors as limit_selectors
 from queues import activity, conditions, pauses, selectors, services
 from queues.access import Viewer, refuse_auditors, visible_endpoints
 from queues.conditions import Condition
@@ -238,6 +239,7 @@ def _todo_context(request: HttpRequest, viewer: Viewer, todo_id: UUID) -> dict[s
         "admission": chips.get(todo.id),
         "policy_status": policy_status,
         "pause": pause,
+        "explain": selectors.todo_explain(todo),
         "can_act": can_act,
         "actions": _actions_for(todo.state, todo.dead_letter) if can_act else [],
         "here": back,
@@ -420,6 +422,24 @@ def bulk_view(request: HttpRequest, action: str) -> HttpResponse:
 
 
 # --- throughput and agents ----------------------------------------------------------------------
+
+
+@require_GET
+@console_login_required
+def occupancy_view(request: HttpRequest) -> HttpResponse:
+    """Claims held per pool and per tag, per minute over the last 24 h (fleet-wide limits, so
+    every operator sees every one), one chart each with its limit as a gridline."""
+    viewer = Viewer.of(request)
+    histories = activity.occupancy_history(limit_selectors.declared_occupancy_limits())
+    return render(
+        request,
+        "queues/occupancy.html",
+        {
+            "viewer": viewer,
+            "charts": [charts.occupancy_chart(h, viewer.tz) for h in histories],
+            "nav": "occupancy",
+        },
+    )
 
 
 @require_GET

@@ -102,5 +102,6 @@ def console_pages(p: Personas, fleet: dict[str, Any]) -> list[str]:
         "/todos/bulk/retry?state=dead_letter",
         "/todos/bulk/discard?queue=inbox",
         "/throughput",
+        "/limits/occupancy",
         "/agents",
     ]

@@ -15,6 +15,7 @@ from tests.browser.test_accessibility import findings
 from tests.browser.test_failures import mode, open_page
 from tests.browser.test_phones import sideways_overflow
 from tests.conftest import Personas, push
+from tests.limits.conftest import pool, tag
 
 
 def busy_fleet(p: Personas) -> None:
@@ -72,3 +73,23 @@ def test_the_agents_view_shows_what_each_endpoint_holds(
     assert sideways_overflow(page) == 0
     assert findings(page) == []
     screenshot(page, f"agents-{width}-{mode(javascript)}")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_occupancy_page_draws_each_pool_and_tag_with_its_words(
+    session: Session, tx_personas: Personas, width: int
+) -> None:
+    pool("gpu", slots=2)
+    tag("vendor.a", 2)
+    for todo in push(tx_personas, 2, pool="gpu", tags=["vendor.a"]):
+        services.claim(actor=tx_personas.as_agent(), todo_id=todo.id)
+    page = open_page(session, tx_personas.owner, width=width, javascript=True)
+    page.goto("/limits/occupancy")
+    charts = page.get_by_role("img", name=re.compile("claims held per minute"))
+    expect(charts).to_have_count(2)
+    expect(page.locator("section.chart h2")).to_have_text(["pool gpu", "tag vendor.a"])
+    page.locator("details.chart-data summary").first.click()
+    expect(page.get_by_role("region", name="pool gpu, minute by minute")).to_be_visible()
+    assert sideways_overflow(page) == 0
+    assert findings(page) == []
+    screenshot(page, f"occupancy-{width}")

@@ -6,9 +6,11 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from admission.limits.models import Pool, TagLimit
+from admission.limits.models import Pool, RateLimit, TagLimit
+from queues import services
 from tests.conftest import Personas, push
 from tests.mcp.conftest import live_url  # noqa: F401  (a live server, for the MCP tests)
+from tests.web.conftest import budget
 
 
 def pool(name: str = "gpu", slots: int = 2, posture: str = "enforce") -> Pool:
@@ -29,3 +31,21 @@ def clear_of_a_minute_boundary(margin: int = 10) -> None:
     now = datetime.now(UTC)
     if now.second >= 60 - margin:
         time.sleep(60 - now.second - now.microsecond / 1e6 + 0.05)
+
+
+NAMES: dict[str, Any] = {"pool": "gpu", "tags": ["vendor.a", "vendor.b"], "rate_limit": "openai"}
+
+
+def everything_full(p: Personas) -> Any:
+    """One claimed todo fills pool gpu (1 slot), tag vendor.a (enforce, 1), tag vendor.b (advise,
+    1) and rate limit openai (1 a minute), not its queue's budget (5 in flight); returns a
+    second todo naming the same limits, held by them."""
+    clear_of_a_minute_boundary()
+    budget(p, max_in_flight=5)
+    pool("gpu", slots=1)
+    tag("vendor.a", 1)
+    tag("vendor.b", 1, posture="advise")
+    RateLimit.objects.create(name="openai", base_limit=1)
+    first, second = push(p, 2, **NAMES)
+    services.claim(actor=p.as_agent(), todo_id=first.id, lease_ttl_seconds=600)
+    return second

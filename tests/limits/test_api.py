@@ -40,10 +40,10 @@ def test_the_list_shows_each_limit_and_how_full_it_is(personas: Personas) -> Non
     listed = Client().get("/api/v1/limits", headers={"Authorization": f"Bearer {token}"}).json()
     assert listed["limits"] == [
         {"kind": "pool", "name": "gpu", "slots": 2, "posture": "enforce", "held": 1}
-        | dict.fromkeys(["limit", "base_limit", "floor", "decay_window_seconds"])
+        | dict.fromkeys(["limit", "base_limit", "floor", "decay_window_seconds", "decay_step"])
         | dict.fromkeys(["effective_limit", "observations", "used_this_minute"]),
         {"kind": "tag", "name": "vendor.a", "limit": 3, "posture": "advise", "held": 1}
-        | dict.fromkeys(["slots", "base_limit", "floor", "decay_window_seconds"])
+        | dict.fromkeys(["slots", "base_limit", "floor", "decay_window_seconds", "decay_step"])
         | dict.fromkeys(["effective_limit", "observations", "used_this_minute"]),
     ]
 
@@ -52,6 +52,11 @@ def test_a_superuser_sets_and_deletes_a_limit(personas: Personas) -> None:
     made = put(personas.admin, "/api/v1/limits/rate/openai", {"base_limit": 60})
     assert made.status_code == 200, made.content
     assert made.json()["floor"] == 1 and made.json()["decay_window_seconds"] == 300
+    assert made.json()["decay_step"] == 1
+    stepped = put(personas.admin, "/api/v1/limits/rate/openai", {"decay_step": 2})
+    assert stepped.status_code == 200 and stepped.json()["decay_step"] == 2
+    refused = put(personas.admin, "/api/v1/limits/rate/openai", {"decay_step": -1})
+    assert refused.status_code == 400 and "decay_step" in json.dumps(refused.json())
     changed = put(personas.admin, "/api/v1/limits/rate/openai", {"posture": "advise"})
     assert changed.json()["base_limit"] == 60 and changed.json()["posture"] == "advise"
     assert delete(personas.admin, "/api/v1/limits/rate/openai").status_code == 204

@@ -40,6 +40,9 @@ def test_an_operator_declares_changes_and_lists_each_kind(personas: Personas) ->
     assert TagLimit.objects.get().limit == 2
     rate = RateLimit.objects.get()
     assert (rate.base_limit, rate.floor, rate.decay_window_seconds) == (60, 5, 300)
+    assert rate.decay_step == 1  # one halving per 429, unless told otherwise
+    limits("set", "rate", "openai", "--decay-step", "2", "--as", "ada")
+    assert RateLimit.objects.get().decay_step == 2
     listed = json.loads(limits("list", "--json"))
     assert [(x["kind"], x["name"]) for x in listed] == [
         ("pool", "gpu"),
@@ -77,6 +80,7 @@ def test_every_change_is_a_ledger_row_naming_who_and_what_changed(personas: Pers
         (["set", "rate", "r", "--base-limit", "0"], "base_limit"),
         (["set", "rate", "r", "--base-limit", "4", "--floor", "5"], "floor"),
         (["set", "rate", "r", "--base-limit", "4", "--decay-window", "0"], "decay_window_seconds"),
+        (["set", "rate", "r", "--base-limit", "4", "--decay-step", "17"], "decay_step"),
         (["delete", "tag", "nope"], "name"),
     ],
 )

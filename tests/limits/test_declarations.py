@@ -45,11 +45,18 @@ def test_the_database_refuses_declarations_that_break_an_invariant(db: None) -> 
     refused_by_the_database(RateLimit, name="r", base_limit=4, floor=5)
     refused_by_the_database(RateLimit, name="r", base_limit=4, floor=0)
     refused_by_the_database(RateLimit, name="r", base_limit=4, decay_window_seconds=0)
+    refused_by_the_database(RateLimit, name="r", base_limit=4, decay_step=-1)
+    refused_by_the_database(RateLimit, name="r", base_limit=4, decay_step=17)
     refused_by_the_database(QueueSettings, queue="in box")
     refused_by_the_database(QueueSettings, queue="inbox", aging_seconds=0)
     Pool.objects.create(name="quarantined", slots=0)  # zero slots is quarantine, not an error
     rate = RateLimit.objects.create(name="r", base_limit=4)
-    assert (rate.floor, rate.decay_window_seconds, rate.posture) == (1, 300, "enforce")
+    assert (rate.floor, rate.decay_window_seconds, rate.decay_step, rate.posture) == (
+        1,
+        300,
+        1,
+        "enforce",
+    )
     settings = QueueSettings.objects.create(queue="inbox")
     assert (settings.priority, settings.aging_seconds) == (0, None)
 

@@ -53,6 +53,35 @@ def test_the_floor_holds_and_the_window_is_tunable(db: None) -> None:
     assert rates.state("r", now=at(200)).effective == 8  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize(
+    ("step", "observed", "effective"),
+    [
+        (1, [100], 4),  # the default: today's curve
+        (2, [100], 2),  # two halvings per 429
+        (2, [100, 150], 1),  # down to the floor
+        (0, [100, 150], 8),  # no decay at all
+    ],
+)
+def test_the_decay_step_tunes_the_halvings_per_429(
+    db: None, step: int, observed: list[int], effective: int
+) -> None:
+    rate = RateLimit.objects.create(name="openai", base_limit=8, floor=1, decay_step=step)
+    for t in observed:
+        RateObservation.objects.create(rate_limit=rate, observed_at=at(t))
+    st = rates.state("openai", now=at(200))
+    assert st is not None and st.effective == effective
+
+
+def test_claims_follow_a_tuned_decay_step(personas: Personas) -> None:
+    clear_of_a_minute_boundary()
+    RateLimit.objects.create(name="openai", base_limit=8, decay_step=2)
+    rates.observe(rate_limit="openai", actor=personas.as_agent())  # 8 >> 2: two a minute
+    push_named(personas, 3, rate_limit="openai")
+    results = [services.claim_next(actor=personas.as_agent()) for _ in range(3)]
+    assert [type(r) for r in results] == [Claimed, Claimed, NothingClaimable]
+    assert results[2].deferred[0]["reason"] == "rate_limited"  # type: ignore[union-attr]
+
+
 def test_claims_stop_at_the_effective_limit_with_the_next_minute_or_an_age_out(
     personas: Personas,
 ) -> None:

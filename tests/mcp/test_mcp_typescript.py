@@ -16,6 +16,7 @@ from typing import Any
 from queues import services
 from queues.models import Todo, TodoState
 from tests.conftest import FIXTURE, Personas, push
+from tests.limits.conftest import everything_full
 from tests.mcp.conftest import NODE
 
 
@@ -78,3 +79,19 @@ def test_a_typescript_agent_connects_to_an_endpoint_limited_to_one_request_a_sec
         {"name": "claim_next", "isError": False, "structuredContent": {"empty": True},
          "text": {"empty": True}}
     ]  # fmt: skip
+
+
+def test_the_typescript_sdk_accepts_get_todo_with_an_explain(
+    tx_personas: Personas, live_url: str, js_clients: Path
+) -> None:
+    held = everything_full(tx_personas)
+    [free] = push(tx_personas, 1)
+    calls = [["get_todo", {"id": str(held.id)}], ["get_todo", {"id": str(free.id)}]]
+    report = run_agent(
+        js_clients, f"{live_url}/mcp/{tx_personas.agent.slug}", tx_personas.agent_token, calls
+    )
+    held_call, free_call = report["calls"]
+    for call in (held_call, free_call):
+        assert "thrown" not in call and call["isError"] is False, json.dumps(call)
+    assert held_call["structuredContent"]["todo"]["explain"]["binding"] == "pool"
+    assert free_call["structuredContent"]["todo"]["explain"]["binding"] == "none"

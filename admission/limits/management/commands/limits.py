@@ -41,6 +41,7 @@ _OPTIONS = {
     "base_limit": ("--base-limit", "rate: claims per minute with no 429 in the decay window"),
     "floor": ("--floor", "rate: the least claims per minute however many 429s"),
     "decay_window_seconds": ("--decay-window", "rate: seconds a 429 keeps the limit halved"),
+    "decay_step": ("--decay-step", "rate: halvings per 429 in the window (default 1, 0: none)"),
 }
 # The numeric options of each kind's own verb, and which of them it requires.
 _KIND_VERBS = {
