@@ -246,11 +246,39 @@ def limit_quarantine(*, actor: Actor, kind: str, name: str) -> dict[str, Any]:
     k = kind_of(kind)
     _check_may_change(actor, k)
     check_limit_name(name, field_name="name")
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic():
+        for _ in range(_QUARANTINE_TRIES):
+            try:
+                with transaction.atomic():
+                    return _quarantine_once(actor, k, kind, name)
+            except _ClaimedMeanwhile:
+                continue  # the savepoint's rollback let go of every lock taken; take them again
+    raise Conflict(
+        f"claims kept landing on {k.name} {name!r} while it was being quarantined; try again",
+        field="name",
+    )
+
+
+class _ClaimedMeanwhile(Exception):
+    """A claim naming the limit committed between locking its claims and locking its row."""
+
+
+_QUARANTINE_TRIES = 20
+
+
+def _quarantine_once(actor: Actor, k: Kind, kind: str, name: str) -> dict[str, Any]:
+    with connection.cursor() as cursor:
         cursor.execute(gated.quarantine_lock_sql(kind), {"n": name})
+        locked = {todo_id for (todo_id,) in cursor.fetchall()}
         row = k.model.objects.select_for_update().filter(**{k.key: name}).first()  # type: ignore[attr-defined]
         if row is None:
             raise NotFound(f"no {k.name} limit named {name!r}", field="name")
+        # A claim that landed between the two locks is not ours: expiring it would wait on its
+        # holder's completion, which waits (share) on the limit's row this holds: a deadlock.
+        # Under the row's lock no claim naming the limit can land, so a second pass settles it.
+        cursor.execute(gated.quarantine_lock_sql(kind, lock=False), {"n": name})
+        if {todo_id for (todo_id,) in cursor.fetchall()} - locked:
+            raise _ClaimedMeanwhile
         before = as_dict(k, row)
         cursor.execute(gated.quarantine_queued_sql(kind), {"n": name})
         queued = [todo_id for (todo_id,) in cursor.fetchall()]

@@ -154,13 +154,14 @@ WHERE t.state = 'claimed' AND (t.pool IS NOT NULL OR cardinality(t.tags) > 0
 """
 
 
-def quarantine_lock_sql(kind: str) -> str:
+def quarantine_lock_sql(kind: str, *, lock: bool = True) -> str:
     """The claims naming the limit, locked before the limit's row: a claimer locks its todo
     before the gate's row, so the quarantine takes the todos it will expire first (the
-    same order) and never waits on a takeover that waits on it."""
+    same order) and never waits on a takeover that waits on it. ``lock=False``: the same ids,
+    read without locks (the check, under the limit's lock, that no claim landed between)."""
     return f"""
 SELECT t.id FROM queues_todo t WHERE t.state = 'claimed' AND {NAMING[kind]}
-ORDER BY t.id FOR UPDATE OF t
+ORDER BY t.id{" FOR UPDATE OF t" if lock else ""}
 """
 
 
