@@ -118,7 +118,7 @@ MIDDLEWARE = [
 # file) are served by this shorter chain (switchboard.asgi): sessions, CSRF, auth, messages, htmx
 # and static files do nothing for them but cost a tenth of a request's CPU (issue 11). Host
 # validation (CommonMiddleware), HTTPS redirect/HSTS and the security headers stay.
-AGENT_PATH_PREFIXES = () if os.environ.get("XNOSLIM") else ("/api/v1/agent/", "/mcp/")
+AGENT_PATH_PREFIXES = ("/api/v1/agent/", "/mcp/")
 AGENT_MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "switchboard.middleware.SecurityHeadersMiddleware",
