@@ -27,9 +27,9 @@ django.setup(set_prefix=False)  # as django.core.asgi.get_asgi_application does
 from django.conf import settings  # noqa: E402  (after Django is set up)
 from django.core import signals  # noqa: E402
 from django.core.exceptions import RequestAborted  # noqa: E402
-from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix  # noqa: E402
 from django.core.handlers.base import BaseHandler  # noqa: E402
+from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
 from django.http.response import HttpResponseBase  # noqa: E402
 from django.urls import Resolver404, get_resolver, set_script_prefix  # noqa: E402
 from django.utils.module_loading import import_string  # noqa: E402
@@ -44,10 +44,10 @@ class _SyncChain(BaseHandler):
         super().__init__()
         # BaseHandler.load_middleware(is_async=False) for a given list (it reads MIDDLEWARE):
         # every middleware here is sync-capable, so no adapting is needed.
-        self._view_middleware = []
-        self._template_response_middleware = []
-        self._exception_middleware = []
-        handler = convert_exception_to_response(self._get_response)
+        self._view_middleware: list[Any] = []
+        self._template_response_middleware: list[Any] = []
+        self._exception_middleware: list[Any] = []
+        handler = convert_exception_to_response(self._get_response)  # type: ignore[attr-defined]
         for path in reversed(middleware):
             instance = import_string(path)(handler)
             if hasattr(instance, "process_view"):

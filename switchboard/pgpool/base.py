@@ -2,8 +2,8 @@
 
 With ``CONN_HEALTH_CHECKS`` Django's pool checks every connection it hands out with a round trip
 to the server (an empty query): one more round trip per request, a third of an agent request's
-(issue 11). A connection whose last use ended less than ``IDLE_CHECK_SECONDS`` ago has just
-proved itself; one that broke in use is discarded by the pool when it comes back. So only a
+(issue 11). A connection handed out less than ``IDLE_CHECK_SECONDS`` ago has just proved
+itself (one that broke in use is discarded by the pool when it comes back). So only a
 connection idle that long is checked: after a PostgreSQL restart (which takes longer than that)
 every connection kept from before is checked, and replaced, before a request can get it.
 """
@@ -13,21 +13,27 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from django.db.backends.base.base import NO_DB_ALIAS
 from django.db.backends.postgresql import base
 from psycopg_pool import ConnectionPool
 
 IDLE_CHECK_SECONDS = 1.0
 
 
-def _returned(conn: Any) -> None:
-    """The pool's ``reset`` callback: when the connection came back (idle, nothing to reset)."""
-    conn._switchboard_returned_at = time.monotonic()
+# When each pooled connection was last handed out, by id(): psycopg connections take no
+# attributes. Idle time is at most the time since then, so this errs towards checking. A reused
+# id is a connection made since, which has nothing to prove either.
+_handed_out_at: dict[int, float] = {}
 
 
 def _check_if_idle(conn: Any) -> None:
     """The pool's ``check`` callback: a round trip only for a connection idle for a while."""
-    returned = getattr(conn, "_switchboard_returned_at", None)
-    if returned is not None and time.monotonic() - returned < IDLE_CHECK_SECONDS:
+    now = time.monotonic()
+    last = _handed_out_at.get(id(conn))
+    if len(_handed_out_at) > 10_000:  # ids of connections closed meanwhile
+        _handed_out_at.clear()
+    _handed_out_at[id(conn)] = now
+    if last is not None and now - last < IDLE_CHECK_SECONDS:
         return
     ConnectionPool.check_connection(conn)
 
@@ -35,22 +41,23 @@ def _check_if_idle(conn: Any) -> None:
 class DatabaseWrapper(base.DatabaseWrapper):
     @property
     def pool(self) -> ConnectionPool | None:
+        pools: dict[str, ConnectionPool] = self._connection_pools  # type: ignore[attr-defined]
+        if self.alias in pools:  # read on every connect: kept cheap
+            return pools[self.alias]
         options = self.settings_dict["OPTIONS"].get("pool")
         if (
             options
-            and self.alias not in self._connection_pools
+            and self.alias != NO_DB_ALIAS  # Django pools no maintenance connection
             and self.settings_dict["CONN_HEALTH_CHECKS"]
             and not self.settings_dict.get("CONN_MAX_AGE")  # else Django's own refusal
         ):
-            # Django's pool, built as Django builds it, with the two callbacks above.
+            # Django's pool, built as Django builds it, with the check above.
             pool = ConnectionPool(
                 kwargs={**self.get_connection_params(), "autocommit": True},
                 open=False,
-                configure=self._configure_connection,
+                configure=self._configure_connection,  # type: ignore[attr-defined]
                 check=_check_if_idle,
-                reset=_returned,
                 **({} if options is True else options),
             )
-            self._connection_pools.setdefault(self.alias, pool)
-        return super().pool  # type: ignore[no-any-return]
-
+            pools.setdefault(self.alias, pool)
+        return super().pool
