@@ -1,6 +1,6 @@
 """``make bench``: every benchmark, results as JSON under bench/results/.
 
-Runs against a database of its own (``switchboard_bench``) on the embedded PostgreSQL, or on the
+Runs against a database of its own (``switchboard_bench``, or BENCH_DATABASE) on the embedded PostgreSQL, or on the
 server of DATABASE_URL, migrated fresh; the embedded Valkey is started if REDIS_URL is unset.
 ``python -m bench [--duration S] [--only core,http,admission,console,doorbell,boardlive,limits]``.
 """
@@ -40,7 +40,9 @@ def _bench_database() -> None:
         info = embedded.ensure_postgres()
         settings_dict = embedded.database_settings(None)
         admin = info.url("postgres")
-    name = "switchboard_bench"
+    # The embedded server is shared by every checkout on the machine: BENCH_DATABASE names
+    # another database, so two benches at once do not drop each other's.
+    name = os.environ.get("BENCH_DATABASE", "switchboard_bench")
     # A fresh database each run: nothing left over from an earlier schema or an earlier run.
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

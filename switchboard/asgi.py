@@ -29,18 +29,35 @@ from django.core import signals  # noqa: E402
 from django.core.exceptions import RequestAborted  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix  # noqa: E402
 from django.core.handlers.base import BaseHandler  # noqa: E402
+from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
 from django.http.response import HttpResponseBase  # noqa: E402
 from django.urls import Resolver404, get_resolver, set_script_prefix  # noqa: E402
+from django.utils.module_loading import import_string  # noqa: E402
 
 ARRIVED = "switchboard.arrived"
 
 
 class _SyncChain(BaseHandler):
-    """Django's synchronous request handling (the WSGI handler's), middleware loaded for sync."""
+    """Django's synchronous request handling (the WSGI handler's) through ``middleware``."""
 
-    def __init__(self) -> None:
+    def __init__(self, middleware: list[str]) -> None:
         super().__init__()
-        self.load_middleware(is_async=False)
+        # BaseHandler.load_middleware(is_async=False) for a given list (it reads MIDDLEWARE):
+        # every middleware here is sync-capable, so no adapting is needed.
+        self._view_middleware: list[Any] = []
+        self._template_response_middleware: list[Any] = []
+        self._exception_middleware: list[Any] = []
+        handler = convert_exception_to_response(self._get_response)  # type: ignore[attr-defined]
+        for path in reversed(middleware):
+            instance = import_string(path)(handler)
+            if hasattr(instance, "process_view"):
+                self._view_middleware.insert(0, instance.process_view)
+            if hasattr(instance, "process_template_response"):
+                self._template_response_middleware.append(instance.process_template_response)
+            if hasattr(instance, "process_exception"):
+                self._exception_middleware.append(instance.process_exception)
+            handler = convert_exception_to_response(instance)
+        self._middleware_chain = handler
 
 
 class OneHopHandler(ASGIHandler):
@@ -48,7 +65,10 @@ class OneHopHandler(ASGIHandler):
 
     def __init__(self, threads: int) -> None:
         super().__init__()
-        self.sync_chain = _SyncChain()
+        self.sync_chain = _SyncChain(settings.MIDDLEWARE)
+        # The agents' paths skip the console's middleware (settings.AGENT_MIDDLEWARE says why).
+        self.agent_chain = _SyncChain(settings.AGENT_MIDDLEWARE)
+        self.agent_prefixes = tuple(settings.AGENT_PATH_PREFIXES)
         # Fixed, long-lived threads: each keeps its database connection (CONN_MAX_AGE or the
         # pool) and nothing is started per request. Sized like the connection pool's ceiling.
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="django")
@@ -84,7 +104,9 @@ class OneHopHandler(ASGIHandler):
             assert error_response is not None  # create_request gives one or the other
             response: HttpResponseBase = error_response
         else:
-            response = self.sync_chain.get_response(request)
+            agent = request.path_info.startswith(self.agent_prefixes)
+            chain = self.agent_chain if agent else self.sync_chain
+            response = chain.get_response(request)
             response._handler_class = self.__class__  # type: ignore[attr-defined]
         if not response.streaming:
             # The content is in memory: closing now sends request_finished, which returns this

@@ -114,6 +114,17 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
 ]
+# The agents' paths (the agent verbs and MCP: bearer tokens, never a session, a form or a static
+# file) are served by this shorter chain (switchboard.asgi): sessions, CSRF, auth, messages, htmx
+# and static files do nothing for them but cost a tenth of a request's CPU (issue 11). Host
+# validation (CommonMiddleware), HTTPS redirect/HSTS and the security headers stay.
+AGENT_PATH_PREFIXES = ("/api/v1/agent/", "/mcp/")
+AGENT_MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "switchboard.middleware.SecurityHeadersMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
 
 ROOT_URLCONF = "switchboard.urls"
 WSGI_APPLICATION = "switchboard.wsgi.application"
@@ -146,6 +157,10 @@ if env_bool("DATABASE_POOL", True):
         "timeout": env_int("DATABASE_POOL_TIMEOUT", 2, minimum=1),
     }
     DATABASES["default"]["CONN_MAX_AGE"] = 0
+    # Django's backend, whose pool checks a connection only after it sat idle (a round trip per
+    # request saved: switchboard/pgpool/base.py says why that is safe).
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        DATABASES["default"]["ENGINE"] = "switchboard.pgpool"
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # Fail fast: a PostgreSQL that does not answer costs a request seconds, not minutes (README).
 _options = DATABASES["default"].setdefault("OPTIONS", {})

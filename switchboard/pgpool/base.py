@@ -1,0 +1,63 @@
+"""Django's PostgreSQL backend; its connection pool checks a connection only after it sat idle.
+
+With ``CONN_HEALTH_CHECKS`` Django's pool checks every connection it hands out with a round trip
+to the server (an empty query): one more round trip per request, a third of an agent request's
+(issue 11). A connection handed out less than ``IDLE_CHECK_SECONDS`` ago has just proved
+itself (one that broke in use is discarded by the pool when it comes back). So only a
+connection idle that long is checked: after a PostgreSQL restart (which takes longer than that)
+every connection kept from before is checked, and replaced, before a request can get it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.db.backends.base.base import NO_DB_ALIAS
+from django.db.backends.postgresql import base
+from psycopg_pool import ConnectionPool
+
+IDLE_CHECK_SECONDS = 1.0
+
+
+# When each pooled connection was last handed out, by id(): psycopg connections take no
+# attributes. Idle time is at most the time since then, so this errs towards checking. A reused
+# id is a connection made since, which has nothing to prove either.
+_handed_out_at: dict[int, float] = {}
+
+
+def _check_if_idle(conn: Any) -> None:
+    """The pool's ``check`` callback: a round trip only for a connection idle for a while."""
+    now = time.monotonic()
+    last = _handed_out_at.get(id(conn))
+    if len(_handed_out_at) > 10_000:  # ids of connections closed meanwhile
+        _handed_out_at.clear()
+    _handed_out_at[id(conn)] = now
+    if last is not None and now - last < IDLE_CHECK_SECONDS:
+        return
+    ConnectionPool.check_connection(conn)
+
+
+class DatabaseWrapper(base.DatabaseWrapper):
+    @property
+    def pool(self) -> ConnectionPool | None:
+        pools: dict[str, ConnectionPool] = self._connection_pools  # type: ignore[attr-defined]
+        if self.alias in pools:  # read on every connect: kept cheap
+            return pools[self.alias]
+        options = self.settings_dict["OPTIONS"].get("pool")
+        if (
+            options
+            and self.alias != NO_DB_ALIAS  # Django pools no maintenance connection
+            and self.settings_dict["CONN_HEALTH_CHECKS"]
+            and not self.settings_dict.get("CONN_MAX_AGE")  # else Django's own refusal
+        ):
+            # Django's pool, built as Django builds it, with the check above.
+            pool = ConnectionPool(
+                kwargs={**self.get_connection_params(), "autocommit": True},
+                open=False,
+                configure=self._configure_connection,  # type: ignore[attr-defined]
+                check=_check_if_idle,
+                **({} if options is True else options),
+            )
+            pools.setdefault(self.alias, pool)
+        return super().pool
