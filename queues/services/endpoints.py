@@ -12,7 +12,7 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from queues import access, hookguard, metrics, sql
+from queues import access, hookguard, metrics, sql, wakes
 from queues.access import HumanActor, SystemActor
 from queues.models import (
     BASIC_VERBS,
@@ -148,15 +148,18 @@ def endpoint_revoke(*, endpoint: Endpoint, actor: HumanActor | SystemActor) -> i
         locked.revoked_at = now
         locked.save(update_fields=["state", "revoked_at"])
         with connection.cursor() as cursor:
-            cursor.execute(
-                sql.REVOKE_SQL,
-                [locked.id],
-            )
+            cursor.execute(sql.revoke_sql(), [locked.id])
             rows = cursor.fetchall()
         total = 0
-        for queue, count in rows:
+        reopens: set[str] = set()
+        for queue, count, keys in rows:
             metrics.completed(queue, "dead_lettered", count)
             total += count
+            reopens.update(keys)
+        # The dead-lettered claims free the pool and tag units they held: other endpoints' work
+        # waiting on them rings ``reopened``, once per identity, after commit.
+        if reopens:
+            transaction.on_commit(lambda: wakes.reopen(reopens))
         _append(
             LedgerKind.ENDPOINT_REVOKE,
             actor,

@@ -591,26 +591,43 @@ SELECT endpoint_id, queue, count(*) FROM requeued GROUP BY endpoint_id, queue
 
 # --- revoke ------------------------------------------------------------------------------------
 
+
 # A revoked endpoint's live todos are dead-lettered with result endpoint_revoked; the open
-# attempts close. Answers the count per queue.
-REVOKE_SQL = """
-WITH revoked AS (
-    UPDATE queues_todo t
-    SET state = 'failed', next_retry_at = NULL, lease_expires_at = NULL,
-        result = '{"error": "endpoint_revoked"}'::jsonb, finished_at = now(),
-        updated_at = now()
+# attempts close. Answers, per queue, the count and the queue identities (of other endpoints)
+# the freed claims may reopen (``gates.reopens``, for the rows that were claimed).
+@functools.cache
+def _revoke_sql(gate_list: tuple[gates.ClaimGate, ...]) -> str:
+    return f"""
+WITH live AS (
+    SELECT t.id, t.state AS was FROM queues_todo t
     WHERE t.endpoint_id = %s
       AND (t.state IN ('pending', 'claimed')
            OR (t.state = 'failed' AND t.next_retry_at IS NOT NULL))
-    RETURNING t.id, t.attempt, t.queue
+    ORDER BY t.id
+    FOR UPDATE OF t
+), revoked AS (
+    UPDATE queues_todo t
+    SET state = 'failed', next_retry_at = NULL, lease_expires_at = NULL,
+        result = '{{"error": "endpoint_revoked"}}'::jsonb, finished_at = now(),
+        updated_at = now()
+    FROM live l WHERE t.id = l.id
+    RETURNING t.id, t.attempt, t.queue,
+              CASE WHEN l.was = 'claimed' THEN {gates.reopens("t")} END AS reopens
 ), closed AS (
     UPDATE queues_attempt a
     SET ended_at = now(), outcome = 'revoked', disposition = 'dead_lettered'
     FROM revoked r
     WHERE a.todo_id = r.id AND a.number = r.attempt AND a.ended_at IS NULL
 )
-SELECT queue, count(*) FROM revoked GROUP BY queue
+SELECT r.queue, count(DISTINCT r.id),
+       coalesce(array_agg(DISTINCT k) FILTER (WHERE k IS NOT NULL), '{{}}')
+FROM revoked r LEFT JOIN LATERAL unnest(r.reopens) k ON true
+GROUP BY r.queue
 """
+
+
+def revoke_sql() -> str:
+    return _revoke_sql(gates.gates())
 
 
 # --- reads for the pages, the queue list and the resume -----------------------------------------

@@ -212,3 +212,27 @@ def test_changes_that_free_nothing_ring_nothing_however_they_race(
     results = run_threads(8, act)
     assert not any(isinstance(r, Claimed) for r in results[:2])
     assert listener.drain() == []
+
+
+def test_revoking_an_endpoint_frees_its_pool_units_for_the_other_endpoints_once(
+    tx_personas: Personas, listener: Listener
+) -> None:
+    p = tx_personas
+    _full_gpu_pool_with_work_in_three_identities(p)
+    listener.drain()
+    services.endpoint_revoke(endpoint=p.agent, actor=p.as_human(p.admin))
+    # The agent's own work is dead-lettered with it; only agent two's waiting work reopens.
+    assert _rings(listener) == [(str(p.agent2.id), "inbox", "reopened")]
+
+
+def test_revoking_an_endpoint_with_room_in_its_pool_rings_nothing(
+    tx_personas: Personas, listener: Listener
+) -> None:
+    p = tx_personas
+    pool("gpu", slots=2)
+    push(p, 1, pool="gpu")
+    _claim(p)
+    push(p, 1, endpoint=p.agent2, pool="gpu")
+    listener.drain()
+    services.endpoint_revoke(endpoint=p.agent, actor=p.as_human(p.admin))
+    assert _rings(listener) == []
