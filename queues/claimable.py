@@ -24,3 +24,13 @@ CLAIMABLE = f"""
     AND {CLAIMABLE_STATE}
     AND NOT EXISTS (SELECT 1 FROM queues_queuepause qp WHERE qp.queue = t.queue)
 """
+
+# What a claim whose lease lapsed becomes (the SET list of an UPDATE over the todo row ``t``):
+# back to pending with its attempts left, dead-lettered (failed, lease_expired) at the cap. The
+# reaper and a quarantine's expiry both write it.
+LAPSED_CLAIM_SET = """state = CASE WHEN t.attempt < t.max_attempts THEN 'pending' ELSE 'failed' END,
+        owner = '', lease_expires_at = NULL, next_retry_at = NULL,
+        result = CASE WHEN t.attempt < t.max_attempts THEN t.result
+                      ELSE '{"error": "lease_expired"}'::jsonb END,
+        finished_at = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE now() END,
+        updated_at = now()"""

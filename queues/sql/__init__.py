@@ -30,7 +30,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.backends.utils import CursorWrapper
 
 from queues import gates
-from queues.claimable import CLAIMABLE, CLAIMABLE_STATE
+from queues.claimable import CLAIMABLE, CLAIMABLE_STATE, LAPSED_CLAIM_SET
 from queues.models import Todo
 
 _TODO_FIELDS = list(Todo._meta.concrete_fields)
@@ -528,12 +528,7 @@ WITH lapsed AS (
     FOR UPDATE SKIP LOCKED
 ), reaped AS (
     UPDATE queues_todo t
-    SET state = CASE WHEN t.attempt < t.max_attempts THEN 'pending' ELSE 'failed' END,
-        owner = '', lease_expires_at = NULL, next_retry_at = NULL,
-        result = CASE WHEN t.attempt < t.max_attempts THEN t.result
-                      ELSE '{{"error": "lease_expired"}}'::jsonb END,
-        finished_at = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE now() END,
-        updated_at = now()
+    SET {LAPSED_CLAIM_SET}
     FROM lapsed l WHERE t.id = l.id
     RETURNING t.id, t.endpoint_id, t.queue, t.attempt, t.state, {gates.reopens("t")} AS reopens
 ), closed AS (

@@ -16,7 +16,7 @@ from uuid import UUID
 
 from django.db.backends.utils import CursorWrapper
 
-from queues.claimable import CLAIMABLE
+from queues.claimable import CLAIMABLE, LAPSED_CLAIM_SET
 
 
 def _claimed(match: str, excluding: str | None) -> str:
@@ -182,12 +182,7 @@ def quarantine_expire_sql(kind: str) -> str:
     return f"""
 WITH expired AS (
     UPDATE queues_todo t
-    SET state = CASE WHEN t.attempt < t.max_attempts THEN 'pending' ELSE 'failed' END,
-        owner = '', lease_expires_at = NULL, next_retry_at = NULL,
-        result = CASE WHEN t.attempt < t.max_attempts THEN t.result
-                      ELSE '{{"error": "lease_expired"}}'::jsonb END,
-        finished_at = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE now() END,
-        updated_at = now()
+    SET {LAPSED_CLAIM_SET}
     FROM (SELECT id, owner FROM queues_todo t WHERE t.state = 'claimed' AND {NAMING[kind]}) h
     WHERE t.id = h.id
     RETURNING t.id, h.owner, t.endpoint_id, t.queue, t.attempt, t.state
