@@ -134,6 +134,9 @@ class ProcessPool:
 
     def __init__(self, size: int) -> None:
         ctx = multiprocessing.get_context("spawn")
+        # A worker uses one connection: a pool of two per process (the default minimum) would
+        # open twice the server's share at 32 processes and run it out of connections.
+        os.environ["DATABASE_POOL_MIN"] = "1"
         self.go = ctx.Event()
         self.stop = ctx.Event()
         self.pipes: list[Connection] = []
