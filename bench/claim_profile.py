@@ -96,16 +96,7 @@ def _run(args: argparse.Namespace) -> None:
             with sql.hot_cursor() as cursor:
                 cursor.execute(
                     claim_sql,
-                    {
-                        "endpoint": endpoint.id,
-                        "queues": ["bench"],
-                        "excluded": [],
-                        "passed": [],
-                        "claimant": "w0",
-                        "via": "api",
-                        "ttl": 300,
-                        "fence_hash": None,
-                    },
+                    _claim_params(endpoint),
                 )
                 todo_id = cursor.fetchone()[0]
                 cursor.execute(
@@ -186,6 +177,20 @@ def _run(args: argparse.Namespace) -> None:
         stats.sort_stats("cumulative").print_stats(40)
 
 
+def _claim_params(endpoint: Any) -> dict[str, Any]:
+    """The bare claim statement's parameters for one claimer of the bench queue."""
+    return {
+        "endpoint": endpoint.id,
+        "queues": ["bench"],
+        "excluded": [],
+        "passed": [],
+        "claimant": "w0",
+        "via": "api",
+        "ttl": 300,
+        "fence_hash": None,
+    }
+
+
 def _cpu_of(pid: int) -> float:
     """User + system CPU seconds of a process on this machine (the server backend)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -221,16 +226,7 @@ def _explain(endpoint: Any) -> None:
 
     from queues import gates, sql
 
-    params: dict[str, Any] = {
-        "endpoint": endpoint.id,
-        "queues": ["bench"],
-        "excluded": [],
-        "passed": [],
-        "claimant": "w0",
-        "via": "api",
-        "ttl": 300,
-        "fence_hash": None,
-    }
+    params = _claim_params(endpoint)
     for i, gate in enumerate(gates.gates()):
         params[f"gp{i}"] = gate.fast_params(endpoint.id)
     with transaction.atomic(), connection.cursor() as cursor:

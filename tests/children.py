@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,3 +59,16 @@ class Child:
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
+
+
+@contextmanager
+def children(module: str, n: int = 2) -> Iterator[list[Child]]:
+    """``n`` children of ``module``, closed however the test ends."""
+    started: list[Child] = []
+    try:
+        for _ in range(n):
+            started.append(Child(module))
+        yield started
+    finally:
+        for child in started:
+            child.close()

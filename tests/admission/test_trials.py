@@ -21,6 +21,7 @@ from queues import services
 from queues.models import Attempt
 from tests.admission.conftest import budget
 from tests.children import Child
+from tests.children import children as started
 from tests.conftest import FIXTURE, Personas, push
 
 TRIALS = 100
@@ -29,12 +30,8 @@ ZONES = ["UTC", "Europe/Berlin", "Australia/Lord_Howe", "Asia/Kolkata", "America
 
 @pytest.fixture
 def children(tx_personas: Personas) -> Iterator[list[Child]]:
-    started = [Child("tests.admission.trial_racer"), Child("tests.admission.trial_racer")]
-    try:
-        yield started
-    finally:
-        for child in started:
-            child.close()
+    with started("tests.admission.trial_racer") as both:
+        yield both
 
 
 def _window(rng: random.Random) -> dict[str, Any]:

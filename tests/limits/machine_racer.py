@@ -11,9 +11,9 @@ or {"empty": n deferred}. The parent writes to two of these at once, so their cl
 
 from __future__ import annotations
 
-import json
-import sys
 from typing import Any
+
+from tests.child_serve import serve
 
 # A lease no test step outlives: a claim never lapses by itself, only through the machine's
 # expire rule.
@@ -50,18 +50,5 @@ def run(command: dict[str, Any]) -> dict[str, Any]:
     return {"results": results, "errors": errors}
 
 
-def main() -> None:
-    import django
-
-    django.setup()
-    from django.db import connection
-
-    connection.ensure_connection()  # one connection for the child's whole life
-    print("ready", flush=True)
-    for line in sys.stdin:
-        if line.strip():
-            print(json.dumps(run(json.loads(line))), flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    serve(run)

@@ -44,6 +44,7 @@ from queues.services import sweeps
 from switchboard.ledger import chain
 from switchboard.ledger.models import LedgerEntry, LedgerKind
 from tests.children import Child
+from tests.children import children as started
 from tests.conftest import Personas, lapse, push
 
 OCCUPANCY = {"p": "pool", "a": "tag", "b": "tag"}  # the pool and tag limits, by name
@@ -448,12 +449,8 @@ INVARIANTS: list[Invariant] = [
 
 @pytest.fixture
 def children(tx_personas: Personas) -> Iterator[list[Child]]:
-    started = [Child("tests.limits.machine_racer"), Child("tests.limits.machine_racer")]
-    try:
-        yield started
-    finally:
-        for child in started:
-            child.close()
+    with started("tests.limits.machine_racer") as both:
+        yield both
 
 
 def test_random_interleavings_in_two_processes_keep_every_limit_waiver_and_manifest_exact(
