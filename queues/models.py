@@ -409,8 +409,16 @@ class Attempt(models.Model):
         Todo, on_delete=models.CASCADE, related_name="attempts", db_index=False
     )
     number = models.PositiveIntegerField()
+    # No constraint in the database: the claim statement copies it from the attempt's todo,
+    # whose own foreign key holds the endpoint (and the todo's, this attempt's). Checking it
+    # again took a KEY SHARE lock on the endpoint's row in every claim, which concurrent claimers
+    # of one endpoint share through a multixact (issue 12). Deletes still cascade (Django's).
     endpoint = models.ForeignKey(
-        Endpoint, on_delete=models.CASCADE, related_name="attempts", db_index=False
+        Endpoint,
+        on_delete=models.CASCADE,
+        related_name="attempts",
+        db_index=False,
+        db_constraint=False,
     )
     claimant = models.CharField(max_length=200, blank=True, default="")
     via = models.CharField(max_length=10, blank=True, default="")

@@ -84,25 +84,34 @@ def claim_next(
     if not sql.recently_gated(endpoint.id):
         # (1) The common path: one statement that commits on its own. It claims at once when no
         # gate claims the candidate or every gate that does admits it inside the statement.
+        # First, unless this endpoint met gated work lately, the bare statement: it carries no
+        # gate's skip or verdict, so it is the cheapest plan; it claims only a candidate no gate
+        # claims, and one that some gate claims goes to the full statement below.
+        kwargs: dict[str, Any] = {
+            "endpoint_id": endpoint.id,
+            "queues": granted,
+            "excluded": [],
+            "passed": [],
+            "claimant": who,
+            "via": actor.via,
+            "ttl": ttl,
+            "fence_hash": fence_hash,
+            "prioritised": prioritised,
+        }
         with sql.hot_cursor() as cursor:
             availability.check_deadline()  # the connection is in hand: late means no claim
-            cand = sql.claim_next_candidate(
-                cursor,
-                endpoint_id=endpoint.id,
-                queues=granted,
-                excluded=[],
-                passed=[],
-                claimant=who,
-                via=actor.via,
-                ttl=ttl,
-                fence_hash=fence_hash,
-                fast=True,
-                prioritised=prioritised,
-            )
+            cand: sql.Candidate | sql.NoCandidate | None = None
+            if not sql.recently_limited(endpoint.id):
+                cand = sql.claim_next_candidate(cursor, bare=True, **kwargs)
+                if isinstance(cand, sql.Candidate) and cand.todo is None:
+                    sql.mark_limited(endpoint.id)
+                    cand = None
+            if cand is None:
+                cand = sql.claim_next_candidate(cursor, fast=True, **kwargs)
         if isinstance(cand, sql.NoCandidate):
             return NothingClaimable(deferred=_held_entries(endpoint.id, granted, [], cand))
         if cand.todo is not None:
-            report = _fast_report(cand.verdicts)
+            report = _fast_report(cand.verdicts) if cand.verdicts else None
             metrics.claimed(cand.todo.queue, cand.todo.attempt, charged=report is not None)
             return Claimed(
                 todo=cand.todo,

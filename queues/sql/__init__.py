@@ -152,7 +152,11 @@ def _claim_next_sql(
     fast: bool = False,
     prioritised: bool = False,
     names: bool = False,
+    bare: bool = False,
 ) -> str:
+    """``bare``: no skips and no fast verdicts, and the candidate is claimed only when no gate's
+    probe claims it; a gate's skip only passes over rows its probe claims, so the bare
+    statement's candidate is the full statement's whenever it claims one (see claim_next)."""
     probe = admit = ""
     keys = charges = ""
     if gate_list:
@@ -162,12 +166,12 @@ def _claim_next_sql(
         held = " OR ".join(f"g{i} IS NOT NULL" for i in range(len(gate_list)))
         admit = f"AND NOT EXISTS (SELECT 1 FROM gate WHERE {held})"
         keys = "".join(f"(SELECT g{i} FROM gate), " for i in range(len(gate_list)))
-        if fast:
+        if fast and not bare:
             verdict_ctes, admit, charge_ctes, columns = _fast_gates(gate_list)
             probe += "\n" + verdict_ctes
             keys += columns
             charges = ",\n" + charge_ctes if charge_ctes else ""
-    skips = [f"({s})" for s in gates.skips("t")]
+    skips = [] if bare else [f"({s})" for s in gates.skips("t")]
     passes = "".join(f"\n      AND {s} IS NOT TRUE" for s in skips)
     # Only read when there is no candidate (CASE), so a claim never pays for it.
     skipped = (
@@ -185,7 +189,7 @@ def _claim_next_sql(
     # Now and then the statement also carries back which queue names have a priority, so the
     # claim never spends a statement of its own on that (queues.gates.Priority).
     names_column = f"{gates.priority_names_sql()}, " if names else ""
-    return f"""
+    return _compact(f"""
 WITH cand AS (
     -- What the gates' probes may read: the identity and the named limits (admission.limits).
     SELECT t.id, t.state AS prev_state, t.attempt AS prev_attempt, t.endpoint_id, t.queue,
@@ -201,11 +205,19 @@ WITH cand AS (
 {_CLAIM_CTES.format(admit=admit, TODO_COLUMNS=TODO_COLUMNS)}{charges}
 SELECT c.id, c.queue, {skipped}, {names_column}{keys}cl.id IS NOT NULL, {CLAIMED_COLUMNS}
 FROM (SELECT) one LEFT JOIN cand c ON true LEFT JOIN claimed cl ON cl.id = c.id
-"""
+""")
 
 
-def claim_next_sql(*, fast: bool = False, prioritised: bool = False) -> str:
-    return _claim_next_sql(gates.gates(), fast, prioritised, False)
+def _compact(statement: str) -> str:
+    """``statement`` without comment lines and indentation: psycopg caches the conversion of a
+    statement of at most 4,096 characters only, and re-parses a longer one on every call. No
+    literal in these statements spans lines or starts a line."""
+    lines = (line.strip() for line in statement.splitlines())
+    return "\n".join(line for line in lines if line and not line.startswith("--"))
+
+
+def claim_next_sql(*, fast: bool = False, prioritised: bool = False, bare: bool = False) -> str:
+    return _claim_next_sql(gates.gates(), fast, prioritised, False, bare)
 
 
 # claim of one todo: lock it (waiting for any other holder), and report what it is, whether its
@@ -264,6 +276,20 @@ def recently_gated(endpoint_id: UUID) -> bool:
 
 def mark_gated(endpoint_id: UUID) -> None:
     _gated_until[endpoint_id] = time.monotonic() + _GATED_HINT_SECONDS
+
+
+# Endpoints whose last bare claim statement met a candidate some gate claims go straight to the
+# full statement for a while, so gated work does not pay a bare statement it will discard. A
+# hint only, like the one above: the bare statement decides inside itself.
+_limited_until: dict[UUID, float] = {}
+
+
+def recently_limited(endpoint_id: UUID) -> bool:
+    return _limited_until.get(endpoint_id, 0.0) > time.monotonic()
+
+
+def mark_limited(endpoint_id: UUID) -> None:
+    _limited_until[endpoint_id] = time.monotonic() + _GATED_HINT_SECONDS
 
 
 @dataclass(frozen=True)
@@ -334,10 +360,14 @@ def claim_next_candidate(
     fence_hash: str | None,
     fast: bool = False,
     prioritised: bool = False,
+    bare: bool = False,
 ) -> Candidate | NoCandidate:
     """The claim_next statement. ``excluded``: queues a gate refuses; ``passed``: todos a
     per-todo gate refused under its lock in this claim. ``fast``: gates that can decide inside
-    it do (``queues.gates``), so an admitted gated claim is this one statement too."""
+    it do (``queues.gates``), so an admitted gated claim is this one statement too. ``bare``:
+    claims the oldest claimable todo only if no gate claims it (else answers it unclaimed and
+    unlocked at the statement's end): the plan carries no gate's skip or verdict."""
+    fast = fast and not bare
     gate_list = gates.gates()
     params: dict[str, Any] = {
         "endpoint": endpoint_id,
@@ -353,7 +383,7 @@ def claim_next_candidate(
         for i, gate in enumerate(gate_list):
             params[f"gp{i}"] = gate.fast_params(endpoint_id)
     names = gates.priority_stale()
-    cursor.execute(_claim_next_sql(gate_list, fast, prioritised, names), params)
+    cursor.execute(_claim_next_sql(gate_list, fast, prioritised, names, bare), params)
     row = cursor.fetchone()
     assert row is not None, "the statement answers one row"
     if names:

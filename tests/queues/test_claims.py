@@ -519,3 +519,29 @@ def test_a_takeover_whose_snapshot_predates_the_claim_it_replaces_still_ends_tha
         (1, AttemptOutcome.SUPERSEDED),
         (2, None),
     ]
+
+
+def test_a_bare_claim_and_its_completion_are_two_statements_without_gate_fragments(
+    personas: Personas,
+) -> None:
+    """The core bench's cycle (issue 12): a todo no gate claims costs the claim statement and the
+    completion statement, and the claim's plan carries no gate's skip or verdict."""
+    push(personas, 3)
+    actor = personas.as_agent()
+    for _ in range(2):
+        seen: list[str] = []
+
+        def count(execute: Any, statement: str, *args: Any) -> Any:
+            seen.append(statement)
+            return execute(statement, *args)
+
+        with connections["default"].execute_wrapper(count):
+            claimed = services.claim_next(actor=actor)
+            assert isinstance(claimed, Claimed)
+            services.complete(actor=actor, todo_id=claimed.todo.id)
+        claim, completion = seen
+        assert "FOR UPDATE OF t SKIP LOCKED" in claim and "UPDATE queues_attempt" in completion
+        for fragment in ("limits_pool", "limits_taglimit", "limits_ratelimit", "admission_check"):
+            assert fragment not in claim
+        # Short enough for psycopg to cache its conversion (it re-parses longer statements).
+        assert len(claim) <= 4096
