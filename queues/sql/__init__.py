@@ -477,7 +477,7 @@ def _ending_sql(
     gate_list: tuple[gates.ClaimGate, ...], todo_set: str, attempt_outcome: str, disposition: str
 ) -> str:
     """A claimed todo leaves the claim: close the attempt and set the todo's new state."""
-    return f"""
+    return _compact(f"""
 WITH held AS (
     SELECT t.id, t.attempt, t.max_attempts, t.queue, a.id AS attempt_id
     FROM queues_todo t, queues_attempt a
@@ -492,7 +492,7 @@ WITH held AS (
 UPDATE queues_todo t SET {todo_set}, updated_at = clock_timestamp()
 FROM held h WHERE t.id = h.id
 RETURNING {TODO_COLUMNS}, {gates.reopens("t")}
-"""
+""")
 
 
 _COMPLETE = (
