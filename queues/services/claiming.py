@@ -7,7 +7,10 @@ limits) are asked in their lock order and never named here.
 1. The candidate: the oldest claimable todo (``FOR UPDATE SKIP LOCKED``; with a queue priority
    registered for some of the queues, the highest score first: ``queues.gates.Priority``), or the one todo
    (``FOR UPDATE``). The statement folds in each gate's probe and claims at once when no gate
-   claims the row: one statement, committed on its own.
+   claims the row: one statement, committed on its own. claim_next first tries the bare form
+   of that statement (no gate's skip or verdict in its plan, so the cheapest to run); only a
+   candidate some gate claims sends it to the full form, and the endpoint's next claims go
+   there directly for a while (a hint; each statement decides for itself).
    The statement passes over the rows a per-todo gate (a pool, tags, a rate limit) would
    refuse now, so a todo held by its own limit never hides the next one behind it.
 2. Otherwise, before any lock, each gate's pre-read excludes the queues it refuses now.
