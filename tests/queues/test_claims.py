@@ -528,13 +528,14 @@ def test_a_bare_claim_and_its_completion_are_two_statements_without_gate_fragmen
     completion statement, and the claim's plan carries no gate's skip or verdict."""
     push(personas, 3)
     actor = personas.as_agent()
+    seen: list[str] = []
+
+    def count(execute: Any, statement: str, *args: Any) -> Any:
+        seen.append(statement)
+        return execute(statement, *args)
+
     for _ in range(2):
-        seen: list[str] = []
-
-        def count(execute: Any, statement: str, *args: Any) -> Any:
-            seen.append(statement)
-            return execute(statement, *args)
-
+        seen.clear()
         with connections["default"].execute_wrapper(count):
             claimed = services.claim_next(actor=actor)
             assert isinstance(claimed, Claimed)
