@@ -117,8 +117,11 @@ def budget_view(request: HttpRequest, slug: str, queue: str) -> HttpResponse:
     if request.method == "POST":
         if not can_write:
             return refusal(request, Forbidden("you may read this budget but not change it"))
-        form = PolicyForm(request.POST)
-        if not form.is_valid():
+        adding = request.POST.get("action") == "add_window"
+        form = PolicyForm(request.POST, add_row=adding)
+        if adding:
+            pass  # the same values again, with a blank window row; nothing is checked yet
+        elif not form.is_valid():
             form.check_every_field(queue)
         else:
             kwargs = form.service_kwargs()
@@ -147,8 +150,11 @@ def budget_view(request: HttpRequest, slug: str, queue: str) -> HttpResponse:
                     context["preview"] = preview(endpoint, queue, policy, spec)
                     context["previewed"] = token
     else:
-        form = PolicyForm(initial=PolicyForm.initial_for(policy, viewer.tz_name))
-    status = 400 if form.errors else 200
+        form = PolicyForm(
+            initial=PolicyForm.initial_for(policy, viewer.tz_name),
+            rows=PolicyForm.rows_for(policy),
+        )
+    status = 400 if form.has_errors else 200
     context = _budget_context(viewer, endpoint, queue, policy, form, can_write, context)
     return render(request, "admission/budget.html", context, status=status)
 
@@ -190,9 +196,10 @@ def _budget_context(
 def _focus(form: PolicyForm, *, preview: bool) -> str:
     """Where focus lands: the first field in error, else the first field (or, on a preview,
     the save button)."""
-    if form.errors:
-        named = [name for name in form.fields if name in form.errors]
-        return named[0] if named else "max_in_flight"
+    if form.has_errors:
+        return form.first_error() or "max_in_flight"
+    if form.add_row:
+        return form.rows.add_prefix(form.rows.total_form_count()) + "-limit"
     return "" if preview else "max_in_flight"
 
 
