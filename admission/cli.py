@@ -117,11 +117,13 @@ def _windows(options: dict[str, Any]) -> list[dict[str, Any]] | None:
     ):
         raise usage("--window replaces --per-*, --tz, --start and --weekday: give one or the other")
     out = []
-    for i, text in enumerate(given):
+    for text in given:
         head, _, rest = text.partition("@")
         limit, slash, period = head.partition("/")
         if not slash or not limit.strip().isdigit():
-            raise usage(f"--window {text!r}: write N/PERIOD[@ZONE[@HH:MM[@DAY]]], e.g. 100/hour@UTC")
+            raise usage(
+                f"--window {text!r}: write N/PERIOD[@ZONE[@HH:MM[@DAY]]], e.g. 100/hour@UTC"
+            )
         zone, _, rest = rest.partition("@")
         start, _, weekday = rest.partition("@")
         item: dict[str, Any] = {"limit": int(limit), "period": period.strip(), "tz": zone or "UTC"}

@@ -201,8 +201,9 @@ def evaluate(
             else:
                 n = (more_used or {}).get(item.key, 0)
             w = item.window
-            uses.append(WindowUse(item.limit, item.key, w.period, w.tz, w.start, w.weekday, n,
-                                  start, end))
+            uses.append(
+                WindowUse(item.limit, item.key, w.period, w.tz, w.start, w.weekday, n, start, end)
+            )
     ev = Evaluation(
         policy=policy,
         in_flight=in_flight,

@@ -13,7 +13,6 @@ from django import forms
 
 from admission.models import MAX_WINDOWS, AdmissionPolicy, Posture, Weekday, WindowPeriod
 from admission.policy import (
-    COLUMN_OF_FIELD,
     DEFAULT_POSTURE,
     DEFAULT_WINDOW_START,
     PolicySpec,

@@ -114,17 +114,34 @@ def place_of_field(field: str | None) -> tuple[int | None, str | None]:
 
 
 class PolicyColumns(Protocol):
-    """Anything that carries a policy's columns: the model, the engine's row."""
+    """Anything that carries a policy's columns: the model, the engine's row (read-only)."""
 
-    queue: str
-    max_in_flight: int | None
-    max_claims_per_window: int | None
-    window_period: str | None
-    window_tz: str | None
-    window_start: str | None
-    window_weekday: str | None
-    posture: str
-    extra_windows: Any
+    @property
+    def queue(self) -> str: ...
+
+    @property
+    def max_in_flight(self) -> int | None: ...
+
+    @property
+    def max_claims_per_window(self) -> int | None: ...
+
+    @property
+    def window_period(self) -> str | None: ...
+
+    @property
+    def window_tz(self) -> str | None: ...
+
+    @property
+    def window_start(self) -> str | None: ...
+
+    @property
+    def window_weekday(self) -> str | None: ...
+
+    @property
+    def posture(self) -> str: ...
+
+    @property
+    def extra_windows(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -213,8 +230,14 @@ class PolicySpec:
                 window=window,
                 posture=posture,
             )
-            return cls(spec.queue, spec.max_in_flight, spec.max_claims_per_window, spec.window,
-                       spec.posture, more)
+            return cls(
+                spec.queue,
+                spec.max_in_flight,
+                spec.max_claims_per_window,
+                spec.window,
+                spec.posture,
+                more,
+            )
         check_queue_name(queue)
         if queue == QUARANTINE_QUEUE:
             raise InvalidArgument(
@@ -333,15 +356,11 @@ def _clean_window(window: Any, per_window: int | None, name: str = "window") -> 
     if not isinstance(tz, str) or not tz:
         raise InvalidArgument(f"{name}.tz must name an IANA time zone", field=f"{name}.tz")
     if not windows.zone_exists(tz):
-        raise InvalidArgument(
-            f"{name}.tz {tz!r} is not a known IANA time zone", field=f"{name}.tz"
-        )
+        raise InvalidArgument(f"{name}.tz {tz!r} is not a known IANA time zone", field=f"{name}.tz")
     start = window.get("start")
     start = DEFAULT_WINDOW_START if start is None else start
     if not isinstance(start, str) or not re.fullmatch(WINDOW_START_RE, start):
-        raise InvalidArgument(
-            f"{name}.start must be HH:MM (00:00 to 23:59)", field=f"{name}.start"
-        )
+        raise InvalidArgument(f"{name}.start must be HH:MM (00:00 to 23:59)", field=f"{name}.start")
     weekday = window.get("weekday")
     if period == WindowPeriod.WEEK:
         if weekday not in Weekday.values:

@@ -100,7 +100,11 @@ def evaluate_rows(
                      WITH ORDINALITY AS k(policy_id, key, ws, n)
                 ORDER BY k.n
                 """,
-                [[rows[i].id for i, _, _ in more], [k for _, k, _ in more], [w for _, _, w in more]],
+                [
+                    [rows[i].id for i, _, _ in more],
+                    [k for _, k, _ in more],
+                    [w for _, _, w in more],
+                ],
             )
             for (i, key, _), (n,) in zip(more, cursor.fetchall(), strict=True):
                 more_used[i][key] = n

@@ -13,7 +13,7 @@ admitted it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -81,7 +81,7 @@ def policy_set(
     max_claims_per_window: int | None,
     window: Mapping[str, Any] | None,
     posture: str | None = Posture.ENFORCE,
-    windows: list[Mapping[str, Any]] | None = None,
+    windows: Sequence[Mapping[str, Any]] | None = None,
 ) -> AdmissionPolicy:
     """Create or fully replace the budget of one queue identity (the numbered steps above).
 

@@ -75,4 +75,3 @@ def field_path(parts: list[str]) -> str:
         else:
             out.append(part)
     return ".".join(out)
-

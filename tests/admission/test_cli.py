@@ -214,8 +214,16 @@ def test_set_takes_stacked_windows_and_names_the_wrong_one(personas: Personas) -
     assert stored.max_claims_per_window == 100
     assert [w["limit"] for w in stored.extra_windows] == [1000, 5000]
     code, _, err = run(
-        "set", p.agent.slug, "inbox", "--window", "5/day", "--window", "9/day@Moon/Base",
-        "--json", "--as", "olive",
+        "set",
+        p.agent.slug,
+        "inbox",
+        "--window",
+        "5/day",
+        "--window",
+        "9/day@Moon/Base",
+        "--json",
+        "--as",
+        "olive",
     )
     assert code == 1 and json.loads(err)["field"] == "windows[1].tz"
     assert [w["limit"] for w in AdmissionPolicy.objects.get().extra_windows] == [1000, 5000]

@@ -135,7 +135,9 @@ def test_the_api_takes_a_windows_list_and_names_the_wrong_row(personas: Personas
 
 
 def test_the_spec_refuses_a_fifth_window_and_a_missing_limit() -> None:
-    five = [{**day(1), "tz": tz} for tz in ("UTC", "Etc/GMT-1", "Etc/GMT-2", "Etc/GMT-3", "Etc/GMT-4")]
+    five = [
+        {**day(1), "tz": tz} for tz in ("UTC", "Etc/GMT-1", "Etc/GMT-2", "Etc/GMT-3", "Etc/GMT-4")
+    ]
     for windows_, field in (
         (five, "windows"),
         ([day(1), {"period": "day", "tz": "UTC", "start": "01:00"}], "windows[1].limit"),
@@ -170,10 +172,11 @@ def test_the_ledger_carries_the_list_and_verify_reads_old_rows(personas: Persona
     assert ledger.verify().ok
     assert policy.extra_windows[0]["limit"] == 3
     create = LedgerEntry.objects.filter(kind=LedgerKind.POLICY_CREATE).order_by("seq").last()
+    assert create is not None and create.after is not None
     assert [w["limit"] for w in create.after["windows"]] == [5, 3]
     # A row written before stacked windows had no list: it reads as its one window.
     old = {k: v for k, v in create.after.items() if k != "windows"}
-    assert audited_windows(old)["windows"] == [create.after["windows"][0]]
+    assert (audited_windows(old) or {})["windows"] == [create.after["windows"][0]]
     # A single-window policy audited in the old shape still verifies.
     services.policy_clear(actor=p.as_human(p.owner), endpoint=p.agent, queue="inbox")
     single = AdmissionPolicy.objects.create(
