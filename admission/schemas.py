@@ -152,6 +152,10 @@ class WindowUseOut(Schema):
     remaining: int
     window_start: datetime
     window_resets_at: datetime
+    key: str = Field(default="", description="Its counter: empty for the first window")
+    binding: bool = Field(
+        default=False, description="The window that holds a window_exhausted claim"
+    )
 
 
 class PolicyOut(Schema):

@@ -186,7 +186,13 @@ def binding_window(ev: engine.Evaluation) -> dict[str, Any] | None:
     window that resets last), as every deferral names it; None for any other reason."""
     if ev.reason != DeferralReason.WINDOW_EXHAUSTED or ev.binding is None:
         return None
-    return ev.binding.out()
+    return window_use_out(ev, ev.binding)
+
+
+def window_use_out(ev: engine.Evaluation, use: engine.WindowUse) -> dict[str, Any]:
+    """One window as every surface shows it: its figures, its counter key, and whether it is
+    the window that binds the deferral."""
+    return {**use.out(), "key": use.key, "binding": use is ev.binding}
 
 
 ADMITTED: dict[str, Any] = {
@@ -208,7 +214,7 @@ def usage(ev: engine.Evaluation) -> dict[str, Any]:
         "window_start": ev.window_start,
         "window_resets_at": ev.window_resets_at,
         "over_limit": ev.over_limit,
-        "windows": [u.out() for u in ev.windows],
+        "windows": [window_use_out(ev, u) for u in ev.windows],
     }
 
 
@@ -377,11 +383,15 @@ def policy_get(actor: Actor, endpoint: Endpoint | str, queue: str) -> AdmissionP
     return policy
 
 
-def window_history(policy: AdmissionPolicy, limit: int = HISTORY_WINDOWS) -> list[dict[str, Any]]:
-    """The last ``limit`` windows, newest first: used, refused and the limit then in force."""
-    rows = AdmissionWindow.objects.filter(policy=policy).order_by("-window_start", "window_key")[
-        :limit
-    ]
+def window_history(
+    policy: AdmissionPolicy, limit: int = HISTORY_WINDOWS, *, key: str | None = None
+) -> list[dict[str, Any]]:
+    """The last ``limit`` windows, newest first: used, refused and the limit then in force
+    (of one window limit when ``key`` names its counter)."""
+    qs = AdmissionWindow.objects.filter(policy=policy)
+    if key is not None:
+        qs = qs.filter(window_key=key)
+    rows = qs.order_by("-window_start", "window_key")[:limit]
     return [
         {
             "window_key": w.window_key,

@@ -169,7 +169,7 @@ def _budget_context(
     extra: dict[str, Any],
 ) -> dict[str, Any]:
     evaluation = admission_selectors.evaluate_policy(policy) if policy is not None else None
-    history = admission_selectors.window_history(policy) if policy is not None else []
+    usage = admission_selectors.usage(evaluation) if evaluation else None
     return {
         "viewer": viewer,
         "endpoint": endpoint,
@@ -177,14 +177,13 @@ def _budget_context(
         "policy": policy,
         "evaluation": evaluation,
         "status": admission_selectors.status(evaluation) if evaluation else None,
-        "usage": admission_selectors.usage(evaluation) if evaluation else None,
+        "usage": usage,
         "window_description": admission_selectors.describe_window(policy) if policy else None,
         "policy_zone": zone_named(policy.window_tz)[1] if policy and policy.window_tz else None,
         "form": form,
         "can_write": can_write,
         "zones": zones(),
-        "chart": usage_chart(history, policy) if policy is not None else None,
-        "history": history,
+        "charts": usage_charts(policy, usage) if policy is not None else [],
         "audit": admission_selectors.audit_tail(policy, 10) if policy is not None else [],
         "board_anchor": _board_anchor(endpoint, queue),
         "key": identity_key(endpoint.slug, queue),
@@ -256,7 +255,27 @@ class Bar:
     label: str
 
 
-def usage_chart(history: list[dict[str, Any]], policy: AdmissionPolicy) -> dict[str, Any]:
+def usage_charts(policy: AdmissionPolicy, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """One chart per window limit of the policy (the first one first), each over that window's
+    own counters, titled with its use now from the usage selector and marked when it binds.
+    A policy whose windows cannot be evaluated now still charts the history it has."""
+    windows = (usage or {}).get("windows") or []
+    if not windows:
+        history = admission_selectors.window_history(policy)
+        return [{**usage_chart(history, policy.window_tz), "window": None, "number": 1}]
+    return [
+        {
+            **usage_chart(
+                admission_selectors.window_history(policy, key=w["key"]), w["tz"]
+            ),
+            "window": w,
+            "number": n,
+        }
+        for n, w in enumerate(windows, start=1)
+    ]
+
+
+def usage_chart(history: list[dict[str, Any]], tz_name: str | None) -> dict[str, Any]:
     """Geometry for the inline SVG of the last windows (oldest left): used, refused stacked on
     top, and the limit then in force as a tick per window."""
     width, height, left, bottom, top = 640.0, 180.0, 40.0, 24.0, 10.0
@@ -268,7 +287,7 @@ def usage_chart(history: list[dict[str, Any]], policy: AdmissionPolicy) -> dict[
         + [r["used"] + r["refused"] for r in rows]
         + [r["limit"] for r in rows if r["limit"] is not None]
     )
-    zone = zone_named(policy.window_tz)[1]
+    zone = zone_named(tz_name)[1]
     step = plot_w / slots
     bar_w = max(step * 0.7, 1.0)
 
@@ -311,6 +330,9 @@ def usage_chart(history: list[dict[str, Any]], policy: AdmissionPolicy) -> dict[
         "label_y": height - 6,
         "empty": not rows,
         "refusals": sum(r["refused"] for r in rows),
+        "tz": tz_name,
+        "rows": history,
+        "zone": zone,
     }
 
 
