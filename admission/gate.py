@@ -304,6 +304,23 @@ def _append_waiver(decision: engine.Decision, actor: Any, todo: Any) -> None:
         used=ev.used,
         max_claims_per_window=ev.policy.max_claims_per_window,
         window_start=ev.window_start.isoformat() if ev.window_start else None,
+        # Every stacked window the claim went over, not only the first: its definition, limit,
+        # counter before this claim and the start of the window it was charged in.
+        windows_exceeded=[
+            {
+                "key": u.key,
+                "period": u.period,
+                "tz": u.tz,
+                "start": u.start,
+                "weekday": u.weekday,
+                "limit": u.limit,
+                "used": u.used,
+                "window_start": u.window_start.isoformat(),
+                "binding": u is ev.binding,
+            }
+            for u in ev.windows
+            if u.exhausted
+        ],
     )
 
 

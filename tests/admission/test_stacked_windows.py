@@ -52,7 +52,12 @@ def week(limit: int) -> dict[str, Any]:
     }
 
 
-def stacked(p: Personas, *items: dict[str, Any], max_in_flight: int | None = None) -> Any:
+def stacked(
+    p: Personas,
+    *items: dict[str, Any],
+    max_in_flight: int | None = None,
+    posture: str = "enforce",
+) -> Any:
     return services.policy_set(
         actor=p.as_human(p.owner),
         endpoint=p.agent,
@@ -61,6 +66,7 @@ def stacked(p: Personas, *items: dict[str, Any], max_in_flight: int | None = Non
         max_claims_per_window=None,
         window=None,
         windows=list(items),
+        posture=posture,
     )
 
 
@@ -114,6 +120,27 @@ def test_the_binding_window_is_the_exhausted_one_that_resets_last(personas: Pers
     assert status["status"]["state"] == "deferred"
     assert status["status"]["window"]["period"] == "week"
     assert [w["used"] for w in status["usage"]["windows"]] == [2, 2]
+
+
+def test_an_advise_waiver_records_every_window_the_claim_went_over(personas: Personas) -> None:
+    p = personas
+    tokyo = {"limit": 2, "period": "day", "tz": "Asia/Tokyo", "start": "00:00"}
+    stacked(p, day(5), week(2), tokyo, posture="advise")
+    push(p, 3)
+    for _ in range(3):
+        assert isinstance(queue_services.claim_next(actor=p.as_agent()), Claimed)
+    waiver = LedgerEntry.objects.get(kind=LedgerKind.ADMISSION_WAIVER)
+    assert waiver.after is not None
+    over = waiver.after["windows_exceeded"]
+    assert [(w["period"], w["tz"], w["limit"], w["used"]) for w in over] == [
+        ("week", "Europe/Berlin", 2, 2),
+        ("day", "Asia/Tokyo", 2, 2),
+    ]
+    # The week resets after the Tokyo day (three days off), so it is the one that binds.
+    assert [w["binding"] for w in over] == [True, False]
+    assert all(w["window_start"] and w["key"] for w in over)
+    assert waiver.after["used"] == 2 and waiver.after["max_claims_per_window"] == 5
+    assert ledger.verify().ok
 
 
 def test_the_api_takes_a_windows_list_and_names_the_wrong_row(personas: Personas) -> None:
