@@ -265,9 +265,7 @@ def usage_charts(policy: AdmissionPolicy, usage: dict[str, Any] | None) -> list[
         return [{**usage_chart(history, policy.window_tz), "window": None, "number": 1}]
     return [
         {
-            **usage_chart(
-                admission_selectors.window_history(policy, key=w["key"]), w["tz"]
-            ),
+            **usage_chart(admission_selectors.window_history(policy, key=w["key"]), w["tz"]),
             "window": w,
             "number": n,
         }
