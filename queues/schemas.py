@@ -208,6 +208,12 @@ class DeferredQueueOut(Schema):
     pending: int
     next_eligible_at: datetime | None = None
     exact: bool
+    # Shaped by the budget gate (admission.schemas.WindowUseOut); queues does not import it.
+    window: dict[str, Any] | None = Field(
+        default=None,
+        description="window_exhausted: the window that holds the claim until next_eligible_at "
+        "(limit, period, tz, start, weekday, used, window_resets_at, binding)",
+    )
 
 
 # --- agent verbs ------------------------------------------------------------------------------
