@@ -4,6 +4,7 @@ through the one usage selector, and the window that holds the claims marked as b
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from queues import services as queue_services
 from queues.services import Claimed, NothingClaimable
@@ -19,12 +20,16 @@ def gauges(html: str) -> list[str]:
     return re.findall(r'<div class="gauge[^"]*">.*?</div>', strip, flags=re.S)
 
 
-def spend_the_week(p: Personas) -> None:
+def spend_the_week(p: Personas) -> Any:
+    """Three windows, the week's limit of two spent; returns the todo left waiting."""
     stacked(p, day(5), week(2), TOKYO_DAY)
-    push(p, 3)
-    for _ in range(2):
-        assert isinstance(queue_services.claim_next(actor=p.as_agent()), Claimed)
+    pushed = push(p, 3)
+    claimed = [queue_services.claim_next(actor=p.as_agent()) for _ in range(2)]
+    assert all(isinstance(c, Claimed) for c in claimed)
     assert isinstance(queue_services.claim_next(actor=p.as_agent()), NothingClaimable)
+    taken = {c.todo.id for c in claimed if isinstance(c, Claimed)}
+    (waiting,) = [t for t in pushed if t.id not in taken]
+    return waiting
 
 
 def test_the_board_strip_shows_every_window_and_marks_the_binding_one(
@@ -70,3 +75,14 @@ def test_the_budget_page_charts_each_window_over_its_own_counters(personas: Pers
         assert svg.count('class="used"') == 1
         assert re.search(rf"2 used, \d refused, limit {limit}</title>", svg), svg
     assert "(Asia/Tokyo)" in tokyo_chart and "(Europe/Berlin)" in week_chart
+
+
+def test_a_waiting_todo_page_lists_every_window_of_its_budget(personas: Personas) -> None:
+    p = personas
+    waiting = spend_the_week(p)
+    html = signed_in(p.owner).get(f"/todos/{waiting.id}").content.decode()
+    budget_line = html.split("Budget (enforce):")[1].split("</p>")[0]
+    assert "2 of 5 claims per day" in budget_line
+    assert "2 of 2 claims per week" in budget_line and "(binding)" in budget_line
+    assert "2 of 9 claims per day" in budget_line and "Asia/Tokyo" in budget_line
+    assert budget_line.count("(binding)") == 1
