@@ -178,14 +178,16 @@ ORDER BY t.id
 def quarantine_expire_sql(kind: str) -> str:
     """Every claim naming the limit expired at once, as the reaper would at its lapse: back to
     pending (dead-lettered at the cap), the attempt closed as expired, so the holder's complete,
-    heartbeat or fail no longer holds the claim (a conflict). Answers one row per claim."""
+    heartbeat or fail no longer holds the claim (a conflict), and its grant ends (the manifest
+    names it). Answers one row per claim."""
     return f"""
 WITH expired AS (
     UPDATE queues_todo t
     SET {LAPSED_CLAIM_SET}
-    FROM (SELECT id, owner FROM queues_todo t WHERE t.state = 'claimed' AND {NAMING[kind]}) h
+    FROM (SELECT id, owner, grant_hash FROM queues_todo t
+          WHERE t.state = 'claimed' AND {NAMING[kind]}) h
     WHERE t.id = h.id
-    RETURNING t.id, h.owner, t.endpoint_id, t.queue, t.attempt, t.state
+    RETURNING t.id, h.owner, t.endpoint_id, t.queue, t.attempt, t.state, h.grant_hash
 ), closed AS (
     UPDATE queues_attempt a
     -- The clock, not the transaction's start: claims committed while this waited for the
@@ -194,7 +196,8 @@ WITH expired AS (
         disposition = CASE WHEN x.state = 'pending' THEN 'requeued' ELSE 'dead_lettered' END
     FROM expired x WHERE a.todo_id = x.id AND a.number = x.attempt AND a.ended_at IS NULL
 )
-SELECT id::text, owner, endpoint_id::text, queue, attempt, state FROM expired ORDER BY id
+SELECT id::text, owner, endpoint_id::text, queue, attempt, state, grant_hash
+FROM expired ORDER BY id
 """
 
 

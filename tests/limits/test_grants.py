@@ -1,0 +1,169 @@
+"""Grants are ledger facts: a claim through a named limit writes a ``limits.grant`` row whose
+entry_hash is the grant's identity (returned with the claim, kept on the todo while the claim
+lasts), and whatever ends the claim writes a ``limits.end`` row naming it."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from admission.limits.models import RateLimit
+from queues import services, sql
+from queues.models import Todo
+from queues.services import Claimed
+from queues.services.sweeps import reap_expired
+from switchboard.ledger import chain
+from switchboard.ledger.models import LedgerEntry, LedgerKind
+from tests.conftest import Personas, push
+from tests.limits.conftest import pool, push_named, tag
+
+
+def grants() -> list[LedgerEntry]:
+    return list(LedgerEntry.objects.filter(kind=LedgerKind.LIMITS_GRANT).order_by("seq"))
+
+
+def ends() -> list[LedgerEntry]:
+    return list(LedgerEntry.objects.filter(kind=LedgerKind.LIMITS_END).order_by("seq"))
+
+
+def claim_next(p: Personas, **kwargs: Any) -> Claimed:
+    claimed = services.claim_next(actor=p.as_agent(), **kwargs)
+    assert isinstance(claimed, Claimed)
+    return claimed
+
+
+def assert_the_chain_verifies() -> None:
+    report = chain.verify()
+    assert report.ok, report.as_dict()
+
+
+def test_a_claim_through_a_pool_and_tags_on_the_fast_path_writes_one_grant_naming_them(
+    personas: Personas,
+) -> None:
+    pool("gpu", slots=3)
+    tag("vendor.a", 2)
+    tag("vendor.b", 5, posture="off")
+    [todo] = push_named(personas, pool="gpu", tags=["vendor.b", "vendor.a"])
+
+    claimed = claim_next(personas, claimant="worker-7")
+
+    [row] = grants()
+    assert claimed.grant == row.entry_hash
+    assert Todo.objects.get(pk=todo.id).grant_hash == row.entry_hash
+    assert row.after == {
+        "todo": str(todo.id),
+        "attempt": 1,
+        "holder": "worker-7",
+        "supersedes": None,
+        "limits": [
+            {"kind": "pool", "name": "gpu", "limit": 3, "held": 0, "posture": "enforce"},
+            {"kind": "tag", "name": "vendor.a", "limit": 2, "held": 0, "posture": "enforce"},
+        ],
+    }
+    assert row.queue == todo.queue and row.scope == f"endpoint:{personas.agent.slug}"
+    assert row.actor_endpoint_slug == personas.agent.slug
+    assert row.actor_human_name == personas.agent.owner.get_username()
+    assert_the_chain_verifies()
+
+
+def test_a_claim_naming_nothing_or_only_limits_that_are_off_writes_no_grant(
+    personas: Personas,
+) -> None:
+    pool("gpu", slots=3, posture="off")
+    push(personas, 1)
+    push_named(personas, pool="gpu")
+
+    first, second = claim_next(personas), claim_next(personas)
+
+    assert first.grant is None and second.grant is None
+    assert grants() == []
+
+
+def test_the_locked_path_writes_the_grant_with_occupancy_and_the_waiver_names_it(
+    personas: Personas,
+) -> None:
+    pool("gpu", slots=1, posture="advise")
+    RateLimit.objects.create(name="openai", base_limit=100)
+    a, b = push_named(personas, 2, pool="gpu", rate_limit="openai")
+
+    services.claim(actor=personas.as_agent(), todo_id=a.id)
+    over = services.claim(actor=personas.as_agent(), todo_id=b.id)
+
+    first, second = grants()
+    assert over.grant == second.entry_hash == Todo.objects.get(pk=b.id).grant_hash
+    assert [(i["kind"], i["held"], i["limit"]) for i in second.after["limits"]] == [
+        ("pool", 1, 1),
+        ("rate", 1, 100),
+    ]
+    [waiver] = LedgerEntry.objects.filter(kind=LedgerKind.LIMITS_WAIVER)
+    assert waiver.after["grant"] == second.entry_hash and waiver.seq > second.seq
+    assert first.after["todo"] == str(a.id)
+    assert_the_chain_verifies()
+
+
+def test_completion_release_and_the_reaper_each_end_the_grant_they_held(
+    personas: Personas,
+) -> None:
+    pool("gpu", slots=5)
+    done, released, lapsed = push_named(personas, 3, pool="gpu")
+    c1 = services.claim(actor=personas.as_agent(), todo_id=done.id)
+    c2 = services.claim(actor=personas.as_agent(), todo_id=released.id)
+    c3 = services.claim(actor=personas.as_agent(), todo_id=lapsed.id)
+
+    services.complete(actor=personas.as_agent(), todo_id=done.id, result={"ok": 1})
+    services.release(actor=personas.as_agent(), todo_id=released.id)
+    Todo.objects.filter(pk=lapsed.id).update(lease_expires_at=timezone.now() - timedelta(1))
+    reap_expired()
+
+    completed, release, expiry = ends()
+    assert completed.after == {
+        "todo": str(done.id),
+        "attempt": 1,
+        "grant": c1.grant,
+        "ended": "completed",
+    }
+    assert release.after["grant"] == c2.grant and release.after["ended"] == "released"
+    assert expiry.after == {
+        "ended": "expired",
+        "grants": [{"todo": str(lapsed.id), "attempt": 1, "grant": c3.grant}],
+    }
+    assert expiry.actor_human_name == "system:reaper"
+    assert Todo.objects.filter(grant_hash__isnull=False).count() == 0
+    assert_the_chain_verifies()
+
+
+def test_a_takeover_names_the_grant_it_supersedes(personas: Personas) -> None:
+    tag("vendor.a", 3)
+    [todo] = push_named(personas, tags=["vendor.a"])
+    first = claim_next(personas)
+    Todo.objects.filter(pk=todo.id).update(lease_expires_at=timezone.now() - timedelta(1))
+
+    second = claim_next(personas)
+
+    assert second.todo.id == todo.id and second.attempt == 2
+    assert grants()[-1].after["supersedes"] == first.grant
+    assert grants()[-1].after["limits"][0]["held"] == 0  # the lapsed claim is this todo's own
+    assert second.grant != first.grant
+    assert_the_chain_verifies()
+
+
+def test_the_sql_append_is_the_pythons_byte_for_byte(personas: Personas) -> None:
+    """A row written through the SQL function verifies in Python, and a forged byte fails."""
+    h = chain.append_one_trip(
+        kind=LedgerKind.LIMITS_GRANT,
+        actor=chain.Actor(human_id=7, human_name="Zoë \"quoted\" \\ back", endpoint_slug="e-1"),
+        scope="endpoint:e-1",
+        queue="inbox",
+        after={"todo": "x", "limits": [{"name": "gpu", "held": 1}], "note": "ünïcode \n"},
+    )
+    row = LedgerEntry.objects.get(entry_hash=h)
+    assert chain.compute_hash(row) == h
+    assert_the_chain_verifies()
+    LedgerEntry.objects.filter(pk=row.pk).update(after={"todo": "y"})
+    assert chain.verify().chain is not None
+
+
+def test_the_statements_read_the_grant_column(personas: Personas) -> None:
+    assert "grant_hash" in sql.TODO_COLUMNS
