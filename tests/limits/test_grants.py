@@ -5,18 +5,24 @@ lasts), and whatever ends the claim writes a ``limits.end`` row naming it."""
 from __future__ import annotations
 
 from datetime import timedelta
+from io import StringIO
 from typing import Any
+from uuid import uuid4
 
+import pytest
+from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from admission.limits.models import RateLimit
+from admission.limits.verify import limits_verify, replay_grants
 from queues import services, sql
 from queues.models import Todo
 from queues.services import Claimed
 from queues.services.sweeps import reap_expired
+from switchboard.core.errors import Conflict, Deferred
 from switchboard.ledger import chain
 from switchboard.ledger.models import LedgerEntry, LedgerKind
-from tests.conftest import Personas, push
+from tests.conftest import Personas, push, run_threads
 from tests.limits.conftest import pool, push_named, tag
 
 
@@ -153,7 +159,7 @@ def test_the_sql_append_is_the_pythons_byte_for_byte(personas: Personas) -> None
     """A row written through the SQL function verifies in Python, and a forged byte fails."""
     h = chain.append_one_trip(
         kind=LedgerKind.LIMITS_GRANT,
-        actor=chain.Actor(human_id=7, human_name="Zoë \"quoted\" \\ back", endpoint_slug="e-1"),
+        actor=chain.Actor(human_id=7, human_name='Zoë "quoted" \\ back', endpoint_slug="e-1"),
         scope="endpoint:e-1",
         queue="inbox",
         after={"todo": "x", "limits": [{"name": "gpu", "held": 1}], "note": "ünïcode \n"},
@@ -167,3 +173,97 @@ def test_the_sql_append_is_the_pythons_byte_for_byte(personas: Personas) -> None
 
 def test_the_statements_read_the_grant_column(personas: Personas) -> None:
     assert "grant_hash" in sql.TODO_COLUMNS
+
+
+def forge_grant(todo: str, **item: Any) -> str:
+    """A grant written through the ledger's own append: chain-consistent, but never admitted."""
+    return chain.append_one_trip(
+        kind=LedgerKind.LIMITS_GRANT,
+        actor=chain.Actor(human_name="mallory"),
+        scope="endpoint:forged",
+        queue="inbox",
+        after={
+            "todo": todo,
+            "attempt": 1,
+            "holder": "mallory",
+            "supersedes": None,
+            "limits": [{"kind": "pool", "held": 0, "posture": "enforce", **item}],
+        },
+    )
+
+
+def test_verify_fails_at_the_row_of_a_forged_grant_over_an_enforced_pool(
+    personas: Personas,
+) -> None:
+    pool("gpu", slots=1)
+    push_named(personas, pool="gpu")
+    claim_next(personas)
+    assert limits_verify().ok
+
+    forged = forge_grant(str(uuid4()), name="gpu", limit=1)
+
+    report = limits_verify()
+    assert report.ledger.ok, "the forged row is consistent with the chain"
+    [drift] = report.drift
+    row = LedgerEntry.objects.get(entry_hash=forged)
+    assert (drift.seq, drift.grant, drift.problem) == (row.seq, forged, "over_enforced_limit")
+    assert (drift.held, drift.recorded, drift.limit) == (1, 0, 1)
+    out = StringIO()
+    with pytest.raises(CommandError) as refused:
+        call_command("limits", "verify", stdout=out)
+    assert refused.value.returncode == 2 and f"grant at row {row.seq}" in out.getvalue()
+
+
+def test_verify_counts_ended_grants_out_so_a_freed_slot_granted_again_is_no_drift(
+    personas: Personas,
+) -> None:
+    pool("gpu", slots=1)
+    first, second, third = push_named(personas, 3, pool="gpu")
+    services.claim(actor=personas.as_agent(), todo_id=first.id)
+    services.complete(actor=personas.as_agent(), todo_id=first.id)
+    services.claim(actor=personas.as_agent(), todo_id=second.id)
+    Todo.objects.filter(pk=second.id).update(lease_expires_at=timezone.now() - timedelta(1))
+    reap_expired()
+    services.claim(actor=personas.as_agent(), todo_id=third.id)
+
+    replay = replay_grants()
+    assert replay.grants == 3 and replay.drift == [] and replay.held("pool", "gpu") == 1
+    # Without the reaper's end row, the third grant would find the pool full.
+    LedgerEntry.objects.filter(kind=LedgerKind.LIMITS_END, after__ended="expired").delete()
+    [drift] = replay_grants().drift
+    assert drift.todo == str(third.id)
+
+
+def test_racing_claims_on_a_pool_leave_exactly_one_grant_each_and_a_verifying_chain(
+    tx_personas: Personas,
+) -> None:
+    p = tx_personas
+    pool("gpu", slots=6)
+    tag("vendor.a", 4, posture="advise")
+    push_named(p, 10, pool="gpu", tags=["vendor.a"])
+    push_named(p, 4, queue="outbox", pool="gpu")
+
+    def claim(i: int) -> object:
+        if i % 2:
+            return services.claim_next(actor=p.as_agent(), lease_ttl_seconds=600)
+        todo = Todo.objects.filter(pool="gpu", state="pending").order_by("-created_at")[i]
+        try:
+            return services.claim(actor=p.as_agent(), todo_id=todo.id, lease_ttl_seconds=600)
+        except (Deferred, Conflict) as refused:
+            return refused
+
+    results = run_threads(10, claim)
+
+    claimed = [r for r in results if isinstance(r, Claimed)]
+    assert len(claimed) == 6, results
+    rows = grants()
+    assert len(rows) == 6
+    assert {c.grant for c in claimed} == {r.entry_hash for r in rows}
+    held = Todo.objects.filter(state="claimed")
+    assert {t.grant_hash for t in held} == {r.entry_hash for r in rows}
+    assert sorted(r.after["limits"][0]["held"] for r in rows) == [0, 1, 2, 3, 4, 5]
+    waivers = LedgerEntry.objects.filter(kind=LedgerKind.LIMITS_WAIVER)
+    assert {w.after["grant"] for w in waivers} <= {r.entry_hash for r in rows}
+    report = limits_verify()
+    assert report.ok, report.as_dict()
+    assert replay_grants().held("pool", "gpu") == 6
