@@ -11,6 +11,7 @@ from uuid import uuid4
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.test import Client
 from django.utils import timezone
 
 from admission.limits.models import RateLimit
@@ -22,8 +23,10 @@ from queues.services.sweeps import reap_expired
 from switchboard.core.errors import Conflict, Deferred
 from switchboard.ledger import chain
 from switchboard.ledger.models import LedgerEntry, LedgerKind
+from tests.api.conftest import Api, human_token
 from tests.conftest import Personas, push, run_threads
 from tests.limits.conftest import pool, push_named, tag
+from tests.web.conftest import signed_in
 
 
 def grants() -> list[LedgerEntry]:
@@ -267,3 +270,28 @@ def test_racing_claims_on_a_pool_leave_exactly_one_grant_each_and_a_verifying_ch
     report = limits_verify()
     assert report.ok, report.as_dict()
     assert replay_grants().held("pool", "gpu") == 6
+
+
+def test_the_rest_claim_get_todo_the_operator_api_and_the_console_show_the_same_grant(
+    personas: Personas,
+) -> None:
+    pool("gpu", slots=2)
+    [todo] = push_named(personas, pool="gpu")
+    api = Api(Client(), personas.agent_token)
+
+    claimed = api.verb("claim_next", {}).json()
+
+    [row] = grants()
+    assert claimed["grant"] == claimed["todo"]["grant"] == row.entry_hash
+    got = api.verb("get_todo", {"id": str(todo.id)}).json()
+    assert got["todo"]["grant"] == row.entry_hash
+    token = human_token(personas.owner)
+    operator = Client().get(
+        f"/api/v1/todos/{todo.id}", headers={"Authorization": f"Bearer {token}"}
+    )
+    assert operator.json()["todo"]["grant"] == row.entry_hash
+    page = signed_in(personas.owner).get(f"/todos/{todo.id}").content.decode()
+    assert row.entry_hash in page
+    api.verb("complete", {"id": str(todo.id), "attempt": 1})
+    assert api.verb("get_todo", {"id": str(todo.id)}).json()["todo"]["grant"] is None
+    assert row.entry_hash not in signed_in(personas.owner).get(f"/todos/{todo.id}").content.decode()
