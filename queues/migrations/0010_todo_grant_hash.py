@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('queues', '0009_todo_pending_pool_and_tags_indexes'),
+        ("queues", "0009_todo_pending_pool_and_tags_indexes"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='todo',
-            name='grant_hash',
+            model_name="todo",
+            name="grant_hash",
             field=models.CharField(blank=True, editable=False, max_length=64, null=True),
         ),
     ]

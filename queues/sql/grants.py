@@ -49,9 +49,9 @@ def end_cte(source: str, ended: str) -> str:
     ``id``, ``endpoint_id``, ``queue``, ``attempt`` and ``ended_grant``, the grant it held) that
     ended a grant; ``ended`` is an SQL text expression (completed, failed, released)."""
     after = (
-        "'{\"attempt\":' || d.attempt || ',\"ended\":\"' || "
+        '\'{"attempt":\' || d.attempt || \',"ended":"\' || '
         + ended
-        + " || '\",\"grant\":\"' || d.ended_grant || '\",\"todo\":\"' || d.id || '\"}'"
+        + ' || \'","grant":"\' || d.ended_grant || \'","todo":"\' || d.id || \'"}\''
     )
     append = chain.append_row_sql(
         LedgerKind.LIMITS_END.value, scope=_SCOPE.format(alias="d"), queue="d.queue", after=after
@@ -66,8 +66,8 @@ def batch_end_cte(source: str, ended: str) -> str:
     ended at once (the reaper's batch, a revoke), none if they ended none; ``ended`` is a word
     (expired, revoked)."""
     item = (
-        "'{\"attempt\":' || d.attempt || ',\"grant\":\"' || d.ended_grant"
-        " || '\",\"todo\":\"' || d.id || '\"}'"
+        '\'{"attempt":\' || d.attempt || \',"grant":"\' || d.ended_grant'
+        ' || \'","todo":"\' || d.id || \'"}\''
     )
     after = (
         f"'{{\"ended\":\"{ended}\",\"grants\":[' || string_agg({item}, ',' ORDER BY d.id) || ']}}'"

@@ -60,9 +60,8 @@ $$;
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('ledger', '0007_limits_quarantine_and_queue_kinds'),
+        ("ledger", "0007_limits_quarantine_and_queue_kinds"),
     ]
 
     operations = [
@@ -71,16 +70,71 @@ class Migration(migrations.Migration):
             "DROP FUNCTION IF EXISTS ledger_append_row(text, text, bigint, text, uuid, text, text, text, text, bytea, bytea)",
         ),
         migrations.RemoveConstraint(
-            model_name='ledgerentry',
-            name='ledger_kind_valid',
+            model_name="ledgerentry",
+            name="ledger_kind_valid",
         ),
         migrations.AlterField(
-            model_name='ledgerentry',
-            name='kind',
-            field=models.CharField(choices=[('policy.create', 'Policy Create'), ('policy.update', 'Policy Update'), ('policy.delete', 'Policy Delete'), ('queue.pause', 'Queue Pause'), ('queue.resume', 'Queue Resume'), ('admission.waiver', 'Admission Waiver'), ('limits.waiver', 'Limits Waiver'), ('limits.set', 'Limits Set'), ('limits.delete', 'Limits Delete'), ('limits.quarantine', 'Limits Quarantine'), ('limits.queue', 'Limits Queue'), ('limits.grant', 'Limits Grant'), ('limits.end', 'Limits End'), ('endpoint.vend', 'Endpoint Vend'), ('endpoint.update', 'Endpoint Update'), ('endpoint.revoke', 'Endpoint Revoke'), ('endpoint.hook_secret_rotate', 'Endpoint Hook Secret Rotate'), ('token.create', 'Token Create'), ('token.revoke', 'Token Revoke'), ('todo.retry', 'Todo Retry'), ('todo.discard', 'Todo Discard')], max_length=32),
+            model_name="ledgerentry",
+            name="kind",
+            field=models.CharField(
+                choices=[
+                    ("policy.create", "Policy Create"),
+                    ("policy.update", "Policy Update"),
+                    ("policy.delete", "Policy Delete"),
+                    ("queue.pause", "Queue Pause"),
+                    ("queue.resume", "Queue Resume"),
+                    ("admission.waiver", "Admission Waiver"),
+                    ("limits.waiver", "Limits Waiver"),
+                    ("limits.set", "Limits Set"),
+                    ("limits.delete", "Limits Delete"),
+                    ("limits.quarantine", "Limits Quarantine"),
+                    ("limits.queue", "Limits Queue"),
+                    ("limits.grant", "Limits Grant"),
+                    ("limits.end", "Limits End"),
+                    ("endpoint.vend", "Endpoint Vend"),
+                    ("endpoint.update", "Endpoint Update"),
+                    ("endpoint.revoke", "Endpoint Revoke"),
+                    ("endpoint.hook_secret_rotate", "Endpoint Hook Secret Rotate"),
+                    ("token.create", "Token Create"),
+                    ("token.revoke", "Token Revoke"),
+                    ("todo.retry", "Todo Retry"),
+                    ("todo.discard", "Todo Discard"),
+                ],
+                max_length=32,
+            ),
         ),
         migrations.AddConstraint(
-            model_name='ledgerentry',
-            constraint=models.CheckConstraint(condition=models.Q(('kind__in', ['policy.create', 'policy.update', 'policy.delete', 'queue.pause', 'queue.resume', 'admission.waiver', 'limits.waiver', 'limits.set', 'limits.delete', 'limits.quarantine', 'limits.queue', 'limits.grant', 'limits.end', 'endpoint.vend', 'endpoint.update', 'endpoint.revoke', 'endpoint.hook_secret_rotate', 'token.create', 'token.revoke', 'todo.retry', 'todo.discard'])), name='ledger_kind_valid'),
+            model_name="ledgerentry",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    (
+                        "kind__in",
+                        [
+                            "policy.create",
+                            "policy.update",
+                            "policy.delete",
+                            "queue.pause",
+                            "queue.resume",
+                            "admission.waiver",
+                            "limits.waiver",
+                            "limits.set",
+                            "limits.delete",
+                            "limits.quarantine",
+                            "limits.queue",
+                            "limits.grant",
+                            "limits.end",
+                            "endpoint.vend",
+                            "endpoint.update",
+                            "endpoint.revoke",
+                            "endpoint.hook_secret_rotate",
+                            "token.create",
+                            "token.revoke",
+                            "todo.retry",
+                            "todo.discard",
+                        ],
+                    )
+                ),
+                name="ledger_kind_valid",
+            ),
         ),
     ]
