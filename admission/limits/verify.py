@@ -220,24 +220,24 @@ def replay_grants() -> GrantReplay:
     The hypothesis state machine calls it too: the drift must be empty, and ``held`` per limit
     must equal the claims naming it now when every claim passed it as a grant."""
     waived: set[tuple[str, str]] = set()
-    for after in LedgerEntry.objects.filter(kind=LedgerKind.LIMITS_WAIVER).values_list(
+    for stored in LedgerEntry.objects.filter(kind=LedgerKind.LIMITS_WAIVER).values_list(
         "after", flat=True
     ):
-        for over in (after or {}).get("exceeded", []):
-            if (after or {}).get("grant"):
-                waived.add((after["grant"], over.get("name")))
+        after: dict[str, Any] = stored or {}
+        for over in after.get("exceeded", []) if after.get("grant") else []:
+            waived.add((after["grant"], over.get("name")))
     replay = _Replay(_declared_now(), waived)
     # A limit with no row before a grant counts as declared as it is now; one with rows, as its
     # last row before the grant says (or as its first row's ``before`` until then).
     first_before: dict[tuple[str, str], dict[str, Any] | None] = {}
     rows = LedgerEntry.objects.filter(kind__in=_REPLAYED).order_by("seq")
     for row in rows.filter(kind__in=_REPLAYED[:3]).iterator():
-        after = (
+        declared = (
             (row.after or {}).get("limit")
             if row.kind == LedgerKind.LIMITS_QUARANTINE
             else row.after
         )
-        named = after or row.before
+        named = declared or row.before
         if named and named.get("kind") in _NUMBER:
             first_before.setdefault((named["kind"], named["name"]), row.before)
     replay.limits.update(first_before)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import connection, transaction
 
 from queues import metrics, sql, wakes
@@ -11,7 +13,7 @@ from queues.models import TodoState
 SWEEP_BATCH = 500
 
 
-def _reaper_params() -> dict[str, object]:
+def _reaper_params() -> dict[str, Any]:
     """The reaper's part of its statement: the ``limits.end`` row naming the grants a batch ends
     is the system's (``system:reaper``)."""
     return sql.grant_params(ledger_actor(SystemActor(via="reaper")), "")
