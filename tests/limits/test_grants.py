@@ -15,6 +15,7 @@ from django.test import Client
 from django.utils import timezone
 
 from admission.limits.models import RateLimit
+from admission.limits.services import limit_quarantine
 from admission.limits.verify import limits_verify, replay_grants
 from queues import services, sql
 from queues.models import Todo
@@ -299,3 +300,34 @@ def test_the_rest_claim_get_todo_the_operator_api_and_the_console_show_the_same_
     api.verb("complete", {"id": str(todo.id), "attempt": 1})
     assert api.verb("get_todo", {"id": str(todo.id)}).json()["todo"]["grant"] is None
     assert row.entry_hash not in signed_in(personas.owner).get(f"/todos/{todo.id}").content.decode()
+
+
+def test_a_revoke_ends_the_grants_of_the_claims_it_dead_letters_in_one_row(
+    personas: Personas,
+) -> None:
+    pool("gpu", slots=4)
+    push_named(personas, 3, pool="gpu")
+    held = {claim_next(personas).grant for _ in range(2)}
+
+    services.endpoint_revoke(endpoint=personas.agent, actor=personas.as_human(personas.owner))
+
+    [row] = ends()
+    assert row.after["ended"] == "revoked"
+    assert {g["grant"] for g in row.after["grants"]} == held
+    assert replay_grants().held("pool", "gpu") == 0
+    assert_the_chain_verifies()
+
+
+def test_a_quarantine_names_the_grants_it_expired_and_the_replay_counts_them_out(
+    personas: Personas,
+) -> None:
+    tag("vendor.a", 3)
+    push_named(personas, 2, tags=["vendor.a"])
+    claimed = claim_next(personas)
+
+    done = limit_quarantine(actor=personas.as_human(personas.admin), kind="tag", name="vendor.a")
+
+    manifest = done["manifest"]
+    assert [e["grant"] for e in manifest["expired"]] == [claimed.grant]
+    assert replay_grants().held("tag", "vendor.a") == 0
+    assert limits_verify().ok
