@@ -22,7 +22,8 @@ endif
 help:
 	@echo "make run [PORT=8000]  start Switchboard (embedded PostgreSQL and Valkey unless DATABASE_URL / REDIS_URL are set)"
 	@echo "make test             make lint, then pytest, as CI runs them"
-	@echo "make bench            run the benchmarks; results go to bench/results/"
+	@echo "make bench            run the benchmarks (threads and processes, medians of repeats); results go to bench/results/"
+	@echo "                       BENCH_ARGS='--only admission --points 8,32 --repeats 20' picks benches, points, modes"
 	@echo "make lint             ruff check, ruff format --check, mypy, deptry (every import pinned), the import contract"
 	@echo "make fmt              fix what ruff can fix and format the code"
 	@echo "make clean-data       delete .data/ (the embedded database and broker) after make run has stopped"
@@ -53,7 +54,7 @@ test: lint
 	$(VENV)/bin/pytest
 
 bench: $(VENV)/.stamp-dev
-	$(PY) -m bench
+	$(PY) -m bench $(BENCH_ARGS)
 
 lint: $(VENV)/.stamp-dev
 	$(VENV)/bin/ruff check .

@@ -2,15 +2,20 @@
 
 Runs against a database of its own (``switchboard_bench``, or BENCH_DATABASE) on the embedded PostgreSQL, or on the
 server of DATABASE_URL, migrated fresh; the embedded Valkey is started if REDIS_URL is unset.
-``python -m bench [--duration S] [--only core,http,admission,console,doorbell,boardlive,limits]``.
+``python -m bench [--duration S] [--repeats N] [--modes threads,processes] [--points 8,32]
+[--only core,http,admission,console,doorbell,boardlive,limits]``: ``--repeats`` and ``--modes``
+reach the benches that take them (core, admission; repeats also boardlive, limits), ``--points``
+the admission bench (1, 8, 32, 10_queues_at_8). Prints each bench's wall time and the total.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import os
 import sys
+import time
 from typing import Any
 
 BENCHES = {
@@ -22,8 +27,6 @@ BENCHES = {
     "boardlive": "bench.board_live_bench",
     "limits": "bench.limits_bench",
 }
-# The benches that measure each point several times and report medians and spreads.
-REPEATING = {"admission", "boardlive", "limits"}
 
 
 def _bench_database() -> None:
@@ -63,7 +66,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--repeats", type=int, default=3, help="runs per point, where a bench repeats (median)"
     )
+    parser.add_argument(
+        "--modes", default="threads,processes", help="worker modes, where a bench has them"
+    )
+    parser.add_argument("--points", default="", help="admission points (default: all)")
     args = parser.parse_args(argv)
+    # Each option reaches the benches whose run() takes it (and the repeating ones say so).
+    options: dict[str, Any] = {
+        "repeats": args.repeats,
+        "modes": tuple(m.strip() for m in args.modes.split(",") if m.strip()),
+    }
+    if args.points:
+        options["points"] = tuple(p.strip() for p in args.points.split(",") if p.strip())
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "switchboard.settings")
     _bench_database()
     import django
@@ -81,19 +95,36 @@ def main(argv: list[str] | None = None) -> int:
     from bench.common import write_result
 
     status = 0
+    began = time.perf_counter()
     try:
         for name in args.only.split(","):
             module = importlib.import_module(BENCHES[name.strip()])
             print(f"== {name} ({args.duration:g} s per measurement)", flush=True)
-            repeats = {"repeats": args.repeats} if name.strip() in REPEATING else {}
-            result = module.run(args.duration, **repeats)
+            accepted = inspect.signature(module.run).parameters
+            started = time.perf_counter()
+            result = module.run(
+                args.duration, **{k: v for k, v in options.items() if k in accepted}
+            )
+            result["wall_s"] = round(time.perf_counter() - started, 1)
+            result["load"] = [round(x, 2) for x in os.getloadavg()]
             path = write_result(name, result)
-            summary = {k: v for k, v in result.items() if not isinstance(v, list) and k != "points"}
-            print(f"   {summary}\n   -> {path}", flush=True)
+            print(f"   {_brief(result)}\n   -> {path}", flush=True)
+        print(f"== all done in {time.perf_counter() - began:.0f} s", flush=True)
     finally:
         if valkey is not None:
             valkey.stop()
     return status
+
+
+def _brief(value: Any) -> Any:
+    """A result without its per-run detail (points, runs), for the terminal."""
+    if isinstance(value, dict):
+        return {
+            k: _brief(v)
+            for k, v in value.items()
+            if k not in ("points", "runs", "collapses") and not isinstance(v, list)
+        }
+    return value
 
 
 if __name__ == "__main__":

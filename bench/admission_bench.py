@@ -16,10 +16,10 @@ the dead tuples and index pages per cycle of its phase (to tell churn bloat from
 from __future__ import annotations
 
 import secrets
-import statistics
-import threading
 import time
 from typing import Any
+
+from bench.common import MODES, ProcessPool, summary, timed_pool
 
 CONCURRENCY = (1, 8, 32)
 QUEUE = "hot"
@@ -46,55 +46,6 @@ def _make_todos(endpoint: Any, n: int, queues: list[str], **names: Any) -> None:
         ),
         batch_size=5000,
     )
-
-
-def _phase(endpoint: Any, claimers: int, duration_s: float) -> tuple[float, bool]:
-    """Cycles per second of ``claimers`` threads for ``duration_s``; and whether work ran dry."""
-    from django.db import connections
-
-    from queues import services
-    from queues.access import AgentActor
-
-    actor = AgentActor(endpoint, via="api")
-    counts = [0] * claimers
-    finished = [0.0] * claimers
-    dry = threading.Event()
-    errors: list[BaseException] = []
-    ready = threading.Barrier(claimers + 1)
-    start_at: list[float] = []
-
-    def claimer(i: int) -> None:
-        try:
-            connections["default"].ensure_connection()
-            ready.wait()
-            deadline = start_at[0] + duration_s
-            n = 0
-            while time.perf_counter() < deadline:
-                got = services.claim_next(actor=actor, claimant=f"bench-{i}")
-                if not isinstance(got, services.Claimed):
-                    dry.set()
-                    break
-                services.complete(actor=actor, todo_id=got.todo.id)
-                n += 1
-            counts[i] = n
-            finished[i] = time.perf_counter()
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(claimers)]
-    for t in threads:
-        t.start()
-    start_at.append(time.perf_counter())
-    ready.wait()
-    began = start_at[0]
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    elapsed = max(finished) - began
-    return sum(counts) / elapsed, dry.is_set()
 
 
 def _cleanup_done(endpoint: Any) -> None:
@@ -136,39 +87,44 @@ def _measure(
     duration_s: float,
     guess: float,
     queues: list[str],
+    *,
+    pool: ProcessPool | None = None,
     **names: Any,
 ) -> dict[str, Any]:
-    """One point: fresh todos spread over ``queues`` (naming ``names``), the timed phase, its
-    diagnostics."""
+    """One point: fresh todos spread over ``queues`` (naming ``names``), the timed phase (in
+    ``claimers`` threads, or in that many of ``pool``'s processes), its diagnostics."""
     _make_todos(endpoint, int(guess * duration_s * _SLACK) + 200, queues, **names)
     # Every point starts from a vacuumed table: without it each phase inherited the dead tuples
     # of every phase before it (tens of thousands), and the claimable index scan walked them.
     _vacuum()
     _, pages_before = _todo_stats()
-    rate, dry = _phase(endpoint, claimers, duration_s)
+    measure = pool.run if pool is not None else timed_pool
+    phase = measure(claimers, duration_s, "bench.common:claim_loop", endpoint.pk)
     time.sleep(0.5)  # closed connections flush their statistics
     dead, pages_after = _todo_stats()
     _cleanup_done(endpoint)
-    cycles = max(1.0, rate * duration_s)
     return {
-        "rate": round(rate, 1),
-        "dry": dry,
+        "rate": phase["cycles_per_s"],
+        "dry": phase["ran_dry"],
+        "p99_ms": phase["p99_ms"],
         "dead_tuples": dead,
-        "index_pages_per_cycle": round((pages_after - pages_before) / cycles, 1),
+        "index_pages_per_cycle": round((pages_after - pages_before) / max(1, phase["cycles"]), 1),
+        # The machine's load when the phase ended: a dip under load is not a collapse.
+        "load": phase["load"],
     }
 
 
-def _summary(values: list[float]) -> dict[str, Any]:
-    return {
-        "median": round(statistics.median(values), 3),
-        "min": round(min(values), 3),
-        "max": round(max(values), 3),
-        "runs": [round(v, 3) for v in values],
-    }
+SCENARIOS = (*(str(n) for n in CONCURRENCY), f"{MANY_QUEUES}_queues_at_8")
 
 
-def run(duration_s: float, repeats: int = 3) -> dict[str, Any]:
-    """Measure every point ``repeats`` times, budgeted right after unbudgeted each time so each
+def run(
+    duration_s: float,
+    repeats: int = 3,
+    modes: tuple[str, ...] = MODES,
+    points: tuple[str, ...] = SCENARIOS,
+) -> dict[str, Any]:
+    """Measure every point (of ``points``: "1", "8", "32", "10_queues_at_8") ``repeats`` times
+    in each of ``modes`` (threads, processes), budgeted right after unbudgeted each time so each
     ratio compares two phases of one moment; report medians and spreads (min, max, every run)."""
     from django.conf import settings
     from django.contrib.auth import get_user_model
@@ -178,6 +134,9 @@ def run(duration_s: float, repeats: int = 3) -> dict[str, Any]:
     from queues.access import HumanActor, SystemActor
     from queues.models import Endpoint
 
+    unknown = sorted(set(points) - set(SCENARIOS)) or sorted(set(modes) - set(MODES))
+    if unknown:
+        raise ValueError(f"points/modes: unknown {unknown}; points are {list(SCENARIOS)}")
     tag = secrets.token_hex(4)
     user = get_user_model().objects.create_user(f"bench-admission-{tag}")
     actor = HumanActor(user, via="cli")
@@ -190,8 +149,14 @@ def run(duration_s: float, repeats: int = 3) -> dict[str, Any]:
 
     plain, budgeted = vend("bench plain", [QUEUE]), vend("bench budgeted", [QUEUE])
     plain_many, budgeted_many = vend("bench plain many", many), vend("bench budgeted many", many)
-    points: dict[str, dict[str, list[dict[str, Any]]]] = {"unbudgeted": {}, "budgeted": {}}
-    ratio_runs: dict[str, list[float]] = {}
+    scenarios = [(str(n), n, plain, budgeted, [QUEUE]) for n in CONCURRENCY]
+    scenarios.append((SCENARIOS[-1], 8, plain_many, budgeted_many, many))
+    scenarios = [s for s in scenarios if s[0] in points]
+    # mode -> label -> point -> runs
+    measured: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {
+        mode: {"unbudgeted": {}, "budgeted": {}} for mode in modes
+    }
+    ratio_runs: dict[str, dict[str, list[float]]] = {mode: {} for mode in modes}
     budget: dict[str, Any] = {
         "max_in_flight": None,
         "max_claims_per_window": 1_000_000,
@@ -201,31 +166,38 @@ def run(duration_s: float, repeats: int = 3) -> dict[str, Any]:
     # Eleven budgets in a row: the bench's operator is not held to the per-human write rate.
     limit_before = settings.POLICY_WRITE_RATE_LIMIT
     settings.POLICY_WRITE_RATE_LIMIT = (0, 0)
+    pool = None
     try:
         admission_services.policy_set(actor=actor, endpoint=budgeted, queue=QUEUE, **budget)
         for queue in many:
             admission_services.policy_set(
                 actor=actor, endpoint=budgeted_many, queue=queue, **budget
             )
+        if "processes" in modes:
+            pool = ProcessPool(max(s[1] for s in scenarios))
         guess = _INITIAL_RATE_GUESS
-        scenarios = [(str(n), n, plain, budgeted, [QUEUE]) for n in CONCURRENCY]
-        scenarios.append((f"{MANY_QUEUES}_queues_at_8", 8, plain_many, budgeted_many, many))
         for _ in range(repeats):
-            for key, claimers, unb_ep, bud_ep, queues in scenarios:
-                unb = _measure(unb_ep, claimers, duration_s, guess, queues)
-                bud = _measure(bud_ep, claimers, duration_s, guess, queues)
-                points["unbudgeted"].setdefault(key, []).append(unb)
-                points["budgeted"].setdefault(key, []).append(bud)
-                guess = max(guess, unb["rate"], bud["rate"])
-                if unb["rate"]:
-                    ratio_runs.setdefault(f"budgeted_vs_unbudgeted_at_{key}", []).append(
-                        bud["rate"] / unb["rate"]
+            for mode in modes:
+                in_pool = pool if mode == "processes" else None
+                got, ratios_of = measured[mode], ratio_runs[mode]
+                for key, claimers, unb_ep, bud_ep, queues in scenarios:
+                    unb = _measure(unb_ep, claimers, duration_s, guess, queues, pool=in_pool)
+                    bud = _measure(bud_ep, claimers, duration_s, guess, queues, pool=in_pool)
+                    got["unbudgeted"].setdefault(key, []).append(unb)
+                    got["budgeted"].setdefault(key, []).append(bud)
+                    guess = max(guess, unb["rate"], bud["rate"])
+                    if unb["rate"]:
+                        ratios_of.setdefault(f"budgeted_vs_unbudgeted_at_{key}", []).append(
+                            bud["rate"] / unb["rate"]
+                        )
+                b = got["budgeted"]
+                if "8" in b and "32" in b:
+                    ratios_of.setdefault("budgeted_32_vs_8", []).append(
+                        b["32"][-1]["rate"] / b["8"][-1]["rate"] if b["8"][-1]["rate"] else 0.0
                     )
-            b = points["budgeted"]
-            ratio_runs.setdefault("budgeted_32_vs_8", []).append(
-                b["32"][-1]["rate"] / b["8"][-1]["rate"] if b["8"][-1]["rate"] else 0.0
-            )
     finally:
+        if pool is not None:
+            pool.close()
         for endpoint, queues in ((budgeted, [QUEUE]), (budgeted_many, many)):
             for queue in queues:
                 try:
@@ -237,28 +209,54 @@ def run(duration_s: float, repeats: int = 3) -> dict[str, Any]:
         ).delete()
         user.delete()
         settings.POLICY_WRITE_RATE_LIMIT = limit_before
-    rates = {
-        label: {key: _summary([p["rate"] for p in runs]) for key, runs in by_key.items()}
-        for label, by_key in points.items()
-    }
-    ratios = {name: _summary(values) for name, values in ratio_runs.items()}
     targets = {
         "budgeted_vs_unbudgeted_at_8": TARGET_BUDGETED_VS_UNBUDGETED_AT_8,
         "budgeted_32_vs_8": TARGET_32_VS_8,
         f"budgeted_vs_unbudgeted_at_{MANY_QUEUES}_queues_at_8": TARGET_MANY_QUEUES,
     }
-    return {
+    result: dict[str, Any] = {
         "bench": "admission",
         "duration_s": duration_s,
         "repeats": repeats,
         "unit": "claim+complete cycles per second",
-        "rates": rates,
-        "ratios": ratios,
         "targets": targets,
-        # Judged on the median of the per-run ratios: one bad run cannot pass or fail a target.
-        "met": {name: ratios[name]["median"] >= target for name, target in targets.items()},
-        "points": points,
     }
+    for mode in modes:
+        ratios = {name: summary(values) for name, values in ratio_runs[mode].items()}
+        result[mode] = {
+            "rates": {
+                label: {key: summary([p["rate"] for p in runs]) for key, runs in by_key.items()}
+                for label, by_key in measured[mode].items()
+            },
+            "ratios": ratios,
+            # Judged on the median of the per-run ratios: one bad run cannot pass or fail a target.
+            "met": {
+                name: ratios[name]["median"] >= target
+                for name, target in targets.items()
+                if name in ratios
+            },
+            "collapses": _collapses(measured[mode]),
+            "points": measured[mode],
+        }
+    result["met"] = {mode: result[mode]["met"] for mode in modes}
+    return result
+
+
+# A run below this share of its point's median is a collapse (issue 12: 87/s against 763/s).
+COLLAPSE_SHARE = 0.3
+
+
+def _collapses(measured: dict[str, dict[str, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+    """Every run under COLLAPSE_SHARE of its point's median, with its repeat number and the dead
+    tuples, index pages and load of that very run beside it."""
+    found = []
+    for label, by_key in measured.items():
+        for key, runs in by_key.items():
+            median = summary([r["rate"] for r in runs])["median"]
+            for repeat, r in enumerate(runs):
+                if r["rate"] < COLLAPSE_SHARE * median:
+                    found.append({"point": key, "label": label, "repeat": repeat, **r})
+    return found
 
 
 if __name__ == "__main__":

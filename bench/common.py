@@ -1,65 +1,41 @@
-"""Shared bench plumbing: a bench database, timed worker pools, results as JSON."""
+"""Shared bench plumbing: timed worker pools (threads or processes), results as JSON."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import multiprocessing
 import os
 import platform
 import statistics
 import threading
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def timed_pool(
-    workers: int,
-    duration_s: float,
-    cycle: Callable[[int], bool],
-    *,
-    setup: Callable[[], None] | None = None,
-) -> dict[str, Any]:
-    """Run ``cycle(worker)`` in ``workers`` threads for ``duration_s``; each call is one cycle and
-    returns False when there is no more work. Returns cycles/s and latency percentiles (ms)."""
-    from django.db import connections
+# A workload is named "module:function", the function a context manager taking (worker index,
+# *args) that opens what one worker needs (its connections) and yields one claim cycle: a callable
+# returning False when there is no more work. By name, so a spawned process can import it.
+Workload = Callable[..., AbstractContextManager[Callable[[], bool]]]
+MODES = ("threads", "processes")
 
-    latencies: list[list[float]] = [[] for _ in range(workers)]
-    stop = threading.Event()
-    barrier = threading.Barrier(workers + 1)
-    errors: list[BaseException] = []
 
-    def body(i: int) -> None:
-        try:
-            if setup:
-                setup()
-            barrier.wait()
-            while not stop.is_set():
-                t0 = time.perf_counter()
-                if not cycle(i):
-                    break
-                latencies[i].append(time.perf_counter() - t0)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
+def _workload(name: str) -> Workload:
+    module, _, attr = name.partition(":")
+    return cast(Workload, getattr(importlib.import_module(module), attr))
 
-    threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(workers)]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    started = time.perf_counter()
-    time.sleep(duration_s)
-    stop.set()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - started
-    if errors:
-        raise errors[0]
-    flat = sorted(x for lat in latencies for x in lat)
+
+def _summarise(workers: int, latencies: list[float], elapsed: float, dry: bool) -> dict[str, Any]:
+    flat = sorted(latencies)
     return {
         "workers": workers,
         "cycles": len(flat),
@@ -68,6 +44,212 @@ def timed_pool(
         "p50_ms": round(_pct(flat, 50) * 1000, 3) if flat else None,
         "p99_ms": round(_pct(flat, 99) * 1000, 3) if flat else None,
         "mean_ms": round(statistics.fmean(flat) * 1000, 3) if flat else None,
+        "ran_dry": dry,
+        "load": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+@contextmanager
+def claim_loop(i: int, endpoint_id: Any) -> Iterator[Callable[[], bool]]:
+    """The agent's cycle every claim bench measures: claim_next on the endpoint, then complete."""
+    from queues import services
+    from queues.access import AgentActor
+    from queues.models import Endpoint
+
+    actor = AgentActor(Endpoint.objects.get(pk=endpoint_id), via="api")  # connects before the clock
+
+    def cycle() -> bool:
+        claimed = services.claim_next(actor=actor, claimant=f"bench-{i}")
+        if not isinstance(claimed, services.Claimed):
+            return False
+        services.complete(actor=actor, todo_id=claimed.todo.id)
+        return True
+
+    yield cycle
+
+
+def timed_pool(workers: int, duration_s: float, workload: str, *args: Any) -> dict[str, Any]:
+    """Run ``workload`` in ``workers`` threads for ``duration_s`` (each with its own connections,
+    opened before the clock starts). Returns cycles/s and latency percentiles (ms)."""
+    from django.db import connections
+
+    latencies: list[list[float]] = [[] for _ in range(workers)]
+    stop = threading.Event()
+    dry = threading.Event()
+    barrier = threading.Barrier(workers + 1)
+    errors: list[BaseException] = []
+    factory = _workload(workload)
+
+    def body(i: int) -> None:
+        try:
+            with factory(i, *args) as cycle:
+                barrier.wait()
+                if _loop(cycle, stop.is_set, latencies[i]):
+                    dry.set()
+        except BaseException as exc:
+            errors.append(exc)
+            barrier.abort()
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(workers)]
+    for t in threads:
+        t.start()
+    try:
+        barrier.wait()
+    except threading.BrokenBarrierError:
+        pass
+    started = time.perf_counter()
+    if not errors:
+        time.sleep(duration_s)
+    stop.set()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - started
+    if errors:
+        raise errors[0]
+    return _summarise(workers, [x for lat in latencies for x in lat], elapsed, dry.is_set())
+
+
+def _loop(cycle: Callable[[], bool], stopped: Callable[[], bool], latencies: list[float]) -> bool:
+    """Cycle until ``stopped``, timing each cycle; True if the work ran dry first."""
+    while not stopped():
+        t0 = time.perf_counter()
+        if not cycle():
+            return True
+        latencies.append(time.perf_counter() - t0)
+    return False
+
+
+class ProcessPool:
+    """``size`` spawned worker processes, each with its own Django setup, started once for a
+    bench (a Django process takes a second or more to start on a loaded machine) and kept for
+    all its points. ``run`` hands a workload to the first ``workers`` of them: each opens its own
+    connections, says it is ready, and only then does the clock start; each counts cycles until
+    the shared stop event, so every process measures the same window.
+
+    Threads share one interpreter lock, so the Python of every claim (Django, the ORM, psycopg's
+    adaptation) runs one thread at a time; processes are how workers run in production (gunicorn,
+    Celery's prefork pool), so the bench reports both."""
+
+    def __init__(self, size: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        # A worker uses one connection: a pool of two per process (the default minimum) would
+        # open twice the server's share at 32 processes and run it out of connections.
+        os.environ["DATABASE_POOL_MIN"] = "1"
+        self.go = ctx.Event()
+        self.stop = ctx.Event()
+        self.pipes: list[Connection] = []
+        self.procs: list[BaseProcess] = []
+        for i in range(size):
+            ours, theirs = ctx.Pipe()
+            proc = ctx.Process(
+                target=_child, args=(i, theirs, self.go, self.stop), daemon=True, name=f"bench-{i}"
+            )
+            proc.start()
+            self.pipes.append(ours)
+            self.procs.append(proc)
+        for pipe in self.pipes:
+            _expect(pipe, "up")
+
+    def __enter__(self) -> ProcessPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for pipe in self.pipes:
+            try:
+                pipe.send(None)
+            except OSError:
+                pass
+        for proc in self.procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+        self.pipes, self.procs = [], []
+
+    def run(self, workers: int, duration_s: float, workload: str, *args: Any) -> dict[str, Any]:
+        """As ``timed_pool``, in ``workers`` of the pool's processes."""
+        if workers > len(self.pipes):
+            raise ValueError(f"workers: {workers} asked of a pool of {len(self.pipes)} processes")
+        pipes = self.pipes[:workers]
+        self.go.clear()
+        self.stop.clear()
+        for pipe in pipes:
+            pipe.send((workload, args))
+        errors = [reply[1] for reply in (pipe.recv() for pipe in pipes) if reply[0] == "error"]
+        started = time.perf_counter()
+        self.go.set()
+        if not errors:
+            time.sleep(duration_s)
+        self.stop.set()
+        latencies: list[float] = []
+        dry = False
+        for pipe in pipes:
+            reply = pipe.recv()
+            if reply[0] == "error":
+                errors.append(reply[1])
+            elif reply[0] == "done":
+                latencies.extend(reply[1])
+                dry = dry or reply[2]
+        elapsed = time.perf_counter() - started
+        if errors:
+            raise RuntimeError(f"a bench worker process failed:\n{errors[0]}")
+        return _summarise(workers, latencies, elapsed, dry)
+
+
+def _expect(pipe: Connection, word: str) -> None:
+    reply = pipe.recv()
+    if reply != word:
+        raise RuntimeError(f"a bench worker process failed to start:\n{reply}")
+
+
+def _child(index: int, pipe: Connection, go: Any, stop: Any) -> None:
+    """One worker process: set Django up once, then run workloads as the parent hands them over.
+    Replies: "ready" (or "error") once its connections are open, then "done" with its latencies
+    (or "error"), never both errors for one workload."""
+    try:
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "switchboard.settings")
+        import django
+
+        django.setup()
+    except BaseException:
+        pipe.send(traceback.format_exc())
+        return
+    pipe.send("up")
+    from django.db import connections
+
+    while (message := pipe.recv()) is not None:
+        name, args = message
+        ready = False
+        try:
+            with _workload(name)(index, *args) as cycle:
+                pipe.send(("ready", None))
+                ready = True
+                go.wait()
+                latencies: list[float] = []
+                dry = _loop(cycle, stop.is_set, latencies)
+            pipe.send(("done", latencies, dry))
+        except BaseException:
+            # Before "ready" the parent awaits a ready; after it, a done: one reply for each.
+            pipe.send(("error", traceback.format_exc()))
+            if not ready:
+                go.wait()
+                stop.wait()
+                pipe.send(("skipped", None))
+        finally:
+            connections.close_all()
+
+
+def summary(values: list[float]) -> dict[str, Any]:
+    """Median, spread and every run of one point measured several times."""
+    return {
+        "median": round(statistics.median(values), 3),
+        "min": round(min(values), 3),
+        "max": round(max(values), 3),
+        "runs": [round(v, 3) for v in values],
     }
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from bench.admission_bench import _INITIAL_RATE_GUESS, QUEUE, _measure, _summary
+from bench.admission_bench import _INITIAL_RATE_GUESS, QUEUE, _measure
+from bench.common import summary
 
 CLAIMERS = int(__import__("os").environ.get("BENCH_CLAIMERS", "8"))
 TARGET_NAMED_VS_PLAIN_AT_8 = 0.5
@@ -42,7 +43,7 @@ def run(duration_s: float, repeats: int = 3) -> dict[str, Any]:
     limit_services.limit_set(actor=actor, kind="pool", name=pool, slots=ROOM)
     for t in tags:
         limit_services.limit_set(actor=actor, kind="tag", name=t, limit=ROOM)
-    names = {"pool": pool, "tags": tags}
+    names: dict[str, Any] = {"pool": pool, "tags": tags}
     points: dict[str, list[dict[str, Any]]] = {"plain": [], "named": []}
     ratio_runs: list[float] = []
     guess = _INITIAL_RATE_GUESS
@@ -60,7 +61,7 @@ def run(duration_s: float, repeats: int = 3) -> dict[str, Any]:
         for kind, name in (("pool", pool), *(("tag", t) for t in tags)):
             limit_services.limit_delete(actor=actor, kind=kind, name=name)
         user.delete()
-    ratio = _summary(ratio_runs)
+    ratio = summary(ratio_runs)
     return {
         "bench": "limits",
         "duration_s": duration_s,
@@ -68,7 +69,7 @@ def run(duration_s: float, repeats: int = 3) -> dict[str, Any]:
         "claimers": CLAIMERS,
         "unit": "claim+complete cycles per second",
         "scenario": "named: every todo names one pool and two tags (enforce, never full)",
-        "rates": {label: _summary([p["rate"] for p in runs]) for label, runs in points.items()},
+        "rates": {label: summary([p["rate"] for p in runs]) for label, runs in points.items()},
         "ratios": {"named_vs_plain_at_8": ratio},
         "targets": {"named_vs_plain_at_8": TARGET_NAMED_VS_PLAIN_AT_8},
         "met": {"named_vs_plain_at_8": ratio["median"] >= TARGET_NAMED_VS_PLAIN_AT_8},

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models.signals import post_delete, post_save
 from django.http import HttpRequest
 from django.middleware.csrf import CsrfViewMiddleware
@@ -24,13 +24,16 @@ from ninja.security.base import AuthBase
 from queues.access import AgentActor, HumanActor
 from queues.models import Endpoint, EndpointState, HumanToken
 from queues.services import touch_endpoint
+from queues.sql import hot_cursor
 from switchboard.core import ratelimit
 from switchboard.core.errors import Forbidden, RateLimited, Unauthorized
 from switchboard.core.tokens import ENDPOINT_TOKEN_PREFIX, HUMAN_TOKEN_PREFIX, hash_token
 
 _ENDPOINT_FIELDS = list(Endpoint._meta.concrete_fields)
 # Every agent request runs this lookup; as plain SQL it skips the ORM's query compilation, which
-# cost more than the rest of a claim. The owner loads lazily where a waiver needs it.
+# cost more than the rest of a claim, and on the hot cursor (server-side binding, binary results)
+# psycopg prepares it and loads uuids and timestamps without parsing text. The owner loads lazily
+# where a waiver needs it.
 _ENDPOINT_BY_HASH = (
     f"SELECT {', '.join(str(f.column) for f in _ENDPOINT_FIELDS)} FROM queues_endpoint "
     "WHERE token_hash = %s"
@@ -88,15 +91,12 @@ def _endpoint_row(digest: str) -> list[Any] | None:
         cached = endpoint_cache.get(digest, ttl)
         if cached is not None:
             return cached
-    with connection.cursor() as cursor:
+    with hot_cursor() as cursor:
         cursor.execute(_ENDPOINT_BY_HASH, [digest])
         row = cursor.fetchone()
     if row is None:
         return None
-    values = [
-        f.from_db_value(v, None, connection) if v is not None and hasattr(f, "from_db_value") else v
-        for f, v in zip(_ENDPOINT_FIELDS, row, strict=True)
-    ]
+    values = list(row)  # no field of Endpoint converts its database value (checked in tests)
     if ttl > 0:
         endpoint_cache.put(digest, values)
     return values

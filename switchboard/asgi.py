@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import io
 import os
+import queue
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from typing import Any
 
 import django
@@ -31,17 +34,61 @@ from django.core.handlers.asgi import ASGIHandler, get_script_prefix  # noqa: E4
 from django.core.handlers.base import BaseHandler  # noqa: E402
 from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
 from django.http.response import HttpResponseBase  # noqa: E402
-from django.urls import Resolver404, get_resolver, set_script_prefix  # noqa: E402
+from django.urls import Resolver404, ResolverMatch, get_resolver, set_script_prefix  # noqa: E402
 from django.utils.module_loading import import_string  # noqa: E402
 
 ARRIVED = "switchboard.arrived"
 
 
-class _SyncChain(BaseHandler):
-    """Django's synchronous request handling (the WSGI handler's) through ``middleware``."""
+class _Workers:
+    """A fixed set of long-lived threads serving callables for the event loop.
 
-    def __init__(self, middleware: list[str]) -> None:
+    What ``loop.run_in_executor`` does, with less per call (issue 11): no concurrent.futures
+    Future chained to an asyncio one, no condition variable; a C queue in, one
+    ``call_soon_threadsafe`` back. Each thread keeps its database connection (CONN_MAX_AGE or
+    the pool) and nothing is started per request.
+    """
+
+    def __init__(self, threads: int, name: str) -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        for n in range(threads):
+            threading.Thread(target=self._serve, name=f"{name}_{n}", daemon=True).start()
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._queue.put((future, loop, fn, args))
+        return await future
+
+    def _serve(self) -> None:
+        while True:
+            future, loop, fn, args = self._queue.get()
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # handed to the awaiting request, as an executor does
+                loop.call_soon_threadsafe(_settle, future, None, exc)
+            else:
+                loop.call_soon_threadsafe(_settle, future, result, None)
+
+
+def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if future.cancelled():  # the client went away meanwhile
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
+
+
+class _SyncChain(BaseHandler):
+    """Django's synchronous request handling (the WSGI handler's) through ``middleware``.
+
+    With ``resolved``, a path's URL match is kept once resolved (the agents' few paths, each
+    request resolving the same one again cost a few percent of its CPU)."""
+
+    def __init__(self, middleware: list[str], *, resolved: bool = False) -> None:
         super().__init__()
+        self._resolved = resolved
         # BaseHandler.load_middleware(is_async=False) for a given list (it reads MIDDLEWARE):
         # every middleware here is sync-capable, so no adapting is needed.
         self._view_middleware: list[Any] = []
@@ -59,6 +106,19 @@ class _SyncChain(BaseHandler):
             handler = convert_exception_to_response(instance)
         self._middleware_chain = handler
 
+    def resolve_request(self, request: Any) -> ResolverMatch:
+        if not self._resolved or hasattr(request, "urlconf"):
+            return super().resolve_request(request)
+        match = _resolve(request.path_info)
+        request.resolver_match = match
+        return match
+
+
+@functools.lru_cache(maxsize=1024)
+def _resolve(path: str) -> ResolverMatch:
+    """The URL match of an agent path (raises Resolver404 as Django does; not kept then)."""
+    return get_resolver().resolve(path)
+
 
 class OneHopHandler(ASGIHandler):
     """Django's ASGI handler, serving synchronous views in one hop to a fixed thread pool."""
@@ -67,11 +127,9 @@ class OneHopHandler(ASGIHandler):
         super().__init__()
         self.sync_chain = _SyncChain(settings.MIDDLEWARE)
         # The agents' paths skip the console's middleware (settings.AGENT_MIDDLEWARE says why).
-        self.agent_chain = _SyncChain(settings.AGENT_MIDDLEWARE)
+        self.agent_chain = _SyncChain(settings.AGENT_MIDDLEWARE, resolved=True)
         self.agent_prefixes = tuple(settings.AGENT_PATH_PREFIXES)
-        # Fixed, long-lived threads: each keeps its database connection (CONN_MAX_AGE or the
-        # pool) and nothing is started per request. Sized like the connection pool's ceiling.
-        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="django")
+        self.workers = _Workers(threads, "django")
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and not _async_view(_path(scope)):
@@ -79,21 +137,54 @@ class OneHopHandler(ASGIHandler):
         else:
             await super().__call__(scope, receive, send)
 
+    async def read_body(self, receive: Any) -> Any:
+        """The body in memory: an agent's (or a form's) is a few hundred bytes, and Django's
+        spooled temporary file cost more than the read. Spooled to disk past Django's
+        in-memory upload size, as Django does."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise RequestAborted()
+            chunk = message.get("body", b"")
+            if chunk:
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > settings.FILE_UPLOAD_MAX_MEMORY_SIZE:
+                    return await self._spool(chunks, message, receive)
+            if not message.get("more_body", False):
+                return io.BytesIO(b"".join(chunks))
+
+    async def _spool(self, chunks: list[bytes], message: dict[str, Any], receive: Any) -> Any:
+        async def replay() -> dict[str, Any]:
+            nonlocal message
+            if chunks:
+                return {"type": "http.request", "body": chunks.pop(0), "more_body": True}
+            if not message.get("more_body", False):
+                return {"type": "http.request", "body": b"", "more_body": False}
+            message = await receive()
+            return message
+
+        return await super().read_body(replay)
+
     async def handle_in_thread(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         try:
             body_file = await self.read_body(receive)
         except RequestAborted:
             return
-        loop = asyncio.get_running_loop()
         try:
-            response = await loop.run_in_executor(self.pool, self._respond, scope, body_file)
-            await self.send_response(response, send)
+            response = await self.workers.run(self._respond, scope, body_file)
+            if response.streaming or response.cookies:
+                await self.send_response(response, send)
+            else:
+                await _send_whole(response, send)
         finally:
             body_file.close()
         if response.streaming:
             # A streamed body (a file, a CSV export) was read in the loop; close it (and send
             # request_finished) in a pool thread, where the request's connection lives.
-            await loop.run_in_executor(self.pool, response.close)
+            await self.workers.run(response.close)
 
     def _respond(self, scope: dict[str, Any], body_file: Any) -> HttpResponseBase:
         """The whole synchronous request in one pool thread: signals, middleware, view."""
@@ -113,6 +204,20 @@ class OneHopHandler(ASGIHandler):
             # thread's database connection, before the bytes go out.
             response.close()
         return response
+
+
+async def _send_whole(response: HttpResponseBase, send: Any) -> None:
+    """A response whose content is in memory, as ASGIHandler.send_response sends it (the same
+    headers, bytes unchanged), in two messages rather than chunks."""
+    headers = [
+        (
+            header.encode("ascii") if isinstance(header, str) else bytes(header),
+            value.encode("latin1") if isinstance(value, str) else bytes(value),
+        )
+        for header, value in response.items()
+    ]
+    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": response.content})  # type: ignore[attr-defined]
 
 
 def _path(scope: dict[str, Any]) -> str:

@@ -5,19 +5,13 @@ trial charged = claimed = attempt rows."""
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-from django.conf import settings
 from django.db.models import Sum
 from django.utils import timezone
 
@@ -26,61 +20,18 @@ from admission.models import AdmissionPolicy, AdmissionWindow
 from queues import services
 from queues.models import Attempt
 from tests.admission.conftest import budget
-from tests.conftest import FIXTURE, Personas, database_url, push
+from tests.children import Child
+from tests.children import children as started
+from tests.conftest import FIXTURE, Personas, push
 
-ROOT = Path(__file__).resolve().parents[2]
 TRIALS = 100
 ZONES = ["UTC", "Europe/Berlin", "Australia/Lord_Howe", "Asia/Kolkata", "America/Los_Angeles"]
 
 
-class Child:
-    def __init__(self) -> None:
-        env = {
-            **os.environ,
-            "DATABASE_URL": database_url(),
-            "REDIS_URL": settings.REDIS_URL,
-            "DJANGO_SETTINGS_MODULE": "switchboard.settings",
-        }
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.admission.trial_racer"],
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "ready"
-
-    def send(self, command: dict[str, Any]) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(command) + "\n")
-        self.proc.stdin.flush()
-
-    def receive(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line, f"the trial child died (exit {self.proc.poll()})"
-        result: dict[str, Any] = json.loads(line)
-        return result
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=30)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-
-
 @pytest.fixture
 def children(tx_personas: Personas) -> Iterator[list[Child]]:
-    started = [Child(), Child()]
-    try:
-        yield started
-    finally:
-        for child in started:
-            child.close()
+    with started("tests.admission.trial_racer") as both:
+        yield both
 
 
 def _window(rng: random.Random) -> dict[str, Any]:

@@ -10,13 +10,13 @@ release, fail, let the lease lapse, or hold), and prints one JSON line: {"claims
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import sys
 import threading
 import time
 from typing import Any
+
+from tests.child_serve import serve
 
 
 def run_trial(command: dict[str, Any]) -> dict[str, Any]:
@@ -72,15 +72,5 @@ def run_trial(command: dict[str, Any]) -> dict[str, Any]:
     return {"claims": sum(claims), "errors": errors}
 
 
-def main() -> None:
-    import django
-
-    django.setup()
-    print("ready", flush=True)
-    for line in sys.stdin:
-        if line.strip():
-            print(json.dumps(run_trial(json.loads(line))), flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    serve(run_trial)

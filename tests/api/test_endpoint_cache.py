@@ -12,7 +12,7 @@ from django.db import connection
 from django.test import Client, override_settings
 
 from queues import services
-from queues.auth import endpoint_cache, endpoint_for_token
+from queues.auth import _ENDPOINT_FIELDS, _endpoint_row, endpoint_cache, endpoint_for_token
 from queues.models import EndpointState
 from switchboard.liveserver import live_server
 from tests.api.conftest import Api
@@ -86,3 +86,17 @@ def test_by_default_a_revoke_made_by_another_process_refuses_its_next_request(
         services.endpoint_revoke(actor=FIXTURE, endpoint=tx_personas.agent)
         refused = httpx.post(url, headers=auth, json={}, timeout=30)
         assert (refused.status_code, refused.json()["code"]) == (401, "unauthorized")
+
+
+def test_the_token_lookup_loads_every_field_as_the_orm_does(personas: Personas) -> None:
+    """The lookup reads the row with plain SQL on the hot cursor (binary results), not the ORM:
+    every field must come back with the value and type the ORM gives it."""
+    endpoint_cache.clear()
+    services.endpoint_revoke(actor=FIXTURE, endpoint=personas.foreign)  # a row with revoked_at
+    for endpoint in (personas.agent, personas.foreign):
+        endpoint.refresh_from_db()
+        values = _endpoint_row(endpoint.token_hash)
+        assert values is not None
+        for field, value in zip(_ENDPOINT_FIELDS, values, strict=True):
+            expected = getattr(endpoint, field.attname)
+            assert (value, type(value)) == (expected, type(expected)), field.attname

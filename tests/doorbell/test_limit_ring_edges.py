@@ -170,7 +170,10 @@ def test_raises_racing_each_other_a_completion_and_claims_ring_once_per_identity
 ) -> None:
     p = tx_personas
     claim = _full_gpu_pool_with_work_in_three_identities(p)
-    push(p, 3, endpoint=p.agent2, pool="gpu")  # agent two keeps waiting work after its claims
+    # Agent two's racing claims take work of another pool: a claim of gpu work could refill
+    # the slot the completion frees before a raise frees it again, two legitimate rings.
+    pool("cpu", slots=10)
+    cpu = push(p, 2, endpoint=p.agent2, pool="cpu")
     listener.drain()
 
     def act(i: int) -> object:
@@ -178,11 +181,12 @@ def test_raises_racing_each_other_a_completion_and_claims_ring_once_per_identity
             return services.complete(
                 actor=p.as_agent(), todo_id=claim.todo.id, lease_token=claim.lease_token
             )
-        if i <= 2:  # agent two claims while the pool fills and frees
-            return services.claim_next(actor=p.as_agent(p.agent2))
+        if i <= 2:  # agent two claims while the gpu pool frees and is raised
+            return services.claim(actor=p.as_agent(p.agent2), todo_id=cpu[i - 1].id)
         return limit_set(actor=HumanActor(p.admin), kind="pool", name="gpu", slots=i + 20)
 
-    run_threads(8, act)
+    results = run_threads(8, act)
+    assert all(isinstance(r, Claimed) for r in results[1:3])
     rings = _rings(listener)
     assert sorted(set(rings)) == rings, f"an identity rang twice: {rings}"
     assert {(e, q) for e, q, _ in rings} == {(e, q) for e, q, _ in _reopened_everywhere(p)}

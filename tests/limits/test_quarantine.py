@@ -4,6 +4,7 @@ it and writes one ledger row carrying the whole manifest, which the ledger alone
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -156,8 +157,10 @@ def test_no_claim_racing_a_quarantine_holds_a_slot_after_it_commits(
             quarantined.set()
             return []
         out: list[tuple[bool, object]] = []
-        # Claims before, during and (two each) after the quarantine commits.
-        for _ in range(40):
+        # Claims before, during and (two each) after the quarantine commits: a thread keeps
+        # trying until it has made two attempts after the commit, however slow the quarantine.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
             after = quarantined.is_set()
             out.append((after, claim_once(i)))
             if isinstance(out[-1][1], Claimed):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from django.conf import settings
 
 from queues import services
@@ -32,14 +33,17 @@ def test_thirty_racers_in_two_processes_never_hold_more_than_an_enforced_pool_or
     assert Todo.objects.filter(state=TodoState.CLAIMED, tags__contains=["vendor.a"]).count() == 2
 
 
+# Well under an enforce limit a claim decides inside its statement (limits_tags_check); under
+# advise it takes the locked path (the gates' admit, one lock per tag): both lock tags sorted.
+@pytest.mark.parametrize("posture", ["enforce", "advise"])
 def test_claims_naming_overlapping_tags_a_pool_and_a_budget_never_deadlock(
-    tx_personas: Personas,
+    tx_personas: Personas, posture: str
 ) -> None:
     p = tx_personas
     budget(p, max_in_flight=100)
-    pool("gpu", slots=100)
+    pool("gpu", slots=100, posture=posture)
     for name in ("a", "b", "c", "d"):
-        tag(name, 100)
+        tag(name, 100, posture=posture)
     # Pairs of tags in both orders as given (the claim locks them sorted): half claimed by id
     # on one endpoint, half by claim_next on another, all at once.
     pairs = [["a", "b"], ["b", "a"], ["c", "a"], ["d", "b"], ["b", "c"], ["d", "c"]] * 2

@@ -1,0 +1,260 @@
+"""Where one bare claim_next + complete cycle spends its time (issue 12): statements per cycle,
+the plans of the claim and completion statements, and a Python profile of a single-thread loop.
+
+``python -m bench.claim_profile [--cycles N] [--explain] [--profile] [--sql]`` against its own
+bench database (BENCH_DATABASE, as ``python -m bench``). Not a benchmark: the rates it prints
+come from one thread and cProfile's overhead; ``python -m bench --only core`` measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.claim_profile")
+    parser.add_argument("--cycles", type=int, default=2000)
+    parser.add_argument("--explain", action="store_true", help="EXPLAIN (ANALYZE, BUFFERS) both")
+    parser.add_argument("--profile", action="store_true", help="cProfile the loop")
+    parser.add_argument("--sql", action="store_true", help="print the two statements")
+    parser.add_argument(
+        "--auto-explain", action="store_true", help="the plans of one warm cycle, as run"
+    )
+    parser.add_argument(
+        "--raw", action="store_true", help="the raw same-table loop instead, for comparison"
+    )
+    parser.add_argument("--nogates", action="store_true", help="the statements without gates")
+    parser.add_argument("--exec", action="append", default=[], help="SQL to run first")
+    parser.add_argument("--set", action="append", default=[], help="a session setting: name=value")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "switchboard.settings")
+    from bench.__main__ import _bench_database
+
+    _bench_database()
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.core.management import call_command
+
+    from switchboard import embedded
+
+    valkey: Any = None
+    if not embedded.valkey_running(settings.REDIS_URL):
+        valkey = embedded.start_valkey(settings.REDIS_URL)
+    call_command("migrate", verbosity=0)
+    try:
+        _run(args)
+    finally:
+        if valkey is not None:
+            valkey.stop()
+    return 0
+
+
+def _run(args: argparse.Namespace) -> None:
+    from django.contrib.auth.models import User
+    from django.db import connection
+
+    from bench.core_bench import _reload
+    from queues import services, sql
+    from queues.access import AgentActor, SystemActor
+    from queues.services import Claimed
+
+    owner, _ = User.objects.get_or_create(username="bench-owner")
+    endpoint, _token = services.endpoint_vend(
+        actor=SystemActor(via="bench"), owner=owner, name="bench profile", queues=["bench"], rps=0
+    )
+    actor = AgentActor(endpoint, via="api")
+    _reload(endpoint, args.cycles + 2000)
+    with connection.cursor() as cursor:
+        for statement in args.exec:
+            cursor.execute(statement)
+        for setting in args.set:
+            name, value = setting.split("=", 1)
+            cursor.execute("SELECT set_config(%s, %s, false)", [name, value])
+
+    def cycle() -> None:
+        claimed = services.claim_next(actor=actor, claimant="w0")
+        assert isinstance(claimed, Claimed)
+        services.complete(actor=actor, todo_id=claimed.todo.id)
+
+    if args.nogates:
+        from queues.sql import _COMPLETE, _claim_next_sql, _ending_sql
+
+        claim_sql = _claim_next_sql((), False, False, False)
+        complete_sql = _ending_sql((), *_COMPLETE)
+
+        def cycle() -> None:
+            with sql.hot_cursor() as cursor:
+                cursor.execute(
+                    claim_sql,
+                    _claim_params(endpoint),
+                )
+                todo_id = cursor.fetchone()[0]
+                cursor.execute(
+                    complete_sql,
+                    {
+                        "id": todo_id,
+                        "endpoints": [endpoint.id],
+                        "operator": False,
+                        "fence": None,
+                        "attempt": None,
+                        "error": None,
+                        "result": None,
+                        "summary": "",
+                    },
+                )
+                cursor.fetchone()
+
+    if args.raw:
+        from bench.core_bench import SAME_TABLE_CLAIM, SAME_TABLE_COMPLETE
+
+        def cycle() -> None:
+            with sql.hot_cursor() as cursor:
+                cursor.execute(SAME_TABLE_CLAIM, ["w0", endpoint.id])
+                (todo_id,) = cursor.fetchone()
+                cursor.execute(SAME_TABLE_COMPLETE, [todo_id])
+
+    for _ in range(50):  # warm: prepared statements, caches
+        cycle()
+    seen: Counter[str] = Counter()
+
+    def count(execute: Any, statement: str, params: Any, many: bool, context: Any) -> Any:
+        seen[" ".join(statement.split())[:90]] += 1
+        return execute(statement, params, many, context)
+
+    with connection.execute_wrapper(count):
+        for _ in range(100):
+            cycle()
+    print("statements per cycle (100 cycles):")
+    for text, n in seen.most_common():
+        print(f"  {n / 100:5.2f}  {text}")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans, custom_plans, left(regexp_replace(statement, '\\s+', ' ', 'g'), 60)"
+            " FROM pg_prepared_statements"
+        )
+        print("prepared statements (generic plans, custom plans):")
+        for generic, custom, text in cursor.fetchall():
+            print(f"  {generic:5} {custom:5}  {text}")
+    if args.auto_explain:
+        _auto_explain(cycle)
+    if args.sql:
+        print(sql.claim_next_sql(fast=True))
+        print(sql.complete_sql())
+    if args.explain:
+        _explain(endpoint)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (backend,) = cursor.fetchone()
+    server0, client0 = _cpu_of(backend), time.process_time()
+    t0 = time.perf_counter()
+    profiler = cProfile.Profile() if args.profile else None
+    if profiler:
+        profiler.enable()
+    for _ in range(args.cycles):
+        cycle()
+    if profiler:
+        profiler.disable()
+    elapsed = time.perf_counter() - t0
+    server, client = _cpu_of(backend) - server0, time.process_time() - client0
+    print(
+        f"CPU per cycle: client {client / args.cycles * 1e6:.0f} us, "
+        f"server backend {server / args.cycles * 1e6:.0f} us"
+    )
+    print(f"{args.cycles} cycles in {elapsed:.2f}s: {args.cycles / elapsed:.0f}/s (one thread)")
+    if profiler:
+        stats = pstats.Stats(profiler, stream=sys.stdout)
+        stats.sort_stats("tottime").print_stats(25)
+        stats.sort_stats("cumulative").print_stats(40)
+
+
+def _claim_params(endpoint: Any) -> dict[str, Any]:
+    """The bare claim statement's parameters for one claimer of the bench queue."""
+    return {
+        "endpoint": endpoint.id,
+        "queues": ["bench"],
+        "excluded": [],
+        "passed": [],
+        "claimant": "w0",
+        "via": "api",
+        "ttl": 300,
+        "fence_hash": None,
+    }
+
+
+def _cpu_of(pid: int) -> float:
+    """User + system CPU seconds of a process on this machine (the server backend)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _auto_explain(cycle: Any) -> None:
+    """The plans the warm (prepared, generic) statements actually ran, with timings."""
+    from django.db import connection
+
+    notices: list[str] = []
+    with connection.cursor() as cursor:
+        cursor.execute("LOAD 'auto_explain'")
+        for name, value in [
+            ("auto_explain.log_min_duration", "0"),
+            ("auto_explain.log_analyze", "on"),
+            ("auto_explain.log_buffers", "on"),
+            ("auto_explain.log_nested_statements", "on"),
+            ("auto_explain.log_level", "notice"),
+        ]:
+            cursor.execute("SELECT set_config(%s, %s, false)", [name, value])
+    raw = connection.connection
+    raw.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+    cycle()
+    cycle()
+    print("\n\n".join(notices[len(notices) // 2 :]))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('auto_explain.log_min_duration', '-1', false)")
+
+
+def _explain(endpoint: Any) -> None:
+    from django.db import connection, transaction
+
+    from queues import gates, sql
+
+    params = _claim_params(endpoint)
+    for i, gate in enumerate(gates.gates()):
+        params[f"gp{i}"] = gate.fast_params(endpoint.id)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, VERBOSE, SETTINGS) " + sql.claim_next_sql(fast=True), params
+        )
+        print("\n".join(r[0] for r in cursor.fetchall()))
+        cursor.execute(
+            "SELECT id FROM queues_todo WHERE endpoint_id = %s AND state = 'claimed' LIMIT 1",
+            [endpoint.id],
+        )
+        (todo_id,) = cursor.fetchone()
+        cursor.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, VERBOSE) " + sql.complete_sql(),
+            {
+                "id": todo_id,
+                "endpoints": [endpoint.id],
+                "operator": False,
+                "fence": None,
+                "attempt": None,
+                "error": None,
+                "result": None,
+                "summary": "",
+            },
+        )
+        print("\n".join(r[0] for r in cursor.fetchall()))
+        transaction.set_rollback(True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
