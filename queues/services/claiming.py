@@ -88,6 +88,7 @@ def claim_next(
     if not granted:
         return NothingClaimable()
     prioritised = gates.prioritised(granted)
+    ledger = sql.grant_params(access.claim_ledger_actor(actor), who)
     if not sql.recently_gated(endpoint.id):
         # (1) The common path: one statement that commits on its own. It claims at once when no
         # gate claims the candidate or every gate that does admits it inside the statement.
@@ -105,7 +106,7 @@ def claim_next(
                 fence_hash=fence_hash,
                 fast=True,
                 prioritised=prioritised,
-                ledger=sql.grant_params(access.claim_ledger_actor(actor), who),
+                ledger=ledger,
             )
         if isinstance(cand, sql.NoCandidate):
             return NothingClaimable(deferred=_held_entries(endpoint.id, granted, [], cand))
@@ -149,6 +150,7 @@ def claim_next(
                 ttl=ttl,
                 fence_hash=fence_hash,
                 prioritised=prioritised,
+                ledger=ledger,
             )
             if isinstance(cand, sql.NoCandidate):
                 break
@@ -275,7 +277,8 @@ def _admit_and_claim(
         ttl=ttl,
         fence_hash=fence_hash,
         grant_items=items or None,
-        ledger=sql.grant_params(access.claim_ledger_actor(actor), who) if items else None,
+        # Bound even with no grant to write: a takeover ends the grant it supersedes.
+        ledger=sql.grant_params(access.claim_ledger_actor(actor), who),
     )
     assert cand.todo is not None
     report: dict[str, Any] | None = None

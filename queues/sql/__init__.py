@@ -68,8 +68,9 @@ claimed AS (
         updated_at = clock_timestamp()
     FROM cand c
     WHERE t.id = c.id {admit}
-    RETURNING {TODO_COLUMNS}, c.prev_state, c.prev_attempt
+    RETURNING {TODO_COLUMNS}, c.prev_state, c.prev_attempt, c.prev_grant
 ),
+{supersede_end},
 -- A takeover closes the attempt it replaces. Not an UPDATE here: this statement's snapshot was
 -- taken before the candidate was locked, so it may not see an attempt whose claim committed in
 -- between; attempt_supersede (queues migration 0005) updates it with a fresh snapshot.
@@ -86,10 +87,17 @@ attempt_row AS (
     FROM claimed cl
     -- An InitPlan: closes the superseded attempt before this insert, so the one-open-attempt
     -- unique index never sees two open attempts of a taken-over todo.
-    WHERE (SELECT count(*) FROM superseded) >= 0
+    WHERE (SELECT count(*) FROM superseded) >= 0 AND (SELECT count(*) FROM superseded_end) >= 0
     RETURNING todo_id
 )
 """
+
+
+
+def _claim_ctes(admit: str, grant: str) -> str:
+    return _CLAIM_CTES.format(
+        admit=admit, grant=grant, TODO_COLUMNS=TODO_COLUMNS, supersede_end=grants.SUPERSEDED_END
+    )
 
 
 def _probes(gate_list: tuple[gates.ClaimGate, ...], alias: str) -> list[str]:
@@ -207,7 +215,7 @@ WITH cand AS (
     FOR UPDATE OF t SKIP LOCKED
 ),
 {probe}
-{_CLAIM_CTES.format(admit=admit, grant=grant, TODO_COLUMNS=TODO_COLUMNS)}{charges}
+{_claim_ctes(admit, grant)}{charges}
 SELECT c.id, c.queue, {skipped}, {names_column}{keys}cl.id IS NOT NULL, {CLAIMED_COLUMNS}
 FROM (SELECT) one LEFT JOIN cand c ON true LEFT JOIN claimed cl ON cl.id = c.id
 """
@@ -241,7 +249,7 @@ WITH cand AS (
     FROM queues_todo t WHERE t.id = %(todo)s
 ),
 {grants.grant_cte("%(grant_items)s::text")}
-{_CLAIM_CTES.format(admit="", grant="(SELECT h FROM grant_row)", TODO_COLUMNS=TODO_COLUMNS)}
+{_claim_ctes("", "(SELECT h FROM grant_row)")}
 SELECT cl.id, cl.queue, true, {CLAIMED_COLUMNS}
 FROM claimed cl
 """
@@ -351,7 +359,7 @@ def claim_next_candidate(
     """The claim_next statement. ``excluded``: queues a gate refuses; ``passed``: todos a
     per-todo gate refused under its lock in this claim. ``fast``: gates that can decide inside
     it do (``queues.gates``), so an admitted gated claim is this one statement too, its grant
-    row included (``ledger``: ``grant_params``)."""
+    row included (``ledger``: ``grant_params``, also for the end row of a superseded grant)."""
     gate_list = gates.gates()
     params: dict[str, Any] = {
         "endpoint": endpoint_id,
@@ -366,7 +374,8 @@ def claim_next_candidate(
     if fast:
         for i, gate in enumerate(gate_list):
             params[f"gp{i}"] = gate.fast_params(endpoint_id)
-        params.update(ledger or grant_params(None, ""))
+    # Bound on every path: a takeover of a granted claim ends its grant (``superseded_end``).
+    params.update(ledger or grant_params(None, ""))
     names = gates.priority_stale()
     cursor.execute(_claim_next_sql(gate_list, fast, prioritised, names), params)
     row = cursor.fetchone()

@@ -44,10 +44,11 @@ def grant_cte(items: str, condition: str = "") -> str:
 ),"""
 
 
-def end_cte(source: str, ended: str) -> str:
-    """The CTE ``end_row``: one ``limits.end`` row per row of ``source`` (a todo row with
+def end_cte(source: str, ended: str, name: str = "end_row") -> str:
+    """The CTE ``name``: one ``limits.end`` row per row of ``source`` (a todo row with
     ``id``, ``endpoint_id``, ``queue``, ``attempt`` and ``ended_grant``, the grant it held) that
-    ended a grant; ``ended`` is an SQL text expression (completed, failed, released)."""
+    ended a grant; ``ended`` is an SQL text expression (completed, failed, released,
+    superseded)."""
     after = (
         '\'{"attempt":\' || d.attempt || \',"ended":"\' || '
         + ended
@@ -56,9 +57,21 @@ def end_cte(source: str, ended: str) -> str:
     append = chain.append_row_sql(
         LedgerKind.LIMITS_END.value, scope=_SCOPE.format(alias="d"), queue="d.queue", after=after
     )
-    return f"""end_row AS MATERIALIZED (
+    return f"""{name} AS MATERIALIZED (
     SELECT {append} AS h FROM {source} d WHERE d.ended_grant IS NOT NULL
 )"""
+
+
+# A takeover that writes no grant of its own (the limits it named went ``off``, or no longer
+# gate it) still ends the lapsed claim's grant, or the replay would count it held forever: the
+# CTE ``superseded_end`` over the claim's ``claimed`` rows (``prev_grant``: the grant the
+# candidate held). A takeover that writes a grant names the old one in its ``supersedes``.
+SUPERSEDED_END = end_cte(
+    "(SELECT cl.id, cl.endpoint_id, cl.queue, cl.prev_attempt AS attempt,"
+    " cl.prev_grant AS ended_grant FROM claimed cl WHERE cl.grant_hash IS NULL)",
+    "'superseded'",
+    name="superseded_end",
+)
 
 
 def batch_end_cte(source: str, ended: str) -> str:

@@ -15,7 +15,7 @@ from django.test import Client
 from django.utils import timezone
 
 from admission.limits.models import RateLimit
-from admission.limits.services import limit_quarantine
+from admission.limits.services import limit_quarantine, limit_set
 from admission.limits.verify import limits_verify, replay_grants
 from queues import services, sql
 from queues.models import Todo
@@ -25,7 +25,7 @@ from switchboard.core.errors import Conflict, Deferred
 from switchboard.ledger import chain
 from switchboard.ledger.models import LedgerEntry, LedgerKind
 from tests.api.conftest import Api, human_token
-from tests.conftest import Personas, push, run_threads
+from tests.conftest import Personas, lapse, push, run_threads
 from tests.limits.conftest import pool, push_named, tag
 from tests.web.conftest import signed_in
 
@@ -158,6 +158,39 @@ def test_a_takeover_names_the_grant_it_supersedes(personas: Personas) -> None:
     assert grants()[-1].after["supersedes"] == first.grant
     assert grants()[-1].after["limits"][0]["held"] == 0  # the lapsed claim is this todo's own
     assert second.grant != first.grant
+    assert_the_chain_verifies()
+
+
+@pytest.mark.parametrize("by_id", [True, False], ids=["claim", "claim_next"])
+def test_a_takeover_that_writes_no_grant_ends_the_one_it_supersedes(
+    personas: Personas, by_id: bool
+) -> None:
+    """The pool goes ``off`` while a granted claim lapses: the takeover is admitted with no grant
+    of its own, so it ends the old one in a row; otherwise the replay would hold it open and
+    judge the next grant, once the pool is enforced again, over its one slot."""
+    admin, agent = personas.as_human(personas.admin), personas.as_agent()
+    limit_set(actor=admin, kind="pool", name="gpu", slots=1, posture="enforce")
+    lapsed, later = push_named(personas, 2, pool="gpu")
+    first = services.claim(actor=agent, todo_id=lapsed.id)
+    lapse(lapsed)
+    limit_set(actor=admin, kind="pool", name="gpu", slots=1, posture="off")
+
+    taken = services.claim(actor=agent, todo_id=lapsed.id) if by_id else claim_next(personas)
+
+    assert taken.todo.id == lapsed.id and taken.attempt == 2 and taken.grant is None
+    [end] = ends()
+    assert end.after == {
+        "attempt": 1,
+        "ended": "superseded",
+        "grant": first.grant,
+        "todo": str(lapsed.id),
+    }
+    services.complete(actor=agent, todo_id=lapsed.id)
+    limit_set(actor=admin, kind="pool", name="gpu", slots=1, posture="enforce")
+    services.claim(actor=agent, todo_id=later.id)
+    replay = replay_grants()
+    assert replay.drift == [] and replay.held("pool", "gpu") == 1
+    assert limits_verify().ok
     assert_the_chain_verifies()
 
 

@@ -10,8 +10,9 @@ wall-clock minute, bucket by bucket as the gate charged them, against the effect
 every claim over an advise limit left exactly one waiver naming that limit (exactly counted
 wherever the step makes the count knowable, and never a waiver without an excess), every
 admitted claim naming the rate limit was charged once, a quarantine expired exactly the
-matching claims and its ledger row replays its manifest byte for byte, and the ledger and the
-limits verify (the chain from genesis, every grant against the limit then in force).
+matching claims and its ledger row replays its manifest byte for byte, the ledger and the
+limits verify (the chain from genesis, every grant against the limit then in force), and the
+grants the ledger holds open are exactly the ones the todos hold.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from admission.limits import selectors
 from admission.limits import services as limit_services
 from admission.limits.models import RateMinute, RateObservation
 from admission.limits.rates import effective_limit, observe
-from admission.limits.verify import limits_verify
+from admission.limits.verify import limits_verify, replay_grants
 from queues import services
 from queues.models import Attempt, Todo, TodoState
 from queues.services import sweeps
@@ -89,6 +90,12 @@ class NamedLimits(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
+        # The last example's claims end as the services end them (the reaper's end row), so
+        # their grants do not stay open in the ledger once their todos are gone.
+        for todo in Todo.objects.filter(state=TodoState.CLAIMED):
+            lapse(todo)
+        while sweeps.reap_expired():
+            pass
         Todo.objects.all().delete()  # and their attempts
         RateObservation.objects.all().delete()
         RateMinute.objects.all().delete()
@@ -437,6 +444,17 @@ def the_ledger_and_every_grant_verify(
     assert report.ok, report.as_dict()
 
 
+def the_open_grants_are_the_todos_holding_them(
+    m: NamedLimits, before: World, now: World, step: Step
+) -> None:
+    """The grants the ledger's replay holds open are exactly the grants the todos hold
+    (``grant_hash``): same todos, same hashes; every one of them is a live claim."""
+    replayed = {grant: todo for grant, (todo, _) in replay_grants().open.items()}
+    holding = Todo.objects.exclude(grant_hash=None)
+    assert replayed == {t.grant_hash: str(t.id) for t in holding}, replayed
+    assert all(t.state == TodoState.CLAIMED for t in holding)
+
+
 Invariant = Callable[[NamedLimits, World, World, Step], None]
 INVARIANTS: list[Invariant] = [
     enforce_limits_are_never_exceeded,
@@ -444,6 +462,7 @@ INVARIANTS: list[Invariant] = [
     every_rate_limited_claim_is_charged_once,
     a_quarantine_expires_exactly_the_matching_claims,
     the_ledger_and_every_grant_verify,
+    the_open_grants_are_the_todos_holding_them,
 ]
 
 
