@@ -93,7 +93,6 @@ attempt_row AS (
 """
 
 
-
 def _claim_ctes(admit: str, grant: str) -> str:
     return _CLAIM_CTES.format(
         admit=admit, grant=grant, TODO_COLUMNS=TODO_COLUMNS, supersede_end=grants.SUPERSEDED_END

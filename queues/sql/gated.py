@@ -146,11 +146,10 @@ NAMING = {
 }
 
 
-# The claims naming any limit now: ``limits status``'s grants held.
-LIMITED_CLAIMS_SQL = """
-SELECT count(*) FROM queues_todo t
-WHERE t.state = 'claimed' AND (t.pool IS NOT NULL OR cardinality(t.tags) > 0
-                               OR t.rate_limit IS NOT NULL)
+# The grants open now (``limits status``'s grants held): the claims holding one, which are what
+# the ledger's replay holds open (a claim naming only limits that are off holds none).
+GRANTS_HELD_SQL = """
+SELECT count(*) FROM queues_todo t WHERE t.state = 'claimed' AND t.grant_hash IS NOT NULL
 """
 
 
