@@ -483,13 +483,19 @@ RETURNING {TODO_COLUMNS}, NULL::text[]
 """
 
 
+# The ended claim, read only once the attempt's update has run too (an unreferenced data-modifying
+# CTE runs at the statement's end, which would put it under the chain's lock).
+_AFTER_BOTH_WRITES = "(SELECT dd.* FROM done dd WHERE (SELECT count(*) FROM ended) >= 0)"
+
+
 @functools.cache
 def _ending_sql(
     gate_list: tuple[gates.ClaimGate, ...], todo_set: str, attempt_outcome: str, disposition: str
 ) -> str:
     """A claimed todo leaves the claim: close the attempt and set the todo's new state. A claim
     that held a grant ends it with a ``limits.end`` row (``grants.end_cte``), appended after the
-    reopens' share locks on the limits' rows were taken (the lock order of a claim)."""
+    reopens' share locks on the limits' rows were taken (the lock order of a claim) and after both
+    rows are written, so the chain's lock is held for as little of the statement as it can be."""
     return f"""
 WITH held AS (
     SELECT t.id, t.attempt, t.max_attempts, t.queue, a.id AS attempt_id, t.grant_hash
@@ -501,11 +507,12 @@ WITH held AS (
     SET ended_at = clock_timestamp(), outcome = {attempt_outcome},
         disposition = {disposition}, summary = %(summary)s, error = %(error)s
     FROM held h WHERE a.id = h.attempt_id
+    RETURNING a.id
 ), done AS (
     UPDATE queues_todo t SET {todo_set}, grant_hash = NULL, updated_at = clock_timestamp()
     FROM held h WHERE t.id = h.id
     RETURNING {TODO_COLUMNS}, {gates.reopens("t")} AS reopens, h.grant_hash AS ended_grant
-), {grants.end_cte("done", attempt_outcome)}
+), {grants.end_cte(_AFTER_BOTH_WRITES, attempt_outcome)}
 SELECT {DONE_COLUMNS}, d.reopens FROM done d WHERE (SELECT count(*) FROM end_row) >= 0
 """
 
