@@ -71,6 +71,8 @@ class LimitsReport:
     ledger: chain.VerifyReport
     grants: int
     drift: list[GrantDrift]
+    # The grants open at the end of the replay: grant (entry_hash) -> todo id.
+    open: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -259,4 +261,9 @@ def limits_verify() -> LimitsReport:
 def _verify() -> LimitsReport:
     report = chain.verify()
     replay = replay_grants()
-    return LimitsReport(ledger=report, grants=replay.grants, drift=replay.drift)
+    return LimitsReport(
+        ledger=report,
+        grants=replay.grants,
+        drift=replay.drift,
+        open={grant: todo for grant, (todo, _) in replay.open.items()},
+    )
