@@ -20,11 +20,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db.models import Q
+from django.db.models import F, Q
+from django.utils import timezone
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -37,7 +38,7 @@ from hypothesis.stateful import (
 from admission.limits import selectors
 from admission.limits import services as limit_services
 from admission.limits.models import RateMinute, RateObservation
-from admission.limits.rates import effective_limit, observe
+from admission.limits.rates import effective_limit, minute_of, observe
 from admission.limits.verify import limits_verify
 from queues import services
 from queues.models import Attempt, Todo, TodoState
@@ -82,6 +83,7 @@ class Step:
     changed: dict[str, tuple[int, str]] = field(default_factory=dict)  # raced limit changes
     quarantined: str | None = None
     quarantine: dict[str, Any] | None = None  # limit_quarantine's answer
+    minute_turned: bool = False  # the rate buckets moved (no claim was made)
 
 
 class NamedLimits(RuleBasedStateMachine):
@@ -105,6 +107,7 @@ class NamedLimits(RuleBasedStateMachine):
             self.set_limit(kind, name, 1, "enforce")
         self.rate = (4, 1, "enforce")  # base, floor, posture
         self.observations = 0
+        self.minutes_turned = 0
         limit_services.limit_set(
             actor=self.admin,
             kind="rate",
@@ -298,6 +301,19 @@ class NamedLimits(RuleBasedStateMachine):
         self.rate = (base, floor, posture)
 
     @rule()
+    def the_minute_turns(self) -> None:
+        """The rate limit's current minute ends: its bucket moves into the past (a day per turn,
+        so no two collide), as if the clock had moved on, and the next claims count from zero.
+        Without it the bucket fills once per wall-clock minute and refuses every later claim,
+        so a race across the limit (two claimers both finding one unit left) almost never
+        happens and a lost rate lock goes unseen."""
+        self.minutes_turned += 1
+        self.step.minute_turned = True
+        RateMinute.objects.filter(minute=minute_of(timezone.now())).update(
+            minute=F("minute") - timedelta(days=self.minutes_turned)
+        )
+
+    @rule()
     def a_429_is_reported(self) -> None:
         observe(rate_limit=RATE, actor=self.p.as_agent())
         self.observations += 1
@@ -336,7 +352,7 @@ def enforce_limits_are_never_exceeded(
             ceiling = max(*(limit for limit, _ in in_force), before.occupancy[name])
             assert now.occupancy[name] <= ceiling, (name, in_force, before.occupancy, now.occupancy)
     effective, posture = before.limits[RATE]  # the rate limit never changes while claims race
-    if posture == "enforce":
+    if posture == "enforce" and not step.minute_turned:
         for minute, used in now.minutes.items():
             assert used <= max(effective, before.minutes.get(minute, 0)), (
                 minute,
@@ -376,7 +392,7 @@ def advise_excess_has_exactly_one_waiver(
         assert named[name] == expected, (name, limit, posture, before.occupancy, admitted)
     effective, posture = before.limits[RATE]
     expected = 0
-    if posture == "advise":
+    if posture == "advise" and not step.minute_turned:
         for minute, used in now.minutes.items():
             was = before.minutes.get(minute, 0)
             expected += _over(was, effective, used - was)
