@@ -98,17 +98,18 @@ def _measure(
     guess: float,
     queues: list[str],
     *,
-    pool: ProcessPool | None = None,
+    processes: ProcessPool | None = None,
     **names: Any,
 ) -> dict[str, Any]:
     """One point: fresh todos spread over ``queues`` (naming ``names``), the timed phase (in
-    ``claimers`` threads, or in that many of ``pool``'s processes), its diagnostics."""
+    ``claimers`` threads, or in that many of ``processes``' processes), its diagnostics. Not
+    ``pool``: the limits bench names a pool among ``names``."""
     _make_todos(endpoint, int(guess * duration_s * _SLACK) + 200, queues, **names)
     # Every point starts from a vacuumed table: without it each phase inherited the dead tuples
     # of every phase before it (tens of thousands), and the claimable index scan walked them.
     _vacuum()
     _, pages_before = _todo_stats()
-    measure = pool.run if pool is not None else timed_pool
+    measure = processes.run if processes is not None else timed_pool
     phase = measure(claimers, duration_s, "bench.common:claim_loop", endpoint.pk)
     time.sleep(0.5)  # closed connections flush their statistics
     dead, pages_after = _todo_stats()
@@ -204,8 +205,8 @@ def run(
                 in_pool = pool if mode == "processes" else None
                 got, ratios_of = measured[mode], ratio_runs[mode]
                 for key, claimers, unb_ep, bud_ep, queues in scenarios:
-                    unb = _measure(unb_ep, claimers, duration_s, guess, queues, pool=in_pool)
-                    bud = _measure(bud_ep, claimers, duration_s, guess, queues, pool=in_pool)
+                    unb = _measure(unb_ep, claimers, duration_s, guess, queues, processes=in_pool)
+                    bud = _measure(bud_ep, claimers, duration_s, guess, queues, processes=in_pool)
                     got["unbudgeted"].setdefault(key, []).append(unb)
                     got["budgeted"].setdefault(key, []).append(bud)
                     guess = max(guess, unb["rate"], bud["rate"])
