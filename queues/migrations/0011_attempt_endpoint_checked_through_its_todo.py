@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("queues", "0009_todo_pending_pool_and_tags_indexes"),
+        ("queues", "0010_todo_grant_hash"),
     ]
 
     operations = [
