@@ -534,15 +534,17 @@ def test_a_bare_claim_and_its_completion_are_two_statements_without_gate_fragmen
         seen.append(statement)
         return execute(statement, *args)
 
-    for _ in range(2):
-        seen.clear()
-        with connections["default"].execute_wrapper(count):
-            claimed = services.claim_next(actor=actor)
-            assert isinstance(claimed, Claimed)
-            services.complete(actor=actor, todo_id=claimed.todo.id)
-        claim, completion = seen
-        assert "FOR UPDATE OF t SKIP LOCKED" in claim and "UPDATE queues_attempt" in completion
-        for fragment in ("limits_pool", "limits_taglimit", "limits_ratelimit", "admission_check"):
-            assert fragment not in claim
-        # Short enough for psycopg to cache its conversion (it re-parses longer statements).
-        assert len(claim) <= 4096
+    def cycle() -> None:
+        claimed = services.claim_next(actor=actor)
+        assert isinstance(claimed, Claimed)
+        services.complete(actor=actor, todo_id=claimed.todo.id)
+
+    cycle()  # warm: the claim's ledger actor reads the endpoint owner's name once a minute
+    with connections["default"].execute_wrapper(count):
+        cycle()
+    claim, completion = seen
+    assert "FOR UPDATE OF t SKIP LOCKED" in claim and "UPDATE queues_attempt" in completion
+    for fragment in ("limits_pool", "limits_taglimit", "limits_ratelimit", "admission_check"):
+        assert fragment not in claim
+    # Short enough for psycopg to cache its conversion (it re-parses longer statements).
+    assert len(claim) <= 4096
