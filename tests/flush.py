@@ -24,7 +24,8 @@ from django.test import TransactionTestCase
 # after the migrations), so their rows keep their ids, as on a real deployment.
 REFILLED = ("django_content_type", "auth_permission")
 
-_djangos_reset = TransactionTestCase._fixture_teardown
+# Private in Django (and so not in its stubs): the method this module stands in for.
+_djangos_reset: Any = getattr(TransactionTestCase, "_fixture_teardown")  # noqa: B009
 _baseline: dict[str, str] = {}
 
 
@@ -74,7 +75,7 @@ def fixture_teardown(self: TransactionTestCase) -> None:
     if self.available_apps is not None or self.serialized_rollback:
         _djangos_reset(self)
         return
-    aliases = self._databases_names(include_mirrors=False)
+    aliases: list[str] = getattr(self, "_databases_names")(include_mirrors=False)  # noqa: B009
     if not all(_reset(alias) for alias in aliases):
         _djangos_reset(self)  # the full reset: TRUNCATE everything, refill through post_migrate
         for alias in aliases:
@@ -85,4 +86,4 @@ def fixture_teardown(self: TransactionTestCase) -> None:
 
 
 def install() -> None:
-    TransactionTestCase._fixture_teardown = fixture_teardown  # type: ignore[method-assign]
+    setattr(TransactionTestCase, "_fixture_teardown", fixture_teardown)  # noqa: B010
