@@ -17,7 +17,7 @@ from django.http import HttpRequest
 
 from admission import selectors, services
 from admission.models import AdmissionPolicy, AdmissionWindow
-from admission.policy import COLUMN_OF_FIELD, PolicySpec, arguments_from_columns
+from admission.policy import PolicySpec, arguments_from_columns, place_of_field
 from queues.access import HumanActor
 from switchboard.core.errors import DomainError, InvalidArgument
 from switchboard.ledger.admin import ReadOnlyAdmin
@@ -41,8 +41,13 @@ class AdmissionPolicyForm(forms.ModelForm):
             "window_tz",
             "window_start",
             "window_weekday",
+            "extra_windows",
             "posture",
         ]
+        help_texts = {
+            "extra_windows": 'Stacked windows after the first, e.g. [{"limit": 1000, "period": '
+            '"day", "tz": "Europe/Berlin", "start": "00:00"}]. Every one is charged on each claim.'
+        }
 
     request: HttpRequest | None = None
 
@@ -59,7 +64,8 @@ class AdmissionPolicyForm(forms.ModelForm):
                 selectors.endpoint_for(_actor(self.request), endpoint, write=True)
             PolicySpec.clean(**service_arguments(data))
         except InvalidArgument as exc:
-            field = "queue" if exc.field == "queue" else COLUMN_OF_FIELD.get(exc.field or "")
+            row, column = place_of_field(exc.field)
+            field = "queue" if exc.field == "queue" else column if row is None else "extra_windows"
             self.add_error(field if field in self.fields else None, exc.message)
         except DomainError as exc:
             self.add_error("endpoint" if "endpoint" in self.fields else None, exc.message)

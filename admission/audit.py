@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from admission.models import AdmissionPolicy
+from admission.policy import audited_windows
 from admission.selectors import policy_dict
 from switchboard.ledger.chain import VerifyReport
 from switchboard.ledger.models import LedgerEntry, LedgerKind
@@ -109,7 +110,7 @@ def _drift(trail: PolicyTrail, report: VerifyReport) -> list[PolicyDrift]:
                     audited.seq,
                 )
             )
-        elif audited.after != current:
+        elif audited_windows(audited.after) != current:
             problems.append(
                 PolicyDrift(
                     scope,
@@ -117,7 +118,8 @@ def _drift(trail: PolicyTrail, report: VerifyReport) -> list[PolicyDrift]:
                     key[0],
                     "changed_outside_audit",
                     f"the policy on {scope}/{policy.queue} differs from its last audited state "
-                    f"(seq {audited.seq}): {_differences(audited.after or {}, current)}",
+                    f"(seq {audited.seq}): "
+                    f"{_differences(audited_windows(audited.after) or {}, current)}",
                     audited.seq,
                 )
             )

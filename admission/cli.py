@@ -60,6 +60,14 @@ def register(subparsers: Any, parser: argparse.ArgumentParser) -> None:
         "--start", metavar="HH:MM", help="local boundary time (default 00:00; hour: minutes only)"
     )
     set_.add_argument("--weekday", metavar="DAY", help="Mon..Sun, for --per-week (required)")
+    set_.add_argument(
+        "--window",
+        action="append",
+        metavar="N/PERIOD[@ZONE[@HH:MM[@DAY]]]",
+        help="a stacked window limit, repeatable: --window 100/hour@Europe/Berlin "
+        "--window 1000/day@Europe/Berlin --window 5000/week@UTC@00:00@Mon "
+        "(instead of --per-hour/--per-day/--per-week)",
+    )
     set_.add_argument("--max-in-flight", type=int, metavar="N", help="at most N claimed at once")
     set_.add_argument(
         "--posture",
@@ -99,6 +107,34 @@ def _window(options: dict[str, Any]) -> tuple[int | None, dict[str, Any] | None]
     return options[flag], window
 
 
+def _windows(options: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """``--window N/PERIOD[@ZONE[@HH:MM[@DAY]]]`` flags as the ``windows`` list."""
+    given = options.get("window")
+    if not given:
+        return None
+    if any(options.get(flag) is not None for flag, _ in PER_FLAGS) or any(
+        options.get(flag) is not None for flag in ("tz", "start", "weekday")
+    ):
+        raise usage("--window replaces --per-*, --tz, --start and --weekday: give one or the other")
+    out = []
+    for text in given:
+        head, _, rest = text.partition("@")
+        limit, slash, period = head.partition("/")
+        if not slash or not limit.strip().isdigit():
+            raise usage(
+                f"--window {text!r}: write N/PERIOD[@ZONE[@HH:MM[@DAY]]], e.g. 100/hour@UTC"
+            )
+        zone, _, rest = rest.partition("@")
+        start, _, weekday = rest.partition("@")
+        item: dict[str, Any] = {"limit": int(limit), "period": period.strip(), "tz": zone or "UTC"}
+        if start:
+            item["start"] = start
+        if weekday:
+            item["weekday"] = weekday
+        out.append(item)
+    return out
+
+
 def handle_show(command: BaseCommand, options: dict[str, Any]) -> None:
     actor = HumanActor(acting_human(options.get("as_user")), via="cli")
     try:
@@ -118,7 +154,8 @@ def handle_show(command: BaseCommand, options: dict[str, Any]) -> None:
 
 def handle_set(command: BaseCommand, options: dict[str, Any]) -> None:
     actor = HumanActor(acting_human(options.get("as_user")), via="cli")
-    per_window, window = _window(options)
+    stacked = _windows(options)
+    per_window, window = _window(options) if stacked is None else (None, None)
     try:
         policy = services.policy_set(
             actor=actor,
@@ -128,6 +165,7 @@ def handle_set(command: BaseCommand, options: dict[str, Any]) -> None:
             max_claims_per_window=per_window,
             window=window,
             posture=options.get("posture"),
+            windows=stacked,
         )
     except DomainError as exc:
         refused(command, options, exc)
@@ -166,6 +204,10 @@ def _line(row: dict[str, Any]) -> str:
             f"{used}/{p['max_claims_per_window']} {phrase}"
             + (f", resets {resets.isoformat()}" if resets else "")
         )
+    for w in u["windows"][1:]:
+        parts.append(f"{w['used']}/{w['limit']} {w['description'] or w['period']}")
+    if s.get("window"):
+        parts.append(f"held by {s['window']['description'] or s['window']['period']}")
     if p["max_in_flight"] is not None:
         parts.append(f"in flight {u['in_flight']}/{p['max_in_flight']}")
     if s["state"] == "admitted":

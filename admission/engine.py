@@ -20,7 +20,8 @@ from django.conf import settings
 from django.db.backends.utils import CursorWrapper
 
 from admission import windows
-from admission.models import DeferralReason, Posture
+from admission.models import PRIMARY_WINDOW_KEY, DeferralReason, Posture
+from admission.policy import PolicySpec, WindowLimit
 
 
 @dataclass(frozen=True)
@@ -35,12 +36,74 @@ class PolicyRow:
     window_start: str | None
     window_weekday: str | None
     posture: str
+    extra_windows: Any = ()  # the stacked windows after the first, as stored
+
+    def window_limits(self) -> list[WindowLimit]:
+        """Every window limit of the policy, the first one first (admission/policy.py)."""
+        return PolicySpec.of(self).windows
 
 
 POLICY_COLUMNS = (
     "id, endpoint_id, queue, max_in_flight, max_claims_per_window, window_period, window_tz, "
-    "window_start, window_weekday, posture"
+    "window_start, window_weekday, posture, extra_windows"
 )
+
+
+@dataclass(frozen=True)
+class WindowUse:
+    """One window of a policy at an instant: its limit, definition, counter and bounds."""
+
+    limit: int
+    key: str
+    period: str
+    tz: str | None
+    start: str | None
+    weekday: str | None
+    used: int
+    window_start: datetime
+    window_resets_at: datetime
+
+    @property
+    def exhausted(self) -> bool:
+        return self.used >= self.limit
+
+    def out(self) -> dict[str, Any]:
+        """As the surfaces show it (usage, the deferral's binding window)."""
+        spec = windows.Window(self.period, self.tz, self.start, self.weekday)
+        try:
+            description: str | None = windows.describe(spec)
+        except windows.WindowUnavailable:
+            description = None
+        return {
+            "limit": self.limit,
+            "period": self.period,
+            "tz": self.tz,
+            "start": self.start,
+            "weekday": self.weekday,
+            "description": description,
+            "used": self.used,
+            "remaining": max(0, self.limit - self.used),
+            "window_start": self.window_start,
+            "window_resets_at": self.window_resets_at,
+        }
+
+
+Bounds = dict[str, tuple[datetime, datetime]]
+
+
+def all_bounds(policy: PolicyRow, now: datetime) -> Bounds | None:
+    """The current window (start, next boundary) of every window limit, by counter key; None
+    when one cannot be evaluated (``evaluate`` then says why)."""
+    out: Bounds = {}
+    for item in policy.window_limits():
+        w = item.window
+        try:
+            out[item.key] = windows.current_window(
+                windows.Window(w.period, w.tz, w.start, w.weekday), now
+            )
+        except windows.WindowUnavailable:
+            return None
+    return out
 
 
 @dataclass
@@ -56,6 +119,10 @@ class Evaluation:
     next_eligible_at: datetime | None = None
     exact: bool = False
     exceeded: list[str] = field(default_factory=list)
+    # Every window limit (the first one first) and, when windows are exhausted, the one that
+    # holds the claim until next_eligible_at: the exhausted window that resets last.
+    windows: list[WindowUse] = field(default_factory=list)
+    binding: WindowUse | None = None
 
     @property
     def queue(self) -> str:
@@ -98,18 +165,23 @@ def evaluate(
     now: datetime,
     earliest_lease_expiry: datetime | None,
     window: tuple[datetime, datetime] | None = None,
+    more_used: dict[str, int] | None = None,
+    current: Bounds | None = None,
 ) -> Evaluation:
     """Evaluate a policy at ``now`` given its in-flight count and window counters.
 
-    ``used_in`` maps window starts to counters; only the current window's is read. ``window``,
-    when the caller already computed it (``bounds``), saves computing it again.
+    ``used_in`` maps the first window's starts to its counters; only the current window's is
+    read. ``more_used`` maps a stacked window's key to its current counter. ``window`` and
+    ``current`` (``all_bounds``), when the caller already computed them, save computing them
+    again.
     """
     used: int | None = None
     ws = resets = None
-    if policy.max_claims_per_window is not None:
-        try:
-            ws, resets = window or windows.current_window(policy, now)
-        except windows.WindowUnavailable:
+    uses: list[WindowUse] = []
+    limits = policy.window_limits()
+    if limits:
+        bounds_now = current if current is not None else all_bounds(policy, now)
+        if bounds_now is None:
             return Evaluation(
                 policy=policy,
                 in_flight=in_flight,
@@ -119,27 +191,38 @@ def evaluate(
                 reason=DeferralReason.ADMISSION_UNAVAILABLE,
                 exceeded=["window"],
             )
-        used = (used_in or {}).get(ws, 0)
-    ev = Evaluation(
-        policy=policy, in_flight=in_flight, used=used, window_start=ws, window_resets_at=resets
-    )
-    if policy.max_in_flight == 0 or policy.max_claims_per_window == 0:
-        ev.reason = DeferralReason.PAUSED
-        ev.exceeded = [
-            name
-            for name, limit in (
-                ("max_in_flight", policy.max_in_flight),
-                ("max_claims_per_window", policy.max_claims_per_window),
+        for item in limits:
+            start, end = bounds_now[item.key]
+            if item.key == PRIMARY_WINDOW_KEY:
+                if window is not None:
+                    start, end = window
+                n = (used_in or {}).get(start, 0)
+                used, ws, resets = n, start, end
+            else:
+                n = (more_used or {}).get(item.key, 0)
+            w = item.window
+            uses.append(
+                WindowUse(item.limit, item.key, w.period, w.tz, w.start, w.weekday, n, start, end)
             )
-            if limit == 0
-        ]
+    ev = Evaluation(
+        policy=policy,
+        in_flight=in_flight,
+        used=used,
+        window_start=ws,
+        window_resets_at=resets,
+        windows=uses,
+    )
+    if policy.max_in_flight == 0 or any(u.limit == 0 for u in uses):
+        ev.reason = DeferralReason.PAUSED
+        ev.exceeded = ["max_in_flight"] if policy.max_in_flight == 0 else []
+        if any(u.limit == 0 for u in uses):
+            ev.exceeded.append("max_claims_per_window")
         return ev
-    if (
-        policy.max_claims_per_window is not None
-        and used is not None
-        and used >= policy.max_claims_per_window
-    ):
+    exhausted = [u for u in uses if u.exhausted]
+    if exhausted:
         ev.exceeded.append("max_claims_per_window")
+        # The claim waits until every exhausted window has reset: the last reset binds.
+        ev.binding = max(exhausted, key=lambda u: u.window_resets_at)
     if policy.max_in_flight is not None and in_flight >= policy.max_in_flight:
         ev.exceeded.append("max_in_flight")
     in_flight_hint = None
@@ -148,13 +231,13 @@ def evaluate(
         in_flight_hint = max(now, earliest_lease_expiry) + timedelta(
             seconds=settings.SWEEP_INTERVAL_SECONDS
         )
-    if "max_claims_per_window" in ev.exceeded:
+    if ev.binding is not None:
         ev.reason = DeferralReason.WINDOW_EXHAUSTED
-        ev.next_eligible_at = resets
+        ev.next_eligible_at = ev.binding.window_resets_at
         # Exact only when the reset alone admits: a full in-flight cap may outlast it.
         ev.exact = "max_in_flight" not in ev.exceeded
-        if not ev.exact and in_flight_hint is not None and resets is not None:
-            ev.next_eligible_at = max(resets, in_flight_hint)
+        if not ev.exact and in_flight_hint is not None:
+            ev.next_eligible_at = max(ev.binding.window_resets_at, in_flight_hint)
     elif "max_in_flight" in ev.exceeded:
         ev.reason = DeferralReason.IN_FLIGHT_FULL
         ev.next_eligible_at = in_flight_hint
@@ -184,7 +267,7 @@ def lock_policy(cursor: CursorWrapper, policy_id: UUID) -> PolicyRow | None:
 
 
 def bounds(policy: PolicyRow, now: datetime) -> tuple[datetime, datetime] | None:
-    """The current window (start, next boundary) of a policy with a window limit; None without a
+    """The current window (start, next boundary) of a policy's first window limit; None without a
     window limit or when the window cannot be evaluated (``evaluate`` then says why)."""
     if policy.max_claims_per_window is None:
         return None
@@ -192,6 +275,21 @@ def bounds(policy: PolicyRow, now: datetime) -> tuple[datetime, datetime] | None
         return windows.current_window(policy, now)
     except windows.WindowUnavailable:
         return None
+
+
+# The counters of stacked windows (after the first), in one statement: admission_windows_used
+# (migration 0006), which admission_check reads too.
+_MORE_USED_SQL = "SELECT admission_windows_used(%s::uuid, %s::text[], %s::timestamptz[])"
+
+
+def more_used(cursor: CursorWrapper, policy: PolicyRow, current: Bounds | None) -> dict[str, int]:
+    """The current counter of each stacked window (after the first) of ``policy``, by key."""
+    keys = [k for k in (current or {}) if k != PRIMARY_WINDOW_KEY]
+    if not keys:
+        return {}
+    assert current is not None
+    cursor.execute(_MORE_USED_SQL, [policy.id, keys, [current[k][0] for k in keys]])
+    return dict(zip(keys, cursor.fetchone()[0], strict=True))
 
 
 # In-flight (excluding a takeover of this very todo), the earliest lease and the current window's
@@ -210,8 +308,9 @@ def decide(cursor: CursorWrapper, *, policy: PolicyRow, todo_id: UUID, now: date
     Must run in a statement after ``lock_policy`` (never folded into it: a locking statement's
     snapshot predates the lock wait and would miss the claims it waited for).
     """
-    current = bounds(policy, now)
-    ws = current[0] if current else None
+    current = all_bounds(policy, now)
+    first = (current or {}).get(PRIMARY_WINDOW_KEY)
+    ws = first[0] if first else None
     cursor.execute(_DECIDE_SQL, [policy.endpoint_id, policy.queue, policy.id, ws, todo_id])
     in_flight, earliest, used = cursor.fetchone()
     used_in = {ws: used} if ws is not None else {}
@@ -221,41 +320,41 @@ def decide(cursor: CursorWrapper, *, policy: PolicyRow, todo_id: UUID, now: date
         used_in=used_in,
         now=now,
         earliest_lease_expiry=earliest,
-        window=current,
+        more_used=more_used(cursor, policy, current),
+        current=current,
     )
     return Decision(evaluation=ev, admitted=ev.admits)
 
 
 def charge(cursor: CursorWrapper, decision: Decision) -> None:
-    """Spend one unit of the current window; the claimed row's own update already happened."""
-    ev = decision.evaluation
-    if ev.window_start is None:
-        return
-    cursor.execute(
-        """
-        INSERT INTO admission_admissionwindow
-            (policy_id, window_start, used, refused, claims_limit, updated_at)
-        VALUES (%s, %s, 1, 0, %s, now())
-        ON CONFLICT (policy_id, window_start)
-        DO UPDATE SET used = admission_admissionwindow.used + 1,
-                      claims_limit = EXCLUDED.claims_limit, updated_at = now()
-        """,
-        [ev.policy.id, ev.window_start, ev.policy.max_claims_per_window],
-    )
+    """Spend one unit of every current window; the claimed row's own update already happened."""
+    _count(cursor, decision.evaluation, "used")
 
 
 def record_refusal(cursor: CursorWrapper, evaluation: Evaluation) -> None:
-    """Count a refusal in the window's history (outside any policy lock; see services)."""
-    if evaluation.window_start is None:
+    """Count a refusal in every window's history (outside any policy lock; see services)."""
+    _count(cursor, evaluation, "refused")
+
+
+def _count(cursor: CursorWrapper, evaluation: Evaluation, column: str) -> None:
+    uses = evaluation.windows
+    if not uses:
         return
+    assert column in ("used", "refused")
     cursor.execute(
-        """
+        f"""
         INSERT INTO admission_admissionwindow
-            (policy_id, window_start, used, refused, claims_limit, updated_at)
-        VALUES (%s, %s, 0, 1, %s, now())
-        ON CONFLICT (policy_id, window_start)
-        DO UPDATE SET refused = admission_admissionwindow.refused + 1,
+            (policy_id, window_key, window_start, used, refused, claims_limit, updated_at)
+        SELECT %s, k.key, k.ws, {"1, 0" if column == "used" else "0, 1"}, k.lim, now()
+        FROM unnest(%s::text[], %s::timestamptz[], %s::integer[]) AS k(key, ws, lim)
+        ON CONFLICT (policy_id, window_key, window_start)
+        DO UPDATE SET {column} = admission_admissionwindow.{column} + 1,
                       claims_limit = EXCLUDED.claims_limit, updated_at = now()
         """,
-        [evaluation.policy.id, evaluation.window_start, evaluation.policy.max_claims_per_window],
+        [
+            evaluation.policy.id,
+            [u.key for u in uses],
+            [u.window_start for u in uses],
+            [u.limit for u in uses],
+        ],
     )

@@ -11,16 +11,67 @@ from typing import Any
 
 from django import forms
 
-from admission.models import AdmissionPolicy, Posture, Weekday, WindowPeriod
+from admission.models import MAX_WINDOWS, AdmissionPolicy, Posture, Weekday, WindowPeriod
 from admission.policy import (
-    COLUMN_OF_FIELD,
     DEFAULT_POSTURE,
     DEFAULT_WINDOW_START,
     PolicySpec,
     arguments_from_columns,
+    place_of_field,
 )
 from switchboard.core.errors import InvalidArgument
 from switchboard.ledger.models import LedgerKind
+
+
+class WindowRowForm(forms.Form):
+    """One stacked window after the first: at most ``limit`` claims per its window."""
+
+    limit = forms.IntegerField(
+        required=False,
+        label="Max claims",
+        help_text="Claims charged per this window. Empty (or Remove): no such window.",
+        widget=forms.NumberInput(attrs={"min": 0, "inputmode": "numeric"}),
+    )
+    period = forms.ChoiceField(
+        required=False, label="Period", choices=[("", "—"), *WindowPeriod.choices]
+    )
+    tz = forms.CharField(
+        required=False,
+        label="Zone",
+        widget=forms.TextInput(
+            attrs={"list": "zones", "autocomplete": "off", "spellcheck": "false"}
+        ),
+    )
+    start = forms.CharField(
+        required=False,
+        label="Start",
+        widget=forms.TextInput(attrs={"placeholder": "00:00", "inputmode": "numeric"}),
+    )
+    weekday = forms.ChoiceField(
+        required=False, label="Weekday", choices=[("", "—"), *Weekday.choices]
+    )
+
+    def window(self) -> dict[str, Any] | None:
+        """The window as ``PolicySpec.clean`` takes it; None for a blank or removed row."""
+        data = self.cleaned_data
+        if data.get("DELETE") or (data.get("limit") is None and not (data.get("tz") or "").strip()):
+            return None
+        item: dict[str, Any] = {
+            "limit": data.get("limit"),
+            "period": data.get("period") or None,
+            "tz": (data.get("tz") or "").strip() or None,
+            "start": (data.get("start") or "").strip() or None,
+        }
+        if data.get("weekday") and item["period"] == WindowPeriod.WEEK:
+            item["weekday"] = data["weekday"]
+        return item
+
+
+# The stacked windows after the first (the first is the policy form's own window fields).
+WindowRows = forms.formset_factory(
+    WindowRowForm, extra=0, can_delete=True, max_num=MAX_WINDOWS - 1, absolute_max=MAX_WINDOWS - 1
+)
+ROWS_PREFIX = "more"
 
 
 class PolicyForm(forms.Form):
@@ -69,6 +120,83 @@ class PolicyForm(forms.Form):
         "off only counts.",
     )
 
+    def __init__(
+        self,
+        data: Any = None,
+        *,
+        initial: dict[str, Any] | None = None,
+        rows: list[dict[str, Any]] | None = None,
+        add_row: bool = False,
+    ) -> None:
+        super().__init__(data, initial=initial)
+        # The stacked windows' rows; add_row appends a blank one (the "Add a window" button).
+        # A post without the rows' management form (a client of the single-window form) sends
+        # no stacked windows: the rows are then unbound and empty.
+        sent = data is not None and f"{ROWS_PREFIX}-TOTAL_FORMS" in data
+        self.rows = WindowRows(data if sent else None, prefix=ROWS_PREFIX, initial=rows)
+        self.add_row = add_row and self.rows.total_form_count() < MAX_WINDOWS - 1
+        self._extra_rows: list[int] = []  # form index of each stacked window sent to the spec
+
+    def is_valid(self) -> bool:
+        # Always run (errors shown beside every row); unbound rows are no rows.
+        rows_valid = self.rows.is_valid() if self.rows.is_bound else True
+        return super().is_valid() and rows_valid
+
+    @property
+    def blank_row(self) -> forms.Form | None:
+        """The row the "Add a window" button asked for, numbered after the sent ones."""
+        if not self.add_row:
+            return None
+        row = self.rows.empty_form
+        row.prefix = self.rows.add_prefix(self.rows.total_form_count())
+        return row
+
+    @property
+    def row_count(self) -> int:
+        """Rows on the page (the management form's TOTAL_FORMS)."""
+        return self.rows.total_form_count() + (1 if self.add_row else 0)
+
+    @property
+    def error_count(self) -> int:
+        return len(self.errors) + sum(len(f.errors) for f in self.rows.forms)
+
+    def first_error(self) -> str | None:
+        """The HTML name of the first field in error (main fields first, then the rows)."""
+        named = [name for name in self.fields if name in self.errors]
+        if named:
+            return named[0]
+        for row in self.rows.forms:
+            for name in row.fields:
+                if name in row.errors:
+                    return row.add_prefix(name)
+        return None
+
+    @property
+    def has_errors(self) -> bool:
+        return bool(self.errors) or any(f.errors for f in self.rows.forms)
+
+    @staticmethod
+    def rows_for(policy: AdmissionPolicy | None) -> list[dict[str, Any]]:
+        """The stacked windows of a stored policy as the rows' initial data."""
+        if policy is None:
+            return []
+        return [
+            {**item, "weekday": item.get("weekday") or ""}
+            for item in PolicySpec.of(policy).columns()["extra_windows"]
+        ]
+
+    def extra_windows(self) -> list[dict[str, Any]]:
+        self._extra_rows = []
+        out = []
+        for i, row in enumerate(self.rows.forms):
+            if not hasattr(row, "cleaned_data"):
+                continue
+            item = row.window()
+            if item is not None:
+                self._extra_rows.append(i)
+                out.append(item)
+        return out
+
     @classmethod
     def initial_for(cls, policy: AdmissionPolicy | None, zone_name: str) -> dict[str, Any]:
         if policy is None:
@@ -95,16 +223,25 @@ class PolicyForm(forms.Form):
         data = dict(self.cleaned_data)
         if data.get("window_period") != WindowPeriod.WEEK:
             data["window_weekday"] = None
+        data["extra_windows"] = self.extra_windows()
         return arguments_from_columns(data)
 
     def add_domain_error(self, field: str | None, message: str) -> None:
         """The service's error beside the field it names, in the page's words: the API's field
-        name that opens the message is dropped (the field's label stands beside it)."""
-        name = COLUMN_OF_FIELD.get(field or "")
-        if name is not None and name in self.errors:
-            return  # one message per field is enough
+        name that opens the message is dropped (the field's label stands beside it). A stacked
+        window's field (``windows[2].tz``) lands on its row."""
+        row, name = place_of_field(field)
         if field and message.startswith(field + " "):
             message = message[len(field) + 1 :]
+        if row is not None and row < len(self._extra_rows):
+            target = self.rows.forms[self._extra_rows[row]]
+            if name not in target.errors:
+                target.add_error(name, message)
+            return
+        if name is not None and name in self.errors:
+            return  # one message per field is enough
+        if name is None and message in self.non_field_errors():
+            return
         self.add_error(name, message)
 
     def check_every_field(self, queue: str) -> None:
@@ -112,6 +249,10 @@ class PolicyForm(forms.Form):
         runs once per field, with every other field held at a valid value; each refusal lands
         beside the field it names. The service stays the only judge of what is valid."""
         kwargs = self.service_kwargs()
+        if kwargs.get("windows"):  # stacked: the first window's trials read its columns
+            first = dict(kwargs["windows"][0])
+            kwargs["max_claims_per_window"] = first.pop("limit")
+            kwargs["window"] = first
         window = kwargs["window"] or {}
         good_window = {"period": WindowPeriod.DAY, "tz": "UTC", "start": "00:00"}
         base: dict[str, Any] = {
@@ -141,11 +282,35 @@ class PolicyForm(forms.Form):
                     "weekday": window.get("weekday"),
                 }
                 trials.append({**base, "max_claims_per_window": 1, "window": week})
+        trials += self._row_trials(base)
         for trial in trials:
             try:
                 PolicySpec.clean(queue=queue, **trial)
             except InvalidArgument as exc:
                 self.add_domain_error(exc.field, exc.message)
+
+    def _row_trials(self, base: dict[str, Any]) -> list[dict[str, Any]]:
+        """One trial per field of each stacked window, every other field held valid, each row
+        placed at its own index (so a refusal names that row); the rows of a trial are
+        distinct from one another by their zone."""
+        if not hasattr(self, "cleaned_data"):
+            return []
+        items = self.extra_windows()
+        good = [
+            {"limit": 1, "period": WindowPeriod.DAY, "tz": f"Etc/GMT-{i + 1}", "start": "00:00"}
+            for i in range(len(items) + 1)
+        ]
+        trials = []
+        for i, item in enumerate(items):
+            held = dict(good[i + 1])
+            if item.get("period") == WindowPeriod.WEEK:
+                held.update(period=WindowPeriod.WEEK, weekday=item.get("weekday"))
+            for key in ("limit", "period", "tz", "start"):
+                rows = [*good[: i + 1], {**held, key: item.get(key)}, *good[i + 2 :]]
+                trials.append({**base, "windows": rows})
+            if item.get("period") == WindowPeriod.WEEK:
+                trials.append({**base, "windows": [*good[: i + 1], held, *good[i + 2 :]]})
+        return trials
 
 
 class LedgerFilterForm(forms.Form):

@@ -27,7 +27,7 @@ from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
 from admission import engine, selectors
-from admission.models import AdmissionPolicy, DeferralReason, Posture
+from admission.models import PRIMARY_WINDOW_KEY, AdmissionPolicy, DeferralReason, Posture
 from queues import gates, metrics
 from queues.access import append_claim_waiver
 from switchboard.core.errors import Deferred
@@ -59,6 +59,16 @@ class _Charge(gates.Admission):
             headroom["used"] = ev.used + 1
             limit = ev.policy.max_claims_per_window
             headroom["remaining"] = None if limit is None else max(0, limit - ev.used - 1)
+        headroom["windows"] = [
+            {
+                "limit": u.limit,
+                "used": u.used + 1,
+                "remaining": max(0, u.limit - u.used - 1),
+                "window_start": u.window_start,
+                "window_resets_at": u.window_resets_at,
+            }
+            for u in ev.windows
+        ]
         return headroom
 
 
@@ -111,16 +121,24 @@ class BudgetGate:
     def deferred_error(self, refusal: gates.Refusal) -> Deferred:
         ev = refusal
         assert isinstance(ev, engine.Evaluation)
+        binding = selectors.binding_window(ev)
         details: dict[str, Any] = {
             "queue": ev.policy.queue,
             "reason": ev.reason,
             "next_eligible_at": ev.next_eligible_at.isoformat() if ev.next_eligible_at else None,
             "exact": ev.exact,
+            "window": _jsonable(binding),
         }
         if ev.reason == DeferralReason.ADMISSION_UNAVAILABLE:
             text = "its admission policy cannot be evaluated"
         elif ev.next_eligible_at:
             text = f"{ev.reason}; eligible at {ev.next_eligible_at.isoformat()}"
+            if binding is not None:
+                text = (
+                    f"{ev.reason} ({binding['used']} of {binding['limit']} "
+                    f"{binding['description'] or binding['period']}); "
+                    f"eligible at {ev.next_eligible_at.isoformat()}"
+                )
         else:
             text = str(ev.reason)
         return Deferred(f"queue {ev.policy.queue!r} is deferred: {text}", **details)
@@ -137,8 +155,9 @@ class BudgetGate:
         usage = []
         if ev.policy.max_in_flight is not None:
             usage.append(f"{ev.in_flight} of {ev.policy.max_in_flight} in flight")
-        if ev.policy.max_claims_per_window is not None:
-            usage.append(f"{ev.used} of {ev.policy.max_claims_per_window} claims this window")
+        for use in ev.windows:
+            phrase = use.out()["description"] or f"per {use.period}"
+            usage.append(f"{use.used} of {use.limit} claims {phrase}")
         detail = f"budget ({ev.policy.posture}): " + ("; ".join(usage) or "no limit set")
         if not ev.admits:
             state = "holds"
@@ -146,6 +165,8 @@ class BudgetGate:
             state = "waives"
         else:
             state = "admits"
+        if state != "admits" and ev.binding is not None:
+            detail += f"; held by the window {ev.binding.out()['description'] or ev.binding.period}"
         return gates.GateState(
             gate="budget",
             state=state,
@@ -178,6 +199,13 @@ class BudgetGate:
         limit = verdict["max_claims_per_window"]
         used = verdict["used"]
         resets = verdict["window_resets_at"]
+        stacked = []
+        if limit is not None:
+            stacked.append((limit, used, verdict["window_start"], resets))
+        stacked += [
+            (m["limit"], m["used"], m["window_start"], m["window_resets_at"])
+            for m in verdict.get("more") or ()
+        ]
         return {
             "max_in_flight": verdict["max_in_flight"],
             "in_flight": verdict["in_flight"] + 1,
@@ -186,6 +214,16 @@ class BudgetGate:
             "remaining": None if limit is None else max(0, limit - used - 1),
             "window_resets_at": datetime.fromisoformat(resets) if resets else None,
             "posture": verdict["posture"],
+            "windows": [
+                {
+                    "limit": n,
+                    "used": spent + 1,
+                    "remaining": max(0, n - spent - 1),
+                    "window_start": datetime.fromisoformat(start),
+                    "window_resets_at": datetime.fromisoformat(end),
+                }
+                for n, spent, start, end in stacked
+            ],
         }
 
 
@@ -217,21 +255,38 @@ def _windows_for(endpoint_id: UUID) -> str:
             [endpoint_id],
         )
         policies = [engine.PolicyRow(*row) for row in cursor.fetchall()]
-    found: dict[str, dict[str, str]] = {}
+    found: dict[str, dict[str, Any]] = {}
     earliest: datetime | None = None
     for policy in policies:
         current = engine.bounds(policy, now)
         if current is None:  # unavailable: the locked path fails closed and says why
             continue
-        found[str(policy.id)] = {
+        entry: dict[str, Any] = {
             "cfg": _window_cfg(policy),
             "ws": current[0].isoformat(),
             "resets": current[1].isoformat(),
         }
         earliest = current[1] if earliest is None else min(earliest, current[1])
+        if policy.extra_windows:
+            stacked = engine.all_bounds(policy, now)
+            if stacked is None:  # unavailable: the locked path fails closed and says why
+                continue
+            entry["more"] = {}
+            for key, (start, end) in stacked.items():
+                if key != PRIMARY_WINDOW_KEY:
+                    entry["more"][key] = {"ws": start.isoformat(), "resets": end.isoformat()}
+                    earliest = min(earliest, end)
+        found[str(policy.id)] = entry
     text = json.dumps(found)
     _fast_windows[endpoint_id] = (time.monotonic() + _FAST_TTL_SECONDS, earliest, text)
     return text
+
+
+def _jsonable(value: Any) -> Any:
+    """A deferral's details travel as JSON (REST, MCP): datetimes as ISO text."""
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value.isoformat() if isinstance(value, datetime) else value
 
 
 def _append_waiver(decision: engine.Decision, actor: Any, todo: Any) -> None:
@@ -249,6 +304,23 @@ def _append_waiver(decision: engine.Decision, actor: Any, todo: Any) -> None:
         used=ev.used,
         max_claims_per_window=ev.policy.max_claims_per_window,
         window_start=ev.window_start.isoformat() if ev.window_start else None,
+        # Every stacked window the claim went over, not only the first: its definition, limit,
+        # counter before this claim and the start of the window it was charged in.
+        windows_exceeded=[
+            {
+                "key": u.key,
+                "period": u.period,
+                "tz": u.tz,
+                "start": u.start,
+                "weekday": u.weekday,
+                "limit": u.limit,
+                "used": u.used,
+                "window_start": u.window_start.isoformat(),
+                "binding": u is ev.binding,
+            }
+            for u in ev.windows
+            if u.exhausted
+        ],
     )
 
 

@@ -10,11 +10,17 @@ import uuid
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 
 WINDOW_START_RE = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
 MAX_IN_FLIGHT = 10000
 MAX_CLAIMS_PER_WINDOW = 1000000
+# Stacked windows (issue 12): the first window of a policy lives in its window columns, the others
+# in ``extra_windows`` (a JSON list of {limit, period, tz, start, weekday}); at most this many in all.
+MAX_WINDOWS = 4
+# The counter key of the first window (its columns); another window's counters are keyed by its
+# definition, "period|tz|start|weekday", so removing or reordering windows never mixes counters.
+PRIMARY_WINDOW_KEY = ""
 
 
 class WindowPeriod(models.TextChoices):
@@ -65,6 +71,9 @@ class AdmissionPolicy(models.Model):
     window_tz = models.CharField(max_length=64, null=True, blank=True)
     window_start = models.CharField(max_length=5, null=True, blank=True)
     window_weekday = models.CharField(max_length=3, choices=Weekday.choices, null=True, blank=True)
+    # The windows after the first: [{limit, period, tz, start, weekday}], validated in the
+    # database by admission_extra_windows_valid (migration 0006).
+    extra_windows = models.JSONField(default=list, blank=True)
     posture = models.CharField(max_length=7, choices=Posture.choices, default=Posture.ENFORCE)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
@@ -127,6 +136,21 @@ class AdmissionPolicy(models.Model):
             models.CheckConstraint(
                 name="policy_posture_valid", condition=Q(posture__in=Posture.values)
             ),
+            # Each stacked window's fields, no two windows alike, at most MAX_WINDOWS, only
+            # after a first window: the SQL function of migration 0006.
+            models.CheckConstraint(
+                name="policy_extra_windows_valid",
+                condition=models.Func(
+                    F("extra_windows"),
+                    F("max_claims_per_window"),
+                    F("window_period"),
+                    F("window_tz"),
+                    F("window_start"),
+                    F("window_weekday"),
+                    function="admission_extra_windows_valid",
+                    output_field=models.BooleanField(),
+                ),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -141,6 +165,8 @@ class AdmissionWindow(models.Model):
     """The counter of one window of one policy: claims charged, and claims refused."""
 
     policy = models.ForeignKey(AdmissionPolicy, on_delete=models.CASCADE, related_name="windows")
+    # Which of the policy's windows: PRIMARY_WINDOW_KEY for the first, else the window's definition.
+    window_key = models.CharField(max_length=96, default=PRIMARY_WINDOW_KEY, blank=True)
     window_start = models.DateTimeField()
     used = models.IntegerField(default=0)
     refused = models.IntegerField(default=0)
@@ -151,7 +177,9 @@ class AdmissionWindow(models.Model):
     class Meta:
         ordering = ["policy", "-window_start"]
         constraints = [
-            models.UniqueConstraint(fields=["policy", "window_start"], name="admission_window_key"),
+            models.UniqueConstraint(
+                fields=["policy", "window_key", "window_start"], name="admission_window_key"
+            ),
             models.CheckConstraint(name="window_used_nonnegative", condition=Q(used__gte=0)),
             models.CheckConstraint(name="window_refused_nonnegative", condition=Q(refused__gte=0)),
         ]

@@ -16,6 +16,7 @@ A new kind of limit (several windows per policy, say) is added here first; the s
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from admission import windows
 from admission.models import (
     MAX_CLAIMS_PER_WINDOW,
     MAX_IN_FLIGHT,
+    MAX_WINDOWS,
+    PRIMARY_WINDOW_KEY,
     WINDOW_START_RE,
     Posture,
     Weekday,
@@ -41,11 +44,15 @@ __all__ = [
     "FIELD_OF_CONSTRAINT",
     "MAX_CLAIMS_PER_WINDOW",
     "MAX_IN_FLIGHT",
+    "MAX_WINDOWS",
     "WINDOW_KEYS",
     "WINDOW_START_RE",
     "PolicySpec",
     "Window",
+    "WindowLimit",
     "arguments_from_columns",
+    "audited_windows",
+    "place_of_field",
 ]
 
 WINDOW_KEYS = ("period", "tz", "start", "weekday")
@@ -77,20 +84,64 @@ FIELD_OF_CONSTRAINT = {
     "policy_window_complete": "window",
     "policy_weekday_iff_week": "window.weekday",
     "policy_posture_valid": "posture",
+    "policy_extra_windows_valid": "windows",
 }
+
+# A stacked window's field (``windows[i].tz``) -> the column of the first window (i = 0).
+_FIRST_WINDOW_COLUMN = {
+    "limit": "max_claims_per_window",
+    "period": "window_period",
+    "tz": "window_tz",
+    "start": "window_start",
+    "weekday": "window_weekday",
+}
+_WINDOWS_FIELD_RE = re.compile(r"windows\[(\d+)\](?:\.(\w+))?")
+
+
+def place_of_field(field: str | None) -> tuple[int | None, str | None]:
+    """Where a form shows a refusal naming ``field``: (None, column) on the policy's own columns
+    (the first window's included), (row, key) on the row of a stacked window after the first
+    (row 0 is ``windows[1]``), or (None, None) for the form as a whole."""
+    if field in COLUMN_OF_FIELD:
+        return None, COLUMN_OF_FIELD[field]
+    match = _WINDOWS_FIELD_RE.fullmatch(field or "")
+    if match is None:
+        return None, None
+    index, key = int(match[1]), match[2] or "period"
+    if index == 0:
+        return None, _FIRST_WINDOW_COLUMN.get(key)
+    return index - 1, key if key in _FIRST_WINDOW_COLUMN else None
 
 
 class PolicyColumns(Protocol):
-    """Anything that carries a policy's columns: the model, the engine's row."""
+    """Anything that carries a policy's columns: the model, the engine's row (read-only)."""
 
-    queue: str
-    max_in_flight: int | None
-    max_claims_per_window: int | None
-    window_period: str | None
-    window_tz: str | None
-    window_start: str | None
-    window_weekday: str | None
-    posture: str
+    @property
+    def queue(self) -> str: ...
+
+    @property
+    def max_in_flight(self) -> int | None: ...
+
+    @property
+    def max_claims_per_window(self) -> int | None: ...
+
+    @property
+    def window_period(self) -> str | None: ...
+
+    @property
+    def window_tz(self) -> str | None: ...
+
+    @property
+    def window_start(self) -> str | None: ...
+
+    @property
+    def window_weekday(self) -> str | None: ...
+
+    @property
+    def posture(self) -> str: ...
+
+    @property
+    def extra_windows(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -105,16 +156,47 @@ class Window:
     def as_dict(self) -> dict[str, Any]:
         return {"period": self.period, "tz": self.tz, "start": self.start, "weekday": self.weekday}
 
+    @property
+    def key(self) -> str:
+        """The window's definition as admission_check formats it (NULL as empty): the counter
+        key of a window after the first, and the identity no two windows of a policy share."""
+        parts = (self.period, self.tz, self.start, self.weekday)
+        return "|".join("" if part is None else str(part) for part in parts)
+
+
+@dataclass(frozen=True)
+class WindowLimit:
+    """One of a policy's stacked windows: at most ``limit`` claims per ``window``."""
+
+    limit: int
+    window: Window
+    key: str  # its counter key: PRIMARY_WINDOW_KEY for the first window, else window.key
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"limit": self.limit, **self.window.as_dict()}
+
 
 @dataclass(frozen=True)
 class PolicySpec:
-    """A policy of one queue: its limits, its window and its posture."""
+    """A policy of one queue: its limits, its windows and its posture.
+
+    The first window is ``max_claims_per_window`` per ``window`` (the policy's window columns);
+    ``more`` holds the stacked windows after it (the ``extra_windows`` column)."""
 
     queue: str
     max_in_flight: int | None
     max_claims_per_window: int | None
     window: Window | None
     posture: str
+    more: tuple[WindowLimit, ...] = ()
+
+    @property
+    def windows(self) -> list[WindowLimit]:
+        """Every window limit, the first one first."""
+        if self.window is None or self.max_claims_per_window is None:
+            return list(self.more)
+        first = WindowLimit(self.max_claims_per_window, self.window, PRIMARY_WINDOW_KEY)
+        return [first, *self.more]
 
     @classmethod
     def clean(
@@ -125,8 +207,37 @@ class PolicySpec:
         max_claims_per_window: Any,
         window: Mapping[str, Any] | None,
         posture: Any = None,
+        windows: Any = None,
     ) -> PolicySpec:
-        """Validate a policy as the database would, naming the field that is wrong."""
+        """Validate a policy as the database would, naming the field that is wrong.
+
+        The window limits come either as ``windows``, a list of {limit, period, tz, start,
+        weekday} (stacked windows, refusals naming ``windows[i].field``), or as the single
+        ``max_claims_per_window`` per ``window`` (a one-item list), never both."""
+        if windows is not None:
+            if max_claims_per_window is not None or window is not None:
+                raise InvalidArgument(
+                    "give the window limits either as windows or as max_claims_per_window "
+                    "and window, not both",
+                    field="windows",
+                )
+            more: tuple[WindowLimit, ...]
+            max_claims_per_window, window, more = _clean_windows(windows)
+            spec = cls.clean(
+                queue=queue,
+                max_in_flight=max_in_flight,
+                max_claims_per_window=max_claims_per_window,
+                window=window,
+                posture=posture,
+            )
+            return cls(
+                spec.queue,
+                spec.max_in_flight,
+                spec.max_claims_per_window,
+                spec.window,
+                spec.posture,
+                more,
+            )
         check_queue_name(queue)
         if queue == QUARANTINE_QUEUE:
             raise InvalidArgument(
@@ -159,7 +270,13 @@ class PolicySpec:
         window = None
         if row.window_period is not None:
             window = Window(row.window_period, row.window_tz, row.window_start, row.window_weekday)
-        return cls(row.queue, row.max_in_flight, row.max_claims_per_window, window, row.posture)
+        extra = row.extra_windows
+        if isinstance(extra, str):  # a raw cursor reads jsonb as text (Django decodes JSONField)
+            extra = json.loads(extra)
+        more = tuple(_stored_window(item) for item in extra or ())
+        return cls(
+            row.queue, row.max_in_flight, row.max_claims_per_window, window, row.posture, more
+        )
 
     def columns(self) -> dict[str, Any]:
         """The model's columns (the queue aside: it is part of the identity)."""
@@ -171,20 +288,38 @@ class PolicySpec:
             "window_tz": w.tz if w else None,
             "window_start": w.start if w else None,
             "window_weekday": w.weekday if w else None,
+            "extra_windows": [item.as_dict() for item in self.more],
             "posture": self.posture,
         }
 
     def audited(self, endpoint_id: UUID | str) -> dict[str, Any]:
         """What the ledger records as a policy's before/after, and what verify compares. Rows
-        already in a ledger hold this shape: changing it changes what verify reports."""
+        already in a ledger hold this shape: changing it changes what verify reports.
+
+        ``windows`` (the whole list, stacked windows included) was added with stacked windows;
+        ``max_claims_per_window`` and ``window`` still name the first. Rows recorded before carry
+        no ``windows``: verify reads them through ``audited_windows``."""
         return {
             "endpoint_id": str(endpoint_id),
             "queue": self.queue,
             "max_in_flight": self.max_in_flight,
             "max_claims_per_window": self.max_claims_per_window,
             "window": self.window.as_dict() if self.window else None,
+            "windows": [item.as_dict() for item in self.windows],
             "posture": self.posture,
         }
+
+
+def audited_windows(state: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """An audited policy state in today's shape: a row recorded before stacked windows (no
+    ``windows``) held at most its one window, so its list is that window or nothing."""
+    if state is None or "windows" in state:
+        return None if state is None else dict(state)
+    out = dict(state)
+    window = state.get("window")
+    limit = state.get("max_claims_per_window")
+    out["windows"] = [] if window is None or limit is None else [{"limit": limit, **window}]
+    return out
 
 
 def _limit(value: Any, name: str, top: int) -> int | None:
@@ -200,14 +335,14 @@ def _limit(value: Any, name: str, top: int) -> int | None:
     return value
 
 
-def _clean_window(window: Any, per_window: int | None) -> Window:
+def _clean_window(window: Any, per_window: int | None, name: str = "window") -> Window:
     if not isinstance(window, Mapping):
         raise InvalidArgument(
-            "window must be an object {period, tz, start, weekday}", field="window"
+            f"{name} must be an object {{period, tz, start, weekday}}", field=name
         )
     unknown = sorted(set(window) - set(WINDOW_KEYS))
     if unknown:
-        raise InvalidArgument(f"window has no field {unknown[0]!r}", field=f"window.{unknown[0]}")
+        raise InvalidArgument(f"{name} has no field {unknown[0]!r}", field=f"{name}.{unknown[0]}")
     if per_window is None:
         raise InvalidArgument(
             "a window only counts claims when max_claims_per_window is set", field="window"
@@ -215,36 +350,75 @@ def _clean_window(window: Any, per_window: int | None) -> Window:
     period = window.get("period")
     if period not in WindowPeriod.values:
         raise InvalidArgument(
-            f"window.period must be one of {', '.join(WindowPeriod.values)}", field="window.period"
+            f"{name}.period must be one of {', '.join(WindowPeriod.values)}", field=f"{name}.period"
         )
     tz = window.get("tz")
     if not isinstance(tz, str) or not tz:
-        raise InvalidArgument("window.tz must name an IANA time zone", field="window.tz")
+        raise InvalidArgument(f"{name}.tz must name an IANA time zone", field=f"{name}.tz")
     if not windows.zone_exists(tz):
-        raise InvalidArgument(f"window.tz {tz!r} is not a known IANA time zone", field="window.tz")
+        raise InvalidArgument(f"{name}.tz {tz!r} is not a known IANA time zone", field=f"{name}.tz")
     start = window.get("start")
     start = DEFAULT_WINDOW_START if start is None else start
     if not isinstance(start, str) or not re.fullmatch(WINDOW_START_RE, start):
-        raise InvalidArgument("window.start must be HH:MM (00:00 to 23:59)", field="window.start")
+        raise InvalidArgument(f"{name}.start must be HH:MM (00:00 to 23:59)", field=f"{name}.start")
     weekday = window.get("weekday")
     if period == WindowPeriod.WEEK:
         if weekday not in Weekday.values:
             raise InvalidArgument(
-                f"a week window needs window.weekday, one of {', '.join(Weekday.values)}",
-                field="window.weekday",
+                f"a week window needs {name}.weekday, one of {', '.join(Weekday.values)}",
+                field=f"{name}.weekday",
             )
     elif weekday is not None:
         raise InvalidArgument(
-            "window.weekday applies only to a week window", field="window.weekday"
+            f"{name}.weekday applies only to a week window", field=f"{name}.weekday"
         )
     return Window(period, tz, start, weekday)
 
 
+def _clean_windows(windows: Any) -> tuple[int, Mapping[str, Any], tuple[WindowLimit, ...]]:
+    """Stacked windows: the first as (limit, window) for the columns, the others cleaned."""
+    if not isinstance(windows, list | tuple) or not windows:
+        raise InvalidArgument(
+            "windows must be a list of {limit, period, tz, start, weekday}, at least one",
+            field="windows",
+        )
+    if len(windows) > MAX_WINDOWS:
+        raise InvalidArgument(f"a policy holds at most {MAX_WINDOWS} windows", field="windows")
+    cleaned: list[WindowLimit] = []
+    for i, item in enumerate(windows):
+        name = f"windows[{i}]"
+        if not isinstance(item, Mapping):
+            raise InvalidArgument(
+                f"{name} must be an object {{limit, period, tz, start, weekday}}", field=name
+            )
+        if "limit" not in item:
+            raise InvalidArgument(f"{name}.limit is required", field=f"{name}.limit")
+        limit = _limit(item["limit"], f"{name}.limit", MAX_CLAIMS_PER_WINDOW)
+        if limit is None:
+            raise InvalidArgument(f"{name}.limit must be a whole number", field=f"{name}.limit")
+        window = _clean_window({k: v for k, v in item.items() if k != "limit"}, limit, name)
+        if any(w.window == window for w in cleaned):
+            raise InvalidArgument(
+                f"{name} repeats an earlier window (same period, tz, start and weekday)",
+                field=f"{name}.period",
+            )
+        cleaned.append(WindowLimit(limit, window, window.key if cleaned else PRIMARY_WINDOW_KEY))
+    first = cleaned[0]
+    return first.limit, first.window.as_dict(), tuple(cleaned[1:])
+
+
+def _stored_window(item: Mapping[str, Any]) -> WindowLimit:
+    window = Window(item["period"], item["tz"], item["start"], item.get("weekday"))
+    return WindowLimit(item["limit"], window, window.key)
+
+
 def arguments_from_columns(data: Mapping[str, Any]) -> dict[str, Any]:
     """The arguments of ``PolicySpec.clean`` / ``policy_set`` from flat columns (the admin's
-    model form, the console's form): the window counts only with a window limit."""
+    model form, the console's form): the window counts only with a window limit. Stacked
+    windows (``extra_windows``, a list of {limit, period, tz, start, weekday}) make it a
+    ``windows`` list, the columns' window first."""
     window: dict[str, Any] | None = None
-    if data.get("max_claims_per_window") is not None:
+    if data.get("max_claims_per_window") is not None or data.get("extra_windows"):
         window = {
             "period": data.get("window_period") or None,
             "tz": (data.get("window_tz") or "").strip() or None,
@@ -252,9 +426,20 @@ def arguments_from_columns(data: Mapping[str, Any]) -> dict[str, Any]:
         }
         if data.get("window_weekday"):
             window["weekday"] = data["window_weekday"]
+    posture = data.get("posture") or DEFAULT_POSTURE
+    if data.get("extra_windows"):
+        assert window is not None
+        first = {"limit": data.get("max_claims_per_window"), **window}
+        return {
+            "max_in_flight": data.get("max_in_flight"),
+            "max_claims_per_window": None,
+            "window": None,
+            "windows": [first, *data["extra_windows"]],
+            "posture": posture,
+        }
     return {
         "max_in_flight": data.get("max_in_flight"),
         "max_claims_per_window": data.get("max_claims_per_window"),
         "window": window,
-        "posture": data.get("posture") or DEFAULT_POSTURE,
+        "posture": posture,
     }

@@ -22,6 +22,7 @@ from admission.policy import (
     DEFAULT_WINDOW_START,
     MAX_CLAIMS_PER_WINDOW,
     MAX_IN_FLIGHT,
+    MAX_WINDOWS,
     WINDOW_START_RE,
 )
 from queues.models import QUEUE_NAME_RE
@@ -64,14 +65,29 @@ class WindowIn(Strict):
         return value
 
 
+class WindowLimitIn(WindowIn):
+    """One of stacked windows: at most ``limit`` claims per this window."""
+
+    limit: int = Field(ge=0, le=MAX_CLAIMS_PER_WINDOW, strict=True)
+
+
 class PolicyIn(Strict):
-    """A whole budget (a PUT replaces everything; an absent limit is no limit)."""
+    """A whole budget (a PUT replaces everything; an absent limit is no limit).
+
+    Window limits come either as ``windows`` (stacked: every one charged and enforced on each
+    claim) or as the single ``max_claims_per_window`` per ``window`` (a one-item list)."""
 
     max_in_flight: int | None = Field(default=None, ge=0, le=MAX_IN_FLIGHT, strict=True)
     max_claims_per_window: int | None = Field(
         default=None, ge=0, le=MAX_CLAIMS_PER_WINDOW, strict=True
     )
     window: WindowIn | None = None
+    windows: list[WindowLimitIn] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_WINDOWS,
+        description="Stacked window limits, e.g. 100 per hour and 1000 per day; no two alike",
+    )
     posture: PostureName = Field(
         default=DEFAULT_POSTURE,
         description="enforce refuses over-limit claims; advise admits them with a signed waiver "
@@ -80,12 +96,15 @@ class PolicyIn(Strict):
 
     def service_kwargs(self) -> dict[str, Any]:
         """The arguments of ``policy_set`` / ``PolicySpec.clean`` (admission/policy.py)."""
-        return {
+        kwargs: dict[str, Any] = {
             "max_in_flight": self.max_in_flight,
             "max_claims_per_window": self.max_claims_per_window,
             "window": self.window.model_dump() if self.window is not None else None,
             "posture": self.posture,
         }
+        if self.windows is not None:
+            kwargs["windows"] = [w.model_dump() for w in self.windows]
+        return kwargs
 
 
 class AdmissionStatusIn(Strict):
@@ -116,6 +135,29 @@ class WindowOut(Schema):
     )
 
 
+class WindowLimitOut(WindowOut):
+    limit: int
+
+
+class WindowUseOut(Schema):
+    """One window limit now: its definition, counter and bounds."""
+
+    limit: int
+    period: PeriodName
+    tz: str | None
+    start: str | None
+    weekday: WeekdayName | None = None
+    description: str | None = None
+    used: int
+    remaining: int
+    window_start: datetime
+    window_resets_at: datetime
+    key: str = Field(default="", description="Its counter: empty for the first window")
+    binding: bool = Field(
+        default=False, description="The window that holds a window_exhausted claim"
+    )
+
+
 class PolicyOut(Schema):
     scope: str = Field(description="endpoint:<slug>")
     endpoint: str
@@ -123,7 +165,10 @@ class PolicyOut(Schema):
     queue: str
     max_in_flight: int | None
     max_claims_per_window: int | None
-    window: WindowOut | None
+    window: WindowOut | None = Field(description="The first window (see windows)")
+    windows: list[WindowLimitOut] = Field(
+        default_factory=list, description="Every window limit, the first one first"
+    )
     posture: PostureName
     created_at: datetime
     updated_at: datetime
@@ -135,6 +180,11 @@ class StatusOut(Schema):
     reason: ReasonName | None = None
     next_eligible_at: datetime | None = None
     exact: bool
+    window: WindowUseOut | None = Field(
+        default=None,
+        description="window_exhausted: the window that holds the claim until next_eligible_at "
+        "(of the exhausted windows, the one that resets last)",
+    )
 
 
 class UsageOut(Schema):
@@ -146,6 +196,9 @@ class UsageOut(Schema):
     window_start: datetime | None
     window_resets_at: datetime | None
     over_limit: bool = Field(description="True when a limit is exceeded (advise and off admit)")
+    windows: list[WindowUseOut] = Field(
+        default_factory=list, description="Every window limit now, the first one first"
+    )
 
 
 class PolicyStatusOut(Schema):
@@ -159,6 +212,9 @@ class PolicyListOut(Schema):
 
 
 class WindowHistoryOut(Schema):
+    window_key: str = Field(
+        default="", description="Which window: empty for the first, else period|tz|start|weekday"
+    )
     window_start: datetime
     used: int
     refused: int

@@ -21,7 +21,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from admission import engine, windows
-from admission.models import AdmissionPolicy, AdmissionWindow, DeferralReason
+from admission.models import PRIMARY_WINDOW_KEY, AdmissionPolicy, AdmissionWindow, DeferralReason
 from admission.policy import PolicySpec
 from queues import access
 from queues.access import Actor, AgentActor, HumanActor
@@ -45,6 +45,7 @@ def policy_row(policy: AdmissionPolicy) -> engine.PolicyRow:
         window_start=policy.window_start,
         window_weekday=policy.window_weekday,
         posture=policy.posture,
+        extra_windows=policy.extra_windows,
     )
 
 
@@ -64,7 +65,15 @@ def evaluate_rows(
     rows = list(rows)
     if not rows:
         return {}
-    current = [engine.bounds(row, now) for row in rows]
+    current = [engine.all_bounds(row, now) for row in rows]
+    first = [(b or {}).get(PRIMARY_WINDOW_KEY) for b in current]
+    # The stacked windows' counters (after the first): (row index, key, window start).
+    more = [
+        (i, key, start)
+        for i, b in enumerate(current)
+        for key, (start, _) in (b or {}).items()
+        if key != PRIMARY_WINDOW_KEY
+    ]
     with connection.cursor() as cursor:
         cursor.execute(
             """
@@ -78,12 +87,31 @@ def evaluate_rows(
                 [row.endpoint_id for row in rows],
                 [row.queue for row in rows],
                 [row.id for row in rows],
-                [b[0] if b is not None else None for b in current],
+                [b[0] if b is not None else None for b in first],
             ],
         )
         usage = cursor.fetchall()
+        more_used: list[dict[str, int]] = [{} for _ in rows]
+        if more:
+            cursor.execute(
+                """
+                SELECT (admission_windows_used(k.policy_id, ARRAY[k.key], ARRAY[k.ws]))[1]
+                FROM unnest(%s::uuid[], %s::text[], %s::timestamptz[])
+                     WITH ORDINALITY AS k(policy_id, key, ws, n)
+                ORDER BY k.n
+                """,
+                [
+                    [rows[i].id for i, _, _ in more],
+                    [k for _, k, _ in more],
+                    [w for _, _, w in more],
+                ],
+            )
+            for (i, key, _), (n,) in zip(more, cursor.fetchall(), strict=True):
+                more_used[i][key] = n
     out: dict[UUID, engine.Evaluation] = {}
-    for row, b, (n, earliest, used) in zip(rows, current, usage, strict=True):
+    for row, b, cur, extra, (n, earliest, used) in zip(
+        rows, first, current, more_used, usage, strict=True
+    ):
         out[row.id] = engine.evaluate(
             row,
             in_flight=n,
@@ -91,6 +119,8 @@ def evaluate_rows(
             now=now,
             earliest_lease_expiry=earliest,
             window=b,
+            more_used=extra,
+            current=cur,
         )
     return out
 
@@ -138,15 +168,31 @@ def identity_status(endpoint_id: UUID, queue: str) -> engine.Evaluation | None:
 
 
 def status(ev: engine.Evaluation) -> dict[str, Any]:
-    """The derived status of a queue identity: {state, reason, next_eligible_at, exact}."""
+    """The derived status of a queue identity: {state, reason, next_eligible_at, exact, window}
+    (``window``: the binding window of a window_exhausted deferral, else null)."""
     if ev.admits:
-        return {"state": "admitted", "reason": None, "next_eligible_at": None, "exact": True}
+        return dict(ADMITTED)
     return {
         "state": "deferred",
         "reason": ev.reason,
         "next_eligible_at": ev.next_eligible_at,
         "exact": ev.exact,
+        "window": binding_window(ev),
     }
+
+
+def binding_window(ev: engine.Evaluation) -> dict[str, Any] | None:
+    """The window that holds a window_exhausted claim until next_eligible_at (the exhausted
+    window that resets last), as every deferral names it; None for any other reason."""
+    if ev.reason != DeferralReason.WINDOW_EXHAUSTED or ev.binding is None:
+        return None
+    return window_use_out(ev, ev.binding)
+
+
+def window_use_out(ev: engine.Evaluation, use: engine.WindowUse) -> dict[str, Any]:
+    """One window as every surface shows it: its figures, its counter key, and whether it is
+    the window that binds the deferral."""
+    return {**use.out(), "key": use.key, "binding": use is ev.binding}
 
 
 ADMITTED: dict[str, Any] = {
@@ -168,6 +214,7 @@ def usage(ev: engine.Evaluation) -> dict[str, Any]:
         "window_start": ev.window_start,
         "window_resets_at": ev.window_resets_at,
         "over_limit": ev.over_limit,
+        "windows": [window_use_out(ev, u) for u in ev.windows],
     }
 
 
@@ -186,6 +233,7 @@ def deferred_entry(ev: engine.Evaluation, endpoint_id: UUID) -> dict[str, Any]:
         "pending": pending_count(endpoint_id, ev.policy.queue),
         "next_eligible_at": ev.next_eligible_at,
         "exact": ev.exact,
+        "window": binding_window(ev),
     }
 
 
@@ -224,6 +272,12 @@ def policy_out(policy: AdmissionPolicy) -> dict[str, Any]:
     d = policy_dict(policy)
     if d["window"] is not None:
         d["window"]["description"] = describe_window(policy)
+    for item in d["windows"]:
+        spec = windows.Window(item["period"], item["tz"], item["start"], item["weekday"])
+        try:
+            item["description"] = windows.describe(spec)
+        except windows.WindowUnavailable:
+            item["description"] = None
     endpoint = policy.endpoint
     return {
         "scope": f"endpoint:{endpoint.slug}",
@@ -329,11 +383,18 @@ def policy_get(actor: Actor, endpoint: Endpoint | str, queue: str) -> AdmissionP
     return policy
 
 
-def window_history(policy: AdmissionPolicy, limit: int = HISTORY_WINDOWS) -> list[dict[str, Any]]:
-    """The last ``limit`` windows, newest first: used, refused and the limit then in force."""
-    rows = AdmissionWindow.objects.filter(policy=policy).order_by("-window_start")[:limit]
+def window_history(
+    policy: AdmissionPolicy, limit: int = HISTORY_WINDOWS, *, key: str | None = None
+) -> list[dict[str, Any]]:
+    """The last ``limit`` windows, newest first: used, refused and the limit then in force
+    (of one window limit when ``key`` names its counter)."""
+    qs = AdmissionWindow.objects.filter(policy=policy)
+    if key is not None:
+        qs = qs.filter(window_key=key)
+    rows = qs.order_by("-window_start", "window_key")[:limit]
     return [
         {
+            "window_key": w.window_key,
             "window_start": w.window_start,
             "used": w.used,
             "refused": w.refused,

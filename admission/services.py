@@ -13,7 +13,7 @@ admitted it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -81,6 +81,7 @@ def policy_set(
     max_claims_per_window: int | None,
     window: Mapping[str, Any] | None,
     posture: str | None = Posture.ENFORCE,
+    windows: Sequence[Mapping[str, Any]] | None = None,
 ) -> AdmissionPolicy:
     """Create or fully replace the budget of one queue identity (the numbered steps above).
 
@@ -97,6 +98,7 @@ def policy_set(
         max_claims_per_window=max_claims_per_window,
         window=window,
         posture=posture,
+        windows=windows,
     )
     _take_write_token(actor)  # 3
     human = _accountable(actor, target)

@@ -117,8 +117,11 @@ def budget_view(request: HttpRequest, slug: str, queue: str) -> HttpResponse:
     if request.method == "POST":
         if not can_write:
             return refusal(request, Forbidden("you may read this budget but not change it"))
-        form = PolicyForm(request.POST)
-        if not form.is_valid():
+        adding = request.POST.get("action") == "add_window"
+        form = PolicyForm(request.POST, add_row=adding)
+        if adding:
+            pass  # the same values again, with a blank window row; nothing is checked yet
+        elif not form.is_valid():
             form.check_every_field(queue)
         else:
             kwargs = form.service_kwargs()
@@ -147,8 +150,11 @@ def budget_view(request: HttpRequest, slug: str, queue: str) -> HttpResponse:
                     context["preview"] = preview(endpoint, queue, policy, spec)
                     context["previewed"] = token
     else:
-        form = PolicyForm(initial=PolicyForm.initial_for(policy, viewer.tz_name))
-    status = 400 if form.errors else 200
+        form = PolicyForm(
+            initial=PolicyForm.initial_for(policy, viewer.tz_name),
+            rows=PolicyForm.rows_for(policy),
+        )
+    status = 400 if form.has_errors else 200
     context = _budget_context(viewer, endpoint, queue, policy, form, can_write, context)
     return render(request, "admission/budget.html", context, status=status)
 
@@ -163,7 +169,7 @@ def _budget_context(
     extra: dict[str, Any],
 ) -> dict[str, Any]:
     evaluation = admission_selectors.evaluate_policy(policy) if policy is not None else None
-    history = admission_selectors.window_history(policy) if policy is not None else []
+    usage = admission_selectors.usage(evaluation) if evaluation else None
     return {
         "viewer": viewer,
         "endpoint": endpoint,
@@ -171,14 +177,13 @@ def _budget_context(
         "policy": policy,
         "evaluation": evaluation,
         "status": admission_selectors.status(evaluation) if evaluation else None,
-        "usage": admission_selectors.usage(evaluation) if evaluation else None,
+        "usage": usage,
         "window_description": admission_selectors.describe_window(policy) if policy else None,
         "policy_zone": zone_named(policy.window_tz)[1] if policy and policy.window_tz else None,
         "form": form,
         "can_write": can_write,
         "zones": zones(),
-        "chart": usage_chart(history, policy) if policy is not None else None,
-        "history": history,
+        "charts": usage_charts(policy, usage) if policy is not None else [],
         "audit": admission_selectors.audit_tail(policy, 10) if policy is not None else [],
         "board_anchor": _board_anchor(endpoint, queue),
         "key": identity_key(endpoint.slug, queue),
@@ -190,9 +195,10 @@ def _budget_context(
 def _focus(form: PolicyForm, *, preview: bool) -> str:
     """Where focus lands: the first field in error, else the first field (or, on a preview,
     the save button)."""
-    if form.errors:
-        named = [name for name in form.fields if name in form.errors]
-        return named[0] if named else "max_in_flight"
+    if form.has_errors:
+        return form.first_error() or "max_in_flight"
+    if form.add_row:
+        return form.rows.add_prefix(form.rows.total_form_count()) + "-limit"
     return "" if preview else "max_in_flight"
 
 
@@ -249,7 +255,25 @@ class Bar:
     label: str
 
 
-def usage_chart(history: list[dict[str, Any]], policy: AdmissionPolicy) -> dict[str, Any]:
+def usage_charts(policy: AdmissionPolicy, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """One chart per window limit of the policy (the first one first), each over that window's
+    own counters, titled with its use now from the usage selector and marked when it binds.
+    A policy whose windows cannot be evaluated now still charts the history it has."""
+    windows = (usage or {}).get("windows") or []
+    if not windows:
+        history = admission_selectors.window_history(policy)
+        return [{**usage_chart(history, policy.window_tz), "window": None, "number": 1}]
+    return [
+        {
+            **usage_chart(admission_selectors.window_history(policy, key=w["key"]), w["tz"]),
+            "window": w,
+            "number": n,
+        }
+        for n, w in enumerate(windows, start=1)
+    ]
+
+
+def usage_chart(history: list[dict[str, Any]], tz_name: str | None) -> dict[str, Any]:
     """Geometry for the inline SVG of the last windows (oldest left): used, refused stacked on
     top, and the limit then in force as a tick per window."""
     width, height, left, bottom, top = 640.0, 180.0, 40.0, 24.0, 10.0
@@ -261,7 +285,7 @@ def usage_chart(history: list[dict[str, Any]], policy: AdmissionPolicy) -> dict[
         + [r["used"] + r["refused"] for r in rows]
         + [r["limit"] for r in rows if r["limit"] is not None]
     )
-    zone = zone_named(policy.window_tz)[1]
+    zone = zone_named(tz_name)[1]
     step = plot_w / slots
     bar_w = max(step * 0.7, 1.0)
 
@@ -304,6 +328,9 @@ def usage_chart(history: list[dict[str, Any]], policy: AdmissionPolicy) -> dict[
         "label_y": height - 6,
         "empty": not rows,
         "refusals": sum(r["refused"] for r in rows),
+        "tz": tz_name,
+        "rows": history,
+        "zone": zone,
     }
 
 

@@ -5,7 +5,7 @@ server of DATABASE_URL, migrated fresh; the embedded Valkey is started if REDIS_
 ``python -m bench [--duration S] [--repeats N] [--modes threads,processes] [--points 8,32]
 [--only core,http,admission,console,doorbell,boardlive,limits]``: ``--repeats`` and ``--modes``
 reach the benches that take them (core, admission; repeats also boardlive, limits), ``--points``
-the admission bench (1, 8, 32, 10_queues_at_8). Prints each bench's wall time and the total.
+the admission bench (1, 8, 32, 10_queues_at_8, 3_windows_at_8). Prints each bench's wall time and the total.
 """
 
 from __future__ import annotations

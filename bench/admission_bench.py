@@ -8,7 +8,10 @@ user, endpoints and todos and removes them afterwards (the budget is set and cle
 services, so the ledger records both, as it records every budget).
 
 Targets (issues 4 and 12): budgeted ≥ 0.6× unbudgeted at 8 claimers; budgeted at 32 ≥ 0.5×
-budgeted at 8; ten budgeted queues of one endpoint ≥ 0.8× ten unbudgeted ones at 8. Each point
+budgeted at 8; ten budgeted queues of one endpoint ≥ 0.8× ten unbudgeted ones at 8. A further
+point, ``3_windows_at_8``, is reported without a target: the hot queue under three stacked windows
+(hour, day, week; limits never reached) beside its own unbudgeted phase, to read against the
+single-window budgeted ratio at 8 of the same run. Each point
 is measured ``repeats`` times and judged on the median ratio; every run is kept in the JSON with
 the dead tuples and index pages per cycle of its phase (to tell churn bloat from lock waits).
 """
@@ -28,6 +31,13 @@ TARGET_32_VS_8 = 0.5
 # Issue 12's second scenario: one endpoint, MANY_QUEUES budgeted queues, 8 claimers.
 MANY_QUEUES = 10
 TARGET_MANY_QUEUES = 0.8
+# Issue 12 item 4: every stacked window is charged on each claim; what do three cost?
+STACKED = [
+    {"limit": 1_000_000, "period": "hour", "tz": "UTC", "start": "00:00"},
+    {"limit": 1_000_000, "period": "day", "tz": "Europe/Berlin", "start": "00:00"},
+    {"limit": 1_000_000, "period": "week", "tz": "UTC", "start": "00:00", "weekday": "Mon"},
+]
+STACKED_POINT = f"{len(STACKED)}_windows_at_8"
 # Todos are made ahead of each phase: the last comparable rate times the phase, with slack.
 _INITIAL_RATE_GUESS = 1500.0
 _SLACK = 2.0
@@ -88,17 +98,18 @@ def _measure(
     guess: float,
     queues: list[str],
     *,
-    pool: ProcessPool | None = None,
+    processes: ProcessPool | None = None,
     **names: Any,
 ) -> dict[str, Any]:
     """One point: fresh todos spread over ``queues`` (naming ``names``), the timed phase (in
-    ``claimers`` threads, or in that many of ``pool``'s processes), its diagnostics."""
+    ``claimers`` threads, or in that many of ``processes``' processes), its diagnostics. Not
+    ``pool``: the limits bench names a pool among ``names``."""
     _make_todos(endpoint, int(guess * duration_s * _SLACK) + 200, queues, **names)
     # Every point starts from a vacuumed table: without it each phase inherited the dead tuples
     # of every phase before it (tens of thousands), and the claimable index scan walked them.
     _vacuum()
     _, pages_before = _todo_stats()
-    measure = pool.run if pool is not None else timed_pool
+    measure = processes.run if processes is not None else timed_pool
     phase = measure(claimers, duration_s, "bench.common:claim_loop", endpoint.pk)
     time.sleep(0.5)  # closed connections flush their statistics
     dead, pages_after = _todo_stats()
@@ -114,7 +125,7 @@ def _measure(
     }
 
 
-SCENARIOS = (*(str(n) for n in CONCURRENCY), f"{MANY_QUEUES}_queues_at_8")
+SCENARIOS = (*(str(n) for n in CONCURRENCY), f"{MANY_QUEUES}_queues_at_8", STACKED_POINT)
 
 
 def run(
@@ -123,7 +134,8 @@ def run(
     modes: tuple[str, ...] = MODES,
     points: tuple[str, ...] = SCENARIOS,
 ) -> dict[str, Any]:
-    """Measure every point (of ``points``: "1", "8", "32", "10_queues_at_8") ``repeats`` times
+    """Measure every point (of ``points``: "1", "8", "32", "10_queues_at_8", "3_windows_at_8")
+    ``repeats`` times
     in each of ``modes`` (threads, processes), budgeted right after unbudgeted each time so each
     ratio compares two phases of one moment; report medians and spreads (min, max, every run)."""
     from django.conf import settings
@@ -149,8 +161,10 @@ def run(
 
     plain, budgeted = vend("bench plain", [QUEUE]), vend("bench budgeted", [QUEUE])
     plain_many, budgeted_many = vend("bench plain many", many), vend("bench budgeted many", many)
+    stacked = vend("bench stacked", [QUEUE])
     scenarios = [(str(n), n, plain, budgeted, [QUEUE]) for n in CONCURRENCY]
-    scenarios.append((SCENARIOS[-1], 8, plain_many, budgeted_many, many))
+    scenarios.append((f"{MANY_QUEUES}_queues_at_8", 8, plain_many, budgeted_many, many))
+    scenarios.append((STACKED_POINT, 8, plain, stacked, [QUEUE]))
     scenarios = [s for s in scenarios if s[0] in points]
     # mode -> label -> point -> runs
     measured: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {
@@ -173,6 +187,16 @@ def run(
             admission_services.policy_set(
                 actor=actor, endpoint=budgeted_many, queue=queue, **budget
             )
+        admission_services.policy_set(
+            actor=actor,
+            endpoint=stacked,
+            queue=QUEUE,
+            max_in_flight=None,
+            max_claims_per_window=None,
+            window=None,
+            windows=STACKED,
+            posture="enforce",
+        )
         if "processes" in modes:
             pool = ProcessPool(max(s[1] for s in scenarios))
         guess = _INITIAL_RATE_GUESS
@@ -181,8 +205,8 @@ def run(
                 in_pool = pool if mode == "processes" else None
                 got, ratios_of = measured[mode], ratio_runs[mode]
                 for key, claimers, unb_ep, bud_ep, queues in scenarios:
-                    unb = _measure(unb_ep, claimers, duration_s, guess, queues, pool=in_pool)
-                    bud = _measure(bud_ep, claimers, duration_s, guess, queues, pool=in_pool)
+                    unb = _measure(unb_ep, claimers, duration_s, guess, queues, processes=in_pool)
+                    bud = _measure(bud_ep, claimers, duration_s, guess, queues, processes=in_pool)
                     got["unbudgeted"].setdefault(key, []).append(unb)
                     got["budgeted"].setdefault(key, []).append(bud)
                     guess = max(guess, unb["rate"], bud["rate"])
@@ -191,6 +215,12 @@ def run(
                             bud["rate"] / unb["rate"]
                         )
                 b = got["budgeted"]
+                if "8" in b and STACKED_POINT in b:
+                    ratios_of.setdefault("stacked_vs_single_window_at_8", []).append(
+                        b[STACKED_POINT][-1]["rate"] / b["8"][-1]["rate"]
+                        if b["8"][-1]["rate"]
+                        else 0.0
+                    )
                 if "8" in b and "32" in b:
                     ratios_of.setdefault("budgeted_32_vs_8", []).append(
                         b["32"][-1]["rate"] / b["8"][-1]["rate"] if b["8"][-1]["rate"] else 0.0
@@ -198,14 +228,14 @@ def run(
     finally:
         if pool is not None:
             pool.close()
-        for endpoint, queues in ((budgeted, [QUEUE]), (budgeted_many, many)):
+        for endpoint, queues in ((budgeted, [QUEUE]), (budgeted_many, many), (stacked, [QUEUE])):
             for queue in queues:
                 try:
                     admission_services.policy_clear(actor=actor, endpoint=endpoint, queue=queue)
                 except Exception:
                     pass
         Endpoint.objects.filter(
-            pk__in=[plain.pk, budgeted.pk, plain_many.pk, budgeted_many.pk]
+            pk__in=[plain.pk, budgeted.pk, plain_many.pk, budgeted_many.pk, stacked.pk]
         ).delete()
         user.delete()
         settings.POLICY_WRITE_RATE_LIMIT = limit_before

@@ -179,6 +179,8 @@ def _run(args: argparse.Namespace) -> None:
 
 def _claim_params(endpoint: Any) -> dict[str, Any]:
     """The bare claim statement's parameters for one claimer of the bench queue."""
+    from queues import sql
+
     return {
         "endpoint": endpoint.id,
         "queues": ["bench"],
@@ -188,6 +190,8 @@ def _claim_params(endpoint: Any) -> dict[str, Any]:
         "via": "api",
         "ttl": 300,
         "fence_hash": None,
+        # The grant row and a superseded grant's end row read these; with no actor, NULLs.
+        **sql.grant_params(None, "w0"),
     }
 
 

@@ -10,12 +10,14 @@ endpoints' work; ``queues.pause_queue`` pauses any queue.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import tzinfo
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+from django.contrib.auth import get_user_model
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 
@@ -380,6 +382,39 @@ def ledger_actor(actor: Actor | SystemActor, *, owner: Any = None) -> ledger.Act
         )
     user = actor.user
     return ledger.Actor(human_id=getattr(user, "pk", None), human_name=user.get_username())
+
+
+# Endpoint owners' usernames, for the ledger rows a claim's or an end's own statement writes (a
+# grant, its end): the agent path never loads the owner, and the name changes rarely. A row names
+# the owner as this process last read it, at most ``_OWNER_NAME_SECONDS`` ago.
+_OWNER_NAME_SECONDS = 60.0
+_owner_names: dict[int, tuple[float, str]] = {}
+
+
+def _owner_name(owner_id: int | None) -> str:
+    if owner_id is None:
+        return ""
+    hit = _owner_names.get(owner_id)
+    if hit is not None and time.monotonic() - hit[0] < _OWNER_NAME_SECONDS:
+        return hit[1]
+    user_model = get_user_model()
+    found = user_model.objects.filter(pk=owner_id).values_list(user_model.USERNAME_FIELD).first()
+    name = str(found[0]) if found else ""
+    _owner_names[owner_id] = (time.monotonic(), name)
+    return name
+
+
+def claim_ledger_actor(actor: Actor | SystemActor) -> ledger.Actor:
+    """``ledger_actor`` without loading an agent's endpoint's owner on the claim path."""
+    if isinstance(actor, AgentActor):
+        endpoint = actor.endpoint
+        return ledger.Actor(
+            human_id=endpoint.owner_id,
+            human_name=_owner_name(endpoint.owner_id),
+            endpoint_id=endpoint.id,
+            endpoint_slug=endpoint.slug,
+        )
+    return ledger_actor(actor)
 
 
 def append_claim_waiver(*, kind: str, actor: Actor, todo: Any, **details: Any) -> None:

@@ -53,6 +53,8 @@ def _claimed(result: services.Claimed) -> dict[str, Any]:
     out: dict[str, Any] = {"todo": one_todo_out(result.todo), "attempt": result.attempt}
     if result.lease_token is not None:
         out["lease_token"] = result.lease_token
+    if result.grant is not None:
+        out["grant"] = result.grant
     if result.admission is not None:
         out["admission"] = _jsonable(result.admission)
     return out

@@ -27,9 +27,9 @@ CLAIMABLE = f"""
 
 # What a claim whose lease lapsed becomes (the SET list of an UPDATE over the todo row ``t``):
 # back to pending with its attempts left, dead-lettered (failed, lease_expired) at the cap. The
-# reaper and a quarantine's expiry both write it.
+# reaper and a quarantine's expiry both write it. The claim's grant (``grant_hash``) ends with it.
 LAPSED_CLAIM_SET = """state = CASE WHEN t.attempt < t.max_attempts THEN 'pending' ELSE 'failed' END,
-        owner = '', lease_expires_at = NULL, next_retry_at = NULL,
+        owner = '', lease_expires_at = NULL, next_retry_at = NULL, grant_hash = NULL,
         result = CASE WHEN t.attempt < t.max_attempts THEN t.result
                       ELSE '{"error": "lease_expired"}'::jsonb END,
         finished_at = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE now() END,

@@ -103,6 +103,14 @@ class Admission:
         """Spend the claim (in the claim's transaction); returns what the claim reports of it."""
         return None
 
+    def granted(self) -> list[dict[str, Any]]:
+        """The named limits this admission passed (not ``off``), each a JSON object with its
+        limit and occupancy at admission: the claim writes them into its grant ledger row
+        (``queues.sql.grants``) before ``charge`` runs, so a charge's own rows (a waiver) can
+        name the grant (``todo.grant_hash``). On the fast path a verdict's ``grant`` member
+        carries the same items as canonical JSON text."""
+        return []
+
 
 class ClaimGate(Protocol):
     name: str

@@ -268,6 +268,9 @@ class Todo(models.Model):
         models.CharField(max_length=64), default=list, db_default=Value([]), blank=True
     )
     rate_limit = models.CharField(max_length=64, null=True, blank=True)
+    # The claim's grant: the entry_hash of the ``limits.grant`` ledger row written when a claim
+    # passed a named limit (pool, tag, rate limit; not ``off``). Cleared when the claim ends.
+    grant_hash = models.CharField(max_length=64, null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["created_at", "id"]

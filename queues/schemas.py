@@ -135,6 +135,11 @@ class TodoOut(Schema):
     pool: str | None = None
     tags: list[str] = Field(default_factory=list)
     rate_limit: str | None = None
+    grant: str | None = Field(
+        default=None,
+        description="The claim's grant, while it lasts: the entry_hash of the limits.grant ledger row "
+        "written when the claim passed a named limit (pool, tag, rate limit; not off)",
+    )
     admission: TodoAdmissionOut | None = Field(
         default=None,
         description="Present on a pending todo of a budgeted queue: whether a claim would be "
@@ -168,6 +173,7 @@ def todo_out(todo: Todo, admission: dict[str, Any] | None = None) -> dict[str, A
         "pool": todo.pool,
         "tags": list(todo.tags),
         "rate_limit": todo.rate_limit,
+        "grant": todo.grant_hash,
     }
     if admission is not None and todo.state == TodoState.PENDING:
         out["admission"] = {
@@ -208,6 +214,12 @@ class DeferredQueueOut(Schema):
     pending: int
     next_eligible_at: datetime | None = None
     exact: bool
+    # Shaped by the budget gate (admission.schemas.WindowUseOut); queues does not import it.
+    window: dict[str, Any] | None = Field(
+        default=None,
+        description="window_exhausted: the window that holds the claim until next_eligible_at "
+        "(limit, period, tz, start, weekday, used, window_resets_at, binding)",
+    )
 
 
 # --- agent verbs ------------------------------------------------------------------------------
@@ -285,6 +297,11 @@ class ClaimOut(Schema):
     todo: TodoOut
     attempt: int
     lease_token: str | None = Field(default=None, description="Present when fenced")
+    grant: str | None = Field(
+        default=None,
+        description="The claim's grant, while it lasts: the entry_hash of the limits.grant ledger row "
+        "written when the claim passed a named limit (pool, tag, rate limit; not off)",
+    )
     admission: dict[str, Any] | None = Field(
         default=None, description="The budget's headroom after this claim, on a budgeted queue"
     )
@@ -295,6 +312,11 @@ class ClaimNextOut(Schema):
     todo: TodoOut | None = None
     attempt: int | None = None
     lease_token: str | None = None
+    grant: str | None = Field(
+        default=None,
+        description="The claim's grant, while it lasts: the entry_hash of the limits.grant ledger row "
+        "written when the claim passed a named limit (pool, tag, rate limit; not off)",
+    )
     admission: dict[str, Any] | None = None
     deferred: list[DeferredQueueOut] | None = Field(
         default=None, description="When empty: the granted queues holding work admission defers"

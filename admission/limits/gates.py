@@ -101,17 +101,35 @@ def _earliest(times: list[datetime | None]) -> datetime | None:
     return min(known) if known else None
 
 
+def grant_item(kind: str, held: Held) -> dict[str, Any]:
+    """One limit a grant passed, as its ledger row names it (the fast checks of limits migration
+    0004 write the same object)."""
+    return {
+        "held": held.held,
+        "kind": kind,
+        "limit": held.limit,
+        "name": held.name,
+        "posture": held.posture,
+    }
+
+
 @dataclass
 class _Waived(gates.Admission):
-    """Admitted over an advise limit: the waiver is appended with the claim."""
+    """Admitted (over an advise limit: the waiver is appended with the claim, naming the
+    claim's grant). ``passed``: every limit read that is not ``off``, for the grant."""
 
     gate: str
     over: list[Held] = field(default_factory=list)
+    passed: list[Held] = field(default_factory=list)
+    kind: str = ""
 
     def charge(self, cursor: CursorWrapper, *, todo: Any, actor: Any) -> dict[str, Any] | None:
         if self.over:
             append_waiver(self.gate, self.over, actor, todo)
         return None
+
+    def granted(self) -> list[dict[str, Any]]:
+        return [grant_item(self.kind, h) for h in self.passed]
 
 
 @dataclass
@@ -182,6 +200,8 @@ class _OccupancyGate:
     per_todo = True
     reason: str
     noun: str
+    # How a grant's ledger row names this kind of limit.
+    grant_kind: str
     # The names of the limits full now under enforce (SQL), for ``skip``.
     full_now: str
     # The declaration rows of the key, locked in name order.
@@ -292,12 +312,14 @@ class _OccupancyGate:
     def admit(
         self, cursor: CursorWrapper, *, key: Any, todo_id: UUID
     ) -> gates.Admission | gates.Refusal:
-        over = [h for h in self.read(cursor, self.names(key), todo_id, True) if h.exceeded]
+        held = self.read(cursor, self.names(key), todo_id, True)
+        over = [h for h in held if h.exceeded]
         enforced = [h for h in over if h.posture == LimitPosture.ENFORCE]
         if enforced:
             at = _next_eligible(enforced, timezone.now())
             return _refusal(cursor, todo_id, self.reason, at, [h.name for h in enforced], False)
-        return _Waived(self.name, over)
+        passed = [h for h in held if h.posture != LimitPosture.OFF]
+        return _Waived(self.name, over, passed, self.grant_kind)
 
     def refused(self, refusals: list[gates.Refusal]) -> None:
         for refusal in refusals:
@@ -361,6 +383,7 @@ class PoolGate(_OccupancyGate):
     lock_order = 20
     reason = "pool_full"
     noun = "pool"
+    grant_kind = "pool"
     full_now = _FULL_POOLS
     fast_function = "limits_pool_check"
     lock_sql = "SELECT name, slots, posture FROM limits_pool WHERE name = ANY(%s) ORDER BY name"
@@ -389,6 +412,7 @@ class TagGate(_OccupancyGate):
     lock_order = 30
     reason = "tag_full"
     noun = "tag"
+    grant_kind = "tag"
     full_now = _FULL_TAGS
     fast_function = "limits_tags_check"
     # ORDER BY with FOR UPDATE locks the rows as they come out of the sort: in tag order, so
@@ -424,6 +448,7 @@ class RateGate(_OccupancyGate):
     lock_order = 40
     reason = "rate_limited"
     noun = "rate limit"
+    grant_kind = "rate"
     full_now = _FULL_RATES
 
     def probe(self, alias: str) -> str:
@@ -446,10 +471,12 @@ class RateGate(_OccupancyGate):
         if found is None:  # declarations are never deleted; fail closed if one is
             return _refusal(cursor, todo_id, self.reason, None, [key], False)
         rate_id, st = found
-        over = [Held(st.name, st.effective, st.posture, st.used, None)] if st.exceeded else []
+        held = Held(st.name, st.effective, st.posture, st.used, None)
+        over = [held] if st.exceeded else []
         if over and st.posture == LimitPosture.ENFORCE:
             return _refusal(cursor, todo_id, self.reason, st.next_eligible_at, [key], st.exact)
-        return _RateCharge(self.name, over, rate_id=rate_id, now=st.now)
+        passed = [held] if st.posture != LimitPosture.OFF else []
+        return _RateCharge(self.name, over, passed, self.grant_kind, rate_id=rate_id, now=st.now)
 
     def hold(
         self, cursor: Any, key: Any, now: datetime
@@ -493,6 +520,7 @@ def append_waiver(gate: str, over: list[Held], actor: Any, todo: Any) -> None:
         todo=todo,
         gate=gate,
         exceeded=[{"name": h.name, "limit": h.limit, "held": h.held} for h in over],
+        grant=todo.grant_hash,
     )
     metrics.waived(gate)
 

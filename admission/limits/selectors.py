@@ -67,11 +67,11 @@ def manifest_bytes(manifest: dict[str, Any]) -> bytes:
 
 def limits_overview() -> dict[str, Any]:
     """``limits status``: pools (slots, held, posture), tags (limit, held, posture), rates (base,
-    effective, observations), queue settings, the grants held now (claims naming a limit), the
+    effective, observations), queue settings, the grants held now (claims holding a grant), the
     waivers ever written and the quarantines (in force now; ever written)."""
     limits = limits_status()
     with connection.cursor() as cursor:
-        cursor.execute(gated.LIMITED_CLAIMS_SQL)
+        cursor.execute(gated.GRANTS_HELD_SQL)
         (grants,) = cursor.fetchone()
     counts = dict(
         LedgerEntry.objects.filter(

@@ -291,8 +291,10 @@ def _quarantine_once(actor: Actor, k: Kind, kind: str, name: str) -> dict[str, A
                 "queue": queue,
                 "attempt": attempt,
                 "state": state,
+                # The grant the expiry ends (None: the claim passed no named limit).
+                "grant": grant,
             }
-            for todo_id, owner, endpoint_id, queue, attempt, state in cursor.fetchall()
+            for todo_id, owner, endpoint_id, queue, attempt, state, grant in cursor.fetchall()
         ]
         setattr(row, k.numbers[0][0], 0)
         row.posture = LimitPosture.ENFORCE

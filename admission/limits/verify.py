@@ -1,24 +1,33 @@
 """``limits verify``: the ledger chain from genesis (failing closed at the exact row), then every
-grant of a pool or a tag replayed against the limit in force when it was claimed.
+grant replayed, in ledger order, against the limits in force at its row and the grants open
+before it: the ledger alone is the record.
 
-A grant is an attempt of a todo naming the limit. The limit in force at an instant is the last
-``limits.set`` / ``limits.quarantine`` / ``limits.delete`` row written before it (a limit with
-no such row, declared outside the services, counts as declared as it is now). A grant claimed
-while as many others were open as the limit allowed is drift under ``enforce`` (the gate would
-have refused it) and, under ``advise``, drift unless a waiver row names it.
+The limit in force at a row is the last ``limits.set`` / ``limits.quarantine`` /
+``limits.delete`` row before it (a limit with no such row, declared outside the services, counts
+as declared as it is now). A grant (``limits.grant``) is open from its row until a
+``limits.end`` row names it, a quarantine's manifest names it among the claims it expired, or a
+later grant of the same todo supersedes it (a takeover). A grant of a pool or a tag that, under
+``enforce``, found as many grants of that limit open as the limit allowed is drift at its row
+(the gate would have refused it); under ``advise`` it is drift unless a waiver names the grant.
+A rate limit's grant is checked against what its row recorded (claims this minute below the
+effective limit under ``enforce``): its effective limit depends on 429 observations, which are
+not ledger rows.
+
+Row order is the order of the facts: a claim writes its grant holding the limits' row locks and
+an ending statement writes its end row holding a share lock on them, each before the chain's
+lock, so a grant's row follows every end and limit change its gate saw, and precedes those it
+did not.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
 
 from admission.limits.models import Pool, TagLimit
-from queues.sql import gated
 from switchboard.ledger import chain
 from switchboard.ledger.models import LedgerEntry, LedgerKind
 
@@ -27,26 +36,32 @@ _NUMBER = {"pool": "slots", "tag": "limit"}
 
 @dataclass(frozen=True)
 class GrantDrift:
+    seq: int
+    grant: str
     todo: str
     attempt: int
-    claimed_at: datetime
+    at: datetime
     kind: str
     name: str
     limit: int
-    held: int
+    held: int  # grants of the limit open at the row, replayed
+    recorded: int  # the occupancy the grant's row says its gate counted
     posture: str
     problem: str  # over_enforced_limit | unwaived_excess
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "problem": self.problem,
+            "seq": self.seq,
+            "grant": self.grant,
             "todo": self.todo,
             "attempt": self.attempt,
-            "claimed_at": self.claimed_at.isoformat(),
+            "at": self.at.isoformat(),
             "kind": self.kind,
             "name": self.name,
             "limit": self.limit,
             "held": self.held,
+            "recorded": self.recorded,
             "posture": self.posture,
         }
 
@@ -56,6 +71,8 @@ class LimitsReport:
     ledger: chain.VerifyReport
     grants: int
     drift: list[GrantDrift]
+    # The grants open at the end of the replay: grant (entry_hash) -> todo id.
+    open: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -70,33 +87,125 @@ class LimitsReport:
         }
 
 
-class _History:
-    """Each limit's declarations over time, from the ledger rows."""
+_REPLAYED = [
+    LedgerKind.LIMITS_SET,
+    LedgerKind.LIMITS_DELETE,
+    LedgerKind.LIMITS_QUARANTINE,
+    LedgerKind.LIMITS_GRANT,
+    LedgerKind.LIMITS_END,
+]
 
-    def __init__(self) -> None:
-        self.times: dict[tuple[str, str], list[datetime]] = {}
-        self.states: dict[tuple[str, str], list[dict[str, Any] | None]] = {}
-        self.first_before: dict[tuple[str, str], dict[str, Any] | None] = {}
+
+@dataclass
+class GrantReplay:
+    """The grants replayed from the ledger: how many, the drift, and what is open at the end
+    (per grant: its todo and the pool/tag limits it holds)."""
+
+    grants: int = 0
+    drift: list[GrantDrift] = field(default_factory=list)
+    open: dict[str, tuple[str, list[tuple[str, str]]]] = field(default_factory=dict)
+
+    def held(self, kind: str, name: str) -> int:
+        """Grants of the limit open at the end of the replay."""
+        return sum((kind, name) in limits for _, limits in self.open.values())
+
+
+class _Replay:
+    def __init__(self, now: dict[tuple[str, str], dict[str, Any]], waived: set[tuple[str, str]]):
+        self.limits: dict[tuple[str, str], dict[str, Any] | None] = dict(now)
+        self.waived = waived
+        self.out = GrantReplay()
+        self.by_todo: dict[str, str] = {}
+        self.counts: dict[tuple[str, str], int] = {}
 
     def see(self, row: LedgerEntry) -> None:
-        if row.kind == LedgerKind.LIMITS_QUARANTINE:
-            after = (row.after or {}).get("limit")
+        after = row.after or {}
+        if row.kind == LedgerKind.LIMITS_GRANT:
+            self._grant(row, after)
+        elif row.kind == LedgerKind.LIMITS_END:
+            ended = [after] if "grant" in after else after.get("grants", [])
+            for item in ended:
+                self._end(item.get("grant"))
+        elif row.kind == LedgerKind.LIMITS_QUARANTINE:
+            for item in (after.get("manifest") or {}).get("expired", []):
+                self._end(item.get("grant") or self.by_todo.get(item.get("todo", "")))
+            self._declare(after.get("limit"), row.before)
         else:
-            after = row.after
-        named = after or row.before
-        if not named or named.get("kind") not in _NUMBER:
-            return
-        key = (named["kind"], named["name"])
-        if key not in self.times:
-            self.first_before[key] = row.before
-        self.times.setdefault(key, []).append(row.at)
-        self.states.setdefault(key, []).append(after)
+            self._declare(row.after, row.before)
 
-    def at(self, key: tuple[str, str], when: datetime, now: dict[str, Any] | None) -> Any:
-        if key not in self.times:
-            return now
-        i = bisect_right(self.times[key], when)
-        return self.states[key][i - 1] if i else self.first_before[key]
+    def _declare(self, after: dict[str, Any] | None, before: dict[str, Any] | None) -> None:
+        named = after or before
+        if named and named.get("kind") in _NUMBER:
+            self.limits[(named["kind"], named["name"])] = after
+
+    def _end(self, grant: str | None) -> None:
+        found = self.out.open.pop(grant, None) if grant else None
+        if found is None:
+            return
+        todo, held = found
+        self.by_todo.pop(todo, None)
+        for key in held:
+            self.counts[key] -= 1
+
+    def _grant(self, row: LedgerEntry, after: dict[str, Any]) -> None:
+        self.out.grants += 1
+        todo = str(after.get("todo", ""))
+        # A takeover: the lapsed claim's grant ends with this one.
+        self._end(after.get("supersedes") or self.by_todo.get(todo))
+        held: list[tuple[str, str]] = []
+        for item in after.get("limits", []):
+            kind, name = item.get("kind"), item.get("name")
+            if kind == "rate":
+                # Its effective limit is not in the ledger: what the row recorded is checked.
+                if item.get("posture") == "enforce" and item.get("held", 0) >= item.get("limit"):
+                    self._drift(
+                        row, after, kind, name, item["limit"], item["held"], item, "enforce"
+                    )
+                continue
+            if kind not in _NUMBER:
+                continue
+            key = (kind, name)
+            held.append(key)
+            limit = self.limits.get(key)
+            open_now = self.counts.get(key, 0)
+            if limit is None or limit["posture"] == "off" or open_now < limit[_NUMBER[kind]]:
+                continue
+            posture = limit["posture"]
+            if posture == "advise" and (row.entry_hash, name) in self.waived:
+                continue
+            self._drift(row, after, kind, name, limit[_NUMBER[kind]], open_now, item, posture)
+        for key in held:
+            self.counts[key] = self.counts.get(key, 0) + 1
+        self.out.open[row.entry_hash] = (todo, held)
+        self.by_todo[todo] = row.entry_hash
+
+    def _drift(
+        self,
+        row: LedgerEntry,
+        after: dict[str, Any],
+        kind: str,
+        name: str,
+        limit: int,
+        held: int,
+        item: dict[str, Any],
+        posture: str,
+    ) -> None:
+        self.out.drift.append(
+            GrantDrift(
+                seq=row.seq,
+                grant=row.entry_hash,
+                todo=str(after.get("todo", "")),
+                attempt=int(after.get("attempt", 0)),
+                at=row.at,
+                kind=kind,
+                name=name,
+                limit=limit,
+                held=held,
+                recorded=int(item.get("held", 0)),
+                posture=posture,
+                problem="unwaived_excess" if posture == "advise" else "over_enforced_limit",
+            )
+        )
 
 
 def _declared_now() -> dict[tuple[str, str], dict[str, Any]]:
@@ -106,6 +215,37 @@ def _declared_now() -> dict[tuple[str, str], dict[str, Any]]:
     for t in TagLimit.objects.all():
         found[("tag", t.tag)] = {"limit": t.limit, "posture": t.posture}
     return found
+
+
+def replay_grants() -> GrantReplay:
+    """Every grant replayed from the ledger (see the module's doc), in the caller's snapshot.
+    The hypothesis state machine calls it too: the drift must be empty, and ``held`` per limit
+    must equal the claims naming it now when every claim passed it as a grant."""
+    waived: set[tuple[str, str]] = set()
+    for stored in LedgerEntry.objects.filter(kind=LedgerKind.LIMITS_WAIVER).values_list(
+        "after", flat=True
+    ):
+        after: dict[str, Any] = stored or {}
+        for over in after.get("exceeded", []) if after.get("grant") else []:
+            waived.add((after["grant"], over.get("name")))
+    replay = _Replay(_declared_now(), waived)
+    # A limit with no row before a grant counts as declared as it is now; one with rows, as its
+    # last row before the grant says (or as its first row's ``before`` until then).
+    first_before: dict[tuple[str, str], dict[str, Any] | None] = {}
+    rows = LedgerEntry.objects.filter(kind__in=_REPLAYED).order_by("seq")
+    for row in rows.filter(kind__in=_REPLAYED[:3]).iterator():
+        declared = (
+            (row.after or {}).get("limit")
+            if row.kind == LedgerKind.LIMITS_QUARANTINE
+            else row.after
+        )
+        named = declared or row.before
+        if named and named.get("kind") in _NUMBER:
+            first_before.setdefault((named["kind"], named["name"]), row.before)
+    replay.limits.update(first_before)
+    for row in rows.iterator(chunk_size=chain.VERIFY_BATCH):
+        replay.see(row)
+    return replay.out
 
 
 def limits_verify() -> LimitsReport:
@@ -120,41 +260,10 @@ def limits_verify() -> LimitsReport:
 
 def _verify() -> LimitsReport:
     report = chain.verify()
-    history = _History()
-    waived: set[tuple[str, int, str]] = set()
-    kinds = [LedgerKind.LIMITS_SET, LedgerKind.LIMITS_DELETE, LedgerKind.LIMITS_QUARANTINE]
-    for row in LedgerEntry.objects.filter(kind__in=kinds).order_by("seq").iterator():
-        history.see(row)
-    for row in LedgerEntry.objects.filter(kind=LedgerKind.LIMITS_WAIVER).iterator():
-        after = row.after or {}
-        for over in after.get("exceeded", []):
-            waived.add((after.get("todo", ""), after.get("attempt", 0), over.get("name")))
-    now = _declared_now()
-    drift: list[GrantDrift] = []
-    grants = 0
-    with connection.cursor() as cursor:
-        cursor.execute(gated.GRANTS_REPLAY_SQL)
-        for todo, attempt, claimed_at, kind, name, held in cursor.fetchall():
-            grants += 1
-            limit = history.at((kind, name), claimed_at, now.get((kind, name)))
-            if limit is None or limit["posture"] == "off" or held < limit[_NUMBER[kind]]:
-                continue
-            problem = "over_enforced_limit"
-            if limit["posture"] == "advise":
-                if (todo, attempt, name) in waived:
-                    continue
-                problem = "unwaived_excess"
-            drift.append(
-                GrantDrift(
-                    todo,
-                    attempt,
-                    claimed_at,
-                    kind,
-                    name,
-                    limit[_NUMBER[kind]],
-                    held,
-                    limit["posture"],
-                    problem,
-                )
-            )
-    return LimitsReport(ledger=report, grants=grants, drift=drift)
+    replay = replay_grants()
+    return LimitsReport(
+        ledger=report,
+        grants=replay.grants,
+        drift=replay.drift,
+        open={grant: todo for grant, (todo, _) in replay.open.items()},
+    )

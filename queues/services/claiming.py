@@ -35,6 +35,7 @@ from queues.services.endpoints import resolve_lease_ttl
 from switchboard.core import availability, tokens, validation
 from switchboard.core.errors import Conflict, InvalidArgument, NotFound
 from switchboard.core.tokens import LEASE_TOKEN_PREFIX, hash_token
+from switchboard.ledger import chain as ledger
 
 
 @dataclass
@@ -44,6 +45,12 @@ class Claimed:
     lease_token: str | None = None
     # What the gates report of the claim (admission: the headroom left), or None if ungated.
     admission: dict[str, Any] | None = None
+
+    @property
+    def grant(self) -> str | None:
+        """The claim's grant: its ``limits.grant`` ledger row's entry_hash (None: no named limit
+        passed)."""
+        return self.todo.grant_hash
 
 
 @dataclass
@@ -81,6 +88,7 @@ def claim_next(
     if not granted:
         return NothingClaimable()
     prioritised = gates.prioritised(granted)
+    ledger = sql.grant_params(access.claim_ledger_actor(actor), who)
     if not sql.recently_gated(endpoint.id):
         # (1) The common path: one statement that commits on its own. It claims at once when no
         # gate claims the candidate or every gate that does admits it inside the statement.
@@ -98,6 +106,7 @@ def claim_next(
                 fence_hash=fence_hash,
                 fast=True,
                 prioritised=prioritised,
+                ledger=ledger,
             )
         if isinstance(cand, sql.NoCandidate):
             return NothingClaimable(deferred=_held_entries(endpoint.id, granted, [], cand))
@@ -141,6 +150,7 @@ def claim_next(
                 ttl=ttl,
                 fence_hash=fence_hash,
                 prioritised=prioritised,
+                ledger=ledger,
             )
             if isinstance(cand, sql.NoCandidate):
                 break
@@ -256,8 +266,19 @@ def _admit_and_claim(
             transaction.savepoint_rollback(sid)
             return _Refused(gate, verdict)
         admissions.append(verdict)
+    # The grant row is written by the claim's statement, after every gate's lock: the chain's
+    # lock is the last one a claim takes.
+    items = ",".join(ledger.canonical_json(i) for a in admissions for i in a.granted())
     cand = sql.claim_locked(
-        cursor, todo_id=todo_id, claimant=who, via=actor.via, ttl=ttl, fence_hash=fence_hash
+        cursor,
+        todo_id=todo_id,
+        claimant=who,
+        via=actor.via,
+        ttl=ttl,
+        fence_hash=fence_hash,
+        grant_items=items or None,
+        # Bound even with no grant to write: a takeover ends the grant it supersedes.
+        ledger=sql.grant_params(access.claim_ledger_actor(actor), who),
     )
     assert cand.todo is not None
     report: dict[str, Any] | None = None

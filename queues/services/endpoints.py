@@ -148,7 +148,9 @@ def endpoint_revoke(*, endpoint: Endpoint, actor: HumanActor | SystemActor) -> i
         locked.revoked_at = now
         locked.save(update_fields=["state", "revoked_at"])
         with connection.cursor() as cursor:
-            cursor.execute(sql.revoke_sql(), [locked.id])
+            # The claims it dead-letters end their grants: one limits.end row naming them.
+            params = {"endpoint": locked.id, **sql.grant_params(access.ledger_actor(actor), "")}
+            cursor.execute(sql.revoke_sql(), params)
             rows = cursor.fetchall()
         total = 0
         reopens: set[str] = set()

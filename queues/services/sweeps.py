@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import connection, transaction
 
 from queues import metrics, sql, wakes
+from queues.access import SystemActor, ledger_actor
 from queues.models import TodoState
 
 SWEEP_BATCH = 500
+
+
+def _reaper_params() -> dict[str, Any]:
+    """The reaper's part of its statement: the ``limits.end`` row naming the grants a batch ends
+    is the system's (``system:reaper``)."""
+    return sql.grant_params(ledger_actor(SystemActor(via="reaper")), "")
 
 
 def reap_expired() -> int:
@@ -16,7 +25,7 @@ def reap_expired() -> int:
     total = 0
     while True:
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(sql.reap_sql(), {"batch": SWEEP_BATCH})
+            cursor.execute(sql.reap_sql(), {"batch": SWEEP_BATCH, **_reaper_params()})
             rows = cursor.fetchall()
             n = 0
             # One ring per queue identity for this commit: ``reaped`` for the identities work

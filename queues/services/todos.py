@@ -154,7 +154,11 @@ def _transition(
     params: dict[str, Any],
     lease_token: str | None,
     attempt: int | None = None,
+    *,
+    ends: bool = False,
 ) -> Todo:
+    """Run a transition's one statement. ``ends``: it ends the claim, and writes the end row of
+    the claim's grant, if it held one (``queues.sql.grants``), naming ``actor``."""
     access.check_actor(actor)
     endpoint_ids = acting_endpoint_ids(actor)
     access.check_writes(actor, "auditors read; they do not change todos")
@@ -167,6 +171,8 @@ def _transition(
         "attempt": attempt,
         "error": params.get("error"),
     }
+    if ends:
+        params.update(sql.grant_params(access.claim_ledger_actor(actor), ""))
     # One statement, committed on its own unless the caller holds a transaction.
     with sql.hot_cursor() as cursor:
         cursor.execute(statement, params)
@@ -262,6 +268,7 @@ def complete(
         {"result": _json_param(result), "summary": _summary(summary)},
         lease_token,
         attempt,
+        ends=True,
     )
     _after_end(todo, "done")
     return todo
@@ -295,6 +302,7 @@ def fail(
             },
             lease_token,
             attempt,
+            ends=True,
         )
         if rate_limited:
             declared.observe_rate_limited(rate_limit=todo.rate_limit, actor=actor, todo_id=todo.id)
@@ -305,7 +313,9 @@ def fail(
 def release(
     *, actor: Actor, todo_id: UUID, lease_token: str | None = None, attempt: int | None = None
 ) -> Todo:
-    todo = _transition(actor, todo_id, sql.release_sql(), {"summary": ""}, lease_token, attempt)
+    todo = _transition(
+        actor, todo_id, sql.release_sql(), {"summary": ""}, lease_token, attempt, ends=True
+    )
     if todo.state == TodoState.FAILED:
         _after_end(todo, "dead_lettered")
     else:

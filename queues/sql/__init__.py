@@ -32,11 +32,14 @@ from django.db.backends.utils import CursorWrapper
 from queues import gates
 from queues.claimable import CLAIMABLE, CLAIMABLE_STATE, LAPSED_CLAIM_SET
 from queues.models import Todo
+from queues.sql import grants
+from switchboard.ledger import chain
 
 _TODO_FIELDS = list(Todo._meta.concrete_fields)
 # Every column of a todo, in model order, so a claim returns the whole row in one statement.
 TODO_COLUMNS = ", ".join(f"t.{f.column}" for f in _TODO_FIELDS)
 CLAIMED_COLUMNS = ", ".join(f"cl.{f.column}" for f in _TODO_FIELDS)
+DONE_COLUMNS = ", ".join(f"d.{f.column}" for f in _TODO_FIELDS)
 
 # The queues a claim_next may draw from, computed inside the claiming statement (an InitPlan over
 # the same snapshot): granted, not excluded by a refusal, not quarantine, not paused. Written as
@@ -61,11 +64,13 @@ claimed AS (
         claimed_at = clock_timestamp(),
         lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
         next_retry_at = NULL,
+        grant_hash = {grant},
         updated_at = clock_timestamp()
     FROM cand c
     WHERE t.id = c.id {admit}
-    RETURNING {TODO_COLUMNS}, c.prev_state, c.prev_attempt
+    RETURNING {TODO_COLUMNS}, c.prev_state, c.prev_attempt, c.prev_grant
 ),
+{supersede_end},
 -- A takeover closes the attempt it replaces. Not an UPDATE here: this statement's snapshot was
 -- taken before the candidate was locked, so it may not see an attempt whose claim committed in
 -- between; attempt_supersede (queues migration 0005) updates it with a fresh snapshot.
@@ -82,10 +87,16 @@ attempt_row AS (
     FROM claimed cl
     -- An InitPlan: closes the superseded attempt before this insert, so the one-open-attempt
     -- unique index never sees two open attempts of a taken-over todo.
-    WHERE (SELECT count(*) FROM superseded) >= 0
+    WHERE (SELECT count(*) FROM superseded) >= 0 AND (SELECT count(*) FROM superseded_end) >= 0
     RETURNING todo_id
 )
 """
+
+
+def _claim_ctes(admit: str, grant: str) -> str:
+    return _CLAIM_CTES.format(
+        admit=admit, grant=grant, TODO_COLUMNS=TODO_COLUMNS, supersede_end=grants.SUPERSEDED_END
+    )
 
 
 def _probes(gate_list: tuple[gates.ClaimGate, ...], alias: str) -> list[str]:
@@ -95,7 +106,8 @@ def _probes(gate_list: tuple[gates.ClaimGate, ...], alias: str) -> list[str]:
 def _fast_gates(gate_list: tuple[gates.ClaimGate, ...]) -> tuple[str, str, str, str]:
     """The fast path's CTEs for ``gate_list`` (see ``queues.gates``): one verdict per gate, in
     lock order, each evaluated only if the gate's probe claims the candidate and every earlier
-    verdict admitted it; the claim's condition; the charges; the verdict columns."""
+    verdict admitted it, then the grant row the admitting verdicts name (``grants``); the
+    claim's condition; the charges; the verdict columns."""
     verdicts, charges, spent = [], [], ["0"]
     admit = ""
     # A gate that cannot decide here (a rate limit) sends a candidate it claims to the
@@ -125,6 +137,8 @@ def _fast_gates(gate_list: tuple[gates.ClaimGate, ...]) -> tuple[str, str, str, 
         verdicts.append(f"v{i} AS MATERIALIZED (SELECT {verdict} AS v FROM gate g),")
     columns = "".join(f"(SELECT v FROM v{i}), " for i in range(len(gate_list)))
     columns += " + ".join(spent) + ", "
+    items = ", ".join(f"(SELECT v->>'grant' FROM v{i})" for i in range(len(gate_list)))
+    verdicts.append(grants.grant_cte(f"concat_ws(',', {items})", admit))
     return "\n".join(verdicts), admit, ",\n".join(charges), columns
 
 
@@ -155,6 +169,7 @@ def _claim_next_sql(
 ) -> str:
     probe = admit = ""
     keys = charges = ""
+    grant = "NULL"
     if gate_list:
         probe = (
             f"gate AS MATERIALIZED (SELECT c.id, {', '.join(_probes(gate_list, 'c'))} FROM cand c),"
@@ -166,6 +181,7 @@ def _claim_next_sql(
             verdict_ctes, admit, charge_ctes, columns = _fast_gates(gate_list)
             probe += "\n" + verdict_ctes
             keys += columns
+            grant = "(SELECT h FROM grant_row)"
             charges = ",\n" + charge_ctes if charge_ctes else ""
     skips = [f"({s})" for s in gates.skips("t")]
     passes = "".join(f"\n      AND {s} IS NOT TRUE" for s in skips)
@@ -189,7 +205,7 @@ def _claim_next_sql(
 WITH cand AS (
     -- What the gates' probes may read: the identity and the named limits (admission.limits).
     SELECT t.id, t.state AS prev_state, t.attempt AS prev_attempt, t.endpoint_id, t.queue,
-           t.pool, t.tags, t.rate_limit
+           t.pool, t.tags, t.rate_limit, t.grant_hash AS prev_grant
     FROM queues_todo t
     WHERE {_CLAIM_NEXT_ROWS}
       AND t.id <> ALL(%(passed)s::uuid[]){passes}
@@ -198,7 +214,7 @@ WITH cand AS (
     FOR UPDATE OF t SKIP LOCKED
 ),
 {probe}
-{_CLAIM_CTES.format(admit=admit, TODO_COLUMNS=TODO_COLUMNS)}{charges}
+{_claim_ctes(admit, grant)}{charges}
 SELECT c.id, c.queue, {skipped}, {names_column}{keys}cl.id IS NOT NULL, {CLAIMED_COLUMNS}
 FROM (SELECT) one LEFT JOIN cand c ON true LEFT JOIN claimed cl ON cl.id = c.id
 """
@@ -223,13 +239,16 @@ FOR UPDATE OF t
 """
 
 
-# The claim of a row this transaction holds locked and has admitted.
+# The claim of a row this transaction holds locked and has admitted, with its grant row when the
+# gates name limits it passed (``%(grant_items)s``: their canonical JSON items, or NULL).
 CLAIM_ONE_SQL = f"""
 WITH cand AS (
-    SELECT t.id, t.state AS prev_state, t.attempt AS prev_attempt
+    SELECT t.id, t.state AS prev_state, t.attempt AS prev_attempt, t.endpoint_id, t.queue,
+           t.grant_hash AS prev_grant
     FROM queues_todo t WHERE t.id = %(todo)s
 ),
-{_CLAIM_CTES.format(admit="", TODO_COLUMNS=TODO_COLUMNS)}
+{grants.grant_cte("%(grant_items)s::text")}
+{_claim_ctes("", "(SELECT h FROM grant_row)")}
 SELECT cl.id, cl.queue, true, {CLAIMED_COLUMNS}
 FROM claimed cl
 """
@@ -334,10 +353,12 @@ def claim_next_candidate(
     fence_hash: str | None,
     fast: bool = False,
     prioritised: bool = False,
+    ledger: dict[str, Any] | None = None,
 ) -> Candidate | NoCandidate:
     """The claim_next statement. ``excluded``: queues a gate refuses; ``passed``: todos a
     per-todo gate refused under its lock in this claim. ``fast``: gates that can decide inside
-    it do (``queues.gates``), so an admitted gated claim is this one statement too."""
+    it do (``queues.gates``), so an admitted gated claim is this one statement too, its grant
+    row included (``ledger``: ``grant_params``, also for the end row of a superseded grant)."""
     gate_list = gates.gates()
     params: dict[str, Any] = {
         "endpoint": endpoint_id,
@@ -352,6 +373,8 @@ def claim_next_candidate(
     if fast:
         for i, gate in enumerate(gate_list):
             params[f"gp{i}"] = gate.fast_params(endpoint_id)
+    # Bound on every path: a takeover of a granted claim ends its grant (``superseded_end``).
+    params.update(ledger or grant_params(None, ""))
     names = gates.priority_stale()
     cursor.execute(_claim_next_sql(gate_list, fast, prioritised, names), params)
     row = cursor.fetchone()
@@ -389,6 +412,12 @@ def lock_one(
     )
 
 
+def grant_params(actor: Any, claimant: str) -> dict[str, Any]:
+    """What a claim statement binds for the grant row it may write (``grants.grant_cte``):
+    ``actor`` a ``switchboard.ledger.chain.Actor``, or None when it writes none."""
+    return {**chain.row_params(actor), "lg_holder": chain.canonical_json(claimant)}
+
+
 def claim_locked(
     cursor: CursorWrapper,
     *,
@@ -397,10 +426,22 @@ def claim_locked(
     via: str,
     ttl: int,
     fence_hash: str | None,
+    grant_items: str | None = None,
+    ledger: dict[str, Any] | None = None,
 ) -> Candidate:
+    """The claim of an admitted candidate; ``grant_items``: the canonical JSON items of the
+    limits it passed (its grant row is written with ``ledger``, ``grant_params``)."""
     cursor.execute(
         CLAIM_ONE_SQL,
-        {"todo": todo_id, "claimant": claimant, "via": via, "ttl": ttl, "fence_hash": fence_hash},
+        {
+            "todo": todo_id,
+            "claimant": claimant,
+            "via": via,
+            "ttl": ttl,
+            "fence_hash": fence_hash,
+            "grant_items": grant_items,
+            **(ledger or grant_params(None, claimant)),
+        },
     )
     candidate = _candidate(cursor.fetchone(), 0)
     assert candidate is not None, "the claimed row was locked by this transaction"
@@ -442,14 +483,22 @@ RETURNING {TODO_COLUMNS}, NULL::text[]
 """
 
 
+# The ended claim, read only once the attempt's update has run too (an unreferenced data-modifying
+# CTE runs at the statement's end, which would put it under the chain's lock).
+_AFTER_BOTH_WRITES = "(SELECT dd.* FROM done dd WHERE (SELECT count(*) FROM ended) >= 0)"
+
+
 @functools.cache
 def _ending_sql(
     gate_list: tuple[gates.ClaimGate, ...], todo_set: str, attempt_outcome: str, disposition: str
 ) -> str:
-    """A claimed todo leaves the claim: close the attempt and set the todo's new state."""
+    """A claimed todo leaves the claim: close the attempt and set the todo's new state. A claim
+    that held a grant ends it with a ``limits.end`` row (``grants.end_cte``), appended after the
+    reopens' share locks on the limits' rows were taken (the lock order of a claim) and after both
+    rows are written, so the chain's lock is held for as little of the statement as it can be."""
     return f"""
 WITH held AS (
-    SELECT t.id, t.attempt, t.max_attempts, t.queue, a.id AS attempt_id
+    SELECT t.id, t.attempt, t.max_attempts, t.queue, a.id AS attempt_id, t.grant_hash
     FROM queues_todo t, queues_attempt a
     WHERE {HOLDS_CLAIM}
     FOR UPDATE OF t
@@ -458,10 +507,13 @@ WITH held AS (
     SET ended_at = clock_timestamp(), outcome = {attempt_outcome},
         disposition = {disposition}, summary = %(summary)s, error = %(error)s
     FROM held h WHERE a.id = h.attempt_id
-)
-UPDATE queues_todo t SET {todo_set}, updated_at = clock_timestamp()
-FROM held h WHERE t.id = h.id
-RETURNING {TODO_COLUMNS}, {gates.reopens("t")}
+    RETURNING a.id
+), done AS (
+    UPDATE queues_todo t SET {todo_set}, grant_hash = NULL, updated_at = clock_timestamp()
+    FROM held h WHERE t.id = h.id
+    RETURNING {TODO_COLUMNS}, {gates.reopens("t")} AS reopens, h.grant_hash AS ended_grant
+), {grants.end_cte(_AFTER_BOTH_WRITES, attempt_outcome)}
+SELECT {DONE_COLUMNS}, d.reopens FROM done d WHERE (SELECT count(*) FROM end_row) >= 0
 """
 
 
@@ -518,10 +570,11 @@ def release_sql() -> str:
 @functools.cache
 def _reap_sql(gate_list: tuple[gates.ClaimGate, ...]) -> str:
     """Lapsed claims back to pending (dead-lettered at the cap): per queue identity and new
-    state, the count and the identities the freed claims may reopen (``gates.reopens``)."""
+    state, the count and the identities the freed claims may reopen (``gates.reopens``). The
+    grants the batch ends are named by one ``limits.end`` row (``grants.batch_end_cte``)."""
     return f"""
 WITH lapsed AS (
-    SELECT t.id FROM queues_todo t
+    SELECT t.id, t.grant_hash FROM queues_todo t
     WHERE t.state = 'claimed' AND t.lease_expires_at <= now()
     ORDER BY t.lease_expires_at
     LIMIT %(batch)s
@@ -530,16 +583,18 @@ WITH lapsed AS (
     UPDATE queues_todo t
     SET {LAPSED_CLAIM_SET}
     FROM lapsed l WHERE t.id = l.id
-    RETURNING t.id, t.endpoint_id, t.queue, t.attempt, t.state, {gates.reopens("t")} AS reopens
+    RETURNING t.id, t.endpoint_id, t.queue, t.attempt, t.state, {gates.reopens("t")} AS reopens,
+              l.grant_hash AS ended_grant
 ), closed AS (
     UPDATE queues_attempt a
     SET ended_at = now(), outcome = 'expired',
         disposition = CASE WHEN r.state = 'pending' THEN 'requeued' ELSE 'dead_lettered' END
     FROM reaped r WHERE a.todo_id = r.id AND a.number = r.attempt AND a.ended_at IS NULL
-)
+), {grants.batch_end_cte("reaped", "expired")}
 SELECT r.endpoint_id, r.queue, r.state, count(DISTINCT r.id),
        coalesce(array_agg(DISTINCT k) FILTER (WHERE k IS NOT NULL), '{{}}')
 FROM reaped r LEFT JOIN LATERAL unnest(r.reopens) k ON true
+WHERE (SELECT count(*) FROM end_row) >= 0
 GROUP BY r.endpoint_id, r.queue, r.state
 """
 
@@ -594,29 +649,31 @@ SELECT endpoint_id, queue, count(*) FROM requeued GROUP BY endpoint_id, queue
 def _revoke_sql(gate_list: tuple[gates.ClaimGate, ...]) -> str:
     return f"""
 WITH live AS (
-    SELECT t.id, t.state AS was FROM queues_todo t
-    WHERE t.endpoint_id = %s
+    SELECT t.id, t.state AS was, t.grant_hash FROM queues_todo t
+    WHERE t.endpoint_id = %(endpoint)s
       AND (t.state IN ('pending', 'claimed')
            OR (t.state = 'failed' AND t.next_retry_at IS NOT NULL))
     ORDER BY t.id
     FOR UPDATE OF t
 ), revoked AS (
     UPDATE queues_todo t
-    SET state = 'failed', next_retry_at = NULL, lease_expires_at = NULL,
+    SET state = 'failed', next_retry_at = NULL, lease_expires_at = NULL, grant_hash = NULL,
         result = '{{"error": "endpoint_revoked"}}'::jsonb, finished_at = now(),
         updated_at = now()
     FROM live l WHERE t.id = l.id
     RETURNING t.id, t.attempt, t.queue,
-              CASE WHEN l.was = 'claimed' THEN {gates.reopens("t")} END AS reopens
+              CASE WHEN l.was = 'claimed' THEN {gates.reopens("t")} END AS reopens,
+              l.grant_hash AS ended_grant
 ), closed AS (
     UPDATE queues_attempt a
     SET ended_at = now(), outcome = 'revoked', disposition = 'dead_lettered'
     FROM revoked r
     WHERE a.todo_id = r.id AND a.number = r.attempt AND a.ended_at IS NULL
-)
+), {grants.batch_end_cte("revoked", "revoked")}
 SELECT r.queue, count(DISTINCT r.id),
        coalesce(array_agg(DISTINCT k) FILTER (WHERE k IS NOT NULL), '{{}}')
 FROM revoked r LEFT JOIN LATERAL unnest(r.reopens) k ON true
+WHERE (SELECT count(*) FROM end_row) >= 0
 GROUP BY r.queue
 """
 

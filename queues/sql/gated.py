@@ -1,6 +1,6 @@
 """The todo-table statements other apps compose or run: the claim gates' occupancy counts, skips
 and reopens, the "is there claimable work" questions admission's reopen asks, and the named
-limits' quarantine, status count and grant replay.
+limits' quarantine and status count.
 
 A gate owns its own tables (a pool's slots, a budget's policy) and this module owns the todo
 tables, so a gate's statement is the gate's SQL around fragments from here: an expression over
@@ -146,11 +146,10 @@ NAMING = {
 }
 
 
-# The claims naming any limit now: ``limits status``'s grants held.
-LIMITED_CLAIMS_SQL = """
-SELECT count(*) FROM queues_todo t
-WHERE t.state = 'claimed' AND (t.pool IS NOT NULL OR cardinality(t.tags) > 0
-                               OR t.rate_limit IS NOT NULL)
+# The grants open now (``limits status``'s grants held): the claims holding one, which are what
+# the ledger's replay holds open (a claim naming only limits that are off holds none).
+GRANTS_HELD_SQL = """
+SELECT count(*) FROM queues_todo t WHERE t.state = 'claimed' AND t.grant_hash IS NOT NULL
 """
 
 
@@ -178,44 +177,24 @@ ORDER BY t.id
 def quarantine_expire_sql(kind: str) -> str:
     """Every claim naming the limit expired at once, as the reaper would at its lapse: back to
     pending (dead-lettered at the cap), the attempt closed as expired, so the holder's complete,
-    heartbeat or fail no longer holds the claim (a conflict). Answers one row per claim."""
+    heartbeat or fail no longer holds the claim (a conflict), and its grant ends (the manifest
+    names it). Answers one row per claim."""
     return f"""
 WITH expired AS (
     UPDATE queues_todo t
     SET {LAPSED_CLAIM_SET}
-    FROM (SELECT id, owner FROM queues_todo t WHERE t.state = 'claimed' AND {NAMING[kind]}) h
+    FROM (SELECT id, owner, grant_hash FROM queues_todo t
+          WHERE t.state = 'claimed' AND {NAMING[kind]}) h
     WHERE t.id = h.id
-    RETURNING t.id, h.owner, t.endpoint_id, t.queue, t.attempt, t.state
+    RETURNING t.id, h.owner, t.endpoint_id, t.queue, t.attempt, t.state, h.grant_hash
 ), closed AS (
     UPDATE queues_attempt a
     -- The clock, not the transaction's start: claims committed while this waited for the
-    -- limit's lock started after now(), and the grant replay orders by these instants.
+    -- limit's lock started after now(), and the occupancy history reads these instants.
     SET ended_at = clock_timestamp(), outcome = 'expired',
         disposition = CASE WHEN x.state = 'pending' THEN 'requeued' ELSE 'dead_lettered' END
     FROM expired x WHERE a.todo_id = x.id AND a.number = x.attempt AND a.ended_at IS NULL
 )
-SELECT id::text, owner, endpoint_id::text, queue, attempt, state FROM expired ORDER BY id
-"""
-
-
-# Every grant of a pool or a tag (an attempt of a todo naming it), with how many other grants of
-# the same limit were open at the instant it was claimed: the limits verify replays each against
-# the limit in force then (admission.limits.verify).
-GRANTS_REPLAY_SQL = """
-WITH g AS MATERIALIZED (
-    SELECT a.todo_id, a.number, a.claimed_at, a.ended_at, 'pool' AS kind, t.pool AS name
-    FROM queues_attempt a JOIN queues_todo t ON t.id = a.todo_id
-    WHERE t.pool IS NOT NULL
-    UNION ALL
-    SELECT a.todo_id, a.number, a.claimed_at, a.ended_at, 'tag', u.tag
-    FROM queues_attempt a JOIN queues_todo t ON t.id = a.todo_id
-    CROSS JOIN LATERAL unnest(t.tags) AS u(tag)
-    WHERE cardinality(t.tags) > 0
-)
-SELECT g.todo_id::text, g.number, g.claimed_at, g.kind, g.name,
-       (SELECT count(*) FROM g o
-        WHERE o.kind = g.kind AND o.name = g.name AND o.todo_id <> g.todo_id
-          AND o.claimed_at < g.claimed_at
-          AND (o.ended_at IS NULL OR o.ended_at > g.claimed_at))
-FROM g ORDER BY g.claimed_at, g.todo_id, g.kind, g.name
+SELECT id::text, owner, endpoint_id::text, queue, attempt, state, grant_hash
+FROM expired ORDER BY id
 """

@@ -59,3 +59,19 @@ class Deferred(DomainError):
 class RateLimited(DomainError):
     code = "rate_limited"
     status = 429
+
+
+# Lists whose items a refusal names by index in brackets (``windows[1].tz``, issue 12), as the
+# services that validate them do; any other index stays dotted (``tags.1``).
+BRACKETED_LISTS = frozenset({"windows"})
+
+
+def field_path(parts: list[str]) -> str:
+    """A field's dotted path from its parts, an item of a bracketed list as ``name[i]``."""
+    out: list[str] = []
+    for part in parts:
+        if part.isdigit() and out and out[-1] in BRACKETED_LISTS:
+            out[-1] = f"{out[-1]}[{part}]"
+        else:
+            out.append(part)
+    return ".".join(out)

@@ -23,7 +23,7 @@ from ninja.responses import NinjaJSONEncoder
 from pydantic import ConfigDict
 
 from switchboard.core import validation
-from switchboard.core.errors import DomainError, InvalidArgument
+from switchboard.core.errors import DomainError, InvalidArgument, field_path
 
 
 class ErrorOut(Schema):
@@ -166,4 +166,4 @@ def field_name(loc: list[Any] | tuple[Any, ...]) -> str:
         parts = parts[1:]
     if parts and parts[0] in ("payload", "body", "data"):
         parts = parts[1:]
-    return ".".join(parts) or "body"
+    return field_path(parts) or "body"

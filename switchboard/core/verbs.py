@@ -66,7 +66,7 @@ from typing import Any, Literal, Protocol, TypeVar
 from django.core.exceptions import ImproperlyConfigured
 from pydantic import BaseModel, ValidationError
 
-from switchboard.core.errors import Forbidden, InvalidArgument
+from switchboard.core.errors import Forbidden, InvalidArgument, field_path
 from switchboard.core.validation import check_json
 
 # The statuses every agent route can answer, whatever the verb (503: a dependency did not answer
@@ -191,7 +191,7 @@ def call(actor: AgentActor, spec: VerbSpec, data: BaseModel) -> dict[str, Any]:
 
 
 def field_of(loc: Sequence[Any]) -> str:
-    return ".".join(str(p) for p in loc) or "body"
+    return field_path([str(p) for p in loc]) or "body"
 
 
 def invalid_argument(exc: ValidationError) -> InvalidArgument:

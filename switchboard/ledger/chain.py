@@ -17,6 +17,7 @@ each live policy with its last audited ``after``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -50,7 +51,12 @@ class Actor:
 
 
 def canonical(entry: dict[str, Any]) -> bytes:
-    return json.dumps(entry, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return canonical_json(entry).encode()
+
+
+def canonical_json(value: Any) -> str:
+    """Any JSON value as the chain writes it: keys sorted, no spaces, ASCII."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def _hashed_fields(row: LedgerEntry) -> dict[str, Any]:
@@ -132,6 +138,101 @@ def append(
                 [seq, row.entry_hash, head_mac(seq, row.entry_hash)],
             )
         return row
+
+
+# --- the one-round-trip append (SQL function ledger_append_row, ledger migration 0008) ---------
+
+
+def hmac_pads() -> tuple[bytes, bytes]:
+    """The key's inner and outer HMAC pads (RFC 2104), for ``ledger_append_row``: the database
+    computes the same HMAC-SHA256 as ``_mac`` from them, with its built-in sha256()."""
+    return _pads(settings.LEDGER_KEY)
+
+
+@functools.lru_cache(maxsize=4)
+def _pads(secret: str) -> tuple[bytes, bytes]:
+    key = secret.encode()
+    if len(key) > hashlib.sha256().block_size:
+        key = hashlib.sha256(key).digest()
+    key = key.ljust(hashlib.sha256().block_size, b"\0")
+    return bytes(b ^ 0x36 for b in key), bytes(b ^ 0x5C for b in key)
+
+
+def actor_members(actor: Actor) -> str:
+    """The actor's canonical JSON members (no braces), as ``canonical`` writes them."""
+    return canonical(
+        {
+            "actor_human_id": actor.human_id,
+            "actor_human_name": actor.human_name,
+            "actor_endpoint_id": str(actor.endpoint_id) if actor.endpoint_id else None,
+            "actor_endpoint_slug": actor.endpoint_slug,
+        }
+    ).decode()[1:-1]
+
+
+def row_params(actor: Actor | None) -> dict[str, Any]:
+    """The parameters of ``ledger_append_row`` a statement binds for one actor
+    (``append_row_sql`` names them): everything but the kind, scope, queue and ``after``. None:
+    the statement will append nothing (bound all the same, as NULLs)."""
+    if actor is None:
+        return dict.fromkeys(_ROW_PARAMS)
+    ipad, opad = hmac_pads()
+    return {
+        "lg_actor": actor_members(actor),
+        "lg_human_id": actor.human_id,
+        "lg_human_name": actor.human_name,
+        "lg_endpoint_id": actor.endpoint_id,
+        "lg_endpoint_slug": actor.endpoint_slug,
+        "lg_ipad": ipad,
+        "lg_opad": opad,
+    }
+
+
+_ROW_PARAMS = (
+    "lg_actor",
+    "lg_human_id",
+    "lg_human_name",
+    "lg_endpoint_id",
+    "lg_endpoint_slug",
+    "lg_ipad",
+    "lg_opad",
+)
+
+
+def append_row_sql(kind: str, *, scope: str, queue: str, after: str) -> str:
+    """An SQL call appending one row (its ``entry_hash``) with ``row_params``' parameters bound:
+    ``scope``, ``queue`` and ``after`` are SQL text expressions, ``after`` already canonical JSON
+    (a row whose text is not canonical fails ``verify``: a test of each caller's shape guards
+    it). The chain's lock is taken inside the call and held to the end of the transaction."""
+    return (
+        f"ledger_append_row('{kind}', %(lg_actor)s, %(lg_human_id)s, %(lg_human_name)s, "
+        f"%(lg_endpoint_id)s, %(lg_endpoint_slug)s, {scope}, {queue}, {after}, "
+        "%(lg_ipad)s, %(lg_opad)s)"
+    )
+
+
+def append_one_trip(
+    *, kind: str, actor: Actor, scope: str = "", queue: str = "", after: dict[str, Any]
+) -> str:
+    """``append`` in one round trip (the row written by ``ledger_append_row``); its entry_hash.
+    In the caller's transaction, which must be READ COMMITTED (the function reads the chain's
+    last row with a fresh snapshot)."""
+    params = {
+        **row_params(actor),
+        "lg_scope": scope,
+        "lg_queue": queue,
+        "lg_after": canonical_text(after),
+    }
+    sql = append_row_sql(kind, scope="%(lg_scope)s", queue="%(lg_queue)s", after="%(lg_after)s")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT " + sql, params)
+        (entry_hash,) = cursor.fetchone()
+    return str(entry_hash)
+
+
+def canonical_text(value: dict[str, Any]) -> str:
+    """``value`` as the canonical JSON the chain hashes once stored (jsonb round trip)."""
+    return canonical(_normalise(value) or {}).decode()
 
 
 def _normalise(value: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -18,6 +18,9 @@ class LedgerKind(models.TextChoices):
     LIMITS_DELETE = "limits.delete"
     LIMITS_QUARANTINE = "limits.quarantine"
     LIMITS_QUEUE = "limits.queue"
+    # A claim admitted through a named limit (pool, tag, rate limit) and the end of that claim.
+    LIMITS_GRANT = "limits.grant"
+    LIMITS_END = "limits.end"
     ENDPOINT_VEND = "endpoint.vend"
     ENDPOINT_UPDATE = "endpoint.update"
     ENDPOINT_REVOKE = "endpoint.revoke"

@@ -66,6 +66,7 @@ def test_an_owner_lists_only_their_budgets_with_posture_status_and_usage(
         "reason": None,
         "next_eligible_at": None,
         "exact": True,
+        "window": None,
     }
     assert row["usage"]["used"] == 0 and row["usage"]["remaining"] == 5
     for reader in (p.admin, p.auditor):

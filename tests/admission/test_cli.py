@@ -191,3 +191,39 @@ def test_ledger_verify_exit_codes_on_the_command_line(tx_personas: Personas) -> 
     drifted = manage("ledger", "verify")
     assert drifted.returncode == 2
     assert "changed_outside_audit" in drifted.stdout
+
+
+def test_set_takes_stacked_windows_and_names_the_wrong_one(personas: Personas) -> None:
+    p = personas
+    code, out, _ = run(
+        "set",
+        p.agent.slug,
+        "inbox",
+        "--window",
+        "100/hour@Europe/Berlin",
+        "--window",
+        "1000/day@Europe/Berlin",
+        "--window",
+        "5000/week@UTC@00:00@Mon",
+        "--as",
+        "olive",
+    )
+    assert code == 0, out
+    assert "0/1000 per day from 00:00 Europe/Berlin" in out
+    stored = AdmissionPolicy.objects.get()
+    assert stored.max_claims_per_window == 100
+    assert [w["limit"] for w in stored.extra_windows] == [1000, 5000]
+    code, _, err = run(
+        "set",
+        p.agent.slug,
+        "inbox",
+        "--window",
+        "5/day",
+        "--window",
+        "9/day@Moon/Base",
+        "--json",
+        "--as",
+        "olive",
+    )
+    assert code == 1 and json.loads(err)["field"] == "windows[1].tz"
+    assert [w["limit"] for w in AdmissionPolicy.objects.get().extra_windows] == [1000, 5000]

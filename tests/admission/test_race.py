@@ -270,6 +270,7 @@ def test_the_policy_probe_uses_the_unique_identity_index(tx_personas: Personas) 
                 "via": "api",
                 "ttl": 60,
                 "fence_hash": None,
+                **sql.grant_params(None, "x"),
             },
         )
         plan = "\n".join(row[0] for row in cursor.fetchall())

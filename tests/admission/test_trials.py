@@ -1,7 +1,7 @@
-"""A hundred randomized races: random limits, windows, claimers, processes, completions,
-releases, failures, lapsed leases and takeovers, and limit changes between two phases. After each
-phase no claim was admitted over the window limit or the in-flight cap in force, and after each
-trial charged = claimed = attempt rows."""
+"""A hundred randomized races: random limits, one to three stacked windows, claimers, processes,
+completions, releases, failures, lapsed leases and takeovers, and limit changes between two phases.
+After each phase no claim was admitted over any window's limit or the in-flight cap in force, and
+after each trial every window charged = claimed = attempt rows."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-from django.db.models import Sum
 from django.utils import timezone
 
-from admission import windows
+from admission import engine
+from admission import services as admission_services
 from admission.models import AdmissionPolicy, AdmissionWindow
+from admission.selectors import policy_row
 from queues import services
 from queues.models import Attempt
-from tests.admission.conftest import budget
 from tests.children import Child
 from tests.children import children as started
 from tests.conftest import FIXTURE, Personas, push
@@ -34,13 +34,17 @@ def children(tx_personas: Personas) -> Iterator[list[Child]]:
         yield both
 
 
-def _window(rng: random.Random) -> dict[str, Any]:
-    """A random window whose next boundary is at least half an hour away."""
-    tz = rng.choice(ZONES)
+def _window(rng: random.Random, taken: set[tuple[str, str]]) -> dict[str, Any]:
+    """A random window whose next boundary is at least half an hour away, of a period and zone
+    not yet ``taken`` (two windows of one period and zone would be the same window)."""
+    while True:
+        tz, per = rng.choice(ZONES), rng.choice(["hour", "day", "week"])
+        if (per, tz) not in taken:
+            taken.add((per, tz))
+            break
     local = timezone.now().astimezone(ZoneInfo(tz))
-    per = rng.choice(["hour", "day", "week"])
     window = {
-        "per": per,
+        "period": per,
         "tz": tz,
         "start": (local + timedelta(hours=12, minutes=30)).strftime("%H:%M"),
     }
@@ -49,10 +53,28 @@ def _window(rng: random.Random) -> dict[str, Any]:
     return window
 
 
-def _used(policy: AdmissionPolicy) -> int:
-    start = windows.window_start(policy, timezone.now())
-    row = AdmissionWindow.objects.filter(policy=policy, window_start=start).first()
-    return row.used if row else 0
+def _set(
+    p: Personas, endpoint: Any, cap: int | None, stack: list[dict[str, Any]]
+) -> AdmissionPolicy:
+    return admission_services.policy_set(
+        actor=p.as_human(p.owner),
+        endpoint=endpoint,
+        queue="inbox",
+        max_in_flight=cap,
+        max_claims_per_window=None,
+        window=None,
+        windows=stack or None,
+    )
+
+
+def _used(policy: AdmissionPolicy) -> dict[str, int]:
+    """Each window's counter for the window current now, by counter key (read from the table)."""
+    bounds = engine.all_bounds(policy_row(policy), timezone.now()) or {}
+    rows = AdmissionWindow.objects.filter(policy=policy)
+    return {
+        key: sum(r.used for r in rows if r.window_key == key and r.window_start == start)
+        for key, (start, _) in bounds.items()
+    }
 
 
 def _over_cap(endpoint_id: Any, new: list[Attempt], cap: int) -> list[str]:
@@ -94,30 +116,37 @@ def _trial(p: Personas, children: list[Child], seed: int) -> None:
         actor=FIXTURE, owner=p.owner, name=f"trial {seed}", queues=["inbox"], rps=0
     )
     cap = rng.choice([None, 1, 2, 3, 5])
-    limit = rng.choice([None, 1, 3, 8, 15]) if cap is not None else rng.choice([1, 3, 8, 15])
-    window = _window(rng) if limit is not None else {}
+    taken: set[tuple[str, str]] = set()
+    count = rng.choice([0, 1, 2, 3]) if cap is not None else rng.choice([1, 2, 3])
+    stack = [{"limit": rng.choice([1, 3, 8, 15]), **_window(rng, taken)} for _ in range(count)]
     claims = 0
     for phase in (1, 2):
         if phase == 2 and rng.random() < 0.5:  # a limit change between the phases
-            cap = rng.choice([cap, None, 1, 4]) if limit is not None else rng.choice([1, 2, 4])
-            limit = rng.choice([limit, 2, 10]) if window else None
-        policy = budget(p, endpoint=endpoint, max_in_flight=cap, limit=limit, **window)
+            cap = rng.choice([cap, None, 1, 4]) if stack else rng.choice([1, 2, 4])
+            stack = [{**w, "limit": rng.choice([w["limit"], 2, 10])} for w in stack]
+        policy = _set(p, endpoint, cap, stack)
         push(p, rng.randint(4, 20), endpoint=endpoint)
-        used_before = _used(policy) if limit is not None else 0
+        used_before = _used(policy)
         seen = set(Attempt.objects.filter(todo__endpoint=endpoint).values_list("id", flat=True))
         claims += _phase(children, rng, endpoint.id, seed, phase)
         new = list(Attempt.objects.filter(todo__endpoint=endpoint).exclude(id__in=seen))
-        if limit is not None:
-            assert _used(policy) <= max(used_before, limit), (seed, phase, limit, _used(policy))
+        used_after = _used(policy)
+        for item in policy_row(policy).window_limits():
+            limit, key = item.limit, item.key
+            assert used_after[key] <= max(used_before[key], limit), (seed, phase, key, used_after)
         if cap is not None:
             assert not _over_cap(endpoint.id, new, cap), (seed, phase, cap)
     attempts = Attempt.objects.filter(todo__endpoint=endpoint).count()
-    charged = AdmissionWindow.objects.filter(policy__endpoint=endpoint).aggregate(n=Sum("used"))[
-        "n"
-    ]
     assert attempts == claims, (seed, attempts, claims)
-    if window:
-        assert charged == claims, (seed, charged, claims)
+    charged = AdmissionWindow.objects.filter(policy__endpoint=endpoint).values_list(
+        "window_key", "used"
+    )
+    per_window: dict[str, int] = {}
+    for key, n in charged:
+        per_window[key] = per_window.get(key, 0) + n
+    # Every window is charged once per claim: each one's counters add up to the claims.
+    assert len(per_window) == len(stack) or claims == 0, (seed, per_window, len(stack))
+    assert all(n == claims for n in per_window.values()), (seed, per_window, claims)
 
 
 def test_a_hundred_randomized_trials_never_over_admit(

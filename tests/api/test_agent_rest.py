@@ -20,7 +20,7 @@ from tests.conftest import FIXTURE, Personas, push
 TODO_KEYS = {
     "id", "queue", "title", "kind", "payload", "state", "owner", "attempt", "max_attempts",
     "lease_expires_at", "next_retry_at", "dead_letter", "result", "created_at", "updated_at",
-    "pool", "tags", "rate_limit",
+    "pool", "tags", "rate_limit", "grant",
 }  # fmt: skip
 
 

@@ -55,6 +55,7 @@ def test_the_seed_commands_declare_every_kind_and_status_shows_them(personas: Pe
     assert (status["grants"], status["waivers"]) == (1, 0)
     assert status["quarantines"] == {"in_force": [], "recorded": 0}
     assert "pool gpu: 1/2 held (enforce)" in limits("status")
+    assert "grants held: 1;" in limits("status")
     assert RateLimit.objects.get().decay_window_seconds == 60
     kinds = list(audit_rows().values_list("kind", flat=True))
     assert kinds.count(LedgerKind.LIMITS_SET) == 3 and kinds.count(LedgerKind.LIMITS_QUEUE) == 1
@@ -157,3 +158,17 @@ def test_verify_accepts_an_advise_excess_that_carries_its_waiver(personas: Perso
     code, out, _ = failing("verify", "--json")
     problems = {d["problem"] for d in json.loads(out)["grant_drift"]}
     assert code == 2 and problems == {"unwaived_excess"}
+
+
+def test_status_counts_the_grants_held_not_the_claims_naming_a_limit(personas: Personas) -> None:
+    limits("pool", "create", "gpu", "--slots", "2", "--as", "ada")
+    limits("pool", "create", "cpu", "--slots", "2", "--posture", "off", "--as", "ada")
+    push_named(personas, 1, pool="gpu")
+    push_named(personas, 1, pool="cpu")
+    granted, ungated = (services.claim_next(actor=personas.as_agent()) for _ in range(2))
+    assert isinstance(granted, Claimed) and isinstance(ungated, Claimed)
+    assert granted.grant is not None and ungated.grant is None
+
+    assert json.loads(limits("status", "--json"))["grants"] == 1
+    services.complete(actor=personas.as_agent(), todo_id=granted.todo.id)
+    assert json.loads(limits("status", "--json"))["grants"] == 0

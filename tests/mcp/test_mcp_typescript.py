@@ -15,8 +15,9 @@ from typing import Any
 
 from queues import services
 from queues.models import Todo, TodoState
+from switchboard.ledger.models import LedgerEntry, LedgerKind
 from tests.conftest import FIXTURE, Personas, push
-from tests.limits.conftest import everything_full
+from tests.limits.conftest import everything_full, pool
 from tests.mcp.conftest import NODE
 
 
@@ -95,3 +96,21 @@ def test_the_typescript_sdk_accepts_get_todo_with_an_explain(
         assert "thrown" not in call and call["isError"] is False, json.dumps(call)
     assert held_call["structuredContent"]["todo"]["explain"]["binding"] == "pool"
     assert free_call["structuredContent"]["todo"]["explain"]["binding"] == "none"
+
+
+def test_the_typescript_sdk_accepts_a_claims_grant_and_get_todo_shows_the_same_one(
+    tx_personas: Personas, live_url: str, js_clients: Path
+) -> None:
+    pool("gpu", slots=2)
+    [todo] = push(tx_personas, 1, pool="gpu")
+    calls = [["claim_next", {"lease_ttl_seconds": 60}], ["get_todo", {"id": str(todo.id)}]]
+    report = run_agent(
+        js_clients, f"{live_url}/mcp/{tx_personas.agent.slug}", tx_personas.agent_token, calls
+    )
+    claimed, got = report["calls"]
+    for call in (claimed, got):
+        assert "thrown" not in call and call["isError"] is False, json.dumps(call)
+    [grant] = LedgerEntry.objects.filter(kind=LedgerKind.LIMITS_GRANT)
+    assert claimed["structuredContent"]["grant"] == grant.entry_hash
+    assert claimed["structuredContent"]["todo"]["grant"] == grant.entry_hash
+    assert got["structuredContent"]["todo"]["grant"] == grant.entry_hash

@@ -98,8 +98,8 @@ def _verify_text(report: LimitsReport) -> str:
     if report.drift:
         lines.append(f"grants: {len(report.drift)} of {report.grants} the limits refuse")
         lines += [
-            f"  {d.kind} {d.name}: todo {d.todo} attempt {d.attempt} at "
-            f"{d.claimed_at.isoformat()}: {d.held} held of {d.limit} ({d.posture}): {d.problem}"
+            f"  {d.kind} {d.name}: todo {d.todo} attempt {d.attempt}, grant at row {d.seq} "
+            f"({d.at.isoformat()}): {d.held} held of {d.limit} ({d.posture}): {d.problem}"
             for d in report.drift
         ]
     else:

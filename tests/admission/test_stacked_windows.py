@@ -1,0 +1,254 @@
+"""Stacked windows (issue 12): a policy holds several window limits, every one charged and
+enforced on the same claim; a deferral names the window that binds; the ledger carries the list."""
+
+from __future__ import annotations
+
+from datetime import UTC, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from admission import services, windows
+from admission.models import AdmissionPolicy, AdmissionWindow
+from admission.policy import PolicySpec, audited_windows
+from queues import services as queue_services
+from queues.models import Attempt, Todo, TodoState
+from queues.services import Claimed, NothingClaimable
+from switchboard.core.errors import InvalidArgument
+from switchboard.ledger import chain as ledger
+from switchboard.ledger.models import LedgerEntry, LedgerKind
+from tests.admission.racer import race
+from tests.admission.test_api import human
+from tests.conftest import Personas, database_url, push
+
+WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+
+
+def far_start() -> str:
+    """A daily start about twelve hours away, so no boundary falls inside a test."""
+    return (timezone.now() + timedelta(hours=12)).astimezone(UTC).strftime("%H:00")
+
+
+def far_weekday() -> str:
+    """A week boundary three days away."""
+    return WEEKDAYS[(timezone.now().astimezone(UTC).weekday() + 3) % 7]
+
+
+def day(limit: int) -> dict[str, Any]:
+    return {"limit": limit, "period": "day", "tz": "UTC", "start": far_start()}
+
+
+def week(limit: int) -> dict[str, Any]:
+    return {
+        "limit": limit,
+        "period": "week",
+        "tz": "Europe/Berlin",
+        "start": "00:00",
+        "weekday": far_weekday(),
+    }
+
+
+def stacked(
+    p: Personas,
+    *items: dict[str, Any],
+    max_in_flight: int | None = None,
+    posture: str = "enforce",
+) -> Any:
+    return services.policy_set(
+        actor=p.as_human(p.owner),
+        endpoint=p.agent,
+        queue="inbox",
+        max_in_flight=max_in_flight,
+        max_claims_per_window=None,
+        window=None,
+        windows=list(items),
+        posture=posture,
+    )
+
+
+def counters(policy: AdmissionPolicy) -> dict[str, int]:
+    return dict(AdmissionWindow.objects.filter(policy=policy).values_list("window_key", "used"))
+
+
+def week_reset() -> Any:
+    spec = windows.Window("week", "Europe/Berlin", "00:00", far_weekday())
+    return windows.next_boundary(spec, timezone.now())
+
+
+@pytest.fixture(autouse=True)
+def _writes(settings: Any) -> None:
+    settings.POLICY_WRITE_RATE_LIMIT = (0, 0)
+
+
+def test_every_window_is_charged_on_one_claim_and_the_tighter_one_refuses(
+    personas: Personas,
+) -> None:
+    p = personas
+    policy = stacked(p, day(5), week(3))
+    push(p, 6)
+    for _ in range(3):
+        assert isinstance(queue_services.claim_next(actor=p.as_agent()), Claimed)
+    week_key = f"week|Europe/Berlin|00:00|{far_weekday()}"
+    assert counters(policy) == {"": 3, week_key: 3}
+    empty = queue_services.claim_next(actor=p.as_agent())
+    assert isinstance(empty, NothingClaimable)
+    (entry,) = empty.deferred
+    assert entry["reason"] == "window_exhausted" and entry["exact"] is True
+    assert entry["next_eligible_at"] == week_reset()
+    assert entry["window"]["period"] == "week" and entry["window"]["limit"] == 3
+    assert counters(policy) == {"": 3, week_key: 3}
+    assert Attempt.objects.count() == 3
+
+
+def test_the_binding_window_is_the_exhausted_one_that_resets_last(personas: Personas) -> None:
+    p = personas
+    stacked(p, day(2), week(2))
+    push(p, 3)
+    for _ in range(2):
+        assert isinstance(queue_services.claim_next(actor=p.as_agent()), Claimed)
+    empty = queue_services.claim_next(actor=p.as_agent())
+    assert isinstance(empty, NothingClaimable)
+    (entry,) = empty.deferred
+    # Both are spent; the day resets first, but the claim waits for the week.
+    assert entry["next_eligible_at"] == week_reset()
+    assert entry["window"]["period"] == "week"
+    status = human(p.owner).get("/api/v1/admission").json()["policies"][0]
+    assert status["status"]["state"] == "deferred"
+    assert status["status"]["window"]["period"] == "week"
+    assert [w["used"] for w in status["usage"]["windows"]] == [2, 2]
+
+
+def test_an_advise_waiver_records_every_window_the_claim_went_over(personas: Personas) -> None:
+    p = personas
+    tokyo = {"limit": 2, "period": "day", "tz": "Asia/Tokyo", "start": "00:00"}
+    stacked(p, day(5), week(2), tokyo, posture="advise")
+    push(p, 3)
+    for _ in range(3):
+        assert isinstance(queue_services.claim_next(actor=p.as_agent()), Claimed)
+    waiver = LedgerEntry.objects.get(kind=LedgerKind.ADMISSION_WAIVER)
+    assert waiver.after is not None
+    over = waiver.after["windows_exceeded"]
+    assert [(w["period"], w["tz"], w["limit"], w["used"]) for w in over] == [
+        ("week", "Europe/Berlin", 2, 2),
+        ("day", "Asia/Tokyo", 2, 2),
+    ]
+    # The week resets after the Tokyo day (three days off), so it is the one that binds.
+    assert [w["binding"] for w in over] == [True, False]
+    assert all(w["window_start"] and w["key"] for w in over)
+    assert waiver.after["used"] == 2 and waiver.after["max_claims_per_window"] == 5
+    assert ledger.verify().ok
+
+
+def test_the_api_takes_a_windows_list_and_names_the_wrong_row(personas: Personas) -> None:
+    p = personas
+    api = human(p.owner)
+    path = f"/api/v1/admission/endpoint:{p.agent.slug}/inbox"
+    ok = api.put(path, {"windows": [day(100), week(1000)], "max_in_flight": 4})
+    assert ok.status_code == 200, ok.json()
+    shown = api.get(path).json()["policy"]
+    assert [w["limit"] for w in shown["windows"]] == [100, 1000]
+    assert shown["max_claims_per_window"] == 100  # the first window, as before
+    bad = api.put(path, {"windows": [day(1), {**week(2), "tz": "Mars/Olympus"}]})
+    assert bad.status_code == 400 and bad.json()["field"] == "windows[1].tz"
+    twice = api.put(path, {"windows": [day(1), day(2)]})
+    assert twice.status_code == 400 and twice.json()["field"] == "windows[1].period"
+    both = api.put(path, {"windows": [day(1)], "max_claims_per_window": 3})
+    assert both.status_code == 400 and both.json()["field"] == "windows"
+    assert [w["limit"] for w in api.get(path).json()["policy"]["windows"]] == [100, 1000]
+
+
+def test_the_spec_refuses_a_fifth_window_and_a_missing_limit() -> None:
+    five = [
+        {**day(1), "tz": tz} for tz in ("UTC", "Etc/GMT-1", "Etc/GMT-2", "Etc/GMT-3", "Etc/GMT-4")
+    ]
+    for windows_, field in (
+        (five, "windows"),
+        ([day(1), {"period": "day", "tz": "UTC", "start": "01:00"}], "windows[1].limit"),
+    ):
+        with pytest.raises(InvalidArgument) as exc:
+            PolicySpec.clean(
+                queue="inbox",
+                max_in_flight=None,
+                max_claims_per_window=None,
+                window=None,
+                windows=windows_,
+            )
+        assert exc.value.field == field
+
+
+def test_the_database_refuses_a_bad_stacked_window(personas: Personas) -> None:
+    policy = stacked(personas, day(5), week(3))
+    for bad in (
+        [{"limit": 1, "period": "fortnight", "tz": "UTC", "start": "00:00"}],
+        [{"limit": -1, "period": "day", "tz": "UTC", "start": "00:00"}],
+        [{"limit": 1, "period": "week", "tz": "UTC", "start": "00:00"}],
+        [{**day(1), "start": policy.window_start}],  # the same as the first window
+    ):
+        with pytest.raises(IntegrityError) as exc, transaction.atomic():
+            AdmissionPolicy.objects.filter(pk=policy.pk).update(extra_windows=bad)
+        assert "policy_extra_windows_valid" in str(exc.value)
+
+
+def test_the_ledger_carries_the_list_and_verify_reads_old_rows(personas: Personas) -> None:
+    p = personas
+    policy = stacked(p, day(5), week(3))
+    assert ledger.verify().ok
+    assert policy.extra_windows[0]["limit"] == 3
+    create = LedgerEntry.objects.filter(kind=LedgerKind.POLICY_CREATE).order_by("seq").last()
+    assert create is not None and create.after is not None
+    assert [w["limit"] for w in create.after["windows"]] == [5, 3]
+    # A row written before stacked windows had no list: it reads as its one window.
+    old = {k: v for k, v in create.after.items() if k != "windows"}
+    assert (audited_windows(old) or {})["windows"] == [create.after["windows"][0]]
+    # A single-window policy audited in the old shape still verifies.
+    services.policy_clear(actor=p.as_human(p.owner), endpoint=p.agent, queue="inbox")
+    single = AdmissionPolicy.objects.create(
+        endpoint=p.agent,
+        queue="inbox",
+        max_claims_per_window=5,
+        window_period="day",
+        window_tz="UTC",
+        window_start="00:00",
+        created_by=p.owner,
+        updated_by=p.owner,
+    )
+    shape = PolicySpec.of(single).audited(single.endpoint_id)
+    del shape["windows"]
+    ledger.append(
+        kind=LedgerKind.POLICY_CREATE,
+        actor=ledger.Actor(human_id=p.owner.pk, human_name=p.owner.get_username()),
+        scope=f"endpoint:{p.agent.slug}",
+        queue="inbox",
+        after=shape,
+    )
+    assert ledger.verify().ok
+    # ...and a change to it outside the audited path is still caught.
+    AdmissionPolicy.objects.filter(pk=single.pk).update(
+        extra_windows=[{"limit": 9, "period": "hour", "tz": "UTC", "start": "00:00"}]
+    )
+    (drift,) = ledger.verify().drift
+    assert drift.problem == "changed_outside_audit" and "windows" in drift.detail
+
+
+def test_forty_racers_in_two_processes_stop_at_the_tightest_of_three_windows(
+    tx_personas: Personas, tmp_path: Path
+) -> None:
+    p = tx_personas
+    policy = stacked(
+        p, day(12), week(7), {"limit": 9, "period": "day", "tz": "Asia/Tokyo", "start": "00:00"}
+    )
+    push(p, 40)
+    reports = race(p.agent.id, 20, tmp_path, database_url(), settings.REDIS_URL)
+    assert [r["errors"] for r in reports] == [[], []]
+    claimed = [t for r in reports for t in r["claimed"]]
+    assert len(claimed) == 7 and len(set(claimed)) == 7
+    assert Todo.objects.filter(state=TodoState.CLAIMED).count() == 7
+    assert Attempt.objects.count() == 7
+    assert sorted(counters(policy).values()) == [7, 7, 7]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM admission_admissionwindow WHERE used > 7")
+        assert cursor.fetchone()[0] == 0
