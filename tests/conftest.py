@@ -26,6 +26,7 @@ from queues.models import Endpoint
 from switchboard import embedded, liveserver
 from switchboard.core import availability, counters
 from switchboard.ledger.models import LedgerEntry
+from tests import flush
 
 # Who sets up a test's world when no human of the test acts (personas' endpoints, tokens): every
 # service takes an actor, so set-up lands in the ledger too, under "system:fixture".
@@ -66,6 +67,23 @@ def pytest_configure(config: pytest.Config) -> None:
     # Redis must really be there: a test run without it is not a test run.
     redis.Redis.from_url(settings.REDIS_URL).ping()
     os.environ.setdefault("METRICS_TOKEN", "test-metrics-token")
+    flush.install()
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> None:
+    """pytest-django's test database (made by the real migrations), tuned for a test run.
+
+    Commits do not wait for the disk (synchronous_commit off: a commit is as visible to other
+    connections as before; only a crash of the machine could lose the last few, and nothing here
+    survives a run). Set on the database, so the servers and racers a test starts get it too.
+    """
+    with django_db_blocker.unblock():
+        with connection.cursor() as cursor:
+            name = connection.ops.quote_name(connection.settings_dict["NAME"])
+            cursor.execute(f"ALTER DATABASE {name} SET synchronous_commit = off")
+            cursor.execute("SET synchronous_commit = off")
+        flush.remember_refilled()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

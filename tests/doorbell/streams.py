@@ -4,8 +4,10 @@ the code under test whose ring, arriving last, closes the count (rings arrive in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -59,6 +61,14 @@ class EventStream:
             seen.append(event)
 
     def close(self) -> None:
+        """Hang up as a departing agent does: the server must see the connection end. Closing
+        the client alone leaves the socket open while the reader thread blocks in recv(), and
+        the server's stream then outlives the test (its process waits for it on SIGTERM)."""
+        sock = self.response.extensions["network_stream"].get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self._thread.join(timeout=5)
         self._client.close()
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from contextlib import ExitStack
 
 import httpx
@@ -11,16 +10,16 @@ from django.db import connection
 
 from queues import doorbell, services
 from queues.services import Claimed
-from switchboard.liveserver import live_server
 from tests.conftest import Personas, push
 from tests.doorbell.streams import attached
 from tests.pause.helpers import pause, resume
 
 
 @pytest.fixture
-def server(tx_personas: Personas) -> Iterator[str]:
-    with live_server() as base:
-        yield base
+def server(live_url: str) -> str:
+    """The session's web process (tests/mcp/conftest.py): a process per test cost a Django start
+    each, and every stream here is its own endpoint's (the personas are new each test)."""
+    return live_url
 
 
 def _doorbell_pids() -> list[int]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,7 +15,6 @@ from django.db import connection
 
 from queues import services, tasks
 from queues.services import Claimed
-from switchboard.liveserver import live_server
 from tests.admission.conftest import budget
 from tests.admission.test_reopen import exhaust
 from tests.conftest import Personas, push
@@ -181,9 +179,10 @@ def test_a_claim_quiet_for_half_its_lease_rings_its_holder_once_until_it_heartbe
 
 
 @pytest.fixture
-def server(tx_personas: Personas) -> Iterator[str]:
-    with live_server() as base:
-        yield base
+def server(live_url: str) -> str:
+    """The session's web process (tests/mcp/conftest.py): a process per test cost a Django start
+    each, and every stream here is its own endpoint's (the personas are new each test)."""
+    return live_url
 
 
 def test_the_holders_stream_is_told_its_claim_stalled(tx_personas: Personas, server: str) -> None:
