@@ -99,19 +99,7 @@ def _run(args: argparse.Namespace) -> None:
                     _claim_params(endpoint),
                 )
                 todo_id = cursor.fetchone()[0]
-                cursor.execute(
-                    complete_sql,
-                    {
-                        "id": todo_id,
-                        "endpoints": [endpoint.id],
-                        "operator": False,
-                        "fence": None,
-                        "attempt": None,
-                        "error": None,
-                        "result": None,
-                        "summary": "",
-                    },
-                )
+                cursor.execute(complete_sql, _complete_params(endpoint, todo_id))
                 cursor.fetchone()
 
     if args.raw:
@@ -175,6 +163,24 @@ def _run(args: argparse.Namespace) -> None:
         stats = pstats.Stats(profiler, stream=sys.stdout)
         stats.sort_stats("tottime").print_stats(25)
         stats.sort_stats("cumulative").print_stats(40)
+
+
+def _complete_params(endpoint: Any, todo_id: int) -> dict[str, Any]:
+    """The completion statement's parameters: the endpoint completes its own claim, no fence;
+    the grant parameters as ``queues.services.todos`` binds them (an end row may read them)."""
+    from queues import sql
+
+    return {
+        **sql.grant_params(None, ""),
+        "id": todo_id,
+        "endpoints": [endpoint.id],
+        "operator": False,
+        "fence": None,
+        "attempt": None,
+        "error": None,
+        "result": None,
+        "summary": "",
+    }
 
 
 def _claim_params(endpoint: Any) -> dict[str, Any]:
@@ -245,16 +251,7 @@ def _explain(endpoint: Any) -> None:
         (todo_id,) = cursor.fetchone()
         cursor.execute(
             "EXPLAIN (ANALYZE, BUFFERS, VERBOSE) " + sql.complete_sql(),
-            {
-                "id": todo_id,
-                "endpoints": [endpoint.id],
-                "operator": False,
-                "fence": None,
-                "attempt": None,
-                "error": None,
-                "result": None,
-                "summary": "",
-            },
+            _complete_params(endpoint, todo_id),
         )
         print("\n".join(r[0] for r in cursor.fetchall()))
         transaction.set_rollback(True)
