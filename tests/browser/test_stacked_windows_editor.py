@@ -1,16 +1,22 @@
-"""The budget editor's stacked windows in Chromium: a second window row added, a bad zone in it
-refused beside that row's field, then saved."""
+"""Stacked windows in Chromium: the budget editor's second window row added, a bad zone in it
+refused beside that row's field, then saved; and the board's strip with three windows at 1440
+and 390 px."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
+import pytest
 from playwright.sync_api import expect
 
 from admission.models import AdmissionPolicy
-from tests.browser.conftest import Session
-from tests.conftest import Personas
+from queues import services
+from tests.admission.test_stacked_windows import day, stacked, week
+from tests.browser.conftest import WIDTHS, Session
+from tests.browser.helpers import findings
+from tests.browser.test_phones import sideways_overflow
+from tests.conftest import Personas, push
 
 
 def test_an_owner_adds_a_second_window_and_a_bad_zone_in_it_is_named_on_that_row(
@@ -50,3 +56,31 @@ def test_an_owner_adds_a_second_window_and_a_bad_zone_in_it_is_named_on_that_row
 
     page.goto("/budgets/agent/inbox")
     expect(page.locator("#id_more-0-limit")).to_have_value("1000")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_board_shows_every_stacked_window_within_a_phone_and_passes_axe(
+    session: Session, tx_personas: Personas, relaxed_policy_writes: Any, width: int
+) -> None:
+    """Three windows, one in a long zone name, the binding one marked: each has its gauge on the
+    board's strip, nothing scrolls sideways at 390 px, and axe finds nothing serious."""
+    p = tx_personas
+    stacked(p, day(5), week(2), {**day(9), "tz": "America/Argentina/Buenos_Aires"})
+    push(p, 3)
+    agent = p.as_agent()
+    for _ in range(2):
+        assert services.claim_next(actor=agent, claimant="worker-1") is not None
+    page = session.page(p.owner, width=width)
+    page.goto("/?queue=inbox")
+    gauges = page.locator(".gauge").filter(has_text=re.compile(r"window \d"))
+    expect(gauges).to_have_count(3)
+    expect(gauges.nth(0)).to_contain_text("2 of 5")
+    expect(gauges.nth(1)).to_contain_text("2 of 2")
+    expect(gauges.nth(1).locator(".binding-mark")).to_have_text("binding")
+    expect(page.locator(".binding-mark")).to_have_count(1)
+    expect(gauges.nth(2)).to_contain_text("2 of 9")
+    for i in range(3):
+        box = gauges.nth(i).bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width, (i, box)
+    assert sideways_overflow(page) == 0
+    assert findings(page) == []
