@@ -5,6 +5,8 @@ order."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from collections import Counter
 from io import StringIO
@@ -21,6 +23,7 @@ from switchboard.ledger import chain
 from switchboard.ledger.models import GRANT_CHAINS, LedgerEntry, LedgerHead, LedgerKind
 from tests.conftest import Personas, push, run_threads
 from tests.limits.conftest import pool, tag
+from tests.web.conftest import signed_in
 
 
 def sql(statement: str, params: list[Any] | None = None) -> None:
@@ -248,3 +251,16 @@ def test_racing_named_claims_and_completions_spread_over_grant_chains_that_all_v
     assert report["ledger"]["chain"]["problem"]["seq"] == tampered.seq
     assert report["ledger"]["chain"]["problem"]["problem"] == "mutated"
     assert f"chain {tampered.chain}:" in report["ledger"]["chain"]["problem"]["detail"]
+
+
+def test_the_ledger_list_and_its_csv_show_a_grant_rows_chain(personas: Personas) -> None:
+    new_transaction_chain()
+    row = LedgerEntry.objects.get(entry_hash=grant_row(1))
+    assert row.chain >= 1
+    auditor = signed_in(personas.auditor)
+    response: Any = auditor.get("/ledger.csv")
+    body = b"".join(response.streaming_content).decode()
+    [exported] = [r for r in csv.DictReader(io.StringIO(body)) if r["entry_hash"] == row.entry_hash]
+    assert (exported["chain"], exported["chain_pos"]) == (str(row.chain), "1")
+    page = auditor.get("/ledger?action=limits.grant").content.decode()
+    assert f"chain {row.chain}·1" in page
