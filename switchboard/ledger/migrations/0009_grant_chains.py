@@ -17,9 +17,13 @@
 
 import hashlib
 import hmac
+from importlib import import_module
 
 from django.conf import settings
 from django.db import migrations, models
+
+# 0008's function, restored on the way back.
+_0008 = import_module("switchboard.ledger.migrations.0008_grant_kinds_and_append_function")
 
 GRANT_CHAINS = 8
 APPEND_LOCK_KEY = 0x6C6564676572
@@ -142,12 +146,14 @@ END;
 $$;
 """ % {"lock": APPEND_LOCK_KEY, "genesis_lock": GENESIS_LOCK_KEY, "chains": GRANT_CHAINS}
 
-# 0008's function, for the way back.
-REVERSE_FUNCTIONS = """
+REVERSE_FUNCTIONS = (
+    """
 DROP FUNCTION IF EXISTS ledger_genesis(bytea, bytea);
 DROP FUNCTION IF EXISTS ledger_head_mac(int, bigint, bigint, text, bytea, bytea);
 DROP SEQUENCE IF EXISTS ledger_seq;
 """
+    + _0008.APPEND_FUNCTION
+)
 
 DROP_LIKE_INDEX = """
 DO $$
@@ -194,7 +200,14 @@ def make_heads(apps, schema_editor):
 
 
 def unmake_heads(apps, schema_editor):
+    """Back to one chain: only while the grant chains are empty (their rows cannot join it)."""
     with schema_editor.connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM admission_ledgerentry WHERE chain <> 0")
+        (rows,) = cursor.fetchone()
+        if rows:
+            raise RuntimeError(
+                f"the grant chains hold {rows} rows: a single chain cannot take them back"
+            )
         cursor.execute("DELETE FROM admission_ledgerhead WHERE id <> 0")
         cursor.execute("UPDATE admission_ledgerhead SET id = 1 WHERE id = 0")
 
