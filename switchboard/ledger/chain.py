@@ -678,15 +678,16 @@ def _check_head(
             c,
         )
     if head.chain_pos > last.pos:
+        # One row missing: the head names its seq. More: they lie after the last row left.
+        single = head.chain_pos == last.pos + 1
         missing = (
-            f"row {last.seq + 1} is missing"
-            if head.chain_pos == last.pos + 1 and c == 0
-            else f"the rows at chain positions {last.pos + 1}-{head.chain_pos} are missing"
-            if c
-            else f"rows {last.seq + 1}-{head.seq} are missing"
+            f"row {head.seq} is missing"
+            if single
+            else f"the {head.chain_pos - last.pos} rows after seq {last.seq} up to seq "
+            f"{head.seq} are missing"
         )
         return ChainProblem(
-            last.seq + 1,
+            head.seq if single else last.seq + 1,
             last.position + 1,
             "deleted",
             _named(

@@ -133,7 +133,7 @@ def test_a_deleted_grant_chain_tail_is_caught_by_its_head(db: None) -> None:
         rows[-2].seq + 1,
         rows[0].chain,
     )
-    assert "chain positions 5-5 are missing" in problem.detail
+    assert f"chain {rows[0].chain}: row {rows[-1].seq} is missing" in problem.detail
 
 
 def test_a_deleted_grant_chain_head_is_caught(db: None) -> None:
