@@ -461,6 +461,9 @@ CSV_COLUMNS = [
     "before",
     "after",
     "entry_hash",
+    # 0: declarations and decisions; 1-8: the grant chains (grant and end rows).
+    "chain",
+    "chain_pos",
 ]
 
 
@@ -503,6 +506,8 @@ def _csv_rows(qs: QuerySet[LedgerEntry]) -> Iterator[str]:
                 json.dumps(entry.before, sort_keys=True) if entry.before is not None else "",
                 json.dumps(entry.after, sort_keys=True) if entry.after is not None else "",
                 entry.entry_hash,
+                entry.chain,
+                entry.chain_pos,
             ]
         )
 

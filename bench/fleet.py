@@ -133,20 +133,27 @@ def _bulk_ledger(rows: int, owner: User) -> None:
     if rows <= 0:
         return
     with transaction.atomic():
+        # Chain 0 as ``append`` writes it: the first row through it (its lock, and the chain's
+        # head made if the ledger is empty), the rest in bulk after it, seqs from its sequence.
+        ledger.append(kind="queue.resume", actor=ledger.Actor(human_name="bench"), queue="bench")
+        if rows == 1:
+            return
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ledger.APPEND_LOCK_KEY])
+            cursor.execute("SELECT chain_pos, entry_hash FROM admission_ledgerhead WHERE id = 0")
+            pos, prev = cursor.fetchone()
             cursor.execute(
-                "SELECT seq, entry_hash FROM admission_ledgerentry ORDER BY seq DESC LIMIT 1"
+                "SELECT nextval('ledger_seq') FROM generate_series(1, %s) ORDER BY 1", [rows - 1]
             )
-            last = cursor.fetchone()
-        seq, prev = (last[0], last[1]) if last else (0, ledger.GENESIS_HASH)
+            seqs = [s for (s,) in cursor.fetchall()]
         batch: list[LedgerEntry] = []
-        for i in range(rows):
-            seq += 1
+        for i, seq in enumerate(seqs):
+            pos += 1
             queue = f"bench-{i % 50:02d}"
             paused = i % 2 == 0
             row = LedgerEntry(
                 seq=seq,
+                chain=0,
+                chain_pos=pos,
                 prev_hash=prev,
                 kind="queue.pause" if paused else "queue.resume",
                 actor_human_id=owner.pk,
@@ -163,10 +170,7 @@ def _bulk_ledger(rows: int, owner: User) -> None:
         LedgerEntry.objects.bulk_create(batch, batch_size=2000)
         with connection.cursor() as cursor:
             cursor.execute(
-                """
-                INSERT INTO admission_ledgerhead (id, seq, entry_hash, mac) VALUES (1, %s, %s, %s)
-                ON CONFLICT (id) DO UPDATE
-                SET seq = EXCLUDED.seq, entry_hash = EXCLUDED.entry_hash, mac = EXCLUDED.mac
-                """,
-                [seq, prev, ledger.head_mac(seq, prev)],
+                "UPDATE admission_ledgerhead SET seq = %s, chain_pos = %s, entry_hash = %s, "
+                "mac = %s WHERE id = 0",
+                [seq, pos, prev, ledger.head_mac(seq, prev)],
             )

@@ -13,10 +13,11 @@ A rate limit's grant is checked against what its row recorded (claims this minut
 effective limit under ``enforce``): its effective limit depends on 429 observations, which are
 not ledger rows.
 
-Row order is the order of the facts: a claim writes its grant holding the limits' row locks and
-an ending statement writes its end row holding a share lock on them, each before the chain's
-lock, so a grant's row follows every end and limit change its gate saw, and precedes those it
-did not.
+Row order (``seq``, across the ledger's chains) is the order of the facts: a claim writes its
+grant holding the limits' row locks and an ending statement writes its end row holding a share
+lock on them, each drawing its seq after those locks, so a grant's row follows every end and
+limit change its gate saw, and precedes those it did not (``switchboard.ledger.chain`` gives
+the whole argument).
 """
 
 from __future__ import annotations

@@ -1,12 +1,15 @@
 """Grants as ledger facts: the ``limits.grant`` row a claim through a named limit writes, and the
 ``limits.end`` row the statement ending such a claim writes, each inside the claim's (or the
-end's) own statement through ``ledger_append_row`` (ledger migration 0008).
+end's) own statement through ``ledger_append_row`` (ledger migrations 0008 and 0009): the row
+goes to one of the ledger's grant chains, the first whose lock is free
+(``switchboard.ledger.chain`` explains the chains and why their ``seq`` order is causal).
 
 A grant's identity is its row's ``entry_hash``, kept on the todo (``grant_hash``) while the claim
 lasts. The chain's lock is taken inside the statement after every gate's lock (the verdicts, or
 the locked path's admissions, come first; an ending statement's share locks on the limits' rows
 come first too), so it is held only for the rest of that statement and its commit, and the lock
-order stays policy, pool, tags, rate, ledger.
+order stays policy, pool, tags, rate, ledger. The row's ``seq`` is drawn there too, after the
+gates' locks: what the replay's order rests on.
 
 The ``after`` objects are built here as canonical JSON text (keys sorted, no spaces, as
 ``switchboard.ledger.chain.canonical`` writes them): every value is a number, a uuid, a name

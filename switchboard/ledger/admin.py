@@ -31,6 +31,8 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 class LedgerEntryAdmin(ReadOnlyAdmin):
     list_display = [
         "seq",
+        "chain",
+        "chain_pos",
         "at",
         "kind",
         "actor_human_name",
@@ -38,7 +40,7 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
         "scope",
         "queue",
     ]
-    list_filter = ["kind", "scope"]
+    list_filter = ["kind", "chain", "scope"]
     search_fields = ["scope", "queue", "actor_human_name", "actor_endpoint_slug", "entry_hash"]
     date_hierarchy = "at"
     ordering = ["-seq"]
@@ -46,4 +48,4 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
 
 @admin.register(LedgerHead)
 class LedgerHeadAdmin(ReadOnlyAdmin):
-    list_display = ["seq", "entry_hash"]
+    list_display = ["id", "chain_pos", "seq", "entry_hash"]

@@ -1,18 +1,53 @@
-"""The ledger: one append-only, hash-chained table of decisions.
+"""The ledger: one append-only table of hash-chained decisions, in several chains.
 
 Each row's ``entry_hash`` is an HMAC-SHA256, under ``settings.LEDGER_KEY``, of the canonical JSON
-of the row (every column but the hash) including ``prev_hash``, the previous row's hash. A database
-writer without the key cannot forge a consistent chain. Appends take one transaction-scoped
-advisory lock, so ``seq`` has no gaps and the chain never forks; the append happens in the same
-transaction as the change it records (a rolled-back change leaves no row).
+of the row (every column but the hash) including ``prev_hash``, the hash of the previous row of
+its chain. A database writer without the key cannot forge a consistent chain. The append happens
+in the same transaction as the change it records (a rolled-back change leaves no row).
 
-A chain whose last rows were deleted is still a consistent chain, so every append also signs the
-chain's head (``LedgerHead``: the last seq and its hash, under the same key). ``verify`` compares
-the chain with the head, which catches a deleted tail.
+Chains. Chain 0 holds every declaration and decision the Python ``append`` writes (policies,
+pauses, limits, quarantines, waivers, endpoints, tokens, todos). The ``limits.grant`` and
+``limits.end`` rows the claim and ending statements write (``ledger_append_row``, ledger
+migrations 0008 and 0009) go to one of ``GRANT_CHAINS`` grant chains: the statement takes the
+first grant chain whose lock it can get, starting at ``pg_backend_pid() % GRANT_CHAINS``, and
+waits on one only when all are busy, so named claims no longer queue on one lock held through
+each other's commits. (A transaction already holding a chain's lock appends there again: a
+transaction holding chain 0 writes its grant and end rows to chain 0, so no one holding chain 0
+ever waits for a grant chain and the locks cannot deadlock.) Each chain has its own advisory
+lock (``APPEND_LOCK_KEY + chain``), its own gapless position (``chain_pos``: 1, 2, 3...), its own
+``prev_hash`` links, and its own signed head (``LedgerHead``, ``id`` = the chain). Rows of a
+grant chain hash two members more, ``chain`` and ``chain_pos``; rows of chain 0 hash exactly
+what they always did, so a ledger written before the grant chains verifies byte for byte.
+
+``seq`` is the table's one order across chains: drawn from the sequence ``ledger_seq`` under the
+chain's lock, so it rises along each chain; the rows of the other chains take the numbers in
+between, and an append that rolls back leaves its number unused, so ``seq`` has gaps (by design;
+``verify`` checks ``chain_pos`` for gaps instead).
+
+That order is causal for every replay that reads the ledger in ``seq`` order (``limits verify``,
+the quarantine manifests, the admission trail): a row's ``seq`` is drawn late in its
+transaction, after every lock its statement takes and while the chain's lock is held to commit.
+- A grant's ``seq`` is drawn inside its claim statement after its gates' locks on the limits it
+  names (the pool and tag rows, or their advisory locks); a ``limits.set`` / ``limits.delete`` /
+  ``limits.quarantine`` row draws its ``seq`` holding the limit's row exclusively. So a grant
+  and a change of a limit it names never overlap: the one that locked first also drew first,
+  and committed before the other could lock. The grant's row follows every change its gate saw.
+- An end row names a grant already committed (it ends the claim that holds it, read from the
+  todo row), so its ``seq`` was drawn after the grant's transaction ended: end follows grant. A
+  takeover's end and new grant come from one statement, end first.
+- Two grants of one limit whose gates ran at once (shared locks, far from the cap) may take
+  their seqs in either order; neither gate counted the other, and both fit (that is what "far
+  from the cap" means), so the replay's count at either row is still within the limit.
+
+A chain whose last rows were deleted is still a consistent chain, so every append also signs its
+chain's head (the last seq, chain_pos and hash). ``verify`` compares each chain with its head,
+which catches a deleted tail; every chain's head exists from the start (the migration makes
+them, or the first append on an empty ledger), so a missing head is a deleted chain.
 
 ``verify()`` is the full check that ``manage.py ledger verify`` and the console's chain badge run:
-the chain, streamed in seq order in batches, then every registered trail (admission's compares
-each live policy with its last audited ``after``).
+the rows, streamed in seq order in batches, each checked against its chain; then every head;
+then every registered trail (admission's compares each live policy with its last audited
+``after``).
 """
 
 from __future__ import annotations
@@ -29,11 +64,16 @@ from typing import Any, Protocol
 from django.conf import settings
 from django.db import connection, transaction
 
-from switchboard.ledger.models import LedgerCheck, LedgerEntry, LedgerHead
+from switchboard.ledger.models import GRANT_CHAINS, LedgerCheck, LedgerEntry, LedgerHead
 
 GENESIS_HASH = "0" * 64
-# pg_advisory_xact_lock key for appends: "ledger" in ASCII.
+# pg_advisory_xact_lock key for appends to chain 0: "ledger" in ASCII; chain k's is this + k.
 APPEND_LOCK_KEY = 0x6C6564676572
+# Taken by the first append to a chain with no rows yet (SQL function ledger_genesis).
+GENESIS_LOCK_KEY = APPEND_LOCK_KEY + 0x100
+CHAINS = tuple(range(GRANT_CHAINS + 1))
+# The transaction-local setting naming the chain whose lock the transaction holds.
+HELD_CHAIN_SETTING = "switchboard.ledger_chain"
 # Rows read per query while verifying: the chain is streamed, never loaded whole.
 VERIFY_BATCH = 2000
 # How far back verify follows prev_hash links to tell a moved row from a changed one.
@@ -60,7 +100,7 @@ def canonical_json(value: Any) -> str:
 
 
 def _hashed_fields(row: LedgerEntry) -> dict[str, Any]:
-    return {
+    fields = {
         "seq": row.seq,
         "prev_hash": row.prev_hash,
         "kind": row.kind,
@@ -74,6 +114,10 @@ def _hashed_fields(row: LedgerEntry) -> dict[str, Any]:
         "after": row.after,
         "at": row.at.astimezone(UTC).isoformat(timespec="microseconds"),
     }
+    if row.chain:
+        # Grant chains only: chain 0's rows hash what they always did.
+        fields |= {"chain": row.chain, "chain_pos": row.chain_pos}
+    return fields
 
 
 def _mac(message: bytes) -> str:
@@ -84,9 +128,16 @@ def compute_hash(row: LedgerEntry) -> str:
     return _mac(canonical(_hashed_fields(row)))
 
 
-def head_mac(seq: int, entry_hash: str) -> str:
-    """The signature of the chain's head (``LedgerHead.mac``)."""
-    return _mac(f"ledger-head:{seq}:{entry_hash}".encode())
+def head_mac(seq: int, entry_hash: str, *, chain: int = 0, chain_pos: int = 0) -> str:
+    """The signature of a chain's head (``LedgerHead.mac``): chain 0's as it always was, a grant
+    chain's naming the chain and the position too (a head cannot pass for another chain's)."""
+    if chain == 0:
+        return _mac(f"ledger-head:{seq}:{entry_hash}".encode())
+    return _mac(f"ledger-head:{chain}:{chain_pos}:{seq}:{entry_hash}".encode())
+
+
+class LedgerHeadMissing(RuntimeError):
+    """A chain's signed head is gone while the ledger has rows: appends refuse (fail closed)."""
 
 
 def append(
@@ -98,21 +149,36 @@ def append(
     before: dict[str, Any] | None = None,
     after: dict[str, Any] | None = None,
 ) -> LedgerEntry:
-    """Append one row in the caller's transaction (opened here if there is none).
+    """Append one row to chain 0 in the caller's transaction (opened here if there is none).
 
     Lock order: a caller holding an admission policy row lock may append (policy, then ledger);
-    nothing that holds the ledger lock takes a policy lock.
+    nothing that holds the ledger lock takes a policy lock. A transaction holding a grant chain
+    may append here (grant chain, then chain 0); one holding chain 0 writes its own grant and end
+    rows to chain 0, never waiting for a grant chain.
     """
     with transaction.atomic():
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [APPEND_LOCK_KEY])
             cursor.execute(
-                "SELECT seq, entry_hash FROM admission_ledgerentry ORDER BY seq DESC LIMIT 1"
+                "SELECT pg_advisory_xact_lock(%s), set_config(%s, '0', true)",
+                [APPEND_LOCK_KEY, HELD_CHAIN_SETTING],
             )
-            last = cursor.fetchone()
-        seq, prev_hash = (last[0] + 1, last[1]) if last else (1, GENESIS_HASH)
+            # A statement of its own (a snapshot after the lock): the head the last holder wrote,
+            # and the row's seq, drawn under the lock (none drawn for a chain with no rows yet).
+            cursor.execute(_HEAD_SQL)
+            head = cursor.fetchone()
+            if head is None or head[2] is None:
+                cursor.execute("SELECT ledger_genesis(%s, %s)", list(hmac_pads()))
+                cursor.execute(_HEAD_SQL.replace("chain_pos > 0", "true"))
+                head = cursor.fetchone()
+                if head is None:
+                    raise LedgerHeadMissing(
+                        "the signed head of ledger chain 0 is missing: see manage.py ledger verify"
+                    )
+        chain_pos, prev_hash, seq = head[0] + 1, head[1], head[2]
         row = LedgerEntry(
             seq=seq,
+            chain=0,
+            chain_pos=chain_pos,
             prev_hash=prev_hash,
             kind=kind,
             actor_human_id=actor.human_id,
@@ -130,17 +196,22 @@ def append(
         row.save(force_insert=True)
         with connection.cursor() as cursor:
             cursor.execute(
-                """
-                INSERT INTO admission_ledgerhead (id, seq, entry_hash, mac) VALUES (1, %s, %s, %s)
-                ON CONFLICT (id) DO UPDATE
-                SET seq = EXCLUDED.seq, entry_hash = EXCLUDED.entry_hash, mac = EXCLUDED.mac
-                """,
-                [seq, row.entry_hash, head_mac(seq, row.entry_hash)],
+                "UPDATE admission_ledgerhead SET seq = %s, chain_pos = %s, entry_hash = %s, "
+                "mac = %s WHERE id = 0",
+                [seq, chain_pos, row.entry_hash, head_mac(seq, row.entry_hash)],
             )
         return row
 
 
-# --- the one-round-trip append (SQL function ledger_append_row, ledger migration 0008) ---------
+# Chain 0's head and, unless the chain has no rows yet (ledger_genesis first, which may restart
+# the sequence), the next seq.
+_HEAD_SQL = (
+    "SELECT chain_pos, entry_hash, CASE WHEN chain_pos > 0 THEN nextval('ledger_seq') END "
+    "FROM admission_ledgerhead WHERE id = 0"
+)
+
+
+# --- the one-round-trip append (SQL function ledger_append_row, ledger migration 0009) ---------
 
 
 def hmac_pads() -> tuple[bytes, bytes]:
@@ -203,7 +274,9 @@ def append_row_sql(kind: str, *, scope: str, queue: str, after: str) -> str:
     """An SQL call appending one row (its ``entry_hash``) with ``row_params``' parameters bound:
     ``scope``, ``queue`` and ``after`` are SQL text expressions, ``after`` already canonical JSON
     (a row whose text is not canonical fails ``verify``: a test of each caller's shape guards
-    it). The chain's lock is taken inside the call and held to the end of the transaction."""
+    it). ``kind`` is ``limits.grant`` or ``limits.end``: the row goes to a grant chain (or to the
+    chain this transaction holds already), whose lock is taken inside the call and held to the
+    end of the transaction."""
     return (
         f"ledger_append_row('{kind}', %(lg_actor)s, %(lg_human_id)s, %(lg_human_name)s, "
         f"%(lg_endpoint_id)s, %(lg_endpoint_slug)s, {scope}, {queue}, {after}, "
@@ -247,16 +320,19 @@ def _normalise(value: dict[str, Any] | None) -> dict[str, Any] | None:
 
 @dataclass(frozen=True)
 class ChainProblem:
-    """The first place the chain breaks.
+    """The first place the ledger breaks.
 
-    ``seq`` names the row at fault (for a deletion, the missing seq); ``position`` is the 1-based
-    place in seq order where that row is, or should be.
+    ``seq`` names the row at fault (for a deletion, the first seq the missing row could have had:
+    the seq after its chain's previous row); ``position`` is the 1-based place in seq order where
+    that row is, or should be. ``chain`` is the chain it belongs to (the detail names a grant
+    chain; ``as_dict`` keeps its shape).
     """
 
     seq: int
     position: int
     problem: str  # mutated | deleted | reordered | inserted
     detail: str
+    chain: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -271,13 +347,20 @@ def _lookup_seq(entry_hash: str) -> LedgerEntry | None:
     return LedgerEntry.objects.filter(entry_hash=entry_hash).first()
 
 
+def _lookup_pos(chain: int, chain_pos: int) -> bool:
+    """Whether chain ``chain`` has a row at ``chain_pos`` anywhere (a moved row, not a lost one)."""
+    return LedgerEntry.objects.filter(chain=chain, chain_pos=chain_pos).exists()
+
+
 def _written_seq(
     row: LedgerEntry, lookup: Callable[[str], LedgerEntry | None], depth: int = 0
 ) -> int | None:
-    """The seq a row was written with, if it can be proven: the row hashes correctly under it.
+    """The seq a chain-0 row was written with, if it can be proven: the row hashes correctly
+    under it.
 
-    A row's predecessor is the row whose hash it links to; the row was written right after it.
-    The predecessor may itself have moved, so its own written seq is found the same way.
+    A row's predecessor is the row whose hash it links to; the row was written right after it
+    (chain 0's rows from before the grant chains have consecutive seqs). The predecessor may
+    itself have moved, so its own written seq is found the same way.
     """
     if compute_hash(row) == row.entry_hash:
         return row.seq
@@ -304,52 +387,92 @@ def _with_seq(row: LedgerEntry, seq: int) -> LedgerEntry:
     return copy
 
 
+@dataclass
+class _ChainState:
+    """One chain as the stream has shown it so far."""
+
+    prev: str = GENESIS_HASH
+    pos: int = 0  # the last chain_pos seen
+    seq: int = 0  # the seq of the last row seen
+    position: int = 0  # its place in the stream
+
+
+def _named(chain: int, text: str) -> str:
+    return text if chain == 0 else f"chain {chain}: {text}"
+
+
 def verify_chain(
     rows: Iterable[LedgerEntry],
     *,
-    head_seq: int | None = None,
+    heads: dict[int, LedgerHead] | None = None,
     lookup: Callable[[str], LedgerEntry | None] = _lookup_seq,
+    lookup_pos: Callable[[int, int], bool] = _lookup_pos,
+    states: dict[int, _ChainState] | None = None,
 ) -> ChainProblem | None:
-    """Recompute the chain over rows in seq order; name the first row that breaks it.
+    """Recompute every chain over rows in seq order; name the first row that breaks one.
 
-    Rows may be any iterable (``verify`` streams them). ``head_seq``, when known, is the seq the
-    signed head records: rows past it were not written by ``append``.
+    Rows may be any iterable (``verify`` streams them) and mix the chains: each row must be the
+    next of its own chain (``chain_pos`` one more, ``prev_hash`` the last row's hash) and hash
+    correctly. ``heads``, when known, are the signed heads: rows past their chain's head were
+    not written by an append. ``states`` (filled in) is each chain as last seen.
     """
-    prev = GENESIS_HASH
-    expected_seq = 1
+    chains: dict[int, _ChainState] = {} if states is None else states
     for position, row in enumerate(rows, start=1):
-        if row.seq != expected_seq:
-            if row.seq > expected_seq:
+        c = row.chain
+        state = chains.setdefault(c, _ChainState())
+        expected = state.pos + 1
+        # (A chain's missing head is named after the stream, by _check_heads.)
+        if heads is not None and ((c in heads and row.seq > heads[c].seq) or c not in CHAINS):
+            signed = f"the signed head (seq {heads[c].seq})" if c in heads else "no signed head"
+            return ChainProblem(
+                row.seq,
+                position,
+                "inserted",
+                _named(
+                    c,
+                    f"row {row.seq} ({row.kind}) is past {signed}: "
+                    "it was not written by the ledger",
+                ),
+                c,
+            )
+        if row.chain_pos != expected:
+            if row.chain_pos > expected and not lookup_pos(c, expected):
                 missing = (
-                    f"row {expected_seq} is missing"
-                    if row.seq == expected_seq + 1
-                    else f"rows {expected_seq}-{row.seq - 1} are missing"
+                    f"the row at chain position {expected} is missing"
+                    if row.chain_pos == expected + 1
+                    else f"the rows at chain positions {expected}-{row.chain_pos - 1} are missing"
                 )
                 return ChainProblem(
-                    expected_seq,
+                    state.seq + 1,
                     position,
                     "deleted",
-                    f"{missing}: seq jumps from {expected_seq - 1} to {row.seq}",
+                    _named(
+                        c,
+                        f"{missing}: after seq {state.seq} the chain goes on at seq {row.seq} "
+                        f"(chain position {row.chain_pos})",
+                    ),
+                    c,
                 )
             return ChainProblem(
                 row.seq,
                 position,
                 "reordered",
-                f"seq {row.seq} appears where {expected_seq} belongs",
-            )
-        if head_seq is not None and row.seq > head_seq:
-            return ChainProblem(
-                row.seq,
-                position,
-                "inserted",
-                f"row {row.seq} ({row.kind}) is past the signed head (seq {head_seq}): "
-                "it was not written by the ledger",
+                _named(
+                    c,
+                    f"the row at seq {row.seq} is the chain's row {row.chain_pos}, where row "
+                    f"{expected} belongs: rows were moved",
+                ),
+                c,
             )
         recomputed = compute_hash(row)
-        if row.prev_hash != prev or recomputed != row.entry_hash:
-            return _classify(row, position, prev, recomputed, lookup)
-        prev = row.entry_hash
-        expected_seq += 1
+        if row.prev_hash != state.prev or recomputed != row.entry_hash:
+            return _classify(row, position, state.prev, recomputed, lookup)
+        state.prev, state.pos, state.seq, state.position = (
+            row.entry_hash,
+            row.chain_pos,
+            row.seq,
+            position,
+        )
     return None
 
 
@@ -360,17 +483,22 @@ def _classify(
     recomputed: str,
     lookup: Callable[[str], LedgerEntry | None],
 ) -> ChainProblem:
+    c = row.chain
     if recomputed == row.entry_hash:
         # The row is authentic but does not follow the row before it.
         return ChainProblem(
             row.seq,
             position,
             "reordered",
-            f"row {row.seq} ({row.kind}) is intact but links to {row.prev_hash[:12]}…, "
-            f"not to the row before it ({prev[:12]}…)",
+            _named(
+                c,
+                f"row {row.seq} ({row.kind}) is intact but links to {row.prev_hash[:12]}…, "
+                f"not to the row before it ({prev[:12]}…)",
+            ),
+            c,
         )
     if row.prev_hash != prev:
-        written = _written_seq(row, lookup)
+        written = _written_seq(row, lookup) if c == 0 else None
         if written is not None and written != row.seq:
             return ChainProblem(
                 row.seq,
@@ -378,19 +506,25 @@ def _classify(
                 "reordered",
                 f"the row at seq {row.seq} is the row written as seq {written} ({row.kind}): "
                 "rows were moved",
+                c,
             )
         return ChainProblem(
             row.seq,
             position,
             "mutated",
-            f"row {row.seq} ({row.kind}) links to {row.prev_hash[:12]}…, but the row before it "
-            f"hashes to {prev[:12]}…, and its content does not match its hash",
+            _named(
+                c,
+                f"row {row.seq} ({row.kind}) links to {row.prev_hash[:12]}…, but the row "
+                f"before it hashes to {prev[:12]}…, and its content does not match its hash",
+            ),
+            c,
         )
     return ChainProblem(
         row.seq,
         position,
         "mutated",
-        f"row {row.seq} ({row.kind}) does not match its hash: its content was changed",
+        _named(c, f"row {row.seq} ({row.kind}) does not match its hash: its content was changed"),
+        c,
     )
 
 
@@ -419,11 +553,14 @@ def register_trail(factory: Callable[[], Trail]) -> None:
 @dataclass
 class VerifyReport:
     rows: int = 0
+    # The highest seq a signed head records: the ledger's last row (seq has gaps: see above).
     head_seq: int | None = None
     chain: ChainProblem | None = None
     drift: list[Any] = field(default_factory=list)
     # Live rows the trails compared with the chain (admission's: its policies).
     policies: int = 0
+    # Per chain: its rows (the last chain_pos its signed head records) and its head's seq.
+    chains: dict[int, dict[str, int]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -439,12 +576,14 @@ class VerifyReport:
                 "ok": self.chain is None,
                 "problem": self.chain.as_dict() if self.chain else None,
             },
+            "chains": {str(c): dict(v) for c, v in sorted(self.chains.items())},
             "drift": [d.as_dict() for d in self.drift],
         }
 
 
 def stream_rows(batch: int = VERIFY_BATCH) -> Iterator[LedgerEntry]:
-    """Every ledger row in seq order, read ``batch`` rows at a time (keyset pagination)."""
+    """Every ledger row in seq order, every chain, read ``batch`` rows at a time (keyset
+    pagination)."""
     after = 0
     while True:
         rows = list(LedgerEntry.objects.filter(seq__gt=after).order_by("seq")[:batch])
@@ -455,7 +594,7 @@ def stream_rows(batch: int = VERIFY_BATCH) -> Iterator[LedgerEntry]:
 
 
 def verify(batch: int = VERIFY_BATCH) -> VerifyReport:
-    """The full check: the chain and its signed head, then every policy against its audit.
+    """The full check: every chain and its signed head, then every policy against its audit.
 
     Runs in one REPEATABLE READ snapshot when called outside a transaction, so appends that
     commit meanwhile are not mistaken for tampering.
@@ -470,64 +609,101 @@ def verify(batch: int = VERIFY_BATCH) -> VerifyReport:
 
 def _verify(batch: int) -> VerifyReport:
     report = VerifyReport()
-    head = LedgerHead.objects.filter(pk=1).first()
-    report.head_seq = head.seq if head else None
+    heads = {head.id: head for head in LedgerHead.objects.all()}
+    report.head_seq = max((h.seq for h in heads.values()), default=None)
+    report.chains = {c: {"rows": h.chain_pos, "head_seq": h.seq} for c, h in sorted(heads.items())}
     trails = [factory() for factory in TRAILS]
-    last: list[LedgerEntry] = []
+    states: dict[int, _ChainState] = {}
 
     def tap(rows: Iterable[LedgerEntry]) -> Iterator[LedgerEntry]:
         for row in rows:
             report.rows += 1
             for trail in trails:
                 trail.see(row)
-            last[:] = [row]
             yield row
 
     rows = tap(stream_rows(batch))
-    report.chain = verify_chain(rows, head_seq=report.head_seq)
+    # No heads at all is an empty ledger (rows without heads are caught below, by chain 0).
+    report.chain = verify_chain(rows, heads=heads or None, states=states)
     for _ in rows:  # the rest of the chain still feeds the trails
         pass
     if report.chain is None:
-        report.chain = _check_head(head, last[0] if last else None, report.rows)
+        report.chain = _check_heads(heads, states, report.rows)
     report.drift = [problem for trail in trails for problem in trail.finish(report)]
     return report
 
 
+def _check_heads(
+    heads: dict[int, LedgerHead], states: dict[int, _ChainState], rows: int
+) -> ChainProblem | None:
+    """Each chain against its signed head, chain 0 first; every chain has a head (the migration
+    made them all) unless the ledger is empty."""
+    if not heads:
+        if not states:
+            return None
+        c = min(states)
+        return ChainProblem(
+            states[c].seq,
+            rows,
+            "deleted",
+            _named(c, "the signed chain head is missing: it was deleted"),
+            c,
+        )
+    for c in CHAINS:
+        problem = _check_head(c, heads.get(c), states.get(c, _ChainState()), rows)
+        if problem is not None:
+            return problem
+    return None
+
+
 def _check_head(
-    head: LedgerHead | None, last: LedgerEntry | None, rows: int
+    c: int, head: LedgerHead | None, last: _ChainState, rows: int
 ) -> ChainProblem | None:
     if head is None:
-        if last is None:
-            return None
         return ChainProblem(
-            last.seq, rows, "deleted", "the signed chain head is missing: it was deleted"
+            last.seq or 1,
+            last.position or rows,
+            "deleted",
+            f"the signed head of chain {c} is missing: it was deleted"
+            + (f" (the chain's rows end at seq {last.seq})" if last.pos else " with its rows"),
+            c,
         )
-    if not hmac.compare_digest(head.mac, head_mac(head.seq, head.entry_hash)):
+    expected_mac = head_mac(head.seq, head.entry_hash, chain=c, chain_pos=head.chain_pos)
+    if not hmac.compare_digest(head.mac, expected_mac):
         return ChainProblem(
             head.seq,
-            head.seq,
+            head.chain_pos if c == 0 else last.position,
             "mutated",
-            f"the signed chain head (seq {head.seq}) does not match its signature",
+            _named(c, f"the signed chain head (seq {head.seq}) does not match its signature"),
+            c,
         )
-    last_seq = last.seq if last else 0
-    if head.seq > last_seq:
+    if head.chain_pos > last.pos:
+        # One row missing: the head names its seq. More: they lie after the last row left.
+        single = head.chain_pos == last.pos + 1
         missing = (
             f"row {head.seq} is missing"
-            if head.seq == last_seq + 1
-            else f"rows {last_seq + 1}-{head.seq} are missing"
+            if single
+            else f"the {head.chain_pos - last.pos} rows after seq {last.seq} up to seq "
+            f"{head.seq} are missing"
         )
         return ChainProblem(
-            last_seq + 1,
-            rows + 1,
+            head.seq if single else last.seq + 1,
+            last.position + 1,
             "deleted",
-            f"{missing}: the chain ends at seq {last_seq} but its signed head is seq {head.seq}",
+            _named(
+                c,
+                f"{missing}: the chain ends at seq {last.seq} but its signed head is seq "
+                f"{head.seq} (chain position {head.chain_pos})",
+            ),
+            c,
         )
-    if last is not None and head.seq == last.seq and head.entry_hash != last.entry_hash:
+    if last.pos and (head.seq != last.seq or head.entry_hash != last.prev):
         return ChainProblem(
             last.seq,
-            rows,
+            last.position,
             "mutated",
-            f"row {last.seq} is not the row the signed head records",
+            _named(c, f"row {last.seq} is not the row the signed head records"),
+            c,
         )
     return None
 

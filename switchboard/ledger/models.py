@@ -1,9 +1,14 @@
-"""The ledger's tables: the hash-chained rows and the signed head of the chain."""
+"""The ledger's tables: the hash-chained rows and the signed head of each chain."""
 
 from __future__ import annotations
 
 from django.db import models
 from django.db.models import Q
+
+# The grant chains (1..GRANT_CHAINS) beside chain 0; the migration that made them
+# (0009_grant_chains) fixes the number: changing it takes a new migration (the SQL function,
+# the heads and the check constraints name it).
+GRANT_CHAINS = 8
 
 
 class LedgerKind(models.TextChoices):
@@ -38,7 +43,13 @@ class LedgerEntry(models.Model):
     or an endpoint is deleted.
     """
 
+    # The table's one order across chains (drawn from the sequence ``ledger_seq`` under the
+    # chain's lock: it rises along each chain; rows of other chains fill the gaps between).
     seq = models.BigIntegerField(primary_key=True)
+    # Chain 0: every declaration and decision; 1..GRANT_CHAINS: grant and end rows (chain.py).
+    chain = models.PositiveSmallIntegerField(default=0)
+    # The row's place in its chain: 1, 2, 3... with no gaps.
+    chain_pos = models.BigIntegerField(default=0)
     prev_hash = models.CharField(max_length=64)
     kind = models.CharField(max_length=32, choices=LedgerKind.choices)
     actor_human_id = models.BigIntegerField(null=True, blank=True)
@@ -50,6 +61,8 @@ class LedgerEntry(models.Model):
     before = models.JSONField(null=True, blank=True)
     after = models.JSONField(null=True, blank=True)
     at = models.DateTimeField()
+    # Unique (a grant is named by its row's hash); no pattern-ops twin index: nothing searches
+    # it by prefix (0009 drops the one Django makes for a unique CharField).
     entry_hash = models.CharField(max_length=64, unique=True)
 
     class Meta:
@@ -68,6 +81,17 @@ class LedgerEntry(models.Model):
             models.CheckConstraint(
                 name="ledger_kind_valid", condition=Q(kind__in=LedgerKind.values)
             ),
+            models.UniqueConstraint(fields=["chain", "chain_pos"], name="ledger_chain_pos_unique"),
+            # A grant chain holds grant and end rows only; chain 0 may hold them too (rows from
+            # before the grant chains, and a transaction that held chain 0 already).
+            models.CheckConstraint(
+                name="ledger_chain_valid",
+                condition=Q(chain=0)
+                | Q(
+                    chain__lte=GRANT_CHAINS,
+                    kind__in=[LedgerKind.LIMITS_GRANT, LedgerKind.LIMITS_END],
+                ),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -75,23 +99,30 @@ class LedgerEntry(models.Model):
 
 
 class LedgerHead(models.Model):
-    """The chain's last row, signed with the ledger key: one row, rewritten by every append.
+    """A chain's last row, signed with the ledger key: one row per chain (``id`` is the chain),
+    rewritten by every append to it; every chain's head exists from the start (a head at
+    ``chain_pos`` 0 is a chain with no rows yet).
 
     A chain whose last rows were deleted still verifies on its own; comparing it with the signed
-    head catches that (``chain.verify``).
+    head catches that, and a missing head is a deleted chain (``chain.verify``).
     """
 
-    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    id = models.PositiveSmallIntegerField(primary_key=True, default=0)
     seq = models.BigIntegerField()
+    chain_pos = models.BigIntegerField(default=0)
     entry_hash = models.CharField(max_length=64)
     mac = models.CharField(max_length=64)
 
     class Meta:
         db_table = "admission_ledgerhead"
-        constraints = [models.CheckConstraint(name="ledger_head_single_row", condition=Q(id=1))]
+        constraints = [
+            models.CheckConstraint(
+                name="ledger_head_one_per_chain", condition=Q(id__lte=GRANT_CHAINS)
+            )
+        ]
 
     def __str__(self) -> str:
-        return f"ledger head #{self.seq}"
+        return f"ledger chain {self.id} head #{self.seq}"
 
 
 class LedgerCheck(models.Model):
