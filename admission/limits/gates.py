@@ -298,9 +298,10 @@ class _OccupancyGate:
         )
 
     # The fast path (queues.gates): a pool or tags decide inside the claim statement with
-    # limits_pool_check / limits_tags_check (migration 0002), which lock the declarations and
-    # count under the lock; anything but room under every limit takes the locked path. A rate
-    # limit (check None) always takes the locked path.
+    # limits_pool_check / limits_tags_check (migrations 0002, 0005), which take the limits'
+    # locks (shared far from the cap, see the module's doc) and count under them; anything but
+    # room under every limit takes the locked path. A rate limit (check None) always takes the
+    # locked path.
     fast_function: str | None = None
 
     def fast_check(self, key: str, todo: str, params: str) -> str | None:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from django.db import connection, connections, transaction
 
@@ -87,9 +88,9 @@ def test_the_bound_counts_every_backend_that_can_hold_a_claim_and_every_prepared
 
 def test_the_lock_classes_in_the_sql_are_the_python_ones() -> None:
     for sql in (_MIGRATION.POOL_CHECK, _MIGRATION.SHARED_READS):
-        assert f"limits_lock({locks.POOL_LOCK_CLASS}," in sql
-    for sql in (_MIGRATION.TAGS_CHECK, _MIGRATION.SHARED_READS):
-        assert f"limits_lock({locks.TAG_LOCK_CLASS}," in sql
+        assert f"lock_shared({locks.POOL_LOCK_CLASS}, hashtext(p_pool))" in sql
+    assert f"lock_shared({locks.TAG_LOCK_CLASS}, l.key)" in _MIGRATION.TAGS_CHECK
+    assert f"limits_lock({locks.TAG_LOCK_CLASS}," in _MIGRATION.SHARED_READS
     assert f"'{locks.POOL_LOCK_CLASS}', 'name'" in _MIGRATION.TRIGGER
     assert f"'{locks.TAG_LOCK_CLASS}', 'tag'" in _MIGRATION.TRIGGER
 
@@ -178,6 +179,43 @@ def test_an_ending_takes_the_locks_shared_and_locks_no_limit_row(
             # here the rows are free of this transaction's locks: xmax untouched.
             cursor.execute("SELECT xmax::text FROM limits_pool WHERE name = 'gpu'")
             assert cursor.fetchone() == ("0",)
+
+
+def test_a_claim_that_waited_on_a_change_decides_on_the_new_limit_exactly(
+    tx_personas: Personas,
+) -> None:
+    # Read without locks the pool is far from its cap, so the claim asks for the shared lock; a
+    # change (any writer: the trigger takes the lock) holds it exclusive while lowering the
+    # pool to 1. Once the change commits the claim reads 1 slot under its lock, answers stale,
+    # and the locked path admits it exactly: its grant names the new limit.
+    p = tx_personas
+    pool("gpu", slots=1_000_000)
+    push_named(p, 2, pool="gpu")
+    holder = psycopg.connect(**connection.get_connection_params())
+    holder.execute("UPDATE limits_pool SET slots = 1 WHERE name = 'gpu'")
+    outcome: dict[str, Any] = {}
+
+    def claim() -> None:
+        try:
+            outcome["result"] = services.claim_next(actor=p.as_agent())
+        finally:
+            connections.close_all()
+
+    worker = threading.Thread(target=claim)
+    worker.start()
+    deadline = time.monotonic() + 20
+    with psycopg.connect(**connection.get_connection_params()) as probe:
+        while not probe.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        ).fetchone()[0]:  # type: ignore[index]
+            assert time.monotonic() < deadline, "the claim never waited on the pool's lock"
+            time.sleep(0.02)
+    holder.commit()
+    holder.close()
+    worker.join(timeout=20)
+    assert isinstance(outcome.get("result"), Claimed), outcome
+    assert _grant_helds("gpu") == [(0, 1)]
+    assert isinstance(services.claim_next(actor=p.as_agent()), services.NothingClaimable)
 
 
 # --- races ---------------------------------------------------------------------------------------

@@ -72,14 +72,20 @@ BEGIN
     -- Which lock, read without one: shared when the pool is off, or far enough from its cap,
     -- and this transaction has claimed no other todo under a shared lock.
     IF coalesce(current_setting('switchboard.headroom_todo', true), '') IN ('', p_todo::text) THEN
-        SELECT p.posture = 'off' OR (p.slots > l_bound AND (
-                   SELECT count(*) FROM queues_todo t
-                   WHERE t.state = 'claimed' AND t.pool = p_pool AND t.id IS DISTINCT FROM p_todo
-               ) + l_bound < p.slots)
-        INTO l_shared FROM limits_pool p WHERE p.name = p_pool;
-        l_shared := coalesce(l_shared, false);
+        SELECT p.slots, p.posture INTO l_slots, l_posture FROM limits_pool p WHERE p.name = p_pool;
+        IF l_posture = 'off' THEN
+            l_shared := true;
+        ELSIF l_slots > l_bound THEN
+            SELECT count(*) INTO l_held FROM queues_todo t
+            WHERE t.state = 'claimed' AND t.pool = p_pool AND t.id IS DISTINCT FROM p_todo;
+            l_shared := l_held + l_bound < l_slots;
+        END IF;
     END IF;
-    PERFORM limits_lock(19536, ARRAY[p_pool], CASE WHEN l_shared THEN ARRAY[p_pool] END);
+    IF l_shared THEN
+        PERFORM pg_advisory_xact_lock_shared(19536, hashtext(p_pool));
+    ELSE
+        PERFORM pg_advisory_xact_lock(19536, hashtext(p_pool));
+    END IF;
     SELECT p.slots, p.posture INTO l_slots, l_posture FROM limits_pool p WHERE p.name = p_pool;
     IF NOT FOUND THEN
         RETURN '{"ok": false}'::jsonb;
@@ -112,22 +118,43 @@ DECLARE
     l_held bigint;
     l_items text[] := ARRAY[]::text[];
     l_bound integer := limits_headroom_bound();
+    l_may boolean;
+    l_key integer;
+    l_key_shared boolean;
     l_shared varchar[] := ARRAY[]::varchar[];
     l_headroom boolean := false;
 BEGIN
-    -- Which lock per tag, read without one (see limits_pool_check); a tag with no declaration
-    -- has nothing to decide and is taken shared.
-    IF coalesce(current_setting('switchboard.headroom_todo', true), '') IN ('', p_todo::text) THEN
-        SELECT coalesce(array_agg(n), '{}') INTO l_shared FROM unnest(p_tags) n
-        WHERE NOT EXISTS (
-            SELECT 1 FROM limits_taglimit g
-            WHERE g.tag = n AND g.posture <> 'off'
-              AND CASE WHEN g."limit" <= l_bound THEN true
-                       ELSE (SELECT count(*) FROM queues_todo t
-                             WHERE t.state = 'claimed' AND t.tags <> '{}' AND t.tags @> ARRAY[g.tag]
-                               AND t.id IS DISTINCT FROM p_todo) + l_bound >= g."limit" END);
-    END IF;
-    PERFORM limits_lock(19540, p_tags, l_shared);
+    l_may := coalesce(current_setting('switchboard.headroom_todo', true), '') IN ('', p_todo::text);
+    -- Each tag's lock in key order, its mode chosen from the tag read without a lock (see
+    -- limits_pool_check; a tag with no declaration has nothing to decide: shared). Tags whose
+    -- keys collide share the first one's lock and mode, and are decided by that mode.
+    FOR l IN SELECT n.tag, hashtext(n.tag) AS key, g."limit", g.posture
+             FROM (SELECT DISTINCT unnest(p_tags) AS tag) n
+             LEFT JOIN limits_taglimit g ON g.tag = n.tag
+             ORDER BY 2, 1 LOOP
+        IF l_key IS DISTINCT FROM l.key THEN
+            l_key := l.key;
+            l_key_shared := false;
+            IF l_may THEN
+                IF l.posture IS NULL OR l.posture = 'off' THEN
+                    l_key_shared := true;
+                ELSIF l."limit" > l_bound THEN
+                    SELECT count(*) INTO l_held FROM queues_todo t
+                    WHERE t.state = 'claimed' AND t.tags <> '{}' AND t.tags @> ARRAY[l.tag]
+                      AND t.id IS DISTINCT FROM p_todo;
+                    l_key_shared := l_held + l_bound < l."limit";
+                END IF;
+            END IF;
+            IF l_key_shared THEN
+                PERFORM pg_advisory_xact_lock_shared(19540, l.key);
+            ELSE
+                PERFORM pg_advisory_xact_lock(19540, l.key);
+            END IF;
+        END IF;
+        IF l_key_shared THEN
+            l_shared := l_shared || l.tag;
+        END IF;
+    END LOOP;
     FOR l IN SELECT g.tag, g."limit", g.posture FROM limits_taglimit g
              WHERE g.tag = ANY(p_tags) ORDER BY g.tag LOOP
         IF l.posture <> 'off' THEN
@@ -162,7 +189,7 @@ CREATE OR REPLACE FUNCTION limits_pool_shared(p_pool varchar)
 RETURNS TABLE(o_name varchar, o_slots integer, o_posture varchar)
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    PERFORM limits_lock(19536, ARRAY[p_pool], ARRAY[p_pool]);
+    PERFORM pg_advisory_xact_lock_shared(19536, hashtext(p_pool));
     RETURN QUERY SELECT p.name, p.slots, p.posture FROM limits_pool p WHERE p.name = p_pool;
 END;
 $$;
