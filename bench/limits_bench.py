@@ -2,9 +2,9 @@
 tags against the same todos naming nothing, at 8 concurrent claimers.
 
 The limits are declared with room never to refuse (enforce, a million slots), so the figure is
-what the named gates cost on the locked claim path: the pool row and the two tag rows locked in
-their fixed order, occupancy counted under the locks, and the skip arrays in the candidate
-statement. The two phases of a pair run back to back (plain first) so each ratio compares one
+what the named gates cost on the claim path far from the caps: the pool's and the two tags'
+locks taken shared in their fixed order, occupancy counted under them, the grant and end ledger
+rows, and the skip arrays in the candidate statement. The two phases of a pair run back to back (plain first) so each ratio compares one
 moment; ``repeats`` pairs, judged on the median ratio. Target: named ≥ 0.5× unnamed at 8.
 """
 

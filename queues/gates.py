@@ -132,8 +132,9 @@ class ClaimGate(Protocol):
         queue identities (``<endpoint_id>:<queue>``) with pending work that ending its claim may
         make claimable, because it frees a unit of a limit that was at its cap counting this
         claim (the doorbell rings ``reopened`` for each, once). Evaluated inside the ending
-        statement; a gate whose limit a concurrent change may raise reads that limit's row under
-        a share lock, so the change and the ending claim ring once between them."""
+        statement; a gate whose limit a concurrent change may raise reads that limit under a
+        share lock (admission.limits: an advisory lock per limit, which the change takes
+        exclusive), so the change and the ending claim ring once between them."""
         ...
 
     def pre_read(self, endpoint_id: UUID, queues: list[str]) -> list[Refusal]:

@@ -3,19 +3,65 @@ limit, and claims this minute below a rate limit's effective limit.
 
 Registered from ``LimitsConfig.ready()`` through ``queues.gates``, after admission's budget gate,
 so every claim takes its locks in one fixed order: policy (10), pool (20), tags sorted (30),
-rate (40).
-Under a gate's row lock (``FOR UPDATE``), a later statement counts occupancy excluding a takeover
-of this very todo, so it sees every claim committed by the transactions the lock waited for.
+rate (40), then the ledger's.
 
 Postures: ``enforce`` refuses (``pool_full`` / ``tag_full`` / ``rate_limited`` with
 ``next_eligible_at``),
 ``advise`` admits and appends a waiver to the ledger naming exactly the limits exceeded (ledger
 rows are HMAC-hashed in a signed chain), ``off`` is inert. A limit of 0 is quarantine.
 
+The locks. A pool or a tag is guarded by a transaction-scoped advisory lock of its own
+(``admission.limits.locks``: keyed by kind and name, taken in key order), not by its row: a claim
+takes it **shared** while the limit is far from its cap (*headroom*) and **exclusive** near it;
+an ending claim takes it shared (its reopen ring, below); every change of the declaration
+(``limit_set``, delete, quarantine, and any other writer through a trigger) takes it exclusive.
+Each holder keeps it to its commit, and reads the limit and counts occupancy after taking it,
+each in a statement of its own (a fresh snapshot under READ COMMITTED). A rate limit keeps its
+row lock: it spends a counter per minute, which is serial anyway.
+
+Why the count never passes the limit. Let ``held`` be the occupancy a claim counts (claimed todos
+naming the limit, committed, leaving out a takeover's own todo) and ``B`` the most claims naming
+one limit that can be in flight at once: taken their lock and counted, not yet committed.
+
+- ``B``: every in-flight claim is a transaction on a backend or a prepared transaction, and a
+  transaction makes at most one headroom claim (the fast checks mark the todo they admitted under
+  a shared lock in ``switchboard.headroom_todo``, a transaction-local setting; any other todo the
+  same transaction claims is decided exclusive). So ``B = max_connections +
+  max_prepared_transactions + max_worker_processes + max_wal_senders`` (``limits_headroom_bound()``;
+  the last two are backends that can run SQL outside ``max_connections``: background workers such
+  as a scheduler's, walsenders). Every claim path counts: claim_next (one row per statement),
+  claim of one todo, takeovers (a claim of a lapsed claimed todo: its count leaves its own todo
+  out, so it is counted once), and any of them inside a caller's longer transaction (the mark).
+  No other statement sets a todo claimed (the doorbell's push sweeps only remind; the reaper,
+  revoke, requeue and quarantine only lower occupancy).
+- Headroom: a claim admitted under the shared lock had ``held + B < limit``; one admitted under
+  the exclusive lock had ``held < limit``, and while it held that lock no other claim was in
+  flight (every in-flight claim holds the lock shared or exclusive, from before its count to its
+  commit).
+- At any moment, take the claims holding the limit and among them the one, Z, whose count was
+  taken last. Each of the others either committed before Z counted (so Z counted it: it was
+  still held, being held now) or was in flight when Z counted (its count came earlier and its
+  commit later). If Z held the lock exclusive, none was in flight: occupancy <= held_Z + 1 <=
+  limit. If shared, at most B - 1 others were: occupancy <= held_Z + B < limit. The same holds
+  in ledger order for ``limits verify``'s replay (a grant's row is appended under its lock).
+- A change of the limit takes the lock exclusive, so it waits for every in-flight claim to
+  commit, and no claim counts under the old value after the change commits: a headroom claim
+  never sees a limit that is being changed. A lowered limit then holds every new claim to the
+  exact path until occupancy is B below it.
+- Under ``advise`` the same bound means a headroom claim never exceeds the limit, so it owes no
+  waiver; an exceeded advise limit is always decided exclusive.
+
+Which lock a claim takes is decided by reading the limit and counting without locks: far from
+the cap it takes the shared lock, then reads and counts again under it; if the limit turned out
+within B of the cap (claims landed meanwhile, or it changed) it answers ``stale`` and the locked
+path decides exclusive. Near the cap, or for a second claim in one transaction, it takes the
+exclusive lock at once and decides as before. The locked path (``admit``) always takes the
+exclusive lock.
+
 The fast path: a pool or tags decide inside the claim_next statement (``limits_pool_check``,
-``limits_tags_check``, migration 0002) under the same locks and counts, so an admitted claim
-holds them only for that one autocommitted statement; any limit at its cap (or advise) sends the
-candidate to the locked path below. A rate limit always takes the locked path.
+``limits_tags_check``, migrations 0002/0004/0005) under those locks and counts, so an admitted
+claim holds them only for that one autocommitted statement; any limit at its cap (or advise
+over it) sends the candidate to the locked path below. A rate limit always takes the locked path.
 
 These limits hold per todo, not per queue identity: instead of a queue-wide pre-read each gate
 gives a skip (the limits it would refuse now, read without locks, as one array per statement)
@@ -37,7 +83,7 @@ from django.db import connection
 from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
-from admission.limits import rates
+from admission.limits import locks, rates
 from admission.limits.models import LimitPosture
 from queues import gates, metrics
 from queues.access import append_claim_waiver
@@ -204,7 +250,7 @@ class _OccupancyGate:
     grant_kind: str
     # The names of the limits full now under enforce (SQL), for ``skip``.
     full_now: str
-    # The declaration rows of the key, locked in name order.
+    # The declaration rows of the key (read after their locks when locked).
     lock_sql: str
 
     def probe(self, alias: str) -> str:
@@ -213,17 +259,22 @@ class _OccupancyGate:
     def reopens(self, alias: str) -> str:
         """The queue identities (``text[]``) with pending work naming a limit the row ``alias``
         names that was at its cap under enforce counting this claim (occupancy leaves ``alias``
-        itself out): ending the claim frees a unit they wait for. The limit's row is read under a
-        share lock, so a ``limit_set`` racing this statement either waits for it (and then sees
-        the unit freed, so it rings nothing) or commits first (and this reads its new limit, so
-        this rings nothing)."""
+        itself out): ending the claim frees a unit they wait for. The limit is read under its
+        lock taken shared (``limits_pool_shared``, ``limits_tags_shared``: a fresh read after
+        the lock), so a ``limit_set`` racing this statement (exclusive) either waits for it (and
+        then sees the unit freed, so it rings nothing) or commits first (and this reads its new
+        limit, so this rings nothing). Shared, it never waits on a headroom claim."""
         raise NotImplementedError
 
     def names(self, key: Any) -> list[str]:
         return [key] if isinstance(key, str) else sorted(key)
 
     def read(self, cursor: Any, names: list[str], todo_id: UUID | None, lock: bool) -> list[Held]:
-        cursor.execute(self.lock_sql + (" FOR UPDATE" if lock else ""), [names])
+        """The limits ``names`` and their occupancy; ``lock``: under their locks taken exclusive
+        (the exact path), so the reads after it see every claim that held them committed."""
+        if lock:
+            locks.lock(cursor, self.grant_kind, names)
+        cursor.execute(self.lock_sql, [names])
         declared = cursor.fetchall()
         counts = self.counts(cursor, names, todo_id)
         return [
@@ -247,9 +298,10 @@ class _OccupancyGate:
         )
 
     # The fast path (queues.gates): a pool or tags decide inside the claim statement with
-    # limits_pool_check / limits_tags_check (migration 0002), which lock the declarations and
-    # count under the lock; anything but room under every limit takes the locked path. A rate
-    # limit (check None) always takes the locked path.
+    # limits_pool_check / limits_tags_check (migrations 0002, 0005), which take the limits'
+    # locks (shared far from the cap, see the module's doc) and count under them; anything but
+    # room under every limit takes the locked path. A rate limit (check None) always takes the
+    # locked path.
     fast_function: str | None = None
 
     def fast_check(self, key: str, todo: str, params: str) -> str | None:
@@ -397,8 +449,8 @@ class PoolGate(_OccupancyGate):
         # LATERAL: the waiting rows are read only for a pool that was at its cap.
         return f"""CASE WHEN {alias}.pool IS NOT NULL THEN ARRAY(
         SELECT DISTINCT {gated.identity_key("w")}
-        FROM (SELECT p.name, p.slots, p.posture FROM limits_pool p
-              WHERE p.name = {alias}.pool FOR SHARE) p,
+        FROM (SELECT s.o_name AS name, s.o_slots AS slots, s.o_posture AS posture
+              FROM limits_pool_shared({alias}.pool) s) p,
              LATERAL ({gated.pending_rows_in_pool("p.name")}) w
         WHERE p.posture = 'enforce'
           AND p.slots = 1 + {gated.claimed_in_pool("p.name", excluding=f"{alias}.id")}) END"""
@@ -415,8 +467,8 @@ class TagGate(_OccupancyGate):
     grant_kind = "tag"
     full_now = _FULL_TAGS
     fast_function = "limits_tags_check"
-    # ORDER BY with FOR UPDATE locks the rows as they come out of the sort: in tag order, so
-    # two claims naming overlapping tags never wait on each other in opposite orders.
+    # The tags' locks are taken in key order (limits_lock), so two claims naming overlapping
+    # tags never wait on each other in opposite orders.
     lock_sql = 'SELECT tag, "limit", posture FROM limits_taglimit WHERE tag = ANY(%s) ORDER BY tag'
 
     def counts(
@@ -427,8 +479,8 @@ class TagGate(_OccupancyGate):
     def reopens(self, alias: str) -> str:
         return f"""CASE WHEN cardinality({alias}.tags) > 0 THEN ARRAY(
         SELECT DISTINCT {gated.identity_key("w")}
-        FROM (SELECT l.tag, l."limit", l.posture FROM limits_taglimit l
-              WHERE l.tag = ANY({alias}.tags) ORDER BY l.tag FOR SHARE) l,
+        FROM (SELECT s.o_tag AS tag, s.o_limit AS "limit", s.o_posture AS posture
+              FROM limits_tags_shared({alias}.tags) s) l,
              LATERAL ({gated.pending_rows_with_tag("l.tag")}) w
         WHERE l.posture = 'enforce'
           AND l."limit" = 1 + {gated.claimed_with_tag("l.tag", excluding=f"{alias}.id")})

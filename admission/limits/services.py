@@ -17,6 +17,7 @@ from django.db.models import Model, Q
 from django.utils import timezone
 
 from admission.limits import gates as limit_gates
+from admission.limits import locks
 from admission.limits import priority as queue_priority
 from admission.limits.models import (
     DEFAULT_DECAY_STEP,
@@ -98,6 +99,22 @@ def _ring_reopened(kind: Kind, name: str) -> None:
     wakes.reopen(wakes.payload(e, q) for e, q in identities)
 
 
+def _lock(kind: Kind, name: str) -> Any:
+    """Lock the declaration of ``name`` for a change, in this transaction: a pool or a tag by its
+    advisory lock taken exclusive (``admission.limits.locks``; every claim naming it holds that
+    lock, shared or exclusive, until it commits, so this waits for every claim in flight and no
+    claim decides on it until this commits), then its row read (None: not declared). A rate
+    limit by its row lock, which its claims take. The pools' and tags' rows are not locked:
+    every writer holds the advisory lock (a trigger takes it for a writer outside these
+    services), so the row lock would serialise nothing more."""
+    manager = kind.model.objects  # type: ignore[attr-defined]
+    if kind.name in locks.CLASSES:
+        with connection.cursor() as cursor:
+            locks.lock(cursor, kind.name, [name])
+        return manager.filter(**{kind.key: name}).first()
+    return manager.select_for_update().filter(**{kind.key: name}).first()
+
+
 def kind_of(kind: str) -> Kind:
     if kind not in KINDS:
         raise InvalidArgument(f"kind must be one of {', '.join(KINDS)}", field="kind")
@@ -175,7 +192,7 @@ def limit_set(*, actor: Actor, kind: str, name: str, **given: Any) -> dict[str, 
         field = sorted(unknown)[0]
         raise InvalidArgument(f"{field} is not a field of a {k.name} limit", field=field)
     with transaction.atomic():
-        row = k.model.objects.select_for_update().filter(**{k.key: name}).first()  # type: ignore[attr-defined]
+        row = _lock(k, name)
         values = _values(k, given, row)
         before = as_dict(k, row) if row is not None else None
         held_before = row is not None and _holds(k, name)
@@ -190,8 +207,9 @@ def limit_set(*, actor: Actor, kind: str, name: str, **given: Any) -> dict[str, 
             _append(LedgerKind.LIMITS_SET, actor, before, after)
         # A raise (or a posture off enforce) that frees work the limit held: the doorbell rings
         # after commit; a lowering or a no-op change frees nothing and rings nothing. Exact
-        # under races: both reads run under this row's lock, which every claim naming the limit
-        # takes to admit and every ending claim takes (shared) to decide its own reopen ring.
+        # under races: both reads run under the limit's lock taken exclusive (``_lock``), which
+        # every claim naming the limit holds to admit and every ending claim holds (shared) to
+        # decide its own reopen ring.
         if held_before and not _holds(k, name):
             transaction.on_commit(lambda: _ring_reopened(k, name))
     return after
@@ -204,7 +222,7 @@ def limit_delete(*, actor: Actor, kind: str, name: str) -> dict[str, Any]:
     _check_may_change(actor, k)
     check_limit_name(name, field_name="name")
     with transaction.atomic():
-        row = k.model.objects.select_for_update().filter(**{k.key: name}).first()  # type: ignore[attr-defined]
+        row = _lock(k, name)
         if row is None:
             raise NotFound(f"no {k.name} limit named {name!r}", field="name")
         live = Todo.objects.filter(**{k.todo_q: [name] if k.name == "tag" else name}).filter(
@@ -238,8 +256,9 @@ def limit_quarantine(*, actor: Actor, kind: str, name: str) -> dict[str, Any]:
     claim naming it expired at once, and one ``limits.quarantine`` ledger row whose payload is
     the whole manifest (the expired todos with their holders, the queued todos).
 
-    A claim racing it either commits first (it holds the limit's row lock until then) and is
-    expired here, or reads the limit after this commits and is refused: none holds a unit after.
+    A claim racing it either commits first (it holds the limit's lock, shared or exclusive,
+    until then; this takes it exclusive) and is expired here, or reads the limit after this
+    commits and is refused: none holds a unit after.
     """
     if kind not in gated.NAMING:
         raise InvalidArgument("kind must be pool or tag", field="kind")
@@ -260,7 +279,8 @@ def limit_quarantine(*, actor: Actor, kind: str, name: str) -> dict[str, Any]:
 
 
 class _ClaimedMeanwhile(Exception):
-    """A claim naming the limit committed between locking its claims and locking its row."""
+    """A claim naming the limit committed between locking its claims and taking the limit's
+    lock, and its todo is locked by another transaction (its ending, waiting on that lock)."""
 
 
 _QUARANTINE_TRIES = 20
@@ -270,15 +290,19 @@ def _quarantine_once(actor: Actor, k: Kind, kind: str, name: str) -> dict[str, A
     with connection.cursor() as cursor:
         cursor.execute(gated.quarantine_lock_sql(kind), {"n": name})
         locked = {todo_id for (todo_id,) in cursor.fetchall()}
-        row = k.model.objects.select_for_update().filter(**{k.key: name}).first()  # type: ignore[attr-defined]
+        row = _lock(k, name)
         if row is None:
             raise NotFound(f"no {k.name} limit named {name!r}", field="name")
-        # A claim that landed between the two locks is not ours: expiring it would wait on its
-        # holder's completion, which waits (share) on the limit's row this holds: a deadlock.
-        # Under the row's lock no claim naming the limit can land, so a second pass settles it.
+        # Claims that landed between the two locks (every claim in flight when the lock was
+        # asked for commits before it is granted; none lands after): each is locked now without
+        # waiting. One whose todo another transaction holds (its ending, which waits for the
+        # limit's lock this holds) would deadlock a wait: start again, letting go of everything.
         cursor.execute(gated.quarantine_lock_sql(kind, lock=False), {"n": name})
-        if {todo_id for (todo_id,) in cursor.fetchall()} - locked:
-            raise _ClaimedMeanwhile
+        landed = sorted({todo_id for (todo_id,) in cursor.fetchall()} - locked)
+        if landed:
+            cursor.execute(gated.QUARANTINE_LOCK_LANDED_SQL, {"ids": landed})
+            if len(cursor.fetchall()) < len(landed):
+                raise _ClaimedMeanwhile
         before = as_dict(k, row)
         cursor.execute(gated.quarantine_queued_sql(kind), {"n": name})
         queued = [todo_id for (todo_id,) in cursor.fetchall()]

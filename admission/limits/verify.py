@@ -13,11 +13,15 @@ A rate limit's grant is checked against what its row recorded (claims this minut
 effective limit under ``enforce``): its effective limit depends on 429 observations, which are
 not ledger rows.
 
-Row order (``seq``, across the ledger's chains) is the order of the facts: a claim writes its
-grant holding the limits' row locks and an ending statement writes its end row holding a share
-lock on them, each drawing its seq after those locks, so a grant's row follows every end and
-limit change its gate saw, and precedes those it did not (``switchboard.ledger.chain`` gives
-the whole argument).
+Row order (``seq``, across the ledger's chains: ``switchboard.ledger.chain``) is the order of
+the facts: a claim writes its grant holding its limits' locks
+(``admission.limits.locks``) and an ending statement writes its end row holding them shared, each
+before the chain's lock, and a limit change writes its row holding them exclusive, so a grant's
+row follows every limit change its gate saw and precedes those it did not. Grants decided under
+a shared lock (far from the cap) may be appended in another order than they counted; the
+argument of ``admission.limits.gates`` holds in ledger order all the same (the grant whose count
+came last among those open at a row saw all the others committed, or in flight, at most B - 1 of
+them), so none of them finds its limit's grants all open in the replay.
 """
 
 from __future__ import annotations

@@ -524,7 +524,7 @@ def _ending_sql(
 ) -> str:
     """A claimed todo leaves the claim: close the attempt and set the todo's new state. A claim
     that held a grant ends it with a ``limits.end`` row (``grants.end_cte``), appended after the
-    reopens' share locks on the limits' rows were taken (the lock order of a claim) and after both
+    reopens' share locks on the limits were taken (the lock order of a claim) and after both
     rows are written, so the chain's lock is held for as little of the statement as it can be."""
     return _compact(f"""
 WITH held AS (

@@ -154,13 +154,21 @@ SELECT count(*) FROM queues_todo t WHERE t.state = 'claimed' AND t.grant_hash IS
 
 
 def quarantine_lock_sql(kind: str, *, lock: bool = True) -> str:
-    """The claims naming the limit, locked before the limit's row: a claimer locks its todo
-    before the gate's row, so the quarantine takes the todos it will expire first (the
+    """The claims naming the limit, locked before the limit's lock: a claimer locks its todo
+    before the gate's lock, so the quarantine takes the todos it will expire first (the
     same order) and never waits on a takeover that waits on it. ``lock=False``: the same ids,
     read without locks (the check, under the limit's lock, that no claim landed between)."""
     return f"""
 SELECT t.id FROM queues_todo t WHERE t.state = 'claimed' AND {NAMING[kind]}
 ORDER BY t.id{" FOR UPDATE OF t" if lock else ""}
+"""
+
+
+# Claims that landed while a quarantine took the limit's lock, locked without waiting (the rows
+# another transaction holds are left out: the caller starts again).
+QUARANTINE_LOCK_LANDED_SQL = """
+SELECT t.id FROM queues_todo t WHERE t.id = ANY(%(ids)s::uuid[])
+ORDER BY t.id FOR UPDATE OF t SKIP LOCKED
 """
 
 

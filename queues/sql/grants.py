@@ -6,8 +6,8 @@ goes to one of the ledger's grant chains, the first whose lock is free
 
 A grant's identity is its row's ``entry_hash``, kept on the todo (``grant_hash``) while the claim
 lasts. The chain's lock is taken inside the statement after every gate's lock (the verdicts, or
-the locked path's admissions, come first; an ending statement's share locks on the limits' rows
-come first too), so it is held only for the rest of that statement and its commit, and the lock
+the locked path's admissions, come first; an ending statement's shared locks on the limits,
+``admission.limits.locks``, come first too), so it is held only for the rest of that statement and its commit, and the lock
 order stays policy, pool, tags, rate, ledger. The row's ``seq`` is drawn there too, after the
 gates' locks: what the replay's order rests on.
 

@@ -28,8 +28,8 @@ That order is causal for every replay that reads the ledger in ``seq`` order (``
 the quarantine manifests, the admission trail): a row's ``seq`` is drawn late in its
 transaction, after every lock its statement takes and while the chain's lock is held to commit.
 - A grant's ``seq`` is drawn inside its claim statement after its gates' locks on the limits it
-  names (the pool and tag rows, or their advisory locks); a ``limits.set`` / ``limits.delete`` /
-  ``limits.quarantine`` row draws its ``seq`` holding the limit's row exclusively. So a grant
+  names (their advisory locks, ``admission.limits.locks``); a ``limits.set`` / ``limits.delete`` /
+  ``limits.quarantine`` row draws its ``seq`` holding the limit's lock exclusively. So a grant
   and a change of a limit it names never overlap: the one that locked first also drew first,
   and committed before the other could lock. The grant's row follows every change its gate saw.
 - An end row names a grant already committed (it ends the claim that holds it, read from the

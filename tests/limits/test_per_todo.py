@@ -14,6 +14,7 @@ import psycopg
 from django.conf import settings
 from django.db import connection, connections
 
+from admission.limits.locks import POOL_LOCK_CLASS
 from admission.limits.models import RateLimit
 from queues import services
 from queues.models import Todo, TodoState
@@ -123,12 +124,13 @@ def test_a_full_pools_todo_is_passed_over_without_waiting_on_the_pools_lock(
     tx_personas: Personas,
 ) -> None:
     p = tx_personas
-    gpu = pool("gpu", slots=1)
+    pool("gpu", slots=1)
     first, _ = push_named(p, 2, pool="gpu")
     [free] = push(p, 1)
     services.claim(actor=p.as_agent(), todo_id=first.id)
     holder = _other_connection()
-    holder.execute("SELECT 1 FROM limits_pool WHERE id = %s FOR UPDATE", [gpu.id])
+    # The pool's lock (admission.limits.locks), taken exclusive as a claim near the cap does.
+    holder.execute("SELECT limits_lock(%s, ARRAY['gpu']::varchar[], NULL)", [POOL_LOCK_CLASS])
     worker, outcome = _in_thread(lambda: services.claim_next(actor=p.as_agent()))
     worker.join(timeout=20)
     finished = not worker.is_alive()
@@ -152,13 +154,14 @@ def test_a_pool_that_fills_while_the_claim_waits_refuses_that_todo_and_the_claim
     tx_personas: Personas,
 ) -> None:
     p = tx_personas
-    gpu = pool("gpu", slots=1)
+    pool("gpu", slots=1)
     racing, held = push_named(p, 2, pool="gpu")
     [free] = push(p, 1)
     # Another claim of `racing` is under way: it holds the pool's lock and its todo, not yet
     # committed, so the claim below sees the pool with a free slot and waits for the lock.
     holder = _other_connection()
-    holder.execute("SELECT 1 FROM limits_pool WHERE id = %s FOR UPDATE", [gpu.id])
+    # The pool's lock (admission.limits.locks), taken exclusive as a claim near the cap does.
+    holder.execute("SELECT limits_lock(%s, ARRAY['gpu']::varchar[], NULL)", [POOL_LOCK_CLASS])
     holder.execute(
         "UPDATE queues_todo SET state = 'claimed', attempt = 1, owner = 'other', "
         "lease_expires_at = now() + interval '1 minute' WHERE id = %s",
