@@ -47,8 +47,10 @@ def test_racing_takeovers_each_end_the_superseded_grant_exactly_once(
     won = [r for r in results if isinstance(r, Claimed) and r.todo is not None]
     assert sorted(str(c.todo.id) for c in won) == sorted(str(t.id) for t in todos), results
     assert all(c.attempt == 2 and c.grant is None for c in won)
-    ended = LedgerEntry.objects.filter(kind=LedgerKind.LIMITS_END).order_by("seq")
-    assert sorted((e.after["todo"], e.after["grant"], e.after["ended"]) for e in ended) == sorted(
+    ended: list[dict[str, Any]] = [
+        e.after or {} for e in LedgerEntry.objects.filter(kind=LedgerKind.LIMITS_END)
+    ]
+    assert sorted((e["todo"], e["grant"], e["ended"]) for e in ended) == sorted(
         (str(t.id), first[t.id].grant, "superseded") for t in todos
     )
     assert (
