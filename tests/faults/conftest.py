@@ -64,7 +64,8 @@ class Valkey:
         deadline = time.monotonic() + 15
         while True:
             try:
-                redis.Redis.from_url(self.url, socket_timeout=1).ping()
+                with redis.Redis.from_url(self.url, socket_timeout=1) as client:
+                    client.ping()
                 return
             except redis.RedisError:
                 if time.monotonic() > deadline:
