@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import queue
 import statistics
-import threading
 import time
 from typing import Any
 
@@ -64,6 +63,7 @@ def _load(server: Any, seconds: float, during: Any = None) -> dict[str, float]:
 def _mode(fleet: Any, session_cookie: str, rings: str, duration: float) -> dict[str, Any]:
     import httpx
 
+    from bench.common import StreamReader
     from bench.doorbell_bench import _server_process
     from queues import services
     from queues.access import AgentActor
@@ -73,26 +73,23 @@ def _mode(fleet: Any, session_cookie: str, rings: str, duration: float) -> dict[
         pair for pair in fleet.identities if not any(pair in v for v in fleet.trouble.values())
     ]
     events: queue.Queue[tuple[float, str]] = queue.Queue()
-    stop = threading.Event()
     with live_server(env={"SWITCHBOARD_LIVE_BOARD_RINGS": rings}) as base:
         server = _server_process(base)
 
-        def read(i: int) -> None:
-            with httpx.stream(
-                "GET",
+        def on_line(line: str) -> None:
+            if line.startswith("event: "):
+                events.put((time.perf_counter(), line[7:]))
+
+        # Ten boards; the first one's events are timed.
+        readers = [
+            StreamReader(
                 f"{base}/live?here=/",
+                on_line if i == 0 else lambda line: None,
                 cookies={"sessionid": session_cookie},
                 timeout=httpx.Timeout(10.0, read=None),
-            ) as response:
-                for line in response.iter_lines():
-                    if stop.is_set():
-                        return
-                    if i == 0 and line.startswith("event: "):
-                        events.put((time.perf_counter(), line[7:]))
-
-        readers = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(BOARDS)]
-        for reader in readers:
-            reader.start()
+            )
+            for i in range(BOARDS)
+        ]
         time.sleep(4.0)  # connected, baselines rendered
         idle = _load(server, duration)
 
@@ -133,7 +130,8 @@ def _mode(fleet: Any, session_cookie: str, rings: str, duration: float) -> dict[
             time.sleep(BUSY_EVERY_S)
 
         busy = _load(server, duration, create_steadily)
-        stop.set()
+        for reader in readers:  # before the server stops
+            reader.close()
     return {
         "create_ms": round(statistics.median(created), 1),
         "claim_ms": round(statistics.median(claimed), 1),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import multiprocessing
@@ -273,3 +274,52 @@ def write_result(name: str, data: dict[str, Any]) -> Path:
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     (RESULTS / f"{name}-latest.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     return path
+
+
+class StreamReader:
+    """A streamed GET (server-sent events) read line by line on a thread, each line handed to
+    ``on_line``. ``close()`` hangs up from the client's side, before the bench stops its server:
+    it shuts the socket down (a read blocked in recv() returns), joins the thread, and raises an
+    error the stream met before the hang-up; what the hang-up itself causes is its end, not an
+    error. Stopping the server under a reader instead left it to die with a printed
+    RemoteProtocolError traceback ("peer closed connection without sending complete message
+    body"), which hid nothing but looked like a failure."""
+
+    def __init__(self, url: str, on_line: Callable[[str], None], **kw: Any) -> None:
+        self._hung_up = threading.Event()
+        self._opened = threading.Event()
+        self._response: Any = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._read, args=(url, on_line, kw), daemon=True)
+        self._thread.start()
+
+    def _read(self, url: str, on_line: Callable[[str], None], kw: dict[str, Any]) -> None:
+        import httpx
+
+        try:
+            with httpx.stream("GET", url, **kw) as response:
+                self._response = response
+                self._opened.set()
+                response.raise_for_status()
+                for line in response.iter_lines():
+                    on_line(line)
+        except Exception as exc:
+            if not self._hung_up.is_set():
+                self.error = exc
+        finally:
+            self._opened.set()
+
+    def close(self) -> None:
+        import socket
+
+        self._hung_up.set()
+        self._opened.wait(30)
+        if self._response is not None:
+            stream = self._response.extensions.get("network_stream")
+            sock = stream.get_extra_info("socket") if stream is not None else None
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+        self._thread.join(30)
+        if self.error is not None:
+            raise RuntimeError(f"the stream {self._response!r} failed") from self.error

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import queue
 import statistics
-import threading
 import time
 from typing import Any
 
@@ -65,6 +64,7 @@ def _verify_ms() -> float:
 def _live(fleet: Any, session_cookie: str) -> dict[str, Any]:
     import httpx
 
+    from bench.common import StreamReader
     from queues import services
     from queues.access import AgentActor
     from switchboard.liveserver import live_server
@@ -75,23 +75,17 @@ def _live(fleet: Any, session_cookie: str) -> dict[str, Any]:
     ]
     latencies: list[float] = []
     with live_server() as base:
-        stop = threading.Event()
 
-        def read() -> None:
-            with httpx.stream(
-                "GET",
-                f"{base}/live?here=/",
-                cookies={"sessionid": session_cookie},
-                timeout=httpx.Timeout(5.0, read=None),
-            ) as response:
-                for line in response.iter_lines():
-                    if stop.is_set():
-                        return
-                    if line.startswith("event: "):
-                        events.put((time.perf_counter(), line[7:]))
+        def on_line(line: str) -> None:
+            if line.startswith("event: "):
+                events.put((time.perf_counter(), line[7:]))
 
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
+        reader = StreamReader(
+            f"{base}/live?here=/",
+            on_line,
+            cookies={"sessionid": session_cookie},
+            timeout=httpx.Timeout(5.0, read=None),
+        )
         time.sleep(3.0)  # connected, baseline rendered
         for i in range(LIVE_RUNS):
             while not events.empty():
@@ -106,7 +100,7 @@ def _live(fleet: Any, session_cookie: str) -> dict[str, Any]:
                     latencies.append((at - t0) * 1000)
                     break
             time.sleep(1.2)
-        stop.set()
+        reader.close()  # before the server stops
     latencies.sort()
     return {
         "runs": len(latencies),

@@ -84,7 +84,17 @@ class Subscription:
 
 def waiting(endpoint_id: str, since: datetime | None, limit: int = ATTACH_RINGS) -> list[Ring]:
     """Up to ``limit`` claimable todos of the endpoint that every gate admits now (oldest first),
-    changed after ``since`` if given. A failing gate check lets the todo through (fail open)."""
+    changed after ``since`` if given. A failing gate check lets the todo through (fail open).
+
+    Runs on an executor thread, which outlives the stream: the connection it takes is given
+    back at the end (else each such thread would keep one checked out of the pool for ever)."""
+    try:
+        return _waiting(endpoint_id, since, limit)
+    finally:
+        connection.close()
+
+
+def _waiting(endpoint_id: str, since: datetime | None, limit: int) -> list[Ring]:
     close_old_connections()  # an executor thread's connection may have aged or broken
     with connection.cursor() as cursor:
         cursor.execute(
@@ -132,13 +142,19 @@ class Doorbell:
         committed meanwhile is not lost; at worst a todo is rung twice)."""
         sub = Subscription(endpoint_id=endpoint_id)
         self._subs.setdefault(endpoint_id, set()).add(sub)
-        self._ensure_started()
-        # Ring for what waits once LISTEN holds, so nothing committed in between is missed. If
-        # the database is down, serve the stream anyway: the reconnect rings it later.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.listening.wait(), LISTEN_WAIT_SECONDS)
-        if self.listening.is_set():
-            await self._ring_waiting([sub], since)
+        try:
+            self._ensure_started()
+            # Ring for what waits once LISTEN holds, so nothing committed in between is missed.
+            # If the database is down, serve the stream anyway: the reconnect rings it later.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.listening.wait(), LISTEN_WAIT_SECONDS)
+            if self.listening.is_set():
+                await self._ring_waiting([sub], since)
+        except BaseException:
+            # Cancelled meanwhile (the client left while attaching): the caller never gets the
+            # subscription to detach, so it is detached here.
+            self.detach(sub)
+            raise
         return sub
 
     def watch(self) -> asyncio.Event:

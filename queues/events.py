@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 from django.db import connection
 from django.http import HttpRequest, StreamingHttpResponse
@@ -35,7 +35,7 @@ def sse(ring: Ring) -> str:
 
 async def ring_stream(
     endpoint_id: str, last_event_id: str | None, render: Callable[[Ring], str] = sse
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     """The rings of one endpoint as SSE text, each event rendered by ``render`` (the MCP stream
     renders JSON-RPC notifications), with keepalive comments between."""
     bell = doorbell()

@@ -13,13 +13,14 @@ async path, where they can wait without holding a thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import io
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import django
@@ -33,6 +34,8 @@ from django.core.exceptions import RequestAborted  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix  # noqa: E402
 from django.core.handlers.base import BaseHandler  # noqa: E402
 from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
+from django.db import close_old_connections  # noqa: E402
+from django.http import FileResponse  # noqa: E402
 from django.http.response import HttpResponseBase  # noqa: E402
 from django.urls import Resolver404, ResolverMatch, get_resolver, set_script_prefix  # noqa: E402
 from django.utils.module_loading import import_string  # noqa: E402
@@ -175,16 +178,14 @@ class OneHopHandler(ASGIHandler):
             return
         try:
             response = await self.workers.run(self._respond, scope, body_file)
-            if response.streaming or response.cookies:
+            if response.streaming:
+                await self._stream(response, receive, send)
+            elif response.cookies:
                 await self.send_response(response, send)
             else:
                 await _send_whole(response, send)
         finally:
             body_file.close()
-        if response.streaming:
-            # A streamed body (a file, a CSV export) was read in the loop; close it (and send
-            # request_finished) in a pool thread, where the request's connection lives.
-            await self.workers.run(response.close)
 
     def _respond(self, scope: dict[str, Any], body_file: Any) -> HttpResponseBase:
         """The whole synchronous request in one pool thread: signals, middleware, view."""
@@ -203,7 +204,48 @@ class OneHopHandler(ASGIHandler):
             # The content is in memory: closing now sends request_finished, which returns this
             # thread's database connection, before the bytes go out.
             response.close()
+        else:
+            # The body is produced later, in another thread (a synchronous iterator) or on the
+            # loop (an asynchronous one): this thread's part of the request is over, so its
+            # connection goes back now rather than when the thread's next request ends.
+            close_old_connections()
         return response
+
+    async def _stream(self, response: HttpResponseBase, receive: Any, send: Any) -> None:
+        """Send a streamed body until it ends or the client goes away, then close it.
+
+        The client's ``http.disconnect`` is listened for throughout: uvicorn drops what is sent
+        after a disconnect without an error, so an event stream whose agent hung up would run
+        (and keep its doorbell subscription) for ever. On a disconnect the sending is cancelled:
+        an asynchronous body (an event stream) is cancelled where it waits, so its ``finally``
+        detaches it; a synchronous one (the ledger CSV, a static file) stops producing.
+
+        A synchronous body is produced in one pool thread from start to end, a few chunks ahead
+        of the client, and closed there (``request_finished`` then closes that thread's
+        connection, which a database-backed iterator opened). Django's ASGI handler would read
+        it whole into memory on an executor thread and leave that thread's connection open.
+        """
+        if isinstance(response, FileResponse):
+            response.block_size = self.chunk_size  # as ASGIHandler.run_get_response does
+        if response.is_async:  # type: ignore[attr-defined]
+            try:
+                await _until_disconnect(self.send_response(response, send), receive)
+            finally:
+                # Cancelled while it waited in ``send`` rather than in the body, the view's
+                # generator would stay suspended (its ``finally`` unrun) until collected.
+                await _aclose(response)
+                # request_finished, in a pool thread (where connections live).
+                await self.workers.run(response.close)
+            return
+        feed = _Feed(asyncio.get_running_loop())
+        producing = asyncio.ensure_future(self.workers.run(_produce, response, feed))
+        try:
+            await _until_disconnect(_send_feed(response, feed, send), receive)
+        finally:
+            feed.stop()
+            # The producer closes the response; wait for it, so that nothing of the request
+            # (its connection above all) outlives it.
+            await asyncio.shield(producing)
 
 
 async def _send_whole(response: HttpResponseBase, send: Any) -> None:
@@ -218,6 +260,123 @@ async def _send_whole(response: HttpResponseBase, send: Any) -> None:
     ]
     await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
     await send({"type": "http.response.body", "body": response.content})  # type: ignore[attr-defined]
+
+
+# How many chunks of a synchronous body are produced ahead of the client (backpressure: a slow
+# client holds the producing thread, never the whole body in memory).
+STREAM_AHEAD = 8
+_END = object()
+
+
+class _Feed:
+    """Chunks of a synchronous body, handed from the producing thread to the loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.chunks: asyncio.Queue[Any] = asyncio.Queue()
+        self.room = threading.Semaphore(STREAM_AHEAD)
+        self.stopped = threading.Event()
+
+    def put(self, item: Any) -> None:
+        """From the producing thread."""
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody reads any more
+            self.loop.call_soon_threadsafe(self.chunks.put_nowait, item)
+
+    def stop(self) -> None:
+        """From the loop: the client is gone or the body was sent; the producer ends."""
+        self.stopped.set()
+        self.room.release()  # wakes a producer waiting for room
+
+
+def _produce(response: HttpResponseBase, feed: _Feed) -> None:
+    """In a pool thread: iterate the body into ``feed``, then close it in this same thread."""
+    try:
+        for chunk in response:
+            feed.room.acquire()
+            if feed.stopped.is_set():
+                break
+            feed.put(chunk)
+        else:
+            feed.put(_END)
+    except BaseException as exc:  # handed to the loop, which raises it as the body's error
+        feed.put(exc)
+    finally:
+        # Closes the iterator (a generator's finally, a server-side cursor) and sends
+        # request_finished, which closes this thread's connection.
+        response.close()
+
+
+async def _send_feed(response: HttpResponseBase, feed: _Feed, send: Any) -> None:
+    """The response from ``feed``: the chunks ready at each moment are sent as one message."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": response.status_code,
+            "headers": _headers(response),
+        }
+    )
+    while True:
+        parts = [await feed.chunks.get()]
+        while not feed.chunks.empty():
+            parts.append(feed.chunks.get_nowait())
+        end = False
+        body = []
+        for part in parts:
+            if part is _END:
+                end = True
+            elif isinstance(part, BaseException):
+                raise part
+            else:
+                body.append(part)
+                feed.room.release()
+        if body:
+            await send({"type": "http.response.body", "body": b"".join(body), "more_body": True})
+        if end:
+            await send({"type": "http.response.body"})
+            return
+
+
+async def _until_disconnect(sending: Coroutine[Any, Any, None], receive: Any) -> None:
+    """Run ``sending`` until it ends or the client disconnects (then cancel it)."""
+    sender = asyncio.ensure_future(sending)
+    listener = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait((sender, listener), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        listener.cancel()
+        if not sender.done():
+            sender.cancel()
+        # A cancelled body is the client's doing, not an error; anything else is raised.
+        with contextlib.suppress(asyncio.CancelledError):
+            await sender
+
+
+async def _aclose(response: HttpResponseBase) -> None:
+    """Close the view's asynchronous iterator (StreamingHttpResponse keeps it as ``_iterator``;
+    closing a finished generator does nothing)."""
+    aclose = getattr(getattr(response, "_iterator", None), "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+async def _disconnected(receive: Any) -> None:
+    """Return when the client is gone (the request body has been read: only that can come)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _headers(response: HttpResponseBase) -> list[tuple[bytes, bytes]]:
+    """The response's headers and cookies, as ASGIHandler.send_response encodes them."""
+    headers = [
+        (
+            header.encode("ascii") if isinstance(header, str) else bytes(header),
+            value.encode("latin1") if isinstance(value, str) else bytes(value),
+        )
+        for header, value in response.items()
+    ]
+    for cookie in response.cookies.values():
+        headers.append((b"Set-Cookie", cookie.output(header="").encode("ascii").strip()))
+    return headers
 
 
 def _path(scope: dict[str, Any]) -> str:

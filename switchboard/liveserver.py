@@ -112,9 +112,7 @@ def live_server(
     command = server_command("127.0.0.1", port, workers=workers, server=server)
     if server == "uvicorn":
         # As `manage.py serve` does: on SIGTERM, streams still open are cut after this long
-        # instead of holding the process (and the test waiting) until SIGKILL. An event stream
-        # whose agent hung up stays open: a synchronous view's streamed body is sent without
-        # listening for the disconnect (switchboard/asgi.py, handle_in_thread).
+        # instead of holding the process (and the test waiting) until SIGKILL.
         command += ["--timeout-graceful-shutdown", "2"]
     # The server's log (every 4xx is a django.request warning) goes to a file, shown on failure.
     with tempfile.NamedTemporaryFile(prefix="switchboard-live-", suffix=".log") as log:

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import logging
 import secrets
@@ -586,8 +587,13 @@ def _listen(request: HttpRequest, actor: AgentActor, req: Request) -> HttpRespon
             close = {"jsonrpc": "2.0", "id": req.id, "result": {"_meta": meta}}
             yield f"event: message\ndata: {json.dumps(close)}\n\n"
             return
-        async for chunk in ring_stream(str(actor.endpoint.id), None, render=render):
-            yield chunk
+        # Closed explicitly when this stream is: an ``async for`` left early does not close
+        # the generator it read, and its ``finally`` (the doorbell's detach) would wait for GC.
+        async with contextlib.aclosing(
+            ring_stream(str(actor.endpoint.id), None, render=render)
+        ) as rings:
+            async for chunk in rings:
+                yield chunk
 
     release_connection()
     return _event_stream(body())

@@ -59,6 +59,9 @@ class Child:
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
+                self.proc.wait(timeout=30)
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
 
 
 @contextmanager

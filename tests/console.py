@@ -176,3 +176,8 @@ class Console:
         for process in alive:
             with contextlib.suppress(psutil.Error):
                 process.kill()
+        # The output pipe ends with the last process holding it; the reader then stops, and the
+        # pipe is closed (else it is left to the garbage collector: a ResourceWarning).
+        self._reader.join(timeout=5)
+        if not self._reader.is_alive() and self.process.stdout is not None:
+            self.process.stdout.close()

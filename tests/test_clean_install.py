@@ -13,6 +13,7 @@ every process still up 20 s after the start and SIGTERM stopping all of it with 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -26,7 +27,7 @@ import termios
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -169,9 +170,15 @@ def in_a_terminal(
     return seen
 
 
-def connect(url: str, token: str) -> Client:
-    http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
-    return Client(streamable_http_client(url, http_client=http))
+@contextlib.asynccontextmanager
+async def connect(url: str, token: str) -> AsyncIterator[Client]:
+    """A connected SDK client; its HTTP client is ours to close (the SDK closes only one it
+    made itself)."""
+    async with (
+        create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}) as http,
+        Client(streamable_http_client(url, http_client=http)) as client,
+    ):
+        yield client
 
 
 def wait_for_line(console: Console, pattern: str, timeout: float = 60.0) -> re.Match[str]:

@@ -96,6 +96,7 @@ def test_a_chunked_body_over_one_mebibyte_is_the_413_json(
     conn.send(b"0\r\n\r\n")
     response = conn.getresponse()
     body = json.loads(response.read())
+    conn.close()
     assert response.status == 413, body
     assert (body["code"], body["field"]) == ("invalid_argument", "body")
 
@@ -152,6 +153,7 @@ def test_the_api_docs_load_no_cdn_and_no_inline_script(client: Client) -> None:
     assert "unsafe-inline" not in page["Content-Security-Policy"]
     assert "/static/ninja/swagger-ui-bundle.js" in html
     asset = client.get("/static/ninja/swagger-ui-init.js")
+    asset.close()  # a file response: closing closes its file
     assert asset.status_code == 200
 
 

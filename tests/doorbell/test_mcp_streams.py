@@ -58,7 +58,12 @@ def test_a_python_sdk_agent_is_told_of_new_work_on_its_stream(
 
         http = create_mcp_http_client(headers={"Authorization": f"Bearer {p.agent_token}"})
         transport = streamable_http_client(url, http_client=http)
-        async with Client(transport, mode="legacy", message_handler=on_message):
+        async with (
+            send,
+            receive,
+            http,
+            Client(transport, mode="legacy", message_handler=on_message),
+        ):
             with anyio.fail_after(30):
                 assert _ring(await receive.receive()) == (str(waiting.id), "inbox", "waiting")
                 first, second = await anyio.to_thread.run_sync(_pushed, p, 2)
@@ -121,7 +126,7 @@ def test_a_python_sdk_agent_on_the_2026_revision_listens_and_is_told_of_new_work
 
     async def agent() -> None:
         http = create_mcp_http_client(headers={"Authorization": f"Bearer {p.agent_token}"})
-        async with Client(streamable_http_client(url, http_client=http)) as client:
+        async with http, Client(streamable_http_client(url, http_client=http)) as client:
             assert client.session.protocol_version == "2026-07-28"
             async with client.listen(resource_subscriptions=[mcp.TODO_URI]) as subscription:
                 assert subscription.honored.resource_subscriptions == [mcp.TODO_URI]
@@ -149,6 +154,7 @@ def test_a_listen_for_nothing_this_server_sends_is_acknowledged_empty_and_closed
     async def agent() -> None:
         http = create_mcp_http_client(headers={"Authorization": f"Bearer {p.agent_token}"})
         async with (
+            http,
             Client(streamable_http_client(url, http_client=http)) as client,
             client.listen(tools_list_changed=True) as subscription,
         ):

@@ -4,6 +4,7 @@ the test run's own database or Redis."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -64,7 +65,8 @@ class Valkey:
         deadline = time.monotonic() + 15
         while True:
             try:
-                redis.Redis.from_url(self.url, socket_timeout=1).ping()
+                with redis.Redis.from_url(self.url, socket_timeout=1) as client:
+                    client.ping()
                 return
             except redis.RedisError:
                 if time.monotonic() > deadline:
@@ -115,6 +117,10 @@ class Postgres:
         self._pg_ctl("-w", "restart")
 
     def cleanup(self) -> None:
+        # The restart fault leaves a postmaster the embedded server does not know (a new pid):
+        # stopped here by its data folder, else every run of the faults left one running.
+        with contextlib.suppress(Exception):
+            self.stop()
         self.server.cleanup()
 
 

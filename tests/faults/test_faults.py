@@ -79,6 +79,8 @@ class Agent:
             self.conn.close()
         self.conn = None
 
+    close = _reset
+
 
 def drive(agent: Agent, log: list[Sent], stop: threading.Event) -> None:
     """Create a todo, claim the next, complete what was claimed; again until told to stop."""
@@ -97,11 +99,14 @@ def drive(agent: Agent, log: list[Sent], stop: threading.Event) -> None:
 def scrape(base: str) -> tuple[float, int, str]:
     url = urlsplit(base)
     conn = http.client.HTTPConnection(url.hostname or "", url.port, timeout=10)
-    started = time.monotonic()
-    conn.request("GET", "/metrics", headers={"Authorization": f"bearer {METRICS_TOKEN}"})
-    response = conn.getresponse()
-    text = response.read().decode()
-    return time.monotonic() - started, response.status, text
+    try:
+        started = time.monotonic()
+        conn.request("GET", "/metrics", headers={"Authorization": f"bearer {METRICS_TOKEN}"})
+        response = conn.getresponse()
+        text = response.read().decode()
+        return time.monotonic() - started, response.status, text
+    finally:
+        conn.close()
 
 
 @dataclass
@@ -149,6 +154,8 @@ def test_the_books_balance_through_a_postgres_restart_and_a_valkey_freeze_and_ki
         stop.set()
         for t in threads:
             t.join(timeout=60)
+        for a in agents:
+            a.close()
 
     # Let the last claims finish and every buffered counter reach Redis.
     books = reconcile(stack, log)
@@ -227,7 +234,11 @@ def reconcile(stack: Stack, log: list[Sent]) -> dict[str, Any]:
 def counter_drift(stack: Stack) -> int:
     """|Redis counters - database| over created, claimed and completed, once the web process
     has flushed (its breaker may hold flushes for a few seconds after the last fault)."""
-    client = redis.Redis.from_url(stack.valkey.url)
+    with redis.Redis.from_url(stack.valkey.url) as client:
+        return _drift(stack, client)
+
+
+def _drift(stack: Stack, client: redis.Redis) -> int:
     drift = -1
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -287,6 +298,7 @@ def test_a_claiming_process_killed_mid_work_loses_nothing(stack: Stack) -> None:
             held.append(line.strip())
     os.kill(claimer.pid, signal.SIGKILL)
     claimer.wait(timeout=10)
+    claimer.stdout.close()
     assert len(held) == 5
 
     # Another agent of the same endpoint drains the queue: the dead process's claims come back
@@ -308,4 +320,5 @@ def test_a_claiming_process_killed_mid_work_loses_nothing(stack: Stack) -> None:
         done.add(todo)
     assert set(held) <= done and len(done) == 10
     stale = agent.send("complete", {"id": held[0], "attempt": 1})
+    agent.close()
     assert stale.status == 409 and stale.body["code"] == "conflict"

@@ -6,7 +6,9 @@ runs the ``initialize`` handshake and a session. Both must work end to end.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -30,9 +32,15 @@ def error_of(result: CallToolResult) -> dict[str, Any]:
     return error
 
 
-def connect(url: str, token: str, mode: str) -> Client:
-    http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
-    return Client(streamable_http_client(url, http_client=http), mode=mode)
+@contextlib.asynccontextmanager
+async def connect(url: str, token: str, mode: str) -> AsyncIterator[Client]:
+    """A connected SDK client; its HTTP client is ours to close (the SDK closes only one it
+    made itself), else its sockets are left to the garbage collector."""
+    async with (
+        create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}) as http,
+        Client(streamable_http_client(url, http_client=http), mode=mode) as client,
+    ):
+        yield client
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])

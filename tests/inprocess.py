@@ -1,0 +1,107 @@
+"""A real web server in the test process: uvicorn (httptools, uvloop, as ``make run``) serving
+``switchboard.asgi.application`` on a free port, in a thread. Being in-process, a test can read
+what the server holds: its open request tasks, the doorbell's attached streams and watchers (on
+the server's loop), and the database pool's checked-out connections (one pool per process).
+
+What a test writes must be committed (``transactional_db``) for the server to see it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import uvicorn
+from django.db import connection
+
+from switchboard import embedded
+
+T = TypeVar("T")
+
+
+class _Server(uvicorn.Server):
+    loop: asyncio.AbstractEventLoop | None = None
+
+    async def startup(self, sockets: Any = None) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+
+
+class Served:
+    def __init__(self, server: _Server, base: str) -> None:
+        self.server = server
+        self.base = base
+
+    def on_loop(self, fn: Callable[[], T]) -> T:
+        """``fn()`` run on the server's event loop (where its streams live), its result."""
+        assert self.server.loop is not None
+
+        async def call() -> T:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(call(), self.server.loop).result(timeout=10)
+
+    def requests(self) -> int:
+        """Requests the server is serving now (uvicorn's task per request)."""
+        return self.on_loop(lambda: len(self.server.server_state.tasks))
+
+    def doorbell(self) -> tuple[int, int]:
+        """The doorbell's attached streams and fleet-wide watchers on the server's loop."""
+        from queues import doorbell
+
+        def count() -> tuple[int, int]:
+            bell = doorbell._DOORBELLS.get(asyncio.get_running_loop())
+            return (0, 0) if bell is None else (bell.streams(), len(bell._watchers))
+
+        return self.on_loop(count)
+
+
+def checked_out() -> int:
+    """Database connections taken from this process's pool and not given back."""
+    pool = connection.pool  # type: ignore[attr-defined]
+    assert pool is not None, "the tests run with DATABASE_POOL on (the default)"
+    stats = pool.get_stats()
+    return int(stats["pool_size"]) - int(stats["pool_available"])
+
+
+def settle(condition: Callable[[], bool], timeout: float = 15.0) -> bool:
+    """Poll ``condition`` until it holds (the server finishes on its own threads)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+@contextmanager
+def serving() -> Iterator[Served]:
+    from switchboard.asgi import application
+
+    port = embedded.free_port()
+    config = uvicorn.Config(
+        application,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="off",
+        http="httptools",
+        loop="uvloop",
+        timeout_graceful_shutdown=2,
+    )
+    server = _Server(config)
+    thread = threading.Thread(target=server.run, name="uvicorn-inprocess", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        yield Served(server, f"http://127.0.0.1:{port}")
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
