@@ -3,7 +3,9 @@ async server doing the same raw claim SQL (``bench/http_baseline.py``), side by 
 
 A cycle is two requests: claim_next, then complete of the todo it got. The load client is Node
 (``bench/http_client.mjs``: no Python GIL, one keep-alive socket per agent), the same for all
-three servers; it reports its own CPU share, so a client that became the bottleneck shows. Each
+three servers; it reports its own CPU share, so a client that became the bottleneck shows. Beside
+the web server's CPU per cycle each run reports PostgreSQL's (``db_cpu_ms_per_cycle``: every
+process of the server, when it runs on this machine), so a cycle's cost shows on both sides. Each
 server runs as one process (the same number for all three), on the same uvicorn install.
 Measurements are interleaved (baseline, REST, MCP, baseline, …) and repeated; the medians are
 reported with the machine's load average, because this machine is shared.
@@ -90,12 +92,38 @@ def _cpu_seconds(procs: list[psutil.Process]) -> float:
     return total
 
 
+def _database_cpu() -> dict[int, float]:
+    """CPU seconds so far of each process of the PostgreSQL server (its postmaster and every
+    child: backends, WAL writer, checkpointer), when it runs on this machine and they can be
+    read; empty otherwise (a remote server)."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            row = cursor.fetchone()
+        postmaster = psutil.Process(row[0]).parent()
+        if postmaster is None or "postgres" not in postmaster.name():
+            return {}
+        procs = [postmaster, *postmaster.children()]
+    except psutil.Error:
+        return {}
+    seconds: dict[int, float] = {}
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        seconds[proc.pid] = times.user + times.system
+    return seconds
+
+
 def _drive(
     kind: str, url: str, token: str, clients: int, seconds: float, server_pid: int
 ) -> dict[str, Any]:
-    """One run of the Node client; adds the server processes' CPU share over the run."""
+    """One run of the Node client; adds the server processes' CPU share over the run, and the
+    database server's CPU per cycle (the same PostgreSQL serves all three servers)."""
     procs = _processes(server_pid)
     cpu0 = _cpu_seconds(procs)
+    db0 = _database_cpu()
     started = time.perf_counter()
     out = subprocess.run(
         [_node(), str(CLIENT), kind, url, token, str(clients), f"{seconds:g}"],
@@ -108,9 +136,13 @@ def _drive(
         raise RuntimeError(f"the load client failed against {kind}: {out.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     server_cpu = _cpu_seconds(procs) - cpu0
+    db1 = _database_cpu()
     result["server_cpu_share"] = round(server_cpu / elapsed, 3)
     # CPU per cycle moves less with the machine's other load than cycles/s does.
     result["server_cpu_ms_per_cycle"] = round(1000 * server_cpu / max(1, result["cycles"]), 2)
+    if db1:  # backends started during the run count from zero
+        db_cpu = sum(t - db0.get(pid, 0.0) for pid, t in db1.items())
+        result["db_cpu_ms_per_cycle"] = round(1000 * db_cpu / max(1, result["cycles"]), 2)
     result["load_avg_1m"] = round(os.getloadavg()[0], 2)
     return result
 
@@ -260,12 +292,15 @@ def run(duration_s: float = 5.0, *, repeats: int = REPEATS) -> dict[str, Any]:
 
 def summary(results: dict[str, Any]) -> str:
     """The table as text, for the console and the closing note."""
-    lines = ["server     clients  cycles/s  p50 ms  p99 ms  server CPU  ms/cycle  client CPU"]
+    lines = [
+        "server     clients  cycles/s  p50 ms  p99 ms  server CPU  ms/cycle  db ms/cycle  client CPU"
+    ]
     for kind, by in results["table"].items():
         for clients, r in by.items():
             lines.append(
                 f"{kind:<10} {clients:>7} {r['cycles_per_s']:>9} {r['p50_ms']:>7} "
                 f"{r['p99_ms']:>7} {r['server_cpu_share']:>11} "
-                f"{r['server_cpu_ms_per_cycle']:>9} {r['client_cpu_share']:>11}"
+                f"{r['server_cpu_ms_per_cycle']:>9} {r.get('db_cpu_ms_per_cycle', '-'):>12} "
+                f"{r['client_cpu_share']:>11}"
             )
     return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""Django's PostgreSQL backend; its connection pool checks a connection only after it sat idle.
+"""Django's PostgreSQL backend; its connection pool hands out the connection returned last, and
+checks a connection only after it sat idle.
 
 With ``CONN_HEALTH_CHECKS`` Django's pool checks every connection it hands out with a round trip
 to the server (an empty query): one more round trip per request, a third of an agent request's
@@ -6,6 +7,14 @@ to the server (an empty query): one more round trip per request, a third of an a
 itself (one that broke in use is discarded by the pool when it comes back). So only a
 connection idle that long is checked: after a PostgreSQL restart (which takes longer than that)
 every connection kept from before is checked, and replaced, before a request can get it.
+
+psycopg_pool hands connections out oldest-returned first (FIFO), so requests rotate through every
+idle connection: with N of them, each is handed out only every Nth request, and at fewer than N
+requests a second (a few agents polling) every request found its connection idle past
+``IDLE_CHECK_SECONDS`` and paid the check's round trip; each PostgreSQL backend's caches (and
+psycopg's prepared statements, made after a statement's fifth run on a connection) also warmed
+N times slower. ``LifoConnectionPool`` hands out the one returned last: the busy few connections
+stay warm and checked, the rest stay idle (and are the ones the pool shrinks away).
 """
 
 from __future__ import annotations
@@ -38,6 +47,19 @@ def _check_if_idle(conn: Any) -> None:
     ConnectionPool.check_connection(conn)
 
 
+class LifoConnectionPool(ConnectionPool):
+    """psycopg_pool's ConnectionPool, handing out the idle connection returned last."""
+
+    def _get_ready_connection(self, timeout: float | None) -> Any:
+        # Called under the pool's lock, which guards the deque of idle connections: returned
+        # ones are appended on the right and this takes from the left, so the most recently
+        # returned moves to the front. The rest keep their order; the pool's shrinking still
+        # closes the leftmost, the longest unused.
+        if len(self._pool) > 1:
+            self._pool.rotate(1)
+        return super()._get_ready_connection(timeout)
+
+
 class DatabaseWrapper(base.DatabaseWrapper):
     @property
     def pool(self) -> ConnectionPool | None:
@@ -52,7 +74,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
             and not self.settings_dict.get("CONN_MAX_AGE")  # else Django's own refusal
         ):
             # Django's pool, built as Django builds it, with the check above.
-            pool = ConnectionPool(
+            pool = LifoConnectionPool(
                 kwargs={**self.get_connection_params(), "autocommit": True},
                 open=False,
                 configure=self._configure_connection,  # type: ignore[attr-defined]
