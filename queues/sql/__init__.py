@@ -235,9 +235,9 @@ FROM (SELECT) one LEFT JOIN cand c ON true LEFT JOIN claimed cl ON cl.id = c.id
 
 
 def _compact(statement: str) -> str:
-    """``statement`` without comment lines and indentation: psycopg caches the conversion of a
-    statement of at most 4,096 characters only, and re-parses a longer one on every call. No
-    literal in these statements spans lines or starts a line."""
+    """``statement`` without comment lines and indentation: fewer bytes to send, parse and hash
+    (the hot cursor keeps each one's conversion, ``_HotQuery``). No literal in these statements
+    spans lines or starts a line."""
     lines = (line.strip() for line in statement.splitlines())
     return "\n".join(line for line in lines if line and not line.startswith("--"))
 
