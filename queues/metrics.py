@@ -6,6 +6,8 @@ The scrape-time collector (``switchboard/console/collectors.py``) caps the queue
 
 from __future__ import annotations
 
+import functools
+
 from switchboard.core import counters
 
 CREATED = "switchboard_todos_created_total"
@@ -50,17 +52,28 @@ def created(queue: str, source: str) -> None:
 
 
 def claimed(queue: str, attempt: int, *, charged: bool) -> None:
-    increments: list[counters.Increment] = [
-        (CLAIMED, {"queue": queue}, 1),
-        (ATTEMPTS, {"queue": queue, "attempt_bucket": attempt_bucket(attempt)}, 1),
+    counters.incr_keyed(_claimed_keys(queue, attempt_bucket(attempt), charged))
+
+
+# Every claim and every ending counts: their label keys are made once per label set.
+@functools.lru_cache(maxsize=4096)
+def _claimed_keys(queue: str, bucket: str, charged: bool) -> tuple[counters.Keyed, ...]:
+    keys = [
+        ((CLAIMED, counters.label_key({"queue": queue})), 1),
+        ((ATTEMPTS, counters.label_key({"queue": queue, "attempt_bucket": bucket})), 1),
     ]
     if charged:
-        increments.append((CHARGED, {"queue": queue}, 1))
-    counters.incr_many(increments)
+        keys.append(((CHARGED, counters.label_key({"queue": queue})), 1))
+    return tuple(keys)
 
 
 def completed(queue: str, outcome: str, amount: int = 1) -> None:
-    counters.incr(COMPLETED, {"queue": queue, "outcome": outcome}, amount)
+    counters.incr_keyed((((COMPLETED, _completed_key(queue, outcome)), amount),))
+
+
+@functools.lru_cache(maxsize=4096)
+def _completed_key(queue: str, outcome: str) -> str:
+    return counters.label_key({"queue": queue, "outcome": outcome})
 
 
 def leases_expired(queue: str, amount: int) -> None:

@@ -26,8 +26,12 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.backends.utils import CursorWrapper
+from django.db.models.base import ModelState
+from django.db.models.signals import post_init, pre_init
+from psycopg._queries import PostgresQuery, _query2pg_nocache
 
 from queues import gates
 from queues.claimable import CLAIMABLE, CLAIMABLE_STATE, LAPSED_CLAIM_SET
@@ -189,10 +193,17 @@ def _claim_next_sql(
             charges = ",\n" + charge_ctes if charge_ctes else ""
     skips = [] if bare else [f"({s})" for s in gates.skips("t")]
     passes = "".join(f"\n      AND {s} IS NOT TRUE" for s in skips)
+    # The first statement of a claim_next (bare, or fast) has excluded no queue and passed no
+    # todo yet: written as constants, it binds two arrays fewer (issue 12: Python per cycle).
+    rows = _CLAIM_NEXT_ROWS
+    if bare or fast:
+        rows = rows.replace("%(excluded)s::text[]", "'{}'::text[]")
+    else:
+        passes = "\n      AND t.id <> ALL(%(passed)s::uuid[])" + passes
     # Only read when there is no candidate (CASE), so a claim never pays for it.
     skipped = (
         f"CASE WHEN c.id IS NULL THEN EXISTS (SELECT 1 FROM queues_todo t "
-        f"WHERE {_CLAIM_NEXT_ROWS} AND ({' OR '.join(skips)})) ELSE false END"
+        f"WHERE {rows} AND ({' OR '.join(skips)})) ELSE false END"
         if skips
         else "false"
     )
@@ -211,8 +222,7 @@ WITH cand AS (
     SELECT t.id, t.state AS prev_state, t.attempt AS prev_attempt, t.endpoint_id, t.queue,
            t.pool, t.tags, t.rate_limit, t.grant_hash AS prev_grant
     FROM queues_todo t
-    WHERE {_CLAIM_NEXT_ROWS}
-      AND t.id <> ALL(%(passed)s::uuid[]){passes}
+    WHERE {rows}{passes}
     ORDER BY {order}
     LIMIT 1
     FOR UPDATE OF t SKIP LOCKED
@@ -225,9 +235,9 @@ FROM (SELECT) one LEFT JOIN cand c ON true LEFT JOIN claimed cl ON cl.id = c.id
 
 
 def _compact(statement: str) -> str:
-    """``statement`` without comment lines and indentation: psycopg caches the conversion of a
-    statement of at most 4,096 characters only, and re-parses a longer one on every call. No
-    literal in these statements spans lines or starts a line."""
+    """``statement`` without comment lines and indentation: fewer bytes to send, parse and hash
+    (the hot cursor keeps each one's conversion, ``_HotQuery``). No literal in these statements
+    spans lines or starts a line."""
     lines = (line.strip() for line in statement.splitlines())
     return "\n".join(line for line in lines if line and not line.startswith("--"))
 
@@ -266,6 +276,36 @@ FROM claimed cl
 """
 
 
+class _HotQuery(PostgresQuery):
+    """psycopg's conversion of a statement (placeholders to ``$n``), kept for every hot
+    statement: psycopg keeps it only for statements of at most 4,096 characters and parses a
+    longer one again on every call, and the claim statement with its gates' verdicts (a
+    budgeted claim's) is twice that: about a tenth of a budgeted claim's client CPU (issue 12)."""
+
+    __slots__ = ()
+
+    def convert(self, query: Any, vars: Any) -> None:
+        if vars is None or not isinstance(query, str):
+            super().convert(query, vars)
+            return
+        key = (query, self._tx.encoding)
+        parsed = _converted.get(key)
+        if parsed is None:
+            parsed = _query2pg_nocache(query.encode(self._tx.encoding), self._tx.encoding)
+            # The hot statements are a few dozen texts (built once each, functools.cache).
+            if len(_converted) < 256:
+                _converted[key] = parsed
+        self.query, self._want_formats, self._order, self._parts = parsed
+        self.dump(vars)
+
+
+_converted: dict[tuple[str, str], Any] = {}
+
+
+class _HotCursor(psycopg.Cursor[Any]):
+    _query_cls = _HotQuery
+
+
 @contextmanager
 def hot_cursor() -> Iterator[CursorWrapper]:
     """A cursor for the hot statements: server-side binding, so psycopg prepares a statement it
@@ -273,13 +313,31 @@ def hot_cursor() -> Iterator[CursorWrapper]:
     Django's CursorWrapper so errors, execute wrappers and query counts behave as usual."""
     db = connections[DEFAULT_DB_ALIAS]
     db.ensure_connection()
-    # Binary results: timestamps and uuids load without parsing text.
-    raw = psycopg.Cursor(db.connection)
-    raw.format = psycopg.pq.Format.BINARY
+    # One psycopg cursor per connection, kept between statements: a new cursor builds its
+    # adapters' dumper and loader caches again on every statement, which cost a claim cycle
+    # about 0.1 ms of client CPU (issue 12). A nested use (the kept cursor is lent out) gets a
+    # cursor of its own, so a statement never replaces results its caller has not read.
+    kept: tuple[Any, psycopg.Cursor[Any], list[bool]] | None = getattr(db, "_hot_cursor", None)
+    if kept is not None and kept[0] is db.connection and not kept[1].closed and not kept[2][0]:
+        raw, lent = kept[1], kept[2]
+    else:
+        # Binary results: timestamps and uuids load without parsing text.
+        raw = _HotCursor(db.connection)
+        raw.format = psycopg.pq.Format.BINARY
+        lent = [False]
+        if kept is None or kept[0] is not db.connection or kept[1].closed:
+            db._hot_cursor = (db.connection, raw, lent)  # type: ignore[attr-defined]
+        else:
+            lent = []  # a nested cursor of its own: closed on exit
+    if lent:
+        lent[0] = True
     try:
         yield CursorWrapper(raw, db)
     finally:
-        raw.close()
+        if lent:
+            lent[0] = False
+        else:
+            raw.close()
 
 
 # Endpoints whose last claim_next met a policy skip the autocommit fast path for a while, so
@@ -342,7 +400,16 @@ def todo_from_row(values: tuple[Any, ...] | list[Any]) -> Todo:
         value = converted[i]
         if isinstance(value, str | bytes | bytearray):
             converted[i] = _TODO_FIELDS[i].from_db_value(value, None, connection)  # type: ignore[attr-defined]
-    return Todo.from_db(DEFAULT_DB_ALIAS, _TODO_ATTNAMES, converted)
+    if pre_init.has_listeners(Todo) or post_init.has_listeners(Todo):
+        return Todo.from_db(DEFAULT_DB_ALIAS, _TODO_ATTNAMES, converted)
+    # What Model.from_db builds (every concrete field set, loaded from this database), without
+    # its __init__'s per-field descriptor calls: twice per claim cycle. As unpickling does.
+    todo = Todo.__new__(Todo)
+    todo.__dict__.update(zip(_TODO_ATTNAMES, converted, strict=True))
+    state = todo._state = ModelState()
+    state.adding = False
+    state.db = DEFAULT_DB_ALIAS
+    return todo
 
 
 @dataclass(frozen=True)
@@ -389,6 +456,8 @@ def claim_next_candidate(
     ``bare``: claims the oldest claimable todo only if no gate claims it (else answers it
     unclaimed and unlocked at the statement's end): the plan carries no gate's skip or verdict."""
     fast = fast and not bare
+    if (fast or bare) and (excluded or passed):
+        raise ValueError("the bare and fast statements exclude no queue and pass no todo")
     gate_list = gates.gates()
     params: dict[str, Any] = {
         "endpoint": endpoint_id,
@@ -445,7 +514,14 @@ def lock_one(
 def grant_params(actor: Any, claimant: str) -> dict[str, Any]:
     """What a claim statement binds for the grant row it may write (``grants.grant_cte``):
     ``actor`` a ``switchboard.ledger.chain.Actor``, or None when it writes none."""
-    return {**chain.row_params(actor), "lg_holder": chain.canonical_json(claimant)}
+    # Every claim and every ending binds these, and an agent's are the same each time: built
+    # once per actor, claimant and ledger key (the HMAC pads derive from the key).
+    return dict(_grant_params(actor, claimant, settings.LEDGER_KEY))
+
+
+@functools.lru_cache(maxsize=1024)
+def _grant_params(actor: Any, claimant: str, key: str) -> tuple[tuple[str, Any], ...]:
+    return (*chain.row_params(actor).items(), ("lg_holder", chain.canonical_json(claimant)))
 
 
 def claim_locked(

@@ -469,7 +469,8 @@ def test_a_takeover_whose_snapshot_predates_the_claim_it_replaces_still_ends_tha
     takes the todo over: the attempt it replaces ends, and one attempt stays open."""
     p = tx_personas
     (todo,) = push(p, 1)
-    scan = "AND t.id <> ALL(%(passed)s::uuid[])"  # the candidate scan's own condition
+    # The end of the candidate scan's conditions (the first ORDER BY of every variant).
+    scan = "\nORDER BY "
     original = sql._claim_next_sql
 
     def waits_first(gate_list: Any, *args: Any) -> str:
@@ -477,7 +478,8 @@ def test_a_takeover_whose_snapshot_predates_the_claim_it_replaces_still_ends_tha
         assert scan in statement
         return statement.replace(
             scan,
-            f"AND (SELECT count(*) FROM (SELECT pg_advisory_xact_lock(4242)) w) = 1 {scan}",
+            f"\nAND (SELECT count(*) FROM (SELECT pg_advisory_xact_lock(4242)) w) = 1{scan}",
+            1,
         )
 
     monkeypatch.setattr(sql, "_claim_next_sql", waits_first)

@@ -1,0 +1,99 @@
+"""The hot cursor (queues.sql.hot_cursor): one psycopg cursor kept per connection, a cursor of its
+own for a nested use, statement conversions kept past psycopg's 4,096-character limit, and
+claimed todos built without Model.__init__ (issue 12: a claim cycle's client CPU)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connection
+from django.db.models.signals import post_init
+
+from queues import services, sql
+from queues.models import Todo
+from queues.services import Claimed
+from tests.conftest import Personas, push
+
+
+def test_the_cursor_is_kept_between_statements_and_a_nested_use_gets_its_own(
+    personas: Personas,
+) -> None:
+    with sql.hot_cursor() as outer:
+        outer.execute("SELECT g FROM generate_series(1, 3) g")
+        with sql.hot_cursor() as inner:
+            assert inner.cursor is not outer.cursor
+            inner.execute("SELECT 42")
+            assert inner.fetchone() == (42,)
+        # The nested statement did not replace the results the outer use has not read.
+        assert [r[0] for r in outer.fetchall()] == [1, 2, 3]
+        kept = outer.cursor
+    with sql.hot_cursor() as again:
+        assert again.cursor is kept
+        again.execute("SELECT 7")
+        assert again.fetchone() == (7,)
+
+
+def test_another_connection_or_a_closed_cursor_gets_a_new_cursor(personas: Personas) -> None:
+    with sql.hot_cursor() as first:
+        first.execute("SELECT 1")
+        kept = first.cursor
+    # The kept cursor belongs to a connection the wrapper no longer holds (a pooled connection
+    # handed back and another taken): never reused.
+    connection._hot_cursor = (object(), kept, [False])  # type: ignore[attr-defined]
+    with sql.hot_cursor() as second:
+        assert second.cursor is not kept
+        second.execute("SELECT 2")
+        assert second.fetchone() == (2,)
+        fresh = second.cursor
+    fresh.close()
+    with sql.hot_cursor() as third:
+        assert third.cursor is not fresh
+        third.execute("SELECT 3")
+        assert third.fetchone() == (3,)
+
+
+def test_a_statement_longer_than_psycopg_caches_is_converted_once_and_binds_right(
+    personas: Personas,
+) -> None:
+    padding = " ".join(f"%(p{i})s::int AS c{i}," for i in range(400))
+    statement = f"SELECT {padding} %(last)s::text AS last"
+    assert len(statement) > 4096
+    params: dict[str, Any] = {f"p{i}": i for i in range(400)}
+    for last in ("a", "b"):
+        with sql.hot_cursor() as cursor:
+            cursor.execute(statement, {**params, "last": last})
+            row = cursor.fetchone()
+        assert row[0] == 0 and row[399] == 399 and row[400] == last
+    assert any(key[0] == statement for key in sql._converted)
+
+
+def test_a_claimed_todo_is_the_row_the_orm_would_load(personas: Personas) -> None:
+    (todo,) = push(personas, 1, payload={"x": [1, 2]})
+    claimed = services.claim_next(actor=personas.as_agent(), claimant="w")
+    assert isinstance(claimed, Claimed)
+    loaded = Todo.objects.get(pk=todo.id)
+    built = claimed.todo
+    assert not built._state.adding and built._state.db == "default"
+    fields = [f.attname for f in Todo._meta.concrete_fields]
+    assert {f: getattr(built, f) for f in fields} == {f: getattr(loaded, f) for f in fields}
+    assert built.payload == {"x": [1, 2]} and built.endpoint.pk == loaded.endpoint_id
+    # Saved as the ORM's own instance would be: an update, not an insert.
+    built.title = "renamed"
+    built.save(update_fields=["title"])
+    assert Todo.objects.get(pk=todo.id).title == "renamed"
+
+
+def test_init_signal_listeners_still_see_claimed_todos(personas: Personas) -> None:
+    push(personas, 1)
+    seen: list[Todo] = []
+
+    def listener(sender: type[Todo], instance: Todo, **kwargs: object) -> None:
+        seen.append(instance)
+
+    post_init.connect(listener, sender=Todo)
+    try:
+        claimed = services.claim_next(actor=personas.as_agent(), claimant="w")
+    finally:
+        post_init.disconnect(listener, sender=Todo)
+    assert isinstance(claimed, Claimed)
+    assert claimed.todo in seen
