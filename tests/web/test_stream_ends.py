@@ -169,19 +169,23 @@ def test_the_live_board_stream_ends_with_its_viewer(
 
 
 def _ledger_rows(n: int) -> None:
-    """``n`` more ledger rows (the export reads them; no chain is verified here), committed."""
+    """``n`` more ledger rows on chain 0 (the export reads them; no chain is verified here),
+    committed."""
     with connection.cursor() as cursor:
         cursor.execute(
             """
+            WITH base AS (
+                SELECT (SELECT coalesce(max(seq), 0) FROM admission_ledgerentry) AS seq,
+                       (SELECT coalesce(max(chain_pos), 0) FROM admission_ledgerentry
+                        WHERE chain = 0) AS pos
+            )
             INSERT INTO admission_ledgerentry
-                (seq, prev_hash, kind, actor_human_name, actor_endpoint_slug, scope, queue,
-                 before, after, at, entry_hash)
-            SELECT s, repeat('0', 64), 'queue.pause', 'ada', '', 'queue', 'inbox',
-                   NULL, jsonb_build_object('reason', 'row ' || s), now(), md5(s::text) || md5('x' || s)
-            FROM generate_series(
-                (SELECT coalesce(max(seq), 0) + 1 FROM admission_ledgerentry),
-                (SELECT coalesce(max(seq), 0) + %s FROM admission_ledgerentry)
-            ) AS s
+                (seq, chain, chain_pos, prev_hash, kind, actor_human_name, actor_endpoint_slug,
+                 scope, queue, before, after, at, entry_hash)
+            SELECT b.seq + i, 0, b.pos + i, repeat('0', 64), 'queue.pause', 'ada', '', 'queue',
+                   'inbox', NULL, jsonb_build_object('reason', 'row ' || (b.seq + i)), now(),
+                   md5((b.seq + i)::text) || md5('x' || (b.seq + i))
+            FROM base b, generate_series(1, %s) AS i
             """,
             [n],
         )
