@@ -167,11 +167,15 @@ def test_the_locked_path_and_every_change_take_the_lock_exclusive(
 def test_an_ending_takes_the_locks_shared_and_locks_no_limit_row(
     tx_personas: Personas,
 ) -> None:
+    """With work of the limits still waiting (the case a reopen ring may be owed), the ending
+    reads each limit under its shared lock. With none waiting the planner may never call the
+    read (a hash join over no waiting rows skips its other side), and no lock is needed: the
+    ledger's order of an end row does not rest on it (``switchboard.ledger.chain``)."""
     personas = tx_personas
     pool("gpu", slots=1_000_000)
     tag("vendor.a", 1_000_000)
-    push_named(personas, 1, pool="gpu", tags=["vendor.a"])
-    claimed = services.claim_next(actor=personas.as_agent())  # committed
+    push_named(personas, 2, pool="gpu", tags=["vendor.a"])
+    claimed = services.claim_next(actor=personas.as_agent())  # committed; the other waits
     assert isinstance(claimed, Claimed)
     with transaction.atomic():
         assert advisory_locks("pool", "gpu") == []
