@@ -31,7 +31,10 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.backends.utils import CursorWrapper
 from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
+from psycopg._preparing import Prepare as _Prepare
 from psycopg._queries import PostgresQuery, _query2pg_nocache
+from psycopg.generators import execute as _pq_execute
+from psycopg.pq import TransactionStatus
 
 from queues import gates
 from queues.claimable import CLAIMABLE, CLAIMABLE_STATE, LAPSED_CLAIM_SET
@@ -302,8 +305,73 @@ class _HotQuery(PostgresQuery):
 _converted: dict[tuple[str, str], Any] = {}
 
 
+_IDLE = TransactionStatus.IDLE
+_INTRANS = TransactionStatus.INTRANS
+
+
 class _HotCursor(psycopg.Cursor[Any]):
     _query_cls = _HotQuery
+
+    def _start_query(self, query: Any = None) -> Any:
+        # psycopg gives the cursor a new Transformer (empty dumper and loader caches) whenever
+        # the statement is not the one it ran last; on the kept cursor the claim and the
+        # completion alternate, so every statement paid for it (issue 12). The caches are per
+        # adapted type and oid, nothing of one statement; psycopg itself replaces the
+        # Transformer when the cursor's adapters change (``_loaders_changed``).
+        if query is not None and self._last_query is not None:
+            self._last_query = query
+        return super()._start_query(query)
+
+    def execute_prepared(self, query: str, params: dict[str, Any]) -> bool:
+        """``execute(query, params)`` for a statement psycopg has already prepared on this
+        connection, in one plain call: the send, the wait for the results and their
+        selection, without the generators ``execute`` stacks around them (which cost a claim
+        cycle's client more than the send and the wait themselves; issue 12). False, having
+        sent nothing: a case this does not cover (not yet prepared, a transaction to begin, a
+        pipeline); the caller then runs ``execute``. The steps are those of psycopg's
+        ``_execute_gen`` for an already-prepared statement (pinned 3.3.9)."""
+        conn = self._conn
+        if self._last_query is None or conn._pipeline is not None or self.closed:
+            return False
+        pgconn = conn.pgconn
+        status = pgconn.transaction_status
+        if status != _INTRANS and (status != _IDLE or not conn.autocommit):
+            return False  # psycopg would begin a transaction first, or raise
+        with conn.lock:
+            pgq = self._query_cls(self._tx)
+            pgq.convert(query, params)
+            prepared = conn._prepared
+            prep, name = prepared.get(pgq, None)
+            if prep is not _Prepare.YES or prepared._to_flush:
+                return False
+            self._reset()
+            pgconn.send_query_prepared(
+                name, pgq.params, param_formats=pgq.formats, result_format=self.format
+            )
+            self._query = pgq
+            prepared.maybe_add_to_cache(pgq, prep, name)  # its place in the LRU
+            try:
+                results = conn.wait(_pq_execute(pgconn))
+            except psycopg.errors._NO_TRACEBACK as ex:
+                raise ex.with_traceback(None) from None
+            self._check_results(results)
+            self._set_results(results)
+            self._last_query = query
+        return True
+
+
+class _HotWrapper(CursorWrapper):
+    """Django's CursorWrapper, its execute going the short way (``execute_prepared``) when no
+    execute wrapper is installed; with one, the usual way, so wrappers see every statement."""
+
+    def execute(self, sql: Any, params: Any = None) -> Any:
+        db = self.db
+        if type(params) is dict and not db.execute_wrappers:
+            db.validate_no_broken_transaction()
+            with db.wrap_database_errors:
+                if self.cursor.execute_prepared(sql, params):
+                    return self.cursor
+        return super().execute(sql, params)
 
 
 @contextmanager
@@ -332,7 +400,7 @@ def hot_cursor() -> Iterator[CursorWrapper]:
     if lent:
         lent[0] = True
     try:
-        yield CursorWrapper(raw, db)
+        yield _HotWrapper(raw, db)
     finally:
         if lent:
             lent[0] = False

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import connection
+import pytest
+from django.db import DataError, connection, transaction
 from django.db.models.signals import post_init
+from psycopg.pq import TransactionStatus
 
 from queues import services, sql
 from queues.models import Todo
@@ -97,3 +99,91 @@ def test_init_signal_listeners_still_see_claimed_todos(personas: Personas) -> No
         post_init.disconnect(listener, sender=Todo)
     assert isinstance(claimed, Claimed)
     assert claimed.todo in seen
+
+
+def _prepared_on(cursor: Any, statement: str, params: dict[str, Any]) -> None:
+    """Run ``statement`` until psycopg has prepared it on this connection."""
+    for _ in range(8):
+        cursor.execute(statement, params)
+        cursor.fetchall()
+
+
+def test_a_prepared_statement_goes_the_short_way_with_the_same_rows(
+    tx_personas: Personas,
+) -> None:
+    statement = "SELECT %(a)s::int + g, %(b)s::text FROM generate_series(1, 2) g"
+    with sql.hot_cursor() as cursor:
+        raw = cursor.cursor
+        assert not raw.execute_prepared(statement, {"a": 1, "b": "x"})  # not prepared yet
+        _prepared_on(cursor, statement, {"a": 1, "b": "x"})
+        assert raw.execute_prepared(statement, {"a": 10, "b": "y"})
+        assert cursor.fetchall() == [(11, "y"), (12, "y")]
+        cursor.execute(statement, {"a": 20, "b": "z"})  # the wrapper's execute, short way
+        assert cursor.rowcount == 2 and cursor.fetchone() == (21, "z")
+
+
+def test_an_error_on_the_short_way_is_djangos_and_the_connection_goes_on(
+    tx_personas: Personas,
+) -> None:
+    statement = "SELECT 10 / %(d)s::int"
+    with sql.hot_cursor() as cursor:
+        _prepared_on(cursor, statement, {"d": 5})
+        with pytest.raises(DataError, match="division by zero"):
+            cursor.execute(statement, {"d": 0})
+        cursor.execute(statement, {"d": 2})
+        assert cursor.fetchone() == (5,)
+
+
+def test_in_a_transaction_the_short_way_begins_it_and_a_rollback_undoes_the_statement(
+    tx_personas: Personas,
+) -> None:
+    """Inside atomic() psycopg begins the transaction at the first statement: the short way
+    leaves that statement to ``execute``, or it would run outside the transaction (committed
+    at once, never rolled back)."""
+    statement = "UPDATE queues_endpoint SET name = %(name)s WHERE id = %(id)s RETURNING name"
+    endpoint = tx_personas.agent
+    before = endpoint.name
+    with sql.hot_cursor() as cursor:
+        _prepared_on(cursor, statement, {"name": before, "id": endpoint.id})
+    with transaction.atomic():
+        with sql.hot_cursor() as cursor:
+            cursor.execute(
+                statement, {"name": "renamed in a rolled-back transaction", "id": endpoint.id}
+            )
+            assert cursor.fetchone() == ("renamed in a rolled-back transaction",)
+            assert connection.connection.info.transaction_status == TransactionStatus.INTRANS
+        transaction.set_rollback(True)
+    endpoint.refresh_from_db()
+    assert endpoint.name == before
+
+
+def test_an_execute_wrapper_sees_every_hot_statement(tx_personas: Personas) -> None:
+    statement = "SELECT %(a)s::int"
+    seen: list[str] = []
+
+    def wrapper(execute: Any, sql_: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append(sql_)
+        return execute(sql_, params, many, context)
+
+    with sql.hot_cursor() as cursor:
+        _prepared_on(cursor, statement, {"a": 1})
+        with connection.execute_wrapper(wrapper):
+            cursor.execute(statement, {"a": 2})
+            assert cursor.fetchone() == (2,)
+    assert seen == [statement]
+
+
+def test_claim_and_completion_alternating_keep_one_transformer(personas: Personas) -> None:
+    """psycopg replaces a cursor's Transformer (its adapters' caches) when the statement
+    changes; the hot cursor keeps it across the claim and the completion."""
+    push(personas, 3)
+    agent = personas.as_agent()
+    with sql.hot_cursor() as cursor:
+        cursor.execute("SELECT 1", {})
+        transformer = cursor.cursor._tx
+    for _ in range(3):
+        claimed = services.claim_next(actor=agent, claimant="w")
+        assert isinstance(claimed, Claimed)
+        services.complete(actor=agent, todo_id=claimed.todo.id)
+    with sql.hot_cursor() as cursor:
+        assert cursor.cursor._tx is transformer
