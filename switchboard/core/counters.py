@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -90,14 +91,23 @@ Keyed = tuple[tuple[str, str], int]
 def incr_keyed(increments: tuple[Keyed, ...]) -> None:
     """``incr_many`` of increments whose keys the caller made once (``label_key``): the claim
     path counts on every claim and every ending (issue 12: its Python per cycle)."""
+    connection = connections[DEFAULT_DB_ALIAS]
+    if not connection.in_atomic_block:
+        # Committed already (autocommit): straight into the buffer the flusher sends.
+        with _buffer_lock:
+            for key, amount in increments:
+                _buffer[key] += amount
+        _ensure_flusher()
+        return
     items: Counter[tuple[str, str]] = Counter()
     for key, amount in increments:
         items[key] += amount
-    _incr(items)
+    _incr(items, connection)
 
 
-def _incr(items: Counter[tuple[str, str]]) -> None:
-    connection = connections[DEFAULT_DB_ALIAS]
+def _incr(items: Counter[tuple[str, str]], connection: Any = None) -> None:
+    if connection is None:
+        connection = connections[DEFAULT_DB_ALIAS]
     if not connection.in_atomic_block:
         _send(items)
         return
@@ -108,7 +118,7 @@ def _incr(items: Counter[tuple[str, str]]) -> None:
     )
     if batch is None or not registered:
         batch = _Batch()
-        connection._switchboard_counter_batch = batch  # type: ignore[attr-defined]
+        connection._switchboard_counter_batch = batch
         transaction.on_commit(batch.flush)
     batch.items.update(items)
 

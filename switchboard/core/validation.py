@@ -127,6 +127,8 @@ def check_json(
 
 def check_stored_json(value: Any, field: str) -> Any:
     """A JSON field about to be stored (payload, result, error): the bounds in the README."""
+    if value is None:  # nothing to walk or measure (most completions send no result)
+        return None
     return check_json(value, field, max_depth=MAX_JSON_DEPTH, max_bytes=MAX_JSON_BYTES)
 
 
@@ -173,11 +175,24 @@ class SafeJSONDecoder(json.JSONDecoder):
 
 
 def stored_json_loads(data: bytes | bytearray | memoryview | str) -> Any:
-    """psycopg's json/jsonb loader: ``json.loads``, or ``UNREADABLE`` for a value too deep."""
+    """psycopg's json/jsonb loader: ``json.loads``, or ``UNREADABLE`` for a value too deep.
+
+    The database sends UTF-8 (Django sets the client encoding): decoded as such and parsed
+    with a plain decoder, without ``json.loads``' encoding detection (a claim cycle loads two
+    or three values: issue 12); anything else goes through ``json.loads``."""
     try:
-        return json.loads(bytes(data) if isinstance(data, memoryview) else data)
+        if not isinstance(data, str):
+            try:
+                data = bytes(data).decode()
+            except UnicodeDecodeError:
+                return json.loads(bytes(data))  # type: ignore[arg-type]
+        return _DECODE(data)
     except RecursionError:
         return dict(UNREADABLE)
+
+
+# What json.loads(text) runs with no options given.
+_DECODE = json.JSONDecoder().decode
 
 
 # What a stored value that cannot be read or shown is replaced with on every surface.
