@@ -6,6 +6,7 @@ below name the statement or sweep that uses each one.
 
 from __future__ import annotations
 
+import string
 import uuid
 from typing import Any
 
@@ -13,8 +14,7 @@ from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import BrinIndex, GinIndex
 from django.db import models
-from django.db.models import Q, Value
-from django.db.models.expressions import RawSQL
+from django.db.models import F, Func, Q, Value
 
 from switchboard.core.errors import InvalidArgument
 from switchboard.core.validation import SafeJSONDecoder, fullmatch, validate_stored_json
@@ -219,19 +219,48 @@ class TodoSource(models.TextChoices):
 
 
 # A live todo holds its idempotency slot: not done and not dead-lettered.
-def _check(sql: str) -> RawSQL:
-    """A CHECK condition written as SQL (see Todo.Meta: fewer nodes for PostgreSQL to parse in
-    every statement that writes the row). Django's model validation cannot evaluate it and
-    skips it; the fields' own validators and the edge still run."""
-    return RawSQL(sql, (), output_field=models.BooleanField())
+class CheckSQL(Func):
+    """A CHECK condition written as SQL over the row's columns: ``template`` with ``{0}``,
+    ``{1}``, ... for ``columns`` (see Todo.Meta: fewer nodes for PostgreSQL to parse in every
+    statement that writes the row). Unlike RawSQL, the columns are expressions, so Django's
+    model validation still evaluates it (with the instance's values in their place)."""
+
+    output_field = models.BooleanField()
+
+    def __init__(self, template: str, *columns: str) -> None:
+        super().__init__(*(F(column) for column in columns))
+        self.sql_template = template
+
+    def as_sql(
+        self,
+        compiler: Any,
+        connection: Any,
+        function: str | None = None,
+        template: str | None = None,
+        arg_joiner: str | None = None,
+        **extra_context: Any,
+    ) -> Any:
+        compiled = [compiler.compile(e) for e in self.get_source_expressions()]
+        # A column named twice binds its parameters twice (model validation puts a value
+        # there), in the order the placeholders appear.
+        params: list[Any] = []
+        for _literal, field, _spec, _conversion in string.Formatter().parse(self.sql_template):
+            if field is not None:
+                params.extend(compiled[int(field)][1])
+        return self.sql_template.format(*(sql for sql, _ in compiled)), params
+
+    def deconstruct(self) -> Any:
+        path, _args, _kwargs = super().deconstruct()
+        columns = [e.name for e in self.get_source_expressions()]
+        return path, (self.sql_template, *columns), {}
 
 
-def _one_of(column: str, choices: type[models.TextChoices]) -> RawSQL:
+def _one_of(column: str, choices: type[models.TextChoices]) -> CheckSQL:
     """``column`` is one of ``choices`` (a NULL passes, as with IN), as one array constant."""
     for value in choices.values:
         if not value.isidentifier():
             raise ValueError(f"{value!r} cannot be written unquoted in an array constant")
-    return _check(f"{column}::text = ANY ('{{{','.join(choices.values)}}}'::text[])")
+    return CheckSQL(f"{{0}}::text = ANY ('{{{{{','.join(choices.values)}}}}}'::text[])", column)
 
 
 LIVE_TODO = Q(state__in=[TodoState.PENDING, TodoState.CLAIMED]) | Q(
@@ -309,14 +338,15 @@ class Todo(models.Model):
             # array_length is NULL for an empty array, which a CHECK lets through.
             models.CheckConstraint(
                 name="todo_tags_at_most_8",
-                condition=_check(f"array_length(tags, 1) <= {MAX_TODO_TAGS}"),
+                condition=CheckSQL(f"array_length({{0}}, 1) <= {MAX_TODO_TAGS}", "tags"),
             ),
             # array_position: NULL when no tag is '' (an empty tag), as NOT '' = ANY(tags).
             models.CheckConstraint(
                 name="todo_tags_format",
-                condition=_check(
-                    "array_to_string(tags, ',') ~ '^([a-z0-9][a-z0-9_.-]{0,63}(,|$))*$' "
-                    "AND array_position(tags, '') IS NULL"
+                condition=CheckSQL(
+                    "array_to_string({0}, ',') ~ '^([a-z0-9][a-z0-9_.-]{{0,63}}(,|$))*$' "
+                    "AND array_position({0}, '') IS NULL",
+                    "tags",
                 ),
             ),
             models.CheckConstraint(name="todo_state_valid", condition=_one_of("state", TodoState)),
@@ -490,7 +520,7 @@ class Attempt(models.Model):
             ),
             models.CheckConstraint(
                 name="attempt_ended_has_outcome",
-                condition=_check("(ended_at IS NULL) = (outcome IS NULL)"),
+                condition=CheckSQL("({0} IS NULL) = ({1} IS NULL)", "ended_at", "outcome"),
             ),
         ]
 

@@ -15,7 +15,7 @@
 #
 # tests/queues/test_checks.py holds the rows each accepts and refuses.
 
-import django.db.models.expressions
+import queues.models
 from django.db import migrations, models
 
 
@@ -48,22 +48,22 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='attempt',
-            constraint=models.CheckConstraint(condition=django.db.models.expressions.RawSQL("outcome::text = ANY ('{completed,failed,released,expired,superseded,revoked}'::text[])", (), output_field=models.BooleanField()), name='attempt_outcome_valid'),
+            constraint=models.CheckConstraint(condition=queues.models.CheckSQL("{0}::text = ANY ('{{completed,failed,released,expired,superseded,revoked}}'::text[])", 'outcome'), name='attempt_outcome_valid'),
         ),
         migrations.AddConstraint(
             model_name='attempt',
-            constraint=models.CheckConstraint(condition=django.db.models.expressions.RawSQL('(ended_at IS NULL) = (outcome IS NULL)', (), output_field=models.BooleanField()), name='attempt_ended_has_outcome'),
+            constraint=models.CheckConstraint(condition=queues.models.CheckSQL('({0} IS NULL) = ({1} IS NULL)', 'ended_at', 'outcome'), name='attempt_ended_has_outcome'),
         ),
         migrations.AddConstraint(
             model_name='todo',
-            constraint=models.CheckConstraint(condition=django.db.models.expressions.RawSQL('array_length(tags, 1) <= 8', (), output_field=models.BooleanField()), name='todo_tags_at_most_8'),
+            constraint=models.CheckConstraint(condition=queues.models.CheckSQL('array_length({0}, 1) <= 8', 'tags'), name='todo_tags_at_most_8'),
         ),
         migrations.AddConstraint(
             model_name='todo',
-            constraint=models.CheckConstraint(condition=django.db.models.expressions.RawSQL("array_to_string(tags, ',') ~ '^([a-z0-9][a-z0-9_.-]{0,63}(,|$))*$' AND array_position(tags, '') IS NULL", (), output_field=models.BooleanField()), name='todo_tags_format'),
+            constraint=models.CheckConstraint(condition=queues.models.CheckSQL("array_to_string({0}, ',') ~ '^([a-z0-9][a-z0-9_.-]{{0,63}}(,|$))*$' AND array_position({0}, '') IS NULL", 'tags'), name='todo_tags_format'),
         ),
         migrations.AddConstraint(
             model_name='todo',
-            constraint=models.CheckConstraint(condition=django.db.models.expressions.RawSQL("state::text = ANY ('{pending,claimed,done,failed,discarded}'::text[])", (), output_field=models.BooleanField()), name='todo_state_valid'),
+            constraint=models.CheckConstraint(condition=queues.models.CheckSQL("{0}::text = ANY ('{{pending,claimed,done,failed,discarded}}'::text[])", 'state'), name='todo_state_valid'),
         ),
     ]

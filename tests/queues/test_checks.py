@@ -177,3 +177,26 @@ def test_the_ending_plans_no_reopen_subquery_for_a_todo_naming_no_limit(
     assert "limits_pool_reopens" in plan and "limits_tags_reopens" in plan
     assert "limits_pool_shared" not in plan and "limits_tags_shared" not in plan
     assert "todo_pending_pool_idx" not in plan and "todo_pending_tags_idx" not in plan
+
+
+def test_model_validation_still_runs_the_compact_rules(personas: Personas) -> None:
+    """The compact CHECKs are expressions over the fields (queues.models.CheckSQL), not raw
+    SQL, so Django's validate_constraints evaluates them with the instance's values."""
+    from django.core.exceptions import ValidationError
+
+    (todo,) = push(personas, 1)
+    todo.validate_constraints()
+    for field, value, rule in [
+        ("state", "nonsense", "todo_state_valid"),
+        ("tags", ["ok", ""], "todo_tags_format"),
+        ("tags", [f"t{i}" for i in range(9)], "todo_tags_at_most_8"),
+    ]:
+        original = getattr(todo, field)
+        setattr(todo, field, value)
+        with pytest.raises(ValidationError, match=rule):
+            todo.validate_constraints()
+        setattr(todo, field, original)
+    attempt = Attempt(todo=todo, number=1, endpoint=personas.agent, ended_at=None)
+    attempt.outcome = "nonsense"
+    with pytest.raises(ValidationError, match="attempt_outcome_valid"):
+        attempt.validate_constraints(exclude={"todo"})
