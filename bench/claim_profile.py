@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--queues", type=int, default=1, help="the endpoint's queues, todos dealt round-robin"
     )
+    parser.add_argument(
+        "--wal", action="store_true", help="WAL records and HOT updates per cycle (pg_walinspect)"
+    )
     parser.add_argument("--exec", action="append", default=[], help="SQL to run first")
     parser.add_argument("--set", action="append", default=[], help="a session setting: name=value")
     args = parser.parse_args(argv)
@@ -154,6 +157,8 @@ def _run(args: argparse.Namespace) -> None:
         print(sql.complete_sql())
     if args.explain:
         _explain(endpoint)
+    if args.wal:
+        _wal(cycle)
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         (backend,) = cursor.fetchone()
@@ -200,6 +205,63 @@ def _budget(owner: Any, endpoint: Any, queues: list[str]) -> None:
             posture="enforce",
         )
     _vacuum()
+
+
+def _wal(cycle: Any, n: int = 200) -> None:
+    """What ``n`` cycles write: WAL records and bytes per cycle by resource manager, record type
+    and relation (pg_walinspect, over the whole server: run it on a server of its own), and the
+    updates of each todo table that were HOT."""
+    from django.db import connection
+
+    tables = ("queues_todo", "queues_attempt")
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+
+        def updates() -> dict[str, tuple[int, int]]:
+            cursor.execute("SELECT pg_stat_force_next_flush()")
+            cursor.execute(
+                "SELECT relname, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
+                " WHERE relname = ANY(%s)",
+                [list(tables)],
+            )
+            return {name: (upd, hot) for name, upd, hot in cursor.fetchall()}
+
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        before = updates()
+        cursor.execute("SELECT pg_current_wal_insert_lsn()")
+        (start,) = cursor.fetchone()
+        for _ in range(n):
+            cycle()
+        cursor.execute("SELECT pg_current_wal_insert_lsn()")
+        (end,) = cursor.fetchone()
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        after = updates()
+        cursor.execute(
+            """
+            SELECT r.resource_manager, r.record_type,
+                   coalesce(c.relname, b.relfilenode::text, '-'),
+                   count(DISTINCT r.start_lsn), sum(DISTINCT r.record_length::bigint)
+            FROM pg_get_wal_records_info(%s, %s) r
+            LEFT JOIN LATERAL (SELECT * FROM pg_get_wal_block_info(r.start_lsn, r.end_lsn)
+                               LIMIT 1) b ON true
+            LEFT JOIN pg_class c ON c.relfilenode = b.relfilenode
+            GROUP BY 1, 2, 3 ORDER BY 4 DESC, 5 DESC
+            """,
+            [start, end],
+        )
+        rows = cursor.fetchall()
+        cursor.execute("SELECT %s::pg_lsn - %s::pg_lsn", [end, start])
+        (total,) = cursor.fetchone()
+    print(
+        f"WAL per cycle ({n} cycles): {sum(r[3] for r in rows) / n:.2f} records, "
+        f"{float(total) / n:.0f} bytes"
+    )
+    for rmgr, kind, rel, count, _ in rows:
+        print(f"  {count / n:6.2f}  {rmgr:12} {kind:24} {rel}")
+    for name in tables:
+        upd = after[name][0] - before[name][0]
+        hot = after[name][1] - before[name][1]
+        print(f"{name}: {upd / n:.2f} updates per cycle, {hot / n:.2f} HOT")
 
 
 def _complete_params(endpoint: Any, todo_id: int) -> dict[str, Any]:

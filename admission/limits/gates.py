@@ -446,14 +446,13 @@ class PoolGate(_OccupancyGate):
         return gated.claimed_by_pool(cursor, names, todo_id)
 
     def reopens(self, alias: str) -> str:
-        # LATERAL: the waiting rows are read only for a pool that was at its cap.
-        return f"""CASE WHEN {alias}.pool IS NOT NULL THEN ARRAY(
-        SELECT DISTINCT {gated.identity_key("w")}
-        FROM (SELECT s.o_name AS name, s.o_slots AS slots, s.o_posture AS posture
-              FROM limits_pool_shared({alias}.pool) s) p,
-             LATERAL ({gated.pending_rows_in_pool("p.name")}) w
-        WHERE p.posture = 'enforce'
-          AND p.slots = 1 + {gated.claimed_in_pool("p.name", excluding=f"{alias}.id")}) END"""
+        # limits migration 0006: the pool's waiting identities when it was at its cap (the
+        # waiting rows are read only then), in a function so that an ending naming no pool
+        # does not build the subquery's executor state (issue 12).
+        return (
+            f"CASE WHEN {alias}.pool IS NOT NULL "
+            f"THEN limits_pool_reopens({alias}.pool, {alias}.id) END"
+        )
 
     def probe(self, alias: str) -> str:
         return f"{alias}.pool"
@@ -477,14 +476,11 @@ class TagGate(_OccupancyGate):
         return gated.claimed_by_tag(cursor, names, todo_id)
 
     def reopens(self, alias: str) -> str:
-        return f"""CASE WHEN cardinality({alias}.tags) > 0 THEN ARRAY(
-        SELECT DISTINCT {gated.identity_key("w")}
-        FROM (SELECT s.o_tag AS tag, s.o_limit AS "limit", s.o_posture AS posture
-              FROM limits_tags_shared({alias}.tags) s) l,
-             LATERAL ({gated.pending_rows_with_tag("l.tag")}) w
-        WHERE l.posture = 'enforce'
-          AND l."limit" = 1 + {gated.claimed_with_tag("l.tag", excluding=f"{alias}.id")})
-        END"""
+        # limits migration 0006, as the pool's.
+        return (
+            f"CASE WHEN cardinality({alias}.tags) > 0 "
+            f"THEN limits_tags_reopens({alias}.tags, {alias}.id) END"
+        )
 
     def probe(self, alias: str) -> str:
         return f"CASE WHEN cardinality({alias}.tags) > 0 THEN {alias}.tags END"

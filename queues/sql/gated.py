@@ -36,29 +36,6 @@ def claimed_with_tag(tag: str, *, excluding: str | None = None) -> str:
     return _claimed(f"o.tags <> '{{}}' AND o.tags @> ARRAY[{tag}]", excluding)
 
 
-def identity_key(row: str) -> str:
-    """The queue identity of todo row ``row`` as the text the wakes ring by:
-    ``<endpoint_id>:<queue>`` (SQL)."""
-    return f"{row}.endpoint_id::text || ':' || {row}.queue"
-
-
-def pending_rows_in_pool(name: str) -> str:
-    """The pending todos naming pool ``name`` (SQL), as rows of endpoint_id and queue."""
-    return (
-        "SELECT w.endpoint_id, w.queue FROM queues_todo w"
-        f" WHERE w.state = 'pending' AND w.pool = {name}"
-    )
-
-
-def pending_rows_with_tag(tag: str) -> str:
-    """The pending todos carrying tag ``tag`` (SQL), as rows of endpoint_id and queue."""
-    # `w.tags <> '{}'` states todo_pending_tags_idx's predicate, so the planner can use it.
-    return (
-        "SELECT w.endpoint_id, w.queue FROM queues_todo w"
-        f" WHERE w.state = 'pending' AND w.tags <> '{{}}' AND w.tags @> ARRAY[{tag}]"
-    )
-
-
 def claimable_in(endpoint: str, queue: str) -> str:
     """Whether the queue identity (``endpoint``, ``queue``: SQL) has work a claim could take."""
     return (
