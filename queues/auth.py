@@ -7,13 +7,17 @@ through Redis (ENDPOINT_RATE_LIMIT, overridable per endpoint; 0 is unlimited).
 
 from __future__ import annotations
 
+import contextlib
 import hmac
+import logging
+import os
 import threading
 import time
 from typing import Any
 
+import psycopg
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.models.signals import post_delete, post_save
 from django.http import HttpRequest
 from django.middleware.csrf import CsrfViewMiddleware
@@ -29,6 +33,8 @@ from switchboard.core import ratelimit
 from switchboard.core.errors import Forbidden, RateLimited, Unauthorized
 from switchboard.core.tokens import ENDPOINT_TOKEN_PREFIX, HUMAN_TOKEN_PREFIX, hash_token
 
+log = logging.getLogger(__name__)
+
 _ENDPOINT_FIELDS = list(Endpoint._meta.concrete_fields)
 # Every agent request runs this lookup; as plain SQL it skips the ORM's query compilation, which
 # cost more than the rest of a claim, and on the hot cursor (server-side binding, binary results)
@@ -41,18 +47,25 @@ _ENDPOINT_BY_HASH = (
 
 
 class _EndpointCache:
-    """Endpoint rows by token hash, kept ``ENDPOINT_CACHE_SECONDS`` in this process.
+    """Endpoint rows by token hash, kept in this process while ``endpoint_watch`` is listening.
 
-    Every agent request authenticates, and the lookup was a third of a claim's database round
-    trips. A change to an endpoint saved in this process (a revoke, an edit in the
-    admin) empties the cache at once and again at commit; another process's change reaches this
-    one within the TTL. The cache keeps the row's values, not a model: each request gets an
-    Endpoint of its own.
+    Every agent request authenticates, and the lookup was a third of a claim cycle's database
+    round trips and transactions (issue 11). A change to an endpoint row, made anywhere (the
+    services, the admin, a bulk update, plain SQL), is announced by a trigger when it commits
+    (migration 0012); the web process forgets that row before it serves its next request. A
+    change saved in this process empties the cache at once and again at commit. Rows are kept at
+    most ``ENDPOINT_CACHE_SECONDS`` besides. The cache keeps the row's values, not a model: each
+    request gets an Endpoint of its own.
+
+    ``generation`` moves on with every forgetting: a row read from the database is kept only if
+    nothing was forgotten while it was read (else a revoke committed meanwhile could be
+    outlived by the row read before it).
     """
 
     def __init__(self) -> None:
         self._rows: dict[str, tuple[float, list[Any]]] = {}
         self._lock = threading.Lock()
+        self.generation = 0
 
     def get(self, digest: str, ttl: float) -> list[Any] | None:
         hit = self._rows.get(digest)
@@ -60,19 +73,134 @@ class _EndpointCache:
             return None
         return hit[1]
 
-    def put(self, digest: str, values: list[Any]) -> None:
+    def put(self, digest: str, values: list[Any], generation: int) -> None:
         with self._lock:
+            if generation != self.generation:
+                return  # something changed while the row was read: not kept
             if len(self._rows) >= ENDPOINT_CACHE_SIZE:
                 self._rows.clear()
             self._rows[digest] = (time.monotonic(), values)
 
+    def forget(self, digest: str) -> None:
+        with self._lock:
+            self.generation += 1
+            self._rows.pop(digest, None)
+
     def clear(self) -> None:
         with self._lock:
+            self.generation += 1
             self._rows.clear()
 
 
 ENDPOINT_CACHE_SIZE = 10_000
 endpoint_cache = _EndpointCache()
+
+ENDPOINT_CHANNEL = "switchboard_endpoint"
+
+
+class _EndpointWatch:
+    """This process's LISTEN on ``switchboard_endpoint``: a connection of its own, outside the
+    pool, read without waiting before each cached lookup (the notifications of every change
+    committed so far are there: PostgreSQL signals the listening backends before it acknowledges
+    the commit).
+
+    Fails closed: while the connection is not up, or when it has heard nothing for
+    ``PING_EVERY`` seconds and does not hear its own ping (a notification it sends itself, so a
+    proxy that drops LISTEN is caught too), ``ready()`` is False and every request looks its
+    token up in the database, as without a cache; when it listens again the cache starts empty
+    (changes may have been missed meanwhile). Valkey plays no part.
+    """
+
+    PING_EVERY = 5.0
+    RETRY_EVERY = 1.0
+    PING = "."
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._pid = 0
+        self._heard_at = 0.0
+        self._heard = False
+        self._retry_at = 0.0
+
+    def ready(self) -> bool:
+        """Every change announced so far applied to the cache; False: do not use the cache."""
+        with self._lock:
+            now = time.monotonic()
+            if self._conn is None or self._pid != os.getpid():
+                self._conn = None  # a forked child does not share its parent's connection
+                if now < self._retry_at:
+                    return False
+                self._retry_at = now + self.RETRY_EVERY
+                if not self._connect(now):
+                    return False
+            conn = self._conn
+            assert conn is not None
+            try:
+                pgconn = conn.pgconn
+                pgconn.consume_input()
+                while (note := pgconn.notifies()) is not None:
+                    self._note(note.extra.decode())
+                if pgconn.status != psycopg.pq.ConnStatus.OK:
+                    raise psycopg.OperationalError("the watch connection is closed")
+                if not self._heard and now - self._heard_at >= self.PING_EVERY:
+                    # Heard back within the statement (a session hears its own notifications
+                    # before the statement's end), after any change announced before it.
+                    conn.execute("SELECT pg_notify(%s, %s)", [ENDPOINT_CHANNEL, self.PING])
+                    if not self._heard:
+                        raise psycopg.OperationalError("the watch did not hear its own ping")
+                if self._heard:
+                    self._heard, self._heard_at = False, now
+            except Exception:
+                log.warning("endpoint watch lost; token lookups go to the database", exc_info=True)
+                self._drop()
+                return False
+            return True
+
+    def _note(self, payload: str) -> None:
+        self._heard = True
+        if payload == "*":
+            endpoint_cache.clear()
+        elif payload != self.PING:
+            endpoint_cache.forget(payload)
+
+    def _connect(self, now: float) -> bool:
+        try:
+            params = connections[DEFAULT_DB_ALIAS].get_connection_params()
+            params.pop("cursor_factory", None)
+            conn = psycopg.connect(**params, autocommit=True)
+        except Exception:
+            log.warning(
+                "endpoint watch unavailable; token lookups go to the database", exc_info=True
+            )
+            return False
+        # What arrives during a statement (the ping) is handed here, not kept aside.
+        conn.add_notify_handler(lambda note: self._note(note.payload))
+        try:
+            conn.execute(f"LISTEN {ENDPOINT_CHANNEL}")
+        except Exception:
+            conn.close()
+            log.warning(
+                "endpoint watch unavailable; token lookups go to the database", exc_info=True
+            )
+            return False
+        self._conn, self._pid, self._heard_at, self._heard = conn, os.getpid(), now, False
+        endpoint_cache.clear()  # what changed while nobody listened is unknown
+        return True
+
+    def _drop(self) -> None:
+        endpoint_cache.clear()
+        conn, self._conn = self._conn, None
+        if conn is not None and self._pid == os.getpid():
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+
+endpoint_watch = _EndpointWatch()
 
 
 def _forget_endpoints(**kwargs: Any) -> None:
@@ -87,18 +215,20 @@ post_delete.connect(_forget_endpoints, sender=Endpoint, dispatch_uid="endpoint-c
 
 def _endpoint_row(digest: str) -> list[Any] | None:
     ttl = settings.ENDPOINT_CACHE_SECONDS
-    if ttl > 0:
-        cached = endpoint_cache.get(digest, ttl)
-        if cached is not None:
-            return cached
+    cached = ttl > 0 and endpoint_watch.ready()
+    generation = endpoint_cache.generation
+    if cached:
+        hit = endpoint_cache.get(digest, ttl)
+        if hit is not None:
+            return hit
     with hot_cursor() as cursor:
         cursor.execute(_ENDPOINT_BY_HASH, [digest])
         row = cursor.fetchone()
     if row is None:
         return None
     values = list(row)  # no field of Endpoint converts its database value (checked in tests)
-    if ttl > 0:
-        endpoint_cache.put(digest, values)
+    if cached:
+        endpoint_cache.put(digest, values, generation)
     return values
 
 
