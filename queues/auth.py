@@ -17,6 +17,7 @@ from typing import Any
 
 import psycopg
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.models.signals import post_delete, post_save
 from django.http import HttpRequest
@@ -36,6 +37,9 @@ from switchboard.core.tokens import ENDPOINT_TOKEN_PREFIX, HUMAN_TOKEN_PREFIX, h
 log = logging.getLogger(__name__)
 
 _ENDPOINT_FIELDS = list(Endpoint._meta.concrete_fields)
+_ENDPOINT_ATTNAMES = [f.attname for f in _ENDPOINT_FIELDS]
+# The array fields (scopes): copied for each request, so no request changes what another reads.
+_ENDPOINT_LISTS = [i for i, f in enumerate(_ENDPOINT_FIELDS) if isinstance(f, ArrayField)]
 # Every agent request runs this lookup; as plain SQL it skips the ORM's query compilation, which
 # cost more than the rest of a claim, and on the hot cursor (server-side binding, binary results)
 # psycopg prepares it and loads uuids and timestamps without parsing text. The owner loads lazily
@@ -239,9 +243,11 @@ def endpoint_for_token(token: str) -> Endpoint | None:
     values = _endpoint_row(digest)
     if values is None:
         return None
-    # Lists (scopes) are copied: no request can change what the next one reads.
-    fresh = [list(v) if isinstance(v, list) else v for v in values]
-    endpoint = Endpoint.from_db(DEFAULT_DB_ALIAS, [f.attname for f in _ENDPOINT_FIELDS], fresh)
+    fresh = values.copy()
+    for i in _ENDPOINT_LISTS:
+        if fresh[i] is not None:
+            fresh[i] = list(fresh[i])
+    endpoint = Endpoint.from_db(DEFAULT_DB_ALIAS, _ENDPOINT_ATTNAMES, fresh)
     if not hmac.compare_digest(endpoint.token_hash, digest):
         return None
     if endpoint.state != EndpointState.ACTIVE:
