@@ -100,85 +100,106 @@ ENDPOINT_CACHE_SIZE = 10_000
 endpoint_cache = _EndpointCache()
 
 ENDPOINT_CHANNEL = "switchboard_endpoint"
+# How the watch connections show in pg_stat_activity.
+WATCH_APPLICATION_NAME = "switchboard endpoint watch"
 
 
 class _EndpointWatch:
     """This process's LISTEN on ``switchboard_endpoint``: a connection of its own, outside the
-    pool, read without waiting before each cached lookup (the notifications of every change
-    committed so far are there: PostgreSQL signals the listening backends before it acknowledges
-    the commit).
+    pool, which each cached lookup asks with an empty statement that began after the request
+    arrived.
 
-    Fails closed: while the connection is not up, or when it has heard nothing for
-    ``PING_EVERY`` seconds and does not hear its own ping (a notification it sends itself, so a
-    proxy that drops LISTEN is caught too), ``ready()`` is False and every request looks its
-    token up in the database, as without a cache; when it listens again the cache starts empty
-    (changes may have been missed meanwhile). Valkey plays no part.
+    Why that is exact: a change's notification is queued, and the listening backends signalled,
+    before its commit is acknowledged; a backend hands the notifications pending to its client
+    before it answers a statement (``ReadyForQuery``). So once an empty statement sent after the
+    request arrived has been answered, every change committed before the request arrived has
+    been applied to the cache. The statement has no snapshot, no table, no transaction ID: far
+    cheaper for both sides than the token lookup on a pooled connection. Requests that arrive
+    while one is answered share the next one.
+
+    Fails closed: while the connection is not up or an empty statement fails, ``ready()`` is
+    False and every request looks its token up in the database, as without a cache; when it
+    listens again the cache starts empty (changes may have been missed meanwhile). Valkey plays
+    no part.
     """
 
-    PING_EVERY = 5.0
     RETRY_EVERY = 1.0
-    PING = "."
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
         self._conn: psycopg.Connection[Any] | None = None
         self._pid = 0
-        self._heard_at = 0.0
-        self._heard = False
         self._retry_at = 0.0
+        self._answered = 0  # empty statements answered so far
+        self._asking = False  # one is on its way
+        self._failed = 0  # the number of the last that failed
 
     def ready(self) -> bool:
-        """Every change announced so far applied to the cache; False: do not use the cache."""
-        with self._lock:
-            now = time.monotonic()
+        """Every change committed before this call applied to the cache; False: do not use it."""
+        with self._cond:
             if self._conn is None or self._pid != os.getpid():
                 self._conn = None  # a forked child does not share its parent's connection
+                now = time.monotonic()
                 if now < self._retry_at:
                     return False
                 self._retry_at = now + self.RETRY_EVERY
-                if not self._connect(now):
+                if not self._connect():
                     return False
-            conn = self._conn
-            assert conn is not None
-            try:
-                pgconn = conn.pgconn
-                pgconn.consume_input()
-                while (note := pgconn.notifies()) is not None:
-                    self._note(note.extra.decode())
-                if pgconn.status != psycopg.pq.ConnStatus.OK:
-                    raise psycopg.OperationalError("the watch connection is closed")
-                if not self._heard and now - self._heard_at >= self.PING_EVERY:
-                    # Heard back within the statement (a session hears its own notifications
-                    # before the statement's end), after any change announced before it.
-                    conn.execute("SELECT pg_notify(%s, %s)", [ENDPOINT_CHANNEL, self.PING])
-                    if not self._heard:
-                        raise psycopg.OperationalError("the watch did not hear its own ping")
-                if self._heard:
-                    self._heard, self._heard_at = False, now
-            except Exception:
-                log.warning("endpoint watch lost; token lookups go to the database", exc_info=True)
-                self._drop()
-                return False
-            return True
+            # The first empty statement sent from now on answers for this request.
+            wanted = self._answered + (2 if self._asking else 1)
+            while self._answered < wanted:
+                if self._asking:
+                    self._cond.wait()
+                    continue
+                self._asking = True
+                conn = self._conn
+                self._cond.release()
+                try:
+                    ok = conn is not None and self._ask(conn)
+                finally:
+                    self._cond.acquire()
+                    self._asking = False
+                    self._answered += 1
+                    self._cond.notify_all()
+                if not ok:
+                    self._failed = self._answered
+                    if self._conn is conn:
+                        self._drop()
+            return self._failed < wanted
+
+    def _ask(self, conn: psycopg.Connection[Any]) -> bool:
+        """An empty statement, then the notifications it brought (outside the lock: libpq
+        waits without the GIL, and other requests queue for the next one meanwhile)."""
+        try:
+            pgconn = conn.pgconn
+            result = pgconn.exec_(b"")
+            if result.status != psycopg.pq.ExecStatus.EMPTY_QUERY:
+                raise psycopg.OperationalError(pgconn.get_error_message())
+            while (note := pgconn.notifies()) is not None:
+                self._note(note.extra.decode())
+        except Exception:
+            log.warning("endpoint watch lost; token lookups go to the database", exc_info=True)
+            return False
+        return True
 
     def _note(self, payload: str) -> None:
-        self._heard = True
         if payload == "*":
             endpoint_cache.clear()
-        elif payload != self.PING:
+        else:
             endpoint_cache.forget(payload)
 
-    def _connect(self, now: float) -> bool:
+    def _connect(self) -> bool:
         try:
             params = connections[DEFAULT_DB_ALIAS].get_connection_params()
             params.pop("cursor_factory", None)
+            params["application_name"] = WATCH_APPLICATION_NAME
             conn = psycopg.connect(**params, autocommit=True)
         except Exception:
             log.warning(
                 "endpoint watch unavailable; token lookups go to the database", exc_info=True
             )
             return False
-        # What arrives during a statement (the ping) is handed here, not kept aside.
+        # What arrives during psycopg's own statements (the LISTEN) is handed here.
         conn.add_notify_handler(lambda note: self._note(note.payload))
         try:
             conn.execute(f"LISTEN {ENDPOINT_CHANNEL}")
@@ -188,7 +209,7 @@ class _EndpointWatch:
                 "endpoint watch unavailable; token lookups go to the database", exc_info=True
             )
             return False
-        self._conn, self._pid, self._heard_at, self._heard = conn, os.getpid(), now, False
+        self._conn, self._pid = conn, os.getpid()
         endpoint_cache.clear()  # what changed while nobody listened is unknown
         return True
 
@@ -200,7 +221,9 @@ class _EndpointWatch:
                 conn.close()
 
     def close(self) -> None:
-        with self._lock:
+        with self._cond:
+            while self._asking:
+                self._cond.wait()
             self._drop()
 
 

@@ -238,8 +238,8 @@ WEB_THREADS = env_int("WEB_THREADS", 16, minimum=1)
 # Agents' endpoint rows are kept per web process at most this long (queues/auth.py), saving the
 # token lookup's query and transaction on each agent request. A change to an endpoint (a revoke
 # above all) refuses the next request everywhere all the same: each process listens for the
-# changes a trigger announces, and looks tokens up in the database while it cannot listen.
-# 0 turns the cache off.
+# changes a trigger announces and hears all those committed before a request arrived before it
+# uses a cached row; while it cannot listen it looks tokens up in the database. 0 turns it off.
 ENDPOINT_CACHE_SECONDS = float(env("ENDPOINT_CACHE_SECONDS", "60"))
 # Per-endpoint request rate limit (requests per second / burst); an endpoint may override it.
 ENDPOINT_RATE_LIMIT = env_rate("ENDPOINT_RATE_LIMIT", "20/40")

@@ -16,6 +16,7 @@ from django.test import Client, override_settings
 from queues import services
 from queues.auth import (
     _ENDPOINT_FIELDS,
+    WATCH_APPLICATION_NAME,
     _endpoint_row,
     endpoint_cache,
     endpoint_for_token,
@@ -116,6 +117,38 @@ def test_a_revoke_in_plain_sql_refuses_the_next_request_of_a_server_that_cached_
         assert (refused.status_code, refused.json()["code"]) == (401, "unauthorized")
 
 
+def _watchers() -> int:
+    """The endpoint watches listening on the test database (one per web process)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = %s",
+            [WATCH_APPLICATION_NAME],
+        )
+        row = cursor.fetchone()
+    return int(row[0])
+
+
+def test_a_revoke_refuses_the_next_request_on_every_worker_process(tx_personas: Personas) -> None:
+    """The README's production command with 2 workers: each caches the row (requests on new
+    connections land on both), and after a revoke made in a third process none serves it."""
+    endpoint_watch.close()  # this process's own, from an earlier test: not counted below
+    auth = {"Authorization": f"Bearer {tx_personas.agent_token}"}
+    with live_server(database_url(), workers=2, server="gunicorn") as base:
+        url = f"{base}/api/v1/agent/claim_next"
+        for _ in range(60):  # a new connection each, until both workers listen (and cache)
+            with httpx.Client() as fresh:
+                assert fresh.post(url, headers=auth, json={}, timeout=30).status_code == 200
+            if _watchers() >= 2:
+                break
+        assert _watchers() == 2
+        services.endpoint_revoke(actor=FIXTURE, endpoint=tx_personas.agent)
+        for _ in range(12):
+            with httpx.Client() as fresh:
+                refused = fresh.post(url, headers=auth, json={}, timeout=30)
+            assert (refused.status_code, refused.json()["code"]) == (401, "unauthorized")
+
+
 def _watch_backend() -> int:
     """The PostgreSQL backend of this process's watch connection."""
     conn = endpoint_watch._conn
@@ -128,13 +161,16 @@ def test_a_change_committed_elsewhere_reaches_this_process_cache(tx_personas: Pe
     assert endpoint_for_token(token) is not None
     assert endpoint_watch.ready()
     assert endpoint_cache.get(hash_token(token), 60) is not None  # cached
-    with psycopg.connect(database_url(), autocommit=True) as other:  # another client's commit
-        other.execute(
-            "UPDATE queues_endpoint SET scope_queues = %s WHERE id = %s",
-            [["moved"], tx_personas.agent.id],
-        )
-    endpoint = endpoint_for_token(token)
-    assert endpoint is not None and endpoint.scope_queues == ["moved"]
+    with psycopg.connect(database_url(), autocommit=True) as other:  # another client's commits
+        # Each lookup right after the commit's acknowledgement: no waiting for the notification
+        # to come by (a watch that only read what had arrived lost this race now and then).
+        for n in range(100):
+            other.execute(
+                "UPDATE queues_endpoint SET scope_queues = %s WHERE id = %s",
+                [[f"moved-{n}"], tx_personas.agent.id],
+            )
+            endpoint = endpoint_for_token(token)
+            assert endpoint is not None and endpoint.scope_queues == [f"moved-{n}"]
 
 
 def test_a_watch_that_lost_its_connection_fails_closed(tx_personas: Personas) -> None:
