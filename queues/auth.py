@@ -124,9 +124,15 @@ class _EndpointWatch:
     """
 
     RETRY_EVERY = 1.0
+    # A request waits this long for an answer another request asked for, then asks the database.
+    WAIT_AT_MOST = 0.5
+    # The watch's own statement fails (and the connection is dropped) past this (libpq's
+    # tcp_user_timeout, milliseconds), so a server that stopped answering holds no request long.
+    TCP_USER_TIMEOUT_MS = 2000
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
+        self._connecting = False
         self._conn: psycopg.Connection[Any] | None = None
         self._pid = 0
         self._retry_at = 0.0
@@ -140,16 +146,29 @@ class _EndpointWatch:
             if self._conn is None or self._pid != os.getpid():
                 self._conn = None  # a forked child does not share its parent's connection
                 now = time.monotonic()
-                if now < self._retry_at:
+                if self._connecting or now < self._retry_at:
                     return False
                 self._retry_at = now + self.RETRY_EVERY
-                if not self._connect():
+                self._connecting = True
+                self._cond.release()  # connecting may take connect_timeout: nobody waits on it
+                try:
+                    conn = self._connect()
+                finally:
+                    self._cond.acquire()
+                    self._connecting = False
+                if conn is None:
                     return False
+                self._conn, self._pid = conn, os.getpid()
+                endpoint_cache.clear()  # what changed while nobody listened is unknown
             # The first empty statement sent from now on answers for this request.
             wanted = self._answered + (2 if self._asking else 1)
+            deadline = time.monotonic() + self.WAIT_AT_MOST
             while self._answered < wanted:
                 if self._asking:
-                    self._cond.wait()
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False  # slow to answer: this request asks the database
+                    self._cond.wait(left)
                     continue
                 self._asking = True
                 conn = self._conn
@@ -188,17 +207,22 @@ class _EndpointWatch:
         else:
             endpoint_cache.forget(payload)
 
-    def _connect(self) -> bool:
+    def _connect(self) -> psycopg.Connection[Any] | None:
+        """A new listening connection, or None."""
         try:
             params = connections[DEFAULT_DB_ALIAS].get_connection_params()
             params.pop("cursor_factory", None)
             params["application_name"] = WATCH_APPLICATION_NAME
+            params["tcp_user_timeout"] = self.TCP_USER_TIMEOUT_MS
+            params.update(
+                keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=2
+            )
             conn = psycopg.connect(**params, autocommit=True)
         except Exception:
             log.warning(
                 "endpoint watch unavailable; token lookups go to the database", exc_info=True
             )
-            return False
+            return None
         # What arrives during psycopg's own statements (the LISTEN) is handed here.
         conn.add_notify_handler(lambda note: self._note(note.payload))
         try:
@@ -208,10 +232,8 @@ class _EndpointWatch:
             log.warning(
                 "endpoint watch unavailable; token lookups go to the database", exc_info=True
             )
-            return False
-        self._conn, self._pid = conn, os.getpid()
-        endpoint_cache.clear()  # what changed while nobody listened is unknown
-        return True
+            return None
+        return conn
 
     def _drop(self) -> None:
         endpoint_cache.clear()
