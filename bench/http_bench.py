@@ -116,25 +116,57 @@ def _database_cpu() -> dict[int, float]:
     return seconds
 
 
+def _connections_per_worker(server_pid: int, port: int) -> list[int]:
+    """How many client connections each of the server's worker processes holds (gunicorn's
+    workers are the master's children; a lone uvicorn is its own worker), busiest first."""
+    root = psutil.Process(server_pid)
+    workers = root.children() or [root]
+    counts = []
+    for worker in workers:
+        try:
+            conns = worker.net_connections(kind="tcp")
+        except psutil.Error:
+            continue
+        counts.append(
+            sum(c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port for c in conns)
+        )
+    return sorted(counts, reverse=True)
+
+
 def _drive(
-    kind: str, url: str, token: str, clients: int, seconds: float, server_pid: int
+    kind: str,
+    url: str,
+    token: str,
+    clients: int,
+    seconds: float,
+    server_pid: int,
+    *,
+    sockets: int = 1,
 ) -> dict[str, Any]:
     """One run of the Node client; adds the server processes' CPU share over the run, and the
-    database server's CPU per cycle (the same PostgreSQL serves all three servers)."""
+    database server's CPU per cycle (the same PostgreSQL serves all three servers). With
+    ``sockets`` > 1 each agent spreads its cycles over that many keep-alive sockets, and the
+    connections each worker process holds at mid-run are reported."""
     procs = _processes(server_pid)
     cpu0 = _cpu_seconds(procs)
     db0 = _database_cpu()
     started = time.perf_counter()
-    out = subprocess.run(
-        [_node(), str(CLIENT), kind, url, token, str(clients), f"{seconds:g}"],
-        capture_output=True,
-        text=True,
-        timeout=seconds + 60,
-    )
+    command = [_node(), str(CLIENT), kind, url, token, str(clients), f"{seconds:g}", str(sockets)]
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as client:
+        spread = None
+        if sockets > 1:
+            time.sleep(seconds / 2)
+            port = int(url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+            spread = _connections_per_worker(server_pid, port)
+        stdout, stderr = client.communicate(timeout=seconds + 60)
     elapsed = time.perf_counter() - started
-    if out.returncode != 0:
-        raise RuntimeError(f"the load client failed against {kind}: {out.stderr[-2000:]}")
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    if client.returncode != 0:
+        raise RuntimeError(f"the load client failed against {kind}: {stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
+    if spread is not None:
+        result["connections_per_worker"] = spread
     server_cpu = _cpu_seconds(procs) - cpu0
     db1 = _database_cpu()
     result["server_cpu_share"] = round(server_cpu / elapsed, 3)
@@ -241,22 +273,31 @@ def _server_pid(base: str) -> int:
     raise RuntimeError(f"nothing listens on {base}")
 
 
+# Keep-alive sockets per agent in the production curve: enough that the connections spread over
+# the worker processes (each reports how many it held, ``connections_per_worker``).
+CURVE_SOCKETS = 4
+
+
 def process_curve(
     endpoint: Endpoint, token: str, duration_s: float, workers: tuple[int, ...] = (1, 2, 4)
 ) -> list[dict[str, Any]]:
-    """The README's production command (gunicorn, uvicorn workers) with 1, 2 and 4 processes."""
+    """The README's production command (gunicorn, uvicorn workers) with 1, 2 and 4 processes.
+
+    Each agent spreads its cycles over ``CURVE_SOCKETS`` keep-alive sockets: with one socket
+    each, the 8 agents' connections landed unevenly on the workers (whichever process wakes
+    first accepts several), so the curve measured one busy worker and stayed flat."""
     per_run = int(2000 * duration_s) + 500
     curve = []
     for n in workers:
         with live_server(workers=n, server="gunicorn") as base:
             pid = _server_pid(base)
             _load_switchboard(endpoint, per_run)
-            _drive("rest", base, token, 8, min(1.0, duration_s), pid)
+            _drive("rest", base, token, 8, min(1.0, duration_s), pid, sockets=CURVE_SOCKETS)
             point: dict[str, Any] = {"workers": n}
             for clients in (8, 16):
                 _load_switchboard(endpoint, per_run)
                 point[f"rest_{clients}_clients"] = _drive(
-                    "rest", base, token, clients, duration_s, pid
+                    "rest", base, token, clients, duration_s, pid, sockets=CURVE_SOCKETS
                 )
             curve.append(point)
     return curve

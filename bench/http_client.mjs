@@ -3,11 +3,16 @@
 // client holds no Python GIL; plain node:http with one keep-alive socket per agent, which costs
 // less CPU per request than fetch. It reports its own CPU time, so the bench can show the client
 // was not the bottleneck.
-// Usage: node http_client.mjs KIND URL TOKEN CLIENTS SECONDS   (KIND: baseline | rest | mcp)
+// Usage: node http_client.mjs KIND URL TOKEN CLIENTS SECONDS [SOCKETS]   (KIND: baseline | rest | mcp)
+// SOCKETS (default 1): keep-alive sockets per agent, used in turn, one per cycle. Against several
+// server processes sharing one listening socket, one socket per agent lands unevenly (the process
+// that wakes first accepts several: 3/5 on 2 processes, 1/5/2/0 on 4), and the run then measures
+// its busiest process; with several sockets per agent, each agent's cycles spread over them.
 import http from "node:http";
 
-const [kind, base, token, C = "8", D = "5"] = process.argv.slice(2);
+const [kind, base, token, C = "8", D = "5", S = "1"] = process.argv.slice(2);
 const clients = Number(C);
+const sockets = Number(S);
 const durationMs = Number(D) * 1000;
 const MODERN = "2026-07-28";
 const meta = {
@@ -87,8 +92,10 @@ let empty = 0;
 const end = Date.now() + durationMs;
 
 async function agentLoop() {
-  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+  const agents = Array.from({ length: sockets }, () => new http.Agent({ keepAlive: true, maxSockets: 1 }));
+  let turn = 0;
   while (Date.now() < end) {
+    const agent = agents[turn++ % sockets];
     const t0 = performance.now();
     const got = await ops.claim(agent);
     if (got.empty) {
@@ -99,7 +106,7 @@ async function agentLoop() {
     latencies.push(performance.now() - t0);
     cycles++;
   }
-  agent.destroy();
+  for (const agent of agents) agent.destroy();
 }
 
 const cpu0 = process.cpuUsage();
@@ -116,6 +123,7 @@ console.log(
   JSON.stringify({
     kind,
     clients,
+    sockets_per_client: sockets,
     cycles,
     empty,
     seconds: +seconds.toFixed(3),

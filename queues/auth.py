@@ -7,13 +7,18 @@ through Redis (ENDPOINT_RATE_LIMIT, overridable per endpoint; 0 is unlimited).
 
 from __future__ import annotations
 
+import contextlib
 import hmac
+import logging
+import os
 import threading
 import time
 from typing import Any
 
+import psycopg
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, transaction
+from django.contrib.postgres.fields import ArrayField
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.models.signals import post_delete, post_save
 from django.http import HttpRequest
 from django.middleware.csrf import CsrfViewMiddleware
@@ -29,7 +34,12 @@ from switchboard.core import ratelimit
 from switchboard.core.errors import Forbidden, RateLimited, Unauthorized
 from switchboard.core.tokens import ENDPOINT_TOKEN_PREFIX, HUMAN_TOKEN_PREFIX, hash_token
 
+log = logging.getLogger(__name__)
+
 _ENDPOINT_FIELDS = list(Endpoint._meta.concrete_fields)
+_ENDPOINT_ATTNAMES = [f.attname for f in _ENDPOINT_FIELDS]
+# The array fields (scopes): copied for each request, so no request changes what another reads.
+_ENDPOINT_LISTS = [i for i, f in enumerate(_ENDPOINT_FIELDS) if isinstance(f, ArrayField)]
 # Every agent request runs this lookup; as plain SQL it skips the ORM's query compilation, which
 # cost more than the rest of a claim, and on the hot cursor (server-side binding, binary results)
 # psycopg prepares it and loads uuids and timestamps without parsing text. The owner loads lazily
@@ -41,18 +51,25 @@ _ENDPOINT_BY_HASH = (
 
 
 class _EndpointCache:
-    """Endpoint rows by token hash, kept ``ENDPOINT_CACHE_SECONDS`` in this process.
+    """Endpoint rows by token hash, kept in this process while ``endpoint_watch`` is listening.
 
-    Every agent request authenticates, and the lookup was a third of a claim's database round
-    trips. A change to an endpoint saved in this process (a revoke, an edit in the
-    admin) empties the cache at once and again at commit; another process's change reaches this
-    one within the TTL. The cache keeps the row's values, not a model: each request gets an
-    Endpoint of its own.
+    Every agent request authenticates, and the lookup was a third of a claim cycle's database
+    round trips and transactions (issue 11). A change to an endpoint row, made anywhere (the
+    services, the admin, a bulk update, plain SQL), is announced by a trigger when it commits
+    (migration 0012); the web process forgets that row before it serves its next request. A
+    change saved in this process empties the cache at once and again at commit. Rows are kept at
+    most ``ENDPOINT_CACHE_SECONDS`` besides. The cache keeps the row's values, not a model: each
+    request gets an Endpoint of its own.
+
+    ``generation`` moves on with every forgetting: a row read from the database is kept only if
+    nothing was forgotten while it was read (else a revoke committed meanwhile could be
+    outlived by the row read before it).
     """
 
     def __init__(self) -> None:
         self._rows: dict[str, tuple[float, list[Any]]] = {}
         self._lock = threading.Lock()
+        self.generation = 0
 
     def get(self, digest: str, ttl: float) -> list[Any] | None:
         hit = self._rows.get(digest)
@@ -60,19 +77,179 @@ class _EndpointCache:
             return None
         return hit[1]
 
-    def put(self, digest: str, values: list[Any]) -> None:
+    def put(self, digest: str, values: list[Any], generation: int) -> None:
         with self._lock:
+            if generation != self.generation:
+                return  # something changed while the row was read: not kept
             if len(self._rows) >= ENDPOINT_CACHE_SIZE:
                 self._rows.clear()
             self._rows[digest] = (time.monotonic(), values)
 
+    def forget(self, digest: str) -> None:
+        with self._lock:
+            self.generation += 1
+            self._rows.pop(digest, None)
+
     def clear(self) -> None:
         with self._lock:
+            self.generation += 1
             self._rows.clear()
 
 
 ENDPOINT_CACHE_SIZE = 10_000
 endpoint_cache = _EndpointCache()
+
+ENDPOINT_CHANNEL = "switchboard_endpoint"
+# How the watch connections show in pg_stat_activity.
+WATCH_APPLICATION_NAME = "switchboard endpoint watch"
+
+
+class _EndpointWatch:
+    """This process's LISTEN on ``switchboard_endpoint``: a connection of its own, outside the
+    pool, which each cached lookup asks with an empty statement that began after the request
+    arrived.
+
+    Why that is exact: a change's notification is queued, and the listening backends signalled,
+    before its commit is acknowledged; a backend hands the notifications pending to its client
+    before it answers a statement (``ReadyForQuery``). So once an empty statement sent after the
+    request arrived has been answered, every change committed before the request arrived has
+    been applied to the cache. The statement has no snapshot, no table, no transaction ID: far
+    cheaper for both sides than the token lookup on a pooled connection. Requests that arrive
+    while one is answered share the next one.
+
+    Fails closed: while the connection is not up or an empty statement fails, ``ready()`` is
+    False and every request looks its token up in the database, as without a cache; when it
+    listens again the cache starts empty (changes may have been missed meanwhile). Valkey plays
+    no part.
+    """
+
+    RETRY_EVERY = 1.0
+    # A request waits this long for an answer another request asked for, then asks the database.
+    WAIT_AT_MOST = 0.5
+    # The watch's own statement fails (and the connection is dropped) past this (libpq's
+    # tcp_user_timeout, milliseconds), so a server that stopped answering holds no request long.
+    TCP_USER_TIMEOUT_MS = 2000
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._connecting = False
+        self._conn: psycopg.Connection[Any] | None = None
+        self._pid = 0
+        self._retry_at = 0.0
+        self._answered = 0  # empty statements answered so far
+        self._asking = False  # one is on its way
+        self._failed = 0  # the number of the last that failed
+
+    def ready(self) -> bool:
+        """Every change committed before this call applied to the cache; False: do not use it."""
+        with self._cond:
+            if self._conn is None or self._pid != os.getpid():
+                self._conn = None  # a forked child does not share its parent's connection
+                now = time.monotonic()
+                if self._connecting or now < self._retry_at:
+                    return False
+                self._retry_at = now + self.RETRY_EVERY
+                self._connecting = True
+                self._cond.release()  # connecting may take connect_timeout: nobody waits on it
+                try:
+                    conn = self._connect()
+                finally:
+                    self._cond.acquire()
+                    self._connecting = False
+                if conn is None:
+                    return False
+                self._conn, self._pid = conn, os.getpid()
+                endpoint_cache.clear()  # what changed while nobody listened is unknown
+            # The first empty statement sent from now on answers for this request.
+            wanted = self._answered + (2 if self._asking else 1)
+            deadline = time.monotonic() + self.WAIT_AT_MOST
+            while self._answered < wanted:
+                if self._asking:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False  # slow to answer: this request asks the database
+                    self._cond.wait(left)
+                    continue
+                self._asking = True
+                conn = self._conn
+                self._cond.release()
+                try:
+                    ok = conn is not None and self._ask(conn)
+                finally:
+                    self._cond.acquire()
+                    self._asking = False
+                    self._answered += 1
+                    self._cond.notify_all()
+                if not ok:
+                    self._failed = self._answered
+                    if self._conn is conn:
+                        self._drop()
+            return self._failed < wanted
+
+    def _ask(self, conn: psycopg.Connection[Any]) -> bool:
+        """An empty statement, then the notifications it brought (outside the lock: libpq
+        waits without the GIL, and other requests queue for the next one meanwhile)."""
+        try:
+            pgconn = conn.pgconn
+            result = pgconn.exec_(b"")
+            if result.status != psycopg.pq.ExecStatus.EMPTY_QUERY:
+                raise psycopg.OperationalError(pgconn.get_error_message())
+            while (note := pgconn.notifies()) is not None:
+                self._note(note.extra.decode())
+        except Exception:
+            log.warning("endpoint watch lost; token lookups go to the database", exc_info=True)
+            return False
+        return True
+
+    def _note(self, payload: str) -> None:
+        if payload == "*":
+            endpoint_cache.clear()
+        else:
+            endpoint_cache.forget(payload)
+
+    def _connect(self) -> psycopg.Connection[Any] | None:
+        """A new listening connection, or None."""
+        try:
+            params = connections[DEFAULT_DB_ALIAS].get_connection_params()
+            params.pop("cursor_factory", None)
+            params["application_name"] = WATCH_APPLICATION_NAME
+            params["tcp_user_timeout"] = self.TCP_USER_TIMEOUT_MS
+            params.update(
+                keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=2
+            )
+            conn = psycopg.connect(**params, autocommit=True)
+        except Exception:
+            log.warning(
+                "endpoint watch unavailable; token lookups go to the database", exc_info=True
+            )
+            return None
+        # What arrives during psycopg's own statements (the LISTEN) is handed here.
+        conn.add_notify_handler(lambda note: self._note(note.payload))
+        try:
+            conn.execute(f"LISTEN {ENDPOINT_CHANNEL}")
+        except Exception:
+            conn.close()
+            log.warning(
+                "endpoint watch unavailable; token lookups go to the database", exc_info=True
+            )
+            return None
+        return conn
+
+    def _drop(self) -> None:
+        endpoint_cache.clear()
+        conn, self._conn = self._conn, None
+        if conn is not None and self._pid == os.getpid():
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def close(self) -> None:
+        with self._cond:
+            while self._asking:
+                self._cond.wait()
+            self._drop()
+
+
+endpoint_watch = _EndpointWatch()
 
 
 def _forget_endpoints(**kwargs: Any) -> None:
@@ -87,18 +264,20 @@ post_delete.connect(_forget_endpoints, sender=Endpoint, dispatch_uid="endpoint-c
 
 def _endpoint_row(digest: str) -> list[Any] | None:
     ttl = settings.ENDPOINT_CACHE_SECONDS
-    if ttl > 0:
-        cached = endpoint_cache.get(digest, ttl)
-        if cached is not None:
-            return cached
+    cached = ttl > 0 and endpoint_watch.ready()
+    generation = endpoint_cache.generation
+    if cached:
+        hit = endpoint_cache.get(digest, ttl)
+        if hit is not None:
+            return hit
     with hot_cursor() as cursor:
         cursor.execute(_ENDPOINT_BY_HASH, [digest])
         row = cursor.fetchone()
     if row is None:
         return None
     values = list(row)  # no field of Endpoint converts its database value (checked in tests)
-    if ttl > 0:
-        endpoint_cache.put(digest, values)
+    if cached:
+        endpoint_cache.put(digest, values, generation)
     return values
 
 
@@ -109,9 +288,11 @@ def endpoint_for_token(token: str) -> Endpoint | None:
     values = _endpoint_row(digest)
     if values is None:
         return None
-    # Lists (scopes) are copied: no request can change what the next one reads.
-    fresh = [list(v) if isinstance(v, list) else v for v in values]
-    endpoint = Endpoint.from_db(DEFAULT_DB_ALIAS, [f.attname for f in _ENDPOINT_FIELDS], fresh)
+    fresh = values.copy()
+    for i in _ENDPOINT_LISTS:
+        if fresh[i] is not None:
+            fresh[i] = list(fresh[i])
+    endpoint = Endpoint.from_db(DEFAULT_DB_ALIAS, _ENDPOINT_ATTNAMES, fresh)
     if not hmac.compare_digest(endpoint.token_hash, digest):
         return None
     if endpoint.state != EndpointState.ACTIVE:

@@ -117,6 +117,10 @@ class _SyncChain(BaseHandler):
         return match
 
 
+# The script prefix each request thread last set (``OneHopHandler._respond``).
+_thread_prefix = threading.local()
+
+
 @functools.lru_cache(maxsize=1024)
 def _resolve(path: str) -> ResolverMatch:
     """The URL match of an agent path (raises Resolver404 as Django does; not kept then)."""
@@ -189,7 +193,13 @@ class OneHopHandler(ASGIHandler):
 
     def _respond(self, scope: dict[str, Any], body_file: Any) -> HttpResponseBase:
         """The whole synchronous request in one pool thread: signals, middleware, view."""
-        set_script_prefix(get_script_prefix(scope))
+        prefix = get_script_prefix(scope)
+        if getattr(_thread_prefix, "value", None) != prefix:
+            # Set once per thread and prefix: asgiref's Local made setting it on every request
+            # cost ~2 % of an agent request's GIL time (issue 11). Nothing else sets it in
+            # these threads.
+            set_script_prefix(prefix)
+            _thread_prefix.value = prefix
         signals.request_started.send(sender=self.__class__, scope=scope)
         request, error_response = self.create_request(scope, body_file)
         if request is None:

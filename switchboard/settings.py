@@ -235,10 +235,12 @@ SWEEP_INTERVAL_SECONDS = env_int("SWEEP_INTERVAL_SECONDS", 30, minimum=1)
 # Threads per web process that serve synchronous views (every page, the REST API, MCP's POSTs),
 # one request at a time each (switchboard/asgi.py); async views (event streams) need none.
 WEB_THREADS = env_int("WEB_THREADS", 16, minimum=1)
-# Agents' endpoint rows may be kept this long per web process (queues/auth.py), saving a query per
-# agent request; a revoke or edit saved elsewhere then takes effect here only within it (at once
-# in the process that saved it). Off by default: a revoke refuses the next request everywhere.
-ENDPOINT_CACHE_SECONDS = float(env("ENDPOINT_CACHE_SECONDS", "0"))
+# Agents' endpoint rows are kept per web process at most this long (queues/auth.py), saving the
+# token lookup's query and transaction on each agent request. A change to an endpoint (a revoke
+# above all) refuses the next request everywhere all the same: each process listens for the
+# changes a trigger announces and hears all those committed before a request arrived before it
+# uses a cached row; while it cannot listen it looks tokens up in the database. 0 turns it off.
+ENDPOINT_CACHE_SECONDS = float(env("ENDPOINT_CACHE_SECONDS", "60"))
 # Per-endpoint request rate limit (requests per second / burst); an endpoint may override it.
 ENDPOINT_RATE_LIMIT = env_rate("ENDPOINT_RATE_LIMIT", "20/40")
 # Writes to admission policies, per human.

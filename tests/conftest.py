@@ -22,6 +22,7 @@ from django.db.models import QuerySet
 
 from queues import services
 from queues.access import AUDITORS_GROUP, AgentActor, HumanActor, SystemActor
+from queues.auth import endpoint_cache, endpoint_watch
 from queues.models import Endpoint
 from switchboard import embedded, liveserver
 from switchboard.core import availability, counters
@@ -71,7 +72,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> None:
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
     """pytest-django's test database (made by the real migrations), tuned for a test run.
 
     Commits do not wait for the disk (synchronous_commit off: a commit is as visible to other
@@ -84,6 +85,10 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> None:
             cursor.execute(f"ALTER DATABASE {name} SET synchronous_commit = off")
             cursor.execute("SET synchronous_commit = off")
         flush.remember_refilled()
+    yield
+    # The endpoint watch's LISTEN connection (queues.auth) would keep the database from being
+    # dropped.
+    endpoint_watch.close()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -99,6 +104,8 @@ def _clean_redis(settings: Any) -> Iterator[None]:
     availability.redis_breaker.reset()
     counters.flush()
     counters.client().flushdb()
+    # Endpoint rows cached by an earlier test were rolled back with it (no change announced).
+    endpoint_cache.clear()
     yield
 
 

@@ -1,19 +1,29 @@
-"""A web process may keep agents' endpoint rows for ENDPOINT_CACHE_SECONDS (queues/auth.py), so
-an agent request skips the token lookup; a revoke still takes effect: at once in the process that
-saved it, within the TTL in every other. Off by default, when a revoke is exact everywhere."""
+"""A web process keeps agents' endpoint rows (queues/auth.py, at most ENDPOINT_CACHE_SECONDS), so
+an agent request skips the token lookup; a revoke still refuses the very next request everywhere:
+at once in the process that saved it, and in every other through the change a trigger announces
+(migration 0012), whoever made it. While a process cannot listen, it looks every token up."""
 
 from __future__ import annotations
 
 import time
 
 import httpx
+import psycopg
 from django.conf import settings
 from django.db import connection
 from django.test import Client, override_settings
 
 from queues import services
-from queues.auth import _ENDPOINT_FIELDS, _endpoint_row, endpoint_cache, endpoint_for_token
+from queues.auth import (
+    _ENDPOINT_FIELDS,
+    WATCH_APPLICATION_NAME,
+    _endpoint_row,
+    endpoint_cache,
+    endpoint_for_token,
+    endpoint_watch,
+)
 from queues.models import EndpointState
+from switchboard.core.tokens import hash_token
 from switchboard.liveserver import live_server
 from tests.api.conftest import Api
 from tests.conftest import FIXTURE, Personas, database_url, push
@@ -77,15 +87,125 @@ def test_a_revoke_made_by_another_process_takes_effect_within_the_ttl(
 def test_by_default_a_revoke_made_by_another_process_refuses_its_next_request(
     tx_personas: Personas,
 ) -> None:
-    assert settings.ENDPOINT_CACHE_SECONDS == 0
+    assert settings.ENDPOINT_CACHE_SECONDS >= 60  # the cache is on
     push(tx_personas, 1)
     auth = {"Authorization": f"Bearer {tx_personas.agent_token}"}
     with live_server(database_url()) as base:
         url = f"{base}/api/v1/agent/claim_next"
-        assert httpx.post(url, headers=auth, json={}, timeout=30).status_code == 200
+        for _ in range(3):  # the row is cached after the first
+            assert httpx.post(url, headers=auth, json={}, timeout=30).status_code == 200
         services.endpoint_revoke(actor=FIXTURE, endpoint=tx_personas.agent)
         refused = httpx.post(url, headers=auth, json={}, timeout=30)
         assert (refused.status_code, refused.json()["code"]) == (401, "unauthorized")
+
+
+def test_a_revoke_in_plain_sql_refuses_the_next_request_of_a_server_that_cached_the_row(
+    tx_personas: Personas,
+) -> None:
+    """No service, no signal: only the trigger's announcement can reach the server's cache."""
+    auth = {"Authorization": f"Bearer {tx_personas.agent_token}"}
+    with live_server(database_url()) as base:
+        url = f"{base}/api/v1/agent/claim_next"
+        for _ in range(3):
+            assert httpx.post(url, headers=auth, json={}, timeout=30).status_code == 200
+        with connection.cursor() as cursor:  # autocommit: committed when it returns
+            cursor.execute(
+                "UPDATE queues_endpoint SET state = 'revoked', revoked_at = now() WHERE id = %s",
+                [tx_personas.agent.id],
+            )
+        refused = httpx.post(url, headers=auth, json={}, timeout=30)
+        assert (refused.status_code, refused.json()["code"]) == (401, "unauthorized")
+
+
+def _watchers() -> int:
+    """The endpoint watches listening on the test database (one per web process)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = %s",
+            [WATCH_APPLICATION_NAME],
+        )
+        row = cursor.fetchone()
+    return int(row[0])
+
+
+def test_a_revoke_refuses_the_next_request_on_every_worker_process(tx_personas: Personas) -> None:
+    """The README's production command with 2 workers: each caches the row (requests on new
+    connections land on both), and after a revoke made in a third process none serves it."""
+    endpoint_watch.close()  # this process's own, from an earlier test: not counted below
+    auth = {"Authorization": f"Bearer {tx_personas.agent_token}"}
+    with live_server(database_url(), workers=2, server="gunicorn") as base:
+        url = f"{base}/api/v1/agent/claim_next"
+        for _ in range(60):  # a new connection each, until both workers listen (and cache)
+            with httpx.Client() as fresh:
+                assert fresh.post(url, headers=auth, json={}, timeout=30).status_code == 200
+            if _watchers() >= 2:
+                break
+        assert _watchers() == 2
+        services.endpoint_revoke(actor=FIXTURE, endpoint=tx_personas.agent)
+        for _ in range(12):
+            with httpx.Client() as fresh:
+                refused = fresh.post(url, headers=auth, json={}, timeout=30)
+            assert (refused.status_code, refused.json()["code"]) == (401, "unauthorized")
+
+
+def _watch_backend() -> int:
+    """The PostgreSQL backend of this process's watch connection."""
+    conn = endpoint_watch._conn
+    assert conn is not None
+    return conn.info.backend_pid
+
+
+def test_a_change_committed_elsewhere_reaches_this_process_cache(tx_personas: Personas) -> None:
+    token = tx_personas.agent_token
+    assert endpoint_for_token(token) is not None
+    assert endpoint_watch.ready()
+    assert endpoint_cache.get(hash_token(token), 60) is not None  # cached
+    with psycopg.connect(database_url(), autocommit=True) as other:  # another client's commits
+        # Each lookup right after the commit's acknowledgement: no waiting for the notification
+        # to come by (a watch that only read what had arrived lost this race now and then).
+        for n in range(100):
+            other.execute(
+                "UPDATE queues_endpoint SET scope_queues = %s WHERE id = %s",
+                [[f"moved-{n}"], tx_personas.agent.id],
+            )
+            endpoint = endpoint_for_token(token)
+            assert endpoint is not None and endpoint.scope_queues == [f"moved-{n}"]
+
+
+def test_a_watch_that_lost_its_connection_fails_closed(tx_personas: Personas) -> None:
+    """The watch's backend is killed, then the row revoked: nobody announces it to this process,
+    which must then ask the database, not its cache."""
+    token = tx_personas.agent_token
+    assert endpoint_for_token(token) is not None
+    assert endpoint_watch.ready()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s, 5000)", [_watch_backend()])
+        cursor.execute(
+            "UPDATE queues_endpoint SET state = 'revoked', revoked_at = now() WHERE id = %s",
+            [tx_personas.agent.id],
+        )
+    deadline = time.monotonic() + 5
+    while endpoint_watch.ready() and time.monotonic() < deadline:
+        time.sleep(0.05)  # the termination reaches the socket
+    assert endpoint_for_token(token) is None
+    # Listening again, it starts from an empty cache and still refuses the token.
+    time.sleep(endpoint_watch.RETRY_EVERY)
+    assert endpoint_watch.ready()
+    assert endpoint_for_token(token) is None
+
+
+def test_a_row_read_while_a_change_was_announced_is_not_kept(personas: Personas) -> None:
+    digest = hash_token(personas.agent_token)
+    values = _endpoint_row(digest)
+    assert values is not None
+    endpoint_cache.clear()
+    before = endpoint_cache.generation
+    endpoint_cache.forget(digest)  # announced while the row was being read
+    endpoint_cache.put(digest, values, before)
+    assert endpoint_cache.get(digest, 60) is None
+    endpoint_cache.put(digest, values, endpoint_cache.generation)
+    assert endpoint_cache.get(digest, 60) == values
 
 
 def test_the_token_lookup_loads_every_field_as_the_orm_does(personas: Personas) -> None:

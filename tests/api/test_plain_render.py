@@ -1,0 +1,93 @@
+"""A verb's answer is checked against a plain twin of its output model
+(``switchboard.core.verbs.plain_model``): the same schema, the same JSON, ninja's wrapping
+validator left out."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.test import Client
+from ninja import Schema
+from pydantic import BaseModel, ValidationError, field_validator
+
+from switchboard.core import verbs
+from tests.api.conftest import Api
+from tests.conftest import Personas, push
+
+
+@pytest.mark.parametrize("name", list(verbs.load_verbs()))
+def test_every_verbs_twin_has_its_output_models_schema(name: str) -> None:
+    spec = verbs.get(name)
+    assert spec is not None
+    twin = verbs.plain_model(spec.output)
+    assert twin is not spec.output
+    for mode in ("serialization", "validation"):
+        assert twin.model_json_schema(mode=mode) == spec.output.model_json_schema(mode=mode)
+
+
+def _as_before(spec: verbs.VerbSpec, result: dict[str, Any]) -> dict[str, Any]:
+    """What render gave before the twin: the output model itself."""
+    return spec.output.model_validate(result).model_dump(
+        mode="json", by_alias=True, exclude_unset=True
+    )
+
+
+def test_the_hot_verbs_render_the_same_json_through_the_twin(
+    personas: Personas, client: Client
+) -> None:
+    push(personas, 2)
+    agent = Api(client, personas.agent_token)
+    actor_results: list[tuple[str, dict[str, Any]]] = []
+    claimed = agent.verb("claim_next", {"require_fence": True}).json()
+    actor_results.append(("claim_next", claimed))
+    done = agent.verb(
+        "complete",
+        {
+            "id": claimed["todo"]["id"],
+            "result": {"ok": [1, 2.5, None]},
+            "lease_token": claimed["lease_token"],
+        },
+    ).json()
+    actor_results.append(("complete", done))
+    agent.verb("claim_next", {})
+    actor_results.append(("claim_next", agent.verb("claim_next", {}).json()))  # empty
+    assert actor_results[-1][1]["empty"] is True
+    for name, answer in actor_results:
+        spec = verbs.get(name)
+        assert spec is not None
+        # The answer as the handler gave it (the JSON is its own input): same bytes both ways.
+        rendered = spec.render(answer)
+        assert json.dumps(rendered) == json.dumps(_as_before(spec, answer)) == json.dumps(answer)
+
+
+def test_a_wrong_answer_is_still_refused() -> None:
+    spec = verbs.get("complete")
+    assert spec is not None
+    with pytest.raises(ValidationError):
+        spec.render({"todo": {"id": "not a uuid"}})
+
+
+def test_a_model_with_validators_of_its_own_is_kept() -> None:
+    class Inner(Schema):
+        n: int
+
+        @field_validator("n")
+        @classmethod
+        def positive(cls, value: int) -> int:
+            if value < 0:
+                raise ValueError("negative")
+            return value
+
+    class Outer(Schema):
+        inner: Inner | None = None
+        items: list[Inner] = []
+
+    twin = verbs.plain_model(Outer)
+    assert twin is not Outer and verbs.plain_model(Inner) is Inner
+    with pytest.raises(ValidationError):
+        twin.model_validate({"inner": {"n": -1}})
+    with pytest.raises(ValidationError):
+        twin.model_validate({"items": [{"n": -1}]})
+    assert issubclass(twin, BaseModel)
