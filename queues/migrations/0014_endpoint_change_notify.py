@@ -32,7 +32,7 @@ DROP FUNCTION IF EXISTS queues_endpoint_changed();
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("queues", "0011_attempt_endpoint_checked_through_its_todo"),
+        ("queues", "0013_todo_field_checks_on_write_of_their_fields"),
     ]
 
     operations = [migrations.RunSQL(FORWARD, BACKWARD)]
