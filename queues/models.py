@@ -218,7 +218,6 @@ class TodoSource(models.TextChoices):
     DEMO = "demo"
 
 
-# A live todo holds its idempotency slot: not done and not dead-lettered.
 class CheckSQL(Func):
     """A CHECK condition written as SQL over the row's columns: ``template`` with ``{0}``,
     ``{1}``, ... for ``columns`` (see Todo.Meta: fewer nodes for PostgreSQL to parse in every
@@ -263,6 +262,7 @@ def _one_of(column: str, choices: type[models.TextChoices]) -> CheckSQL:
     return CheckSQL(f"{{0}}::text = ANY ('{{{{{','.join(choices.values)}}}}}'::text[])", column)
 
 
+# A live todo holds its idempotency slot: not done and not dead-lettered.
 LIVE_TODO = Q(state__in=[TodoState.PENDING, TodoState.CLAIMED]) | Q(
     state=TodoState.FAILED, next_retry_at__isnull=False
 )
