@@ -43,6 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--exec", action="append", default=[], help="SQL to run first")
     parser.add_argument("--set", action="append", default=[], help="a session setting: name=value")
+    parser.add_argument(
+        "--pause-ms",
+        type=float,
+        default=0.0,
+        help="idle this long after each statement, as between HTTP requests (backend wakeups)",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "switchboard.settings")
     from bench.__main__ import _bench_database
@@ -101,7 +107,13 @@ def _run(args: argparse.Namespace) -> None:
     def cycle() -> None:
         claimed = services.claim_next(actor=actor, claimant="w0")
         assert isinstance(claimed, Claimed)
+        if pause:
+            time.sleep(pause)
         services.complete(actor=actor, todo_id=claimed.todo.id)
+        if pause:
+            time.sleep(pause)
+
+    pause = 0.0  # the warm-up and counting runs do not idle
 
     if args.nogates:
         from queues.sql import _COMPLETE, _claim_next_sql, _ending_sql
@@ -162,6 +174,7 @@ def _run(args: argparse.Namespace) -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         (backend,) = cursor.fetchone()
+    pause = args.pause_ms / 1000
     server0, client0 = _cpu_of(backend), time.process_time()
     t0 = time.perf_counter()
     # CPU time, not wall time: the client CPU per cycle is what the profile apportions.

@@ -92,6 +92,36 @@ def _cpu_seconds(procs: list[psutil.Process]) -> float:
     return total
 
 
+def _process_kind(proc: psutil.Process) -> str:
+    """What a PostgreSQL process is, from its title: "backend" for a client's, else its role
+    ("autovacuum worker", "walwriter", "checkpointer", ...)."""
+    try:
+        title = " ".join(proc.cmdline())
+    except psutil.Error:
+        return "unknown"
+    if not title.startswith("postgres: "):
+        return "postmaster"
+    rest = title.removeprefix("postgres: ")
+    for role in (
+        "autovacuum launcher", "autovacuum worker", "walwriter", "checkpointer",
+        "background writer", "logical replication launcher", "stats collector",
+    ):  # fmt: skip
+        if rest.startswith(role):
+            return role
+    return "backend"
+
+
+_kinds: dict[int, str] = {}
+_system: dict[int, float] = {}
+
+
+def _wal_lsn() -> int:
+    """The server's WAL position in bytes: its change over a run is the WAL the run wrote."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+        return int(cursor.fetchone()[0])
+
+
 def _database_cpu() -> dict[int, float]:
     """CPU seconds so far of each process of the PostgreSQL server (its postmaster and every
     child: backends, WAL writer, checkpointer), when it runs on this machine and they can be
@@ -104,6 +134,9 @@ def _database_cpu() -> dict[int, float]:
         if postmaster is None or "postgres" not in postmaster.name():
             return {}
         procs = [postmaster, *postmaster.children()]
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pid, application_name FROM pg_stat_activity")
+            names = dict(cursor.fetchall())
     except psutil.Error:
         return {}
     seconds: dict[int, float] = {}
@@ -113,6 +146,11 @@ def _database_cpu() -> dict[int, float]:
         except psutil.Error:
             continue
         seconds[proc.pid] = times.user + times.system
+        _system[proc.pid] = times.system
+        if proc.pid not in _kinds:
+            _kinds[proc.pid] = _process_kind(proc)
+            if _kinds[proc.pid] == "backend" and names.get(proc.pid):
+                _kinds[proc.pid] = f"backend ({names[proc.pid]})"
     return seconds
 
 
@@ -148,8 +186,11 @@ def _drive(
     ``sockets`` > 1 each agent spreads its cycles over that many keep-alive sockets, and the
     connections each worker process holds at mid-run are reported."""
     procs = _processes(server_pid)
+    _pgss("reset")
+    wal0 = _wal_lsn()
     cpu0 = _cpu_seconds(procs)
     db0 = _database_cpu()
+    sys0 = dict(_system)
     started = time.perf_counter()
     command = [_node(), str(CLIENT), kind, url, token, str(clients), f"{seconds:g}", str(sockets)]
     with subprocess.Popen(
@@ -175,8 +216,57 @@ def _drive(
     if db1:  # backends started during the run count from zero
         db_cpu = sum(t - db0.get(pid, 0.0) for pid, t in db1.items())
         result["db_cpu_ms_per_cycle"] = round(1000 * db_cpu / max(1, result["cycles"]), 2)
+        # Where it went: client backends by application_name (the endpoint watch apart; those
+        # started during the run apart, their first statements fill catalog caches and plan)
+        # and PostgreSQL's own processes; then its kernel share and the WAL written.
+        split: dict[str, float] = {}
+        for pid, t in db1.items():
+            kind = _kinds.get(pid, "unknown")
+            if kind.startswith("backend") and pid not in db0:
+                kind = f"{kind} started during the run"
+            split[kind] = split.get(kind, 0.0) + t - db0.get(pid, 0.0)
+        result["db_cpu_ms_per_cycle_by_process"] = {
+            k: round(1000 * v / max(1, result["cycles"]), 3) for k, v in sorted(split.items()) if v
+        }
+        result["db_system_cpu_ms_per_cycle"] = round(
+            1000 * sum(_system[p] - sys0.get(p, 0.0) for p in db1) / max(1, result["cycles"]), 3
+        )
+        result["wal_bytes_per_cycle"] = round((_wal_lsn() - wal0) / max(1, result["cycles"]))
+        backends = [p for p in db1 if _kinds.get(p, "").startswith("backend")]
+        result["db_backends_started"] = sum(1 for p in backends if p not in db0)
+        # Backends that used over a millisecond of CPU: the connections the run kept busy.
+        result["db_backends_busy"] = sum(1 for p in backends if db1[p] - db0.get(p, 0.0) > 1e-3)
     result["load_avg_1m"] = round(os.getloadavg()[0], 2)
+    _pgss(f"{command[2]} {clients}", result["cycles"])
     return result
+
+
+def _pgss(what: str, cycles: int = 0) -> None:
+    """With BENCH_PGSS=1, each run's statements to stderr: calls, plans and times per cycle.
+    Needs pg_stat_statements loaded: in the embedded server's .data/pg/postgresql.auto.conf,
+    ``shared_preload_libraries = 'pg_stat_statements'`` and ``pg_stat_statements.track = all``
+    (nested statements too: the foreign-key checks)."""
+    if not os.environ.get("BENCH_PGSS"):
+        return
+    with connection.cursor() as cursor:
+        if what == "reset":
+            cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            cursor.execute("SELECT pg_stat_statements_reset()")
+            return
+        cursor.execute(
+            "SELECT calls, plans, total_exec_time, total_plan_time, left(regexp_replace(query,"
+            " '\\s+', ' ', 'g'), 110) FROM pg_stat_statements ORDER BY total_exec_time"
+            " + total_plan_time DESC LIMIT 25"
+        )
+        rows = cursor.fetchall()
+    print(f"-- {what}: {cycles} cycles", file=sys.stderr)
+    for calls, plans, ex, pl, q in rows:
+        print(
+            f"{calls / max(1, cycles):6.2f}/cy plans {plans / max(1, cycles):5.2f}/cy"
+            f" exec {1000 * ex / max(1, cycles):6.1f}us/cy plan {1000 * pl / max(1, cycles):6.1f}"
+            f"us/cy  {q}",
+            file=sys.stderr,
+        )
 
 
 @contextmanager
