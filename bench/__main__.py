@@ -92,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     if not os.environ.get("REDIS_URL") and not embedded.valkey_running(settings.REDIS_URL):
         valkey = embedded.start_valkey(settings.REDIS_URL)
     call_command("migrate", verbosity=0)
-    from bench.common import write_result
+    from bench.common import HISTORY_TODOS, load_history, write_result
+
+    load_history()
 
     status = 0
     began = time.perf_counter()
@@ -106,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.duration, **{k: v for k, v in options.items() if k in accepted}
             )
             result["wall_s"] = round(time.perf_counter() - started, 1)
+            result["history_todos"] = HISTORY_TODOS
             result["load"] = [round(x, 2) for x in os.getloadavg()]
             path = write_result(name, result)
             print(f"   {_brief(result)}\n   -> {path}", flush=True)

@@ -323,3 +323,48 @@ class StreamReader:
         self._thread.join(30)
         if self.error is not None:
             raise RuntimeError(f"the stream {self._response!r} failed") from self.error
+
+
+# Finished todos, each with its ended attempt, on an endpoint of their own, loaded once before
+# the benches: a production table has a history, and an emptied one makes the planner cache
+# plans a live system never runs (the completion's read of queues_attempt as a sequential
+# scan and hash join, on every completion of the run: found by issue 12's b12 helper).
+HISTORY_TODOS = 20_000
+
+
+def load_history(n: int = HISTORY_TODOS) -> None:
+    """``n`` done todos with their completed attempts, then both tables vacuumed and analysed."""
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+
+    from queues import services
+    from queues.access import SystemActor
+
+    owner, _ = get_user_model().objects.get_or_create(username="bench-history")
+    endpoint, _token = services.endpoint_vend(
+        actor=SystemActor(via="bench"), owner=owner, name="bench history", queues=["history"], rps=0
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO queues_todo (id, endpoint_id, queue, title, kind, payload, state, owner,
+                attempt, max_attempts, source, created_at, updated_at, claimed_at, finished_at)
+            SELECT gen_random_uuid(), %s, 'history', 'history ' || g, '', '{}'::jsonb, 'done',
+                   'history', 1, 5, 'api', now() - make_interval(secs => g), now(), now(), now()
+            FROM generate_series(1, %s) g
+            """,
+            [endpoint.id, n],
+        )
+        cursor.execute(
+            """
+            INSERT INTO queues_attempt (todo_id, number, endpoint_id, claimant, via, claimed_at,
+                lease_expires_at, ended_at, outcome, disposition, summary)
+            SELECT t.id, 1, t.endpoint_id, 'history', 'api', t.created_at,
+                   t.created_at + interval '5 minutes', t.created_at + interval '1 second',
+                   'completed', 'done', ''
+            FROM queues_todo t WHERE t.endpoint_id = %s
+            """,
+            [endpoint.id],
+        )
+        cursor.execute("VACUUM ANALYZE queues_todo")
+        cursor.execute("VACUUM ANALYZE queues_attempt")
