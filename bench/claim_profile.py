@@ -286,17 +286,15 @@ def _complete_params(endpoint: Any, todo_id: int) -> dict[str, Any]:
     the grant parameters as ``queues.services.todos`` binds them (an end row may read them)."""
     from queues import sql
 
-    return {
-        **sql.grant_params(None, ""),
-        "id": todo_id,
-        "endpoints": [endpoint.id],
-        "operator": False,
-        "fence": None,
-        "attempt": None,
-        "error": None,
-        "result": None,
-        "summary": "",
-    }
+    return sql.transition_params(
+        {"result": None, "summary": ""},
+        todo_id=todo_id,
+        endpoint_ids=[endpoint.id],
+        operator=False,
+        fence=None,
+        attempt=None,
+        ends=True,
+    )
 
 
 def _claim_params(endpoint: Any) -> dict[str, Any]:

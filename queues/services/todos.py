@@ -162,17 +162,16 @@ def _transition(
     access.check_actor(actor)
     endpoint_ids = acting_endpoint_ids(actor)
     access.check_writes(actor, "auditors read; they do not change todos")
-    params = {
-        **params,
-        "id": todo_id,
-        "endpoints": endpoint_ids,
-        "operator": isinstance(actor, HumanActor),
-        "fence": hash_token(lease_token) if lease_token else None,
-        "attempt": attempt,
-        "error": params.get("error"),
-    }
-    if ends:
-        params.update(sql.grant_params(access.claim_ledger_actor(actor), ""))
+    params = sql.transition_params(
+        params,
+        todo_id=todo_id,
+        endpoint_ids=endpoint_ids,
+        operator=isinstance(actor, HumanActor),
+        fence=hash_token(lease_token) if lease_token else None,
+        attempt=attempt,
+        ends=ends,
+        ledger_actor=access.claim_ledger_actor(actor) if ends else None,
+    )
     # One statement, committed on its own unless the caller holds a transaction.
     with sql.hot_cursor() as cursor:
         cursor.execute(statement, params)

@@ -587,6 +587,35 @@ def grant_params(actor: Any, claimant: str) -> dict[str, Any]:
     return dict(_grant_params(actor, claimant, settings.LEDGER_KEY))
 
 
+def transition_params(
+    params: dict[str, Any],
+    *,
+    todo_id: Any,
+    endpoint_ids: list[Any],
+    operator: bool,
+    fence: str | None,
+    attempt: int | None,
+    ends: bool = False,
+    ledger_actor: Any = None,
+) -> dict[str, Any]:
+    """What a transition statement (``complete_sql`` and the other endings) binds besides the
+    verb's own ``params``: the todo, the endpoints it may act for, whether an operator acts, the
+    lease's fence (its token's hash) and attempt; when it ``ends`` a claim, the grant
+    parameters its end row may read, naming ``ledger_actor``."""
+    bound = {
+        **params,
+        "id": todo_id,
+        "endpoints": endpoint_ids,
+        "operator": operator,
+        "fence": fence,
+        "attempt": attempt,
+        "error": params.get("error"),
+    }
+    if ends:
+        bound.update(grant_params(ledger_actor, ""))
+    return bound
+
+
 @functools.lru_cache(maxsize=1024)
 def _grant_params(actor: Any, claimant: str, key: str) -> tuple[tuple[str, Any], ...]:
     return (*chain.row_params(actor).items(), ("lg_holder", chain.canonical_json(claimant)))

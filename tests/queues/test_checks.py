@@ -160,17 +160,15 @@ def test_the_ending_plans_no_reopen_subquery_for_a_todo_naming_no_limit(
     run or not: the pool's and tags' reopen rings are function calls (limits migration 0006)."""
     (todo,) = push(personas, 1)
     services.claim(actor=personas.as_agent(), todo_id=todo.id)
-    params = {
-        **sql.grant_params(None, ""),
-        "id": todo.id,
-        "endpoints": [personas.agent.id],
-        "operator": False,
-        "fence": None,
-        "attempt": None,
-        "error": None,
-        "result": None,
-        "summary": "",
-    }
+    params = sql.transition_params(
+        {"result": None, "summary": ""},
+        todo_id=todo.id,
+        endpoint_ids=[personas.agent.id],
+        operator=False,
+        fence=None,
+        attempt=None,
+        ends=True,
+    )
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute("EXPLAIN (VERBOSE) " + sql.complete_sql(), params)
         plan = "\n".join(row[0] for row in cur.fetchall())
