@@ -51,12 +51,14 @@ DONE_COLUMNS = ", ".join(f"d.{f.column}" for f in _TODO_FIELDS)
 # The queues a claim_next may draw from, computed inside the claiming statement (an InitPlan over
 # the same snapshot): granted, not excluded by a refusal, not quarantine, not paused. Written as
 # one array so the planner keeps its row estimate and walks todo_claimable_idx in order; as an
-# anti-join per row it misjudges the pause table and sorts the whole backlog instead.
+# anti-join per row it misjudges the pause table and sorts the whole backlog instead. The paused
+# names are one array too (an InitPlan scanning the pause table once): as a NOT EXISTS per name the
+# plan was a hash anti-join, whose hash table every execution built again (issue 12).
 OPEN_QUEUES = """
     ARRAY(
         SELECT g FROM unnest(%(queues)s::text[]) g
         WHERE g <> 'quarantine' AND g <> ALL (%(excluded)s::text[])
-          AND NOT EXISTS (SELECT 1 FROM queues_queuepause qp WHERE qp.queue = g)
+          AND g <> ALL (ARRAY(SELECT qp.queue FROM queues_queuepause qp)::text[])
     )
 """
 
