@@ -41,6 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--wal", action="store_true", help="WAL records and HOT updates per cycle (pg_walinspect)"
     )
+    parser.add_argument(
+        "--history",
+        action="store_true",
+        help="first load the benches' history of finished todos (bench.common.load_history)",
+    )
     parser.add_argument("--exec", action="append", default=[], help="SQL to run first")
     parser.add_argument("--set", action="append", default=[], help="a session setting: name=value")
     parser.add_argument(
@@ -66,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     if not embedded.valkey_running(settings.REDIS_URL):
         valkey = embedded.start_valkey(settings.REDIS_URL)
     call_command("migrate", verbosity=0)
+    if args.history:
+        # The attempt table as the benches have it: plans cached over a history, not an empty table.
+        from bench.common import load_history
+
+        load_history()
     try:
         _run(args)
     finally:

@@ -91,13 +91,13 @@ def claim_next(
     if not granted:
         return NothingClaimable()
     prioritised = gates.prioritised(granted)
-    ledger = sql.grant_params(access.claim_ledger_actor(actor), who)
     if not sql.recently_gated(endpoint.id):
         # (1) The common path: one statement that commits on its own. It claims at once when no
         # gate claims the candidate or every gate that does admits it inside the statement.
         # First, unless this endpoint met gated work lately, the bare statement: it carries no
         # gate's skip or verdict, so it is the cheapest plan; it claims only a candidate no gate
-        # claims, and one that some gate claims goes to the full statement below.
+        # claims and takes over no lapsed claim; any other candidate goes to the full statement
+        # below (one some gate claims sends this endpoint's next claims there for a while).
         kwargs: dict[str, Any] = {
             "endpoint_id": endpoint.id,
             "queues": granted,
@@ -108,7 +108,6 @@ def claim_next(
             "ttl": ttl,
             "fence_hash": fence_hash,
             "prioritised": prioritised,
-            "ledger": ledger,
         }
         with sql.hot_cursor() as cursor:
             availability.check_deadline()  # the connection is in hand: late means no claim
@@ -116,10 +115,15 @@ def claim_next(
             if not sql.recently_limited(endpoint.id):
                 cand = sql.claim_next_candidate(cursor, bare=True, **kwargs)
                 if isinstance(cand, sql.Candidate) and cand.todo is None:
-                    sql.mark_limited(endpoint.id)
+                    # Gated work marks the endpoint; a takeover is for the full statement.
+                    if cand.held:
+                        sql.mark_limited(endpoint.id)
                     cand = None
             if cand is None:
-                cand = sql.claim_next_candidate(cursor, fast=True, **kwargs)
+                # The grant parameters only the full statement binds (its grant row, or the
+                # end row of a grant a takeover supersedes).
+                ledger = sql.grant_params(access.claim_ledger_actor(actor), who)
+                cand = sql.claim_next_candidate(cursor, fast=True, ledger=ledger, **kwargs)
         if isinstance(cand, sql.NoCandidate):
             return NothingClaimable(deferred=_held_entries(endpoint.id, granted, [], cand))
         if cand.todo is not None:
@@ -147,6 +151,7 @@ def claim_next(
     granted_open = [q for q in granted if q not in excluded]
     result: Claimed | None = None
     last: sql.Candidate | sql.NoCandidate = sql.NoCandidate(skipped=False)
+    ledger = sql.grant_params(access.claim_ledger_actor(actor), who)
     # (3)-(4) One transaction: candidates in turn, each through every gate.
     with transaction.atomic(), sql.hot_cursor() as cursor:
         availability.check_deadline()  # the connection is in hand: late means no claim

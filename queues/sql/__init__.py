@@ -51,12 +51,14 @@ DONE_COLUMNS = ", ".join(f"d.{f.column}" for f in _TODO_FIELDS)
 # The queues a claim_next may draw from, computed inside the claiming statement (an InitPlan over
 # the same snapshot): granted, not excluded by a refusal, not quarantine, not paused. Written as
 # one array so the planner keeps its row estimate and walks todo_claimable_idx in order; as an
-# anti-join per row it misjudges the pause table and sorts the whole backlog instead.
+# anti-join per row it misjudges the pause table and sorts the whole backlog instead. The paused
+# names are one array too (an InitPlan scanning the pause table once): as a NOT EXISTS per name the
+# plan was a hash anti-join, whose hash table every execution built again (issue 12).
 OPEN_QUEUES = """
     ARRAY(
         SELECT g FROM unnest(%(queues)s::text[]) g
         WHERE g <> 'quarantine' AND g <> ALL (%(excluded)s::text[])
-          AND NOT EXISTS (SELECT 1 FROM queues_queuepause qp WHERE qp.queue = g)
+          AND g <> ALL (ARRAY(SELECT qp.queue FROM queues_queuepause qp)::text[])
     )
 """
 
@@ -177,7 +179,10 @@ def _claim_next_sql(
 ) -> str:
     """``bare``: no skips and no fast verdicts, and the candidate is claimed only when no gate's
     probe claims it; a gate's skip only passes over rows its probe claims, so the bare
-    statement's candidate is the full statement's whenever it claims one (see claim_next)."""
+    statement's candidate is the full statement's whenever it claims one (see claim_next).
+    The bare statement is its own leaner form (``_bare_claim_sql``)."""
+    if bare:
+        return _bare_claim_sql(gate_list, prioritised, names)
     probe = admit = ""
     keys = charges = ""
     grant = "NULL"
@@ -234,6 +239,60 @@ WITH cand AS (
 {_claim_ctes(admit, grant)}{charges}
 SELECT c.id, c.queue, {skipped}, {names_column}{keys}cl.id IS NOT NULL, {CLAIMED_COLUMNS}
 FROM (SELECT) one LEFT JOIN cand c ON true LEFT JOIN claimed cl ON cl.id = c.id
+""")
+
+
+@functools.cache
+def _bare_claim_sql(
+    gate_list: tuple[gates.ClaimGate, ...], prioritised: bool = False, names: bool = False
+) -> str:
+    """claim_next's first statement for an endpoint that met no gated work lately: the oldest
+    claimable todo, claimed only if it is plain (no gate's probe claims it) and no takeover
+    (it was not claimed, so no lapsed attempt to close and no grant to end). Anything else it
+    answers unclaimed, unlocked once it commits, and the full statement decides (``held``:
+    some gate claims it). It carries no gate CTE, no verdict, no takeover CTE, no grant or
+    ledger parameter and returns no gate keys: each is a plan node whose executor state
+    PostgreSQL builds on every execution, run or not (issue 12: the core cycle's backend CPU).
+    The same rows as the full statement whenever it claims one (``tests/queues``)."""
+    plain = "".join(f" AND {gate.probe('c')} IS NULL" for gate in gate_list)
+    held = " OR ".join(f"{gate.probe('c')} IS NOT NULL" for gate in gate_list) or "false"
+    order = "t.created_at, t.id"
+    if prioritised:
+        order = f"{gates.priority_score('t')} DESC, {order}"
+    names_column = f"{gates.priority_names_sql()}, " if names else ""
+    rows = _CLAIM_NEXT_ROWS.replace("%(excluded)s::text[]", "'{}'::text[]")
+    return _compact(f"""
+WITH cand AS (
+    SELECT t.id, t.state AS prev_state, t.endpoint_id, t.queue, t.pool, t.tags, t.rate_limit,
+           t.grant_hash AS prev_grant
+    FROM queues_todo t
+    WHERE {rows}
+    ORDER BY {order}
+    LIMIT 1
+    FOR UPDATE OF t SKIP LOCKED
+),
+claimed AS (
+    UPDATE queues_todo t
+    SET state = 'claimed',
+        attempt = t.attempt + 1,
+        owner = %(claimant)s,
+        claimed_at = clock_timestamp(),
+        lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
+        next_retry_at = NULL,
+        updated_at = clock_timestamp()
+    FROM cand c
+    WHERE t.id = c.id AND c.prev_state <> 'claimed' AND c.prev_grant IS NULL{plain}
+    RETURNING {TODO_COLUMNS}
+),
+attempt_row AS (
+    INSERT INTO queues_attempt (todo_id, number, endpoint_id, claimant, via, claimed_at,
+                                lease_expires_at, lease_token_hash, summary)
+    SELECT cl.id, cl.attempt, cl.endpoint_id, %(claimant)s, %(via)s, cl.claimed_at,
+           cl.lease_expires_at, %(fence_hash)s, ''
+    FROM claimed cl
+)
+SELECT c.id, c.queue, {names_column}CASE WHEN cl.id IS NULL THEN {held} END, {CLAIMED_COLUMNS}
+FROM (SELECT) one LEFT JOIN cand c ON true LEFT JOIN claimed cl ON true
 """)
 
 
@@ -447,6 +506,9 @@ class Candidate:
     todo: Todo | None  # set when the statement claimed it
     # The fast path's verdicts, per gate (None: not asked); empty on the locked path.
     verdicts: tuple[dict[str, Any] | None, ...] = ()
+    # The bare statement's answer for a candidate it left: some gate claims it (False: a
+    # takeover, or a grant to end, which only the full statement writes). No keys there.
+    held: bool = True
 
     @property
     def claimed(self) -> bool:
@@ -527,6 +589,21 @@ def claim_next_candidate(
     if (fast or bare) and (excluded or passed):
         raise ValueError("the bare and fast statements exclude no queue and pass no todo")
     gate_list = gates.gates()
+    names = gates.priority_stale()
+    if bare:
+        return _bare_candidate(
+            cursor,
+            _bare_claim_sql(gate_list, prioritised, names),
+            {
+                "endpoint": endpoint_id,
+                "queues": queues,
+                "claimant": claimant,
+                "via": via,
+                "ttl": ttl,
+                "fence_hash": fence_hash,
+            },
+            names,
+        )
     params: dict[str, Any] = {
         "endpoint": endpoint_id,
         "queues": queues,
@@ -540,9 +617,8 @@ def claim_next_candidate(
     if fast:
         for i, gate in enumerate(gate_list):
             params[f"gp{i}"] = gate.fast_params(endpoint_id)
-    # Bound on every path: a takeover of a granted claim ends its grant (``superseded_end``).
+    # Bound on every full path: a takeover of a granted claim ends its grant (``superseded_end``).
     params.update(ledger or grant_params(None, ""))
-    names = gates.priority_stale()
     cursor.execute(_claim_next_sql(gate_list, fast, prioritised, names, bare), params)
     row = cursor.fetchone()
     assert row is not None, "the statement answers one row"
@@ -551,6 +627,24 @@ def claim_next_candidate(
         row = (*row[:3], *row[4:])
     skipped, row = row[2], (*row[:2], *row[3:])
     return _candidate(row, len(gate_list), fast) or NoCandidate(skipped=skipped)
+
+
+def _bare_candidate(
+    cursor: CursorWrapper, statement: str, params: dict[str, Any], names: bool
+) -> Candidate | NoCandidate:
+    """Run the bare statement (``_bare_claim_sql``): its row is the candidate's id and queue,
+    the priority names when asked, whether a gate claims a candidate it left, the todo."""
+    cursor.execute(statement, params)
+    row = cursor.fetchone()
+    assert row is not None, "the statement answers one row"
+    if names:
+        gates.priority_refresh(row[2])
+        row = (*row[:2], *row[3:])
+    todo_id, queue, held, *columns = row
+    if todo_id is None:
+        return NoCandidate(skipped=False)  # it skips nothing: no todo is claimable now
+    todo = todo_from_row(columns) if columns[0] is not None else None
+    return Candidate(todo_id, queue, (), todo, held=bool(held))
 
 
 @dataclass(frozen=True)

@@ -483,6 +483,9 @@ def test_a_takeover_whose_snapshot_predates_the_claim_it_replaces_still_ends_tha
         )
 
     monkeypatch.setattr(sql, "_claim_next_sql", waits_first)
+    # The takeover is the full statement's (the bare one leaves a lapsed claim to it): straight
+    # there, so the statement that waits is the one that takes the todo over.
+    sql.mark_limited(p.agent.id)
     holder = psycopg.connect(database_url(), autocommit=False)
     holder.execute("SELECT pg_advisory_xact_lock(4242)")
     late: list[Any] = []
