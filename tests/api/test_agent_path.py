@@ -1,4 +1,4 @@
-"""The agent verbs' lean path (``switchboard.asgi.AgentPath``) answers a plain request exactly as
+"""The agents' lean path (``switchboard.asgi.AgentPath``: REST verbs, MCP POSTs) answers exactly as
 Django's handler does (status, every header in the same order, the body), and leaves every
 other request to Django before anything is charged or changed.
 
@@ -22,6 +22,7 @@ from django.http.response import HttpResponseBase
 from django.test import override_settings
 
 from queues import services
+from switchboard import mcp
 from switchboard.asgi import ARRIVED, OneHopHandler, _Answer
 from switchboard.core import verbs
 from tests.conftest import FIXTURE, Personas, push
@@ -32,6 +33,7 @@ def _scope(
     token: str | None,
     body: bytes,
     *,
+    path: str | None = None,
     query: bytes = b"",
     content_type: bytes = b"application/json",
     host: bytes = b"127.0.0.1:8000",
@@ -44,7 +46,7 @@ def _scope(
     if token is not None:
         headers.append((b"authorization", f"Bearer {token}".encode()))
     headers += extra or []
-    path = f"/api/v1/agent/{verb}"
+    path = path or f"/api/v1/agent/{verb}"
     return {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -67,7 +69,8 @@ def _body(value: Any) -> bytes:
 
 
 def _lean(handler: OneHopHandler, scope: dict[str, Any], body: bytes) -> _Answer | None:
-    spec = handler.agent_path.verb(scope)
+    spec = handler.agent_path.route(scope)
+    assert not isinstance(spec, str)
     if spec is None:
         return None
     return handler.agent_path.serve(scope, body, spec)
@@ -248,7 +251,7 @@ def test_tls_settings_answer_as_djangos(tx_personas: Personas) -> None:
 @override_settings(AGENT_FAST_PATH=False)
 def test_the_setting_turns_the_lean_path_off(tx_personas: Personas) -> None:
     handler = OneHopHandler(threads=0)
-    assert handler.agent_path.verb(_scope("claim_next", tx_personas.agent_token, b"{}")) is None
+    assert handler.agent_path.route(_scope("claim_next", tx_personas.agent_token, b"{}")) is None
 
 
 def test_a_refusal_is_logged_as_django_logs_it(
@@ -271,7 +274,147 @@ def test_a_refusal_is_logged_as_django_logs_it(
 def test_every_verb_path_is_served_while_it_resolves_to_its_verb(handler: OneHopHandler) -> None:
     for name in verbs.load_verbs():
         scope = _scope(name, "sbk_x", b"{}")
-        assert handler.agent_path.verb(scope) is verbs.get(name), name
-    assert handler.agent_path.verb(_scope("nope", "sbk_x", b"{}")) is None
+        assert handler.agent_path.route(scope) is verbs.get(name), name
+    assert handler.agent_path.route(_scope("nope", "sbk_x", b"{}")) is None
     events = _scope("claim_next", "sbk_x", b"{}") | {"path": "/api/v1/agent/events"}
-    assert handler.agent_path.verb(events) is None
+    assert handler.agent_path.route(events) is None
+
+
+# --- MCP: POSTs to /mcp/<slug> go to mcp_view without the middleware chain ----------------------
+
+MODERN = "2026-07-28"
+META = {
+    "io.modelcontextprotocol/protocolVersion": MODERN,
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+
+
+def _mcp_scope(
+    slug: str, token: str | None, message: Any, headers: dict[bytes, bytes] | None = None, **kw: Any
+) -> tuple[dict[str, Any], bytes]:
+    body = message if isinstance(message, bytes) else json.dumps(message).encode()
+    sent = {
+        b"accept": b"application/json, text/event-stream",
+        b"mcp-protocol-version": b"2026-07-28",
+    }
+    if isinstance(message, dict) and message.get("method"):
+        sent[b"mcp-method"] = message["method"].encode()
+        if message["method"] == "tools/call":
+            sent[b"mcp-name"] = message["params"]["name"].encode()
+    sent.update(headers or {})
+    if b"content-type" in sent:
+        kw["content_type"] = sent.pop(b"content-type")
+    extra = [(k, v) for k, v in sent.items() if v]
+    return _scope("", token, body, path=f"/mcp/{slug}", extra=extra, **kw), body
+
+
+def _tool(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    params = {"name": name, "arguments": arguments, "_meta": META}
+    return {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params}
+
+
+def _mcp_lean(handler: OneHopHandler, scope: dict[str, Any], body: bytes) -> Any:
+    slug = handler.agent_path.route(scope)
+    if not isinstance(slug, str):
+        return None
+    return handler.agent_path.serve_mcp(scope, body, slug)
+
+
+def _mcp_same(handler: OneHopHandler, slug: str, token: str | None, message: Any, **kw: Any) -> Any:
+    lean = _mcp_lean(handler, *_mcp_scope(slug, token, message, **kw))
+    assert isinstance(lean, _Answer), message
+    assert connection.connection is None  # given back to the pool at the request's end
+    django = _django(handler, *_mcp_scope(slug, token, message, **kw))
+    assert _wire(lean) == _wire(django), message
+    return lean.status, json.loads(lean.body) if lean.body else None
+
+
+def test_mcp_posts_are_the_same_on_the_wire(tx_personas: Personas, handler: OneHopHandler) -> None:
+    p = tx_personas
+    slug, token = p.agent.slug, p.agent_token
+    status, answer = _mcp_same(handler, slug, token, _tool("claim_next", {}))
+    assert status == 200 and answer["result"]["structuredContent"] == {"empty": True}
+    listed = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": META}}
+    status, answer = _mcp_same(handler, slug, token, listed)
+    assert status == 200 and answer["result"]["tools"]
+    cases: list[tuple[str, str | None, Any, dict[bytes, bytes], int]] = [
+        (slug, token, _tool("get_todo", {"id": str(uuid.uuid4())}), {}, 200),  # isError result
+        (slug, token, _tool("claim_next", {"queue": "elsewhere"}), {}, 200),
+        (slug, None, _tool("claim_next", {}), {}, 401),  # WWW-Authenticate
+        (slug, "sbk_nope", _tool("claim_next", {}), {}, 401),
+        (p.foreign.slug, token, _tool("claim_next", {}), {}, 403),  # another endpoint's URL
+        (slug, token, _tool("claim_next", {}), {b"accept": b"text/html"}, 406),
+        (slug, token, _tool("claim_next", {}), {b"content-type": b"text/plain"}, 415),
+        (slug, token, _tool("claim_next", {}), {b"origin": b"http://evil.example"}, 403),
+        (slug, token, b"{not json", {}, 400),
+        ("no-such-endpoint", token, _tool("claim_next", {}), {}, 403),
+        ("in\x00valid", token, _tool("claim_next", {}), {}, 400),  # the edge check of the path
+    ]
+    for where, secret, message, headers, expected in cases:
+        status, _ = _mcp_same(handler, where, secret, message, headers=headers)
+        assert status == expected, (where, message, headers)
+    (todo,) = push(p, 1)
+    claimed = _mcp_lean(handler, *_mcp_scope(slug, token, _tool("claim_next", {})))
+    assert json.loads(claimed.body)["result"]["structuredContent"]["todo"]["id"] == str(todo.id)
+    status, answer = _mcp_same(handler, slug, token, _tool("get_todo", {"id": str(todo.id)}))
+    assert answer["result"]["structuredContent"]["todo"]["state"] == "claimed"
+
+
+def test_mcp_rate_and_handshake_answer_as_djangos(
+    tx_personas: Personas, handler: OneHopHandler
+) -> None:
+    p = tx_personas
+    slow, secret = services.endpoint_vend(
+        actor=FIXTURE, owner=p.owner, name="Slow", queues=["inbox"], rps=0.01, burst=1
+    )
+    lean = _mcp_lean(handler, *_mcp_scope(slow.slug, secret, _tool("claim_next", {})))
+    assert lean.status == 200  # the one tool call
+    status, answer = _mcp_same(handler, slow.slug, secret, _tool("claim_next", {}))
+    assert status == 429 and answer["error"]["data"]["code"] == "rate_limited"
+    # The 2025 handshake: a session is made each way, so the answers differ only in its id.
+    hello = {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"},
+        },
+    }
+    old = {b"mcp-protocol-version": b"", b"mcp-method": b""}
+    answers = []
+    for serve in (_mcp_lean, _django):
+        scope, body = _mcp_scope(p.agent.slug, p.agent_token, hello, headers=old)
+        answers.append(_wire(serve(handler, scope, body)))
+    (lean_status, lean_headers, lean_body), (dj_status, dj_headers, dj_body) = answers
+    assert lean_status == dj_status == 200
+    assert [h[0] for h in lean_headers] == [h[0] for h in dj_headers]
+    assert b"Mcp-Session-Id" in dict(lean_headers)
+    assert json.loads(lean_body) == json.loads(dj_body)
+
+
+def test_mcp_forms_and_queries_take_djangos_path_and_a_stream_answers_the_same(
+    tx_personas: Personas, handler: OneHopHandler
+) -> None:
+    p = tx_personas
+    form = {b"content-type": b"application/x-www-form-urlencoded"}
+    assert _mcp_lean(handler, *_mcp_scope(p.agent.slug, p.agent_token, {}, headers=form)) is None
+    query = _mcp_scope(p.agent.slug, p.agent_token, _tool("claim_next", {}), query=b"a=b")
+    assert handler.agent_path.route(query[0]) is None
+    # A subscriptions/listen POST answers with a stream: the same headers both ways, and the
+    # body sent by the handler's streaming (an asynchronous iterator, not started here).
+    listen = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "subscriptions/listen",
+        "params": {"notifications": {"resourceSubscriptions": [mcp.TODO_URI]}, "_meta": META},
+    }
+    streams = []
+    for serve in (_mcp_lean, _django):
+        response = serve(handler, *_mcp_scope(p.agent.slug, p.agent_token, listen))
+        assert isinstance(response, HttpResponseBase) and response.streaming
+        streams.append((response.status_code, list(response.items())))
+        response.close()
+    assert streams[0] == streams[1]
+    assert dict(streams[0][1])["Content-Type"].startswith("text/event-stream")
