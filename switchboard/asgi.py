@@ -278,9 +278,9 @@ class AgentPath:
                 try:
                     actor = agent_api.agent_for_verb(token, spec)
                     value = verbs.call(actor, spec, data)
+                    content = json.dumps(value, cls=NinjaJSONEncoder).encode()  # as Response
                 except Exception as exc:
                     return self._refusal(scope, body, exc, secure)
-            content = json.dumps(value, cls=NinjaJSONEncoder).encode()
             headers = {"content-type": ("Content-Type", "application/json")}
             return _Answer(200, _encoded(self._finish(headers, len(content), secure)), content)
         finally:
