@@ -334,9 +334,10 @@ def check_endpoint_rate(endpoint: Endpoint) -> None:
 
 
 def authenticate_agent(
-    request: HttpRequest, token: str, *, via: str, charge_rate: bool = True
+    request: HttpRequest | None, token: str, *, via: str, charge_rate: bool = True
 ) -> AgentActor:
-    """The agent behind ``token``; charges the endpoint's request rate unless the caller charges
+    """The agent behind ``token`` (``request`` is not read; switchboard.asgi's agent path has
+    none to give); charges the endpoint's request rate unless the caller charges
     it itself (MCP charges tool calls only, so a low rate still lets a client connect)."""
     endpoint = endpoint_for_token(token)
     if endpoint is None:

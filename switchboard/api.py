@@ -25,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 
 from admission.api import router as admission_router
 from admission.limits.api import router as limits_router
+from queues.access import AgentActor
 from queues.api import build_agent_router, endpoints_router, todos_router
 from queues.api_queues import router as queues_router
 from queues.auth import authenticate_agent
@@ -167,6 +168,9 @@ def _direct_first(view: Any, spec: verbs.VerbSpec) -> Any:
         response = agent_verb_direct(request, spec)
         return view(request, *args, **kwargs) if response is None else response
 
+    # The verb this view serves: switchboard.asgi's agent path serves a URL's plain requests
+    # itself only while the URL still resolves to this view.
+    agent_verb.agent_verb_spec = spec  # type: ignore[attr-defined]
     return agent_verb
 
 
@@ -185,30 +189,49 @@ def agent_verb_direct(request: HttpRequest, spec: verbs.VerbSpec) -> HttpRespons
     """
     if request.method != "POST" or request.GET:
         return None
-    # ninja's HttpBearer: "Bearer <token>"; anything else is left to it.
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not token:
+    token = bearer_token(request.headers.get("Authorization", ""))
+    if token is None:
         return None
     if request.content_type != "application/json" and request.body:
         return None  # ninja reads other types as JSON too; its answer is left to it
-    data = _direct_input(request, spec)
+    try:
+        check_body_size(request, API_BODY_LIMIT)
+    except BodyTooLarge:
+        return None
+    data = verb_input(spec, request.body)
     if data is None:
         return None
     try:
-        actor = authenticate_agent(request, token, via="api")
-        verbs.check_grant(actor, spec.name)
+        actor = agent_for_verb(token, spec)
         request.auth = actor  # type: ignore[attr-defined]  # as ninja sets it
         return Response(verbs.call(actor, spec, data))
     except Exception as exc:
         return api.on_exception(request, exc)
 
 
-def _direct_input(request: HttpRequest, spec: verbs.VerbSpec) -> BaseModel | None:
-    """The verb's input from a body that passes ``bounded``'s checks, or None (ninja answers)."""
+def bearer_token(header: str) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header as ninja's HttpBearer reads it,
+    or None (anything else is left to ninja)."""
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        return None
+    return token
+
+
+def agent_for_verb(token: str, spec: verbs.VerbSpec) -> AgentActor:
+    """``VerbAuth``: the agent behind the token (401), its request rate charged (429), then
+    the verb's grant (403)."""
+    actor = authenticate_agent(None, token, via="api")
+    verbs.check_grant(actor, spec.name)
+    return actor
+
+
+def verb_input(spec: verbs.VerbSpec, body: bytes) -> BaseModel | None:
+    """The verb's input from a body within ``API_BODY_LIMIT`` that passes the edge check, or
+    None (ninja answers)."""
     try:
-        check_body_size(request, API_BODY_LIMIT)
-        if not request.body:
+        if not body:
             return spec.input()  # an empty body is the defaults, when every field has one
-        return spec.input.model_validate(validation.loads(request.body))
-    except (BodyTooLarge, InvalidArgument, ValidationError):
+        return spec.input.model_validate(validation.loads(body))
+    except (InvalidArgument, ValidationError):
         return None

@@ -16,8 +16,10 @@ import asyncio
 import contextlib
 import functools
 import io
+import json
 import os
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -31,14 +33,32 @@ django.setup(set_prefix=False)  # as django.core.asgi.get_asgi_application does
 from django.conf import settings  # noqa: E402  (after Django is set up)
 from django.core import signals  # noqa: E402
 from django.core.exceptions import RequestAborted  # noqa: E402
-from django.core.handlers.asgi import ASGIHandler, get_script_prefix  # noqa: E402
+from django.core.handlers.asgi import (  # noqa: E402
+    ASGIHandler,
+    ASGIRequest,
+    get_script_prefix,
+)
 from django.core.handlers.base import BaseHandler  # noqa: E402
-from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
+from django.core.handlers.exception import (  # noqa: E402
+    convert_exception_to_response,
+    response_for_exception,
+)
 from django.db import close_old_connections  # noqa: E402
 from django.http import FileResponse  # noqa: E402
+from django.http.request import split_domain_port, validate_host  # noqa: E402
 from django.http.response import HttpResponseBase  # noqa: E402
 from django.urls import Resolver404, ResolverMatch, get_resolver, set_script_prefix  # noqa: E402
+from django.utils.http import parse_header_parameters  # noqa: E402
+from django.utils.log import log_response  # noqa: E402
 from django.utils.module_loading import import_string  # noqa: E402
+from ninja.responses import NinjaJSONEncoder  # noqa: E402
+
+from switchboard import api as agent_api  # noqa: E402
+from switchboard import middleware as edge  # noqa: E402
+from switchboard.core import availability, verbs  # noqa: E402
+from switchboard.core.errors import InvalidArgument  # noqa: E402
+from switchboard.core.http import API_BODY_LIMIT  # noqa: E402
+from switchboard.mcp import mcp_view  # noqa: E402
 
 ARRIVED = "switchboard.arrived"
 
@@ -127,6 +147,334 @@ def _resolve(path: str) -> ResolverMatch:
     return get_resolver().resolve(path)
 
 
+class _Answer:
+    """A whole response made without an HttpResponse: status, encoded headers, body."""
+
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+
+class AgentPath:
+    """The agents' plain POSTs, served without Django's request handling (issue 11).
+
+    A POST to ``/api/v1/agent/<verb>`` with a bearer token, no query and a JSON body that
+    passes the verb's input model runs the verb's direct operation (``switchboard.api``:
+    ``agent_for_verb``, ``verbs.call``) in a pool thread with no HttpRequest, middleware chain
+    or HttpResponse: on the agent path those cost about a third of a request's CPU, more than
+    the claim itself. A POST to ``/mcp/<slug>`` with no query goes to ``mcp_view`` with its
+    request but without the middleware chain (a ``subscriptions/listen`` stream included: its
+    body is sent as Django's path sends it). What the chain did for such a request is done here, in the same
+    order, and ``tests/api/test_agent_path.py`` compares every answer, headers included, with
+    the one Django's handler gives:
+
+    * Django's request signals (the database connection returned to the pool at the end);
+    * ``ALLOWED_HOSTS`` (``CommonMiddleware``), ``SECURE_SSL_REDIRECT`` and HSTS
+      (``SecurityMiddleware``), the request deadline (``SecurityHeadersMiddleware``);
+    * the headers ``AGENT_MIDDLEWARE`` adds, in the order it adds them;
+    * refusals through the API's own exception handlers (``api.on_exception``), logged as
+      Django logs a 4xx/5xx; on MCP the edge check of the path, and an exception out of the
+      view answered as the chain answers it (an outage 503, else Django's 500).
+
+    Anything else (a query, another content type, a body the verb's input refuses, a host
+    not allowed, a request SSL redirection would send elsewhere, a setting this path does not
+    mirror) returns None before anything is charged or changed, and the request takes Django's
+    path, which answers it as before.
+    """
+
+    def __init__(self, handler_class: type) -> None:
+        self.handler_class = handler_class
+        self.enabled = bool(settings.AGENT_FAST_PATH) and not (
+            settings.PREPEND_WWW
+            or settings.DISALLOWED_USER_AGENTS
+            or settings.USE_X_FORWARDED_HOST
+            or settings.FORCE_SCRIPT_NAME
+            or list(settings.AGENT_MIDDLEWARE) != _AGENT_MIDDLEWARE_MIRRORED
+        )
+        self.allowed_hosts = list(settings.ALLOWED_HOSTS)
+        if settings.DEBUG and not self.allowed_hosts:
+            self.allowed_hosts = [".localhost", "127.0.0.1", "[::1]"]
+        self.hosts: dict[str, bool] = {}
+        self.proxy_ssl: tuple[str, str] | None = settings.SECURE_PROXY_SSL_HEADER
+        self.redirect = settings.SECURE_SSL_REDIRECT
+        self.redirect_exempt = [re.compile(r) for r in settings.SECURE_REDIRECT_EXEMPT]
+        hsts = ""
+        if settings.SECURE_HSTS_SECONDS:
+            hsts = f"max-age={settings.SECURE_HSTS_SECONDS}"
+            if settings.SECURE_HSTS_INCLUDE_SUBDOMAINS:
+                hsts += "; includeSubDomains"
+            if settings.SECURE_HSTS_PRELOAD:
+                hsts += "; preload"
+        self.hsts = hsts
+        policy = settings.SECURE_REFERRER_POLICY
+        if policy and isinstance(policy, str):
+            policy = ",".join(v.strip() for v in policy.split(","))
+        elif policy:
+            policy = ",".join(policy)
+        self.referrer_policy = policy
+        self.nosniff = settings.SECURE_CONTENT_TYPE_NOSNIFF
+        self.opener_policy = settings.SECURE_CROSS_ORIGIN_OPENER_POLICY
+        self.frame_options = getattr(settings, "X_FRAME_OPTIONS", "DENY").upper()
+        self._verbs: dict[str, verbs.VerbSpec] | None = None
+
+    def route(self, scope: dict[str, Any]) -> verbs.VerbSpec | str | None:
+        """What a request names when this path may serve it: a verb (REST) or an MCP slug.
+        On the loop, so cheap: the resolved paths are kept."""
+        if not self.enabled or scope["method"] != "POST" or scope.get("query_string"):
+            return None
+        if self._verbs is None:
+            self._verbs = self._resolved_verbs()
+        path = _path(scope)
+        spec = self._verbs.get(path)
+        if spec is not None or not path.startswith("/mcp/"):
+            return spec
+        try:
+            match = _resolve(path)
+        except Resolver404:
+            return None
+        if match.func is not mcp_view or self._exempt(path):
+            return None
+        slug: str = match.kwargs["slug"]
+        return slug
+
+    def _exempt(self, path: str) -> bool:
+        return any(p.search(path.lstrip("/")) for p in self.redirect_exempt)
+
+    def _resolved_verbs(self) -> dict[str, verbs.VerbSpec]:
+        """Each verb's path, kept only while it resolves to that verb's direct view."""
+        found = {}
+        for name, spec in verbs.load_verbs().items():
+            path = f"/api/v1/agent/{name}"
+            try:
+                match = get_resolver().resolve(path)
+            except Resolver404:
+                continue
+            if getattr(match.func, "agent_verb_spec", None) is spec and not self._exempt(path):
+                found[path] = spec
+        return found
+
+    def serve(self, scope: dict[str, Any], body: bytes, spec: verbs.VerbSpec) -> _Answer | None:
+        """In a pool thread: the verb's answer, or None for Django's path (nothing done)."""
+        meta = _meta(scope)
+        token = agent_api.bearer_token(meta.get("HTTP_AUTHORIZATION", ""))
+        if token is None or len(body) > API_BODY_LIMIT:
+            return None
+        kind = parse_header_parameters(meta.get("CONTENT_TYPE", ""))[0]
+        if kind != "application/json" and body:
+            return None
+        secure = self._admit(scope, meta)
+        if secure is None:
+            return None
+        data = agent_api.verb_input(spec, body)
+        if data is None:
+            return None
+        _set_prefix(scope)
+        signals.request_started.send(sender=self.handler_class, scope=scope)
+        try:
+            with availability.request_deadline(scope.get(ARRIVED, time.monotonic())):
+                try:
+                    actor = agent_api.agent_for_verb(token, spec)
+                    value = verbs.call(actor, spec, data)
+                    content = json.dumps(value, cls=NinjaJSONEncoder).encode()  # as Response
+                except Exception as exc:
+                    return self._refusal(scope, body, exc, secure)
+            headers = {"content-type": ("Content-Type", "application/json")}
+            return _Answer(200, _encoded(self._finish(headers, len(content), secure)), content)
+        finally:
+            signals.request_finished.send(sender=self.handler_class)
+
+    def serve_mcp(
+        self, scope: dict[str, Any], body: bytes, slug: str
+    ) -> _Answer | HttpResponseBase | None:
+        """In a pool thread: ``mcp_view``'s answer, or None for Django's path (nothing done)."""
+        meta = _meta(scope)
+        if parse_header_parameters(meta.get("CONTENT_TYPE", ""))[0] in edge.FORM_TYPES:
+            return None  # the edge check would read its fields
+        secure = self._admit(scope, meta)
+        if secure is None:
+            return None
+        request = ASGIRequest(scope, io.BytesIO(body))
+        _set_prefix(scope)
+        signals.request_started.send(sender=self.handler_class, scope=scope)
+        response: HttpResponseBase
+        inner = True  # the answer passed the inner middleware (frame options, length)
+        try:
+            with availability.request_deadline(scope.get(ARRIVED, time.monotonic())):
+                try:
+                    edge.check_request_text(request)
+                except InvalidArgument as exc:
+                    response = edge.edge_refusal(request, exc)
+                    inner = False  # refused by SecurityHeadersMiddleware, before them
+                else:
+                    try:
+                        response = mcp_view(request, slug=slug)
+                    except Exception as exc:  # as the chain answers it
+                        response = edge.outage_refusal(request, exc) or response_for_exception(
+                            request, exc
+                        )
+            if response.status_code >= 400:
+                log_response(
+                    "%s: %s",
+                    response.reason_phrase,
+                    request.path,
+                    response=response,  # type: ignore[arg-type]  # as BaseHandler passes it
+                    request=request,
+                )
+        except BaseException:
+            signals.request_finished.send(sender=self.handler_class)
+            raise
+        # As BaseHandler.get_response and OneHopHandler._respond: the request is closed with
+        # the response, which sends request_finished.
+        response._resource_closers.append(request.close)  # type: ignore[attr-defined]
+        response._handler_class = self.handler_class  # type: ignore[attr-defined]
+        headers = {name.lower(): (name, value) for name, value in response.items()}
+        finished = self._finish(
+            headers,
+            None if response.streaming or not inner else len(response.content),  # type: ignore[attr-defined]
+            secure,
+            private="HTTP_AUTHORIZATION" in meta,
+            frame_exempt=not inner or getattr(response, "xframe_options_exempt", False),
+        )
+        if response.streaming:
+            for name, value in finished:
+                response[name] = value
+            close_old_connections()  # as _respond: the body is produced later
+            return response
+        response.close()
+        if response.cookies:
+            for name, value in finished:
+                response[name] = value
+            return response
+        return _Answer(response.status_code, _encoded(finished), response.content)  # type: ignore[attr-defined]
+
+    def _refusal(self, scope: dict[str, Any], body: bytes, exc: Exception, secure: bool) -> _Answer:
+        """The API's answer to ``exc``, as ``agent_verb_direct`` gives it, logged as Django's
+        handler logs it."""
+        request = ASGIRequest(scope, io.BytesIO(body))
+        response = agent_api.api.on_exception(request, exc)
+        if response.status_code >= 400:
+            log_response(
+                "%s: %s", response.reason_phrase, request.path, response=response, request=request
+            )
+        content = response.content
+        headers = {name.lower(): (name, value) for name, value in response.items()}
+        finished = self._finish(headers, len(content), secure)
+        return _Answer(response.status_code, _encoded(finished), content)
+
+    def _finish(
+        self,
+        headers: dict[str, tuple[str, str]],
+        length: int | None,
+        secure: bool,
+        *,
+        private: bool = True,
+        frame_exempt: bool = False,
+    ) -> list[tuple[str, str]]:
+        """What ``AGENT_MIDDLEWARE`` adds to a response, innermost first: X-Frame-Options,
+        Content-Length (not on a stream), ``SecurityHeadersMiddleware``'s (no-store when the
+        request carried an Authorization header), then ``SecurityMiddleware``'s."""
+        if not frame_exempt:
+            headers.setdefault("x-frame-options", ("X-Frame-Options", self.frame_options))
+        if length is not None:
+            headers.setdefault("content-length", ("Content-Length", str(length)))
+        headers.setdefault(
+            "content-security-policy", ("Content-Security-Policy", edge.CONTENT_SECURITY_POLICY)
+        )
+        if private:
+            headers.setdefault("cache-control", ("Cache-Control", "no-store"))
+        headers.setdefault("x-content-type-options", ("X-Content-Type-Options", "nosniff"))
+        headers.setdefault("referrer-policy", ("Referrer-Policy", "same-origin"))
+        if self.hsts and secure:
+            headers.setdefault(
+                "strict-transport-security", ("Strict-Transport-Security", self.hsts)
+            )
+        if self.nosniff:
+            headers.setdefault("x-content-type-options", ("X-Content-Type-Options", "nosniff"))
+        if self.referrer_policy:
+            headers.setdefault("referrer-policy", ("Referrer-Policy", self.referrer_policy))
+        if self.opener_policy:
+            headers.setdefault(
+                "cross-origin-opener-policy", ("Cross-Origin-Opener-Policy", self.opener_policy)
+            )
+        return list(headers.values())
+
+    def _admit(self, scope: dict[str, Any], meta: dict[str, str]) -> bool | None:
+        """Whether the request is secure, or None when the chain would refuse or redirect it
+        before its view (a host not allowed, plain HTTP under SECURE_SSL_REDIRECT)."""
+        host = meta.get("HTTP_HOST")
+        if host is None or not self._host_allowed(host):
+            return None
+        secure = self._secure(scope, meta)
+        if self.redirect and not secure:
+            return None
+        return secure
+
+    def _host_allowed(self, host: str) -> bool:
+        """``HttpRequest.get_host``'s check, remembered per Host value."""
+        allowed = self.hosts.get(host)
+        if allowed is None:
+            domain, _ = split_domain_port(host)
+            allowed = bool(domain and validate_host(domain, self.allowed_hosts))
+            if len(self.hosts) < 1024:
+                self.hosts[host] = allowed
+        return allowed
+
+    def _secure(self, scope: dict[str, Any], meta: dict[str, str]) -> bool:
+        """``HttpRequest.is_secure``."""
+        if self.proxy_ssl:
+            header, secure_value = self.proxy_ssl
+            value = meta.get(header)
+            if value is not None:
+                return value.split(",", 1)[0].strip() == secure_value
+        return (scope.get("scheme") or "http") == "https"
+
+
+# The agent middleware whose work AgentPath does itself (settings.AGENT_MIDDLEWARE); another
+# list turns the path off.
+_AGENT_MIDDLEWARE_MIRRORED = [
+    "django.middleware.security.SecurityMiddleware",
+    "switchboard.middleware.SecurityHeadersMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+
+def _encoded(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    return [(name.encode("ascii"), value.encode("latin1")) for name, value in headers]
+
+
+def _meta(scope: dict[str, Any]) -> dict[str, str]:
+    """The request's headers as ``ASGIRequest`` puts them in META (names with "_" dropped,
+    repeated headers joined)."""
+    meta: dict[str, str] = {}
+    for raw, raw_value in scope.get("headers", ()):
+        name = raw.decode("latin1")
+        if "_" in name:
+            continue
+        if name == "content-length":
+            key = "CONTENT_LENGTH"
+        elif name == "content-type":
+            key = "CONTENT_TYPE"
+        else:
+            key = "HTTP_" + name.upper().replace("-", "_")
+        value = raw_value.decode("latin1")
+        meta[key] = f"{meta[key]},{value}" if key in meta else value
+    return meta
+
+
+def _set_prefix(scope: dict[str, Any]) -> None:
+    prefix = get_script_prefix(scope)
+    if getattr(_thread_prefix, "value", None) != prefix:
+        # Set once per thread and prefix: asgiref's Local made setting it on every request
+        # cost ~2 % of an agent request's GIL time (issue 11). Nothing else sets it in
+        # these threads.
+        set_script_prefix(prefix)
+        _thread_prefix.value = prefix
+
+
 class OneHopHandler(ASGIHandler):
     """Django's ASGI handler, serving synchronous views in one hop to a fixed thread pool."""
 
@@ -137,12 +485,55 @@ class OneHopHandler(ASGIHandler):
         self.agent_chain = _SyncChain(settings.AGENT_MIDDLEWARE, resolved=True)
         self.agent_prefixes = tuple(settings.AGENT_PATH_PREFIXES)
         self.workers = _Workers(threads, "django")
+        self.agent_path = AgentPath(self.__class__)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and not _async_view(_path(scope)):
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+        elif (route := self.agent_path.route(scope)) is not None:
+            await self.handle_agent(scope, receive, send, route)
+        elif not _async_view(_path(scope)):
             await self.handle_in_thread(scope, receive, send)
         else:
             await super().__call__(scope, receive, send)
+
+    async def handle_agent(
+        self, scope: dict[str, Any], receive: Any, send: Any, route: verbs.VerbSpec | str
+    ) -> None:
+        """An agent's POST: ``AgentPath`` in one pool thread, Django's path when it declines
+        (in the same thread, the body read once)."""
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        try:
+            answer = await self.workers.run(self._respond_agent, scope, body_file, route)
+            if isinstance(answer, _Answer):
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": answer.status,
+                        "headers": answer.headers,
+                    }
+                )
+                await send({"type": "http.response.body", "body": answer.body})
+            else:
+                await self._send(answer, receive, send)
+        finally:
+            body_file.close()
+
+    def _respond_agent(
+        self, scope: dict[str, Any], body_file: Any, route: verbs.VerbSpec | str
+    ) -> _Answer | HttpResponseBase:
+        body = body_file.getvalue() if isinstance(body_file, io.BytesIO) else None
+        answer: _Answer | HttpResponseBase | None = None
+        if body is None:
+            pass  # spooled to a file: past any bound, Django's path refuses it
+        elif isinstance(route, str):
+            answer = self.agent_path.serve_mcp(scope, body, route)
+        else:
+            answer = self.agent_path.serve(scope, body, route)
+        return answer if answer is not None else self._respond(scope, body_file)
 
     async def read_body(self, receive: Any) -> Any:
         """The body in memory: an agent's (or a form's) is a few hundred bytes, and Django's
@@ -182,24 +573,21 @@ class OneHopHandler(ASGIHandler):
             return
         try:
             response = await self.workers.run(self._respond, scope, body_file)
-            if response.streaming:
-                await self._stream(response, receive, send)
-            elif response.cookies:
-                await self.send_response(response, send)
-            else:
-                await _send_whole(response, send)
+            await self._send(response, receive, send)
         finally:
             body_file.close()
 
+    async def _send(self, response: HttpResponseBase, receive: Any, send: Any) -> None:
+        if response.streaming:
+            await self._stream(response, receive, send)
+        elif response.cookies:
+            await self.send_response(response, send)
+        else:
+            await _send_whole(response, send)
+
     def _respond(self, scope: dict[str, Any], body_file: Any) -> HttpResponseBase:
         """The whole synchronous request in one pool thread: signals, middleware, view."""
-        prefix = get_script_prefix(scope)
-        if getattr(_thread_prefix, "value", None) != prefix:
-            # Set once per thread and prefix: asgiref's Local made setting it on every request
-            # cost ~2 % of an agent request's GIL time (issue 11). Nothing else sets it in
-            # these threads.
-            set_script_prefix(prefix)
-            _thread_prefix.value = prefix
+        _set_prefix(scope)
         signals.request_started.send(sender=self.__class__, scope=scope)
         request, error_response = self.create_request(scope, body_file)
         if request is None:

@@ -62,13 +62,17 @@ class SecurityHeadersMiddleware:
         return response
 
     def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse | None:
-        """A dependency that did not answer is 503 with Retry-After on every page, not a 500."""
-        if not availability.is_outage(exc):
-            return None
-        refusal = availability.outage(exc)
-        response = edge_refusal(request, refusal)
-        response["Retry-After"] = str(refusal.details["retry_after"])
-        return response
+        return outage_refusal(request, exc)
+
+
+def outage_refusal(request: HttpRequest, exc: Exception) -> HttpResponse | None:
+    """A dependency that did not answer is 503 with Retry-After on every page, not a 500."""
+    if not availability.is_outage(exc):
+        return None
+    refusal = availability.outage(exc)
+    response = edge_refusal(request, refusal)
+    response["Retry-After"] = str(refusal.details["retry_after"])
+    return response
 
 
 def edge_refusal(request: HttpRequest, exc: DomainError) -> HttpResponse:

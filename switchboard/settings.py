@@ -125,6 +125,9 @@ AGENT_MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+# The agent verbs' plain requests skip even that chain: switchboard.asgi.AgentPath does what it
+# does for them (issue 11). Off: every agent request takes Django's handler.
+AGENT_FAST_PATH = env_bool("AGENT_FAST_PATH", True)
 
 ROOT_URLCONF = "switchboard.urls"
 WSGI_APPLICATION = "switchboard.wsgi.application"
