@@ -4,6 +4,11 @@ the plans of the claim and completion statements, and a Python profile of a sing
 ``python -m bench.claim_profile [--cycles N] [--explain] [--profile] [--sql]`` against its own
 bench database (BENCH_DATABASE, as ``python -m bench``). Not a benchmark: the rates it prints
 come from one thread and cProfile's overhead; ``python -m bench --only core`` measures.
+
+``--named``: every todo names a pool and two tags, as the limits bench's named phase does
+(enforce, room never to refuse), so a cycle is a named claim (verdicts, grant row) and a named
+completion (reopen reads, end row). ``--history``: the benches' 20,000 finished todos first
+(``bench.common.load_history``), as ``python -m bench`` loads them.
 """
 
 from __future__ import annotations
@@ -39,12 +44,31 @@ def main(argv: list[str] | None = None) -> int:
         "--queues", type=int, default=1, help="the endpoint's queues, todos dealt round-robin"
     )
     parser.add_argument(
+        "--named", action="store_true", help="todos naming a pool and two tags (limits bench)"
+    )
+    parser.add_argument(
+        "--history", action="store_true", help="the benches' finished todos first (20,000)"
+    )
+    parser.add_argument(
         "--wal", action="store_true", help="WAL records and HOT updates per cycle (pg_walinspect)"
     )
     parser.add_argument(
-        "--history",
+        "--functions",
         action="store_true",
-        help="first load the benches' history of finished todos (bench.common.load_history)",
+        help="time per cycle in each SQL function (track_functions = all; adds its own overhead)",
+    )
+    parser.add_argument(
+        "--swap",
+        nargs=2,
+        metavar=("A_SQL", "B_SQL"),
+        help="A/B in one run: blocks of --cycles cycles alternate, each after its SQL file ran"
+        " (e.g. two versions of the SQL functions); CPU per cycle of each, per-pair ratios",
+    )
+    parser.add_argument("--blocks", type=int, default=6, help="--swap: pairs of blocks")
+    parser.add_argument(
+        "--perf",
+        metavar="DIR",
+        help="--swap: perf record (call graphs) of the backend in each block, into DIR",
     )
     parser.add_argument("--exec", action="append", default=[], help="SQL to run first")
     parser.add_argument("--set", action="append", default=[], help="a session setting: name=value")
@@ -71,11 +95,6 @@ def main(argv: list[str] | None = None) -> int:
     if not embedded.valkey_running(settings.REDIS_URL):
         valkey = embedded.start_valkey(settings.REDIS_URL)
     call_command("migrate", verbosity=0)
-    if args.history:
-        # The attempt table as the benches have it: plans cached over a history, not an empty table.
-        from bench.common import load_history
-
-        load_history()
     try:
         _run(args)
     finally:
@@ -99,12 +118,22 @@ def _run(args: argparse.Namespace) -> None:
         actor=SystemActor(via="bench"), owner=owner, name="bench profile", queues=queues, rps=0
     )
     actor = AgentActor(endpoint, via="api")
-    if args.queues == 1:
-        _reload(endpoint, args.cycles + 2000)
-    else:
-        from bench.admission_bench import _make_todos
+    if args.history:
+        from bench.common import load_history
 
-        _make_todos(endpoint, args.cycles + 2000, queues)
+        load_history()
+    names = _named() if args.named else {}
+    todos = args.cycles * (2 if args.functions else 1) + 2000
+    if args.swap:
+        todos = (args.cycles + 50) * 2 * args.blocks + 2000
+    if args.queues == 1 and not names:
+        _reload(endpoint, todos)
+    else:
+        from bench.admission_bench import _make_todos, _vacuum
+
+        _make_todos(endpoint, todos, queues, **names)
+        if args.history:
+            _vacuum()  # as the limits bench before each phase (never on an empty attempt table)
     if args.budgeted:
         _budget(owner, endpoint, queues)
     with connection.cursor() as cursor:
@@ -185,6 +214,11 @@ def _run(args: argparse.Namespace) -> None:
         cursor.execute("SELECT pg_backend_pid()")
         (backend,) = cursor.fetchone()
     pause = args.pause_ms / 1000
+    if args.functions:
+        _functions(cycle, args.cycles)
+    if args.swap:
+        _swap(cycle, args.swap, args.cycles, args.blocks, backend, args.perf)
+        return
     server0, client0 = _cpu_of(backend), time.process_time()
     t0 = time.perf_counter()
     # CPU time, not wall time: the client CPU per cycle is what the profile apportions.
@@ -206,6 +240,25 @@ def _run(args: argparse.Namespace) -> None:
         stats = pstats.Stats(profiler, stream=sys.stdout)
         stats.sort_stats("tottime").print_stats(25)
         stats.sort_stats("cumulative").print_stats(40)
+
+
+def _named() -> dict[str, Any]:
+    """The limits bench's named limits: a pool and two tags, enforce, never full."""
+    from django.contrib.auth.models import User
+
+    from admission.limits import services as limit_services
+    from bench.limits_bench import ROOM
+    from queues.access import HumanActor
+
+    user, _ = User.objects.get_or_create(
+        username="bench-limits-profile", defaults={"is_superuser": True, "is_staff": True}
+    )
+    actor = HumanActor(user, via="cli")
+    pool, tags = "bench-pool", ["bench-a", "bench-b"]
+    limit_services.limit_set(actor=actor, kind="pool", name=pool, slots=ROOM)
+    for tag in tags:
+        limit_services.limit_set(actor=actor, kind="tag", name=tag, limit=ROOM)
+    return {"pool": pool, "tags": tags}
 
 
 def _budget(owner: Any, endpoint: Any, queues: list[str]) -> None:
@@ -289,6 +342,87 @@ def _wal(cycle: Any, n: int = 200) -> None:
         upd = after[name][0] - before[name][0]
         hot = after[name][1] - before[name][1]
         print(f"{name}: {upd / n:.2f} updates per cycle, {hot / n:.2f} HOT")
+
+
+def _swap(
+    cycle: Any, files: list[str], n: int, blocks: int, backend: int, perf_dir: str | None
+) -> None:
+    """Alternate A and B ``blocks`` times: run the side's SQL file, warm 50 cycles (its plans),
+    then ``n`` cycles measured. Same process, database and backend for both, interleaved, so a
+    machine shared with other work loads both sides alike; per-pair ratios B / A."""
+    import signal
+    import statistics
+    import subprocess
+
+    from django.db import connection
+
+    texts = [Path(f).read_text() for f in files]
+    cpu: dict[int, list[tuple[float, float]]] = {0: [], 1: []}
+    for block in range(blocks):
+        for side in (0, 1):
+            with connection.cursor() as cursor:
+                cursor.execute(texts[side])
+            for _ in range(50):
+                cycle()
+            perf = None
+            if perf_dir:
+                out = Path(perf_dir) / f"{'ab'[side]}{block}.data"
+                perf = subprocess.Popen(
+                    ["perf", "record", "-q", "-g", "-F", "499", "-o", str(out), "-p", str(backend)],
+                    stderr=subprocess.DEVNULL,
+                )
+                time.sleep(0.5)  # attached
+            server0, client0 = _cpu_of(backend), time.process_time()
+            for _ in range(n):
+                cycle()
+            server = (_cpu_of(backend) - server0) / n * 1e6
+            client = (time.process_time() - client0) / n * 1e6
+            if perf is not None:
+                perf.send_signal(signal.SIGINT)
+                perf.wait(timeout=30)
+            cpu[side].append((server, client))
+            print(
+                f"  {'AB'[side]} {Path(files[side]).name}: server {server:.0f} us, "
+                f"client {client:.0f} us per cycle, load {os.getloadavg()[0]:.2f}"
+            )
+    for what, i in (("server backend CPU (us)", 0), ("client CPU (us)", 1)):
+        a = [x[i] for x in cpu[0]]
+        b = [x[i] for x in cpu[1]]
+        ratios = sorted(y / x for x, y in zip(a, b, strict=True))
+        print(
+            f"{what} per cycle: A median {statistics.median(a):.0f} "
+            f"({min(a):.0f}-{max(a):.0f}), B median {statistics.median(b):.0f} "
+            f"({min(b):.0f}-{max(b):.0f}); B/A per pair median {statistics.median(ratios):.3f} "
+            f"({ratios[0]:.3f}-{ratios[-1]:.3f})"
+        )
+
+
+def _functions(cycle: Any, n: int) -> None:
+    """Calls, total and self milliseconds per cycle of each SQL function ``n`` cycles call
+    (pg_stat_user_functions, this backend's counts; the timing itself costs some CPU)."""
+    from django.db import connection
+
+    def read(cursor: Any) -> dict[str, tuple[float, float, float]]:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute("SELECT funcname, calls, total_time, self_time FROM pg_stat_user_functions")
+        return {name: (calls, total, own) for name, calls, total, own in cursor.fetchall()}
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('track_functions', 'all', false)")
+        before = read(cursor)
+        for _ in range(n):
+            cycle()
+        after = read(cursor)
+        cursor.execute("SELECT set_config('track_functions', 'none', false)")
+    print(f"SQL functions per cycle ({n} cycles): calls, total us, self us")
+    rows: list[tuple[str, float, float, float]] = []
+    for name, (calls, total, own) in after.items():
+        c0, t0, s0 = before.get(name, (0, 0.0, 0.0))
+        if calls > c0:
+            rows.append((name, (calls - c0) / n, (total - t0) * 1000 / n, (own - s0) * 1000 / n))
+    for name, calls, total, own in sorted(rows, key=lambda r: -r[3]):
+        print(f"  {calls:5.2f} {total:8.1f} {own:8.1f}  {name}")
 
 
 def _complete_params(endpoint: Any, todo_id: int) -> dict[str, Any]:

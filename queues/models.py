@@ -6,7 +6,6 @@ below name the statement or sweep that uses each one.
 
 from __future__ import annotations
 
-import string
 import uuid
 from typing import Any
 
@@ -14,8 +13,9 @@ from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import BrinIndex, GinIndex
 from django.db import models
-from django.db.models import F, Func, Q, Value
+from django.db.models import Q, Value
 
+from switchboard.constraints import CheckSQL, one_of
 from switchboard.core.errors import InvalidArgument
 from switchboard.core.validation import SafeJSONDecoder, fullmatch, validate_stored_json
 
@@ -218,50 +218,6 @@ class TodoSource(models.TextChoices):
     DEMO = "demo"
 
 
-class CheckSQL(Func):
-    """A CHECK condition written as SQL over the row's columns: ``template`` with ``{0}``,
-    ``{1}``, ... for ``columns`` (see Todo.Meta: fewer nodes for PostgreSQL to parse in every
-    statement that writes the row). Unlike RawSQL, the columns are expressions, so Django's
-    model validation still evaluates it (with the instance's values in their place)."""
-
-    output_field = models.BooleanField()
-
-    def __init__(self, template: str, *columns: str) -> None:
-        super().__init__(*(F(column) for column in columns))
-        self.sql_template = template
-
-    def as_sql(
-        self,
-        compiler: Any,
-        connection: Any,
-        function: str | None = None,
-        template: str | None = None,
-        arg_joiner: str | None = None,
-        **extra_context: Any,
-    ) -> Any:
-        compiled = [compiler.compile(e) for e in self.get_source_expressions()]
-        # A column named twice binds its parameters twice (model validation puts a value
-        # there), in the order the placeholders appear.
-        params: list[Any] = []
-        for _literal, field, _spec, _conversion in string.Formatter().parse(self.sql_template):
-            if field is not None:
-                params.extend(compiled[int(field)][1])
-        return self.sql_template.format(*(sql for sql, _ in compiled)), params
-
-    def deconstruct(self) -> Any:
-        path, _args, _kwargs = super().deconstruct()
-        columns = [e.name for e in self.get_source_expressions()]
-        return path, (self.sql_template, *columns), {}
-
-
-def _one_of(column: str, choices: type[models.TextChoices]) -> CheckSQL:
-    """``column`` is one of ``choices`` (a NULL passes, as with IN), as one array constant."""
-    for value in choices.values:
-        if not value.isidentifier():
-            raise ValueError(f"{value!r} cannot be written unquoted in an array constant")
-    return CheckSQL(f"{{0}}::text = ANY ('{{{{{','.join(choices.values)}}}}}'::text[])", column)
-
-
 # A live todo holds its idempotency slot: not done and not dead-lettered.
 LIVE_TODO = Q(state__in=[TodoState.PENDING, TodoState.CLAIMED]) | Q(
     state=TodoState.FAILED, next_retry_at__isnull=False
@@ -349,7 +305,7 @@ class Todo(models.Model):
                     "tags",
                 ),
             ),
-            models.CheckConstraint(name="todo_state_valid", condition=_one_of("state", TodoState)),
+            models.CheckConstraint(name="todo_state_valid", condition=one_of("state", TodoState)),
             models.CheckConstraint(
                 name="todo_queue_format", condition=Q(queue__regex=QUEUE_NAME_RE)
             ),
@@ -516,7 +472,7 @@ class Attempt(models.Model):
             # Compact forms, as the todo's (see Todo.Meta): a NULL outcome passes ANY as it
             # passed the IS NULL arm; ended and outcome are both set or both unset.
             models.CheckConstraint(
-                name="attempt_outcome_valid", condition=_one_of("outcome", AttemptOutcome)
+                name="attempt_outcome_valid", condition=one_of("outcome", AttemptOutcome)
             ),
             models.CheckConstraint(
                 name="attempt_ended_has_outcome",

@@ -16,7 +16,8 @@ takes it **shared** while the limit is far from its cap (*headroom*) and **exclu
 an ending claim takes it shared (its reopen ring, below); every change of the declaration
 (``limit_set``, delete, quarantine, and any other writer through a trigger) takes it exclusive.
 Each holder keeps it to its commit, and reads the limit and counts occupancy after taking it,
-each in a statement of its own (a fresh snapshot under READ COMMITTED). A rate limit keeps its
+in a statement after it (a fresh snapshot under READ COMMITTED; limits migration 0007 reads both
+in one). A rate limit keeps its
 row lock: it spends a counter per minute, which is serial anyway.
 
 Why the count never passes the limit. Let ``held`` be the occupancy a claim counts (claimed todos
@@ -259,11 +260,13 @@ class _OccupancyGate:
     def reopens(self, alias: str) -> str:
         """The queue identities (``text[]``) with pending work naming a limit the row ``alias``
         names that was at its cap under enforce counting this claim (occupancy leaves ``alias``
-        itself out): ending the claim frees a unit they wait for. The limit is read under its
-        lock taken shared (``limits_pool_shared``, ``limits_tags_shared``: a fresh read after
-        the lock), so a ``limit_set`` racing this statement (exclusive) either waits for it (and
-        then sees the unit freed, so it rings nothing) or commits first (and this reads its new
-        limit, so this rings nothing). Shared, it never waits on a headroom claim."""
+        itself out): ending the claim frees a unit they wait for. The limit and its occupancy
+        are read under its lock taken shared (``limits_pool_reopens``, ``limits_tags_reopens``,
+        limits migration 0007: one fresh read after the lock), so a ``limit_set`` racing this
+        statement (exclusive) either waits for it (and then sees the unit freed, so it rings
+        nothing) or commits first (and this reads its new limit, so this rings nothing), and a
+        claim that filled the limit while this waited for the lock is counted. Shared, it never
+        waits on a headroom claim."""
         raise NotImplementedError
 
     def names(self, key: Any) -> list[str]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
+from switchboard.constraints import CheckSQL, one_of
+
 # The grant chains (1..GRANT_CHAINS) beside chain 0; the migration that made them
 # (0009_grant_chains) fixes the number: changing it takes a new migration (the SQL function,
 # the heads and the check constraints name it).
@@ -78,18 +80,19 @@ class LedgerEntry(models.Model):
         ]
         constraints = [
             models.CheckConstraint(name="ledger_seq_positive", condition=Q(seq__gte=1)),
-            models.CheckConstraint(
-                name="ledger_kind_valid", condition=Q(kind__in=LedgerKind.values)
-            ),
+            # One array constant (switchboard.constraints): every grant and end row a named claim
+            # cycle appends is checked against it.
+            models.CheckConstraint(name="ledger_kind_valid", condition=one_of("kind", LedgerKind)),
             models.UniqueConstraint(fields=["chain", "chain_pos"], name="ledger_chain_pos_unique"),
             # A grant chain holds grant and end rows only; chain 0 may hold them too (rows from
             # before the grant chains, and a transaction that held chain 0 already).
             models.CheckConstraint(
                 name="ledger_chain_valid",
-                condition=Q(chain=0)
-                | Q(
-                    chain__lte=GRANT_CHAINS,
-                    kind__in=[LedgerKind.LIMITS_GRANT, LedgerKind.LIMITS_END],
+                condition=CheckSQL(
+                    f"{{0}} = 0 OR ({{0}} <= {GRANT_CHAINS} AND {{1}}::text = ANY "
+                    f"('{{{{{LedgerKind.LIMITS_GRANT},{LedgerKind.LIMITS_END}}}}}'::text[]))",
+                    "chain",
+                    "kind",
                 ),
             ),
         ]
