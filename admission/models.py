@@ -178,7 +178,7 @@ class AdmissionWindow(models.Model):
     window_start = models.DateTimeField()
     # Which of the WINDOW_SHARDS counter rows of this window: the shard whose lock the charging
     # claim held (0 for the locked path and refusals). A window's count is the sum of its rows.
-    shard = models.SmallIntegerField(default=0)
+    shard = models.SmallIntegerField(default=0, db_default=0)
     used = models.IntegerField(default=0)
     refused = models.IntegerField(default=0)
     # The window limit in force at the last charge or refusal, for the history (migration 0002).

@@ -302,7 +302,9 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='admissionwindow',
             name='shard',
-            field=models.SmallIntegerField(default=0),
+            # NOT NULL DEFAULT 0 in the database too: a counter written by SQL elsewhere (the
+            # locked path, refusals) without naming a shard is shard 0's.
+            field=models.SmallIntegerField(db_default=0, default=0),
         ),
         migrations.RemoveConstraint(
             model_name='admissionwindow',
