@@ -272,21 +272,22 @@ END
 $$;
 """
 
-# Back to 0006 (one row per window): each window's shard rows are folded into its shard 0 row.
+# Back to 0006 (one row per window): each window's lowest shard row becomes its shard 0 row with
+# the sums, the others are deleted. One update per row and no insert: an insert, or a second
+# update of a row this transaction wrote, queues a deferred foreign key check, and PostgreSQL
+# refuses the ALTER TABLE that follows in the same transaction while one is pending.
 MERGE_SHARDS = r"""
-WITH gone AS (
-    DELETE FROM admission_admissionwindow WHERE shard <> 0
-    RETURNING policy_id, window_key, window_start, used, refused, claims_limit, updated_at
-)
-INSERT INTO admission_admissionwindow
-    (policy_id, window_key, window_start, shard, used, refused, claims_limit, updated_at)
-SELECT policy_id, window_key, window_start, 0, sum(used), sum(refused),
-       (array_agg(claims_limit ORDER BY updated_at DESC))[1], max(updated_at)
-FROM gone GROUP BY policy_id, window_key, window_start
-ON CONFLICT (policy_id, window_key, window_start, shard)
-DO UPDATE SET used = admission_admissionwindow.used + EXCLUDED.used,
-              refused = admission_admissionwindow.refused + EXCLUDED.refused,
-              updated_at = greatest(admission_admissionwindow.updated_at, EXCLUDED.updated_at);
+UPDATE admission_admissionwindow w
+SET shard = 0, used = s.used, refused = s.refused, claims_limit = s.lim, updated_at = s.at
+FROM (
+    SELECT policy_id, window_key, window_start, min(shard) AS keep, sum(used)::integer AS used,
+           sum(refused)::integer AS refused,
+           (array_agg(claims_limit ORDER BY updated_at DESC))[1] AS lim, max(updated_at) AS at
+    FROM admission_admissionwindow GROUP BY policy_id, window_key, window_start
+) s
+WHERE w.policy_id = s.policy_id AND w.window_key = s.window_key
+  AND w.window_start = s.window_start AND w.shard = s.keep;
+DELETE FROM admission_admissionwindow WHERE shard <> 0;
 """
 
 _0006 = importlib.import_module("admission.migrations.0006_stacked_windows")
