@@ -139,7 +139,17 @@ class AdmissionPolicyAdmin(admin.ModelAdmin):
 
 @admin.register(AdmissionWindow)
 class AdmissionWindowAdmin(ReadOnlyAdmin):
-    list_display = ["policy", "window_start", "used", "refused", "claims_limit", "updated_at"]
+    # One row per shard of a window (migration 0007): a window's count is the sum of its rows.
+    list_display = [
+        "policy",
+        "window_key",
+        "window_start",
+        "shard",
+        "used",
+        "refused",
+        "claims_limit",
+        "updated_at",
+    ]
     list_filter = ["policy__posture"]
     search_fields = ["policy__queue", "policy__endpoint__slug"]
     list_select_related = ["policy", "policy__endpoint"]

@@ -2,9 +2,11 @@
 and arithmetic only (the claim itself is ``queues.services.claiming``; admission's side of it is
 ``admission.gate``).
 
-With the candidate todo locked, lock the policy row
-(``FOR UPDATE``), count in-flight under the lock (excluding a takeover of this very todo), read the
-window counter, then refuse or charge. Charging upserts the window counter by one. The same
+With the candidate todo locked, lock the policy row (``FOR NO KEY UPDATE``) and then all of its
+shard locks (``lock_policy``; a claim on the fast path holds one shard, or all of them, and never
+the row: admission migration 0007), count in-flight under
+the locks (excluding a takeover of this very todo), read the window counters (each window's shard
+rows summed), then refuse or charge. Charging upserts shard 0's counter row by one. The same
 arithmetic, read without locks, answers "why is this queue waiting" for every read surface
 (``admission/selectors.py``), so the claim and the board cannot disagree.
 """
@@ -258,12 +260,32 @@ class Decision:
 
 
 def lock_policy(cursor: CursorWrapper, policy_id: UUID) -> PolicyRow | None:
+    """The locked path's lock: the policy row, then all of its shard locks (``lock_shards``).
+
+    Claims on the fast path hold one shard (or all of them) and never the row, so the row alone
+    no longer excludes them. Lock order: policy row, shards, pool/tags, rate, ledger.
+
+    ``FOR NO KEY UPDATE``, not ``FOR UPDATE``: a fast claim that inserts a window counter row
+    takes ``FOR KEY SHARE`` on the policy row in its foreign key check, at commit (Django's
+    foreign keys are deferred), while it holds its shard; a ``FOR UPDATE`` here would wait for
+    that commit while the claim waits for the row: a deadlock.
+    """
     cursor.execute(
-        f"SELECT {POLICY_COLUMNS} FROM admission_admissionpolicy WHERE id = %s FOR UPDATE",
+        f"SELECT {POLICY_COLUMNS} FROM admission_admissionpolicy WHERE id = %s FOR NO KEY UPDATE",
         [policy_id],
     )
     row = cursor.fetchone()
-    return PolicyRow(*row) if row else None
+    if not row:
+        return None
+    lock_shards(cursor, policy_id)
+    return PolicyRow(*row)
+
+
+def lock_shards(cursor: CursorWrapper, policy_id: UUID) -> None:
+    """Take all of a policy's shard locks in ascending order (``admission_shards_lock``,
+    migration 0007), after its row lock: anything that must serialise with every claim of the
+    budget (the locked path, a policy write) holds them until its transaction ends."""
+    cursor.execute("SELECT admission_shards_lock(%s)", [policy_id])
 
 
 def bounds(policy: PolicyRow, now: datetime) -> tuple[datetime, datetime] | None:
@@ -337,6 +359,9 @@ def record_refusal(cursor: CursorWrapper, evaluation: Evaluation) -> None:
 
 
 def _count(cursor: CursorWrapper, evaluation: Evaluation, column: str) -> None:
+    """One unit of ``column`` in every current window, on shard 0's counter row: a charge here
+    holds every shard (``lock_policy``); a refusal holds none and only waits, briefly, for a
+    claimer charging shard 0's row."""
     uses = evaluation.windows
     if not uses:
         return
@@ -344,10 +369,10 @@ def _count(cursor: CursorWrapper, evaluation: Evaluation, column: str) -> None:
     cursor.execute(
         f"""
         INSERT INTO admission_admissionwindow
-            (policy_id, window_key, window_start, used, refused, claims_limit, updated_at)
-        SELECT %s, k.key, k.ws, {"1, 0" if column == "used" else "0, 1"}, k.lim, now()
+            (policy_id, window_key, window_start, shard, used, refused, claims_limit, updated_at)
+        SELECT %s, k.key, k.ws, 0, {"1, 0" if column == "used" else "0, 1"}, k.lim, now()
         FROM unnest(%s::text[], %s::timestamptz[], %s::integer[]) AS k(key, ws, lim)
-        ON CONFLICT (policy_id, window_key, window_start)
+        ON CONFLICT (policy_id, window_key, window_start, shard)
         DO UPDATE SET {column} = admission_admissionwindow.{column} + 1,
                       claims_limit = EXCLUDED.claims_limit, updated_at = now()
         """,

@@ -6,10 +6,14 @@ through the gate protocol of ``queues.gates``. Under the policy row lock it coun
 claim admitted only because of the ``advise`` posture leaves a waiver in the ledger.
 
 Two paths, one arithmetic. The fast path (``fast_check``: ``admission_check`` and
-``admission_charge``, migration 0004) decides a claim under every limit inside the claiming
-statement; anything else (a limit reached, paused, advise, off, unavailable, stale bounds) goes
-to the locked path (``admit``), which refuses, waives or admits with ``engine.decide``. Both lock
-the policy row before counting, so they serialise with each other exactly.
+``admission_charge``, migrations 0004 and 0007) decides a claim under every limit inside the
+claiming statement; anything else (a limit reached, paused, advise, off, unavailable, stale
+bounds) goes to the locked path (``admit``), which refuses, waives or admits with
+``engine.decide``. A fast claim far from every limit holds one of the budget's K shard locks and
+admits only with K of room under each limit; near a limit it holds all K and admits with room for
+one. The locked path and every policy write take the policy row lock and then all K shards, so
+they serialise with every claim exactly (lock order: policy row, shards, pool/tags, rate, ledger;
+the proof is in migration 0007's header).
 """
 
 from __future__ import annotations

@@ -21,6 +21,14 @@ MAX_WINDOWS = 4
 # The counter key of the first window (its columns); another window's counters are keyed by its
 # definition, "period|tz|start|weekday", so removing or reordering windows never mixes counters.
 PRIMARY_WINDOW_KEY = ""
+# A budget's lock and its window counters are split in WINDOW_SHARDS shards (migration 0007): a
+# claim far from every limit holds one shard's lock and charges that shard's counter row, so
+# concurrent claims of one budget neither wait for each other nor write the same row. Each
+# shard's lock is the transaction-scoped advisory lock (SHARD_LOCK_CLASS + shard,
+# hashtext(policy id)). The arithmetic that makes this exact admits such a claim only when every
+# limit has WINDOW_SHARDS of room (the proof is in migration 0007's header).
+WINDOW_SHARDS = 8
+SHARD_LOCK_CLASS = 19550  # classes 19550..19557; limits use 19536 and 19540 (limits.locks)
 
 
 class WindowPeriod(models.TextChoices):
@@ -168,6 +176,9 @@ class AdmissionWindow(models.Model):
     # Which of the policy's windows: PRIMARY_WINDOW_KEY for the first, else the window's definition.
     window_key = models.CharField(max_length=96, default=PRIMARY_WINDOW_KEY, blank=True)
     window_start = models.DateTimeField()
+    # Which of the WINDOW_SHARDS counter rows of this window: the shard whose lock the charging
+    # claim held (0 for the locked path and refusals). A window's count is the sum of its rows.
+    shard = models.SmallIntegerField(default=0, db_default=0)
     used = models.IntegerField(default=0)
     refused = models.IntegerField(default=0)
     # The window limit in force at the last charge or refusal, for the history (migration 0002).
@@ -178,11 +189,15 @@ class AdmissionWindow(models.Model):
         ordering = ["policy", "-window_start"]
         constraints = [
             models.UniqueConstraint(
-                fields=["policy", "window_key", "window_start"], name="admission_window_key"
+                fields=["policy", "window_key", "window_start", "shard"],
+                name="admission_window_key",
+            ),
+            models.CheckConstraint(
+                name="window_shard_range", condition=Q(shard__gte=0, shard__lt=WINDOW_SHARDS)
             ),
             models.CheckConstraint(name="window_used_nonnegative", condition=Q(used__gte=0)),
             models.CheckConstraint(name="window_refused_nonnegative", condition=Q(refused__gte=0)),
         ]
 
     def __str__(self) -> str:
-        return f"{self.policy_id} @ {self.window_start:%Y-%m-%d %H:%M}"
+        return f"{self.policy_id} @ {self.window_start:%Y-%m-%d %H:%M} #{self.shard}"

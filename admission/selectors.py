@@ -16,8 +16,9 @@ from datetime import date, datetime, time, timedelta, tzinfo
 from typing import Any
 from uuid import UUID
 
+from django.contrib.postgres.aggregates import ArrayAgg
 from django.db import connection
-from django.db.models import Q, QuerySet
+from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
 
 from admission import engine, windows
@@ -391,14 +392,24 @@ def window_history(
     qs = AdmissionWindow.objects.filter(policy=policy)
     if key is not None:
         qs = qs.filter(window_key=key)
-    rows = qs.order_by("-window_start", "window_key")[:limit]
+    # A window's counters are its shard rows summed (migration 0007); its limit is the one the
+    # latest charge or refusal recorded.
+    rows = (
+        qs.values("window_key", "window_start")
+        .annotate(
+            total_used=Sum("used"),
+            total_refused=Sum("refused"),
+            limits=ArrayAgg("claims_limit", order_by=("-updated_at", "-shard")),
+        )
+        .order_by("-window_start", "window_key")[:limit]
+    )
     return [
         {
-            "window_key": w.window_key,
-            "window_start": w.window_start,
-            "used": w.used,
-            "refused": w.refused,
-            "limit": w.claims_limit,
+            "window_key": w["window_key"],
+            "window_start": w["window_start"],
+            "used": w["total_used"],
+            "refused": w["total_refused"],
+            "limit": w["limits"][0],
         }
         for w in rows
     ]

@@ -5,8 +5,9 @@ Keyword-only arguments; refusals are ``switchboard.core.errors`` domain errors n
 
 A policy write (1) finds the endpoint the actor may change (foreign and unknown: not_found),
 (2) validates every field, mirroring every database constraint, (3) takes a token from the
-writer's bucket, (4) in one transaction locks the policy row, changes it and appends the ledger
-row (lock order: policy, then ledger), and (5) after commit rings the queue identity if the change
+writer's bucket, (4) in one transaction locks the policy row and its shard locks (so it waits for
+every claim of the budget in progress, and none starts until it commits: ``engine.lock_shards``),
+changes it and appends the ledger row (lock order: policy row, shards, ledger), and (5) after commit rings the queue identity if the change
 admitted it.
 """
 
@@ -25,7 +26,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from admission import selectors
+from admission import engine, selectors
 from admission.models import AdmissionPolicy, AdmissionWindow, Posture
 from admission.policy import FIELD_OF_CONSTRAINT, PolicySpec
 from queues import access, wakes
@@ -165,12 +166,20 @@ def _write(
 
 
 def _lock(endpoint: Endpoint, queue: str) -> AdmissionPolicy | None:
-    return (
-        AdmissionPolicy.objects.select_for_update(of=("self",))
+    """The policy row, locked, then all of its shard locks: a claim on the fast path holds a
+    shard (never the row) from its usage read to its commit. ``no_key``: a claim's window row
+    insert checks its foreign key (``FOR KEY SHARE`` of this row) at commit, holding its shard
+    (``engine.lock_policy`` says why that must not wait for this lock)."""
+    policy = (
+        AdmissionPolicy.objects.select_for_update(of=("self",), no_key=True)
         .select_related("endpoint", "updated_by")
         .filter(endpoint=endpoint, queue=queue)
         .first()
     )
+    if policy is not None:
+        with connection.cursor() as cursor:
+            engine.lock_shards(cursor, policy.id)
+    return policy
 
 
 def _constraint_name(exc: IntegrityError) -> str | None:

@@ -6,9 +6,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.db.models import Sum
+from django.utils import timezone
 
-from admission import services
-from admission.models import AdmissionPolicy
+from admission import services, windows
+from admission.models import AdmissionPolicy, AdmissionWindow
 from queues.models import Endpoint
 from switchboard.core import counters
 from tests.conftest import Personas
@@ -44,6 +46,14 @@ def budget(
         window=window,
         posture=posture,
     )
+
+
+def window_total(policy: AdmissionPolicy, column: str = "used") -> int:
+    """The current first window's ``used`` (or ``refused``) count: its shard rows summed
+    (migration 0007; no one row holds a window's count)."""
+    start = windows.window_start(policy, timezone.now())
+    rows = AdmissionWindow.objects.filter(policy=policy, window_key="", window_start=start)
+    return rows.aggregate(n=Sum(column))["n"] or 0
 
 
 @pytest.fixture(autouse=True)

@@ -17,12 +17,12 @@ from django.db import connection, connections
 from django.utils import timezone
 
 from admission import engine, windows
-from admission.models import AdmissionPolicy, AdmissionWindow
+from admission.models import AdmissionPolicy
 from queues import metrics, services, sql
 from queues.models import Attempt, Todo, TodoState
 from queues.services import Claimed, NothingClaimable
 from switchboard.core import counters
-from tests.admission.conftest import budget
+from tests.admission.conftest import budget, window_total
 from tests.admission.racer import race
 from tests.conftest import Personas, database_url, lapse, make_retry_due, push, run_threads
 
@@ -34,9 +34,8 @@ def far_start() -> str:
 
 
 def used(policy: AdmissionPolicy) -> int:
-    start = windows.window_start(policy, timezone.now())
-    row = AdmissionWindow.objects.filter(policy=policy, window_start=start).first()
-    return row.used if row else 0
+    """The current first window's count: its shard rows summed."""
+    return window_total(policy)
 
 
 def test_fifty_racers_in_two_processes_commit_exactly_ten_of_fifty(
@@ -154,23 +153,33 @@ def test_a_locked_path_claim_killed_after_the_policy_lock_charges_nothing(
     assert used(policy) == 1
 
 
-@pytest.mark.parametrize("blocked_on", ["policy", "window"])
+@pytest.mark.parametrize("blocked_on", ["shards", "window"])
 def test_a_one_statement_claim_killed_mid_statement_charges_nothing_and_leaves_the_todo_pending(
     tx_personas: Personas, blocked_on: str
 ) -> None:
-    """The fast path's claim is one statement: killed while it waits for the policy lock, or for
-    the window row after it holds the policy lock and has written the todo, it leaves nothing."""
+    """The fast path's claim is one statement: killed while it waits for the budget's shard
+    locks, or for its window counter row after it holds a shard and has written the todo, it
+    leaves nothing."""
     p = tx_personas
     policy = budget(p, per="day", limit=5, max_in_flight=5, start=far_start())
     _first, todo = push(p, 2)
     assert isinstance(services.claim_next(actor=p.as_agent()), Claimed)  # the window row exists
     assert used(policy) == 1
     holder = psycopg.connect(database_url(), autocommit=False)
-    table, column = {
-        "policy": ("admission_admissionpolicy", "id"),
-        "window": ("admission_admissionwindow", "policy_id"),
-    }[blocked_on]
-    holder.execute(f"SELECT 1 FROM {table} WHERE {column} = %s FOR UPDATE", [policy.id])
+    if blocked_on == "shards":  # as a policy write holds them
+        holder.execute("SELECT admission_shards_lock(%s)", [policy.id])
+    else:  # every shard's counter row of the window, whichever shard the claim holds
+        start = windows.window_start(policy, timezone.now())
+        holder.execute(
+            "INSERT INTO admission_admissionwindow (policy_id, window_key, window_start, shard, "
+            "used, refused, updated_at) SELECT %s, '', %s, s, 0, 0, now() "
+            "FROM generate_series(0, 7) s ON CONFLICT DO NOTHING",
+            [policy.id, start],
+        )
+        holder.commit()
+        holder.execute(
+            "SELECT 1 FROM admission_admissionwindow WHERE policy_id = %s FOR UPDATE", [policy.id]
+        )
     outcome: list[Any] = []
 
     def doomed() -> None:

@@ -1,0 +1,239 @@
+"""The budget's shard locks (admission migration 0007), raced with real connections.
+
+A claim far from every limit holds one of the budget's K shard locks and admits only with K of
+room under each limit; near a limit it holds all K and admits with room for one. A policy write
+takes the policy row and then all K, so it waits for every claim in progress.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from django.db.models import Sum
+from django.utils import timezone
+from psycopg import errors
+
+from admission import windows
+from admission.gate import BudgetGate
+from admission.models import SHARD_LOCK_CLASS, WINDOW_SHARDS, AdmissionPolicy, AdmissionWindow
+from queues import services
+from queues.models import Attempt, Todo, TodoState
+from queues.services import Claimed
+from tests.admission.conftest import budget, window_total
+from tests.admission.test_trials import _over_cap
+from tests.children import Child
+from tests.children import children as started
+from tests.conftest import Personas, database_url, push
+
+K = WINDOW_SHARDS
+
+
+@pytest.fixture
+def children(tx_personas: Personas) -> Iterator[list[Child]]:
+    with started("tests.admission.trial_racer") as both:
+        yield both
+
+
+def far_start() -> str:
+    return (timezone.now() + timedelta(hours=12)).astimezone(UTC).strftime("%H:00")
+
+
+def shards_held(conn: psycopg.Connection[Any]) -> list[int]:
+    """The budget shard locks ``conn``'s backend holds, by shard."""
+    rows = conn.execute(
+        "SELECT classid::integer - %s FROM pg_locks WHERE locktype = 'advisory' AND granted "
+        "AND objsubid = 2 AND classid BETWEEN %s AND %s AND pid = pg_backend_pid() ORDER BY 1",
+        [SHARD_LOCK_CLASS, SHARD_LOCK_CLASS, SHARD_LOCK_CLASS + K - 1],
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def check_and_charge(
+    conn: psycopg.Connection[Any], policy: AdmissionPolicy, params: str
+) -> dict[str, Any]:
+    """What the claim statement does for a budgeted candidate (the todo row aside), in ``conn``'s
+    open transaction: the verdict, and the charge when it admits."""
+    row = conn.execute(
+        "SELECT admission_check(%s, NULL, %s::jsonb)", [policy.id, params]
+    ).fetchone()
+    assert row is not None
+    verdict: dict[str, Any] = row[0]
+    if verdict["ok"]:
+        conn.execute("SELECT admission_charge(%s::jsonb)", [psycopg.types.json.Jsonb(verdict)])
+    return verdict
+
+
+def connect(**settings: str) -> psycopg.Connection[Any]:
+    conn = psycopg.connect(database_url(), autocommit=False)
+    for name, value in settings.items():
+        conn.execute(f"SET {name} = '{value}'")
+    conn.commit()  # a SET in a transaction rolled back is undone with it
+    return conn
+
+
+def set_used(policy: AdmissionPolicy, n: int) -> None:
+    """The current window's count, all on shard 0."""
+    start = windows.window_start(policy, timezone.now())
+    AdmissionWindow.objects.filter(policy=policy).delete()
+    AdmissionWindow.objects.create(policy=policy, window_start=start, shard=0, used=n)
+
+
+def test_claims_far_from_the_limit_hold_one_shard_each_and_charge_its_own_row(
+    tx_personas: Personas,
+) -> None:
+    p = tx_personas
+    policy = budget(p, per="day", limit=100, start=far_start())
+    params = BudgetGate().fast_params(p.agent.id)
+    conns = [connect() for _ in range(3)]
+    try:
+        held: list[int] = []
+        for conn in conns:
+            verdict = check_and_charge(conn, policy, params)
+            assert verdict["ok"] and verdict["used"] == 0  # none sees the others' charges
+            (shard,) = shards_held(conn)
+            assert verdict["shard"] == shard
+            held.append(shard)
+        assert len(set(held)) == 3  # each claimer on its own shard
+        for conn in conns:
+            conn.commit()
+    finally:
+        for conn in conns:
+            conn.close()
+    rows = dict(AdmissionWindow.objects.filter(policy=policy).values_list("shard", "used"))
+    assert rows == dict.fromkeys(held, 1)
+    assert window_total(policy) == 3
+
+
+@pytest.mark.parametrize("limit", ["window", "in_flight"])
+def test_fast_mode_needs_k_of_room_and_exact_mode_holds_every_shard(
+    tx_personas: Personas, limit: str
+) -> None:
+    """The margin's arithmetic, by a deterministic interleaving of two connections. With exactly
+    K of room, two claims are admitted at once, each on one shard (fast mode). With K - 1 of
+    room, the first holds all K shards (exact mode) and the second waits for it. A margin other
+    than K fails one of the two halves: smaller admits both at K - 1 of room (so K claims in
+    flight at once could pass a limit with K - 1 of room), larger makes the first wait."""
+    p = tx_personas
+    if limit == "window":
+        policy = budget(p, per="day", limit=20, start=far_start())
+    else:
+        policy = budget(p, max_in_flight=20)
+        push(p, 20 - K + 1)
+    params = BudgetGate().fast_params(p.agent.id)
+
+    def room(n: int) -> None:
+        if limit == "window":
+            set_used(policy, 20 - n)
+        else:  # claims in flight, through the service
+            while Todo.objects.filter(state=TodoState.CLAIMED).count() < 20 - n:
+                assert isinstance(services.claim_next(actor=p.as_agent()), Claimed)
+
+    room(K)
+    first, second = connect(), connect(lock_timeout="500ms")
+    try:
+        assert check_and_charge(first, policy, params)["ok"]
+        assert check_and_charge(second, policy, params)["ok"]
+        assert len(shards_held(first)) == 1 and len(shards_held(second)) == 1
+        first.rollback()
+        second.rollback()
+        room(K - 1)
+        verdict = check_and_charge(first, policy, params)
+        assert verdict["ok"] and verdict["shard"] == 0
+        assert shards_held(first) == list(range(K))
+        with pytest.raises(errors.LockNotAvailable):
+            check_and_charge(second, policy, params)
+        second.rollback()
+        first.commit()
+        verdict = check_and_charge(second, policy, params)  # still less than K of room
+        assert verdict["ok"] and len(shards_held(second)) == K
+        second.rollback()
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_policy_change_waits_for_a_claim_in_progress_on_a_shard(
+    tx_personas: Personas,
+) -> None:
+    p = tx_personas
+    policy = budget(p, per="day", limit=100, start=far_start())
+    params = BudgetGate().fast_params(p.agent.id)
+    claimer = connect()
+    done = threading.Event()
+    try:
+        assert check_and_charge(claimer, policy, params)["ok"]
+        assert len(shards_held(claimer)) == 1
+
+        def lower() -> None:
+            budget(p, per="day", limit=1, start=far_start())
+            done.set()
+
+        writer = threading.Thread(target=lower)
+        writer.start()
+        assert not done.wait(timeout=1.0), "the policy write did not wait for the claim"
+        claimer.commit()
+        assert done.wait(timeout=30)
+        writer.join()
+    finally:
+        claimer.close()
+    # The write saw the claim's charge; the next claim sees the new limit.
+    assert window_total(policy) == 1
+    push(p, 1)
+    assert not isinstance(services.claim_next(actor=p.as_agent()), Claimed)
+
+
+def _run(children: list[Child], endpoint_id: Any, threads: int, ops: int, seed: str) -> None:
+    for child in children:
+        child.send({"endpoint": str(endpoint_id), "threads": threads, "ops": ops, "seed": seed})
+
+
+def _claims(children: list[Child]) -> int:
+    reports = [child.receive() for child in children]
+    assert [r["errors"] for r in reports] == [[]] * len(children)
+    return sum(r["claims"] for r in reports)
+
+
+def _charged(policy: AdmissionPolicy) -> int:
+    return AdmissionWindow.objects.filter(policy=policy).aggregate(n=Sum("used"))["n"] or 0
+
+
+def test_sixteen_claimers_in_two_processes_cross_into_exact_mode_and_never_over_admit(
+    tx_personas: Personas, children: list[Child]
+) -> None:
+    """A window limit and an in-flight cap both of K + 3: the first claims are admitted on one
+    shard each, the rest with every shard held; claims complete, release, fail and lapse."""
+    p = tx_personas
+    policy = budget(p, per="day", limit=K + 3, max_in_flight=K + 3, start=far_start())
+    push(p, 60)
+    _run(children, p.agent.id, threads=8, ops=6, seed="shards")
+    claims = _claims(children)
+    assert claims == window_total(policy) == K + 3  # demand (96 tries) ran the window out
+    assert Attempt.objects.filter(todo__endpoint=p.agent).count() == claims
+    assert _charged(policy) == claims
+    assert not _over_cap(p.agent.id, list(Attempt.objects.all()), K + 3)
+
+
+def test_a_limit_lowered_mid_run_never_over_admits(
+    tx_personas: Personas, children: list[Child]
+) -> None:
+    p = tx_personas
+    policy = budget(p, per="day", limit=1000, start=far_start())
+    push(p, 200)
+    _run(children, p.agent.id, threads=8, ops=12, seed="lowered")
+    deadline = time.monotonic() + 30
+    while window_total(policy) < 10:
+        assert time.monotonic() < deadline, "the racers never got going"
+        time.sleep(0.01)
+    lowered = window_total(policy) + 5
+    budget(p, per="day", limit=lowered, start=far_start())
+    after_change = window_total(policy)  # counts every claim admitted before the change
+    claims = _claims(children)
+    assert window_total(policy) <= max(after_change, lowered)
+    assert window_total(policy) == _charged(policy) == claims
+    assert Attempt.objects.filter(todo__endpoint=p.agent).count() == claims
