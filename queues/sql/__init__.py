@@ -62,19 +62,32 @@ OPEN_QUEUES = """
     )
 """
 
-# The claim itself, applied to a row this transaction already holds locked. It also closes the
-# lapsed attempt a takeover replaces and writes the new Attempt row, in the same statement.
-_CLAIM_CTES = """
-claimed AS (
-    UPDATE queues_todo t
-    SET state = 'claimed',
+# What a claim writes: the todo's claim columns (both claim forms; the full one adds the grant)
+# and the new Attempt row over the CTE ``claimed``. Plain text, no braces: safe inside a
+# ``str.format`` template and an f-string alike.
+_CLAIM_SET = """    SET state = 'claimed',
         attempt = t.attempt + 1,
         owner = %(claimant)s,
         claimed_at = clock_timestamp(),
         lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
         next_retry_at = NULL,
-        grant_hash = {grant},
-        updated_at = clock_timestamp()
+        updated_at = clock_timestamp()"""
+_ATTEMPT_INSERT = """    INSERT INTO queues_attempt (todo_id, number, endpoint_id, claimant, via, claimed_at,
+                                lease_expires_at, lease_token_hash, summary)
+    SELECT cl.id, cl.attempt, cl.endpoint_id, %(claimant)s, %(via)s, cl.claimed_at,
+           cl.lease_expires_at, %(fence_hash)s, ''
+    FROM claimed cl"""
+
+# The claim itself, applied to a row this transaction already holds locked. It also closes the
+# lapsed attempt a takeover replaces and writes the new Attempt row, in the same statement.
+_CLAIM_CTES = (
+    """
+claimed AS (
+    UPDATE queues_todo t
+"""
+    + _CLAIM_SET
+    + """,
+        grant_hash = {grant}
     FROM cand c
     WHERE t.id = c.id {admit}
     RETURNING {TODO_COLUMNS}, c.prev_state, c.prev_attempt, c.prev_grant
@@ -89,17 +102,16 @@ superseded AS MATERIALIZED (
     WHERE cl.prev_state = 'claimed'
 ),
 attempt_row AS (
-    INSERT INTO queues_attempt (todo_id, number, endpoint_id, claimant, via, claimed_at,
-                                lease_expires_at, lease_token_hash, summary)
-    SELECT cl.id, cl.attempt, cl.endpoint_id, %(claimant)s, %(via)s, cl.claimed_at,
-           cl.lease_expires_at, %(fence_hash)s, ''
-    FROM claimed cl
+"""
+    + _ATTEMPT_INSERT
+    + """
     -- An InitPlan: closes the superseded attempt before this insert, so the one-open-attempt
     -- unique index never sees two open attempts of a taken-over todo.
     WHERE (SELECT count(*) FROM superseded) >= 0 AND (SELECT count(*) FROM superseded_end) >= 0
     RETURNING todo_id
 )
 """
+)
 
 
 def _claim_ctes(admit: str, grant: str) -> str:
@@ -273,23 +285,13 @@ WITH cand AS (
 ),
 claimed AS (
     UPDATE queues_todo t
-    SET state = 'claimed',
-        attempt = t.attempt + 1,
-        owner = %(claimant)s,
-        claimed_at = clock_timestamp(),
-        lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
-        next_retry_at = NULL,
-        updated_at = clock_timestamp()
+{_CLAIM_SET}
     FROM cand c
     WHERE t.id = c.id AND c.prev_state <> 'claimed' AND c.prev_grant IS NULL{plain}
     RETURNING {TODO_COLUMNS}
 ),
 attempt_row AS (
-    INSERT INTO queues_attempt (todo_id, number, endpoint_id, claimant, via, claimed_at,
-                                lease_expires_at, lease_token_hash, summary)
-    SELECT cl.id, cl.attempt, cl.endpoint_id, %(claimant)s, %(via)s, cl.claimed_at,
-           cl.lease_expires_at, %(fence_hash)s, ''
-    FROM claimed cl
+{_ATTEMPT_INSERT}
 )
 SELECT c.id, c.queue, {names_column}CASE WHEN cl.id IS NULL THEN {held} END, {CLAIMED_COLUMNS}
 FROM (SELECT) one LEFT JOIN cand c ON true LEFT JOIN claimed cl ON true
