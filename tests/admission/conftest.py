@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from admission import services, windows
 from admission.models import AdmissionPolicy, AdmissionWindow
-from queues.models import Endpoint
+from queues.models import Attempt, Endpoint
 from switchboard.core import counters
 from tests.conftest import Personas
 
@@ -54,6 +54,20 @@ def window_total(policy: AdmissionPolicy, column: str = "used") -> int:
     start = windows.window_start(policy, timezone.now())
     rows = AdmissionWindow.objects.filter(policy=policy, window_key="", window_start=start)
     return rows.aggregate(n=Sum(column))["n"] or 0
+
+
+def over_cap(endpoint_id: Any, new: list[Attempt], cap: int) -> list[str]:
+    """Claims among ``new`` that found ``cap`` or more other claims open when they started."""
+    spans = list(
+        Attempt.objects.filter(todo__endpoint_id=endpoint_id).values_list("claimed_at", "ended_at")
+    )
+    over = []
+    for attempt in new:
+        t = attempt.claimed_at
+        open_then = sum(1 for start, end in spans if start <= t and (end is None or end > t))
+        if open_then > cap:
+            over.append(f"{attempt.todo_id}#{attempt.number} with {open_then} open")
+    return over
 
 
 @pytest.fixture(autouse=True)

@@ -25,8 +25,7 @@ from admission.models import SHARD_LOCK_CLASS, WINDOW_SHARDS, AdmissionPolicy, A
 from queues import services
 from queues.models import Attempt, Todo, TodoState
 from queues.services import Claimed
-from tests.admission.conftest import budget, window_total
-from tests.admission.test_trials import _over_cap
+from tests.admission.conftest import budget, over_cap, window_total
 from tests.children import Child
 from tests.children import children as started
 from tests.conftest import Personas, database_url, push
@@ -216,7 +215,7 @@ def test_sixteen_claimers_in_two_processes_cross_into_exact_mode_and_never_over_
     assert claims == window_total(policy) == K + 3  # demand (96 tries) ran the window out
     assert Attempt.objects.filter(todo__endpoint=p.agent).count() == claims
     assert _charged(policy) == claims
-    assert not _over_cap(p.agent.id, list(Attempt.objects.all()), K + 3)
+    assert not over_cap(p.agent.id, list(Attempt.objects.all()), K + 3)
 
 
 def test_a_limit_lowered_mid_run_never_over_admits(

@@ -20,6 +20,7 @@ from admission.models import AdmissionPolicy, AdmissionWindow
 from admission.selectors import policy_row
 from queues import services
 from queues.models import Attempt
+from tests.admission.conftest import over_cap
 from tests.children import Child
 from tests.children import children as started
 from tests.conftest import FIXTURE, Personas, push
@@ -77,20 +78,6 @@ def _used(policy: AdmissionPolicy) -> dict[str, int]:
     }
 
 
-def _over_cap(endpoint_id: Any, new: list[Attempt], cap: int) -> list[str]:
-    """Claims of this phase that found ``cap`` or more other claims open when they started."""
-    spans = list(
-        Attempt.objects.filter(todo__endpoint_id=endpoint_id).values_list("claimed_at", "ended_at")
-    )
-    over = []
-    for attempt in new:
-        t = attempt.claimed_at
-        open_then = sum(1 for start, end in spans if start <= t and (end is None or end > t))
-        if open_then > cap:
-            over.append(f"{attempt.todo_id}#{attempt.number} with {open_then} open")
-    return over
-
-
 def _phase(
     children: list[Child], rng: random.Random, endpoint_id: Any, seed: int, phase: int
 ) -> int:
@@ -135,7 +122,7 @@ def _trial(p: Personas, children: list[Child], seed: int) -> None:
             limit, key = item.limit, item.key
             assert used_after[key] <= max(used_before[key], limit), (seed, phase, key, used_after)
         if cap is not None:
-            assert not _over_cap(endpoint.id, new, cap), (seed, phase, cap)
+            assert not over_cap(endpoint.id, new, cap), (seed, phase, cap)
     attempts = Attempt.objects.filter(todo__endpoint=endpoint).count()
     assert attempts == claims, (seed, attempts, claims)
     charged = AdmissionWindow.objects.filter(policy__endpoint=endpoint).values_list(
