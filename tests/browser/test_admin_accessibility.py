@@ -1,0 +1,51 @@
+"""The admin's admission, queue and ledger pages in Chromium at 1440 and 390 px: axe finds
+nothing critical or serious, and nothing scrolls sideways on the page itself. The window list
+shows one row per shard of a window (admission migration 0007) beside its policy."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import expect
+
+from admission.models import AdmissionWindow
+from queues import services
+from tests.browser.conftest import WIDTHS, Session
+from tests.browser.helpers import budget, findings
+from tests.conftest import Personas, push
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_admin_pages_have_no_serious_findings_and_the_window_list_sums_shards(
+    session: Session, tx_personas: Personas, width: int
+) -> None:
+    p = tx_personas
+    policy = budget(p, "inbox", max_in_flight=5, max_claims_per_window=100)
+    for todo in push(p, 3):
+        services.claim(actor=p.as_agent(), todo_id=todo.id, claimant="worker-3")
+    window = AdmissionWindow.objects.filter(policy=policy).first()
+    assert window is not None
+    page = session.page(p.admin, width=width)
+    found = {}
+    for url in [
+        "/admin/",
+        "/admin/admission/admissionpolicy/",
+        f"/admin/admission/admissionpolicy/{policy.pk}/change/",
+        "/admin/admission/admissionwindow/",
+        f"/admin/admission/admissionwindow/{window.pk}/change/",
+        "/admin/queues/todo/",
+        "/admin/ledger/ledgerentry/",
+    ]:
+        response = page.goto(url)
+        assert response is not None and response.status == 200, url
+        found[url] = findings(page)
+        overflow = page.evaluate(
+            "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
+        if overflow > 0:
+            found[url].append(f"scrolls sideways by {overflow} px")
+    assert {url: f for url, f in found.items() if f} == {}
+    # The window list names the shard of each row and counts the claims in the rows' sum.
+    page.goto("/admin/admission/admissionwindow/")
+    expect(page.locator("#result_list th.column-shard")).to_have_text("Shard")
+    used = page.locator("#result_list td.field-used").all_inner_texts()
+    assert sum(int(u) for u in used) == 3
