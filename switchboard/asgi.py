@@ -220,6 +220,7 @@ class AgentPath:
         self.opener_policy = settings.SECURE_CROSS_ORIGIN_OPENER_POLICY
         self.frame_options = getattr(settings, "X_FRAME_OPTIONS", "DENY").upper()
         self._verbs: dict[str, verbs.VerbSpec] | None = None
+        self._mcp_slugs: dict[str, str | None] = {}  # an MCP path's slug, None: not served here
 
     def route(self, scope: dict[str, Any]) -> verbs.VerbSpec | str | None:
         """What a request names when this path may serve it: a verb (REST) or an MCP slug.
@@ -232,6 +233,16 @@ class AgentPath:
         spec = self._verbs.get(path)
         if spec is not None or not path.startswith("/mcp/"):
             return spec
+        try:
+            return self._mcp_slugs[path]
+        except KeyError:
+            pass
+        slug = self._mcp_slug(path)
+        if len(self._mcp_slugs) < 1024:  # the endpoints' paths; not every path a client tries
+            self._mcp_slugs[path] = slug
+        return slug
+
+    def _mcp_slug(self, path: str) -> str | None:
         try:
             match = _resolve(path)
         except Resolver404:

@@ -415,6 +415,11 @@ def test_mcp_forms_and_queries_take_djangos_path_and_a_stream_answers_the_same(
     assert _mcp_lean(handler, *_mcp_scope(p.agent.slug, p.agent_token, {}, headers=form)) is None
     query = _mcp_scope(p.agent.slug, p.agent_token, _tool("claim_next", {}), query=b"a=b")
     assert handler.agent_path.route(query[0]) is None
+    for _ in range(2):  # the second time from what the path kept
+        other = _mcp_scope(p.agent.slug, p.agent_token, {})[0] | {"path": "/mcp/a/b"}
+        assert handler.agent_path.route(other) is None
+        slug = handler.agent_path.route(_mcp_scope(p.agent.slug, p.agent_token, {})[0])
+        assert slug == p.agent.slug
     # A subscriptions/listen POST answers with a stream: the same headers both ways, and the
     # body sent by the handler's streaming (an asynchronous iterator, not started here).
     listen = {
