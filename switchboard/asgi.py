@@ -22,7 +22,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from typing import Any
 
 import django
@@ -54,11 +54,12 @@ from django.utils.module_loading import import_string  # noqa: E402
 from ninja.responses import NinjaJSONEncoder  # noqa: E402
 
 from switchboard import api as agent_api  # noqa: E402
+from switchboard import mcp  # noqa: E402
 from switchboard import middleware as edge  # noqa: E402
 from switchboard.core import availability, verbs  # noqa: E402
 from switchboard.core.errors import InvalidArgument  # noqa: E402
 from switchboard.core.http import API_BODY_LIMIT  # noqa: E402
-from switchboard.mcp import mcp_view  # noqa: E402
+from switchboard.core.validation import check_text  # noqa: E402
 
 ARRIVED = "switchboard.arrived"
 
@@ -219,6 +220,7 @@ class AgentPath:
         self.opener_policy = settings.SECURE_CROSS_ORIGIN_OPENER_POLICY
         self.frame_options = getattr(settings, "X_FRAME_OPTIONS", "DENY").upper()
         self._verbs: dict[str, verbs.VerbSpec] | None = None
+        self._mcp_slugs: dict[str, str | None] = {}  # an MCP path's slug, None: not served here
 
     def route(self, scope: dict[str, Any]) -> verbs.VerbSpec | str | None:
         """What a request names when this path may serve it: a verb (REST) or an MCP slug.
@@ -232,10 +234,20 @@ class AgentPath:
         if spec is not None or not path.startswith("/mcp/"):
             return spec
         try:
+            return self._mcp_slugs[path]
+        except KeyError:
+            pass
+        slug = self._mcp_slug(path)
+        if len(self._mcp_slugs) < 1024:  # the endpoints' paths; not every path a client tries
+            self._mcp_slugs[path] = slug
+        return slug
+
+    def _mcp_slug(self, path: str) -> str | None:
+        try:
             match = _resolve(path)
         except Resolver404:
             return None
-        if match.func is not mcp_view or self._exempt(path):
+        if match.func is not mcp.mcp_view or self._exempt(path):
             return None
         slug: str = match.kwargs["slug"]
         return slug
@@ -289,46 +301,66 @@ class AgentPath:
     def serve_mcp(
         self, scope: dict[str, Any], body: bytes, slug: str
     ) -> _Answer | HttpResponseBase | None:
-        """In a pool thread: ``mcp_view``'s answer, or None for Django's path (nothing done)."""
+        """In a pool thread: ``mcp_view``'s answer, or None for Django's path (nothing done).
+
+        ``mcp.respond`` reads the request through ``_McpRequest`` (no HttpRequest) and answers
+        with an ``mcp.Reply`` (no HttpResponse); a successful one goes out as it is. A refusal,
+        a stream and anything raised are answered through an HttpRequest and an HttpResponse,
+        as before (issue 11: making both and reading the answer back cost about a quarter of
+        an MCP tool call's CPU, more than the JSON-RPC handling)."""
         meta = _meta(scope)
         if parse_header_parameters(meta.get("CONTENT_TYPE", ""))[0] in edge.FORM_TYPES:
             return None  # the edge check would read its fields
         secure = self._admit(scope, meta)
         if secure is None:
             return None
-        request = ASGIRequest(scope, io.BytesIO(body))
+        lean = _McpRequest(scope, meta, body)
         _set_prefix(scope)
         signals.request_started.send(sender=self.handler_class, scope=scope)
-        response: HttpResponseBase
+        answer: mcp.Reply | HttpResponseBase
         inner = True  # the answer passed the inner middleware (frame options, length)
         try:
             with availability.request_deadline(scope.get(ARRIVED, time.monotonic())):
                 try:
-                    edge.check_request_text(request)
+                    # The edge check (check_request_text): here no query and no form, so the path.
+                    check_text(scope["path"], "path")
                 except InvalidArgument as exc:
-                    response = edge.edge_refusal(request, exc)
+                    answer = edge.edge_refusal(lean.django(), exc)
                     inner = False  # refused by SecurityHeadersMiddleware, before them
                 else:
                     try:
-                        response = mcp_view(request, slug=slug)
+                        incoming = lean if _plain_size(meta, body) else lean.django()
+                        answer = mcp.respond(incoming, slug)
                     except Exception as exc:  # as the chain answers it
-                        response = edge.outage_refusal(request, exc) or response_for_exception(
+                        request = lean.django()
+                        answer = edge.outage_refusal(request, exc) or response_for_exception(
                             request, exc
                         )
-            if response.status_code >= 400:
-                log_response(
-                    "%s: %s",
-                    response.reason_phrase,
-                    request.path,
-                    response=response,  # type: ignore[arg-type]  # as BaseHandler passes it
-                    request=request,
-                )
+            if not isinstance(answer, mcp.Reply) or answer.status >= 400:
+                response = mcp.as_response(answer)
+                if response.status_code >= 400:
+                    log_response(
+                        "%s: %s",
+                        response.reason_phrase,
+                        scope["path"],
+                        response=response,  # type: ignore[arg-type]  # as BaseHandler passes it
+                        request=lean.django(),
+                    )
         except BaseException:
             signals.request_finished.send(sender=self.handler_class)
             raise
+        if isinstance(answer, mcp.Reply) and answer.status < 400:
+            headers = {"content-type": ("Content-Type", answer.content_type)}
+            for name, value in answer.headers:
+                headers[name.lower()] = (name, value)
+            finished = self._finish(
+                headers, len(answer.content), secure, private="HTTP_AUTHORIZATION" in meta
+            )
+            signals.request_finished.send(sender=self.handler_class)  # as response.close()
+            return _Answer(answer.status, _encoded(finished), answer.content)
         # As BaseHandler.get_response and OneHopHandler._respond: the request is closed with
         # the response, which sends request_finished.
-        response._resource_closers.append(request.close)  # type: ignore[attr-defined]
+        response._resource_closers.append(lean.django().close)  # type: ignore[attr-defined]
         response._handler_class = self.handler_class  # type: ignore[attr-defined]
         headers = {name.lower(): (name, value) for name, value in response.items()}
         finished = self._finish(
@@ -430,6 +462,79 @@ class AgentPath:
             if value is not None:
                 return value.split(",", 1)[0].strip() == secure_value
         return (scope.get("scheme") or "http") == "https"
+
+
+def _plain_size(meta: dict[str, str], body: bytes) -> bool:
+    """Whether the body is within API_BODY_LIMIT and Django's DATA_UPLOAD_MAX_MEMORY_SIZE,
+    declared and read: then ``HttpRequest.body`` is the body, as ``_McpRequest.body`` is. A body
+    past either bound is read through an HttpRequest, whose refusals it takes."""
+    bound = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    bound = API_BODY_LIMIT if bound is None else min(bound, API_BODY_LIMIT)
+    declared = meta.get("CONTENT_LENGTH", "")
+    if declared and not (declared.isdigit() and int(declared) <= bound):
+        return False
+    return len(body) <= bound
+
+
+class _MetaHeaders(Mapping[str, str]):
+    """``HttpRequest.headers`` read from META as ``_meta`` makes it: a name in any case, with
+    hyphens (Content-Type and Content-Length unprefixed, as Django keeps them)."""
+
+    __slots__ = ("meta",)
+
+    def __init__(self, meta: dict[str, str]) -> None:
+        self.meta = meta
+
+    @staticmethod
+    @functools.lru_cache(maxsize=256)
+    def _key(name: str) -> str:
+        key = name.upper().replace("-", "_")
+        return key if key in ("CONTENT_TYPE", "CONTENT_LENGTH") else "HTTP_" + key
+
+    def __getitem__(self, name: str) -> str:
+        return self.meta[self._key(name)]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.meta.get(self._key(name), default)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._key(name) in self.meta
+
+    def __iter__(self) -> Iterator[str]:
+        for key in self.meta:
+            if key.startswith("HTTP_"):
+                yield key[5:].replace("_", "-").title()
+            elif key in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+                yield key.replace("_", "-").title()
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+class _McpRequest:
+    """What ``mcp.respond`` reads of an MCP POST (``mcp.Incoming``), from the scope, without an
+    HttpRequest; ``django()`` makes the ASGIRequest (once) where Django's own code takes one
+    (a refusal, an exception, the log). Made only for a request ``AgentPath._admit`` admitted:
+    its host is allowed, so ``get_host()`` is the Host header, as ``HttpRequest.get_host``
+    gives it (USE_X_FORWARDED_HOST turns the lean path off)."""
+
+    __slots__ = ("_django", "body", "headers", "meta", "method", "scope")
+
+    def __init__(self, scope: dict[str, Any], meta: dict[str, str], body: bytes) -> None:
+        self.scope = scope
+        self.meta = meta
+        self.body = body
+        self.method: str | None = scope["method"].upper()
+        self.headers = _MetaHeaders(meta)
+        self._django: ASGIRequest | None = None
+
+    def get_host(self) -> str:
+        return self.meta["HTTP_HOST"]
+
+    def django(self) -> ASGIRequest:
+        if self._django is None:
+            self._django = ASGIRequest(self.scope, io.BytesIO(self.body))
+        return self._django
 
 
 # The agent middleware whose work AgentPath does itself (settings.AGENT_MIDDLEWARE); another

@@ -59,7 +59,7 @@ import logging
 import secrets
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import redis
@@ -76,7 +76,13 @@ from queues.events import release_connection, ring_stream
 from switchboard.core import counters, verbs
 from switchboard.core.availability import is_outage, outage
 from switchboard.core.errors import DomainError, Forbidden, InvalidArgument, Unauthorized
-from switchboard.core.http import API_BODY_LIMIT, BodyTooLarge, check_body_size, retry_after_seconds
+from switchboard.core.http import (
+    API_BODY_LIMIT,
+    BodyRequest,
+    BodyTooLarge,
+    check_body_size,
+    retry_after_seconds,
+)
 
 log = logging.getLogger(__name__)
 
@@ -136,17 +142,62 @@ class RpcError(Exception):
 # --- HTTP ---------------------------------------------------------------------------------------
 
 
-def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> HttpResponse:
-    response = HttpResponse(
-        json.dumps(body, separators=(",", ":")), status=status, content_type="application/json"
-    )
-    for name, value in (headers or {}).items():
+class Incoming(BodyRequest, Protocol):
+    """What the MCP handling reads of a request (``method``, ``body``, ``headers``, read
+    case-insensitively, and the host): Django's ``HttpRequest`` has it, and so has
+    ``switchboard.asgi``'s lean request for the agents' POSTs (issue 11), which builds no
+    HttpRequest."""
+
+    def get_host(self) -> str: ...
+
+
+@dataclass(slots=True)
+class Reply:
+    """A whole answer, made without an HttpResponse (issue 11: on the agents' lean path making
+    one and reading it back cost more than the JSON-RPC handling): status, content, the
+    Content-Type and the other headers in the order an HttpResponse would list them.
+    ``as_response`` is its HttpResponse, the same on the wire."""
+
+    status: int
+    content: bytes
+    content_type: str
+    headers: list[tuple[str, str]]
+
+
+# HttpResponse's Content-Type when it is given none (an empty 202, 204).
+_EMPTY_TYPE = "text/html; charset=utf-8"
+
+
+def as_response(answer: Reply | HttpResponseBase) -> HttpResponseBase:
+    return _http(answer) if isinstance(answer, Reply) else answer
+
+
+def _http(reply: Reply) -> HttpResponse:
+    response = HttpResponse(reply.content, status=reply.status, content_type=reply.content_type)
+    for name, value in reply.headers:
         response[name] = value
     return response
 
 
+def _empty(status: int) -> Reply:
+    return Reply(status, b"", _EMPTY_TYPE, [])
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Reply:
+    content = _dumps(body).encode()
+    return Reply(status, content, "application/json", list((headers or {}).items()))
+
+
 def refusal_response(exc: DomainError, id_: Id = None) -> HttpResponse:
     """A transport-level refusal: a JSON-RPC error carrying the API's error object as data."""
+    return _http(_refusal(exc, id_))
+
+
+def _refusal(exc: DomainError, id_: Id = None) -> Reply:
     if exc.code == "invalid_argument":
         code = INVALID_REQUEST
     elif exc.status >= 500:
@@ -154,37 +205,38 @@ def refusal_response(exc: DomainError, id_: Id = None) -> HttpResponse:
     else:
         code = SERVER_ERROR
     error = RpcError(code, exc.message, exc.as_dict())
-    response = _json({"jsonrpc": "2.0", "id": id_, "error": error.as_dict()}, status=exc.status)
+    headers = {}
     seconds = retry_after_seconds(exc)
     if seconds is not None:
-        response["Retry-After"] = str(seconds)
+        headers["Retry-After"] = str(seconds)
     if exc.status == 401:
-        response["WWW-Authenticate"] = 'Bearer realm="switchboard"'
-    return response
+        headers["WWW-Authenticate"] = 'Bearer realm="switchboard"'
+    body = {"jsonrpc": "2.0", "id": id_, "error": error.as_dict()}
+    return _json(body, status=exc.status, headers=headers)
 
 
 def _rpc_error(
     id_: Id, error: RpcError, status: int, headers: dict[str, str] | None = None
-) -> HttpResponse:
+) -> Reply:
     body = {"jsonrpc": "2.0", "id": id_, "error": error.as_dict()}
     return _json(body, status=status, headers=headers)
 
 
-def _header(request: HttpRequest, name: str, default: str | None = None) -> str | None:
+def _header(request: Incoming, name: str, default: str | None = None) -> str | None:
     """A header's value without surrounding whitespace, which is not part of it (RFC 9110
     5.5); not every HTTP parser strips it (httptools keeps trailing blanks)."""
     value = request.headers.get(name)
     return value.strip() if value is not None else default
 
 
-def _accepts_json(request: HttpRequest) -> bool:
+def _accepts_json(request: Incoming) -> bool:
     types = [
         part.split(";")[0].strip().lower() for part in request.headers.get("Accept", "").split(",")
     ]
     return any(t in ("application/json", "application/*", "*/*") for t in types)
 
 
-def _origin_allowed(request: HttpRequest) -> bool:
+def _origin_allowed(request: Incoming) -> bool:
     """DNS-rebinding guard: a browser's Origin must be this host or a trusted origin."""
     origin = _header(request, "Origin")
     if not origin:
@@ -196,6 +248,11 @@ def _origin_allowed(request: HttpRequest) -> bool:
 
 @csrf_exempt
 def mcp_view(request: HttpRequest, slug: str) -> HttpResponseBase:
+    return as_response(respond(request, slug))
+
+
+def respond(request: Incoming, slug: str) -> Reply | HttpResponseBase:
+    """The answer to an MCP request: a ``Reply``, or a response (an event stream)."""
     if request.method not in ("GET", "POST", "DELETE"):
         error = RpcError(SERVER_ERROR, f"{request.method} is not served here; POST JSON-RPC")
         return _rpc_error(None, error, 405, headers={"Allow": "GET, POST, DELETE"})
@@ -217,13 +274,13 @@ def mcp_view(request: HttpRequest, slug: str) -> HttpResponseBase:
             return _delete(request, actor)
         return _post(request, actor)
     except BodyTooLarge as exc:
-        return refusal_response(exc)  # the id stays unread: reading it means reading the whole body
+        return _refusal(exc)  # the id stays unread: reading it means reading the whole body
     except DomainError as exc:
-        return refusal_response(exc, _body_id(request))
+        return _refusal(exc, _body_id(request))
     except Exception as exc:
         if is_outage(exc):  # a dependency did not answer: 503 unavailable, Retry-After
             log.warning("MCP request met an outage", exc_info=True)
-            return refusal_response(outage(exc), _body_id(request))
+            return _refusal(outage(exc), _body_id(request))
         # Whatever broke, the client still reads a JSON-RPC answer to its request.
         log.exception("MCP request failed")
         return _rpc_error(_body_id(request), RpcError(INTERNAL_ERROR, INTERNAL_FAILURE), 500)
@@ -236,7 +293,7 @@ def _handler_failed() -> RpcError:
     return RpcError(INTERNAL_ERROR, INTERNAL_FAILURE)
 
 
-def _body_id(request: HttpRequest) -> Id:
+def _body_id(request: Incoming) -> Id:
     """The id of the request in the body, when it can be read, for an answer that fails early."""
     try:
         return _request_id(json.loads(request.body))
@@ -244,19 +301,19 @@ def _body_id(request: HttpRequest) -> Id:
         return None
 
 
-def _authenticate(request: HttpRequest, slug: str) -> AgentActor:
+def _authenticate(request: Incoming, slug: str) -> AgentActor:
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized("send Authorization: Bearer sbk_… (the endpoint's token)")
     # The rate is charged per tool call (in _post), not per request: see the module docstring.
-    actor = authenticate_agent(request, token.strip(), via="mcp", charge_rate=False)
+    actor = authenticate_agent(None, token.strip(), via="mcp", charge_rate=False)
     if actor.endpoint.slug != slug:
         raise Forbidden("this token belongs to another endpoint's MCP URL")
     return actor
 
 
-def _post(request: HttpRequest, actor: AgentActor) -> HttpResponseBase:
+def _post(request: Incoming, actor: AgentActor) -> Reply | HttpResponseBase:
     if not _accepts_json(request):
         raise _bad_header(406, "the Accept header must include application/json", "Accept")
     content_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
@@ -367,7 +424,7 @@ def _tools_call(actor: AgentActor, params: dict[str, Any], version: str) -> dict
     except DomainError as exc:
         output = exc.as_dict()
         is_error = True
-    text = json.dumps(output, separators=(",", ":"))
+    text = _dumps(output)
     result: dict[str, Any] = {"content": [{"type": "text", "text": text}], "isError": is_error}
     if version in STRUCTURED_VERSIONS and not is_error:
         result["structuredContent"] = output  # never on errors: see the module docstring
@@ -386,7 +443,7 @@ def _instructions(actor: AgentActor) -> str:
 # --- 2026-07-28: stateless requests ------------------------------------------------------------
 
 
-def _modern(request: HttpRequest, actor: AgentActor, message: Any) -> HttpResponseBase:
+def _modern(request: Incoming, actor: AgentActor, message: Any) -> Reply | HttpResponseBase:
     """One self-contained request (see the module docstring for the ladder)."""
     header_version = _header(request, "MCP-Protocol-Version", "")
     if isinstance(message, dict) and "id" not in message:
@@ -397,7 +454,7 @@ def _modern(request: HttpRequest, actor: AgentActor, message: Any) -> HttpRespon
             return _rpc_error(None, exc, 400)
         if header_version not in MODERN_VERSIONS:
             return _rpc_error(None, _unsupported(header_version), 400)
-        return HttpResponse(status=202)
+        return _empty(202)
     try:
         parsed = _parse_message(message)
         if parsed is None or parsed.is_notification:
@@ -426,7 +483,7 @@ def _unsupported(requested: Any) -> RpcError:
     )
 
 
-def _check_envelope(request: HttpRequest, req: Request) -> None:
+def _check_envelope(request: Incoming, req: Request) -> None:
     meta = req.params.get("_meta")
     if not isinstance(meta, dict):
         raise RpcError(
@@ -548,7 +605,7 @@ def _event_stream(body: AsyncIterator[str], session_id: str | None = None) -> Ht
     return response
 
 
-def _listen(request: HttpRequest, actor: AgentActor, req: Request) -> HttpResponseBase:
+def _listen(request: Incoming, actor: AgentActor, req: Request) -> HttpResponseBase:
     """``subscriptions/listen`` (2026-07-28): the response is the stream. Its first frame is
     ``notifications/subscriptions/acknowledged`` with the honored subset of the filter; then one
     ``notifications/resources/updated`` per ring, every frame stamped with the request's id
@@ -599,7 +656,7 @@ def _listen(request: HttpRequest, actor: AgentActor, req: Request) -> HttpRespon
     return _event_stream(body())
 
 
-def _get_stream(request: HttpRequest, actor: AgentActor) -> HttpResponseBase:
+def _get_stream(request: Incoming, actor: AgentActor) -> Reply | HttpResponseBase:
     """The server-to-client stream of the handshake revisions: the doorbell's rings for this
     endpoint, as notifications, on the session the handshake opened."""
     accept = request.headers.get("Accept", "")
@@ -621,17 +678,17 @@ def _get_stream(request: HttpRequest, actor: AgentActor) -> HttpResponseBase:
     )
 
 
-def _delete(request: HttpRequest, actor: AgentActor) -> HttpResponse:
+def _delete(request: Incoming, actor: AgentActor) -> Reply:
     session_id = _header(request, "Mcp-Session-Id")
     if not session_id:
         return _rpc_error(None, RpcError(INVALID_REQUEST, "Mcp-Session-Id header is required"), 400)
     removed = counters.client().delete(_session_key(actor, session_id))
     if not removed:
         return _rpc_error(None, RpcError(INVALID_REQUEST, "Session not found"), 404)
-    return HttpResponse(status=204)
+    return _empty(204)
 
 
-def _legacy(request: HttpRequest, actor: AgentActor, message: Any) -> HttpResponse:
+def _legacy(request: Incoming, actor: AgentActor, message: Any) -> Reply:
     try:
         if isinstance(message, dict) and message.get("method") == "initialize":
             return _initialize(actor, message)
@@ -661,7 +718,7 @@ def _legacy(request: HttpRequest, actor: AgentActor, message: Any) -> HttpRespon
         if not message:
             return _rpc_error(None, RpcError(INVALID_REQUEST, "Invalid Request: empty batch"), 400)
         answers = [a for a in (_answer(m, handle) for m in message) if a is not None]
-        return _json(answers) if answers else HttpResponse(status=202)
+        return _json(answers) if answers else _empty(202)
     try:
         parsed = _parse_message(message)
     except RpcError as exc:
@@ -669,7 +726,7 @@ def _legacy(request: HttpRequest, actor: AgentActor, message: Any) -> HttpRespon
     if parsed is None or parsed.is_notification:
         if parsed is not None:
             handle(parsed)
-        return HttpResponse(status=202)
+        return _empty(202)
     answer = _answer(message, handle)
     return _json(answer)
 
@@ -711,7 +768,7 @@ def _answer(
         return {"jsonrpc": "2.0", "id": _request_id(message), "error": error.as_dict()}
 
 
-def _initialize(actor: AgentActor, message: dict[str, Any]) -> HttpResponse:
+def _initialize(actor: AgentActor, message: dict[str, Any]) -> Reply:
     id_ = _request_id(message)
     try:
         parsed = _parse_message(message)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from functools import wraps
-from typing import Any
+from typing import Any, Protocol
 
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse
@@ -54,7 +54,21 @@ class BodyTooLarge(InvalidArgument):
     status = 413
 
 
-def check_body_size(request: HttpRequest, limit: int) -> None:
+class BodyRequest(Protocol):
+    """What ``check_body_size`` reads of a request: an HttpRequest, or the MCP lean path's
+    request (``switchboard.asgi``), which builds no HttpRequest."""
+
+    @property
+    def method(self) -> str | None: ...
+
+    @property
+    def body(self) -> bytes: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+
+def check_body_size(request: BodyRequest, limit: int) -> None:
     """Refuse a request body longer than ``limit`` bytes (raises ``BodyTooLarge``).
 
     Trusts a Content-Length over the limit without reading; otherwise measures the body (which

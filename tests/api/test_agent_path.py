@@ -248,6 +248,17 @@ def test_tls_settings_answer_as_djangos(tx_personas: Personas) -> None:
     assert redirected.status_code == 301
 
 
+def test_an_mcp_body_past_djangos_bound_answers_as_djangos(
+    tx_personas: Personas, handler: OneHopHandler
+) -> None:
+    """A body within the MCP bound but over DATA_UPLOAD_MAX_MEMORY_SIZE: Django refuses to read
+    it (413), and the lean path too."""
+    p = tx_personas
+    with override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=64):
+        status, answer = _mcp_same(handler, p.agent.slug, p.agent_token, _tool("claim_next", {}))
+    assert status == 413 and answer["error"]["data"]["field"] == "body"
+
+
 @override_settings(AGENT_FAST_PATH=False)
 def test_the_setting_turns_the_lean_path_off(tx_personas: Personas) -> None:
     handler = OneHopHandler(threads=0)
@@ -346,6 +357,8 @@ def test_mcp_posts_are_the_same_on_the_wire(tx_personas: Personas, handler: OneH
         (slug, token, _tool("claim_next", {}), {b"accept": b"text/html"}, 406),
         (slug, token, _tool("claim_next", {}), {b"content-type": b"text/plain"}, 415),
         (slug, token, _tool("claim_next", {}), {b"origin": b"http://evil.example"}, 403),
+        (slug, token, _tool("claim_next", {}), {b"origin": b"http://127.0.0.1:8000"}, 200),
+        (slug, token, b"[" + b" " * (1 << 20) + b"]", {}, 413),  # read as Django reads it
         (slug, token, b"{not json", {}, 400),
         ("no-such-endpoint", token, _tool("claim_next", {}), {}, 403),
         ("in\x00valid", token, _tool("claim_next", {}), {}, 400),  # the edge check of the path
@@ -402,6 +415,11 @@ def test_mcp_forms_and_queries_take_djangos_path_and_a_stream_answers_the_same(
     assert _mcp_lean(handler, *_mcp_scope(p.agent.slug, p.agent_token, {}, headers=form)) is None
     query = _mcp_scope(p.agent.slug, p.agent_token, _tool("claim_next", {}), query=b"a=b")
     assert handler.agent_path.route(query[0]) is None
+    for _ in range(2):  # the second time from what the path kept
+        other = _mcp_scope(p.agent.slug, p.agent_token, {})[0] | {"path": "/mcp/a/b"}
+        assert handler.agent_path.route(other) is None
+        slug = handler.agent_path.route(_mcp_scope(p.agent.slug, p.agent_token, {})[0])
+        assert slug == p.agent.slug
     # A subscriptions/listen POST answers with a stream: the same headers both ways, and the
     # body sent by the handler's streaming (an asynchronous iterator, not started here).
     listen = {
