@@ -128,6 +128,7 @@ class _Workers:
             # that answer lets the loop send next finds this thread on top of the stack.
             job = self._next(worker, wait=False)
             loop.call_soon_threadsafe(_settle, future, *outcome)
+            del future, fn, args, outcome  # nothing of this request kept while idle
             if job is None:
                 job = self._next(worker, listed=True)
 
