@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import logging
+import math
 import os
 import threading
 import time
@@ -30,7 +31,7 @@ from queues.access import AgentActor, HumanActor
 from queues.models import Endpoint, EndpointState, HumanToken
 from queues.services import touch_endpoint
 from queues.sql import hot_cursor
-from switchboard.core import ratelimit
+from switchboard.core import availability, ratelimit
 from switchboard.core.errors import Forbidden, RateLimited, Unauthorized
 from switchboard.core.tokens import ENDPOINT_TOKEN_PREFIX, HUMAN_TOKEN_PREFIX, hash_token
 
@@ -114,8 +115,10 @@ class _EndpointWatch:
     before it answers a statement (``ReadyForQuery``). So once an empty statement sent after the
     request arrived has been answered, every change committed before the request arrived has
     been applied to the cache. The statement has no snapshot, no table, no transaction ID: far
-    cheaper for both sides than the token lookup on a pooled connection. Requests that arrive
-    while one is answered share the next one.
+    cheaper for both sides than the token lookup on a pooled connection. Requests share them:
+    one sent after a request arrived (the ASGI app's stamp, ``availability.request_arrived``)
+    answers for it, whichever request sent it, so under load a request that waited for a
+    worker thread usually finds one answered already and waits for no round trip of its own.
 
     Fails closed: while the connection is not up or an empty statement fails, ``ready()`` is
     False and every request looks its token up in the database, as without a cache; when it
@@ -136,12 +139,21 @@ class _EndpointWatch:
         self._conn: psycopg.Connection[Any] | None = None
         self._pid = 0
         self._retry_at = 0.0
-        self._answered = 0  # empty statements answered so far
         self._asking = False  # one is on its way
-        self._failed = 0  # the number of the last that failed
+        self._asked_at = 0.0  # when the one on its way was sent
+        # When the last empty statement answered on this connection was sent: every change
+        # committed before then has been applied to the cache.
+        self._covered = -math.inf
 
-    def ready(self) -> bool:
-        """Every change committed before this call applied to the cache; False: do not use it."""
+    def ready(self, since: float | None = None) -> bool:
+        """Every change committed before ``since`` (a request's arrival, ``time.monotonic()``;
+        by default this call) applied to the cache; False: do not use it.
+
+        An empty statement sent after ``since`` and answered is enough, whichever request sent
+        it: under load a request usually finds one answered since it arrived, or on its way,
+        and waits for no round trip of its own."""
+        if since is None:
+            since = time.monotonic()
         with self._cond:
             if self._conn is None or self._pid != os.getpid():
                 self._conn = None  # a forked child does not share its parent's connection
@@ -159,12 +171,15 @@ class _EndpointWatch:
                 if conn is None:
                     return False
                 self._conn, self._pid = conn, os.getpid()
+                self._covered = -math.inf
                 endpoint_cache.clear()  # what changed while nobody listened is unknown
-            # The first empty statement sent from now on answers for this request.
-            wanted = self._answered + (2 if self._asking else 1)
             deadline = time.monotonic() + self.WAIT_AT_MOST
-            while self._answered < wanted:
+            while self._covered <= since:
+                if self._conn is None:
+                    return False  # the statement waited for failed: the connection is gone
                 if self._asking:
+                    # Sent after ``since``, the one on its way will do; else wait for it to
+                    # come back, then send another.
                     left = deadline - time.monotonic()
                     if left <= 0:
                         return False  # slow to answer: this request asks the database
@@ -172,19 +187,21 @@ class _EndpointWatch:
                     continue
                 self._asking = True
                 conn = self._conn
+                self._asked_at = sent = time.monotonic()
                 self._cond.release()
                 try:
-                    ok = conn is not None and self._ask(conn)
+                    ok = self._ask(conn)
                 finally:
                     self._cond.acquire()
                     self._asking = False
-                    self._answered += 1
                     self._cond.notify_all()
                 if not ok:
-                    self._failed = self._answered
                     if self._conn is conn:
                         self._drop()
-            return self._failed < wanted
+                    return False
+                if self._conn is conn:
+                    self._covered = max(self._covered, sent)
+            return True
 
     def _ask(self, conn: psycopg.Connection[Any]) -> bool:
         """An empty statement, then the notifications it brought (outside the lock: libpq
@@ -237,6 +254,7 @@ class _EndpointWatch:
 
     def _drop(self) -> None:
         endpoint_cache.clear()
+        self._covered = -math.inf
         conn, self._conn = self._conn, None
         if conn is not None and self._pid == os.getpid():
             with contextlib.suppress(Exception):
@@ -264,7 +282,7 @@ post_delete.connect(_forget_endpoints, sender=Endpoint, dispatch_uid="endpoint-c
 
 def _endpoint_row(digest: str) -> list[Any] | None:
     ttl = settings.ENDPOINT_CACHE_SECONDS
-    cached = ttl > 0 and endpoint_watch.ready()
+    cached = ttl > 0 and endpoint_watch.ready(availability.request_arrived())
     generation = endpoint_cache.generation
     if cached:
         hit = endpoint_cache.get(digest, ttl)

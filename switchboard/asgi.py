@@ -13,12 +13,13 @@ async path, where they can wait without holding a thread.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import io
 import json
+import logging
 import os
-import queue
 import re
 import threading
 import time
@@ -56,6 +57,7 @@ from ninja.responses import NinjaJSONEncoder  # noqa: E402
 from switchboard import api as agent_api  # noqa: E402
 from switchboard import mcp  # noqa: E402
 from switchboard import middleware as edge  # noqa: E402
+from switchboard import requestdb  # noqa: E402
 from switchboard.core import availability, verbs  # noqa: E402
 from switchboard.core.errors import InvalidArgument  # noqa: E402
 from switchboard.core.http import API_BODY_LIMIT  # noqa: E402
@@ -63,36 +65,104 @@ from switchboard.core.validation import check_text  # noqa: E402
 
 ARRIVED = "switchboard.arrived"
 
+log = logging.getLogger(__name__)
+
 
 class _Workers:
     """A fixed set of long-lived threads serving callables for the event loop.
 
     What ``loop.run_in_executor`` does, with less per call (issue 11): no concurrent.futures
-    Future chained to an asyncio one, no condition variable; a C queue in, one
-    ``call_soon_threadsafe`` back. Each thread keeps its database connection (CONN_MAX_AGE or
-    the pool) and nothing is started per request.
+    Future chained to an asyncio one, no condition variable; one lock released to wake a
+    thread, one ``call_soon_threadsafe`` back. Each thread keeps its database connection
+    (CONN_MAX_AGE, or an agent request's kept one: ``switchboard.requestdb``) and nothing is
+    started per request.
+
+    The thread that became idle last is woken first (a stack), and a thread that finishes while
+    work waits takes it without sleeping: at N requests at once the same N threads serve, so
+    their kept database connections (and PostgreSQL's backends behind them) stay few and warm.
+    A thread idle ``idle_after`` seconds calls ``on_idle`` (gives its kept connection back).
     """
 
-    def __init__(self, threads: int, name: str) -> None:
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    def __init__(
+        self,
+        threads: int,
+        name: str,
+        *,
+        on_idle: Callable[[], None] | None = None,
+        idle_after: float = 1.0,
+    ) -> None:
+        self._lock = threading.Lock()
+        self._jobs: collections.deque[Any] = collections.deque()
+        self._idle: list[_Worker] = []  # the last to become idle at the end
+        self._on_idle = on_idle
+        self._idle_after = idle_after
         for n in range(threads):
-            threading.Thread(target=self._serve, name=f"{name}_{n}", daemon=True).start()
+            worker = _Worker()
+            threading.Thread(
+                target=self._serve, args=(worker,), name=f"{name}_{n}", daemon=True
+            ).start()
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._queue.put((future, loop, fn, args))
+        job = (future, loop, fn, args)
+        with self._lock:
+            worker = self._idle.pop() if self._idle else None
+            if worker is None:
+                self._jobs.append(job)
+            else:
+                worker.job = job
+        if worker is not None:
+            worker.wake.release()
         return await future
 
-    def _serve(self) -> None:
+    def _serve(self, worker: _Worker) -> None:
+        job = self._next(worker)
         while True:
-            future, loop, fn, args = self._queue.get()
+            future, loop, fn, args = job
+            outcome: tuple[Any, BaseException | None]
             try:
-                result = fn(*args)
+                outcome = (fn(*args), None)
             except BaseException as exc:  # handed to the awaiting request, as an executor does
-                loop.call_soon_threadsafe(_settle, future, None, exc)
-            else:
-                loop.call_soon_threadsafe(_settle, future, result, None)
+                outcome = (None, exc)
+            # Idle again (or on to waiting work) before the answer goes back, so the request
+            # that answer lets the loop send next finds this thread on top of the stack.
+            job = self._next(worker, wait=False)
+            loop.call_soon_threadsafe(_settle, future, *outcome)
+            del future, fn, args, outcome  # nothing of this request kept while idle
+            if job is None:
+                job = self._next(worker, listed=True)
+
+    def _next(self, worker: _Worker, *, wait: bool = True, listed: bool = False) -> Any:
+        """The next job: one waiting, else (listed idle) one given to ``worker``, or None
+        without ``wait``."""
+        if not listed:
+            with self._lock:
+                if self._jobs:
+                    return self._jobs.popleft()
+                self._idle.append(worker)
+        if not wait:
+            return None
+        if not worker.wake.acquire(timeout=self._idle_after):
+            if self._on_idle is not None:
+                try:
+                    self._on_idle()
+                except Exception:
+                    log.warning("a worker thread's idle hook failed", exc_info=True)
+            worker.wake.acquire()
+        job, worker.job = worker.job, None
+        return job
+
+
+class _Worker:
+    """A thread of ``_Workers``: ``wake`` is released when ``job`` was given to it."""
+
+    __slots__ = ("job", "wake")
+
+    def __init__(self) -> None:
+        self.job: Any = None
+        self.wake = threading.Lock()
+        self.wake.acquire()
 
 
 def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
@@ -219,6 +289,7 @@ class AgentPath:
         self.nosniff = settings.SECURE_CONTENT_TYPE_NOSNIFF
         self.opener_policy = settings.SECURE_CROSS_ORIGIN_OPENER_POLICY
         self.frame_options = getattr(settings, "X_FRAME_OPTIONS", "DENY").upper()
+        self.request = requestdb.AgentRequest(handler_class)
         self._verbs: dict[str, verbs.VerbSpec] | None = None
         self._mcp_slugs: dict[str, str | None] = {}  # an MCP path's slug, None: not served here
 
@@ -284,7 +355,9 @@ class AgentPath:
         if data is None:
             return None
         _set_prefix(scope)
-        signals.request_started.send(sender=self.handler_class, scope=scope)
+        # Django's request signals, done without dispatch; the thread's database connection
+        # is kept for its next request when left clean (switchboard/requestdb.py says why).
+        mirrored = self.request.started(scope)
         try:
             with availability.request_deadline(scope.get(ARRIVED, time.monotonic())):
                 try:
@@ -296,7 +369,7 @@ class AgentPath:
             headers = {"content-type": ("Content-Type", "application/json")}
             return _Answer(200, _encoded(self._finish(headers, len(content), secure)), content)
         finally:
-            signals.request_finished.send(sender=self.handler_class)
+            self.request.finished(mirrored)
 
     def serve_mcp(
         self, scope: dict[str, Any], body: bytes, slug: str
@@ -589,7 +662,9 @@ class OneHopHandler(ASGIHandler):
         # The agents' paths skip the console's middleware (settings.AGENT_MIDDLEWARE says why).
         self.agent_chain = _SyncChain(settings.AGENT_MIDDLEWARE, resolved=True)
         self.agent_prefixes = tuple(settings.AGENT_PATH_PREFIXES)
-        self.workers = _Workers(threads, "django")
+        self.workers = _Workers(
+            threads, "django", on_idle=requestdb.give_back, idle_after=requestdb.IDLE_CHECK_SECONDS
+        )
         self.agent_path = AgentPath(self.__class__)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:

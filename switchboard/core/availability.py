@@ -72,14 +72,26 @@ _deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
 )
 
 
+_arrived: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "switchboard_arrived", default=None
+)
+
+
 @contextmanager
 def request_deadline(arrived: float) -> Iterator[None]:
     """Within the block, ``check_deadline`` refuses once the request is older than allowed."""
     token = _deadline.set(arrived + float(settings.REQUEST_DEADLINE_SECONDS))
+    arrival = _arrived.set(arrived)
     try:
         yield
     finally:
+        _arrived.reset(arrival)
         _deadline.reset(token)
+
+
+def request_arrived() -> float | None:
+    """When the request being served arrived (``time.monotonic()``), or None outside one."""
+    return _arrived.get()
 
 
 def check_deadline() -> None:

@@ -6,9 +6,11 @@ at once in the process that saved it, and in every other through the change a tr
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import httpx
 import psycopg
+import pytest
 from django.conf import settings
 from django.db import connection
 from django.test import Client, override_settings
@@ -23,6 +25,7 @@ from queues.auth import (
     endpoint_watch,
 )
 from queues.models import EndpointState
+from switchboard.core import availability
 from switchboard.core.tokens import hash_token
 from switchboard.liveserver import live_server
 from tests.api.conftest import Api
@@ -171,6 +174,39 @@ def test_a_change_committed_elsewhere_reaches_this_process_cache(tx_personas: Pe
             )
             endpoint = endpoint_for_token(token)
             assert endpoint is not None and endpoint.scope_queues == [f"moved-{n}"]
+
+
+def test_a_statement_sent_after_a_request_arrived_answers_for_it(
+    tx_personas: Personas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any empty statement sent after a request arrived answers for it, whoever sent it: the
+    request waits for no round trip of its own. One that arrived after a change committed
+    elsewhere still sees the change."""
+    token = tx_personas.agent_token
+    arrived = time.monotonic()
+    assert endpoint_watch.ready(arrived)  # one sent since
+    asked: list[int] = []
+    ask = endpoint_watch._ask
+
+    def counted(conn: Any) -> bool:
+        asked.append(1)
+        return ask(conn)
+
+    monkeypatch.setattr(endpoint_watch, "_ask", counted)
+    with availability.request_deadline(arrived):
+        assert endpoint_for_token(token) is not None
+        assert endpoint_for_token(token) is not None  # cached
+    assert asked == []
+    with psycopg.connect(database_url(), autocommit=True) as other:
+        for n in range(50):
+            other.execute(
+                "UPDATE queues_endpoint SET scope_queues = %s WHERE id = %s",
+                [[f"moved-{n}"], tx_personas.agent.id],
+            )
+            with availability.request_deadline(time.monotonic()):  # arrived after the commit
+                endpoint = endpoint_for_token(token)
+            assert endpoint is not None and endpoint.scope_queues == [f"moved-{n}"]
+    assert len(asked) == 50  # each arrived after the last statement was sent: one each
 
 
 def test_a_watch_that_lost_its_connection_fails_closed(tx_personas: Personas) -> None:

@@ -1,0 +1,186 @@
+"""The agents' REST requests keep their thread's pooled database connection between them.
+
+Django sends ``request_started`` and ``request_finished`` around every request; their receivers
+(``close_old_connections`` above all) give the thread's connection back to the pool at the end
+(``CONN_MAX_AGE`` is 0 with the pool), and the next request takes one again: the pool's
+``getconn`` and ``putconn``, Django's ``connect()`` (its ``connection_created`` signal included)
+and the two signals' dispatch cost about a tenth of an agent request's CPU in the web process
+(issue 11; py-spy ``--gil`` under the HTTP bench: signals 7.4 %, ``ensure_connection`` 3.8 %).
+
+``AgentRequest`` does what those receivers do, in the same order, except that a connection an
+agent's request leaves clean is kept by its thread for that thread's next request. It stays
+exactly as safe as giving it back:
+
+* **Kept only clean**: autocommit on (as ``settings`` wants it), no atomic block, no error since
+  its last commit, psycopg's transaction status idle, not closed, not broken. Anything else is
+  handled as Django handles it (``close_if_unusable_or_obsolete``): the pool's ``putconn``
+  rolls back or discards it. A request never sees another's transaction or a broken connection.
+* **Kept briefly**: a connection idle ``IDLE_CHECK_SECONDS`` (the pool's own: past that, the
+  pool proves a connection with a round trip before handing it out) is given back before the
+  request starts, so it is checked as before; the worker pool gives a thread's kept connection
+  back once the thread has waited that long for work (``give_back``). Kept at most
+  ``KEEP_AT_MOST_SECONDS`` in all, then given back, so the pool's lifetime limit still applies.
+* **Only what it mirrors**: the signals' receivers must be Django's own (``reset_queries`` and
+  ``close_old_connections``; ``close_old_connections``, ``close_caches`` and ``reset_urlconf``);
+  while another is connected, the signals are sent as before. Only a pooled connection is kept
+  (``DATABASE_POOL``; without it ``CONN_MAX_AGE`` decides, as in Django).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.core import signals
+from django.core.cache import close_caches
+from django.core.handlers.base import reset_urlconf
+from django.db import close_old_connections, connections, reset_queries
+from django.db.backends.base.base import BaseDatabaseWrapper
+from psycopg.pq import TransactionStatus
+
+from switchboard.pgpool.base import IDLE_CHECK_SECONDS
+
+# A connection kept by its thread goes back to the pool after this long, busy or not.
+KEEP_AT_MOST_SECONDS = 30.0
+
+_STARTED = frozenset((reset_queries, close_old_connections))
+_FINISHED = frozenset((close_old_connections, close_caches, reset_urlconf))
+# The attribute of a DatabaseWrapper (one per thread and alias) recording what its thread kept:
+# (the psycopg connection, when it was first kept, when last used).
+_KEPT = "_switchboard_kept"
+
+
+def _receivers(signal: Any, sender: type) -> frozenset[Any] | None:
+    """The signal's live receivers for ``sender`` (in any order: Django's test client
+    reconnects ``close_old_connections``), or None when they cannot be read or repeat."""
+    try:
+        sync, asynchronous = signal._live_receivers(sender)
+    except Exception:
+        return None
+    found = frozenset(sync)
+    return None if asynchronous or len(found) != len(sync) else found
+
+
+class AgentRequest:
+    """The request signals' work for the agents' REST path, keeping clean connections."""
+
+    def __init__(self, sender: type) -> None:
+        self.sender = sender
+        self._started: list[Any] = []
+        self._finished: list[Any] = []
+        self.mirrored = False
+        self._look()
+
+    def _look(self) -> None:
+        """Whether the receivers are Django's own, as they are now."""
+        self._started = list(signals.request_started.receivers)
+        self._finished = list(signals.request_finished.receivers)
+        self.mirrored = (
+            _receivers(signals.request_started, self.sender) == _STARTED
+            and _receivers(signals.request_finished, self.sender) == _FINISHED
+        )
+
+    def _mirrors(self) -> bool:
+        """Whether the receivers are still those looked at (else looks again: a test's or a
+        later app's receiver connected or disconnected)."""
+        if not (
+            _same(signals.request_started.receivers, self._started)
+            and _same(signals.request_finished.receivers, self._finished)
+        ):
+            self._look()
+        return self.mirrored
+
+    def started(self, scope: dict[str, Any]) -> bool:
+        """``request_started``'s work; True when ``finished`` must mirror it (else it sends)."""
+        if not self._mirrors():
+            signals.request_started.send(sender=self.sender, scope=scope)
+            return False
+        now = time.monotonic()
+        initialized = connections.all(initialized_only=True)
+        for conn in initialized:  # reset_queries
+            conn.queries_log.clear()
+        for conn in initialized:  # close_old_connections, but a fresh kept one stays
+            if not _fresh(conn, now):
+                _forget(conn)
+                conn.close_if_unusable_or_obsolete()
+        return True
+
+    def finished(self, mirrored: bool) -> None:
+        """``request_finished``'s work (sent as a signal unless ``started`` mirrored)."""
+        if not mirrored:
+            signals.request_finished.send(sender=self.sender)
+            return
+        now = time.monotonic()
+        try:
+            for conn in connections.all(initialized_only=True):
+                if not _keep(conn, now):
+                    _forget(conn)
+                    conn.close_if_unusable_or_obsolete()
+        finally:
+            close_caches()
+            reset_urlconf(sender=self.sender)
+
+
+def _same(receivers: list[Any], snapshot: list[Any]) -> bool:
+    return len(receivers) == len(snapshot) and all(
+        a is b for a, b in zip(receivers, snapshot, strict=True)
+    )
+
+
+def _fresh(conn: BaseDatabaseWrapper, now: float) -> bool:
+    """The connection this thread kept, used less than IDLE_CHECK_SECONDS ago and clean."""
+    kept = getattr(conn, _KEPT, None)
+    raw = conn.connection
+    return (
+        raw is not None
+        and kept is not None
+        and kept[0] is raw
+        and now - kept[2] < IDLE_CHECK_SECONDS
+        and now - kept[1] < KEEP_AT_MOST_SECONDS
+        and _clean(conn)
+    )
+
+
+def _clean(conn: BaseDatabaseWrapper) -> bool:
+    raw = conn.connection
+    return (
+        raw is not None
+        and conn.autocommit
+        and conn.settings_dict["AUTOCOMMIT"]
+        and not conn.in_atomic_block
+        and not conn.errors_occurred
+        and not conn.needs_rollback
+        and not raw.closed
+        and not raw.broken
+        and raw.info.transaction_status == TransactionStatus.IDLE
+    )
+
+
+def _keep(conn: BaseDatabaseWrapper, now: float) -> bool:
+    """Keep the connection for this thread's next request, if it is clean (and recorded)."""
+    raw = conn.connection
+    if raw is None or getattr(conn, "pool", None) is None or not _clean(conn):
+        return False
+    kept: tuple[Any, float, float] | None = getattr(conn, _KEPT, None)
+    # Kept since ``first`` if the last request kept this very connection (the pool hands the
+    # same psycopg connection out again after a Django request gave it back: a new keeping).
+    first = now
+    if kept is not None and kept[0] is raw and now - kept[2] < IDLE_CHECK_SECONDS:
+        first = kept[1]
+    if now - first >= KEEP_AT_MOST_SECONDS:
+        return False
+    setattr(conn, _KEPT, (raw, first, now))
+    return True
+
+
+def _forget(conn: BaseDatabaseWrapper) -> None:
+    setattr(conn, _KEPT, None)
+
+
+def give_back() -> None:
+    """In a worker thread that waited a while for work: its kept connections back to the pool
+    (as a request would at its start)."""
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is not None:
+            _forget(conn)
+            conn.close_if_unusable_or_obsolete()

@@ -1,0 +1,240 @@
+"""The agents' REST path keeps its thread's pooled connection between requests only while that is
+as safe as giving it back (``switchboard.requestdb``), and the worker threads wake the last idle
+first and give a kept connection back once idle (``switchboard.asgi._Workers``).
+
+Requests are served by a handler in this thread (``OneHopHandler(threads=0)``), as in
+``test_agent_path.py``; what they write is committed (``tx_personas``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from django.core import signals
+from django.db import connection, transaction
+from psycopg.pq import TransactionStatus
+
+from switchboard import requestdb
+from switchboard.asgi import ARRIVED, OneHopHandler, _Workers
+from switchboard.pgpool import base as pgpool
+from tests.conftest import Personas, push
+from tests.inprocess import checked_out, settle
+
+
+def _claim(handler: OneHopHandler, token: str) -> tuple[int, dict[str, Any]]:
+    body = b"{}"
+    path = "/api/v1/agent/claim_next"
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"127.0.0.1:8000"),
+            (b"content-length", b"2"),
+            (b"content-type", b"application/json"),
+            (b"authorization", f"Bearer {token}".encode()),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+        ARRIVED: time.monotonic(),
+    }
+    spec = handler.agent_path.route(scope)
+    assert spec is not None and not isinstance(spec, str)
+    answer = handler.agent_path.serve(scope, body, spec)
+    assert answer is not None
+    return answer.status, json.loads(answer.body)
+
+
+@pytest.fixture
+def handler() -> Iterator[OneHopHandler]:
+    yield OneHopHandler(threads=0)
+    connection.close()  # what this thread kept goes back before the test's teardown
+
+
+def _backend(raw: Any) -> int:
+    return int(raw.info.backend_pid)
+
+
+def test_a_clean_connection_serves_the_threads_next_request(
+    tx_personas: Personas, handler: OneHopHandler
+) -> None:
+    p = tx_personas
+    assert handler.agent_path.request.mirrored
+    push(p, 2)
+    connection.close()
+    status, _ = _claim(handler, p.agent_token)
+    assert status == 200
+    kept = connection.connection
+    assert kept is not None and kept.info.transaction_status == TransactionStatus.IDLE
+    assert checked_out() == 1
+    status, _ = _claim(handler, p.agent_token)
+    assert status == 200
+    assert connection.connection is kept  # no putconn, no getconn, no connect
+    assert checked_out() == 1
+
+
+@pytest.mark.parametrize("dirt", ["transaction", "error", "autocommit", "closed", "too_long"])
+def test_a_connection_left_unclean_goes_back_to_the_pool(
+    tx_personas: Personas, handler: OneHopHandler, dirt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever a request leaves behind (an open transaction, an error, autocommit off, a
+    closed connection, a connection kept too long), the pool gets the connection back (and
+    rolls back or discards it) instead of the next request."""
+    p = tx_personas
+    request = handler.agent_path.request
+    mirrored = request.started({})
+    assert mirrored
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    raw = connection.connection
+    assert raw is not None
+    if dirt == "transaction":
+        raw.execute("BEGIN")  # under Django's feet: only psycopg knows
+        raw.execute("SELECT 1")
+        assert raw.info.transaction_status == TransactionStatus.INTRANS
+    elif dirt == "error":
+        connection.errors_occurred = True
+    elif dirt == "autocommit":
+        transaction.set_autocommit(False)
+    elif dirt == "closed":
+        raw.close()
+    else:
+        monkeypatch.setattr(requestdb, "KEEP_AT_MOST_SECONDS", 0.0)
+    request.finished(mirrored)
+    assert connection.connection is None
+    if dirt == "autocommit":
+        transaction.set_autocommit(True)
+    # The next request gets a clean connection (the pool rolled the transaction back).
+    push(p, 1)
+    status, body = _claim(handler, p.agent_token)
+    assert status == 200 and body["todo"]
+    if dirt == "too_long":
+        assert connection.connection is None
+    else:
+        assert connection.connection is not None
+        assert connection.connection.info.transaction_status == TransactionStatus.IDLE
+
+
+def test_a_kept_connection_idle_a_while_is_checked_by_the_pool_first(
+    tx_personas: Personas, handler: OneHopHandler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kept connection whose server went away while it sat idle: given back before the next
+    request starts, so the pool's idle check finds it dead and the request gets a new one."""
+    monkeypatch.setattr(requestdb, "IDLE_CHECK_SECONDS", 0.05)
+    monkeypatch.setattr(pgpool, "IDLE_CHECK_SECONDS", 0.05)
+    p = tx_personas
+    push(p, 2)
+    status, _ = _claim(handler, p.agent_token)
+    assert status == 200
+    kept = connection.connection
+    assert kept is not None
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [_backend(kept)])
+    time.sleep(0.1)
+    status, body = _claim(handler, p.agent_token)
+    assert status == 200 and body["todo"]
+    assert connection.connection is not kept
+    assert kept.closed
+
+
+def test_a_connection_that_broke_in_use_is_not_kept(
+    tx_personas: Personas, handler: OneHopHandler
+) -> None:
+    """Within the idle window a dead server is found by the request itself (as with the pool:
+    a connection handed out a moment ago is not checked), and the broken connection is not
+    kept: the next request gets a working one."""
+    p = tx_personas
+    push(p, 2)
+    status, _ = _claim(handler, p.agent_token)
+    assert status == 200
+    kept = connection.connection
+    assert kept is not None
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [_backend(kept)])
+    status, _ = _claim(handler, p.agent_token)
+    assert status >= 500
+    assert connection.connection is None
+    status, body = _claim(handler, p.agent_token)
+    assert status == 200 and body["todo"]
+
+
+def test_a_receiver_of_the_request_signals_turns_them_back_on(
+    tx_personas: Personas, handler: OneHopHandler
+) -> None:
+    """Only Django's own receivers are mirrored: with another connected, the signals are sent
+    (and ``close_old_connections`` gives the connection back, as Django's path does)."""
+    p = tx_personas
+    push(p, 2)
+    heard: list[str] = []
+
+    def started(**kwargs: Any) -> None:
+        heard.append("started")
+
+    def finished(**kwargs: Any) -> None:
+        heard.append("finished")
+
+    signals.request_started.connect(started)
+    signals.request_finished.connect(finished)
+    try:
+        status, _ = _claim(handler, p.agent_token)
+    finally:
+        signals.request_started.disconnect(started)
+        signals.request_finished.disconnect(finished)
+    assert status == 200
+    assert heard == ["started", "finished"]
+    assert connection.connection is None
+    status, _ = _claim(handler, p.agent_token)
+    assert status == 200
+    assert heard == ["started", "finished"]  # disconnected: mirrored again
+    assert connection.connection is not None
+
+
+def test_an_idle_worker_gives_its_kept_connection_back(tx_personas: Personas) -> None:
+    workers = _Workers(1, "test-idle", on_idle=requestdb.give_back, idle_after=0.1)
+    request = requestdb.AgentRequest(OneHopHandler)
+    before = checked_out()
+
+    def serve() -> bool:
+        mirrored = request.started({})
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        request.finished(mirrored)
+        return connection.connection is not None
+
+    assert asyncio.run(workers.run(serve))  # kept by the worker thread
+    assert checked_out() == before + 1
+    assert settle(lambda: checked_out() == before, timeout=5)
+
+
+def test_the_thread_idle_last_is_woken_first() -> None:
+    """Requests one after another are served by one thread (its connection stays warm); two at
+    once by two."""
+    workers = _Workers(4, "test-lifo")
+
+    async def one_by_one() -> set[int]:
+        return {await workers.run(threading.get_ident) for _ in range(20)}
+
+    assert len(asyncio.run(one_by_one())) == 1
+
+    gate = threading.Barrier(2, timeout=5)
+
+    def meet() -> int:
+        gate.wait()
+        return threading.get_ident()
+
+    async def two_at_once() -> set[int]:
+        return set(await asyncio.gather(workers.run(meet), workers.run(meet)))
+
+    assert len(asyncio.run(two_at_once())) == 2
