@@ -55,9 +55,11 @@ from django.utils.module_loading import import_string  # noqa: E402
 from ninja.responses import NinjaJSONEncoder  # noqa: E402
 
 from switchboard import api as agent_api  # noqa: E402
-from switchboard import mcp  # noqa: E402
+from switchboard import (
+    mcp,
+    requestdb,
+)
 from switchboard import middleware as edge  # noqa: E402
-from switchboard import requestdb  # noqa: E402
 from switchboard.core import availability, verbs  # noqa: E402
 from switchboard.core.errors import InvalidArgument  # noqa: E402
 from switchboard.core.http import API_BODY_LIMIT  # noqa: E402
@@ -238,11 +240,13 @@ class AgentPath:
     or HttpResponse: on the agent path those cost about a third of a request's CPU, more than
     the claim itself. A POST to ``/mcp/<slug>`` with no query goes to ``mcp_view`` with its
     request but without the middleware chain (a ``subscriptions/listen`` stream included: its
-    body is sent as Django's path sends it). What the chain did for such a request is done here, in the same
-    order, and ``tests/api/test_agent_path.py`` compares every answer, headers included, with
+    body is sent as Django's path sends it). What the chain did for such a request is done
+    here, in the same order, and ``tests/api/test_agent_path.py`` compares every answer, headers included, with
     the one Django's handler gives:
 
-    * Django's request signals (the database connection returned to the pool at the end);
+    * the work of Django's request signals' receivers (``switchboard.requestdb``: a
+      connection the request left clean is kept for the thread's next request, anything else
+      goes back to the pool as Django gives it back);
     * ``ALLOWED_HOSTS`` (``CommonMiddleware``), ``SECURE_SSL_REDIRECT`` and HSTS
       (``SecurityMiddleware``), the request deadline (``SecurityHeadersMiddleware``);
     * the headers ``AGENT_MIDDLEWARE`` adds, in the order it adds them;
@@ -389,7 +393,10 @@ class AgentPath:
             return None
         lean = _McpRequest(scope, meta, body)
         _set_prefix(scope)
-        signals.request_started.send(sender=self.handler_class, scope=scope)
+        # As the REST path: the thread keeps a connection the request left clean for its next
+        # request (switchboard/requestdb.py); an answer that goes out as an HttpResponse sends
+        # request_finished when it is closed, and that gives the connection back.
+        mirrored = self.request.started(scope)
         answer: mcp.Reply | HttpResponseBase
         inner = True  # the answer passed the inner middleware (frame options, length)
         try:
@@ -420,7 +427,7 @@ class AgentPath:
                         request=lean.django(),
                     )
         except BaseException:
-            signals.request_finished.send(sender=self.handler_class)
+            self.request.finished(mirrored)
             raise
         if isinstance(answer, mcp.Reply) and answer.status < 400:
             headers = {"content-type": ("Content-Type", answer.content_type)}
@@ -429,7 +436,7 @@ class AgentPath:
             finished = self._finish(
                 headers, len(answer.content), secure, private="HTTP_AUTHORIZATION" in meta
             )
-            signals.request_finished.send(sender=self.handler_class)  # as response.close()
+            self.request.finished(mirrored)  # as response.close()
             return _Answer(answer.status, _encoded(finished), answer.content)
         # As BaseHandler.get_response and OneHopHandler._respond: the request is closed with
         # the response, which sends request_finished.

@@ -1,4 +1,4 @@
-"""The agents' REST requests keep their thread's pooled database connection between them.
+"""The agents' REST and MCP POSTs keep their thread's pooled database connection between them.
 
 Django sends ``request_started`` and ``request_finished`` around every request; their receivers
 (``close_old_connections`` above all) give the thread's connection back to the pool at the end
@@ -62,7 +62,8 @@ def _receivers(signal: Any, sender: type) -> frozenset[Any] | None:
 
 
 class AgentRequest:
-    """The request signals' work for the agents' REST path, keeping clean connections."""
+    """The request signals' work for the agents' lean path (REST and MCP POSTs), keeping clean
+    connections."""
 
     def __init__(self, sender: type) -> None:
         self.sender = sender

@@ -20,12 +20,14 @@ import pytest
 from django.db import connection
 from django.http.response import HttpResponseBase
 from django.test import override_settings
+from psycopg.pq import TransactionStatus
 
 from queues import services
 from switchboard import mcp, requestdb
 from switchboard.asgi import ARRIVED, OneHopHandler, _Answer
 from switchboard.core import verbs
 from tests.conftest import FIXTURE, Personas, push
+from tests.inprocess import checked_out
 
 
 def _scope(
@@ -342,6 +344,33 @@ def _mcp_same(handler: OneHopHandler, slug: str, token: str | None, message: Any
     django = _django(handler, *_mcp_scope(slug, token, message, **kw))
     assert _wire(lean) == _wire(django), message
     return lean.status, json.loads(lean.body) if lean.body else None
+
+
+def test_an_mcp_tool_call_keeps_the_threads_clean_connection(
+    tx_personas: Personas, handler: OneHopHandler
+) -> None:
+    """MCP's lean POSTs keep the thread's clean connection for its next request, as REST's do
+    (tests/api/test_request_connection.py); a refusal, answered through Django's response,
+    gives the connection back (the response's close sends request_finished)."""
+    p = tx_personas
+    push(p, 2)
+    connection.close()
+    kept = None
+    for _ in range(2):
+        answer = _mcp_lean(handler, *_mcp_scope(p.agent.slug, p.agent_token, _tool("claim_next", {})))
+        assert isinstance(answer, _Answer) and answer.status == 200
+        assert connection.connection is not None
+        assert kept is None or connection.connection is kept  # no putconn, getconn, connect
+        kept = connection.connection
+        assert kept.info.transaction_status == TransactionStatus.IDLE
+        assert checked_out() == 1
+    # Another endpoint's token: 403, made and closed as Django's response (request_finished).
+    refused = _mcp_lean(
+        handler, *_mcp_scope(p.agent.slug, p.foreign_token, _tool("claim_next", {}))
+    )
+    assert isinstance(refused, _Answer) and refused.status == 403
+    assert connection.connection is None
+    assert checked_out() == 0
 
 
 def test_mcp_posts_are_the_same_on_the_wire(tx_personas: Personas, handler: OneHopHandler) -> None:
