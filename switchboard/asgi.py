@@ -55,10 +55,7 @@ from django.utils.module_loading import import_string  # noqa: E402
 from ninja.responses import NinjaJSONEncoder  # noqa: E402
 
 from switchboard import api as agent_api  # noqa: E402
-from switchboard import (
-    mcp,
-    requestdb,
-)
+from switchboard import mcp, requestdb  # noqa: E402
 from switchboard import middleware as edge  # noqa: E402
 from switchboard.core import availability, verbs  # noqa: E402
 from switchboard.core.errors import InvalidArgument  # noqa: E402

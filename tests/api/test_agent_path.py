@@ -357,7 +357,9 @@ def test_an_mcp_tool_call_keeps_the_threads_clean_connection(
     connection.close()
     kept = None
     for _ in range(2):
-        answer = _mcp_lean(handler, *_mcp_scope(p.agent.slug, p.agent_token, _tool("claim_next", {})))
+        answer = _mcp_lean(
+            handler, *_mcp_scope(p.agent.slug, p.agent_token, _tool("claim_next", {}))
+        )
         assert isinstance(answer, _Answer) and answer.status == 200
         assert connection.connection is not None
         assert kept is None or connection.connection is kept  # no putconn, getconn, connect
