@@ -244,7 +244,9 @@ class Todo(models.Model):
     owner = models.CharField(max_length=200, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     attempt = models.PositiveIntegerField(default=0)
-    max_attempts = models.PositiveIntegerField(default=5)
+    # An IntegerField: todo_max_attempts_range (1..100) is its rule, and a PositiveIntegerField's
+    # own CHECK (>= 0) would be one more parsed and planned in every write of the row (issue 12).
+    max_attempts = models.IntegerField(default=5)
     next_retry_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(
         null=True, blank=True, decoder=SafeJSONDecoder, validators=[validate_stored_json]
@@ -423,7 +425,9 @@ class Attempt(models.Model):
     todo = models.ForeignKey(
         Todo, on_delete=models.CASCADE, related_name="attempts", db_index=False
     )
-    number = models.PositiveIntegerField()
+    # An IntegerField: attempt_number_positive (>= 1) is its rule, and a PositiveIntegerField's
+    # own CHECK (>= 0) would be one more parsed and planned in every write of the row (issue 12).
+    number = models.IntegerField()
     # No constraint in the database: the claim statement copies it from the attempt's todo,
     # whose own foreign key holds the endpoint (and the todo's, this attempt's). Checking it
     # again took a KEY SHARE lock on the endpoint's row in every claim, which concurrent claimers
@@ -464,7 +468,11 @@ class Attempt(models.Model):
         ]
         constraints = [
             # At most one open attempt per todo. Numbers repeat after an operator retry resets
-            # the todo's attempt counter, so (todo, number) alone is not unique.
+            # the todo's attempt counter, so (todo, number) alone is not unique. In the database
+            # it is a trigger of the same name, not this partial unique index (queues migration
+            # 0015): an index whose predicate reads ended_at made every attempt's end update a
+            # non-HOT one, a new tuple and an entry in each B-tree, once per claim cycle (issue
+            # 12). Django's state keeps it here, so model validation runs it.
             models.UniqueConstraint(
                 fields=["todo"], condition=Q(ended_at__isnull=True), name="attempt_one_open"
             ),

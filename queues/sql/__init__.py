@@ -791,26 +791,30 @@ _AFTER_BOTH_WRITES = "(SELECT dd.* FROM done dd WHERE (SELECT count(*) FROM ende
 def _ending_sql(
     gate_list: tuple[gates.ClaimGate, ...], todo_set: str, attempt_outcome: str, disposition: str
 ) -> str:
-    """A claimed todo leaves the claim: close the attempt and set the todo's new state. A claim
+    """A claimed todo leaves the claim: set the todo's new state and close the attempt. A claim
     that held a grant ends it with a ``limits.end`` row (``grants.end_cte``), appended after the
     reopens' share locks on the limits were taken (the lock order of a claim) and after both
-    rows are written, so the chain's lock is held for as little of the statement as it can be."""
+    rows are written, so the chain's lock is held for as little of the statement as it can be.
+
+    The todo's UPDATE itself decides whether the caller holds the claim (``HOLDS_CLAIM`` is its
+    WHERE), with no ``SELECT ... FOR UPDATE`` first: a row lock written to the WAL and a plan
+    node on every ending (issue 12). Same answer: an UPDATE that meets a todo another
+    transaction changed waits for it and evaluates its WHERE again on the new row, and nothing
+    ends or replaces a todo's attempt without changing the todo's state or attempt, which
+    ``HOLDS_CLAIM`` reads (the reaper, a revoke, a takeover, the other endings)."""
     return _compact(f"""
-WITH held AS (
-    SELECT t.id, t.attempt, t.max_attempts, t.queue, a.id AS attempt_id, t.grant_hash
-    FROM queues_todo t, queues_attempt a
+WITH done AS (
+    UPDATE queues_todo t SET {todo_set}, grant_hash = NULL, updated_at = clock_timestamp()
+    FROM queues_attempt a
     WHERE {HOLDS_CLAIM}
-    FOR UPDATE OF t
+    RETURNING {TODO_COLUMNS}, {gates.reopens("t")} AS reopens, old.grant_hash AS ended_grant,
+              a.id AS attempt_id
 ), ended AS (
     UPDATE queues_attempt a
     SET ended_at = clock_timestamp(), outcome = {attempt_outcome},
         disposition = {disposition}, summary = %(summary)s, error = %(error)s
-    FROM held h WHERE a.id = h.attempt_id
+    FROM done h WHERE a.id = h.attempt_id
     RETURNING a.id
-), done AS (
-    UPDATE queues_todo t SET {todo_set}, grant_hash = NULL, updated_at = clock_timestamp()
-    FROM held h WHERE t.id = h.id
-    RETURNING {TODO_COLUMNS}, {gates.reopens("t")} AS reopens, h.grant_hash AS ended_grant
 ), {grants.end_cte(_AFTER_BOTH_WRITES, attempt_outcome)}
 SELECT {DONE_COLUMNS}, d.reopens FROM done d WHERE (SELECT count(*) FROM end_row) >= 0
 """)
@@ -825,11 +829,11 @@ _COMPLETE = (
 # At max_attempts a failure is final: a dead letter (failed with no next_retry_at).
 _FAIL = (
     """state = 'failed', result = %(result)s, lease_expires_at = NULL,
-       next_retry_at = CASE WHEN h.attempt < h.max_attempts
+       next_retry_at = CASE WHEN t.attempt < t.max_attempts
            THEN clock_timestamp() + make_interval(
-               secs => LEAST(%(base)s * power(2, h.attempt - 1), %(cap)s))
+               secs => LEAST(%(base)s * power(2, t.attempt - 1), %(cap)s))
            ELSE NULL END,
-       finished_at = CASE WHEN h.attempt < h.max_attempts THEN NULL ELSE clock_timestamp() END""",
+       finished_at = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE clock_timestamp() END""",
     "'failed'",
     "CASE WHEN h.attempt < h.max_attempts THEN 'retry_scheduled' ELSE 'dead_lettered' END",
 )
@@ -837,11 +841,11 @@ _FAIL = (
 # Back to pending with the attempt unchanged and no backoff. A release of the last attempt has
 # no attempt left to return to, so it dead-letters, as the reaper does at the cap.
 _RELEASE = (
-    """state = CASE WHEN h.attempt < h.max_attempts THEN 'pending' ELSE 'failed' END,
+    """state = CASE WHEN t.attempt < t.max_attempts THEN 'pending' ELSE 'failed' END,
        owner = '', lease_expires_at = NULL,
-       result = CASE WHEN h.attempt < h.max_attempts THEN t.result
+       result = CASE WHEN t.attempt < t.max_attempts THEN t.result
                      ELSE '{"error": "attempts_exhausted"}'::jsonb END,
-       finished_at = CASE WHEN h.attempt < h.max_attempts THEN NULL ELSE clock_timestamp() END""",
+       finished_at = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE clock_timestamp() END""",
     "'released'",
     "CASE WHEN h.attempt < h.max_attempts THEN 'requeued' ELSE 'dead_lettered' END",
 )

@@ -553,3 +553,69 @@ def test_a_bare_claim_and_its_completion_are_two_statements_without_gate_fragmen
         assert fragment not in claim
     # Short enough for psycopg to cache its conversion (it re-parses longer statements).
     assert len(claim) <= 4096
+
+
+def test_a_completion_that_waited_on_a_takeover_of_its_todo_ends_nothing(
+    tx_personas: Personas,
+) -> None:
+    """The ending statement decides whether the caller holds the claim in the todo's UPDATE
+    itself (no SELECT ... FOR UPDATE first). Here it meets the todo while another transaction
+    holds it, mid-takeover (attempt 1 ended, attempt 2 open); once that commits, the completion
+    of attempt 1 must see the new row and end nothing: superseded, and attempt 2 stays open."""
+    p = tx_personas
+    (todo,) = push(p, 1)
+    services.claim(actor=p.as_agent(), todo_id=todo.id, claimant="first")
+    taker = psycopg.connect(database_url(), autocommit=False)
+    taker.execute(
+        "UPDATE queues_attempt SET ended_at = now(), outcome = 'superseded',"
+        " disposition = 'requeued' WHERE todo_id = %s AND number = 1",
+        [todo.id],
+    )
+    taker.execute(
+        "UPDATE queues_todo SET attempt = 2, owner = 'second',"
+        " lease_expires_at = now() + interval '5 minutes' WHERE id = %s",
+        [todo.id],
+    )
+    taker.execute(
+        "INSERT INTO queues_attempt (todo_id, number, endpoint_id, claimant, via, claimed_at,"
+        " lease_expires_at, summary) VALUES (%s, 2, %s, 'second', 'api', now(),"
+        " now() + interval '5 minutes', '')",
+        [todo.id, p.agent.id],
+    )
+    outcome: list[Any] = []
+
+    def complete_first() -> None:
+        try:
+            outcome.append(services.complete(actor=p.as_agent(), todo_id=todo.id, attempt=1))
+        except Exception as exc:  # asserted below, in the test's thread
+            outcome.append(exc)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=complete_first)
+    holder.start()
+    try:
+        for _ in range(600):
+            row = taker.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND query LIKE %s",
+                ["%UPDATE queues_todo t SET state = 'done'%"],
+            ).fetchone()
+            if row and row[0]:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the completion never waited on the todo")
+    finally:
+        taker.commit()
+        taker.close()
+        holder.join(timeout=60)
+    (error,) = outcome
+    assert isinstance(error, Conflict) and error.details.get("reason") == "superseded", error
+    todo.refresh_from_db()
+    assert (todo.state, todo.attempt, todo.owner) == (TodoState.CLAIMED, 2, "second")
+    attempts = list(Attempt.objects.filter(todo=todo).order_by("number"))
+    assert [(a.number, a.outcome) for a in attempts] == [
+        (1, AttemptOutcome.SUPERSEDED),
+        (2, None),
+    ]
