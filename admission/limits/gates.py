@@ -118,28 +118,16 @@ class LimitRefusal:
     pending: int = 1  # the todos of the queue this holds
 
 
-# The limits full now under enforce, each an uncorrelated ARRAY(...) the planner runs once per
-# statement (an InitPlan), and only when a row naming such a limit is met. A takeover's own
-# occupancy would count against it here, so the skips leave claimed (lapsed) rows to ``admit``.
-_FULL_POOLS = f"""ARRAY(
-    SELECT p.name FROM limits_pool p
-    WHERE p.posture = 'enforce' AND p.slots <= {gated.claimed_in_pool("p.name")})"""
-_FULL_TAGS = f"""ARRAY(
-    SELECT l.tag FROM limits_taglimit l
-    WHERE l.posture = 'enforce' AND l."limit" <= {gated.claimed_with_tag("l.tag")})"""
-# rates.effective_limit and rates.read, in SQL (base_limit < 2^20, so a shift of 31 is 0;
-# decay_step * observations is capped at 31 the same way).
-_FULL_RATES = """ARRAY(
-    SELECT r.name FROM limits_ratelimit r
-    WHERE r.posture = 'enforce'
-      AND coalesce((SELECT m.used FROM limits_rateminute m
-                    WHERE m.rate_limit_id = r.id
-                      AND m.minute = date_trunc('minute', statement_timestamp())), 0)
-          >= GREATEST(r.floor, r.base_limit >> LEAST(31, r.decay_step * (
-                SELECT count(*) FROM limits_rateobservation o
-                WHERE o.rate_limit_id = r.id AND o.observed_at <= statement_timestamp()
-                  AND o.observed_at > statement_timestamp()
-                                      - make_interval(secs => r.decay_window_seconds)))::int))"""
+# The limits full now under enforce, each a function (limits migration 0008) called in a
+# sub-select: an InitPlan the planner runs once per statement, and only when a row naming such a
+# limit is met, priced at the function's COST whatever the limits tables hold (their inline
+# queries' estimates moved with queues_todo's statistics and flipped the claim statement to a
+# custom plan per claim; the migration says how). A takeover's own occupancy would count against
+# it here, so the skips leave claimed (lapsed) rows to ``admit``.
+# (Cast: ``= ANY((SELECT ...))`` alone would be the row-wise ANY of a sub-select.)
+_FULL_POOLS = "(SELECT limits_full_pools())::varchar[]"
+_FULL_TAGS = "(SELECT limits_full_tags())::varchar[]"
+_FULL_RATES = "(SELECT limits_full_rates())::varchar[]"
 
 
 def _earliest(times: list[datetime | None]) -> datetime | None:
