@@ -16,6 +16,7 @@ import inspect
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 BENCHES = {
@@ -57,6 +58,32 @@ def _bench_database() -> None:
         os.environ["DATABASE_URL"] = f"postgresql://{auth}@/{name}?host={host}&port={port}"
     else:
         os.environ["DATABASE_URL"] = f"postgresql://{auth}@{host}:{port}/{name}"
+
+
+def standalone(body: Callable[[], None]) -> int:
+    """A bench module run on its own (``python -m bench.claim_profile``, ``…agent_path_profile``):
+    a fresh bench database, Django set up, Valkey started when none answers, the migrations
+    applied, then ``body``; Valkey stopped again if started here."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "switchboard.settings")
+    _bench_database()
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.core.management import call_command
+
+    from switchboard import embedded
+
+    valkey: Any = None
+    if not embedded.valkey_running(settings.REDIS_URL):
+        valkey = embedded.start_valkey(settings.REDIS_URL)
+    call_command("migrate", verbosity=0)
+    try:
+        body()
+    finally:
+        if valkey is not None:
+            valkey.stop()
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

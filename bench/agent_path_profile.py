@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -39,28 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stub", action="store_true", help="no operation or token lookup")
     parser.add_argument("--profile", choices=KINDS, help="cProfile one more block")
     args = parser.parse_args(argv)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "switchboard.settings")
-    from bench.__main__ import _bench_database
+    from bench.__main__ import standalone
 
-    _bench_database()
-    import django
-
-    django.setup()
-    from django.conf import settings
-    from django.core.management import call_command
-
-    from switchboard import embedded
-
-    valkey: Any = None
-    if not embedded.valkey_running(settings.REDIS_URL):
-        valkey = embedded.start_valkey(settings.REDIS_URL)
-    call_command("migrate", verbosity=0)
-    try:
-        _run(args)
-    finally:
-        if valkey is not None:
-            valkey.stop()
-    return 0
+    return standalone(lambda: _run(args))
 
 
 class _Agent:

@@ -79,28 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         help="idle this long after each statement, as between HTTP requests (backend wakeups)",
     )
     args = parser.parse_args(argv)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "switchboard.settings")
-    from bench.__main__ import _bench_database
+    from bench.__main__ import standalone
 
-    _bench_database()
-    import django
-
-    django.setup()
-    from django.conf import settings
-    from django.core.management import call_command
-
-    from switchboard import embedded
-
-    valkey: Any = None
-    if not embedded.valkey_running(settings.REDIS_URL):
-        valkey = embedded.start_valkey(settings.REDIS_URL)
-    call_command("migrate", verbosity=0)
-    try:
-        _run(args)
-    finally:
-        if valkey is not None:
-            valkey.stop()
-    return 0
+    return standalone(lambda: _run(args))
 
 
 def _run(args: argparse.Namespace) -> None:
