@@ -121,7 +121,7 @@ class LimitRefusal:
 # The limits full now under enforce, each a function (limits migration 0008) called in a
 # sub-select: an InitPlan the planner runs once per statement, and only when a row naming such a
 # limit is met, priced at the function's COST whatever the limits tables hold (their inline
-# queries' estimates moved with queues_todo's statistics and flipped the claim statement to a
+# queries' estimates moved with the todo table's statistics and flipped the claim statement to a
 # custom plan per claim; the migration says how). A takeover's own occupancy would count against
 # it here, so the skips leave claimed (lapsed) rows to ``admit``.
 # (Cast: ``= ANY((SELECT ...))`` alone would be the row-wise ANY of a sub-select.)
