@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from django.db import connection
 from django.db.models import Sum
 from django.utils import timezone
 from psycopg import errors
@@ -170,8 +171,11 @@ def test_a_policy_change_waits_for_a_claim_in_progress_on_a_shard(
         assert len(shards_held(claimer)) == 1
 
         def lower() -> None:
-            budget(p, per="day", limit=1, start=far_start())
-            done.set()
+            try:
+                budget(p, per="day", limit=1, start=far_start())
+                done.set()
+            finally:
+                connection.close()  # the thread's pooled connection back (else held to the end)
 
         writer = threading.Thread(target=lower)
         writer.start()
