@@ -19,6 +19,7 @@ import uvicorn
 from django.db import connection
 
 from switchboard import embedded
+from switchboard.asgi import ARRIVED
 
 T = TypeVar("T")
 
@@ -105,3 +106,40 @@ def serving() -> Iterator[Served]:
     finally:
         server.should_exit = True
         thread.join(timeout=15)
+
+
+def agent_scope(
+    verb: str,
+    token: str | None,
+    body: bytes,
+    *,
+    path: str | None = None,
+    query: bytes = b"",
+    content_type: bytes = b"application/json",
+    host: bytes = b"127.0.0.1:8000",
+    extra: list[tuple[bytes, bytes]] | None = None,
+    arrived: float | None = None,
+) -> dict[str, Any]:
+    """The ASGI scope uvicorn hands the app for an agent's POST (a verb's path unless ``path``)."""
+    headers = [(b"host", host), (b"content-length", str(len(body)).encode())]
+    if content_type:
+        headers.append((b"content-type", content_type))
+    if token is not None:
+        headers.append((b"authorization", f"Bearer {token}".encode()))
+    headers += extra or []
+    path = path or f"/api/v1/agent/{verb}"
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query,
+        "root_path": "",
+        "headers": headers,
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+        ARRIVED: time.monotonic() if arrived is None else arrived,
+    }

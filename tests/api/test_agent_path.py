@@ -24,46 +24,10 @@ from psycopg.pq import TransactionStatus
 
 from queues import services
 from switchboard import mcp, requestdb
-from switchboard.asgi import ARRIVED, OneHopHandler, _Answer
+from switchboard.asgi import OneHopHandler, _Answer
 from switchboard.core import verbs
 from tests.conftest import FIXTURE, Personas, push
-from tests.inprocess import checked_out
-
-
-def _scope(
-    verb: str,
-    token: str | None,
-    body: bytes,
-    *,
-    path: str | None = None,
-    query: bytes = b"",
-    content_type: bytes = b"application/json",
-    host: bytes = b"127.0.0.1:8000",
-    extra: list[tuple[bytes, bytes]] | None = None,
-    arrived: float | None = None,
-) -> dict[str, Any]:
-    headers = [(b"host", host), (b"content-length", str(len(body)).encode())]
-    if content_type:
-        headers.append((b"content-type", content_type))
-    if token is not None:
-        headers.append((b"authorization", f"Bearer {token}".encode()))
-    headers += extra or []
-    path = path or f"/api/v1/agent/{verb}"
-    return {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": query,
-        "root_path": "",
-        "headers": headers,
-        "client": ("127.0.0.1", 50000),
-        "server": ("127.0.0.1", 8000),
-        ARRIVED: time.monotonic() if arrived is None else arrived,
-    }
+from tests.inprocess import agent_scope, checked_out
 
 
 def _body(value: Any) -> bytes:
@@ -93,12 +57,12 @@ def _wire(response: _Answer | HttpResponseBase) -> tuple[int, list[tuple[bytes, 
 def _same(handler: OneHopHandler, verb: str, token: str | None, value: Any, **kw: Any) -> Any:
     """Send the request both ways; the answers must be the same on the wire. Returns the JSON."""
     body = _body(value)
-    lean = _lean(handler, _scope(verb, token, body, **kw), body)
+    lean = _lean(handler, agent_scope(verb, token, body, **kw), body)
     assert lean is not None, (verb, value)
     # Given back to the pool at the request's end, or kept clean for the thread's next request
     # (switchboard.requestdb; tests/api/test_request_connection.py).
     assert connection.connection is None or requestdb._clean(connection)
-    django = _django(handler, _scope(verb, token, body, **kw), body)
+    django = _django(handler, agent_scope(verb, token, body, **kw), body)
     assert _wire(lean) == _wire(django), (verb, value)
     return json.loads(lean.body)
 
@@ -142,7 +106,7 @@ def test_reads_and_refusals_are_the_same_on_the_wire(
 
 def _pair(verb: str, token: str | None, value: Any, **kw: Any) -> tuple[dict[str, Any], bytes]:
     body = _body(value)
-    return _scope(verb, token, body, **kw), body
+    return agent_scope(verb, token, body, **kw), body
 
 
 def test_a_claim_and_its_completion_answer_as_djangos(
@@ -211,7 +175,7 @@ def test_anything_else_is_left_to_django_before_anything_is_charged(
         _pair("claim_next", None, {}),
         _pair("claim_next", once, {"bogus": 1}),  # the input model refuses it
         _pair("claim_next", once, {"queue": "in\x00box"}),  # the edge check refuses it
-        (_scope("claim_next", once, b"{not json"), b"{not json"),
+        (agent_scope("claim_next", once, b"{not json"), b"{not json"),
     ]
     for scope, body in declined:
         assert _lean(handler, scope, body) is None, scope
@@ -266,7 +230,9 @@ def test_an_mcp_body_past_djangos_bound_answers_as_djangos(
 @override_settings(AGENT_FAST_PATH=False)
 def test_the_setting_turns_the_lean_path_off(tx_personas: Personas) -> None:
     handler = OneHopHandler(threads=0)
-    assert handler.agent_path.route(_scope("claim_next", tx_personas.agent_token, b"{}")) is None
+    assert (
+        handler.agent_path.route(agent_scope("claim_next", tx_personas.agent_token, b"{}")) is None
+    )
 
 
 def test_a_refusal_is_logged_as_django_logs_it(
@@ -288,10 +254,10 @@ def test_a_refusal_is_logged_as_django_logs_it(
 
 def test_every_verb_path_is_served_while_it_resolves_to_its_verb(handler: OneHopHandler) -> None:
     for name in verbs.load_verbs():
-        scope = _scope(name, "sbk_x", b"{}")
+        scope = agent_scope(name, "sbk_x", b"{}")
         assert handler.agent_path.route(scope) is verbs.get(name), name
-    assert handler.agent_path.route(_scope("nope", "sbk_x", b"{}")) is None
-    events = _scope("claim_next", "sbk_x", b"{}") | {"path": "/api/v1/agent/events"}
+    assert handler.agent_path.route(agent_scope("nope", "sbk_x", b"{}")) is None
+    events = agent_scope("claim_next", "sbk_x", b"{}") | {"path": "/api/v1/agent/events"}
     assert handler.agent_path.route(events) is None
 
 
@@ -320,7 +286,7 @@ def _mcp_scope(
     if b"content-type" in sent:
         kw["content_type"] = sent.pop(b"content-type")
     extra = [(k, v) for k, v in sent.items() if v]
-    return _scope("", token, body, path=f"/mcp/{slug}", extra=extra, **kw), body
+    return agent_scope("", token, body, path=f"/mcp/{slug}", extra=extra, **kw), body
 
 
 def _tool(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -448,7 +414,9 @@ def test_mcp_forms_and_queries_take_djangos_path_and_a_stream_answers_the_same(
 ) -> None:
     p = tx_personas
     form = {b"content-type": b"application/x-www-form-urlencoded"}
-    assert _mcp_lean(handler, *_mcp_scope(p.agent.slug, p.agent_token, {}, headers=form)) is None
+    assert (
+        _mcp_lean(handler, *_mcp_scope(p.agent.slug, p.agent_token, {}, headers=form)) is None
+    )
     query = _mcp_scope(p.agent.slug, p.agent_token, _tool("claim_next", {}), query=b"a=b")
     assert handler.agent_path.route(query[0]) is None
     for _ in range(2):  # the second time from what the path kept

@@ -21,35 +21,15 @@ from django.db import connection, transaction
 from psycopg.pq import TransactionStatus
 
 from switchboard import requestdb
-from switchboard.asgi import ARRIVED, OneHopHandler, _Workers
+from switchboard.asgi import OneHopHandler, _Workers
 from switchboard.pgpool import base as pgpool
 from tests.conftest import Personas, push
-from tests.inprocess import checked_out, settle
+from tests.inprocess import agent_scope, checked_out, settle
 
 
 def _claim(handler: OneHopHandler, token: str) -> tuple[int, dict[str, Any]]:
     body = b"{}"
-    path = "/api/v1/agent/claim_next"
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [
-            (b"host", b"127.0.0.1:8000"),
-            (b"content-length", b"2"),
-            (b"content-type", b"application/json"),
-            (b"authorization", f"Bearer {token}".encode()),
-        ],
-        "client": ("127.0.0.1", 50000),
-        "server": ("127.0.0.1", 8000),
-        ARRIVED: time.monotonic(),
-    }
+    scope = agent_scope("claim_next", token, body)
     spec = handler.agent_path.route(scope)
     assert spec is not None and not isinstance(spec, str)
     answer = handler.agent_path.serve(scope, body, spec)
