@@ -414,9 +414,7 @@ def test_mcp_forms_and_queries_take_djangos_path_and_a_stream_answers_the_same(
 ) -> None:
     p = tx_personas
     form = {b"content-type": b"application/x-www-form-urlencoded"}
-    assert (
-        _mcp_lean(handler, *_mcp_scope(p.agent.slug, p.agent_token, {}, headers=form)) is None
-    )
+    assert _mcp_lean(handler, *_mcp_scope(p.agent.slug, p.agent_token, {}, headers=form)) is None
     query = _mcp_scope(p.agent.slug, p.agent_token, _tool("claim_next", {}), query=b"a=b")
     assert handler.agent_path.route(query[0]) is None
     for _ in range(2):  # the second time from what the path kept
