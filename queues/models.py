@@ -276,12 +276,16 @@ class Todo(models.Model):
 
     class Meta:
         ordering = ["created_at", "id"]
-        # In the database, the CHECKs on fields no transition changes (pool, rate_limit, tags,
-        # queue, title, max_attempts: the seven named in queues migration 0013) are a trigger
-        # with the same names, rules and errors, run when a write sets those fields: a CHECK
-        # runs on every update of the row, and the claim and its ending update it twice per
-        # cycle (issue 12). Django's state keeps all of them here, so model validation runs
-        # them; a change to one of the seven is a change to todo_fields_check() too.
+        # In the database none of these CHECKs is a CHECK: each is a trigger's rule with the
+        # same name, rule and error. PostgreSQL parses and plans every CHECK of a table again in
+        # each statement that writes a row, and the claim and its ending update it twice per
+        # cycle (issue 12); a PL/pgSQL function keeps its plans. The seven on fields no
+        # transition changes (pool, rate_limit, tags, queue, title, max_attempts; queues
+        # migration 0013) run when a write sets those fields (todo_fields_check); the others, and
+        # the >= 0 rules of ``attempt`` and ``rings`` (queues_todo_attempt_check,
+        # queues_todo_rings_check), on every insert and every update that sets a column they
+        # read (todo_state_check, queues migration 0016). Django's state keeps all of them here,
+        # so model validation runs them; a change to one is a change to those functions too.
         constraints = [
             models.CheckConstraint(name="todo_pool_format", condition=Q(pool__regex=LIMIT_NAME_RE)),
             models.CheckConstraint(
@@ -472,7 +476,8 @@ class Attempt(models.Model):
             # it is a trigger of the same name, not this partial unique index (queues migration
             # 0015): an index whose predicate reads ended_at made every attempt's end update a
             # non-HOT one, a new tuple and an entry in each B-tree, once per claim cycle (issue
-            # 12). Django's state keeps it here, so model validation runs it.
+            # 12). Django's state keeps it here, so model validation runs it. The CHECKs below
+            # are that trigger's rules in the database (queues migration 0016), as the todo's.
             models.UniqueConstraint(
                 fields=["todo"], condition=Q(ended_at__isnull=True), name="attempt_one_open"
             ),

@@ -1,7 +1,9 @@
-"""The todo's and attempt's CHECK rules in their cheaper forms (queues migrations 0012 and 0013,
-issue 12): the same rows refused, under the same constraint names, whether a rule is a compact
-CHECK or the trigger that checks the fields no transition changes; and the shape that keeps a
-claim cycle from paying for them (no BEFORE UPDATE trigger, no CHECK on those fields)."""
+"""The todo's and attempt's CHECK rules in their cheaper forms (queues migrations 0012, 0013 and
+0016, issue 12): the same rows refused, under the same constraint names, now that every rule is
+checked by a trigger (the fields no transition changes by todo_fields_check, the transition
+rules by todo_state_check, the attempt's by attempt_one_open); and the shape that keeps a claim
+cycle from paying for them (no CHECK rebuilt per statement, no BEFORE UPDATE trigger, no
+trigger on the fields a cycle never sets)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from queues import services, sql
 from queues.models import Attempt, Todo
 from tests.conftest import Personas, push
 
-# The rules a trigger checks (migration 0013): a write that sets none of these fields skips it.
+# The rules todo_fields_check checks (migration 0013): a write that sets none of these fields
+# skips it.
 TRIGGER_RULES = {
     "todo_pool_format",
     "todo_rate_limit_format",
@@ -39,6 +42,12 @@ REFUSED: list[tuple[str, str, str]] = [
     ("todo_max_attempts_range", "max_attempts", "101"),
     ("todo_max_attempts_range", "max_attempts", "0"),
     ("todo_state_valid", "state", "'nonsense'"),
+    # todo_state_check (migration 0016), on a pending todo with max_attempts 5.
+    ("todo_attempt_within_max", "attempt", "6"),
+    ("queues_todo_attempt_check", "attempt", "-1"),
+    ("queues_todo_rings_check", "rings", "-1"),
+    ("todo_claimed_has_lease", "state", "'claimed'"),
+    ("todo_retry_only_when_failed", "next_retry_at", "now()"),
 ]
 
 # Values each rule lets through (a NULL passes a CHECK).
@@ -52,6 +61,10 @@ ACCEPTED: list[tuple[str, str]] = [
     ("queue", "'Inbox:2.x-y'"),
     ("max_attempts", "100"),
     ("state", "'discarded'"),
+    ("attempt", "5"),
+    ("rings", "3"),
+    ("next_retry_at", "NULL"),
+    ("lease_expires_at", "now()"),
 ]
 
 # A valid todo row as SQL values; ``endpoint_id`` is bound.
@@ -98,6 +111,16 @@ def test_each_rule_refuses_an_insert_and_an_update_under_its_name(
     assert Todo.objects.count() == 1
 
 
+def test_a_row_breaking_two_rules_names_the_one_it_named_before(personas: Personas) -> None:
+    """When the transition rules were CHECKs, an insert ran the field rules' BEFORE trigger
+    first and an update ran the CHECKs before the field rules' AFTER trigger."""
+    (todo,) = push(personas, 1)
+    insert = _insert("state", "'nonsense'").replace("'checked'", "''")
+    assert _refused_by(insert, [personas.agent.id]) == "todo_title_nonempty"
+    update = "UPDATE queues_todo SET state = 'nonsense', title = '' WHERE id = %s"
+    assert _refused_by(update, [todo.id]) == "todo_state_valid"
+
+
 @pytest.mark.parametrize(("column", "value"), ACCEPTED)
 def test_each_rule_accepts_what_it_accepted(personas: Personas, column: str, value: str) -> None:
     (todo,) = push(personas, 1)
@@ -115,38 +138,65 @@ def test_the_attempt_rules_refuse_under_their_names(personas: Personas) -> None:
         ("attempt_outcome_valid", "ended_at = now(), outcome = 'nonsense'"),
         ("attempt_ended_has_outcome", "ended_at = now()"),
         ("attempt_ended_has_outcome", "outcome = 'completed'"),
+        ("attempt_number_positive", "number = 0"),
     ]
     for rule, change in cases:
         statement = f"UPDATE queues_attempt SET {change} WHERE id = %s"
         assert _refused_by(statement, [attempt.id]) == rule
+    # And on an insert (an ended attempt: history, which the one-open rule lets through).
+    insert = (
+        "INSERT INTO queues_attempt (todo_id, number, endpoint_id, claimant, via, claimed_at,"
+        " lease_expires_at, summary, ended_at, outcome)"
+        " VALUES (%s, {number}, %s, '', 'api', now(), now(), '', {ended_at}, {outcome})"
+    )
+    inserts = [
+        ("attempt_number_positive", {"number": "0"}),
+        ("attempt_ended_has_outcome", {"outcome": "NULL"}),
+        ("attempt_outcome_valid", {"outcome": "'nonsense'"}),
+    ]
+    for rule, values in inserts:
+        row = {"number": "1", "ended_at": "now()", "outcome": "'released'", **values}
+        assert _refused_by(insert.format(**row), [todo.id, personas.agent.id]) == rule
     with connection.cursor() as cur:  # both set: accepted
         cur.execute(
             "UPDATE queues_attempt SET ended_at = now(), outcome = 'expired' WHERE id = %s",
             [attempt.id],
         )
+        cur.execute(
+            insert.format(number="1", ended_at="now()", outcome="'released'"),
+            [todo.id, personas.agent.id],
+        )
 
 
-def test_no_claim_cycle_write_pays_for_the_fields_it_never_sets(db: None) -> None:
-    """A CHECK runs (parsed from its stored text, planned, evaluated) on every update of the
-    row; a BEFORE UPDATE row trigger locks the row again in every update, whatever fields it
-    names. The claim and its ending set none of the trigger's fields, so they pay for neither."""
+def test_no_claim_cycle_write_pays_for_a_rule_it_cannot_break(db: None) -> None:
+    """A CHECK is parsed from its stored text and planned in every statement that writes a row
+    of its table, whatever it sets, and so is a trigger's WHEN clause; a PL/pgSQL function keeps
+    its plans for the session. A BEFORE UPDATE row trigger locks the row again in every update,
+    whatever fields it names. So: no CHECK on either table, no WHEN, no BEFORE UPDATE row
+    trigger; the claim and its ending set none of the fields todo_fields_check_update watches,
+    and todo_checks_update watches exactly the columns its rules read."""
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT conname FROM pg_constraint"
-            " WHERE conrelid = 'queues_todo'::regclass AND contype = 'c'"
+            "SELECT conname FROM pg_constraint WHERE contype = 'c'"
+            " AND conrelid IN ('queues_todo'::regclass, 'queues_attempt'::regclass)"
         )
-        checks = {name for (name,) in cur.fetchall()}
+        assert cur.fetchall() == []
         cur.execute(
-            "SELECT tgname, tgtype, pg_get_triggerdef(oid) FROM pg_trigger"
-            " WHERE tgrelid = 'queues_todo'::regclass AND NOT tgisinternal"
+            "SELECT tgname, tgtype, pg_get_triggerdef(oid), tgqual IS NOT NULL FROM pg_trigger"
+            " WHERE tgrelid IN ('queues_todo'::regclass, 'queues_attempt'::regclass)"
+            " AND NOT tgisinternal"
         )
-        triggers = cur.fetchall()
-    assert checks.isdisjoint(TRIGGER_RULES), checks & TRIGGER_RULES
-    assert "todo_state_valid" in checks and "todo_claimed_has_lease" in checks
+        triggers = {name: (kind, definition, when) for name, kind, definition, when in cur}
+    assert [name for name, (_, _, when) in triggers.items() if when] == []
     # tgtype bits: 1 row, 2 before, 16 update.
-    assert [name for name, kind, _ in triggers if kind & 1 and kind & 2 and kind & 16] == []
-    (update,) = [d for name, _, d in triggers if name == "todo_fields_check_update"]
-    assert "AFTER UPDATE OF queue, title, pool, tags, rate_limit, max_attempts" in update
+    assert [n for n, (kind, _, _) in triggers.items() if kind & 1 and kind & 2 and kind & 16] == []
+    fields = triggers["todo_fields_check_update"][1]
+    assert "AFTER UPDATE OF queue, title, pool, tags, rate_limit, max_attempts" in fields
+    rules = triggers["todo_checks_update"][1]
+    assert (
+        "AFTER UPDATE OF state, attempt, max_attempts, lease_expires_at, next_retry_at, rings"
+        in rules
+    )
     for statement in (sql.claim_next_sql(bare=True), sql.complete_sql()):
         assigned = statement.split("SET", 1)[1]
         for column in ("queue =", "title =", "pool =", "tags =", "rate_limit =", "max_attempts ="):
