@@ -753,8 +753,14 @@ def claim_locked(
 # The caller holds the claim: the current attempt is open, its lease has not lapsed, and the
 # caller names it. A fenced attempt needs its token; a token or an attempt number naming another
 # attempt is a superseded holder. Operators (release from the console) need neither.
+# The todo is found by its primary key: ``COLLATE "C"`` (the same equality: the database's
+# collation is deterministic) keeps the planner from reading every claimed row of the endpoint
+# through todo_claimed_idx, whose predicate a plain ``state = 'claimed'`` matches; with
+# statistics taken while little was in flight, the prepared (generic) plan did that, and an
+# ending's cost grew with the endpoint's claims in flight (issue 12;
+# tests/queues/test_ending_plan.py).
 HOLDS_CLAIM = """
-    t.id = %(id)s AND t.endpoint_id = ANY(%(endpoints)s) AND t.state = 'claimed'
+    t.id = %(id)s AND t.endpoint_id = ANY(%(endpoints)s) AND t.state = 'claimed' COLLATE "C"
     AND a.todo_id = t.id AND a.number = t.attempt AND a.ended_at IS NULL
     AND (%(operator)s OR (
         t.lease_expires_at > clock_timestamp()
