@@ -1,0 +1,181 @@
+"""uvicorn's HTTP protocol (httptools) with each response's head and body in one write.
+
+uvicorn writes a response's status line and headers as soon as the app sends
+``http.response.start``, and its body in a second write: two ``send`` system calls, two TCP
+segments and two wake-ups of the client for every response, where one would do. Over loopback
+the kernel delivers each segment to the receiving socket inside the sender's system call, so on
+the agent path (a few hundred bytes per answer) the head's write was the largest single item of
+the event loop's CPU in a profile of the web process under load (issue 11: ~14 % of its GIL
+samples, the body's write another ~2 %).
+
+``Protocol`` keeps the head of a response that declares its Content-Length and sends it with
+the first body write, or before the connection is closed, whichever comes first. A response
+without a Content-Length (an event stream, chunked) has its head written at once as before, so
+a client sees a stream open before its first event. Nothing else changes: keep-alive,
+pipelining, flow control, ``Connection: close``, HEAD and the timeouts are uvicorn's own.
+
+Every launch command selects it: ``make run`` (``manage.py serve``) and the tests' servers with
+``--http switchboard.webserver:Protocol``, the README's production command with gunicorn's
+worker class ``switchboard.webserver.Worker``. This module imports no Django: gunicorn's master
+imports it before any worker loads the app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import (
+    HEADER_RE,
+    HEADER_VALUE_RE,
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
+from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
+
+PROTOCOL = "switchboard.webserver:Protocol"
+# The scope's extension naming the request's cycle (a weak reference: the cycle holds the scope).
+CYCLE = "switchboard.cycle"
+
+
+class _OneWrite:
+    """The connection's transport as one response's cycle sees it until its head is written:
+    the head of a response with a Content-Length (and a body: not HEAD) is held and goes out
+    with the next write, the body's, or before a close. Then the cycle writes to the transport
+    itself again."""
+
+    __slots__ = ("_cycle", "_head", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, cycle: RequestResponseCycle) -> None:
+        self._transport = transport
+        self._cycle = cycle
+        self._head: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        cycle = self._cycle
+        head = self._head
+        if head is not None:
+            self._head = None
+            cycle.transport = self._transport
+            self._transport.write(head + data)
+        elif not cycle.response_started:  # "100 Continue", written while the body is read
+            self._transport.write(data)
+        elif cycle.chunked_encoding is False and cycle.scope["method"] != "HEAD":
+            # The head (uvicorn writes it whole when the response starts); the body's write
+            # follows, even an empty one (Content-Length: 0).
+            self._head = data
+        else:  # no Content-Length (chunked: a stream) or HEAD (no body write): as uvicorn does
+            cycle.transport = self._transport
+            self._transport.write(data)
+
+    def close(self) -> None:
+        head = self._head
+        if head is not None:
+            self._head = None
+            self._transport.write(head)
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class Protocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, each response written once (head and body together)."""
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        # Each request's cycle is started here (at once, or after the pipelined ones before
+        # it), before it can write anything.
+        cycle.transport = _OneWrite(self.transport, cycle)  # type: ignore[assignment]
+        scope: dict[str, Any] = cycle.scope  # type: ignore[assignment]  # a TypedDict
+        scope.setdefault("extensions", {})[CYCLE] = weakref.ref(cycle)
+        super()._start_asgi_task(cycle, app)
+
+
+def send_whole(
+    scope: dict[str, Any], status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes
+) -> bool:
+    """Send a whole response in one call, without awaiting: the bytes uvicorn's ``send`` writes
+    for ``http.response.start`` then one ``http.response.body`` (its default headers, names in
+    lower case, ``connection: close`` when the connection ends), in one write, and the response
+    completed as ``send`` completes it (keep-alive, the next pipelined request, the access log).
+
+    For an app's answer already in memory (the agents' lean path): two awaited ``send`` calls,
+    each checking every header again, cost ~15 µs of the event loop per response (issue 11).
+    Returns False, having done nothing, when the server is not ``Protocol`` or the response is
+    not a plain one this mirrors (HEAD, a Content-Length not the body's, a Connection or
+    Transfer-Encoding header, a header uvicorn would refuse, a client gone or not reading):
+    the app then sends it with ``send`` as before."""
+    extensions = scope.get("extensions")
+    ref = extensions.get(CYCLE) if extensions else None
+    cycle: RequestResponseCycle | None = ref() if ref is not None else None
+    if (
+        cycle is None
+        or cycle.response_started
+        or cycle.disconnected
+        or cycle.flow.write_paused
+        or scope["method"] == "HEAD"
+    ):
+        return False
+    content = [STATUS_LINE[status]]
+    length = None
+    for name, value in (*cycle.default_headers, *headers):
+        if HEADER_RE.search(name) or HEADER_VALUE_RE.search(value):
+            return False  # send raises on it
+        name = name.lower()
+        if name == b"content-length":
+            if length is not None:
+                return False
+            length = value
+        elif name in (b"connection", b"transfer-encoding"):
+            return False
+        content.extend((name, b": ", value, b"\r\n"))
+    if length is None or not length.isdigit() or int(length) != len(body):
+        return False
+    if not cycle.keep_alive:
+        content.append(b"connection: close\r\n")
+    content.append(b"\r\n")
+    content.append(body)
+    if cycle.access_log:
+        cycle.access_logger.info(
+            '%s - "%s %s HTTP/%s" %d',
+            get_client_addr(cycle.scope),
+            scope["method"],
+            get_path_with_query_string(cycle.scope),
+            scope["http_version"],
+            status,
+        )
+    transport = cycle.transport
+    if isinstance(transport, _OneWrite):
+        transport = transport._transport
+        cycle.transport = transport
+    cycle.response_started = True
+    cycle.waiting_for_100_continue = False
+    cycle.chunked_encoding = False
+    cycle.expected_content_length = 0
+    cycle.response_complete = True
+    transport.write(b"".join(content))
+    cycle.message_event.set()
+    if not cycle.keep_alive:
+        transport.close()
+    cycle.on_response()
+    return True
+
+
+def __getattr__(name: str) -> Any:
+    """``Worker``, made when gunicorn asks for it: ``uvicorn.workers`` imports gunicorn, which
+    ``make run``'s uvicorn (importing ``Protocol`` from here) has no use for."""
+    if name != "Worker":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from uvicorn.workers import UvicornWorker
+
+    class Worker(UvicornWorker):
+        """gunicorn's worker class for the production command: uvicorn with uvloop and
+        ``Protocol`` (uvicorn's own worker class picks httptools itself)."""
+
+        CONFIG_KWARGS = {"loop": "uvloop", "http": PROTOCOL}
+
+    globals()["Worker"] = Worker
+    return Worker
