@@ -39,19 +39,28 @@ from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 PROTOCOL = "switchboard.webserver:Protocol"
 # The scope's extension naming the request's cycle (a weak reference: the cycle holds the scope).
 CYCLE = "switchboard.cycle"
+# An app's header as send_whole writes it, checked as uvicorn's send checks it, per (name,
+# value): an agent's answers repeat the same few headers (their lengths vary a little), and
+# checking each against two regular expressions on every response was most of the cost of
+# sending it. Emptied when full. (uvicorn's own headers, the date changing every second, are
+# not kept.)
+_LINES: dict[tuple[bytes, bytes], bytes] = {}
+_LINES_MAX = 1024
+_FRAMING = (b"content-length:", b"connection:", b"transfer-encoding:")
 
 
 class _OneWrite:
-    """The connection's transport as one response's cycle sees it until its head is written:
-    the head of a response with a Content-Length (and a body: not HEAD) is held and goes out
-    with the next write, the body's, or before a close. Then the cycle writes to the transport
-    itself again."""
+    """The connection's transport as a response's cycle sees it until its head is written: the
+    head of a response with a Content-Length (and a body: not HEAD) is held and goes out with
+    the next write, the body's, or before a close. Then the cycle writes to the transport
+    itself again. One per connection, given to each request's cycle in turn (a connection's
+    responses are written one after the other, pipelined ones included)."""
 
     __slots__ = ("_cycle", "_head", "_transport")
 
-    def __init__(self, transport: asyncio.Transport, cycle: RequestResponseCycle) -> None:
+    def __init__(self, transport: asyncio.Transport) -> None:
         self._transport = transport
-        self._cycle = cycle
+        self._cycle: RequestResponseCycle = None  # type: ignore[assignment]  # set per request
         self._head: bytes | None = None
 
     def write(self, data: bytes) -> None:
@@ -85,10 +94,16 @@ class _OneWrite:
 class Protocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, each response written once (head and body together)."""
 
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._one_write = _OneWrite(transport)
+
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         # Each request's cycle is started here (at once, or after the pipelined ones before
         # it), before it can write anything.
-        cycle.transport = _OneWrite(self.transport, cycle)  # type: ignore[assignment]
+        one_write = self._one_write
+        one_write._cycle = cycle
+        cycle.transport = one_write  # type: ignore[assignment]
         scope: dict[str, Any] = cycle.scope  # type: ignore[assignment]  # a TypedDict
         scope.setdefault("extensions", {})[CYCLE] = weakref.ref(cycle)
         super()._start_asgi_task(cycle, app)
@@ -103,7 +118,8 @@ def send_whole(
     completed as ``send`` completes it (keep-alive, the next pipelined request, the access log).
 
     For an app's answer already in memory (the agents' lean path): two awaited ``send`` calls,
-    each checking every header again, cost ~15 µs of the event loop per response (issue 11).
+    each checking every header again, cost ~15 µs of the event loop per response (issue 11);
+    the same answer through this, its headers' lines kept (``_LINES``), costs a third of that.
     Returns False, having done nothing, when the server is not ``Protocol`` or the response is
     not a plain one this mirrors (HEAD, a Content-Length not the body's, a Connection or
     Transfer-Encoding header, a header uvicorn would refuse, a client gone or not reading):
@@ -120,18 +136,27 @@ def send_whole(
     ):
         return False
     content = [STATUS_LINE[status]]
-    length = None
-    for name, value in (*cycle.default_headers, *headers):
-        if HEADER_RE.search(name) or HEADER_VALUE_RE.search(value):
-            return False  # send raises on it
-        name = name.lower()
-        if name == b"content-length":
-            if length is not None:
-                return False
-            length = value
-        elif name in (b"connection", b"transfer-encoding"):
+    for name, value in cycle.default_headers:  # date, server and any --header
+        line = _line(name, value)
+        if line is None or line.startswith(_FRAMING):
             return False
-        content.extend((name, b": ", value, b"\r\n"))
+        content.append(line)
+    length = None
+    lines = _LINES
+    for header in headers:
+        line = lines.get(header)
+        if line is None:
+            line = _line(*header)
+            if line is None:
+                return False
+            if len(lines) >= _LINES_MAX:
+                lines.clear()
+            lines[header] = line
+        if line.startswith(_FRAMING):
+            if not line.startswith(b"content-length:") or length is not None:
+                return False
+            length = header[1]
+        content.append(line)
     if length is None or not length.isdigit() or int(length) != len(body):
         return False
     if not cycle.keep_alive:
@@ -162,6 +187,14 @@ def send_whole(
         transport.close()
     cycle.on_response()
     return True
+
+
+def _line(name: bytes, value: bytes) -> bytes | None:
+    """A header's line as uvicorn's send writes it (the name in lower case), or None when send
+    would refuse it."""
+    if HEADER_RE.search(name) or HEADER_VALUE_RE.search(value):
+        return None
+    return b"".join((name.lower(), b": ", value, b"\r\n"))
 
 
 def __getattr__(name: str) -> Any:
