@@ -76,14 +76,14 @@ def server_command(
     if server == "gunicorn":
         return [
             sys.executable, "-m", "gunicorn", "switchboard.asgi:application",
-            "-k", "uvicorn.workers.UvicornWorker", "-w", str(workers),
+            "-k", "switchboard.webserver.Worker", "-w", str(workers),
             "-b", f"{host}:{port}", "--log-level", "warning",
         ]  # fmt: skip
     return [
         sys.executable, "-m", "uvicorn", "switchboard.asgi:application",
         "--host", host, "--port", str(port), "--workers", str(workers),
         "--lifespan", "off", "--no-access-log", "--log-level", "warning",
-        "--http", "httptools", "--loop", "uvloop",
+        "--http", "switchboard.webserver:Protocol", "--loop", "uvloop",
     ]  # fmt: skip
 
 

@@ -90,7 +90,7 @@ def serving() -> Iterator[Served]:
         port=port,
         log_level="warning",
         lifespan="off",
-        http="httptools",
+        http="switchboard.webserver:Protocol",
         loop="uvloop",
         timeout_graceful_shutdown=2,
     )

@@ -87,6 +87,8 @@ def server(django_db_setup: Any) -> Iterator[str]:
         port=port,
         log_level="warning",
         lifespan="off",
+        http="switchboard.webserver:Protocol",
+        loop="uvloop",
         timeout_graceful_shutdown=2,
     )
     srv = uvicorn.Server(config)

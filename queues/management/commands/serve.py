@@ -195,7 +195,7 @@ class Command(BaseCommand):
                 [
                     python, "-m", "uvicorn", "switchboard.asgi:application",
                     "--host", host, "--port", str(port), "--lifespan", "off",
-                    "--http", "httptools", "--loop", "uvloop",
+                    "--http", "switchboard.webserver:Protocol", "--loop", "uvloop",
                     # Open event streams must not hold a shutdown past the stop timeout.
                     "--timeout-graceful-shutdown", "5",
                 ],
