@@ -55,7 +55,7 @@ from django.utils.module_loading import import_string  # noqa: E402
 from ninja.responses import NinjaJSONEncoder  # noqa: E402
 
 from switchboard import api as agent_api  # noqa: E402
-from switchboard import mcp, requestdb, webserver  # noqa: E402
+from switchboard import mcp, requestdb  # noqa: E402
 from switchboard import middleware as edge  # noqa: E402
 from switchboard.core import availability, verbs  # noqa: E402
 from switchboard.core.errors import InvalidArgument  # noqa: E402
@@ -693,16 +693,14 @@ class OneHopHandler(ASGIHandler):
         try:
             answer = await self.workers.run(self._respond_agent, scope, body_file, route)
             if isinstance(answer, _Answer):
-                # In one call on switchboard.webserver's protocol (every launch command's).
-                if not webserver.send_whole(scope, answer.status, answer.headers, answer.body):
-                    await send(
-                        {
-                            "type": "http.response.start",
-                            "status": answer.status,
-                            "headers": answer.headers,
-                        }
-                    )
-                    await send({"type": "http.response.body", "body": answer.body})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": answer.status,
+                        "headers": answer.headers,
+                    }
+                )
+                await send({"type": "http.response.body", "body": answer.body})
             else:
                 await self._send(answer, receive, send)
         finally:

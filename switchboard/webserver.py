@@ -24,30 +24,11 @@ imports it before any worker loads the app.
 from __future__ import annotations
 
 import asyncio
-import weakref
-from collections.abc import Sequence
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import (
-    HEADER_RE,
-    HEADER_VALUE_RE,
-    STATUS_LINE,
-    HttpToolsProtocol,
-    RequestResponseCycle,
-)
-from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 PROTOCOL = "switchboard.webserver:Protocol"
-# The scope's extension naming the request's cycle (a weak reference: the cycle holds the scope).
-CYCLE = "switchboard.cycle"
-# An app's header as send_whole writes it, checked as uvicorn's send checks it, per (name,
-# value): an agent's answers repeat the same few headers (their lengths vary a little), and
-# checking each against two regular expressions on every response was most of the cost of
-# sending it. Emptied when full. (uvicorn's own headers, the date changing every second, are
-# not kept.)
-_LINES: dict[tuple[bytes, bytes], bytes] = {}
-_LINES_MAX = 1024
-_FRAMING = (b"content-length:", b"connection:", b"transfer-encoding:")
 
 
 class _OneWrite:
@@ -105,98 +86,7 @@ class Protocol(HttpToolsProtocol):
         one_write = self._one_write
         one_write._cycle = cycle
         cycle.transport = one_write  # type: ignore[assignment]
-        scope: dict[str, Any] = cycle.scope  # type: ignore[assignment]  # a TypedDict
-        scope.setdefault("extensions", {})[CYCLE] = weakref.ref(cycle)
         super()._start_asgi_task(cycle, app)
-
-
-def send_whole(
-    scope: dict[str, Any], status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes
-) -> bool:
-    """Send a whole response in one call, without awaiting: the bytes uvicorn's ``send`` writes
-    for ``http.response.start`` then one ``http.response.body`` (its default headers, names in
-    lower case, ``connection: close`` when the connection ends), in one write, and the response
-    completed as ``send`` completes it (keep-alive, the next pipelined request, the access log).
-
-    For an app's answer already in memory (the agents' lean path): two awaited ``send`` calls,
-    each checking every header again, cost ~15 µs of the event loop per response (issue 11).
-    Through this, its headers' lines kept (``_LINES``), the loop's whole part of a request
-    (parsing, the task, the answer) measured ~6 µs less, one thread timed alone.
-    Returns False, having done nothing, when the server is not ``Protocol`` or the response is
-    not a plain one this mirrors (HEAD, a Content-Length not the body's, a Connection or
-    Transfer-Encoding header, a header uvicorn would refuse, a client gone or not reading):
-    the app then sends it with ``send`` as before."""
-    extensions = scope.get("extensions")
-    ref = extensions.get(CYCLE) if extensions else None
-    cycle: RequestResponseCycle | None = ref() if ref is not None else None
-    if (
-        cycle is None
-        or cycle.response_started
-        or cycle.disconnected
-        or cycle.flow.write_paused
-        or scope["method"] == "HEAD"
-    ):
-        return False
-    content = [STATUS_LINE[status]]
-    for name, value in cycle.default_headers:  # date, server and any --header
-        line = _line(name, value)
-        if line is None or line.startswith(_FRAMING):
-            return False
-        content.append(line)
-    length = None
-    lines = _LINES
-    for header in headers:
-        line = lines.get(header)
-        if line is None:
-            line = _line(*header)
-            if line is None:
-                return False
-            if len(lines) >= _LINES_MAX:
-                lines.clear()
-            lines[header] = line
-        if line.startswith(_FRAMING):
-            if not line.startswith(b"content-length:") or length is not None:
-                return False
-            length = header[1]
-        content.append(line)
-    if length is None or not length.isdigit() or int(length) != len(body):
-        return False
-    if not cycle.keep_alive:
-        content.append(b"connection: close\r\n")
-    content.append(b"\r\n")
-    content.append(body)
-    if cycle.access_log:
-        cycle.access_logger.info(
-            '%s - "%s %s HTTP/%s" %d',
-            get_client_addr(cycle.scope),
-            scope["method"],
-            get_path_with_query_string(cycle.scope),
-            scope["http_version"],
-            status,
-        )
-    transport = cycle.transport
-    if isinstance(transport, _OneWrite):
-        transport = transport._transport
-        cycle.transport = transport
-    cycle.response_started = True
-    cycle.waiting_for_100_continue = False
-    cycle.chunked_encoding = False
-    cycle.expected_content_length = 0
-    cycle.response_complete = True
-    transport.write(b"".join(content))
-    cycle.message_event.set()
-    if not cycle.keep_alive:
-        transport.close()
-    cycle.on_response()
-    return True
-
-
-def _line(name: bytes, value: bytes) -> bytes | None:
-    """A header's line as uvicorn's send writes it (the name in lower case), or None when send
-    would refuse it."""
-    if HEADER_RE.search(name) or HEADER_VALUE_RE.search(value):
-        return None
-    return b"".join((name.lower(), b": ", value, b"\r\n"))
 
 
 def __getattr__(name: str) -> Any:

@@ -23,7 +23,6 @@ import uvicorn
 from switchboard import embedded, webserver
 
 WRITES: list[bytes] = []
-WHOLE: list[bool] = []  # what send_whole returned, per /whole request
 _release = threading.Event()
 
 
@@ -70,15 +69,10 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"9")]}
         )
         raise RuntimeError("the app failed after starting its response")
-    content = b"echo:" + path.removeprefix("/whole").encode() + b":" + body
+    content = b"echo:" + path.encode() + b":" + body
     headers = [(b"Content-Type", b"text/plain"), (b"Content-Length", str(len(content)).encode())]
     if path.endswith("/close"):
         headers.append((b"connection", b"close"))
-    if path.startswith("/whole"):
-        sent = webserver.send_whole(scope, 200, headers, content)
-        WHOLE.append(sent)
-        if sent:
-            return
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     if path == "/parts":
         await send({"type": "http.response.body", "body": content[:4], "more_body": True})
@@ -124,7 +118,6 @@ def port() -> Iterator[int]:
 @pytest.fixture(autouse=True)
 def _fresh() -> None:
     WRITES.clear()
-    WHOLE.clear()
     _release.clear()
 
 
@@ -264,53 +257,3 @@ def test_a_failure_after_the_response_started_still_sends_its_head_then_closes(p
             data += chunk
     # As uvicorn alone: the head went out, then the connection was closed (the body never came).
     assert data.startswith(b"HTTP/1.1 200 OK\r\n") and data.endswith(b"content-length: 9\r\n\r\n")
-
-
-def _without_date(data: bytes) -> bytes:
-    return b"\r\n".join(line for line in data.split(b"\r\n") if not line.startswith(b"date: "))
-
-
-@pytest.mark.parametrize("close", [False, True])
-def test_send_whole_writes_what_send_writes_in_one_call(port: int, close: bool) -> None:
-    answers = []
-    for prefix in ("", "/whole"):
-        with socket.create_connection(("127.0.0.1", port)) as sock:
-            sock.sendall(_post(prefix + "/a", b"q", b"Connection: close\r\n" if close else b""))
-            answers.append(_read_until(sock, 1))
-            if close:
-                assert sock.recv(10) == b""  # closed after it, as send does
-    assert WHOLE == [True]
-    assert _without_date(answers[1]) == _without_date(answers[0])
-    assert (b"connection: close\r\n" in answers[1]) is close
-    assert answers[1].endswith(b"echo:/a:q")
-    assert WRITES[-1] == answers[1]  # one write
-
-
-def test_send_whole_keeps_the_connection_and_the_pipeline_order(port: int) -> None:
-    with socket.create_connection(("127.0.0.1", port)) as sock:
-        sock.sendall(_post("/whole/1", b"a") + _post("/2", b"b") + _post("/whole/3", b"c"))
-        data = _read_until(sock, 3)
-        sock.sendall(_post("/whole/4", b"d"))
-        after = _read_until(sock, 1)
-    assert [part.rsplit(b"\r\n\r\n", 1)[1] for part in data.split(b"HTTP/1.1 ")[1:]] == [
-        b"echo:/1:a",
-        b"echo:/2:b",
-        b"echo:/3:c",
-    ]
-    assert after.endswith(b"echo:/4:d")
-    assert WHOLE == [True, True, True]
-
-
-def test_send_whole_declines_what_it_does_not_mirror(port: int) -> None:
-    with socket.create_connection(("127.0.0.1", port)) as sock:
-        sock.sendall(b"HEAD /whole/h HTTP/1.1\r\nHost: t\r\n\r\n")
-        sock.settimeout(5)
-        head = b""
-        while not head.endswith(b"\r\n\r\n"):
-            head += sock.recv(65536)
-        sock.sendall(_post("/whole/close", b"z"))  # the app's own Connection header
-        data = _read_until(sock, 1)
-    assert WHOLE == [False, False]  # HEAD: sent by send, which leaves the body out
-    assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"content-length: 8\r\n" in head
-    assert data.endswith(b"echo:/close:z") and b"connection: close\r\n" in data
-    assert not webserver.send_whole({"method": "POST"}, 200, [], b"")  # not on Protocol
