@@ -391,17 +391,21 @@ def _kept(value: Any) -> Any:
 
 
 def _unchanged(value: Any, kept: Any) -> bool:
-    """Whether ``value`` dumps as the parameter ``kept`` (``_kept``) was dumped."""
+    """Whether ``value`` dumps as the parameter ``kept`` (``_kept``) was dumped. (Two UUIDs
+    compare as UUID's ``__eq__`` does, by their ``int``, without calling it.)"""
     if value is kept:
         return True  # None, or the same immutable object (``_UNKEPT`` is never a parameter)
     kind = type(value)
     if kind is list:
-        return (
-            type(kept) is tuple
-            and len(value) == len(kept)
-            and all(type(a) is type(b) and a == b for a, b in zip(value, kept, strict=True))
-        )
-    return kind is type(kept) and kind in _SAME_DUMP and value == kept
+        if type(kept) is not tuple or len(value) != len(kept):
+            return False
+        for a, b in zip(value, kept, strict=True):
+            if type(a) is not type(b) or (a.int != b.int if type(a) is UUID else a != b):
+                return False
+        return True
+    if kind is not type(kept) or kind not in _SAME_DUMP:
+        return False
+    return bool(value.int == kept.int if kind is UUID else value == kept)
 
 
 class _Bound:
