@@ -7,6 +7,7 @@ The scrape-time collector (``switchboard/console/collectors.py``) caps the queue
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 from switchboard.core import counters
 
@@ -51,8 +52,9 @@ def created(queue: str, source: str) -> None:
     counters.incr(CREATED, {"queue": queue, "source": source})
 
 
-def claimed(queue: str, attempt: int, *, charged: bool) -> None:
-    counters.incr_keyed(_claimed_keys(queue, attempt_bucket(attempt), charged))
+def claimed(queue: str, attempt: int, *, charged: bool, connection: Any = None) -> None:
+    """``connection``: the default database's, when the caller holds it (``counters``)."""
+    counters.incr_keyed(_claimed_keys(queue, attempt_bucket(attempt), charged), connection)
 
 
 # Every claim and every ending counts: their label keys are made once per label set.
@@ -67,8 +69,8 @@ def _claimed_keys(queue: str, bucket: str, charged: bool) -> tuple[counters.Keye
     return tuple(keys)
 
 
-def completed(queue: str, outcome: str, amount: int = 1) -> None:
-    counters.incr_keyed((((COMPLETED, _completed_key(queue, outcome)), amount),))
+def completed(queue: str, outcome: str, amount: int = 1, connection: Any = None) -> None:
+    counters.incr_keyed((((COMPLETED, _completed_key(queue, outcome)), amount),), connection)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
-from django.db import transaction
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from queues import access, gates, metrics, sql
 from queues.access import Actor, AgentActor, acting_endpoint_ids
@@ -98,22 +98,21 @@ def claim_next(
         # gate's skip or verdict, so it is the cheapest plan; it claims only a candidate no gate
         # claims and takes over no lapsed claim; any other candidate goes to the full statement
         # below (one some gate claims sends this endpoint's next claims there for a while).
-        kwargs: dict[str, Any] = {
-            "endpoint_id": endpoint.id,
-            "queues": granted,
-            "excluded": [],
-            "passed": [],
-            "claimant": who,
-            "via": actor.via,
-            "ttl": ttl,
-            "fence_hash": fence_hash,
-            "prioritised": prioritised,
-        }
-        with sql.hot_cursor() as cursor:
+        db = connections[DEFAULT_DB_ALIAS]  # once for the statement and the counters
+        with sql.hot_cursor(db) as cursor:
             availability.check_deadline()  # the connection is in hand: late means no claim
             cand: sql.Candidate | sql.NoCandidate | None = None
             if not sql.recently_limited(endpoint.id):
-                cand = sql.claim_next_candidate(cursor, bare=True, **kwargs)
+                cand = sql.claim_bare(
+                    cursor,
+                    endpoint_id=endpoint.id,
+                    queues=granted,
+                    claimant=who,
+                    via=actor.via,
+                    ttl=ttl,
+                    fence_hash=fence_hash,
+                    prioritised=prioritised,
+                )
                 if isinstance(cand, sql.Candidate) and cand.todo is None:
                     # Gated work marks the endpoint; a takeover is for the full statement.
                     if cand.held:
@@ -123,12 +122,27 @@ def claim_next(
                 # The grant parameters only the full statement binds (its grant row, or the
                 # end row of a grant a takeover supersedes).
                 ledger = sql.grant_params(access.claim_ledger_actor(actor), who)
-                cand = sql.claim_next_candidate(cursor, fast=True, ledger=ledger, **kwargs)
+                cand = sql.claim_next_candidate(
+                    cursor,
+                    endpoint_id=endpoint.id,
+                    queues=granted,
+                    excluded=[],
+                    passed=[],
+                    claimant=who,
+                    via=actor.via,
+                    ttl=ttl,
+                    fence_hash=fence_hash,
+                    prioritised=prioritised,
+                    fast=True,
+                    ledger=ledger,
+                )
         if isinstance(cand, sql.NoCandidate):
             return NothingClaimable(deferred=_held_entries(endpoint.id, granted, [], cand))
         if cand.todo is not None:
             report = _fast_report(cand.verdicts) if cand.verdicts else None
-            metrics.claimed(cand.todo.queue, cand.todo.attempt, charged=report is not None)
+            metrics.claimed(
+                cand.todo.queue, cand.todo.attempt, charged=report is not None, connection=db
+            )
             return Claimed(
                 todo=cand.todo,
                 attempt=cand.todo.attempt,

@@ -15,7 +15,7 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
@@ -156,9 +156,11 @@ def _transition(
     attempt: int | None = None,
     *,
     ends: bool = False,
+    db: Any = None,
 ) -> Todo:
     """Run a transition's one statement. ``ends``: it ends the claim, and writes the end row of
-    the claim's grant, if it held one (``queues.sql.grants``), naming ``actor``."""
+    the claim's grant, if it held one (``queues.sql.grants``), naming ``actor``. ``db``: the
+    default database's connection, when the caller holds it already."""
     access.check_actor(actor)
     endpoint_ids = acting_endpoint_ids(actor)
     access.check_writes(actor, "auditors read; they do not change todos")
@@ -173,7 +175,7 @@ def _transition(
         ledger_actor=access.claim_ledger_actor(actor) if ends else None,
     )
     # One statement, committed on its own unless the caller holds a transaction.
-    with sql.hot_cursor() as cursor:
+    with sql.hot_cursor(db) as cursor:
         cursor.execute(statement, params)
         row = cursor.fetchone()
         if row is None:
@@ -260,6 +262,7 @@ def complete(
     attempt: int | None = None,
 ) -> Todo:
     validation.check_stored_json(result, "result")
+    db = connections[DEFAULT_DB_ALIAS]  # once for the statement and the counters
     todo = _transition(
         actor,
         todo_id,
@@ -268,8 +271,9 @@ def complete(
         lease_token,
         attempt,
         ends=True,
+        db=db,
     )
-    _after_end(todo, "done")
+    _after_end(todo, "done", db=db)
     return todo
 
 
@@ -329,12 +333,12 @@ def _summary(summary: str | None) -> str:
     return summary
 
 
-def _after_end(todo: Todo, outcome: str | None, *, ring: str | None = None) -> None:
+def _after_end(todo: Todo, outcome: str | None, *, ring: str | None = None, db: Any = None) -> None:
     """Count the outcome; after commit, ring the todo's own identity with ``ring`` (a release
     made it claimable) and ``reopened`` for every other identity the ended claim freed a limit
-    for (``gates.reopens``): one ring per identity."""
+    for (``gates.reopens``): one ring per identity. ``db``: as for ``_transition``."""
     if outcome is not None:
-        metrics.completed(todo.queue, outcome)
+        metrics.completed(todo.queue, outcome, connection=db)
     keys: list[str] = getattr(todo, "_reopens", [])
     if keys or ring:
         transaction.on_commit(

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from asyncio import _get_running_loop as _running_loop
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -31,7 +31,6 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.backends.utils import CursorWrapper
 from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
-from psycopg._preparing import Prepare as _Prepare
 from psycopg._queries import PostgresQuery, _query2pg_nocache
 from psycopg.generators import execute as _pq_execute
 from psycopg.pq import TransactionStatus
@@ -352,26 +351,89 @@ class _HotQuery(PostgresQuery):
         if vars is None or not isinstance(query, str):
             super().convert(query, vars)
             return
-        key = (query, self._tx.encoding)
-        parsed = _converted.get(key)
-        if parsed is None:
-            parsed = _query2pg_nocache(query.encode(self._tx.encoding), self._tx.encoding)
-            # The hot statements are a few dozen texts (built once each, functools.cache).
-            if len(_converted) < 256:
-                _converted[key] = parsed
-        self.query, self._want_formats, self._order, self._parts = parsed
+        self.parsed(_parsed(query, self._tx.encoding))
         self.dump(vars)
+
+    def parsed(self, parsed: Any) -> None:
+        self.query, self._want_formats, self._order, self._parts = parsed
+
+
+def _parsed(query: str, encoding: str) -> Any:
+    key = (query, encoding)
+    parsed = _converted.get(key)
+    if parsed is None:
+        parsed = _query2pg_nocache(query.encode(encoding), encoding)
+        # The hot statements are a few dozen texts (built once each, functools.cache).
+        if len(_converted) < 256:
+            _converted[key] = parsed
+    return parsed
 
 
 _converted: dict[tuple[str, str], Any] = {}
 
 
+# The types whose equal values psycopg dumps alike, so a parameter equal to the one a statement
+# bound last time keeps its dumped form (a float is not one: 0.0 == -0.0; nor a datetime: the
+# same instant in two zones).
+_SAME_DUMP = frozenset({str, int, bool, bytes, UUID})
+_UNKEPT = object()  # a value not kept (any other type): dumped again on every call
+
+
+def _kept(value: Any) -> Any:
+    """What a bound statement keeps of a parameter to recognise it next time: the value itself
+    (immutable), a tuple copy of a list of such values, or ``_UNKEPT``."""
+    kind = type(value)
+    if value is None or kind in _SAME_DUMP:
+        return value
+    if kind is list and all(type(item) in _SAME_DUMP for item in value):
+        return tuple(value)
+    return _UNKEPT
+
+
+def _unchanged(value: Any, kept: Any) -> bool:
+    """Whether ``value`` dumps as the parameter ``kept`` (``_kept``) was dumped. (Two UUIDs
+    compare as UUID's ``__eq__`` does, by their ``int``, without calling it.)"""
+    if value is kept:
+        return True  # None, or the same immutable object (``_UNKEPT`` is never a parameter)
+    kind = type(value)
+    if kind is list:
+        if type(kept) is not tuple or len(value) != len(kept):
+            return False
+        for a, b in zip(value, kept, strict=True):
+            if type(a) is not type(b) or (a.int != b.int if type(a) is UUID else a != b):
+                return False
+        return True
+    if kind is not type(kept) or kind not in _SAME_DUMP:
+        return False
+    return bool(value.int == kept.int if kind is UUID else value == kept)
+
+
+class _Bound:
+    """A hot statement as this cursor last bound it: its conversion, the parameters it kept
+    (``_kept``) and their dumped form, types and formats, as psycopg's ``dump`` made them."""
+
+    __slots__ = ("formats", "kept", "params", "parsed", "types")
+
+    def __init__(
+        self, parsed: Any, kept: list[Any], params: Any, types: tuple[int, ...], formats: Any
+    ) -> None:
+        self.parsed = parsed
+        self.kept = kept
+        self.params = params
+        self.types = types
+        self.formats = formats
+
+
 _IDLE = TransactionStatus.IDLE
 _INTRANS = TransactionStatus.INTRANS
+_TUPLES_OK = int(psycopg.pq.ExecStatus.TUPLES_OK)
 
 
 class _HotCursor(psycopg.Cursor[Any]):
     _query_cls = _HotQuery
+    # The statements this cursor has bound (``_Bound``), for the Transformer that dumped them.
+    _bound: dict[str, _Bound] | None = None
+    _bound_tx: Any = None
 
     def _start_query(self, query: Any = None) -> Any:
         # psycopg gives the cursor a new Transformer (empty dumper and loader caches) whenever
@@ -382,6 +444,54 @@ class _HotCursor(psycopg.Cursor[Any]):
         if query is not None and self._last_query is not None:
             self._last_query = query
         return super()._start_query(query)
+
+    def _bind(self, query: str, params: dict[str, Any]) -> _HotQuery:
+        """``query`` converted and ``params`` dumped, as ``PostgresQuery.convert`` does, but
+        dumping again only the parameters that changed since this cursor last bound the
+        statement: a claimer binds the same endpoint, queues, claimant and grant parameters
+        every time, and psycopg dumps a list (the queues, the endpoints) in Python (issue 12:
+        the client's CPU per cycle). A parameter is reused only when it is unchanged in type
+        and value (``_unchanged``), and only with the Transformer that dumped it."""
+        tx = self._tx
+        pgq = self._query_cls(tx)
+        if self._bound_tx is not tx or self._bound is None:
+            self._bound, self._bound_tx = {}, tx
+        bound = self._bound.get(query)
+        if bound is None:
+            parsed = _parsed(query, tx.encoding)
+            pgq.parsed(parsed)
+            pgq.dump(params)
+            kept = [_kept(params[name]) for name in pgq._order or ()]
+            if len(self._bound) < 256:  # the hot statements: a few dozen texts, as above
+                self._bound[query] = _Bound(parsed, kept, pgq.params, pgq.types, pgq.formats)
+            return pgq
+        parsed = bound.parsed
+        pgq.parsed(parsed)
+        order = parsed[2] or ()
+        kept = bound.kept
+        changed: list[int] = []
+        try:
+            for i, name in enumerate(order):
+                value = params[name]
+                if value is not kept[i] and not _unchanged(value, kept[i]):
+                    changed.append(i)
+        except KeyError:
+            pgq.dump(params)  # psycopg's error, naming the missing parameter
+            return pgq
+        if changed:
+            out, types, formats = list(bound.params), list(bound.types), list(bound.formats)
+            kept = list(kept)
+            for i in changed:
+                value = params[order[i]]
+                if value is None:
+                    out[i], types[i], formats[i] = None, _none_oid(tx), psycopg.pq.Format.TEXT
+                else:
+                    dumper = tx.get_dumper(value, parsed[1][i])
+                    out[i], types[i], formats[i] = dumper.dump(value), dumper.oid, dumper.format
+                kept[i] = _kept(value)
+            bound = self._bound[query] = _Bound(parsed, kept, out, tuple(types), formats)
+        pgq.params, pgq.types, pgq.formats = bound.params, bound.types, bound.formats
+        return pgq
 
     def execute_prepared(self, query: str, params: dict[str, Any]) -> bool:
         """``execute(query, params)`` for a statement psycopg has already prepared on this
@@ -399,26 +509,66 @@ class _HotCursor(psycopg.Cursor[Any]):
         if status != _INTRANS and (status != _IDLE or not conn.autocommit):
             return False  # psycopg would begin a transaction first, or raise
         with conn.lock:
-            pgq = self._query_cls(self._tx)
-            pgq.convert(query, params)
+            pgq = self._bind(query, params)
+            # PrepareManager.get: prepared already, nothing to deallocate first.
             prepared = conn._prepared
-            prep, name = prepared.get(pgq, None)
-            if prep is not _Prepare.YES or prepared._to_flush:
+            if prepared.prepare_threshold is None or prepared._to_flush:
+                return False
+            key = (pgq.query, pgq.types)
+            name = prepared._names.get(key)
+            if not name:
                 return False
             self._reset()
             pgconn.send_query_prepared(
                 name, pgq.params, param_formats=pgq.formats, result_format=self.format
             )
             self._query = pgq
-            prepared.maybe_add_to_cache(pgq, prep, name)  # its place in the LRU
+            # PrepareManager.maybe_add_to_cache for a prepared statement: its place in the LRU.
+            counts = prepared._counts
+            if key in counts:
+                counts[key] += 1
+                counts.move_to_end(key)
+            else:
+                prepared._names.move_to_end(key)
             try:
                 results = conn.wait(_pq_execute(pgconn))
             except psycopg.errors._NO_TRACEBACK as ex:
                 raise ex.with_traceback(None) from None
-            self._check_results(results)
-            self._set_results(results)
+            if len(results) == 1 and (res := results[0]).status == _TUPLES_OK:
+                # _check_results and _set_results (execute's) for the one result with rows.
+                self._results[:] = results
+                self._iresult = 0
+                self.pgresult = res
+                self._tx.set_pgresult(res)
+                self._pos = 0
+                self._rowcount = res.ntuples
+                self._statusmessage = res.command_status
+                self._make_row = self._make_row_maker()
+            else:
+                self._check_results(results)
+                self._set_results(results)
             self._last_query = query
         return True
+
+    def fetchone(self) -> Any:
+        """psycopg's fetchone, in one call when a result with rows is selected (the claim's and
+        the completion's); anything else (no result, a closed cursor, a pipeline) goes through
+        psycopg's own, which raises as it does."""
+        res = self.pgresult
+        if res is None or self._closed or self._conn._pipeline is not None:
+            return super().fetchone()
+        if res.status != _TUPLES_OK:
+            return super().fetchone()
+        if self._pos < res.ntuples:
+            record = self._tx.load_row(self._pos, self._make_row)
+            self._pos += 1
+            return record
+        return None
+
+
+def _none_oid(tx: Any) -> int:
+    """The type psycopg binds a None parameter as (``Transformer._get_none_oid``)."""
+    return int(tx.adapters.get_dumper(type(None), psycopg.adapt.PyFormat.TEXT).oid)
 
 
 class _HotWrapper(CursorWrapper):
@@ -434,39 +584,63 @@ class _HotWrapper(CursorWrapper):
                     return self.cursor
         return super().execute(sql, params)
 
+    def fetchone(self) -> Any:
+        # What CursorWrapper.__getattr__ hands out for fetchone, without building the wrapping
+        # closure on every call.
+        with self.db.wrap_database_errors:
+            return self.cursor.fetchone()
 
-@contextmanager
-def hot_cursor() -> Iterator[CursorWrapper]:
+
+class _Lent:
+    """``hot_cursor``'s context: the connection's kept cursor lent out, or a nested use's own."""
+
+    __slots__ = ("db", "lent", "raw")
+
+    def __init__(self, db: Any) -> None:
+        self.db = db
+
+    def __enter__(self) -> CursorWrapper:
+        db = self.db
+        # ensure_connection is async_unsafe: called whenever there is no connection yet or an
+        # event loop runs in this thread (where it raises as before); otherwise it does nothing.
+        if db.connection is None or _running_loop() is not None:
+            db.ensure_connection()
+        # One psycopg cursor per connection, kept between statements: a new cursor builds its
+        # adapters' dumper and loader caches again on every statement, which cost a claim
+        # cycle about 0.1 ms of client CPU (issue 12). A nested use (the kept cursor is lent
+        # out) gets a cursor of its own, so a statement never replaces results its caller has
+        # not read.
+        kept: tuple[Any, psycopg.Cursor[Any], list[bool]] | None = getattr(db, "_hot_cursor", None)
+        if kept is not None and kept[0] is db.connection and not kept[1].closed and not kept[2][0]:
+            raw, lent = kept[1], kept[2]
+        else:
+            # Binary results: timestamps and uuids load without parsing text.
+            raw = _HotCursor(db.connection)
+            raw.format = psycopg.pq.Format.BINARY
+            lent = [False]
+            if kept is None or kept[0] is not db.connection or kept[1].closed:
+                db._hot_cursor = (db.connection, raw, lent)
+            else:
+                lent = []  # a nested cursor of its own: closed on exit
+        if lent:
+            lent[0] = True
+        self.raw, self.lent = raw, lent
+        return _HotWrapper(raw, db)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.lent:
+            self.lent[0] = False
+        else:
+            self.raw.close()
+
+
+def hot_cursor(db: Any = None) -> AbstractContextManager[CursorWrapper]:
     """A cursor for the hot statements: server-side binding, so psycopg prepares a statement it
     has run a few times on this connection and PostgreSQL stops re-planning it. Wrapped in
-    Django's CursorWrapper so errors, execute wrappers and query counts behave as usual."""
-    db = connections[DEFAULT_DB_ALIAS]
-    db.ensure_connection()
-    # One psycopg cursor per connection, kept between statements: a new cursor builds its
-    # adapters' dumper and loader caches again on every statement, which cost a claim cycle
-    # about 0.1 ms of client CPU (issue 12). A nested use (the kept cursor is lent out) gets a
-    # cursor of its own, so a statement never replaces results its caller has not read.
-    kept: tuple[Any, psycopg.Cursor[Any], list[bool]] | None = getattr(db, "_hot_cursor", None)
-    if kept is not None and kept[0] is db.connection and not kept[1].closed and not kept[2][0]:
-        raw, lent = kept[1], kept[2]
-    else:
-        # Binary results: timestamps and uuids load without parsing text.
-        raw = _HotCursor(db.connection)
-        raw.format = psycopg.pq.Format.BINARY
-        lent = [False]
-        if kept is None or kept[0] is not db.connection or kept[1].closed:
-            db._hot_cursor = (db.connection, raw, lent)  # type: ignore[attr-defined]
-        else:
-            lent = []  # a nested cursor of its own: closed on exit
-    if lent:
-        lent[0] = True
-    try:
-        yield _HotWrapper(raw, db)
-    finally:
-        if lent:
-            lent[0] = False
-        else:
-            raw.close()
+    Django's CursorWrapper so errors, execute wrappers and query counts behave as usual.
+    ``db``: the default database's connection, when the caller holds it already (one lookup
+    per verb: ``connections[...]`` goes through asgiref's Local on every call)."""
+    return _Lent(connections[DEFAULT_DB_ALIAS] if db is None else db)
 
 
 # Endpoints whose last claim_next met a policy skip the autocommit fast path for a while, so
@@ -518,6 +692,7 @@ class Candidate:
 
 
 _TODO_ATTNAMES = [f.attname for f in _TODO_FIELDS]
+_NFIELDS = len(_TODO_FIELDS)
 # Fields whose database value needs Django's converter: JSON arrives as text from Django's own
 # cursors and already decoded from a binary hot cursor.
 _CONVERTED = [i for i, f in enumerate(_TODO_FIELDS) if hasattr(f, "from_db_value")]
@@ -525,19 +700,25 @@ _CONVERTED = [i for i, f in enumerate(_TODO_FIELDS) if hasattr(f, "from_db_value
 
 def todo_from_row(values: tuple[Any, ...] | list[Any]) -> Todo:
     """A Todo from a raw row in TODO_COLUMNS order, with the fields' database converters applied."""
-    converted = list(values)
-    if len(converted) != len(_TODO_FIELDS):
-        raise ValueError(f"expected {len(_TODO_FIELDS)} todo columns, got {len(converted)}")
+    if len(values) != _NFIELDS:
+        raise ValueError(f"expected {_NFIELDS} todo columns, got {len(values)}")
     for i in _CONVERTED:
-        value = converted[i]
-        if isinstance(value, str | bytes | bytearray):
-            converted[i] = _TODO_FIELDS[i].from_db_value(value, None, connection)  # type: ignore[attr-defined]
-    if pre_init.has_listeners(Todo) or post_init.has_listeners(Todo):
-        return Todo.from_db(DEFAULT_DB_ALIAS, _TODO_ATTNAMES, converted)
+        if isinstance(values[i], str | bytes | bytearray):
+            # Text from one of Django's own cursors (a hot cursor's binary rows arrive decoded).
+            values = list(values)
+            for j in _CONVERTED:
+                if isinstance(values[j], str | bytes | bytearray):
+                    values[j] = _TODO_FIELDS[j].from_db_value(values[j], None, connection)  # type: ignore[attr-defined]
+            break
+    # Any receiver at all (rarely): ask the signals about Todo, as Model.from_db would.
+    if (pre_init.receivers or post_init.receivers) and (
+        pre_init.has_listeners(Todo) or post_init.has_listeners(Todo)
+    ):
+        return Todo.from_db(DEFAULT_DB_ALIAS, _TODO_ATTNAMES, list(values))
     # What Model.from_db builds (every concrete field set, loaded from this database), without
     # its __init__'s per-field descriptor calls: twice per claim cycle. As unpickling does.
     todo = Todo.__new__(Todo)
-    todo.__dict__.update(zip(_TODO_ATTNAMES, converted, strict=True))
+    todo.__dict__.update(zip(_TODO_ATTNAMES, values, strict=True))
     state = todo._state = ModelState()
     state.adding = False
     state.db = DEFAULT_DB_ALIAS
@@ -590,22 +771,19 @@ def claim_next_candidate(
     fast = fast and not bare
     if (fast or bare) and (excluded or passed):
         raise ValueError("the bare and fast statements exclude no queue and pass no todo")
+    if bare:
+        return claim_bare(
+            cursor,
+            endpoint_id=endpoint_id,
+            queues=queues,
+            claimant=claimant,
+            via=via,
+            ttl=ttl,
+            fence_hash=fence_hash,
+            prioritised=prioritised,
+        )
     gate_list = gates.gates()
     names = gates.priority_stale()
-    if bare:
-        return _bare_candidate(
-            cursor,
-            _bare_claim_sql(gate_list, prioritised, names),
-            {
-                "endpoint": endpoint_id,
-                "queues": queues,
-                "claimant": claimant,
-                "via": via,
-                "ttl": ttl,
-                "fence_hash": fence_hash,
-            },
-            names,
-        )
     params: dict[str, Any] = {
         "endpoint": endpoint_id,
         "queues": queues,
@@ -629,6 +807,34 @@ def claim_next_candidate(
         row = (*row[:3], *row[4:])
     skipped, row = row[2], (*row[:2], *row[3:])
     return _candidate(row, len(gate_list), fast) or NoCandidate(skipped=skipped)
+
+
+def claim_bare(
+    cursor: CursorWrapper,
+    *,
+    endpoint_id: UUID,
+    queues: list[str],
+    claimant: str,
+    via: str,
+    ttl: int,
+    fence_hash: str | None,
+    prioritised: bool = False,
+) -> Candidate | NoCandidate:
+    """``claim_next_candidate(bare=True)``: the bare statement, claim_next's first."""
+    names = gates.priority_stale()
+    return _bare_candidate(
+        cursor,
+        _bare_claim_sql(gates.gates(), prioritised, names),
+        {
+            "endpoint": endpoint_id,
+            "queues": queues,
+            "claimant": claimant,
+            "via": via,
+            "ttl": ttl,
+            "fence_hash": fence_hash,
+        },
+        names,
+    )
 
 
 def _bare_candidate(
@@ -708,7 +914,7 @@ def transition_params(
         "error": params.get("error"),
     }
     if ends:
-        bound.update(grant_params(ledger_actor, ""))
+        bound.update(_grant_params(ledger_actor, "", settings.LEDGER_KEY))  # grant_params'
     return bound
 
 

@@ -88,10 +88,12 @@ def incr_many(increments: list[Increment]) -> None:
 Keyed = tuple[tuple[str, str], int]
 
 
-def incr_keyed(increments: tuple[Keyed, ...]) -> None:
+def incr_keyed(increments: tuple[Keyed, ...], connection: Any = None) -> None:
     """``incr_many`` of increments whose keys the caller made once (``label_key``): the claim
-    path counts on every claim and every ending (issue 12: its Python per cycle)."""
-    connection = connections[DEFAULT_DB_ALIAS]
+    path counts on every claim and every ending (issue 12: its Python per cycle).
+    ``connection``: the default database's, when the caller holds it already."""
+    if connection is None:
+        connection = connections[DEFAULT_DB_ALIAS]
     if not connection.in_atomic_block:
         # Committed already (autocommit): straight into the buffer the flusher sends.
         with _buffer_lock:

@@ -186,13 +186,26 @@ def stored_json_loads(data: bytes | bytearray | memoryview | str) -> Any:
                 data = bytes(data).decode()
             except UnicodeDecodeError:
                 return json.loads(bytes(data))  # type: ignore[arg-type]
-        return _DECODE(data)
+        return _decode(data)
     except RecursionError:
         return dict(UNREADABLE)
 
 
 # What json.loads(text) runs with no options given.
-_DECODE = json.JSONDecoder().decode
+_DECODER = json.JSONDecoder()
+_DECODE = _DECODER.decode
+_SCAN = _DECODER.scan_once  # type: ignore[attr-defined]
+
+
+def _decode(text: str) -> Any:
+    """``_DECODE(text)``, the scanner called at once when ``text`` is one value with nothing
+    around it (as PostgreSQL writes one); anything else (whitespace, extra data) goes through
+    ``decode``, which answers or raises as it always does."""
+    try:
+        value, end = _SCAN(text, 0)
+    except StopIteration:
+        return _DECODE(text)
+    return value if end == len(text) else _DECODE(text)
 
 
 # What a stored value that cannot be read or shown is replaced with on every surface.

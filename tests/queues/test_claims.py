@@ -594,11 +594,15 @@ def test_a_completion_that_waited_on_a_takeover_of_its_todo_ends_nothing(
 
     holder = threading.Thread(target=complete_first)
     holder.start()
+    # Watched from a connection of its own, one transaction per look: inside the taker's
+    # transaction PostgreSQL keeps the first look's pg_stat_activity until it ends, so a
+    # completion that began waiting after that look was never seen (a flake under load).
+    watcher = psycopg.connect(database_url(), autocommit=True)
     try:
         for _ in range(600):
-            row = taker.execute(
+            row = watcher.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                " AND query LIKE %s",
+                " AND datname = current_database() AND query LIKE %s",
                 ["%UPDATE queues_todo t SET state = 'done'%"],
             ).fetchone()
             if row and row[0]:
@@ -607,6 +611,7 @@ def test_a_completion_that_waited_on_a_takeover_of_its_todo_ends_nothing(
         else:
             raise AssertionError("the completion never waited on the todo")
     finally:
+        watcher.close()
         taker.commit()
         taker.close()
         holder.join(timeout=60)

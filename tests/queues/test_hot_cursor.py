@@ -187,3 +187,49 @@ def test_claim_and_completion_alternating_keep_one_transformer(personas: Persona
         services.complete(actor=agent, todo_id=claimed.todo.id)
     with sql.hot_cursor() as cursor:
         assert cursor.cursor._tx is transformer
+
+
+def test_a_parameter_bound_again_changed_is_dumped_anew(tx_personas: Personas) -> None:
+    """The hot cursor dumps again only the parameters that changed since it last bound the
+    statement: a list changed in place, an equal value of another type and a value that
+    became NULL (or stopped being one) are each bound as they are now."""
+    statement = "SELECT %(names)s::text[], %(v)s::text, %(n)s::text"
+    names = ["a"]
+    with sql.hot_cursor() as cursor:
+        _prepared_on(cursor, statement, {"names": names, "v": 1, "n": "x"})
+        raw = cursor.cursor
+        assert raw.execute_prepared(statement, {"names": names, "v": 1, "n": "x"})
+        assert cursor.fetchone() == (["a"], "1", "x")
+        names.append("b")  # the very list it bound last time, changed in place
+        assert raw.execute_prepared(statement, {"names": names, "v": 1, "n": "x"})
+        assert cursor.fetchone() == (["a", "b"], "1", "x")
+        names[1] = "c"
+        assert raw.execute_prepared(statement, {"names": names, "v": 1, "n": "x"})
+        assert cursor.fetchone() == (["a", "c"], "1", "x")
+        # True == 1, but binds as a boolean (another prepared statement: the long way).
+        cursor.execute(statement, {"names": names, "v": True, "n": None})
+        assert cursor.fetchone() == (["a", "c"], "true", None)
+        cursor.execute(statement, {"names": names, "v": 1, "n": "y"})
+        assert cursor.fetchone() == (["a", "c"], "1", "y")
+
+
+def test_a_claim_after_its_endpoints_scope_changed_draws_from_the_new_scope(
+    personas: Personas,
+) -> None:
+    """claim_next binds the endpoint's queues on every claim: narrowed on the kept cursor
+    after a run of claims (its statement prepared, its queues bound), the next claim takes
+    from the new scope only."""
+    endpoint = personas.agent
+    endpoint.scope_queues = ["inbox", "outbox"]
+    endpoint.save(update_fields=["scope_queues"])
+    push(personas, 8, queue="inbox")
+    (outbox,) = push(personas, 1, queue="outbox")
+    agent = personas.as_agent(endpoint)
+    for _ in range(7):
+        claimed = services.claim_next(actor=agent, claimant="w")
+        assert isinstance(claimed, Claimed) and claimed.todo.queue == "inbox"
+        services.complete(actor=agent, todo_id=claimed.todo.id)
+    endpoint.scope_queues = ["outbox"]
+    endpoint.save(update_fields=["scope_queues"])
+    claimed = services.claim_next(actor=personas.as_agent(endpoint), claimant="w")
+    assert isinstance(claimed, Claimed) and claimed.todo.id == outbox.id
