@@ -298,15 +298,16 @@ FROM (SELECT) one LEFT JOIN cand c ON true LEFT JOIN claimed cl ON true
 """)
 
 
-def _lean_gates(gate_list: tuple[gates.ClaimGate, ...]) -> list[int]:
+@functools.cache
+def _lean_gates(gate_list: tuple[gates.ClaimGate, ...]) -> tuple[int, ...]:
     """The gates the lean statement decides itself (``_lean_claim_sql``): each holds a whole
     queue identity (not ``per_todo``: no skip, no limit a todo names, so no grant row) and can
     decide inside the statement (``fast_check``). Admission's budget is one."""
-    return [
+    return tuple(
         i
         for i, gate in enumerate(gate_list)
         if not gate.per_todo and gate.fast_check("", "", "") is not None
-    ]
+    )
 
 
 @functools.cache
@@ -790,11 +791,12 @@ def claim_next_lean(
         return NoCandidate(skipped=False)  # it skips nothing: no todo is claimable now
     if not mine:
         return None
-    decided = dict(zip(lean, rest[: len(lean)], strict=True))
+    verdicts: list[Any] = [None] * len(gate_list)
+    for n, i in enumerate(lean):
+        verdicts[i] = rest[n]
     columns = rest[len(lean) + 1 :]
-    verdicts = tuple(decided.get(i) for i in range(len(gate_list)))
     todo = todo_from_row(columns) if columns[0] is not None else None
-    return Candidate(todo_id, queue, (), todo, verdicts)
+    return Candidate(todo_id, queue, (), todo, tuple(verdicts))
 
 
 @dataclass(frozen=True)
