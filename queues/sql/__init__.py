@@ -387,7 +387,8 @@ attempt_row AS (
 {_ATTEMPT_INSERT}
 ),
 {",".join(charges)}
-SELECT c.id, c.queue, {names_column}g.id IS NOT NULL, {columns}{" + ".join(spent)},
+SELECT c.id, c.queue, {names_column}g.id IS NOT NULL, c.prev_state = 'claimed',
+       {columns}{" + ".join(spent)},
        {CLAIMED_COLUMNS}
 FROM (SELECT) one LEFT JOIN cand c ON true LEFT JOIN gate g ON true LEFT JOIN claimed cl ON true
 """)
@@ -593,6 +594,19 @@ def mark_limited(endpoint_id: UUID) -> None:
     _limited_until[endpoint_id] = time.monotonic() + _GATED_HINT_SECONDS
 
 
+# Endpoints whose last lean statement met a candidate naming a limit (a pool, tags, a rate
+# limit) skip the lean statement for a while (``claim_next_lean``): a hint, like the two above.
+_named_until: dict[UUID, float] = {}
+
+
+def recently_named(endpoint_id: UUID) -> bool:
+    return _named_until.get(endpoint_id, 0.0) > time.monotonic()
+
+
+def mark_named(endpoint_id: UUID) -> None:
+    _named_until[endpoint_id] = time.monotonic() + _GATED_HINT_SECONDS
+
+
 @dataclass(frozen=True)
 class Candidate:
     """What a claim statement found: the claimed todo, or a locked candidate awaiting its gates."""
@@ -760,14 +774,16 @@ def claim_next_lean(
     """The lean statement (``_lean_claim_sql``), for an endpoint that met gated work lately.
     None when its candidate is not the lean statement's (a takeover, a grant to end, a limit
     the todo names), or when no gate holds whole queue identities (nothing run): the full
-    statement decides. Otherwise as the full fast statement answers: the claimed todo with
-    the verdicts, a candidate a verdict did not admit (the locked path decides), or nothing
-    claimable."""
+    statement decides. A candidate naming a limit (or holding a grant) also sends this
+    endpoint's next claims straight to the full statement for a while (``recently_named``), so
+    named work does not pay a lean statement it will discard. Otherwise as the full fast
+    statement answers: the claimed todo with the verdicts, a candidate a verdict did not admit
+    (the locked path decides), or nothing claimable."""
     if excluded or passed:
         raise ValueError("the lean statement excludes no queue and passes no todo")
     gate_list = gates.gates()
     lean = _lean_gates(gate_list)
-    if not lean:
+    if not lean or recently_named(endpoint_id):
         return None
     names = gates.priority_stale()
     params: dict[str, Any] = {
@@ -786,10 +802,12 @@ def claim_next_lean(
     if names:
         gates.priority_refresh(row[2])
         row = (*row[:2], *row[3:])
-    todo_id, queue, mine, *rest = row
+    todo_id, queue, mine, takeover, *rest = row
     if todo_id is None:
         return NoCandidate(skipped=False)  # it skips nothing: no todo is claimable now
     if not mine:
+        if not takeover:  # a limit the todo names, or a grant: named work
+            mark_named(endpoint_id)
         return None
     verdicts: list[Any] = [None] * len(gate_list)
     for n, i in enumerate(lean):

@@ -155,6 +155,7 @@ def test_the_lean_statement_leaves_a_takeover_to_the_full_statement(
     assert isinstance(services.claim_next(actor=personas.as_agent(), claimant="slow"), Claimed)
     lapse(todo)
     assert _lean(personas) is None  # not its candidate: no verdict, no charge, no claim
+    assert not sql.recently_named(personas.agent.id)  # a takeover is no named work
     assert _charged(policy) == 1
     assert Todo.objects.get(pk=todo.id).owner == "slow"
     assert Attempt.objects.filter(todo=todo).count() == 1
@@ -175,6 +176,7 @@ def test_the_lean_statement_leaves_a_todo_naming_a_pool_to_the_full_statement(
     assert _lean(personas) is None
     assert Todo.objects.get(pk=todo.id).state == TodoState.PENDING
     assert _charged(policy) == 0
+    assert sql.recently_named(personas.agent.id)  # its next claims skip the lean statement
     result = services.claim_next(actor=personas.as_agent())
     assert isinstance(result, Claimed) and result.todo.id == todo.id
     assert result.grant is not None  # the pool's grant row: only the full statement writes it
@@ -198,3 +200,27 @@ def test_the_lean_statement_leaves_a_todo_naming_tags_or_a_rate_limit_to_the_ful
         )
     assert _lean(personas) is None
     assert Todo.objects.get(pk=tagged.id).state == TodoState.PENDING
+
+
+def test_named_work_costs_one_statement_per_claim_after_the_first(
+    settings: Any, personas: Personas
+) -> None:
+    """An endpoint whose todos name a pool: the bare statement leaves the first to the gated
+    path, the lean statement leaves it to the full one; from then on each claim is the full
+    statement alone (neither the bare nor the lean statement is paid for again)."""
+    settings.POLICY_WRITE_RATE_LIMIT = (0, 0)
+    _budget(personas)
+    Pool.objects.create(name="gpu", slots=5, posture="enforce")
+    push(personas, 3, pool="gpu")
+    assert isinstance(services.claim_next(actor=personas.as_agent()), Claimed)
+    assert sql.recently_limited(personas.agent.id) and sql.recently_named(personas.agent.id)
+    seen: list[str] = []
+
+    def count(execute: Any, statement: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append(statement)
+        return execute(statement, params, many, context)
+
+    with connection.execute_wrapper(count):
+        result = services.claim_next(actor=personas.as_agent())
+    assert isinstance(result, Claimed) and result.grant is not None
+    assert len(seen) == 1 and "limits_pool_check" in seen[0], seen
