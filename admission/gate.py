@@ -232,9 +232,12 @@ class BudgetGate:
 
 
 # The fast path's window bounds per endpoint, computed in Python (zoneinfo over tzdata, as every
-# other window here) and bound to admission_check (migration 0004). Only a hint: the function
-# compares each policy's window definition and the clock with them and answers "stale" (the
-# locked path) when they no longer hold, so a cache a second old is never wrong, only slower.
+# other window here) and bound to admission_check (migration 0004): the current bounds of each
+# window definition the endpoint's budgets use (first and stacked windows alike), keyed by the
+# definition as admission_verdict formats it (migration 0009), so ten budgets with one window
+# definition share one entry. Only a hint: the function looks up its policy's own definitions
+# and compares the clock with their bounds, answering "stale" (the locked path) when one is
+# missing or no longer holds, so a cache a second old is never wrong, only slower.
 _FAST_TTL_SECONDS = 1.0
 _fast_windows: dict[UUID, tuple[float, datetime | None, str]] = {}
 
@@ -259,28 +262,24 @@ def _windows_for(endpoint_id: UUID) -> str:
             [endpoint_id],
         )
         policies = [engine.PolicyRow(*row) for row in cursor.fetchall()]
-    found: dict[str, dict[str, Any]] = {}
+    found: dict[str, dict[str, str]] = {}
     earliest: datetime | None = None
     for policy in policies:
         current = engine.bounds(policy, now)
         if current is None:  # unavailable: the locked path fails closed and says why
             continue
-        entry: dict[str, Any] = {
-            "cfg": _window_cfg(policy),
-            "ws": current[0].isoformat(),
-            "resets": current[1].isoformat(),
-        }
-        earliest = current[1] if earliest is None else min(earliest, current[1])
+        stacked: engine.Bounds = {}
         if policy.extra_windows:
-            stacked = engine.all_bounds(policy, now)
-            if stacked is None:  # unavailable: the locked path fails closed and says why
-                continue
-            entry["more"] = {}
-            for key, (start, end) in stacked.items():
-                if key != PRIMARY_WINDOW_KEY:
-                    entry["more"][key] = {"ws": start.isoformat(), "resets": end.isoformat()}
-                    earliest = min(earliest, end)
-        found[str(policy.id)] = entry
+            stacked = engine.all_bounds(policy, now) or {}
+        windows = {_window_cfg(policy): current}
+        windows.update(
+            (item.window.key, stacked[item.key])
+            for item in policy.window_limits()
+            if item.key != PRIMARY_WINDOW_KEY and item.key in stacked
+        )
+        for cfg, (start, end) in windows.items():
+            found[cfg] = {"ws": start.isoformat(), "resets": end.isoformat()}
+            earliest = end if earliest is None else min(earliest, end)
     text = json.dumps(found)
     _fast_windows[endpoint_id] = (time.monotonic() + _FAST_TTL_SECONDS, earliest, text)
     return text

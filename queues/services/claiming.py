@@ -102,7 +102,8 @@ def claim_next(
         with sql.hot_cursor(db) as cursor:
             availability.check_deadline()  # the connection is in hand: late means no claim
             cand: sql.Candidate | sql.NoCandidate | None = None
-            if not sql.recently_limited(endpoint.id):
+            limited = sql.recently_limited(endpoint.id)
+            if not limited:
                 cand = sql.claim_bare(
                     cursor,
                     endpoint_id=endpoint.id,
@@ -117,7 +118,21 @@ def claim_next(
                     # Gated work marks the endpoint; a takeover is for the full statement.
                     if cand.held:
                         sql.mark_limited(endpoint.id)
+                        limited = True
                     cand = None
+            if cand is None and limited:
+                # Gated work: the lean statement decides a candidate only a budget (a gate on
+                # its whole queue identity) claims; anything else (None) is the full one's.
+                cand = sql.claim_next_lean(
+                    cursor,
+                    endpoint_id=endpoint.id,
+                    queues=granted,
+                    claimant=who,
+                    via=actor.via,
+                    ttl=ttl,
+                    fence_hash=fence_hash,
+                    prioritised=prioritised,
+                )
             if cand is None:
                 # The grant parameters only the full statement binds (its grant row, or the
                 # end row of a grant a takeover supersedes).

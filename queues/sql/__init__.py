@@ -297,6 +297,102 @@ FROM (SELECT) one LEFT JOIN cand c ON true LEFT JOIN claimed cl ON true
 """)
 
 
+@functools.cache
+def _lean_gates(gate_list: tuple[gates.ClaimGate, ...]) -> tuple[int, ...]:
+    """The gates the lean statement decides itself (``_lean_claim_sql``): each holds a whole
+    queue identity (not ``per_todo``: no skip, no limit a todo names, so no grant row) and can
+    decide inside the statement (``fast_check``). Admission's budget is one."""
+    return tuple(
+        i
+        for i, gate in enumerate(gate_list)
+        if not gate.per_todo and gate.fast_check("", "", "") is not None
+    )
+
+
+@functools.cache
+def _lean_claim_sql(
+    gate_list: tuple[gates.ClaimGate, ...], prioritised: bool = False, names: bool = False
+) -> str:
+    """claim_next's statement for an endpoint whose claims met gated work lately (a budgeted
+    queue): the bare statement's candidate, decided by the gates that hold whole queue
+    identities (``_lean_gates``) inside the statement as the full statement's fast verdicts do
+    (same functions, same parameters, same charges), then the claim, its attempt row and the
+    charges. It takes only a candidate that is no takeover, holds no grant and that no other
+    gate's probe claims (no pool, tag or rate limit): then the full statement's skips, grant
+    row, superseded-attempt and superseded-grant steps would all be empty, and its candidate is
+    this one (a per-todo gate's skip only passes over rows that gate's probe claims). Anything
+    else it answers "not mine" (``mine`` false: unclaimed, no verdict taken, unlocked once it
+    commits) and the full statement decides. A verdict that does not admit leaves the
+    candidate unclaimed, as the full statement would, and the caller takes the locked path.
+
+    Each plan node is executor set-up on every execution, run or not (issue 12): the full
+    statement carries some sixty (the gate and verdict CTEs of every gate, the grant row, the
+    takeover's two CTEs, the skips and the "anything skipped" sub-select); this one the bare
+    statement's and one CTE per decided gate. No identity gate's verdict carries a grant
+    (grants name the limits a todo names: ``queues.gates.Admission.granted``)."""
+    lean = _lean_gates(gate_list)
+    plain = "".join(
+        f" AND {gate.probe('c')} IS NULL" for i, gate in enumerate(gate_list) if i not in lean
+    )
+    probes = ", ".join(f"{gate_list[i].probe('c')} AS g{i}" for i in lean)
+    verdicts, admit, charges, spent = [], "", [], ["0"]
+    for n, i in enumerate(lean):
+        earlier = "".join(
+            f" AND coalesce((SELECT (v->>'ok')::boolean FROM v{j}), true)" for j in lean[:n]
+        )
+        check = gate_list[i].fast_check(f"g.g{i}", "g.id", f"%(gp{i})s")
+        verdicts.append(
+            f"v{i} AS MATERIALIZED (SELECT CASE WHEN g.g{i} IS NOT NULL{earlier} "
+            f"THEN {check} END AS v FROM gate g),"
+        )
+        admit += f" AND coalesce((SELECT (v->>'ok')::boolean FROM v{i}), true)"
+        charges.append(
+            f"charge{i} AS MATERIALIZED (SELECT {gate_list[i].fast_charge('x.v')} AS n "
+            f"FROM v{i} x, claimed WHERE x.v IS NOT NULL)"
+        )
+        spent.append(f"(SELECT count(*) FROM charge{i})")
+    columns = "".join(f"(SELECT v FROM v{i}), " for i in lean)
+    order = "t.created_at, t.id"
+    if prioritised:
+        order = f"{gates.priority_score('t')} DESC, {order}"
+    names_column = f"{gates.priority_names_sql()}, " if names else ""
+    rows = _CLAIM_NEXT_ROWS.replace("%(excluded)s::text[]", "'{}'::text[]")
+    newline = "\n"
+    return _compact(f"""
+WITH cand AS (
+    SELECT t.id, t.state AS prev_state, t.endpoint_id, t.queue, t.pool, t.tags, t.rate_limit,
+           t.grant_hash AS prev_grant
+    FROM queues_todo t
+    WHERE {rows}
+    ORDER BY {order}
+    LIMIT 1
+    FOR UPDATE OF t SKIP LOCKED
+),
+-- One row when the candidate is this statement's (see the docstring), with the decided gates'
+-- probes.
+gate AS MATERIALIZED (
+    SELECT c.id, {probes} FROM cand c
+    WHERE c.prev_state <> 'claimed' AND c.prev_grant IS NULL{plain}
+),
+{newline.join(verdicts)}
+claimed AS (
+    UPDATE queues_todo t
+{_CLAIM_SET}
+    FROM gate g
+    WHERE t.id = g.id{admit}
+    RETURNING {TODO_COLUMNS}
+),
+attempt_row AS (
+{_ATTEMPT_INSERT}
+),
+{",".join(charges)}
+SELECT c.id, c.queue, {names_column}g.id IS NOT NULL, c.prev_state = 'claimed',
+       {columns}{" + ".join(spent)},
+       {CLAIMED_COLUMNS}
+FROM (SELECT) one LEFT JOIN cand c ON true LEFT JOIN gate g ON true LEFT JOIN claimed cl ON true
+""")
+
+
 def _compact(statement: str) -> str:
     """``statement`` without comment lines and indentation: fewer bytes to send, parse and hash
     (the hot cursor keeps each one's conversion, ``_HotQuery``). No literal in these statements
@@ -672,6 +768,19 @@ def mark_limited(endpoint_id: UUID) -> None:
     _limited_until[endpoint_id] = time.monotonic() + _GATED_HINT_SECONDS
 
 
+# Endpoints whose last lean statement met a candidate naming a limit (a pool, tags, a rate
+# limit) skip the lean statement for a while (``claim_next_lean``): a hint, like the two above.
+_named_until: dict[UUID, float] = {}
+
+
+def recently_named(endpoint_id: UUID) -> bool:
+    return _named_until.get(endpoint_id, 0.0) > time.monotonic()
+
+
+def mark_named(endpoint_id: UUID) -> None:
+    _named_until[endpoint_id] = time.monotonic() + _GATED_HINT_SECONDS
+
+
 @dataclass(frozen=True)
 class Candidate:
     """What a claim statement found: the claimed todo, or a locked candidate awaiting its gates."""
@@ -853,6 +962,61 @@ def _bare_candidate(
         return NoCandidate(skipped=False)  # it skips nothing: no todo is claimable now
     todo = todo_from_row(columns) if columns[0] is not None else None
     return Candidate(todo_id, queue, (), todo, held=bool(held))
+
+
+def claim_next_lean(
+    cursor: CursorWrapper,
+    *,
+    endpoint_id: UUID,
+    queues: list[str],
+    claimant: str,
+    via: str,
+    ttl: int,
+    fence_hash: str | None,
+    prioritised: bool = False,
+) -> Candidate | NoCandidate | None:
+    """The lean statement (``_lean_claim_sql``), for an endpoint that met gated work lately.
+    None when its candidate is not the lean statement's (a takeover, a grant to end, a limit
+    the todo names), or when no gate holds whole queue identities (nothing run): the full
+    statement decides. A candidate naming a limit (or holding a grant) also sends this
+    endpoint's next claims straight to the full statement for a while (``recently_named``), so
+    named work does not pay a lean statement it will discard. Otherwise as the full fast
+    statement answers: the claimed todo with the verdicts, a candidate a verdict did not admit
+    (the locked path decides), or nothing claimable."""
+    gate_list = gates.gates()
+    lean = _lean_gates(gate_list)
+    if not lean or recently_named(endpoint_id):
+        return None
+    names = gates.priority_stale()
+    params: dict[str, Any] = {
+        "endpoint": endpoint_id,
+        "queues": queues,
+        "claimant": claimant,
+        "via": via,
+        "ttl": ttl,
+        "fence_hash": fence_hash,
+    }
+    for i in lean:
+        params[f"gp{i}"] = gate_list[i].fast_params(endpoint_id)
+    cursor.execute(_lean_claim_sql(gate_list, prioritised, names), params)
+    row = cursor.fetchone()
+    assert row is not None, "the statement answers one row"
+    if names:
+        gates.priority_refresh(row[2])
+        row = (*row[:2], *row[3:])
+    todo_id, queue, mine, takeover, *rest = row
+    if todo_id is None:
+        return NoCandidate(skipped=False)  # it skips nothing: no todo is claimable now
+    if not mine:
+        if not takeover:  # a limit the todo names, or a grant: named work
+            mark_named(endpoint_id)
+        return None
+    verdicts: list[Any] = [None] * len(gate_list)
+    for n, i in enumerate(lean):
+        verdicts[i] = rest[n]
+    columns = rest[len(lean) + 1 :]
+    todo = todo_from_row(columns) if columns[0] is not None else None
+    return Candidate(todo_id, queue, (), todo, tuple(verdicts))
 
 
 @dataclass(frozen=True)

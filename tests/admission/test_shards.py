@@ -222,6 +222,44 @@ def test_sixteen_claimers_in_two_processes_cross_into_exact_mode_and_never_over_
     assert not over_cap(p.agent.id, list(Attempt.objects.all()), K + 3)
 
 
+def test_the_lean_statement_racing_the_full_one_near_the_limit_never_over_admits(
+    tx_personas: Personas, children: list[Child]
+) -> None:
+    """One process claims through the lean statement (claim_next's for gated work), the other
+    through the full statement only, eight threads each, on a window with K + 3 claims left:
+    they share the shards, cross into exact mode together and never admit one claim over the
+    limit. Rounds (the limit raised by K + 3 each time) until both statements have claimed."""
+    p = tx_personas
+    lean, full = children
+    total = 0
+    by_statement = {"lean": 0, "full": 0}
+    for round_ in range(6):
+        policy = budget(p, per="day", limit=total + K + 3, start=far_start())
+        push(p, 40)
+        for child, statement in ((lean, "lean"), (full, "full")):
+            child.send(
+                {
+                    "endpoint": str(p.agent.id),
+                    "threads": 8,
+                    "ops": 6,
+                    "seed": f"lean-vs-full-{round_}",
+                    "statement": statement,
+                }
+            )
+        reports = [child.receive() for child in children]
+        assert [r["errors"] for r in reports] == [[]] * len(children)
+        assert reports[1]["lean_claims"] == 0, reports
+        by_statement["lean"] += reports[0]["lean_claims"]
+        by_statement["full"] += reports[1]["claims"]
+        total += sum(r["claims"] for r in reports)
+        # Demand (96 tries) runs the window out: exactly the limit, never one over.
+        assert total == window_total(policy) == _charged(policy) == policy.max_claims_per_window
+        assert Attempt.objects.filter(todo__endpoint=p.agent).count() == total
+        if by_statement["lean"] and by_statement["full"]:
+            break
+    assert by_statement["lean"] > 0 and by_statement["full"] > 0, by_statement
+
+
 def test_a_limit_lowered_mid_run_never_over_admits(
     tx_personas: Personas, children: list[Child]
 ) -> None:

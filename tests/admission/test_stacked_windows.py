@@ -258,3 +258,50 @@ def test_forty_racers_in_two_processes_stop_at_the_tightest_of_three_windows(
             "GROUP BY policy_id, window_key, window_start) w WHERE n > 7"
         )
         assert cursor.fetchone()[0] == 0
+
+
+def test_a_claim_under_stacked_windows_is_decided_in_its_one_statement(
+    personas: Personas,
+) -> None:
+    """The fast path's hint holds each window definition's bounds once (admission migration
+    0009), so a claim under two stacked windows is admitted and charged inside the claim's one
+    statement; a hint missing a definition would send every claim to the locked path."""
+    import json
+
+    from admission.gate import BudgetGate
+    from admission.policy import Window
+
+    def key(w: dict[str, Any]) -> str:
+        return Window(w["period"], w["tz"], w["start"], w.get("weekday")).key
+
+    p = personas
+    policy = stacked(p, day(5), week(9))
+    # A second budget of the endpoint with the same daily window: its definition is not repeated.
+    services.policy_set(
+        actor=p.as_human(p.owner),
+        endpoint=p.agent,
+        queue="outbox",
+        max_in_flight=None,
+        max_claims_per_window=None,
+        window=None,
+        windows=[day(7)],
+        posture="enforce",
+    )
+    hint = json.loads(BudgetGate().fast_params(p.agent.id))
+    assert sorted(hint) == sorted([key(day(5)), key(week(9))])
+    push(p, 2)
+    first = queue_services.claim_next(actor=p.as_agent(), queue="inbox")
+    assert isinstance(first, Claimed)
+    seen: list[str] = []
+
+    def count(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(count):
+        second = queue_services.claim_next(actor=p.as_agent(), queue="inbox")
+    assert isinstance(second, Claimed)
+    assert len(seen) == 1 and "admission_check" in seen[0], seen
+    assert second.admission is not None
+    assert [w["used"] for w in second.admission["windows"]] == [2, 2]
+    assert counters(policy) == {"": 2, key(week(9)): 2}

@@ -22,7 +22,7 @@ from tests.child_serve import serve
 def run_trial(command: dict[str, Any]) -> dict[str, Any]:
     from django.db import connection, connections
 
-    from queues import services
+    from queues import services, sql
     from queues.access import AgentActor
     from queues.models import Endpoint
 
@@ -64,12 +64,31 @@ def run_trial(command: dict[str, Any]) -> dict[str, Any]:
         finally:
             connections.close_all()
 
-    workers = [threading.Thread(target=racer, args=(i,)) for i in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    return {"claims": sum(claims), "errors": errors}
+    # "statement": "full" keeps this process's claims off the lean statement (claim_next then
+    # runs the full one for gated work), so a test races the two statements against each other;
+    # "lean_claims" counts the claims the lean statement made.
+    lean = sql.claim_next_lean
+    lean_claims = [0]
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        if command.get("statement") == "full":
+            return None
+        got = lean(*args, **kwargs)
+        if isinstance(got, sql.Candidate) and got.todo is not None:
+            with lock:
+                lean_claims[0] += 1
+        return got
+
+    sql.claim_next_lean = counted
+    try:
+        workers = [threading.Thread(target=racer, args=(i,)) for i in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    finally:
+        sql.claim_next_lean = lean
+    return {"claims": sum(claims), "errors": errors, "lean_claims": lean_claims[0]}
 
 
 if __name__ == "__main__":

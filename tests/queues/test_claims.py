@@ -460,18 +460,22 @@ def test_the_database_refuses_a_second_open_attempt_of_a_todo(personas: Personas
         )
 
 
+@pytest.mark.parametrize("waits", ["full", "lean"])
 def test_a_takeover_whose_snapshot_predates_the_claim_it_replaces_still_ends_that_attempt(
-    tx_personas: Personas, monkeypatch: pytest.MonkeyPatch
+    tx_personas: Personas, monkeypatch: pytest.MonkeyPatch, waits: str
 ) -> None:
     """claim_next's statement takes its snapshot before it locks its candidate. Here that gap is
     held open on purpose (the statement waits on an advisory lock before its candidate scan)
     while another connection claims the todo and lets its lease lapse. The waiting statement then
-    takes the todo over: the attempt it replaces ends, and one attempt stays open."""
+    takes the todo over: the attempt it replaces ends, and one attempt stays open. ``lean``: the
+    lean statement (claim_next's first for a limited endpoint) is the one that waits; it finds
+    the candidate a takeover once locked and leaves it to the full statement, which takes it."""
     p = tx_personas
     (todo,) = push(p, 1)
     # The end of the candidate scan's conditions (the first ORDER BY of every variant).
     scan = "\nORDER BY "
-    original = sql._claim_next_sql
+    name = "_claim_next_sql" if waits == "full" else "_lean_claim_sql"
+    original = getattr(sql, name)
 
     def waits_first(gate_list: Any, *args: Any) -> str:
         statement = original(gate_list, *args)
@@ -482,9 +486,12 @@ def test_a_takeover_whose_snapshot_predates_the_claim_it_replaces_still_ends_tha
             1,
         )
 
-    monkeypatch.setattr(sql, "_claim_next_sql", waits_first)
-    # The takeover is the full statement's (the bare one leaves a lapsed claim to it): straight
-    # there, so the statement that waits is the one that takes the todo over.
+    monkeypatch.setattr(sql, name, waits_first)
+    if waits == "full":
+        # Only the full statement, so the statement that waits is the one that takes over.
+        monkeypatch.setattr(sql, "claim_next_lean", lambda *args, **kwargs: None)
+    # The takeover is the full statement's (the bare and lean ones leave a lapsed claim to it):
+    # no bare statement first.
     sql.mark_limited(p.agent.id)
     holder = psycopg.connect(database_url(), autocommit=False)
     holder.execute("SELECT pg_advisory_xact_lock(4242)")
