@@ -253,6 +253,26 @@ FROM (SELECT) one LEFT JOIN cand c ON true LEFT JOIN claimed cl ON cl.id = c.id
 """)
 
 
+def _first_candidate(prioritised: bool) -> str:
+    """The ``cand`` CTE of claim_next's first statements (the bare one and the lean one): the
+    oldest claimable todo of the open queues (the highest priority first when one applies),
+    locked, skipping rows others hold; nothing excluded or passed yet. One text for both, so
+    their candidate is one row whichever of them runs."""
+    order = "t.created_at, t.id"
+    if prioritised:
+        order = f"{gates.priority_score('t')} DESC, {order}"
+    rows = _CLAIM_NEXT_ROWS.replace("%(excluded)s::text[]", "'{}'::text[]")
+    return f"""cand AS (
+    SELECT t.id, t.state AS prev_state, t.endpoint_id, t.queue, t.pool, t.tags, t.rate_limit,
+           t.grant_hash AS prev_grant
+    FROM queues_todo t
+    WHERE {rows}
+    ORDER BY {order}
+    LIMIT 1
+    FOR UPDATE OF t SKIP LOCKED
+)"""
+
+
 @functools.cache
 def _bare_claim_sql(
     gate_list: tuple[gates.ClaimGate, ...], prioritised: bool = False, names: bool = False
@@ -267,21 +287,9 @@ def _bare_claim_sql(
     The same rows as the full statement whenever it claims one (``tests/queues``)."""
     plain = "".join(f" AND {gate.probe('c')} IS NULL" for gate in gate_list)
     held = " OR ".join(f"{gate.probe('c')} IS NOT NULL" for gate in gate_list) or "false"
-    order = "t.created_at, t.id"
-    if prioritised:
-        order = f"{gates.priority_score('t')} DESC, {order}"
     names_column = f"{gates.priority_names_sql()}, " if names else ""
-    rows = _CLAIM_NEXT_ROWS.replace("%(excluded)s::text[]", "'{}'::text[]")
     return _compact(f"""
-WITH cand AS (
-    SELECT t.id, t.state AS prev_state, t.endpoint_id, t.queue, t.pool, t.tags, t.rate_limit,
-           t.grant_hash AS prev_grant
-    FROM queues_todo t
-    WHERE {rows}
-    ORDER BY {order}
-    LIMIT 1
-    FOR UPDATE OF t SKIP LOCKED
-),
+WITH {_first_candidate(prioritised)},
 claimed AS (
     UPDATE queues_todo t
 {_CLAIM_SET}
@@ -352,22 +360,10 @@ def _lean_claim_sql(
         )
         spent.append(f"(SELECT count(*) FROM charge{i})")
     columns = "".join(f"(SELECT v FROM v{i}), " for i in lean)
-    order = "t.created_at, t.id"
-    if prioritised:
-        order = f"{gates.priority_score('t')} DESC, {order}"
     names_column = f"{gates.priority_names_sql()}, " if names else ""
-    rows = _CLAIM_NEXT_ROWS.replace("%(excluded)s::text[]", "'{}'::text[]")
     newline = "\n"
     return _compact(f"""
-WITH cand AS (
-    SELECT t.id, t.state AS prev_state, t.endpoint_id, t.queue, t.pool, t.tags, t.rate_limit,
-           t.grant_hash AS prev_grant
-    FROM queues_todo t
-    WHERE {rows}
-    ORDER BY {order}
-    LIMIT 1
-    FOR UPDATE OF t SKIP LOCKED
-),
+WITH {_first_candidate(prioritised)},
 -- One row when the candidate is this statement's (see the docstring), with the decided gates'
 -- probes.
 gate AS MATERIALIZED (
