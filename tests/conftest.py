@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -215,6 +216,20 @@ def run_threads(n: int, target: Callable[[int], Any]) -> list[Any]:
 def database_url() -> str:
     """A URL to the test database for child processes."""
     return liveserver.current_database_url()
+
+
+@contextmanager
+def statements() -> Iterator[list[str]]:
+    """Every statement this thread's connection executes, through any cursor Django wraps (the
+    hot claim cursor included)."""
+    seen: list[str] = []
+
+    def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        yield seen
 
 
 def lapse(todo: Any, seconds: int = 5) -> None:

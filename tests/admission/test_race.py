@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, timedelta
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,15 @@ from queues.services import Claimed, NothingClaimable
 from switchboard.core import counters
 from tests.admission.conftest import budget, window_total
 from tests.admission.racer import race
-from tests.conftest import Personas, database_url, lapse, make_retry_due, push, run_threads
+from tests.conftest import (
+    Personas,
+    database_url,
+    lapse,
+    make_retry_due,
+    push,
+    run_threads,
+    statements,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -220,19 +226,6 @@ def test_a_one_statement_claim_killed_mid_statement_charges_nothing_and_leaves_t
     again = services.claim_next(actor=p.as_agent())
     assert isinstance(again, Claimed) and again.todo.id == todo.id
     assert used(policy) == 2
-
-
-@contextmanager
-def statements() -> Iterator[list[str]]:
-    """Every statement this thread's connection executes, through any cursor Django wraps."""
-    seen: list[str] = []
-
-    def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        seen.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(record):
-        yield seen
 
 
 def test_a_claim_on_an_unbudgeted_queue_is_one_statement_with_the_indexed_probe(

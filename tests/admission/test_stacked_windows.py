@@ -24,7 +24,7 @@ from switchboard.ledger import chain as ledger
 from switchboard.ledger.models import LedgerEntry, LedgerKind
 from tests.admission.racer import race
 from tests.admission.test_api import human
-from tests.conftest import Personas, database_url, push
+from tests.conftest import Personas, database_url, push, statements
 
 WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 
@@ -292,13 +292,7 @@ def test_a_claim_under_stacked_windows_is_decided_in_its_one_statement(
     push(p, 2)
     first = queue_services.claim_next(actor=p.as_agent(), queue="inbox")
     assert isinstance(first, Claimed)
-    seen: list[str] = []
-
-    def count(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        seen.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(count):
+    with statements() as seen:
         second = queue_services.claim_next(actor=p.as_agent(), queue="inbox")
     assert isinstance(second, Claimed)
     assert len(seen) == 1 and "admission_check" in seen[0], seen

@@ -16,7 +16,7 @@ from admission.models import AdmissionPolicy, AdmissionWindow
 from queues import services, sql
 from queues.models import Attempt, AttemptOutcome, Todo, TodoState
 from queues.services import Claimed, NothingClaimable
-from tests.conftest import Personas, lapse, push
+from tests.conftest import Personas, lapse, push, statements
 from tests.queues.test_bare_claim import _claimed_rows
 
 _KW: dict[str, Any] = {
@@ -105,13 +105,7 @@ def test_claim_next_on_a_budgeted_queue_runs_the_lean_statement_once_per_claim(
     policy = _budget(personas, limit=5, cap=3)
     push(personas, 3)
     assert isinstance(services.claim_next(actor=personas.as_agent()), Claimed)  # bare, then lean
-    seen: list[str] = []
-
-    def count(execute: Any, statement: str, params: Any, many: bool, context: Any) -> Any:
-        seen.append(statement)
-        return execute(statement, params, many, context)
-
-    with connection.execute_wrapper(count):
+    with statements() as seen:
         result = services.claim_next(actor=personas.as_agent())
     assert isinstance(result, Claimed)
     assert len(seen) == 1
@@ -214,13 +208,7 @@ def test_named_work_costs_one_statement_per_claim_after_the_first(
     push(personas, 3, pool="gpu")
     assert isinstance(services.claim_next(actor=personas.as_agent()), Claimed)
     assert sql.recently_limited(personas.agent.id) and sql.recently_named(personas.agent.id)
-    seen: list[str] = []
-
-    def count(execute: Any, statement: str, params: Any, many: bool, context: Any) -> Any:
-        seen.append(statement)
-        return execute(statement, params, many, context)
-
-    with connection.execute_wrapper(count):
+    with statements() as seen:
         result = services.claim_next(actor=personas.as_agent())
     assert isinstance(result, Claimed) and result.grant is not None
     assert len(seen) == 1 and "limits_pool_check" in seen[0], seen
