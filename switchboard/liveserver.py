@@ -21,6 +21,7 @@ from typing import Literal
 from django.conf import settings
 from django.db import connection
 
+from switchboard import webserver
 from switchboard.embedded import free_port
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -76,14 +77,14 @@ def server_command(
     if server == "gunicorn":
         return [
             sys.executable, "-m", "gunicorn", "switchboard.asgi:application",
-            "-k", "switchboard.webserver.Worker", "-w", str(workers),
+            "-k", webserver.WORKER, "-w", str(workers),
             "-b", f"{host}:{port}", "--log-level", "warning",
         ]  # fmt: skip
     return [
         sys.executable, "-m", "uvicorn", "switchboard.asgi:application",
         "--host", host, "--port", str(port), "--workers", str(workers),
         "--lifespan", "off", "--no-access-log", "--log-level", "warning",
-        "--http", "switchboard.webserver:Protocol", "--loop", "uvloop",
+        "--http", webserver.PROTOCOL, "--loop", "uvloop",
     ]  # fmt: skip
 
 

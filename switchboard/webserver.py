@@ -28,7 +28,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-PROTOCOL = "switchboard.webserver:Protocol"
+PROTOCOL = "switchboard.webserver:Protocol"  # uvicorn --http
+WORKER = "switchboard.webserver.Worker"  # gunicorn -k
 
 
 class _OneWrite:

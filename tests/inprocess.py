@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import uvicorn
 from django.db import connection
 
-from switchboard import embedded
+from switchboard import embedded, webserver
 from switchboard.asgi import ARRIVED
 
 T = TypeVar("T")
@@ -80,32 +80,42 @@ def settle(condition: Callable[[], bool], timeout: float = 15.0) -> bool:
 
 
 @contextmanager
-def serving() -> Iterator[Served]:
-    from switchboard.asgi import application
-
-    port = embedded.free_port()
-    config = uvicorn.Config(
-        application,
-        host="127.0.0.1",
-        port=port,
-        log_level="warning",
-        lifespan="off",
-        http="switchboard.webserver:Protocol",
-        loop="uvloop",
-        timeout_graceful_shutdown=2,
-    )
-    server = _Server(config)
-    thread = threading.Thread(target=server.run, name="uvicorn-inprocess", daemon=True)
+def uvicorn_thread(
+    app: Any, *, server_class: type[uvicorn.Server] = uvicorn.Server, **options: Any
+) -> Iterator[uvicorn.Server]:
+    """uvicorn on 127.0.0.1:<a free port> (``server.config.port``) serving ``app`` in a thread,
+    as every launch command runs it (``webserver.PROTOCOL``, uvloop) unless ``options`` say
+    otherwise; stopped when the block ends."""
+    settings: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "port": embedded.free_port(),
+        "log_level": "warning",
+        "lifespan": "off",
+        "http": webserver.PROTOCOL,
+        "loop": "uvloop",
+        "timeout_graceful_shutdown": 2,
+    }
+    server = server_class(uvicorn.Config(app, **{**settings, **options}))
+    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started:
         assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
         time.sleep(0.05)
     try:
-        yield Served(server, f"http://127.0.0.1:{port}")
+        yield server
     finally:
         server.should_exit = True
         thread.join(timeout=15)
+
+
+@contextmanager
+def serving() -> Iterator[Served]:
+    from switchboard.asgi import application
+
+    with uvicorn_thread(application, server_class=_Server) as server:
+        assert isinstance(server, _Server)
+        yield Served(server, f"http://127.0.0.1:{server.config.port}")
 
 
 def agent_scope(

@@ -9,7 +9,6 @@ committed, so the server's own connections see it. Chromium missing is a failure
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ from django.conf import settings
 from django.test import Client
 from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
 
-from switchboard import embedded
+from tests.inprocess import uvicorn_thread
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -80,30 +79,10 @@ def server(django_db_setup: Any) -> Iterator[str]:
     """uvicorn on 127.0.0.1:<free port> serving the ASGI app, for the whole session."""
     from switchboard.asgi import application
 
-    port = embedded.free_port()
-    config = uvicorn.Config(
-        application,
-        host="127.0.0.1",
-        port=port,
-        log_level="warning",
-        lifespan="off",
-        http="switchboard.webserver:Protocol",
-        loop="uvloop",
-        timeout_graceful_shutdown=2,
-    )
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, name="uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not srv.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            pytest.fail("uvicorn did not start")
-        time.sleep(0.05)
-    url = f"http://127.0.0.1:{port}"
-    _SERVERS[url] = srv
-    yield url
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with uvicorn_thread(application) as srv:
+        url = f"http://127.0.0.1:{srv.config.port}"
+        _SERVERS[url] = srv
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -12,15 +12,14 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
-import uvicorn
 
-from switchboard import embedded, webserver
+from switchboard import webserver
+from tests.inprocess import uvicorn_thread
 
 WRITES: list[bytes] = []
 _release = threading.Event()
@@ -83,30 +82,13 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 @contextmanager
 def _serving() -> Iterator[int]:
-    port = embedded.free_port()
-    config = uvicorn.Config(
-        _app,
-        host="127.0.0.1",
-        port=port,
-        log_level="critical",
-        lifespan="off",
-        http=_CountingProtocol,
-        loop="uvloop",
-        timeout_keep_alive=5,
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="uvicorn-webserver-test", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
     try:
-        yield port
+        with uvicorn_thread(
+            _app, log_level="critical", http=_CountingProtocol, timeout_keep_alive=5
+        ) as server:
+            yield server.config.port
     finally:
         _release.set()
-        server.should_exit = True
-        thread.join(timeout=15)
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from switchboard import embedded
+from switchboard import embedded, webserver
 
 STOP_TIMEOUT_SECONDS = 10.0
 READY_TIMEOUT_SECONDS = 60.0
@@ -195,7 +195,7 @@ class Command(BaseCommand):
                 [
                     python, "-m", "uvicorn", "switchboard.asgi:application",
                     "--host", host, "--port", str(port), "--lifespan", "off",
-                    "--http", "switchboard.webserver:Protocol", "--loop", "uvloop",
+                    "--http", webserver.PROTOCOL, "--loop", "uvloop",
                     # Open event streams must not hold a shutdown past the stop timeout.
                     "--timeout-graceful-shutdown", "5",
                 ],
