@@ -930,16 +930,24 @@ def claim_bare(
     return _bare_candidate(
         cursor,
         _bare_claim_sql(gates.gates(), prioritised, names),
-        {
-            "endpoint": endpoint_id,
-            "queues": queues,
-            "claimant": claimant,
-            "via": via,
-            "ttl": ttl,
-            "fence_hash": fence_hash,
-        },
+        _first_params(endpoint_id, queues, claimant, via, ttl, fence_hash),
         names,
     )
+
+
+def _first_params(
+    endpoint_id: UUID, queues: list[str], claimant: str, via: str, ttl: int, fence_hash: str | None
+) -> dict[str, Any]:
+    """What claim_next's first statements (the bare and the lean one) bind besides the gates'
+    parameters: their candidate's (``_first_candidate``) and their claim's."""
+    return {
+        "endpoint": endpoint_id,
+        "queues": queues,
+        "claimant": claimant,
+        "via": via,
+        "ttl": ttl,
+        "fence_hash": fence_hash,
+    }
 
 
 def _bare_candidate(
@@ -984,14 +992,7 @@ def claim_next_lean(
     if not lean or recently_named(endpoint_id):
         return None
     names = gates.priority_stale()
-    params: dict[str, Any] = {
-        "endpoint": endpoint_id,
-        "queues": queues,
-        "claimant": claimant,
-        "via": via,
-        "ttl": ttl,
-        "fence_hash": fence_hash,
-    }
+    params = _first_params(endpoint_id, queues, claimant, via, ttl, fence_hash)
     for i in lean:
         params[f"gp{i}"] = gate_list[i].fast_params(endpoint_id)
     cursor.execute(_lean_claim_sql(gate_list, prioritised, names), params)
