@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -38,6 +40,23 @@ NOT_INHERITED = (
     "MFLAGS",
     "MAKELEVEL",
 )
+
+
+def web_port() -> int:
+    """A free port for the console's web server below the kernel's ephemeral range, as
+    ``make run``'s default 8000 is. The embedded Valkey's port is chosen from that range
+    (``embedded.free_port``) after the web port was picked and released: taken from the same
+    range, both could be the same port (a fresh clone's test_serve: "address already in use")."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    while True:
+        port = rng.randrange(10_000, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
 
 
 def console_env(data_dir: Path, **extra: str) -> dict[str, str]:

@@ -39,8 +39,15 @@ from celery import Celery
 from mcp import Client
 from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 
-from switchboard.embedded import free_port
-from tests.console import BASE_DIR, Console, console_env, embedded_servers_of, gone, status
+from tests.console import (
+    BASE_DIR,
+    Console,
+    console_env,
+    embedded_servers_of,
+    gone,
+    status,
+    web_port,
+)
 
 BUILD_TIMEOUT = 600.0
 COMMAND_TIMEOUT = 120.0
@@ -95,7 +102,7 @@ def clean_venv(root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def console(root: Path, clean_venv: Path) -> Iterator[Console]:
-    port = free_port()
+    port = web_port()
     data = root / "data"
     env = console_env(data, SWEEP_INTERVAL_SECONDS=SWEEP_INTERVAL)
     argv = ["make", "--no-print-directory", "run", f"PORT={port}", f"VENV={clean_venv}"]

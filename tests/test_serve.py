@@ -18,8 +18,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from switchboard.embedded import free_port
-from tests.console import READY_LINE, Console, console_env, embedded_servers_of, gone, status
+from tests.console import (
+    READY_LINE,
+    Console,
+    console_env,
+    embedded_servers_of,
+    gone,
+    status,
+    web_port,
+)
 
 FIRST_RUN_LINE = "Demo login:"  # printed by seed_demo, on the first run only
 METRICS_TOKEN = "serve-test-metrics-token"
@@ -34,7 +41,7 @@ def data_dir() -> Iterator[Path]:
 
 
 def _run_once(data_dir: Path, *, first_run: bool) -> None:
-    port = free_port()
+    port = web_port()
     env = console_env(data_dir, METRICS_TOKEN=METRICS_TOKEN)
     serve = Console(
         [sys.executable, "manage.py", "serve", "--port", str(port)], data_dir, port, env
