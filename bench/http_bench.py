@@ -60,7 +60,12 @@ def _node() -> str:
 
 
 def _load_switchboard(endpoint: Endpoint, n: int) -> None:
-    """Fresh pending todos for the endpoint (earlier ones removed), in one statement."""
+    """Fresh pending todos for the endpoint (earlier ones removed), in one statement, then the
+    todo and attempt tables vacuumed, as the baseline's table is new for each run. Without it
+    each run started on the dead rows and index entries of the runs before it (the todos and
+    attempts deleted here, the versions every cycle leaves): the claim read ~60 shared buffers
+    a call in the first run and ~180-200 by the fifth (pg_stat_statements), ~40-70 with the
+    vacuum, so the DB CPU per cycle moved with the runs' order and autovacuum's timing."""
     Todo.objects.filter(endpoint=endpoint).delete()
     with connection.cursor() as cursor:
         cursor.execute(
@@ -73,7 +78,8 @@ def _load_switchboard(endpoint: Endpoint, n: int) -> None:
             """,
             [endpoint.id, QUEUE, n],
         )
-        cursor.execute("ANALYZE queues_todo")
+        cursor.execute("VACUUM ANALYZE queues_todo")
+        cursor.execute("VACUUM queues_attempt")  # never empty here: the history's attempts
 
 
 def _processes(pid: int) -> list[psutil.Process]:
@@ -242,7 +248,8 @@ def _drive(
 
 
 def _pgss(what: str, cycles: int = 0) -> None:
-    """With BENCH_PGSS=1, each run's statements to stderr: calls, plans and times per cycle.
+    """With BENCH_PGSS=1, each run's statements to stderr: calls, plans, times and shared
+    buffers (hit, read) per cycle.
     Needs pg_stat_statements loaded: in the embedded server's .data/pg/postgresql.auto.conf,
     ``shared_preload_libraries = 'pg_stat_statements'`` and ``pg_stat_statements.track = all``
     (nested statements too: the foreign-key checks)."""
@@ -254,17 +261,17 @@ def _pgss(what: str, cycles: int = 0) -> None:
             cursor.execute("SELECT pg_stat_statements_reset()")
             return
         cursor.execute(
-            "SELECT calls, plans, total_exec_time, total_plan_time, left(regexp_replace(query,"
-            " '\\s+', ' ', 'g'), 110) FROM pg_stat_statements ORDER BY total_exec_time"
-            " + total_plan_time DESC LIMIT 25"
+            "SELECT calls, plans, total_exec_time, total_plan_time, shared_blks_hit"
+            " + shared_blks_read, left(regexp_replace(query, '\\s+', ' ', 'g'), 100)"
+            " FROM pg_stat_statements ORDER BY total_exec_time + total_plan_time DESC LIMIT 25"
         )
         rows = cursor.fetchall()
     print(f"-- {what}: {cycles} cycles", file=sys.stderr)
-    for calls, plans, ex, pl, q in rows:
+    for calls, plans, ex, pl, blocks, q in rows:
         print(
             f"{calls / max(1, cycles):6.2f}/cy plans {plans / max(1, cycles):5.2f}/cy"
             f" exec {1000 * ex / max(1, cycles):6.1f}us/cy plan {1000 * pl / max(1, cycles):6.1f}"
-            f"us/cy  {q}",
+            f"us/cy buffers {blocks / max(1, cycles):6.1f}/cy  {q}",
             file=sys.stderr,
         )
 
