@@ -14,7 +14,14 @@ from typing import Any, Literal
 from uuid import UUID
 
 from ninja import Schema
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from admission import windows
 from admission.policy import (
@@ -40,6 +47,14 @@ class Strict(Schema):
     """An input: unknown keys refused, no coercion (``true`` is not 1, ``"3"`` not a number)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _run_root_validator(
+        cls, values: Any, handler: ModelWrapValidatorHandler[Any], info: ValidationInfo
+    ) -> Any:
+        """Validated once, as itself (``queues.schemas.Strict`` says why)."""
+        return handler(values)
 
 
 # --- inputs ---------------------------------------------------------------------------------------

@@ -12,7 +12,14 @@ from uuid import UUID
 
 from django.conf import settings
 from ninja import Schema
-from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo
+from pydantic import (
+    AfterValidator,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    ValidationInfo,
+    model_validator,
+)
 
 from queues.models import (
     BASIC_VERBS,
@@ -72,6 +79,18 @@ class Strict(Schema):
     number). Ids are the exception: a UUID arrives as a string (``Field(strict=False)``)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _run_root_validator(
+        cls, values: Any, handler: ModelWrapValidatorHandler[Any], info: ValidationInfo
+    ) -> Any:
+        """ninja Schema's wrapping validator, replaced: an input is a JSON object, validated
+        once as itself. ninja's validates a model that forbids extra keys twice, the second
+        time through a ``DjangoGetter`` (attribute access for ORM objects), and runs every
+        field's own validators twice (a stored JSON's walk and size): issue 11, every verb's
+        input on REST and MCP. The first pass was this one, so the same errors."""
+        return handler(values)
 
 
 def TodoId() -> Any:

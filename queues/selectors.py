@@ -92,6 +92,8 @@ def _decode_cursor(cursor: str) -> tuple[datetime, UUID]:
 def admission_for(todos: list[Todo]) -> dict[UUID, dict[str, Any]]:
     """The derived admission status of each pending todo of a budgeted queue identity."""
     pending = [t for t in todos if t.state == TodoState.PENDING]
+    if not pending:  # every claim's and ending's answer: no gate to ask (issue 11)
+        return {}
     statuses = gates.statuses({(t.endpoint_id, t.queue) for t in pending})
     return {
         t.id: statuses[(t.endpoint_id, t.queue)]

@@ -41,8 +41,24 @@ from queues.models import Todo
 from queues.sql import grants
 from switchboard.ledger import chain
 
-_TODO_FIELDS = list(Todo._meta.concrete_fields)
-# Every column of a todo, in model order, so a claim returns the whole row in one statement.
+# The columns of a todo no claim or transition answers: bookkeeping no surface shows of a todo
+# (``queues.schemas.todo_out``) and no caller of the verbs reads afterwards. The Todo built from
+# an answer has them deferred, read from the database only if asked (as ``.only()`` leaves
+# them). Each answered column is read by libpq's row description, loaded by psycopg and set on
+# the Todo, on every statement (issue 12: the claim cycle's client CPU).
+_UNANSWERED = frozenset(
+    {
+        "idempotency_key",
+        "source",
+        "claimed_at",
+        "finished_at",
+        "rings",
+        "rung_since",
+        "stall_rung_at",
+    }
+)
+_TODO_FIELDS = [f for f in Todo._meta.concrete_fields if f.attname not in _UNANSWERED]
+# The answered columns, in model order: what a claim or a transition returns of the todo.
 TODO_COLUMNS = ", ".join(f"t.{f.column}" for f in _TODO_FIELDS)
 CLAIMED_COLUMNS = ", ".join(f"cl.{f.column}" for f in _TODO_FIELDS)
 DONE_COLUMNS = ", ".join(f"d.{f.column}" for f in _TODO_FIELDS)
@@ -62,7 +78,8 @@ OPEN_QUEUES = """
 """
 
 # What a claim writes: the todo's claim columns (both claim forms; the full one adds the grant)
-# and the new Attempt row over the CTE ``claimed``. Plain text, no braces: safe inside a
+# and the new Attempt row over the CTE ``claimed`` (which returns ``claimed_at`` for it, besides
+# the answered columns). Plain text, no braces: safe inside a
 # ``str.format`` template and an f-string alike.
 _CLAIM_SET = """    SET state = 'claimed',
         attempt = t.attempt + 1,
@@ -89,7 +106,7 @@ claimed AS (
         grant_hash = {grant}
     FROM cand c
     WHERE t.id = c.id {admit}
-    RETURNING {TODO_COLUMNS}, c.prev_state, c.prev_attempt, c.prev_grant
+    RETURNING {TODO_COLUMNS}, t.claimed_at, c.prev_state, c.prev_attempt, c.prev_grant
 ),
 {supersede_end},
 -- A takeover closes the attempt it replaces. Not an UPDATE here: this statement's snapshot was
@@ -295,7 +312,7 @@ claimed AS (
 {_CLAIM_SET}
     FROM cand c
     WHERE t.id = c.id AND c.prev_state <> 'claimed' AND c.prev_grant IS NULL{plain}
-    RETURNING {TODO_COLUMNS}
+    RETURNING {TODO_COLUMNS}, t.claimed_at
 ),
 attempt_row AS (
 {_ATTEMPT_INSERT}
@@ -376,7 +393,7 @@ claimed AS (
 {_CLAIM_SET}
     FROM gate g
     WHERE t.id = g.id{admit}
-    RETURNING {TODO_COLUMNS}
+    RETURNING {TODO_COLUMNS}, t.claimed_at
 ),
 attempt_row AS (
 {_ATTEMPT_INSERT}
@@ -804,7 +821,8 @@ _CONVERTED = [i for i, f in enumerate(_TODO_FIELDS) if hasattr(f, "from_db_value
 
 
 def todo_from_row(values: tuple[Any, ...] | list[Any]) -> Todo:
-    """A Todo from a raw row in TODO_COLUMNS order, with the fields' database converters applied."""
+    """A Todo from a raw row in TODO_COLUMNS order, with the fields' database converters applied;
+    the fields no statement answers (``_UNANSWERED``) are deferred."""
     if len(values) != _NFIELDS:
         raise ValueError(f"expected {_NFIELDS} todo columns, got {len(values)}")
     for i in _CONVERTED:
@@ -820,8 +838,9 @@ def todo_from_row(values: tuple[Any, ...] | list[Any]) -> Todo:
         pre_init.has_listeners(Todo) or post_init.has_listeners(Todo)
     ):
         return Todo.from_db(DEFAULT_DB_ALIAS, _TODO_ATTNAMES, list(values))
-    # What Model.from_db builds (every concrete field set, loaded from this database), without
-    # its __init__'s per-field descriptor calls: twice per claim cycle. As unpickling does.
+    # What Model.from_db builds (the answered fields set, the others deferred: absent from
+    # __dict__; loaded from this database), without its __init__'s per-field descriptor calls:
+    # twice per claim cycle. As unpickling does.
     todo = Todo.__new__(Todo)
     todo.__dict__.update(zip(_TODO_ATTNAMES, values, strict=True))
     state = todo._state = ModelState()

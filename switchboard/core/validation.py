@@ -215,6 +215,8 @@ UNREADABLE = {"unreadable": f"stored JSON nested deeper than {MAX_JSON_DEPTH} le
 def shown(value: Any) -> Any:
     """A stored JSON value as clients see it: itself, or ``UNREADABLE`` when it cannot be
     rendered (so one bad row does not break a page of todos or a claim)."""
+    if value is None:  # nothing to walk: a claim's result, a todo with no payload
+        return None
     return value if renderable(value) else dict(UNREADABLE)
 
 

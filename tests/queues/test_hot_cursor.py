@@ -13,6 +13,7 @@ from psycopg.pq import TransactionStatus
 
 from queues import services, sql
 from queues.models import Todo
+from queues.schemas import one_todo_out
 from queues.services import Claimed
 from tests.conftest import Personas, push
 
@@ -76,13 +77,53 @@ def test_a_claimed_todo_is_the_row_the_orm_would_load(personas: Personas) -> Non
     loaded = Todo.objects.get(pk=todo.id)
     built = claimed.todo
     assert not built._state.adding and built._state.db == "default"
+    # The answered fields as stored; the others deferred (as ``.only()`` leaves them), read from
+    # the database as stored when asked.
+    unanswered = {"idempotency_key", "source", "claimed_at", "finished_at", "rings"}
+    unanswered |= {"rung_since", "stall_rung_at"}
+    assert built.get_deferred_fields() == unanswered
     fields = [f.attname for f in Todo._meta.concrete_fields]
+    answered = [f for f in fields if f not in unanswered]
+    assert {f: built.__dict__[f] for f in answered} == {f: getattr(loaded, f) for f in answered}
     assert {f: getattr(built, f) for f in fields} == {f: getattr(loaded, f) for f in fields}
+    assert built.get_deferred_fields() == set()
     assert built.payload == {"x": [1, 2]} and built.endpoint.pk == loaded.endpoint_id
     # Saved as the ORM's own instance would be: an update, not an insert.
     built.title = "renamed"
     built.save(update_fields=["title"])
     assert Todo.objects.get(pk=todo.id).title == "renamed"
+
+
+def test_every_verb_answers_from_the_fields_its_statement_returned(personas: Personas) -> None:
+    """The answer of each claim and transition (``todo_out``, every surface's) reads no field the
+    statement left deferred: the todo is shown as the statement answered it, with no query."""
+    actor = personas.as_agent()
+    first, second, third = push(personas, 3, payload={"x": 1})
+    claimed = services.claim_next(actor=actor, claimant="w")
+    assert isinstance(claimed, Claimed) and claimed.todo.id == first.id
+    answers = [
+        claimed.todo,
+        services.heartbeat(actor=actor, todo_id=first.id),
+        services.complete(actor=actor, todo_id=first.id, result={"ok": 1}),
+        services.claim(actor=actor, todo_id=second.id).todo,
+        services.fail(actor=actor, todo_id=second.id, error="e"),
+    ]
+    services.claim(actor=actor, todo_id=third.id)
+    answers.append(services.release(actor=actor, todo_id=third.id))
+    for todo in answers:
+        deferred = todo.get_deferred_fields()
+        assert deferred and "title" not in deferred
+        shown = one_todo_out(todo)
+        assert todo.get_deferred_fields() == deferred, shown
+    assert [a["state"] for a in map(one_todo_out, answers)] == [
+        "claimed",
+        "claimed",
+        "done",
+        "claimed",
+        "failed",
+        "pending",
+    ]
+    assert one_todo_out(answers[2])["result"] == {"ok": 1}
 
 
 def test_init_signal_listeners_still_see_claimed_todos(personas: Personas) -> None:

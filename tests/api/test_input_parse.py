@@ -1,0 +1,52 @@
+"""A verb's input is validated once (issue 11: every agent request's CPU). ninja Schema's wrapping
+validator validates a model that forbids extra keys twice, the second time through a DjangoGetter
+(attribute access, for ORM objects), running each field's own validators again; the inputs'
+``Strict`` bases (queues.schemas, admission.schemas) replace it with one plain pass."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import uuid4
+
+import pytest
+
+from switchboard.core import validation, verbs
+from switchboard.core.errors import InvalidArgument
+
+
+def test_a_stored_json_argument_is_checked_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    checked: list[str] = []
+    real = validation.check_stored_json
+
+    def counting(value: Any, field: str) -> Any:
+        checked.append(field)
+        return real(value, field)
+
+    monkeypatch.setattr(validation, "check_stored_json", counting)
+    data: Any = verbs.load_verbs()["complete"].parse({"id": str(uuid4()), "result": {"a": [1]}})
+    assert data.result == {"a": [1]} and checked == ["result"]
+
+
+def test_every_strict_input_is_validated_in_one_pass() -> None:
+    strict = [
+        spec.input
+        for spec in verbs.load_verbs().values()
+        if spec.input.model_config.get("strict")
+        and spec.input.model_config.get("extra") == "forbid"
+    ]
+    assert len(strict) > 10
+    for model in strict:
+        root = model.__pydantic_decorators__.model_validators["_run_root_validator"]
+        assert root.func.__qualname__ == "Strict._run_root_validator", model.__name__
+
+
+def test_the_refusals_still_name_the_field() -> None:
+    spec = verbs.load_verbs()["complete"]
+    for arguments, field in [
+        ({"id": "x"}, "id"),
+        ({"id": str(uuid4()), "surprise": 1}, "surprise"),
+        ({"id": str(uuid4()), "attempt": "1"}, "attempt"),
+    ]:
+        with pytest.raises(InvalidArgument) as refused:
+            spec.parse(arguments)
+        assert refused.value.field == field, refused.value
