@@ -69,9 +69,17 @@ def claim_loop(i: int, endpoint_id: Any) -> Iterator[Callable[[], bool]]:
     yield cycle
 
 
-def timed_pool(workers: int, duration_s: float, workload: str, *args: Any) -> dict[str, Any]:
+def timed_pool(
+    workers: int,
+    duration_s: float,
+    workload: str,
+    *args: Any,
+    clock: Callable[[bool], None] | None = None,
+) -> dict[str, Any]:
     """Run ``workload`` in ``workers`` threads for ``duration_s`` (each with its own connections,
-    opened before the clock starts). Returns cycles/s and latency percentiles (ms)."""
+    opened before the clock starts). Returns cycles/s and latency percentiles (ms). ``clock``,
+    if given, is called with True just before the clock starts and False once every thread has
+    stopped, so a caller can read its own counters over exactly the timed window."""
     from django.db import connections
 
     latencies: list[list[float]] = [[] for _ in range(workers)]
@@ -100,6 +108,8 @@ def timed_pool(workers: int, duration_s: float, workload: str, *args: Any) -> di
         barrier.wait()
     except threading.BrokenBarrierError:
         pass
+    if clock is not None:
+        clock(True)
     started = time.perf_counter()
     if not errors:
         time.sleep(duration_s)
@@ -107,6 +117,8 @@ def timed_pool(workers: int, duration_s: float, workload: str, *args: Any) -> di
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - started
+    if clock is not None:
+        clock(False)
     if errors:
         raise errors[0]
     return _summarise(workers, [x for lat in latencies for x in lat], elapsed, dry.is_set())

@@ -33,7 +33,7 @@ from typing import Any
 
 import psutil
 from django.contrib.auth.models import User
-from django.db import connection
+from django.db import DatabaseError, connection, transaction
 
 from bench import http_baseline
 from queues import services
@@ -255,11 +255,10 @@ def _pgss(what: str, cycles: int = 0) -> None:
     (nested statements too: the foreign-key checks)."""
     if not os.environ.get("BENCH_PGSS"):
         return
+    if what == "reset":
+        pgss_reset()
+        return
     with connection.cursor() as cursor:
-        if what == "reset":
-            cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-            cursor.execute("SELECT pg_stat_statements_reset()")
-            return
         cursor.execute(
             "SELECT calls, plans, total_exec_time, total_plan_time, shared_blks_hit"
             " + shared_blks_read, left(regexp_replace(query, '\\s+', ' ', 'g'), 100)"
@@ -274,6 +273,18 @@ def _pgss(what: str, cycles: int = 0) -> None:
             f"us/cy buffers {blocks / max(1, cycles):6.1f}/cy  {q}",
             file=sys.stderr,
         )
+
+
+def pgss_reset() -> bool:
+    """pg_stat_statements created if need be and reset; False when the server has not loaded
+    it (``_pgss`` says how to load it)."""
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            cursor.execute("SELECT pg_stat_statements_reset()")
+    except DatabaseError:
+        return False
+    return True
 
 
 @contextmanager

@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import threading
-import time
 from typing import Any
 
 CLAIMS = "WITH cand AS%"  # the claim's statements (bare, lean, full)
@@ -36,24 +34,6 @@ def main(argv: list[str] | None = None) -> int:
     from bench.__main__ import standalone
 
     return standalone(lambda: _run(args.rounds, args.duration))
-
-
-def _statements() -> bool:
-    """pg_stat_statements reset, when it is loaded; False when it is not."""
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT 1 FROM pg_extension WHERE extname = 'pg_stat_statements'")
-        if cursor.fetchone() is None:
-            try:
-                cursor.execute("CREATE EXTENSION pg_stat_statements")
-            except Exception:
-                return False
-        try:
-            cursor.execute("SELECT pg_stat_statements_reset()")
-        except Exception:
-            return False
-    return True
 
 
 def _counted(cycles: int) -> dict[str, float]:
@@ -78,53 +58,29 @@ def _counted(cycles: int) -> dict[str, float]:
 
 
 def _in_process(endpoint: Any, threads: int, seconds: float) -> dict[str, Any]:
-    from django.db import connections
-
+    """The benches' own cycle (``bench.common.claim_loop``) in ``threads`` threads, with the
+    database's CPU and, when loaded, pg_stat_statements read over the timed window."""
     from bench import http_bench
-    from queues import services
-    from queues.access import AgentActor
+    from bench.common import timed_pool
 
-    actor = AgentActor(endpoint, via="api")
-    counts = [0] * threads
-    gate = threading.Barrier(threads + 1)
-    until = [0.0]
+    window: dict[str, Any] = {}
 
-    def cycle(claimant: str) -> None:
-        claimed = services.claim_next(actor=actor, claimant=claimant)
-        assert isinstance(claimed, services.Claimed)
-        services.complete(actor=actor, todo_id=claimed.todo.id)
+    def clock(starting: bool) -> None:
+        if starting:
+            window["counted"] = http_bench.pgss_reset()
+            window["db0"] = http_bench._database_cpu()
+        else:
+            window["db1"] = http_bench._database_cpu()
 
-    def work(n: int) -> None:
-        try:
-            for _ in range(10):  # warm: this thread's connection and prepared statements
-                cycle(f"w{n}")
-            gate.wait()
-            gate.wait()
-            while time.monotonic() < until[0]:
-                cycle(f"w{n}")
-                counts[n] += 1
-        finally:
-            connections.close_all()
-
-    workers = [threading.Thread(target=work, args=(n,)) for n in range(threads)]
-    for worker in workers:
-        worker.start()
-    gate.wait()
-    counted = _statements()
-    db0 = http_bench._database_cpu()
-    started = time.perf_counter()
-    until[0] = time.monotonic() + seconds
-    gate.wait()
-    for worker in workers:
-        worker.join()
-    elapsed = time.perf_counter() - started
-    db1 = http_bench._database_cpu()
-    cycles = sum(counts)
-    result: dict[str, Any] = {"cycles": cycles, "cycles_per_s": round(cycles / elapsed, 1)}
-    if db1:
-        db = sum(t - db0.get(pid, 0.0) for pid, t in db1.items())
+    run = timed_pool(threads, seconds, "bench.common:claim_loop", endpoint.id, clock=clock)
+    if run["ran_dry"]:
+        raise RuntimeError(f"the todos ran out in an in-process run: {run}")
+    cycles = int(run["cycles"])
+    result: dict[str, Any] = {"cycles": cycles, "cycles_per_s": run["cycles_per_s"]}
+    if window["db1"]:
+        db = sum(t - window["db0"].get(pid, 0.0) for pid, t in window["db1"].items())
         result["db_cpu_ms_per_cycle"] = round(1000 * db / max(1, cycles), 2)
-    if counted:
+    if window["counted"]:
         result.update(_counted(cycles))
     return result
 
@@ -132,7 +88,7 @@ def _in_process(endpoint: Any, threads: int, seconds: float) -> dict[str, Any]:
 def _over_rest(base: str, token: str, pid: int, clients: int, seconds: float) -> dict[str, Any]:
     from bench import http_bench
 
-    counted = _statements()
+    counted = http_bench.pgss_reset()
     run = http_bench._drive("rest", base, token, clients, seconds, pid)
     keep = ("cycles", "cycles_per_s", "db_cpu_ms_per_cycle")
     result: dict[str, Any] = {k: run[k] for k in keep if k in run}
