@@ -38,6 +38,7 @@ from django.db import DatabaseError, connection, transaction
 from bench import http_baseline
 from queues import services
 from queues.access import SystemActor
+from queues.auth import endpoint_rate
 from queues.models import Endpoint, Todo
 from switchboard.liveserver import current_database_url, free_port, live_server, wait_until_up
 
@@ -411,17 +412,29 @@ def process_curve(
     return curve
 
 
+# The endpoint's request rate: finite, as every endpoint's is unless made unlimited, so every
+# REST request and MCP tool call pays the rate limiter, and far above what the bench reaches
+# (the largest an endpoint may have; its burst is the one the code derives, twice the rate).
+ENDPOINT_RPS = 100000
+
+
 def run(duration_s: float = 5.0, *, repeats: int = REPEATS) -> dict[str, Any]:
     owner, _ = User.objects.get_or_create(username="bench-http-owner")
     endpoint, token = services.endpoint_vend(
-        actor=SystemActor(via="bench"), owner=owner, name="bench http", queues=[QUEUE], rps=0
+        actor=SystemActor(via="bench"),
+        owner=owner,
+        name="bench http",
+        queues=[QUEUE],
+        rps=ENDPOINT_RPS,
     )
+    rps, burst = endpoint_rate(endpoint)
     results: dict[str, Any] = {
         "duration_s": duration_s,
         "repeats": repeats,
         "cpus": os.cpu_count(),
         "load_avg_before": [round(x, 2) for x in os.getloadavg()],
         "targets": TARGETS,
+        "endpoint_rate": {"rps": rps, "burst": burst},
         "client": "bench/http_client.mjs (Node, node:http keep-alive, closed loop)",
         "servers": "one process each: uvicorn bench.http_baseline:app | uvicorn "
         "switchboard.asgi:application (switchboard.liveserver)",
