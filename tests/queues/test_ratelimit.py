@@ -59,29 +59,29 @@ def test_a_bucket_less_than_half_full_grants_one_token_at_a_time() -> None:
     key, holder, now = "near-empty", "h", 1000.0  # one instant: no refill
     grants: list[int] = []
     while not grants or grants[-1] == 32:
-        grants.append(ratelimit._call(key, 1000, 2000, 32, now, holder)[0])
+        grants.append(ratelimit._call(key, 1000, 2000, now, 32, holder)[0])
     # Leases while the bucket stays at least half full after them (2000 - 31 × 32 = 1008).
     assert grants == [32] * 31 + [1]
     assert _bucket(key)["tokens"] == 1007
     for _ in range(1007):
-        assert ratelimit._call(key, 1000, 2000, 32, now, holder) == (1, 0)
+        assert ratelimit._call(key, 1000, 2000, now, 32, holder) == (1, 0)
     # Empty: refused, and told to wait for one token's refill (1 ms at 1000/s), as without leases.
-    assert ratelimit._call(key, 1000, 2000, 32, now, holder) == (0, 1)
-    assert ratelimit._call(key, 1000, 2000, 1, now + 0.0015, holder) == (1, 0)
+    assert ratelimit._call(key, 1000, 2000, now, 32, holder) == (0, 1)
+    assert ratelimit._call(key, 1000, 2000, now + 0.0015, 1, holder) == (1, 0)
 
 
 def test_the_bucket_refills_only_to_the_burst_less_the_leases_others_hold() -> None:
     key, lease = "held", ratelimit.LEASE_SECONDS
-    assert ratelimit._call(key, 1000, 2000, 32, 100.0, "a") == (32, 0)
+    assert ratelimit._call(key, 1000, 2000, 100.0, 32, "a") == (32, 0)
     assert _bucket(key)["tokens"] == 1968
     # 0.1 s later the refill would fill the bucket; "a" may still hold 32, so it stops at 1968.
-    assert ratelimit._call(key, 1000, 2000, 1, 100.1, "b") == (1, 0)
+    assert ratelimit._call(key, 1000, 2000, 100.1, 1, "b") == (1, 0)
     assert _bucket(key)["tokens"] == 1967
     # "a" asking again has dropped what it held: its own lease no longer counts.
-    assert ratelimit._call(key, 1000, 2000, 32, 100.15, "a") == (32, 0)
+    assert ratelimit._call(key, 1000, 2000, 100.15, 32, "a") == (32, 0)
     assert _bucket(key)["tokens"] == 2000 - 32
     # Once "a"'s lease has expired the bucket fills to the burst again.
-    assert ratelimit._call(key, 1000, 2000, 1, 100.15 + lease + 0.01, "b") == (1, 0)
+    assert ratelimit._call(key, 1000, 2000, 100.15 + lease + 0.01, 1, "b") == (1, 0)
     assert _bucket(key)["tokens"] == 1999
 
 
