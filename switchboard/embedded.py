@@ -102,6 +102,19 @@ def ensure_postgres() -> PostgresInfo:
     return _info
 
 
+# What the embedded cluster sets beyond initdb's defaults, by ALTER SYSTEM and a reload (no
+# restart), so a cluster made before a setting existed picks it up when a process next attaches.
+#
+# autovacuum_naptime: how often autovacuum visits each database (default 60 s). A claim reads
+# the claimable index's entries from the endpoint's left edge, dead ones included, until a vacuum
+# removes them: at a hot queue's rate a minute of claims is ~70,000 of them, and a claim at the
+# end of that minute read ~5x the buffers of one just after a vacuum (issue 12: the sawtooth
+# that bench.dead_entries measures). The work table's own thresholds are set by queues migration
+# 0018; a visit only vacuums a table past them. A production server's naptime is its operator's
+# (README, "Production").
+CLUSTER_SETTINGS = {"autovacuum_naptime": "10"}
+
+
 def stop_postgres() -> None:
     """Drop this process's handle; the server stops when no other process holds one."""
     global _server, _info
@@ -137,6 +150,20 @@ def _create_database(info: PostgresInfo) -> None:
         ).fetchone()
         if not exists:
             conn.execute(f'CREATE DATABASE "{DATABASE_NAME}"')
+        _configure_cluster(conn)
+
+
+def _configure_cluster(conn: Any) -> None:
+    """Apply CLUSTER_SETTINGS where the running server differs (one SELECT when it does not)."""
+    rows = conn.execute(
+        "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)", [list(CLUSTER_SETTINGS)]
+    ).fetchall()
+    stale = [name for name, setting in rows if setting != CLUSTER_SETTINGS[name]]
+    for name in stale:
+        # Names and values are this module's constants, never input.
+        conn.execute(f"ALTER SYSTEM SET {name} = '{CLUSTER_SETTINGS[name]}'")
+    if stale:
+        conn.execute("SELECT pg_reload_conf()")
 
 
 def database_settings(url: str | None) -> dict[str, Any]:
