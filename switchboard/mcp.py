@@ -54,6 +54,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import functools
 import json
 import logging
 import secrets
@@ -183,8 +184,8 @@ def _empty(status: int) -> Reply:
     return Reply(status, b"", _EMPTY_TYPE, [])
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+# json.dumps(value, separators=(",", ":")), without making an encoder on every call.
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Reply:
@@ -230,10 +231,19 @@ def _header(request: Incoming, name: str, default: str | None = None) -> str | N
 
 
 def _accepts_json(request: Incoming) -> bool:
-    types = [
-        part.split(";")[0].strip().lower() for part in request.headers.get("Accept", "").split(",")
-    ]
+    return _accepts_json_in(request.headers.get("Accept", ""))
+
+
+# A client sends the same Accept and Content-Type on every request: each value is read once.
+@functools.lru_cache(maxsize=64)
+def _accepts_json_in(accept: str) -> bool:
+    types = [part.split(";")[0].strip().lower() for part in accept.split(",")]
     return any(t in ("application/json", "application/*", "*/*") for t in types)
+
+
+@functools.lru_cache(maxsize=64)
+def _media_type(content_type: str) -> str:
+    return content_type.split(";")[0].strip().lower()
 
 
 def _origin_allowed(request: Incoming) -> bool:
@@ -316,8 +326,7 @@ def _authenticate(request: Incoming, slug: str) -> AgentActor:
 def _post(request: Incoming, actor: AgentActor) -> Reply | HttpResponseBase:
     if not _accepts_json(request):
         raise _bad_header(406, "the Accept header must include application/json", "Accept")
-    content_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
-    if content_type != "application/json":
+    if _media_type(request.headers.get("Content-Type", "")) != "application/json":
         raise _bad_header(415, "the body must be Content-Type: application/json", "Content-Type")
     try:
         message = json.loads(request.body)
@@ -327,13 +336,16 @@ def _post(request: Incoming, actor: AgentActor) -> Reply | HttpResponseBase:
         check_endpoint_rate(actor.endpoint)
     version = _header(request, "MCP-Protocol-Version")
     if version is not None and version not in HANDSHAKE_VERSIONS:
-        return _modern(request, actor, message)
+        return _modern(request, actor, message, version)
     return _legacy(request, actor, message)
 
 
 def _calls_a_tool(message: Any) -> bool:
-    messages = message if isinstance(message, list) else [message]
-    return any(isinstance(m, dict) and m.get("method") == "tools/call" for m in messages)
+    if isinstance(message, dict):
+        return message.get("method") == "tools/call"
+    return isinstance(message, list) and any(
+        isinstance(m, dict) and m.get("method") == "tools/call" for m in message
+    )
 
 
 def _bad_header(status: int, message: str, field: str) -> DomainError:
@@ -346,7 +358,7 @@ def _bad_header(status: int, message: str, field: str) -> DomainError:
 # --- JSON-RPC envelopes -------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class Request:
     id: Id
     method: str
@@ -407,7 +419,36 @@ def _tools_list(actor: AgentActor, version: str) -> dict[str, Any]:
     return {"tools": tools}
 
 
-def _tools_call(actor: AgentActor, params: dict[str, Any], version: str) -> dict[str, Any]:
+@dataclass(slots=True)
+class ToolResult:
+    """A ``tools/call`` result: the answer (or the refusal) as JSON text, its text content, and
+    the answer itself as ``structuredContent`` where the revision has it (never on a refusal:
+    see the module docstring). ``text`` is ``_dumps(structured)``, so a reply need not encode
+    the answer again (issue 11: encoding it twice more cost more than the rest of the JSON-RPC
+    handling of a tool call)."""
+
+    text: str
+    is_error: bool
+    structured: dict[str, Any] | None
+
+    def as_dict(self) -> dict[str, Any]:
+        result = {"content": [{"type": "text", "text": self.text}], "isError": self.is_error}
+        if self.structured is not None:
+            result["structuredContent"] = self.structured
+        return result
+
+    def encoded(self, more: str = "") -> str:
+        """``_dumps(self.as_dict())``, with ``more`` (members as JSON, each after a comma) at
+        its end: the same bytes, the answer spliced in as its text."""
+        parts = ['{"content":[{"type":"text","text":', _dumps(self.text), '}],"isError":']
+        parts.append("true" if self.is_error else "false")
+        if self.structured is not None:
+            parts += [',"structuredContent":', self.text]
+        parts += [more, "}"]
+        return "".join(parts)
+
+
+def _tools_call(actor: AgentActor, params: dict[str, Any], version: str) -> ToolResult:
     name = params.get("name")
     if not isinstance(name, str):
         raise RpcError(INVALID_PARAMS, "tools/call needs params.name, the tool's name")
@@ -424,11 +465,8 @@ def _tools_call(actor: AgentActor, params: dict[str, Any], version: str) -> dict
     except DomainError as exc:
         output = exc.as_dict()
         is_error = True
-    text = _dumps(output)
-    result: dict[str, Any] = {"content": [{"type": "text", "text": text}], "isError": is_error}
-    if version in STRUCTURED_VERSIONS and not is_error:
-        result["structuredContent"] = output  # never on errors: see the module docstring
-    return result
+    structured = output if version in STRUCTURED_VERSIONS and not is_error else None
+    return ToolResult(_dumps(output), is_error, structured)
 
 
 def _instructions(actor: AgentActor) -> str:
@@ -443,9 +481,11 @@ def _instructions(actor: AgentActor) -> str:
 # --- 2026-07-28: stateless requests ------------------------------------------------------------
 
 
-def _modern(request: Incoming, actor: AgentActor, message: Any) -> Reply | HttpResponseBase:
-    """One self-contained request (see the module docstring for the ladder)."""
-    header_version = _header(request, "MCP-Protocol-Version", "")
+def _modern(
+    request: Incoming, actor: AgentActor, message: Any, header_version: str
+) -> Reply | HttpResponseBase:
+    """One self-contained request (see the module docstring for the ladder); ``header_version``
+    is its MCP-Protocol-Version header."""
     if isinstance(message, dict) and "id" not in message:
         # A notification: the revision defines none from client to server; acknowledge it.
         try:
@@ -461,7 +501,7 @@ def _modern(request: Incoming, actor: AgentActor, message: Any) -> Reply | HttpR
             raise RpcError(
                 INVALID_REQUEST, "Invalid Request: a single JSON-RPC request is required"
             )
-        _check_envelope(request, parsed)
+        _check_envelope(request, parsed, header_version)
         if parsed.method == "subscriptions/listen":
             return _listen(request, actor, parsed)
         result = _modern_dispatch(actor, parsed)
@@ -470,6 +510,11 @@ def _modern(request: Incoming, actor: AgentActor, message: Any) -> Reply | HttpR
             raise  # the view answers these with their HTTP status (a refusal, 503)
         error = exc if isinstance(exc, RpcError) else _handler_failed()
         return _rpc_error(_request_id(message), error, MODERN_ERROR_STATUS.get(error.code, 200))
+    if isinstance(result, ToolResult):  # as the dict below encodes, the answer encoded once
+        ident = str(parsed.id) if type(parsed.id) is int else _dumps(parsed.id)  # as json's
+        content = f'{{"jsonrpc":"2.0","id":{ident},"result":'
+        content += result.encoded(_MODERN_TAIL) + "}"
+        return Reply(200, content.encode(), "application/json", [])
     result.setdefault("resultType", "complete")
     result["_meta"] = {SERVER_INFO_KEY: SERVER_INFO}
     return _json({"jsonrpc": "2.0", "id": parsed.id, "result": result})
@@ -483,7 +528,7 @@ def _unsupported(requested: Any) -> RpcError:
     )
 
 
-def _check_envelope(request: Incoming, req: Request) -> None:
+def _check_envelope(request: Incoming, req: Request, header_version: str) -> None:
     meta = req.params.get("_meta")
     if not isinstance(meta, dict):
         raise RpcError(
@@ -495,7 +540,7 @@ def _check_envelope(request: Incoming, req: Request) -> None:
     if missing:
         raise RpcError(INVALID_PARAMS, f"params._meta is missing {', '.join(missing)}")
     version = meta[PROTOCOL_VERSION_KEY]
-    if _header(request, "MCP-Protocol-Version") != version:
+    if header_version != version:
         raise RpcError(
             HEADER_MISMATCH, "the MCP-Protocol-Version header does not match params._meta"
         )
@@ -526,7 +571,7 @@ def _header_value(value: str | None) -> str | None:
     return value
 
 
-def _modern_dispatch(actor: AgentActor, req: Request) -> dict[str, Any]:
+def _modern_dispatch(actor: AgentActor, req: Request) -> dict[str, Any] | ToolResult:
     version = MODERN_VERSIONS[0]
     if req.method == "server/discover":
         return {
@@ -541,6 +586,10 @@ def _modern_dispatch(actor: AgentActor, req: Request) -> dict[str, Any]:
     if req.method == "tools/call":
         return _tools_call(actor, req.params, version)
     raise RpcError(METHOD_NOT_FOUND, f"Method not found: {req.method}")
+
+
+# A 2026-07-28 result's last members (``_modern``): its type, and the server's name in _meta.
+_MODERN_TAIL = ',"resultType":"complete","_meta":' + _dumps({SERVER_INFO_KEY: SERVER_INFO})
 
 
 # --- the handshake era: sessions ----------------------------------------------------------------
@@ -811,5 +860,5 @@ def _legacy_dispatch(
     if req.method == "tools/list":
         return _tools_list(actor, version)
     if req.method == "tools/call":
-        return _tools_call(actor, req.params, version)
+        return _tools_call(actor, req.params, version).as_dict()
     raise RpcError(METHOD_NOT_FOUND, f"Method not found: {req.method}")
