@@ -348,7 +348,7 @@ class AgentPath:
         token = agent_api.bearer_token(meta.get("HTTP_AUTHORIZATION", ""))
         if token is None or len(body) > API_BODY_LIMIT:
             return None
-        kind = parse_header_parameters(meta.get("CONTENT_TYPE", ""))[0]
+        kind = _media_type(meta.get("CONTENT_TYPE", ""))
         if kind != "application/json" and body:
             return None
         secure = self._admit(scope, meta)
@@ -398,7 +398,7 @@ class AgentPath:
         as before (issue 11: making both and reading the answer back cost about a quarter of
         an MCP tool call's CPU, more than the JSON-RPC handling)."""
         meta = _meta(scope)
-        if parse_header_parameters(meta.get("CONTENT_TYPE", ""))[0] in edge.FORM_TYPES:
+        if _media_type(meta.get("CONTENT_TYPE", "")) in edge.FORM_TYPES:
             return None  # the edge check would read its fields
         secure = self._admit(scope, meta)
         if secure is None:
@@ -643,20 +643,35 @@ def _encoded(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     return [(name.encode("ascii"), value.encode("latin1")) for name, value in headers]
 
 
+@functools.lru_cache(maxsize=64)
+def _media_type(content_type: str) -> str:
+    """The media type of a Content-Type value, as ``HttpRequest.content_type`` reads it (an
+    agent sends the same few values)."""
+    return parse_header_parameters(content_type)[0]
+
+
+@functools.lru_cache(maxsize=256)
+def _meta_key(raw: bytes) -> str | None:
+    """A header's name as ``ASGIRequest`` keys it in META, or None (a name with "_" is dropped);
+    remembered, as the same few names come with every request."""
+    name = raw.decode("latin1")
+    if "_" in name:
+        return None
+    if name == "content-length":
+        return "CONTENT_LENGTH"
+    if name == "content-type":
+        return "CONTENT_TYPE"
+    return "HTTP_" + name.upper().replace("-", "_")
+
+
 def _meta(scope: dict[str, Any]) -> dict[str, str]:
     """The request's headers as ``ASGIRequest`` puts them in META (names with "_" dropped,
     repeated headers joined)."""
     meta: dict[str, str] = {}
     for raw, raw_value in scope.get("headers", ()):
-        name = raw.decode("latin1")
-        if "_" in name:
+        key = _meta_key(raw)
+        if key is None:
             continue
-        if name == "content-length":
-            key = "CONTENT_LENGTH"
-        elif name == "content-type":
-            key = "CONTENT_TYPE"
-        else:
-            key = "HTTP_" + name.upper().replace("-", "_")
         value = raw_value.decode("latin1")
         meta[key] = f"{meta[key]},{value}" if key in meta else value
     return meta
