@@ -2,15 +2,24 @@
 complete, as REST and as MCP (2026-07-28 ``tools/call``), through the server's own request
 handling (``OneHopHandler._respond_agent``, the agents' lean path) in one thread, no sockets.
 
-``python -m bench.agent_path_profile [--rounds R] [--cycles N] [--stub] [--profile KIND]``
-against its own bench database (BENCH_DATABASE, as ``python -m bench``). Blocks of N cycles
-alternate REST, MCP, REST, …; each block's figure is the thread's CPU time per cycle (time
-waiting for PostgreSQL is not counted, so the figure is the web process's share), and the
-medians are printed with MCP - REST. ``--stub``: the operation and the token lookup replaced by
-a fixed answer, leaving the protocols' own work. ``--profile rest|mcp``: cProfile one more
-block (thread CPU time) to ``agent-path-<kind>.prof``. Not a benchmark: ``python -m bench
---only http`` measures; this ranks where the CPU goes, with less noise than a loaded machine's
-HTTP runs. To compare two checkouts, run it in each (``git archive``), interleaved.
+``python -m bench.agent_path_profile [--rounds R] [--cycles N] [--agents A] [--stub]
+[--profile KIND]`` against its own bench database (BENCH_DATABASE, as ``python -m bench``).
+Blocks of N cycles alternate REST, MCP, REST, …; each block's figure is the thread's CPU time
+per cycle (time waiting for PostgreSQL is not counted, so the figure is the web process's
+share), and the medians are printed with MCP - REST. ``--agents A``: A threads at once, each
+an agent running N cycles, as the server's worker threads serve A clients (the figure is then
+the process's CPU per cycle: the threads' hand-offs of the GIL included).
+
+The endpoint watch's share is printed apart (``queues.auth.endpoint_watch``: the empty
+statement a cached token lookup waits for, the revoke bound): statements per request and
+their thread CPU per cycle. In one thread every request sends its own; with several agents a
+statement answers for every request that arrived before it was sent, so fewer are sent.
+
+``--stub``: the operation and the token lookup replaced by a fixed answer, leaving the
+protocols' own work. ``--profile rest|mcp``: cProfile one more block (thread CPU time) to
+``agent-path-<kind>.prof``. Not a benchmark: ``python -m bench --only http`` measures; this
+ranks where the CPU goes, with less noise than a loaded machine's HTTP runs. To compare two
+checkouts, run it in each (``git archive``), interleaved.
 """
 
 from __future__ import annotations
@@ -34,7 +43,8 @@ KINDS = ("rest", "mcp")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.agent_path_profile")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--cycles", type=int, default=300, help="cycles per block")
+    parser.add_argument("--cycles", type=int, default=300, help="cycles per block (per agent)")
+    parser.add_argument("--agents", type=int, default=1, help="agents (threads) at once")
     parser.add_argument("--stub", action="store_true", help="no operation or token lookup")
     parser.add_argument("--profile", choices=KINDS, help="cProfile one more block")
     args = parser.parse_args(argv)
@@ -119,26 +129,44 @@ def _run(args: argparse.Namespace) -> None:
     if args.stub:
         load = _stub(AgentActor(endpoint=endpoint, via="api"), agent, load)
 
+    watch = _WatchCount()
+    agents = max(1, args.agents)
+
     def block(kind: str, n: int) -> float:
-        load(n + 10)
-        began = time.thread_time()
-        for _ in range(n):
-            agent.cycle(kind)
-        return (time.thread_time() - began) / n * 1e6
+        load(n * agents + 10)
+        watch.reset()
+        if agents == 1:
+            began = time.thread_time()
+            for _ in range(n):
+                agent.cycle(kind)
+            spent = time.thread_time() - began
+        else:
+            spent = _at_once(agent, kind, n, agents)
+        watch.blocks[kind].append(watch.totals(n * agents))
+        return spent / (n * agents) * 1e6
 
     try:
         for kind in KINDS:  # warm: imports, prepared statements, the caches
             block(kind, 50)
         spent: dict[str, list[float]] = {kind: [] for kind in KINDS}
+        watch.blocks = {kind: [] for kind in KINDS}
         for _ in range(args.rounds):
             for kind in KINDS:
                 spent[kind].append(block(kind, args.cycles))
         medians = {kind: statistics.median(v) for kind, v in spent.items()}
         label = "stubbed " if args.stub else ""
+        label += f"{agents} agents at once, process " if agents > 1 else ""
         for kind, values in spent.items():
             runs = ", ".join(f"{v:.0f}" for v in values)
             print(f"{kind}: {label}CPU µs per cycle, median {medians[kind]:.0f} ({runs})")
         print(f"mcp - rest: {medians['mcp'] - medians['rest']:.0f} µs per cycle")
+        for kind, counts in watch.blocks.items():
+            per_request = statistics.median(c[0] for c in counts)
+            cpu = statistics.median(c[1] for c in counts)
+            print(
+                f"{kind}: endpoint watch, {per_request:.2f} statements per request, "
+                f"{cpu:.0f} µs of their threads' CPU per cycle"
+            )
         if args.profile:
             import cProfile
 
@@ -153,6 +181,80 @@ def _run(args: argparse.Namespace) -> None:
     finally:
         Todo.objects.filter(endpoint=endpoint).delete()
         endpoint.delete()
+
+
+def _at_once(agent: _Agent, kind: str, n: int, agents: int) -> float:
+    """``agents`` threads, each running ``n`` cycles; the process's CPU seconds meanwhile."""
+    import threading
+
+    from django.db import connection
+
+    start = threading.Barrier(agents + 1)
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            start.wait()
+            for _ in range(n):
+                agent.cycle(kind)
+        except BaseException as exc:  # reported below
+            failed.append(exc)
+        finally:
+            connection.close()  # what this thread kept goes back to the pool
+
+    threads = [threading.Thread(target=run) for _ in range(agents)]
+    for thread in threads:
+        thread.start()
+    began = time.process_time()
+    start.wait()
+    for thread in threads:
+        thread.join()
+    spent = time.process_time() - began
+    if failed:
+        raise failed[0]
+    return spent
+
+
+class _WatchCount:
+    """The endpoint watch's empty statements (``_EndpointWatch._ask``) and the thread CPU of
+    waiting for one (``ready``, the statement included)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        from queues.auth import endpoint_watch
+
+        self.lock = threading.Lock()
+        self.asked = 0
+        self.cpu = 0.0
+        self.blocks: dict[str, list[tuple[float, float]]] = {kind: [] for kind in KINDS}
+        ask, ready = endpoint_watch._ask, endpoint_watch.ready
+
+        def asked(conn: Any) -> bool:
+            with self.lock:
+                self.asked += 1
+            return ask(conn)
+
+        def timed(since: float | None = None) -> bool:
+            began = time.thread_time()
+            try:
+                return ready(since)
+            finally:
+                spent = time.thread_time() - began
+                with self.lock:
+                    self.cpu += spent
+
+        endpoint_watch._ask = asked  # type: ignore[method-assign]
+        endpoint_watch.ready = timed  # type: ignore[method-assign]
+
+    def reset(self) -> None:
+        with self.lock:
+            self.asked, self.cpu = 0, 0.0
+
+    def totals(self, cycles: int) -> tuple[float, float]:
+        """(statements per request, their µs of CPU per cycle); two requests a cycle."""
+        with self.lock:
+            return self.asked / (2 * cycles), self.cpu / cycles * 1e6
 
 
 def _stub(actor: Any, agent: _Agent, load: Callable[[int], None]) -> Callable[[int], None]:

@@ -17,7 +17,6 @@ import collections
 import contextlib
 import functools
 import io
-import json
 import logging
 import os
 import re
@@ -52,7 +51,6 @@ from django.urls import Resolver404, ResolverMatch, get_resolver, set_script_pre
 from django.utils.http import parse_header_parameters  # noqa: E402
 from django.utils.log import log_response  # noqa: E402
 from django.utils.module_loading import import_string  # noqa: E402
-from ninja.responses import NinjaJSONEncoder  # noqa: E402
 
 from switchboard import api as agent_api  # noqa: E402
 from switchboard import mcp, requestdb  # noqa: E402
@@ -233,7 +231,7 @@ class AgentPath:
 
     A POST to ``/api/v1/agent/<verb>`` with a bearer token, no query and a JSON body that
     passes the verb's input model runs the verb's direct operation (``switchboard.api``:
-    ``agent_for_verb``, ``verbs.call``) in a pool thread with no HttpRequest, middleware chain
+    ``agent_for_verb``, ``verbs.call_json``) in a pool thread with no HttpRequest, middleware chain
     or HttpResponse: on the agent path those cost about a third of a request's CPU, more than
     the claim itself. A POST to ``/mcp/<slug>`` with no query goes to ``mcp_view`` with its
     request but without the middleware chain (a ``subscriptions/listen`` stream included: its
@@ -293,6 +291,10 @@ class AgentPath:
         self.request = requestdb.AgentRequest(handler_class)
         self._verbs: dict[str, verbs.VerbSpec] | None = None
         self._mcp_slugs: dict[str, str | None] = {}  # an MCP path's slug, None: not served here
+        # A verb's answer's headers before and after its Content-Length, per ``secure``.
+        self._json_heads: dict[
+            bool, tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]
+        ] = {}
 
     def route(self, scope: dict[str, Any]) -> verbs.VerbSpec | str | None:
         """What a request names when this path may serve it: a verb (REST) or an MCP slug.
@@ -346,7 +348,7 @@ class AgentPath:
         token = agent_api.bearer_token(meta.get("HTTP_AUTHORIZATION", ""))
         if token is None or len(body) > API_BODY_LIMIT:
             return None
-        kind = parse_header_parameters(meta.get("CONTENT_TYPE", ""))[0]
+        kind = _media_type(meta.get("CONTENT_TYPE", ""))
         if kind != "application/json" and body:
             return None
         secure = self._admit(scope, meta)
@@ -363,14 +365,27 @@ class AgentPath:
             with availability.request_deadline(scope.get(ARRIVED, time.monotonic())):
                 try:
                     actor = agent_api.agent_for_verb(token, spec)
-                    value = verbs.call(actor, spec, data)
-                    content = json.dumps(value, cls=NinjaJSONEncoder).encode()  # as Response
+                    content = verbs.call_json(actor, spec, data)
                 except Exception as exc:
                     return self._refusal(scope, body, exc, secure)
-            headers = {"content-type": ("Content-Type", "application/json")}
-            return _Answer(200, _encoded(self._finish(headers, len(content), secure)), content)
+            return _Answer(200, self._json_headers(secure, len(content)), content)
         finally:
             self.request.finished(mirrored)
+
+    def _json_headers(self, secure: bool, length: int) -> list[tuple[bytes, bytes]]:
+        """The encoded headers of a verb's answer (``_finish`` of a JSON Content-Type): made
+        once per ``secure`` (they depend on nothing else but the settings read at start);
+        only Content-Length is made per answer."""
+        parts = self._json_heads.get(secure)
+        if parts is None:
+            headers = self._finish(
+                {"content-type": ("Content-Type", "application/json")}, 0, secure
+            )
+            at = [name for name, _ in headers].index("Content-Length")
+            encoded = _encoded(headers)
+            parts = self._json_heads[secure] = (encoded[:at], encoded[at + 1 :])
+        before, after = parts
+        return [*before, (b"Content-Length", b"%d" % length), *after]
 
     def serve_mcp(
         self, scope: dict[str, Any], body: bytes, slug: str
@@ -383,7 +398,7 @@ class AgentPath:
         as before (issue 11: making both and reading the answer back cost about a quarter of
         an MCP tool call's CPU, more than the JSON-RPC handling)."""
         meta = _meta(scope)
-        if parse_header_parameters(meta.get("CONTENT_TYPE", ""))[0] in edge.FORM_TYPES:
+        if _media_type(meta.get("CONTENT_TYPE", "")) in edge.FORM_TYPES:
             return None  # the edge check would read its fields
         secure = self._admit(scope, meta)
         if secure is None:
@@ -628,20 +643,35 @@ def _encoded(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     return [(name.encode("ascii"), value.encode("latin1")) for name, value in headers]
 
 
+@functools.lru_cache(maxsize=64)
+def _media_type(content_type: str) -> str:
+    """The media type of a Content-Type value, as ``HttpRequest.content_type`` reads it (an
+    agent sends the same few values)."""
+    return parse_header_parameters(content_type)[0]
+
+
+@functools.lru_cache(maxsize=256)
+def _meta_key(raw: bytes) -> str | None:
+    """A header's name as ``ASGIRequest`` keys it in META, or None (a name with "_" is dropped);
+    remembered, as the same few names come with every request."""
+    name = raw.decode("latin1")
+    if "_" in name:
+        return None
+    if name == "content-length":
+        return "CONTENT_LENGTH"
+    if name == "content-type":
+        return "CONTENT_TYPE"
+    return "HTTP_" + name.upper().replace("-", "_")
+
+
 def _meta(scope: dict[str, Any]) -> dict[str, str]:
     """The request's headers as ``ASGIRequest`` puts them in META (names with "_" dropped,
     repeated headers joined)."""
     meta: dict[str, str] = {}
     for raw, raw_value in scope.get("headers", ()):
-        name = raw.decode("latin1")
-        if "_" in name:
+        key = _meta_key(raw)
+        if key is None:
             continue
-        if name == "content-length":
-            key = "CONTENT_LENGTH"
-        elif name == "content-type":
-            key = "CONTENT_TYPE"
-        else:
-            key = "HTTP_" + name.upper().replace("-", "_")
         value = raw_value.decode("latin1")
         meta[key] = f"{meta[key]},{value}" if key in meta else value
     return meta

@@ -12,19 +12,22 @@ import httpx
 import psycopg
 import pytest
 from django.conf import settings
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection
+from django.db.models.signals import post_init
 from django.test import Client, override_settings
 
 from queues import services
 from queues.auth import (
+    _ENDPOINT_ATTNAMES,
     _ENDPOINT_FIELDS,
     WATCH_APPLICATION_NAME,
     _endpoint_row,
     endpoint_cache,
     endpoint_for_token,
+    endpoint_from_row,
     endpoint_watch,
 )
-from queues.models import EndpointState
+from queues.models import Endpoint, EndpointState
 from switchboard.core import availability
 from switchboard.core.tokens import hash_token
 from switchboard.liveserver import live_server
@@ -256,3 +259,32 @@ def test_the_token_lookup_loads_every_field_as_the_orm_does(personas: Personas) 
         for field, value in zip(_ENDPOINT_FIELDS, values, strict=True):
             expected = getattr(endpoint, field.attname)
             assert (value, type(value)) == (expected, type(expected)), field.attname
+
+
+def test_a_looked_up_endpoint_is_the_instance_from_db_builds(personas: Personas) -> None:
+    """``endpoint_from_row`` skips ``Model.__init__``: the same attributes with the same values
+    and state as ``Endpoint.from_db`` (its descriptors only store what they are given), and
+    ``from_db`` itself while an init signal has a receiver for Endpoint."""
+    values = _endpoint_row(hash_token(personas.agent_token))
+    assert values is not None
+    fast = endpoint_from_row(list(values))
+    orm = Endpoint.from_db(DEFAULT_DB_ALIAS, _ENDPOINT_ATTNAMES, list(values))
+    state = {k: v for k, v in vars(orm).items() if k != "_state"}
+    assert {k: v for k, v in vars(fast).items() if k != "_state"} == state
+    # ModelState makes its fields_cache on first use (__init__'s foreign key setter used it).
+    assert fast._state.fields_cache == orm._state.fields_cache == {}
+    assert vars(fast._state) == vars(orm._state)
+    assert (fast._state.adding, fast._state.db) == (False, DEFAULT_DB_ALIAS)
+    assert fast == orm and fast.holds("claim_next") and fast.owner == personas.agent.owner
+
+    seen: list[Any] = []
+
+    def receiver(sender: Any, instance: Any, **kwargs: Any) -> None:
+        seen.append(instance)
+
+    post_init.connect(receiver, sender=Endpoint)
+    try:
+        built = endpoint_from_row(list(values))
+    finally:
+        post_init.disconnect(receiver, sender=Endpoint)
+    assert seen == [built]

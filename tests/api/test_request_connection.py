@@ -17,7 +17,11 @@ from typing import Any
 import psycopg
 import pytest
 from django.core import signals
+from django.core.cache import caches
+from django.core.cache.backends.base import BaseCache
+from django.core.cache.backends.locmem import LocMemCache
 from django.db import connection, transaction
+from django.test import override_settings
 from psycopg.pq import TransactionStatus
 
 from switchboard import requestdb
@@ -220,3 +224,70 @@ def test_the_thread_idle_last_is_woken_first() -> None:
         return set(await asyncio.gather(workers.run(meet), workers.run(meet)))
 
     assert len(asyncio.run(two_at_once())) == 2
+
+
+class ClosingCache(LocMemCache):
+    """A cache backend with a ``close`` of its own (as memcached's and Redis's have)."""
+
+    closed = 0
+
+    def close(self, **kwargs: Any) -> None:
+        type(self).closed += 1
+
+
+def _does_nothing(self: Any, **kwargs: Any) -> None:
+    """A docstring, as BaseCache.close has."""
+
+
+def test_the_caches_are_closed_while_a_backend_can_close(
+    tx_personas: Personas, handler: OneHopHandler
+) -> None:
+    """``close_caches`` is skipped only while it does nothing: every backend's ``close`` is
+    ``BaseCache.close``, whose body is empty. With a backend that closes, and after CACHES
+    changed, a request's end closes the caches this thread used, as ``request_finished`` does."""
+    assert BaseCache.close.__code__.co_code == _does_nothing.__code__.co_code
+    assert all(type(caches[alias]).close is BaseCache.close for alias in caches), (
+        "a backend of the settings closes: the skip is never taken"
+    )
+    p = tx_personas
+    push(p, 2)
+    status, _ = _claim(handler, p.agent_token)
+    assert status == 200
+    backend = f"{__name__}.ClosingCache"
+    with override_settings(CACHES={"default": {"BACKEND": backend}}):
+        caches["default"].set("used", 1)  # this thread's cache, as a view using it
+        ClosingCache.closed = 0
+        status, _ = _claim(handler, p.agent_token)
+        assert status == 200
+        assert ClosingCache.closed == 1
+
+
+def test_a_connection_a_threads_first_request_opened_is_handled_at_its_end(
+    tx_personas: Personas,
+) -> None:
+    """In a thread that never had a connection, the one its first request opens is handled at
+    the request's end: kept while clean, given back to the pool when not."""
+    request = requestdb.AgentRequest(OneHopHandler)
+    before = checked_out()
+    outcome: dict[str, Any] = {}
+
+    def serve(dirty: bool) -> None:
+        try:
+            mirrored = request.started({})
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+            if dirty:
+                raw = connection.connection
+                assert raw is not None
+                raw.execute("BEGIN")
+            request.finished(mirrored)
+            outcome[f"dirty={dirty}"] = connection.connection is not None
+        finally:
+            connection.close()
+
+    for dirty in (False, True):
+        thread = threading.Thread(target=serve, args=(dirty,))
+        thread.start()
+        thread.join()
+    assert outcome == {"dirty=False": True, "dirty=True": False}
+    assert checked_out() == before
