@@ -114,15 +114,20 @@ class _Agent:
 def _run(args: argparse.Namespace) -> None:
     from django.contrib.auth.models import User
 
-    from bench.http_bench import QUEUE, _load_switchboard
+    from bench.http_bench import ENDPOINT_RPS, QUEUE, _load_switchboard
     from queues import services
     from queues.access import AgentActor, SystemActor
     from queues.models import Todo
     from switchboard.asgi import OneHopHandler
 
     owner, _ = User.objects.get_or_create(username="bench-agent-path-owner")
+    # The HTTP bench's finite rate: every request pays the rate limiter, as it does there.
     endpoint, token = services.endpoint_vend(
-        actor=SystemActor(via="bench"), owner=owner, name="agent path", queues=[QUEUE], rps=0
+        actor=SystemActor(via="bench"),
+        owner=owner,
+        name="agent path",
+        queues=[QUEUE],
+        rps=ENDPOINT_RPS,
     )
     agent = _Agent(OneHopHandler(threads=0), endpoint.slug, token)
     load: Callable[[int], None] = lambda n: _load_switchboard(endpoint, n)  # noqa: E731
@@ -273,6 +278,11 @@ def _stub(actor: Any, agent: _Agent, load: Callable[[int], None]) -> Callable[[i
     mcp.authenticate_agent = lambda request, token, **kw: actor
     mcp.check_endpoint_rate = lambda endpoint: None
     verbs.call = lambda actor, spec, data: answers[spec.name]
+    # REST answers JSON text (verbs.call_json): the same answers, written once here.
+    texts = {
+        name: json.dumps(answer, separators=(",", ":")).encode() for name, answer in answers.items()
+    }
+    verbs.call_json = lambda actor, spec, data: texts[spec.name]
     return lambda n: None
 
 
