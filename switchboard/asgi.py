@@ -48,7 +48,6 @@ from django.http import FileResponse  # noqa: E402
 from django.http.request import split_domain_port, validate_host  # noqa: E402
 from django.http.response import HttpResponseBase  # noqa: E402
 from django.urls import Resolver404, ResolverMatch, get_resolver, set_script_prefix  # noqa: E402
-from django.utils.http import parse_header_parameters  # noqa: E402
 from django.utils.log import log_response  # noqa: E402
 from django.utils.module_loading import import_string  # noqa: E402
 
@@ -57,7 +56,7 @@ from switchboard import mcp, requestdb  # noqa: E402
 from switchboard import middleware as edge  # noqa: E402
 from switchboard.core import availability, verbs  # noqa: E402
 from switchboard.core.errors import InvalidArgument  # noqa: E402
-from switchboard.core.http import API_BODY_LIMIT  # noqa: E402
+from switchboard.core.http import API_BODY_LIMIT, media_type  # noqa: E402
 from switchboard.core.validation import check_text  # noqa: E402
 
 ARRIVED = "switchboard.arrived"
@@ -348,7 +347,7 @@ class AgentPath:
         token = agent_api.bearer_token(meta.get("HTTP_AUTHORIZATION", ""))
         if token is None or len(body) > API_BODY_LIMIT:
             return None
-        kind = _media_type(meta.get("CONTENT_TYPE", ""))
+        kind = media_type(meta.get("CONTENT_TYPE", ""))
         if kind != "application/json" and body:
             return None
         secure = self._admit(scope, meta)
@@ -398,7 +397,7 @@ class AgentPath:
         as before (issue 11: making both and reading the answer back cost about a quarter of
         an MCP tool call's CPU, more than the JSON-RPC handling)."""
         meta = _meta(scope)
-        if _media_type(meta.get("CONTENT_TYPE", "")) in edge.FORM_TYPES:
+        if media_type(meta.get("CONTENT_TYPE", "")) in edge.FORM_TYPES:
             return None  # the edge check would read its fields
         secure = self._admit(scope, meta)
         if secure is None:
@@ -641,13 +640,6 @@ _AGENT_MIDDLEWARE_MIRRORED = [
 
 def _encoded(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     return [(name.encode("ascii"), value.encode("latin1")) for name, value in headers]
-
-
-@functools.lru_cache(maxsize=64)
-def _media_type(content_type: str) -> str:
-    """The media type of a Content-Type value, as ``HttpRequest.content_type`` reads it (an
-    agent sends the same few values)."""
-    return parse_header_parameters(content_type)[0]
 
 
 @functools.lru_cache(maxsize=256)

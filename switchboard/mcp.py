@@ -82,6 +82,7 @@ from switchboard.core.http import (
     BodyRequest,
     BodyTooLarge,
     check_body_size,
+    media_type,
     retry_after_seconds,
 )
 
@@ -241,11 +242,6 @@ def _accepts_json_in(accept: str) -> bool:
     return any(t in ("application/json", "application/*", "*/*") for t in types)
 
 
-@functools.lru_cache(maxsize=64)
-def _media_type(content_type: str) -> str:
-    return content_type.split(";")[0].strip().lower()
-
-
 def _origin_allowed(request: Incoming) -> bool:
     """DNS-rebinding guard: a browser's Origin must be this host or a trusted origin."""
     origin = _header(request, "Origin")
@@ -326,7 +322,7 @@ def _authenticate(request: Incoming, slug: str) -> AgentActor:
 def _post(request: Incoming, actor: AgentActor) -> Reply | HttpResponseBase:
     if not _accepts_json(request):
         raise _bad_header(406, "the Accept header must include application/json", "Accept")
-    if _media_type(request.headers.get("Content-Type", "")) != "application/json":
+    if media_type(request.headers.get("Content-Type", "")) != "application/json":
         raise _bad_header(415, "the body must be Content-Type: application/json", "Content-Type")
     try:
         message = json.loads(request.body)

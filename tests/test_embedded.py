@@ -23,20 +23,27 @@ def _postgres_of(data_dir: Path) -> list[psutil.Process]:
     return found
 
 
-def test_a_manage_py_command_starts_and_stops_the_embedded_database() -> None:
-    data_dir = Path(tempfile.mkdtemp(prefix="sb-embedded-"))
+def _on_fresh_cluster(data_dir: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """``python argv`` from the checkout with ``data_dir`` as its data folder and nothing
+    external configured, so it starts (and on exit stops) an embedded cluster of its own."""
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env["SWITCHBOARD_DATA_DIR"] = str(data_dir)
+    env["PYTHONPATH"] = str(BASE_DIR)
+    return subprocess.run(
+        [sys.executable, *argv],
+        cwd=BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def test_a_manage_py_command_starts_and_stops_the_embedded_database() -> None:
+    data_dir = Path(tempfile.mkdtemp(prefix="sb-embedded-"))
     try:
         for argv in (["migrate", "-v0"], ["showmigrations", "queues"]):
-            done = subprocess.run(
-                [sys.executable, "manage.py", *argv],
-                cwd=BASE_DIR,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=180,
-            )
+            done = _on_fresh_cluster(data_dir, ["manage.py", *argv])
             assert done.returncode == 0, done.stderr
         assert "[X] 0001_initial" in done.stdout
         assert (data_dir / "pg" / "PG_VERSION").exists()
@@ -94,18 +101,8 @@ def test_the_embedded_cluster_takes_its_settings_new_or_existing() -> None:
     want = CLUSTER_SETTINGS["autovacuum_naptime"]
     assert want != "60"  # autovacuum's default, which the test sets first
     data_dir = Path(tempfile.mkdtemp(prefix="sb-embedded-"))
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env["SWITCHBOARD_DATA_DIR"] = str(data_dir)
-    env["PYTHONPATH"] = str(BASE_DIR)
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", CLUSTER_PICKS_IT_UP],
-            cwd=BASE_DIR,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
+        done = _on_fresh_cluster(data_dir, ["-c", CLUSTER_PICKS_IT_UP])
         assert done.returncode == 0, done.stderr
         assert done.stdout.split("\n") == [
             f"attached {want}",
