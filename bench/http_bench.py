@@ -11,7 +11,11 @@ Measurements are interleaved (baseline, REST, MCP, baseline, …) and repeated; 
 reported with the machine's load average, because this machine is shared.
 
 Targets (issue 11): at 8 clients REST and MCP each reach ≥ 0.5× the baseline's cycles/s with
-p99 ≤ 3× the baseline's p50; at 1 client their p50 ≤ 2× the baseline's.
+p99 ≤ 3× the baseline's p50; at 1 client their p50 ≤ 2× the baseline's. The baseline runs twice:
+on this install's uvicorn stack (httptools, uvloop: ``verdict``, ``all_met``) and on the stack
+the issue's anchor (``../shared/bench/http-anchor/``) is installed with (h11, asyncio's loop:
+``anchor_stack``, ``verdict_vs_anchor_stack``). ``python -m bench.yardstick`` runs the anchor
+itself beside them.
 
 Then the README's production command (gunicorn with uvicorn workers) with 1, 2 and 4 worker
 processes, REST at 8 and 16 clients: the curve of cycles/s against processes.
@@ -288,12 +292,20 @@ def pgss_reset() -> bool:
     return True
 
 
+# The issue's anchor (``../shared/bench/http-anchor/``) is installed by its README as ``pip install
+# starlette uvicorn …``: uvicorn without its extras, so it parses HTTP with h11 (pure Python) on
+# asyncio's own event loop. This repository's uvicorn has httptools and uvloop, which uvicorn picks
+# when present: the baseline on them is a stricter yardstick than the anchor. Both are measured:
+# ``baseline`` (this install's stack) and ``anchor_stack`` (the same app on the anchor's stack).
+ANCHOR_STACK = ("--http", "h11", "--loop", "asyncio")
+
+
 @contextmanager
-def _baseline_server(dsn: str) -> Iterator[tuple[str, int]]:
+def _baseline_server(dsn: str, stack: tuple[str, ...] = ()) -> Iterator[tuple[str, int]]:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     command = [
-        sys.executable, "-m", "uvicorn", "bench.http_baseline:app",
+        sys.executable, "-m", "uvicorn", "bench.http_baseline:app", *stack,
         "--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning",
     ]  # fmt: skip
     env = {**os.environ, "BASELINE_DSN": dsn}
@@ -315,8 +327,10 @@ def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return median
 
 
-def _verdict(table: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
-    base1, base8 = table["baseline"][1], table["baseline"][8]
+def _verdict(
+    table: dict[str, dict[int, dict[str, Any]]], yardstick: str = "baseline"
+) -> dict[str, Any]:
+    base1, base8 = table[yardstick][1], table[yardstick][8]
     verdict: dict[str, Any] = {}
     for kind in ("rest", "mcp"):
         one, eight = table[kind][1], table[kind][8]
@@ -338,35 +352,51 @@ def _verdict(table: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
 
 
 def side_by_side(endpoint: Endpoint, token: str, duration_s: float, repeats: int) -> dict[str, Any]:
-    """Baseline, REST and MCP, one process each, at 1 and 8 clients, interleaved and repeated."""
+    """The baseline (on this install's stack and on the anchor's), REST and MCP, one process
+    each, at 1 and 8 clients, interleaved and repeated."""
     dsn = current_database_url()
     per_run = int(1200 * duration_s) + 500
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {
-        k: {1: [], 8: []} for k in ("baseline", "rest", "mcp")
+        k: {1: [], 8: []} for k in ("baseline", "anchor_stack", "rest", "mcp")
     }
-    with _baseline_server(dsn) as (baseline, baseline_pid), live_server(workers=1) as base:
+    with (
+        _baseline_server(dsn) as (baseline, baseline_pid),
+        _baseline_server(dsn, ANCHOR_STACK) as (anchor, anchor_pid),
+        live_server(workers=1) as base,
+    ):
         server_pid = _server_pid(base)
-        targets: dict[str, tuple[str, str, int, Callable[[int], None]]] = {
+        # (the client's kind, URL, token, server pid, loader) per server.
+        targets: dict[str, tuple[str, str, str, int, Callable[[int], None]]] = {
             "baseline": (
-                baseline, http_baseline.TOKEN, baseline_pid,
+                "baseline", baseline, http_baseline.TOKEN, baseline_pid,
                 lambda n: http_baseline.load(dsn, n),
             ),
-            "rest": (base, token, server_pid, lambda n: _load_switchboard(endpoint, n)),
+            "anchor_stack": (
+                "baseline", anchor, http_baseline.TOKEN, anchor_pid,
+                lambda n: http_baseline.load(dsn, n),
+            ),
+            "rest": ("rest", base, token, server_pid, lambda n: _load_switchboard(endpoint, n)),
             "mcp": (
-                f"{base}/mcp/{endpoint.slug}", token, server_pid,
+                "mcp", f"{base}/mcp/{endpoint.slug}", token, server_pid,
                 lambda n: _load_switchboard(endpoint, n),
             ),
         }  # fmt: skip
-        for kind, (url, secret, pid, load) in targets.items():  # warm-up: imports, pools
+        for kind, url, secret, pid, load in targets.values():  # warm-up: imports, pools
             load(per_run)
             _drive(kind, url, secret, 8, min(1.0, duration_s), pid)
         for _ in range(repeats):
             for clients in (1, 8):
-                for kind, (url, secret, pid, load) in targets.items():
+                for server, (kind, url, secret, pid, load) in targets.items():
                     load(per_run)
-                    runs[kind][clients].append(_drive(kind, url, secret, clients, duration_s, pid))
+                    result = _drive(kind, url, secret, clients, duration_s, pid)
+                    result["kind"] = server
+                    runs[server][clients].append(result)
     table = {kind: {c: _median_run(r) for c, r in by.items()} for kind, by in runs.items()}
-    return {"table": table, "verdict": _verdict(table)}
+    return {
+        "table": table,
+        "verdict": _verdict(table),
+        "verdict_vs_anchor_stack": _verdict(table, "anchor_stack"),
+    }
 
 
 def _server_pid(base: str) -> int:
@@ -436,8 +466,9 @@ def run(duration_s: float = 5.0, *, repeats: int = REPEATS) -> dict[str, Any]:
         "targets": TARGETS,
         "endpoint_rate": {"rps": rps, "burst": burst},
         "client": "bench/http_client.mjs (Node, node:http keep-alive, closed loop)",
-        "servers": "one process each: uvicorn bench.http_baseline:app | uvicorn "
-        "switchboard.asgi:application (switchboard.liveserver)",
+        "servers": "one process each: uvicorn bench.http_baseline:app (baseline) | the same "
+        "with --http h11 --loop asyncio (anchor_stack: the issue's anchor's stack, as its "
+        "README installs uvicorn) | uvicorn switchboard.asgi:application (switchboard.liveserver)",
     }
     try:
         results.update(side_by_side(endpoint, token, duration_s, repeats))
@@ -449,18 +480,21 @@ def run(duration_s: float = 5.0, *, repeats: int = REPEATS) -> dict[str, Any]:
             owner.delete()
     results["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
     results["all_met"] = all(v["all_met"] for v in results["verdict"].values())
+    results["all_met_vs_anchor_stack"] = all(
+        v["all_met"] for v in results["verdict_vs_anchor_stack"].values()
+    )
     return results
 
 
 def summary(results: dict[str, Any]) -> str:
     """The table as text, for the console and the closing note."""
     lines = [
-        "server     clients  cycles/s  p50 ms  p99 ms  server CPU  ms/cycle  db ms/cycle  client CPU"
+        "server       clients  cycles/s  p50 ms  p99 ms  server CPU  ms/cycle  db ms/cycle  client CPU"
     ]
     for kind, by in results["table"].items():
         for clients, r in by.items():
             lines.append(
-                f"{kind:<10} {clients:>7} {r['cycles_per_s']:>9} {r['p50_ms']:>7} "
+                f"{kind:<12} {clients:>7} {r['cycles_per_s']:>9} {r['p50_ms']:>7} "
                 f"{r['p99_ms']:>7} {r['server_cpu_share']:>11} "
                 f"{r['server_cpu_ms_per_cycle']:>9} {r.get('db_cpu_ms_per_cycle', '-'):>12} "
                 f"{r['client_cpu_share']:>11}"
