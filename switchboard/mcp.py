@@ -85,6 +85,7 @@ from switchboard.core.http import (
     media_type,
     retry_after_seconds,
 )
+from switchboard.core.validation import json_loads
 
 log = logging.getLogger(__name__)
 
@@ -325,7 +326,7 @@ def _post(request: Incoming, actor: AgentActor) -> Reply | HttpResponseBase:
     if media_type(request.headers.get("Content-Type", "")) != "application/json":
         raise _bad_header(415, "the body must be Content-Type: application/json", "Content-Type")
     try:
-        message = json.loads(request.body)
+        message = json_loads(request.body)
     except (ValueError, RecursionError):
         return _rpc_error(None, RpcError(PARSE_ERROR, "Parse error: the body is not JSON"), 400)
     if _calls_a_tool(message):
