@@ -117,8 +117,8 @@ class VerbSpec:
         # The edge check (NUL, lone surrogates, non-finite numbers, depth): REST bodies had it
         # when parsed; MCP arguments get it here, for every tool alike.
         check_json(arguments, "")
-        try:
-            return self.input.model_validate(arguments)
+        try:  # model_validate, without its Python-level wrapper
+            return self.input.__pydantic_validator__.validate_python(arguments)
         except ValidationError as exc:
             raise invalid_argument(exc) from None
 
