@@ -232,6 +232,7 @@ def verb_input(spec: verbs.VerbSpec, body: bytes) -> BaseModel | None:
     try:
         if not body:
             return spec.input()  # an empty body is the defaults, when every field has one
-        return spec.input.model_validate(validation.loads(body))
+        # model_validate, without its Python-level wrapper
+        return spec.input.__pydantic_validator__.validate_python(validation.loads(body))
     except (InvalidArgument, ValidationError):
         return None

@@ -290,9 +290,9 @@ class AgentPath:
         self.request = requestdb.AgentRequest(handler_class)
         self._verbs: dict[str, verbs.VerbSpec] | None = None
         self._mcp_slugs: dict[str, str | None] = {}  # an MCP path's slug, None: not served here
-        # A verb's answer's headers before and after its Content-Length, per ``secure``.
-        self._json_heads: dict[
-            bool, tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]
+        # An answer's headers before and after its Content-Length (``_plain_headers``).
+        self._plain_heads: dict[
+            tuple[str, bool, bool], tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]
         ] = {}
 
     def route(self, scope: dict[str, Any]) -> verbs.VerbSpec | str | None:
@@ -367,22 +367,28 @@ class AgentPath:
                     content = verbs.call_json(actor, spec, data)
                 except Exception as exc:
                     return self._refusal(scope, body, exc, secure)
-            return _Answer(200, self._json_headers(secure, len(content)), content)
+            return _Answer(200, self._plain_headers(_JSON, secure, True, len(content)), content)
         finally:
             self.request.finished(mirrored)
 
-    def _json_headers(self, secure: bool, length: int) -> list[tuple[bytes, bytes]]:
-        """The encoded headers of a verb's answer (``_finish`` of a JSON Content-Type): made
-        once per ``secure`` (they depend on nothing else but the settings read at start);
-        only Content-Length is made per answer."""
-        parts = self._json_heads.get(secure)
+    def _plain_headers(
+        self, content_type: str, secure: bool, private: bool, length: int
+    ) -> list[tuple[bytes, bytes]]:
+        """The encoded headers of an answer with no headers of its own but its Content-Type
+        (``_finish``'s, a verb's JSON answer, an MCP ``Reply``): made once per Content-Type,
+        ``secure`` and ``private`` (they depend on nothing else but the settings read at
+        start); only Content-Length is made per answer."""
+        key = (content_type, secure, private)
+        parts = self._plain_heads.get(key)
         if parts is None:
             headers = self._finish(
-                {"content-type": ("Content-Type", "application/json")}, 0, secure
+                {"content-type": ("Content-Type", content_type)}, 0, secure, private=private
             )
             at = [name for name, _ in headers].index("Content-Length")
             encoded = _encoded(headers)
-            parts = self._json_heads[secure] = (encoded[:at], encoded[at + 1 :])
+            parts = (encoded[:at], encoded[at + 1 :])
+            if len(self._plain_heads) < 64:  # the few types this code answers with
+                self._plain_heads[key] = parts
         before, after = parts
         return [*before, (b"Content-Length", b"%d" % length), *after]
 
@@ -440,6 +446,12 @@ class AgentPath:
         except BaseException:
             self.request.finished(mirrored)
             raise
+        if isinstance(answer, mcp.Reply) and answer.status < 400 and not answer.headers:
+            encoded = self._plain_headers(
+                answer.content_type, secure, "HTTP_AUTHORIZATION" in meta, len(answer.content)
+            )
+            self.request.finished(mirrored)  # as response.close()
+            return _Answer(answer.status, encoded, answer.content)
         if isinstance(answer, mcp.Reply) and answer.status < 400:
             headers = {"content-type": ("Content-Type", answer.content_type)}
             for name, value in answer.headers:
@@ -636,6 +648,9 @@ _AGENT_MIDDLEWARE_MIRRORED = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+
+
+_JSON = "application/json"
 
 
 def _encoded(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:

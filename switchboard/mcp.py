@@ -85,6 +85,7 @@ from switchboard.core.http import (
     media_type,
     retry_after_seconds,
 )
+from switchboard.core.validation import json_loads
 
 log = logging.getLogger(__name__)
 
@@ -325,7 +326,7 @@ def _post(request: Incoming, actor: AgentActor) -> Reply | HttpResponseBase:
     if media_type(request.headers.get("Content-Type", "")) != "application/json":
         raise _bad_header(415, "the body must be Content-Type: application/json", "Content-Type")
     try:
-        message = json.loads(request.body)
+        message = json_loads(request.body)
     except (ValueError, RecursionError):
         return _rpc_error(None, RpcError(PARSE_ERROR, "Parse error: the body is not JSON"), 400)
     if _calls_a_tool(message):
@@ -418,27 +419,31 @@ def _tools_list(actor: AgentActor, version: str) -> dict[str, Any]:
 @dataclass(slots=True)
 class ToolResult:
     """A ``tools/call`` result: the answer (or the refusal) as JSON text, its text content, and
-    the answer itself as ``structuredContent`` where the revision has it (never on a refusal:
-    see the module docstring). ``text`` is ``_dumps(structured)``, so a reply need not encode
-    the answer again (issue 11: encoding it twice more cost more than the rest of the JSON-RPC
-    handling of a tool call)."""
+    (``structured``) the answer itself as ``structuredContent`` where the revision has it (never
+    on a refusal: see the module docstring). ``text`` is the answer as ``_dumps`` writes it, so
+    a reply need not encode the answer again (issue 11: encoding it twice more cost more than
+    the rest of the JSON-RPC handling of a tool call)."""
 
-    text: str
+    text: str  # as _dumps writes it (_as_dumped)
     is_error: bool
-    structured: dict[str, Any] | None
+    structured: bool
 
     def as_dict(self) -> dict[str, Any]:
         result = {"content": [{"type": "text", "text": self.text}], "isError": self.is_error}
-        if self.structured is not None:
-            result["structuredContent"] = self.structured
+        if self.structured:
+            result["structuredContent"] = json.loads(self.text)
         return result
 
     def encoded(self, more: str = "") -> str:
         """``_dumps(self.as_dict())``, with ``more`` (members as JSON, each after a comma) at
         its end: the same bytes, the answer spliced in as its text."""
-        parts = ['{"content":[{"type":"text","text":', _dumps(self.text), '}],"isError":']
+        # _dumps(self.text): the text is JSON as _dumps writes it (ASCII, compact, every control
+        # character and DEL escaped inside its strings), so only its quotes and backslashes
+        # need escaping, which str.replace does for a fraction of json's per-character pass.
+        text = self.text.replace("\\", "\\\\").replace('"', '\\"')
+        parts = ['{"content":[{"type":"text","text":"', text, '"}],"isError":']
         parts.append("true" if self.is_error else "false")
-        if self.structured is not None:
+        if self.structured:
             parts += [',"structuredContent":', self.text]
         parts += [more, "}"]
         return "".join(parts)
@@ -456,13 +461,25 @@ def _tools_call(actor: AgentActor, params: dict[str, Any], version: str) -> Tool
         raise RpcError(INVALID_PARAMS, f"Unknown tool: {name}")
     try:
         verbs.check_grant(actor, name)
-        output = verbs.call(actor, spec, spec.parse(arguments))
+        text = _as_dumped(verbs.call_json(actor, spec, spec.parse(arguments)))
         is_error = False
     except DomainError as exc:
-        output = exc.as_dict()
+        text = _dumps(exc.as_dict())
         is_error = True
-    structured = output if version in STRUCTURED_VERSIONS and not is_error else None
-    return ToolResult(_dumps(output), is_error, structured)
+    return ToolResult(text, is_error, version in STRUCTURED_VERSIONS and not is_error)
+
+
+def _as_dumped(content: bytes) -> str:
+    """A verb's answer as ``verbs.call_json`` writes it (pydantic's encoder, in one pass from
+    the checked model), as ``_dumps`` writes the same answer: MCP's replies keep json's
+    spelling. The two write every value alike (ASCII only, compact) but a float below 1e-4
+    (json: ``1.5e-07``, ``1e-05``; pydantic: ``1.5e-7``, ``0.00001``) and DEL (json escapes it):
+    an answer that may hold one (its bytes hold ``e-``, ``0.0000`` or DEL, in a number or
+    anywhere else) is read back and written by ``_dumps``. Issue 11: encoding the answer's
+    dict with json cost a tool call more than this."""
+    if b"e-" in content or b"0.0000" in content or b"\x7f" in content:
+        return _dumps(json.loads(content))
+    return content.decode("ascii")
 
 
 def _instructions(actor: AgentActor) -> str:

@@ -312,6 +312,25 @@ def _mcp_same(handler: OneHopHandler, slug: str, token: str | None, message: Any
     return lean.status, json.loads(lean.body) if lean.body else None
 
 
+@override_settings(
+    SECURE_HSTS_SECONDS=3600, SECURE_PROXY_SSL_HEADER=("HTTP_X_FORWARDED_PROTO", "https")
+)
+def test_mcp_replies_headers_follow_each_request_on_one_handler(tx_personas: Personas) -> None:
+    """A reply's headers are made once per kind of answer and kept (``_plain_headers``): one
+    handler answering HTTPS and plain HTTP, a result and an empty 202, gives each the headers
+    Django's path gives it (HSTS only over HTTPS)."""
+    handler = OneHopHandler(threads=0)  # the middleware read their settings when built
+    p = tx_personas
+    https = {b"x-forwarded-proto": b"https"}
+    notice = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"_meta": META}}
+    for headers in (https, {}, https, {}):
+        for message in (_tool("claim_next", {}), notice):
+            status, _ = _mcp_same(handler, p.agent.slug, p.agent_token, message, headers=headers)
+            assert status == (200 if "id" in message else 202)
+        lean = _mcp_lean(handler, *_mcp_scope(p.agent.slug, p.agent_token, notice, headers=headers))
+        assert (b"Strict-Transport-Security" in dict(lean.headers)) is (headers == https)
+
+
 def test_an_mcp_tool_call_keeps_the_threads_clean_connection(
     tx_personas: Personas, handler: OneHopHandler
 ) -> None:

@@ -5,6 +5,7 @@ validator validates a model that forbids extra keys twice, the second time throu
 
 from __future__ import annotations
 
+import json
 from typing import Any
 from uuid import uuid4
 
@@ -50,3 +51,38 @@ def test_the_refusals_still_name_the_field() -> None:
         with pytest.raises(InvalidArgument) as refused:
             spec.parse(arguments)
         assert refused.value.field == field, refused.value
+
+
+def _outcome(parse: Any, raw: bytes | str) -> Any:
+    try:
+        return ("value", parse(raw))
+    except Exception as exc:
+        return (type(exc), str(exc))
+
+
+BODIES: list[bytes | str] = [
+    b'{"id": "x", "n": [1, 2.5, -0.0, 1e400, NaN], "t": "caf\xc3\xa9 \\u2028"}',
+    b"{}",
+    b'{"a": 1} ',  # trailing whitespace
+    b' {"a": 1}',  # leading whitespace
+    b'{"a": 1}{"b": 2}',  # extra data
+    b'{"a": 1,}',
+    b'{"a": "\xed\xa0\x80"}',  # an encoded surrogate: json.loads lets it through
+    b'{"a": "\xff"}',  # not UTF-8
+    b"\xef\xbb\xbf{}",  # a UTF-8 BOM
+    '{"a": 1}'.encode("utf-16-le"),
+    '{"a": 1}'.encode("utf-16"),
+    b"{\x00}",
+    b"{" * 100_000,  # too deep: RecursionError
+    b"{",
+    b"",
+    b"[1]",
+    '{"a": "é"}',
+]
+
+
+@pytest.mark.parametrize("raw", BODIES)
+def test_a_body_is_read_as_json_loads_reads_it(raw: bytes | str) -> None:
+    """``validation.json_loads`` (bodies opening with ``{`` scanned at once) answers what
+    ``json.loads`` answers: the same value, or the same error and message."""
+    assert _outcome(validation.json_loads, raw) == _outcome(json.loads, raw)

@@ -16,12 +16,14 @@ from typing import Any
 
 import psycopg
 import pytest
+from django.conf import settings
 from django.core import signals
 from django.core.cache import caches
 from django.core.cache.backends.base import BaseCache
 from django.core.cache.backends.locmem import LocMemCache
 from django.db import connection, transaction
 from django.test import override_settings
+from django.urls import get_urlconf, set_urlconf
 from psycopg.pq import TransactionStatus
 
 from switchboard import requestdb
@@ -185,6 +187,24 @@ def test_a_receiver_of_the_request_signals_turns_them_back_on(
     assert status == 200
     assert heard == ["started", "finished"]  # disconnected: mirrored again
     assert connection.connection is not None
+
+
+def test_a_urlconf_set_in_the_thread_is_reset_at_the_requests_end(
+    tx_personas: Personas, handler: OneHopHandler
+) -> None:
+    """As ``request_finished``'s ``reset_urlconf``: a URLconf set in the thread does not
+    outlive the request (it is looked for without asking asgiref's ``Local``, which raises)."""
+    p = tx_personas
+    push(p, 2)
+    assert _claim(handler, p.agent_token)[0] == 200
+    assert get_urlconf() is None and not requestdb._urlconf_set()
+    set_urlconf(settings.ROOT_URLCONF)
+    assert requestdb._urlconf_set()
+    try:
+        assert _claim(handler, p.agent_token)[0] == 200
+        assert get_urlconf() is None and not requestdb._urlconf_set()
+    finally:
+        set_urlconf(None)
 
 
 def test_an_idle_worker_gives_its_kept_connection_back(tx_personas: Personas) -> None:

@@ -13,15 +13,17 @@ import pytest
 from django.test import Client
 
 from switchboard import mcp
+from switchboard.core import verbs
 from tests.conftest import Personas, push
 from tests.mcp.test_mcp_http import Mcp
 
 # What a payload may hold that an encoder could write in more than one way: non-ASCII (escaped
-# as \\u…), a line separator, quotes and backslashes, floats in exponent form, a big integer,
-# negative zero, nesting, an empty object and list.
+# as \\u…), a line separator, DEL, quotes and backslashes, floats in exponent form (pydantic
+# writes 1e-05 as 0.00001 and 1.5e-07 as 1.5e-7), a big integer, negative zero, nesting, an
+# empty object and list.
 AWKWARD = {
-    "text": 'café ☕ \u2028 "quoted" \\ back\nslash\t',
-    "numbers": [1e16, 0.1, -0.0, 2**70, -3, 1.5e-7],
+    "text": 'café ☕ \u2028 \x7f "quoted" \\ back\nslash\t',
+    "numbers": [1e16, 0.1, -0.0, 2**70, -3, 1.5e-7, 1e-05],
     "nested": {"a": [None, True, False, {"b": []}], "": {}},
 }
 
@@ -36,7 +38,7 @@ def _whole(value: Any) -> bytes:
 def test_a_tool_results_encoding_is_the_whole_results(
     answer: dict[str, Any], structured: bool, is_error: bool
 ) -> None:
-    result = mcp.ToolResult(mcp._dumps(answer), is_error, answer if structured else None)
+    result = mcp.ToolResult(mcp._dumps(answer), is_error, structured)
     as_dict = result.as_dict()
     assert result.encoded().encode() == _whole(as_dict)
     more = {"resultType": "complete", "_meta": {"x": [1, "é"]}}
@@ -112,3 +114,40 @@ def test_a_modern_replys_id_is_as_json_encodes_it(
     assert response.status_code == 200
     body = json.loads(response.content)
     assert response.content == _whole(body) and body["id"] == ident
+
+
+_TODO = {
+    "id": "0b5c1f54-5d0e-4a43-9d5e-2f0a3f6f1c7e",
+    "queue": "inbox",
+    "title": 'café ☕ "quoted" \\ and a tab\t',
+    "kind": "",
+    "payload": {"nested": [1, 2.5, -0.0, 10**15, None, True, {"é": "ü"}]},
+    "state": "done",
+    "owner": "",
+    "attempt": 1,
+    "max_attempts": 3,
+    "lease_expires_at": None,
+    "next_retry_at": "2026-12-02T04:50:28.123456Z",
+    "dead_letter": False,
+    "result": {"ok": "☃", "big": 1e22},
+    "created_at": "2026-12-02T04:50:28Z",
+    "updated_at": "2026-12-02T04:50:28.000001Z",
+    "pool": None,
+    "tags": ["a", "b"],
+    "rate_limit": None,
+    "grant": None,
+}
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["\x7f", 1e-05, 9.99e-05, 1.5e-07, 2.5e-300, 1e-4, 1e16, "e-0.0000", "plain", 0.1, 2**70],
+)
+def test_a_tool_calls_text_is_the_answer_as_json_writes_it(value: Any) -> None:
+    """The tool's text comes from the verb's JSON answer (``verbs.call_json``, pydantic's
+    encoder), written as ``_dumps`` writes the checked answer, DEL and small floats included."""
+    spec = verbs.get("complete")
+    assert spec is not None
+    answer = {"todo": {**_TODO, "result": {"v": value}}}
+    text = mcp._as_dumped(spec.render_json(answer))
+    assert text == mcp._dumps(spec.render(answer))

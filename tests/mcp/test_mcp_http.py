@@ -509,7 +509,7 @@ def _broken_verb(*args: Any, **kwargs: Any) -> Any:
 def test_an_unexpected_failure_is_a_json_rpc_internal_error_with_the_id(
     agent: Mcp, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(mcp.verbs, "call", _broken_verb)
+    monkeypatch.setattr(mcp.verbs, "call_json", _broken_verb)
     agent.initialize()
     response = agent.rpc("tools/call", {"name": "claim_next", "arguments": {}}, id_="boom")
     assert response["Content-Type"] == "application/json"
@@ -534,7 +534,7 @@ def test_a_failure_before_dispatch_is_a_json_rpc_500_not_a_page(
 def test_one_failing_message_of_a_batch_costs_the_others_nothing(
     agent: Mcp, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(mcp.verbs, "call", _broken_verb)
+    monkeypatch.setattr(mcp.verbs, "call_json", _broken_verb)
     agent.initialize("2025-03-26")
     answers = agent.post(
         [
