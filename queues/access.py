@@ -106,10 +106,15 @@ class SystemActor:
         return f"system:{self.via}"
 
 
+# A tuple, not a union written in the call: that builds two union objects on every call (twice
+# per claim cycle; issue 12).
+_ACTOR_TYPES = (AgentActor, HumanActor, SystemActor)
+
+
 def check_actor(actor: object) -> None:
     """Every service is told who acts. A missing actor is a programming error, never a silent
     pass: a write nobody answers for would have no ledger row and no access check."""
-    if not isinstance(actor, AgentActor | HumanActor | SystemActor):
+    if not isinstance(actor, _ACTOR_TYPES):
         raise TypeError(f"a service needs an actor (agent, human or system), not {actor!r}")
 
 

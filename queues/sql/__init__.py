@@ -743,13 +743,36 @@ class _Lent:
             self.raw.close()
 
 
+# The thread-local storage behind ``connections`` when it is asgiref's thread-critical Local
+# (Django's ConnectionHandler; asgiref pinned), else None.
+_LOCAL_CONNECTIONS: Any = getattr(connections, "_connections", None)
+_THREAD_CONNECTIONS = (
+    getattr(_LOCAL_CONNECTIONS, "_storage", None)
+    if type(_LOCAL_CONNECTIONS).__name__ == "_ThreadCriticalLocal"
+    else None
+)
+
+
+def default_connection() -> Any:
+    """``connections[DEFAULT_DB_ALIAS]``, without the exception asgiref's Local raises and
+    catches on every lookup in a thread with no event loop (``asyncio.get_running_loop``):
+    there its storage is a plain ``threading.local``, read here directly. Each claim_next and
+    each completion looks the connection up (issue 12). With an event loop running in this
+    thread, or no connection made yet in it, Django's own lookup, as before."""
+    if _THREAD_CONNECTIONS is not None and _running_loop() is None:
+        db = getattr(_THREAD_CONNECTIONS, DEFAULT_DB_ALIAS, None)
+        if db is not None:
+            return db
+    return connections[DEFAULT_DB_ALIAS]
+
+
 def hot_cursor(db: Any = None) -> AbstractContextManager[CursorWrapper]:
     """A cursor for the hot statements: server-side binding, so psycopg prepares a statement it
     has run a few times on this connection and PostgreSQL stops re-planning it. Wrapped in
     Django's CursorWrapper so errors, execute wrappers and query counts behave as usual.
     ``db``: the default database's connection, when the caller holds it already (one lookup
     per verb: ``connections[...]`` goes through asgiref's Local on every call)."""
-    return _Lent(connections[DEFAULT_DB_ALIAS] if db is None else db)
+    return _Lent(default_connection() if db is None else db)
 
 
 # Endpoints whose last claim_next met a policy skip the autocommit fast path for a while, so
@@ -818,6 +841,9 @@ _NFIELDS = len(_TODO_FIELDS)
 # Fields whose database value needs Django's converter: JSON arrives as text from Django's own
 # cursors and already decoded from a binary hot cursor.
 _CONVERTED = [i for i, f in enumerate(_TODO_FIELDS) if hasattr(f, "from_db_value")]
+# A value such a field gets as text; a tuple, not ``str | bytes | bytearray``, which builds a
+# union object on every evaluation (twice per claim cycle; issue 12).
+_TEXT = (str, bytes, bytearray)
 
 
 def todo_from_row(values: tuple[Any, ...] | list[Any]) -> Todo:
@@ -826,11 +852,11 @@ def todo_from_row(values: tuple[Any, ...] | list[Any]) -> Todo:
     if len(values) != _NFIELDS:
         raise ValueError(f"expected {_NFIELDS} todo columns, got {len(values)}")
     for i in _CONVERTED:
-        if isinstance(values[i], str | bytes | bytearray):
+        if isinstance(values[i], _TEXT):
             # Text from one of Django's own cursors (a hot cursor's binary rows arrive decoded).
             values = list(values)
             for j in _CONVERTED:
-                if isinstance(values[j], str | bytes | bytearray):
+                if isinstance(values[j], _TEXT):
                     values[j] = _TODO_FIELDS[j].from_db_value(values[j], None, connection)  # type: ignore[attr-defined]
             break
     # Any receiver at all (rarely): ask the signals about Todo, as Model.from_db would.
@@ -842,7 +868,8 @@ def todo_from_row(values: tuple[Any, ...] | list[Any]) -> Todo:
     # __dict__; loaded from this database), without its __init__'s per-field descriptor calls:
     # twice per claim cycle. As unpickling does.
     todo = Todo.__new__(Todo)
-    todo.__dict__.update(zip(_TODO_ATTNAMES, values, strict=True))
+    # strict=False: the lengths are equal (checked above); zip's own check costs every item.
+    todo.__dict__.update(zip(_TODO_ATTNAMES, values, strict=False))
     state = todo._state = ModelState()
     state.adding = False
     state.db = DEFAULT_DB_ALIAS

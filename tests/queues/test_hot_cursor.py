@@ -274,3 +274,39 @@ def test_a_claim_after_its_endpoints_scope_changed_draws_from_the_new_scope(
     endpoint.save(update_fields=["scope_queues"])
     claimed = services.claim_next(actor=personas.as_agent(endpoint), claimant="w")
     assert isinstance(claimed, Claimed) and claimed.todo.id == outbox.id
+
+
+def test_the_default_connection_is_this_threads_as_djangos_lookup_answers() -> None:
+    """``sql.default_connection`` reads the thread's connection without asgiref's lookup: in
+    another thread it is that thread's own (made there on first use), under an event loop
+    Django's lookup answers, and each is the very one ``connections[...]`` gives there."""
+    import asyncio
+    import threading
+
+    from django.db import DEFAULT_DB_ALIAS, connections
+
+    assert sql._THREAD_CONNECTIONS is not None  # asgiref's Local as pinned: the short way
+    here = sql.default_connection()
+    assert here is connections[DEFAULT_DB_ALIAS]
+    seen: dict[str, Any] = {}
+
+    def elsewhere() -> None:
+        try:
+            seen["first"] = sql.default_connection()  # none made in this thread yet
+            seen["again"] = sql.default_connection()
+            seen["django"] = connections[DEFAULT_DB_ALIAS]
+
+            async def in_a_loop() -> None:
+                seen["loop"] = sql.default_connection()
+                seen["loop_django"] = connections[DEFAULT_DB_ALIAS]
+
+            asyncio.run(in_a_loop())
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join()
+    assert seen["first"] is seen["again"] is seen["django"]
+    assert seen["first"] is not here
+    assert seen["loop"] is seen["loop_django"]
