@@ -508,7 +508,7 @@ def _unchanged(value: Any, kept: Any) -> bool:
     if kind is list:
         if type(kept) is not tuple or len(value) != len(kept):
             return False
-        for a, b in zip(value, kept, strict=True):
+        for a, b in zip(value, kept, strict=False):  # of equal lengths (checked above)
             if type(a) is not type(b) or (a.int != b.int if type(a) is UUID else a != b):
                 return False
         return True
@@ -519,18 +519,15 @@ def _unchanged(value: Any, kept: Any) -> bool:
 
 class _Bound:
     """A hot statement as this cursor last bound it: its conversion, the parameters it kept
-    (``_kept``) and their dumped form, types and formats, as psycopg's ``dump`` made them."""
+    (``_kept``), and the query psycopg's ``dump`` made of them (``_HotQuery``: their dumped
+    form, types and formats), handed out again while they are unchanged."""
 
-    __slots__ = ("formats", "kept", "params", "parsed", "types")
+    __slots__ = ("kept", "parsed", "query")
 
-    def __init__(
-        self, parsed: Any, kept: list[Any], params: Any, types: tuple[int, ...], formats: Any
-    ) -> None:
+    def __init__(self, parsed: Any, kept: list[Any], query: _HotQuery) -> None:
         self.parsed = parsed
         self.kept = kept
-        self.params = params
-        self.types = types
-        self.formats = formats
+        self.query = query
 
 
 _IDLE = TransactionStatus.IDLE
@@ -562,20 +559,19 @@ class _HotCursor(psycopg.Cursor[Any]):
         the client's CPU per cycle). A parameter is reused only when it is unchanged in type
         and value (``_unchanged``), and only with the Transformer that dumped it."""
         tx = self._tx
-        pgq = self._query_cls(tx)
         if self._bound_tx is not tx or self._bound is None:
             self._bound, self._bound_tx = {}, tx
         bound = self._bound.get(query)
         if bound is None:
+            pgq = self._query_cls(tx)
             parsed = _parsed(query, tx.encoding)
             pgq.parsed(parsed)
             pgq.dump(params)
             kept = [_kept(params[name]) for name in pgq._order or ()]
             if len(self._bound) < 256:  # the hot statements: a few dozen texts, as above
-                self._bound[query] = _Bound(parsed, kept, pgq.params, pgq.types, pgq.formats)
+                self._bound[query] = _Bound(parsed, kept, pgq)
             return pgq
         parsed = bound.parsed
-        pgq.parsed(parsed)
         order = parsed[2] or ()
         kept = bound.kept
         changed: list[int] = []
@@ -585,21 +581,28 @@ class _HotCursor(psycopg.Cursor[Any]):
                 if value is not kept[i] and not _unchanged(value, kept[i]):
                     changed.append(i)
         except KeyError:
+            pgq = self._query_cls(tx)
+            pgq.parsed(parsed)
             pgq.dump(params)  # psycopg's error, naming the missing parameter
             return pgq
-        if changed:
-            out, types, formats = list(bound.params), list(bound.types), list(bound.formats)
-            kept = list(kept)
-            for i in changed:
-                value = params[order[i]]
-                if value is None:
-                    out[i], types[i], formats[i] = None, _none_oid(tx), psycopg.pq.Format.TEXT
-                else:
-                    dumper = tx.get_dumper(value, parsed[1][i])
-                    out[i], types[i], formats[i] = dumper.dump(value), dumper.oid, dumper.format
-                kept[i] = _kept(value)
-            bound = self._bound[query] = _Bound(parsed, kept, out, tuple(types), formats)
-        pgq.params, pgq.types, pgq.formats = bound.params, bound.types, bound.formats
+        if not changed:
+            # The very query sent last time: psycopg reads a query it sends and changes none.
+            return bound.query
+        last: Any = bound.query  # dumped: its params and formats are sequences
+        out, types, formats = list(last.params), list(last.types), list(last.formats)
+        kept = list(kept)
+        for i in changed:
+            value = params[order[i]]
+            if value is None:
+                out[i], types[i], formats[i] = None, _none_oid(tx), psycopg.pq.Format.TEXT
+            else:
+                dumper = tx.get_dumper(value, parsed[1][i])
+                out[i], types[i], formats[i] = dumper.dump(value), dumper.oid, dumper.format
+            kept[i] = _kept(value)
+        pgq = self._query_cls(tx)
+        pgq.parsed(parsed)
+        pgq.params, pgq.types, pgq.formats = out, tuple(types), formats
+        self._bound[query] = _Bound(parsed, kept, pgq)
         return pgq
 
     def execute_prepared(self, query: str, params: dict[str, Any]) -> bool:

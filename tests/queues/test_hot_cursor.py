@@ -276,6 +276,24 @@ def test_a_claim_after_its_endpoints_scope_changed_draws_from_the_new_scope(
     assert isinstance(claimed, Claimed) and claimed.todo.id == outbox.id
 
 
+def test_a_statement_bound_again_unchanged_sends_the_query_it_sent_last_time(
+    tx_personas: Personas,
+) -> None:
+    """Nothing changed since the last bind: the very query object psycopg sent is handed out
+    again (nothing converted, copied or dumped); one changed parameter makes a new one."""
+    statement = "SELECT %(names)s::text[], %(n)s::int"
+    with sql.hot_cursor() as cursor:
+        _prepared_on(cursor, statement, {"names": ["a"], "n": 1})
+        raw = cursor.cursor
+        assert raw.execute_prepared(statement, {"names": ["a"], "n": 1})
+        sent = raw._query
+        assert raw.execute_prepared(statement, {"names": ["a"], "n": 1})  # an equal new list
+        assert raw._query is sent and cursor.fetchone() == (["a"], 1)
+        assert raw.execute_prepared(statement, {"names": ["a"], "n": 2})
+        assert raw._query is not sent and cursor.fetchone() == (["a"], 2)
+        assert sent.params != raw._query.params  # the query sent before was left as it was
+
+
 def test_the_default_connection_is_this_threads_as_djangos_lookup_answers() -> None:
     """``sql.default_connection`` reads the thread's connection without asgiref's lookup: in
     another thread it is that thread's own (made there on first use), under an event loop
