@@ -687,20 +687,31 @@ class _HotWrapper(CursorWrapper):
     """Django's CursorWrapper, its execute going the short way (``execute_prepared``) when no
     execute wrapper is installed; with one, the usual way, so wrappers see every statement."""
 
+    # Django's translation of a driver's error (``with db.wrap_database_errors``: two calls on
+    # every statement, issue 12) is entered only once an error is raised; it acts on errors
+    # alone, so it translates them and sets the connection's flags as it always did.
+
     def execute(self, sql: Any, params: Any = None) -> Any:
         db = self.db
         if type(params) is dict and not db.execute_wrappers:
-            db.validate_no_broken_transaction()
-            with db.wrap_database_errors:
+            if db.needs_rollback:
+                db.validate_no_broken_transaction()  # raises
+            try:
                 if self.cursor.execute_prepared(sql, params):
                     return self.cursor
+            except Exception:
+                with db.wrap_database_errors:
+                    raise
         return super().execute(sql, params)
 
     def fetchone(self) -> Any:
         # What CursorWrapper.__getattr__ hands out for fetchone, without building the wrapping
         # closure on every call.
-        with self.db.wrap_database_errors:
+        try:
             return self.cursor.fetchone()
+        except Exception:
+            with self.db.wrap_database_errors:
+                raise
 
 
 class _Lent:
