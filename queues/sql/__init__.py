@@ -26,7 +26,6 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.backends.utils import CursorWrapper
 from django.db.models.base import ModelState
@@ -39,6 +38,7 @@ from queues import gates
 from queues.claimable import CLAIMABLE, CLAIMABLE_STATE, LAPSED_CLAIM_SET
 from queues.models import Todo
 from queues.sql import grants
+from switchboard.core import hotsettings
 from switchboard.ledger import chain
 
 # The columns of a todo no claim or transition answers: bookkeeping no surface shows of a todo
@@ -1107,7 +1107,7 @@ def grant_params(actor: Any, claimant: str) -> dict[str, Any]:
     ``actor`` a ``switchboard.ledger.chain.Actor``, or None when it writes none."""
     # Every claim and every ending binds these, and an agent's are the same each time: built
     # once per actor, claimant and ledger key (the HMAC pads derive from the key).
-    return dict(_grant_params(actor, claimant, settings.LEDGER_KEY))
+    return dict(_grant_params(actor, claimant, hotsettings.setting("LEDGER_KEY")))
 
 
 def transition_params(
@@ -1135,7 +1135,8 @@ def transition_params(
         "error": params.get("error"),
     }
     if ends:
-        bound.update(_grant_params(ledger_actor, "", settings.LEDGER_KEY))  # grant_params'
+        # grant_params'
+        bound.update(_grant_params(ledger_actor, "", hotsettings.setting("LEDGER_KEY")))
     return bound
 
 
