@@ -106,10 +106,15 @@ class SystemActor:
         return f"system:{self.via}"
 
 
+# A tuple, not a union written in the call: that builds two union objects on every call (twice
+# per claim cycle; issue 12).
+_ACTOR_TYPES = (AgentActor, HumanActor, SystemActor)
+
+
 def check_actor(actor: object) -> None:
     """Every service is told who acts. A missing actor is a programming error, never a silent
     pass: a write nobody answers for would have no ledger row and no access check."""
-    if not isinstance(actor, AgentActor | HumanActor | SystemActor):
+    if not isinstance(actor, _ACTOR_TYPES):
         raise TypeError(f"a service needs an actor (agent, human or system), not {actor!r}")
 
 
@@ -404,16 +409,29 @@ def _owner_name(owner_id: int | None) -> str:
     return name
 
 
+# Where an endpoint object keeps the ledger actor its claims and endings last named, with what
+# it was made of.
+_CLAIM_LEDGER_ACTOR = "_switchboard_claim_ledger_actor"
+
+
 def claim_ledger_actor(actor: Actor | SystemActor) -> ledger.Actor:
-    """``ledger_actor`` without loading an agent's endpoint's owner on the claim path."""
+    """``ledger_actor`` without loading an agent's endpoint's owner on the claim path.
+
+    An agent's is kept on its endpoint object and handed out again while what it names is
+    unchanged (every completion names one: issue 12), so the grant parameters' cache
+    (``queues.sql.grant_params``) finds the very same actor."""
     if isinstance(actor, AgentActor):
         endpoint = actor.endpoint
-        return ledger.Actor(
-            human_id=endpoint.owner_id,
-            human_name=_owner_name(endpoint.owner_id),
-            endpoint_id=endpoint.id,
-            endpoint_slug=endpoint.slug,
+        owner_id = endpoint.owner_id
+        names = (owner_id, _owner_name(owner_id), endpoint.id, endpoint.slug)
+        kept = endpoint.__dict__.get(_CLAIM_LEDGER_ACTOR)
+        if kept is not None and kept[0] == names:
+            return kept[1]
+        made = ledger.Actor(
+            human_id=names[0], human_name=names[1], endpoint_id=names[2], endpoint_slug=names[3]
         )
+        endpoint.__dict__[_CLAIM_LEDGER_ACTOR] = (names, made)
+        return made
     return ledger_actor(actor)
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import transaction
 
 from queues import access, gates, metrics, sql
 from queues.access import Actor, AgentActor, acting_endpoint_ids
@@ -98,7 +98,7 @@ def claim_next(
         # gate's skip or verdict, so it is the cheapest plan; it claims only a candidate no gate
         # claims and takes over no lapsed claim; any other candidate goes to the full statement
         # below (one some gate claims sends this endpoint's next claims there for a while).
-        db = connections[DEFAULT_DB_ALIAS]  # once for the statement and the counters
+        db = sql.default_connection()  # once for the statement and the counters
         with sql.hot_cursor(db) as cursor:
             availability.check_deadline()  # the connection is in hand: late means no claim
             cand: sql.Candidate | sql.NoCandidate | None = None

@@ -24,7 +24,7 @@ from queues.models import (
     check_slug,
     looks_like_uuid,
 )
-from switchboard.core import tokens, validation
+from switchboard.core import hotsettings, tokens, validation
 from switchboard.core.errors import Conflict, Forbidden, InvalidArgument
 from switchboard.core.tokens import ENDPOINT_TOKEN_PREFIX, HUMAN_TOKEN_PREFIX, hash_token
 from switchboard.ledger import chain as ledger
@@ -32,13 +32,17 @@ from switchboard.ledger.models import LedgerKind
 
 
 def resolve_lease_ttl(requested: int | None, endpoint: Endpoint) -> int:
-    ttl = requested or endpoint.default_lease_ttl_seconds or settings.DEFAULT_LEASE_TTL_SECONDS
-    if requested is not None and not 1 <= requested <= settings.MAX_LEASE_TTL_SECONDS:
+    longest = hotsettings.setting("MAX_LEASE_TTL_SECONDS")
+    ttl = (
+        requested
+        or endpoint.default_lease_ttl_seconds
+        or hotsettings.setting("DEFAULT_LEASE_TTL_SECONDS")
+    )
+    if requested is not None and not 1 <= requested <= longest:
         raise InvalidArgument(
-            f"lease_ttl_seconds must be between 1 and {settings.MAX_LEASE_TTL_SECONDS}",
-            field="lease_ttl_seconds",
+            f"lease_ttl_seconds must be between 1 and {longest}", field="lease_ttl_seconds"
         )
-    return int(min(ttl, settings.MAX_LEASE_TTL_SECONDS))
+    return int(min(ttl, longest))
 
 
 def _slugify(name: str) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
@@ -262,7 +262,7 @@ def complete(
     attempt: int | None = None,
 ) -> Todo:
     validation.check_stored_json(result, "result")
-    db = connections[DEFAULT_DB_ALIAS]  # once for the statement and the counters
+    db = sql.default_connection()  # once for the statement and the counters
     todo = _transition(
         actor,
         todo_id,

@@ -26,7 +26,6 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.backends.utils import CursorWrapper
 from django.db.models.base import ModelState
@@ -39,6 +38,7 @@ from queues import gates
 from queues.claimable import CLAIMABLE, CLAIMABLE_STATE, LAPSED_CLAIM_SET
 from queues.models import Todo
 from queues.sql import grants
+from switchboard.core import hotsettings
 from switchboard.ledger import chain
 
 # The columns of a todo no claim or transition answers: bookkeeping no surface shows of a todo
@@ -508,7 +508,7 @@ def _unchanged(value: Any, kept: Any) -> bool:
     if kind is list:
         if type(kept) is not tuple or len(value) != len(kept):
             return False
-        for a, b in zip(value, kept, strict=True):
+        for a, b in zip(value, kept, strict=False):  # of equal lengths (checked above)
             if type(a) is not type(b) or (a.int != b.int if type(a) is UUID else a != b):
                 return False
         return True
@@ -519,18 +519,15 @@ def _unchanged(value: Any, kept: Any) -> bool:
 
 class _Bound:
     """A hot statement as this cursor last bound it: its conversion, the parameters it kept
-    (``_kept``) and their dumped form, types and formats, as psycopg's ``dump`` made them."""
+    (``_kept``), and the query psycopg's ``dump`` made of them (``_HotQuery``: their dumped
+    form, types and formats), handed out again while they are unchanged."""
 
-    __slots__ = ("formats", "kept", "params", "parsed", "types")
+    __slots__ = ("kept", "parsed", "query")
 
-    def __init__(
-        self, parsed: Any, kept: list[Any], params: Any, types: tuple[int, ...], formats: Any
-    ) -> None:
+    def __init__(self, parsed: Any, kept: list[Any], query: _HotQuery) -> None:
         self.parsed = parsed
         self.kept = kept
-        self.params = params
-        self.types = types
-        self.formats = formats
+        self.query = query
 
 
 _IDLE = TransactionStatus.IDLE
@@ -562,20 +559,19 @@ class _HotCursor(psycopg.Cursor[Any]):
         the client's CPU per cycle). A parameter is reused only when it is unchanged in type
         and value (``_unchanged``), and only with the Transformer that dumped it."""
         tx = self._tx
-        pgq = self._query_cls(tx)
         if self._bound_tx is not tx or self._bound is None:
             self._bound, self._bound_tx = {}, tx
         bound = self._bound.get(query)
         if bound is None:
+            pgq = self._query_cls(tx)
             parsed = _parsed(query, tx.encoding)
             pgq.parsed(parsed)
             pgq.dump(params)
             kept = [_kept(params[name]) for name in pgq._order or ()]
             if len(self._bound) < 256:  # the hot statements: a few dozen texts, as above
-                self._bound[query] = _Bound(parsed, kept, pgq.params, pgq.types, pgq.formats)
+                self._bound[query] = _Bound(parsed, kept, pgq)
             return pgq
         parsed = bound.parsed
-        pgq.parsed(parsed)
         order = parsed[2] or ()
         kept = bound.kept
         changed: list[int] = []
@@ -585,21 +581,28 @@ class _HotCursor(psycopg.Cursor[Any]):
                 if value is not kept[i] and not _unchanged(value, kept[i]):
                     changed.append(i)
         except KeyError:
+            pgq = self._query_cls(tx)
+            pgq.parsed(parsed)
             pgq.dump(params)  # psycopg's error, naming the missing parameter
             return pgq
-        if changed:
-            out, types, formats = list(bound.params), list(bound.types), list(bound.formats)
-            kept = list(kept)
-            for i in changed:
-                value = params[order[i]]
-                if value is None:
-                    out[i], types[i], formats[i] = None, _none_oid(tx), psycopg.pq.Format.TEXT
-                else:
-                    dumper = tx.get_dumper(value, parsed[1][i])
-                    out[i], types[i], formats[i] = dumper.dump(value), dumper.oid, dumper.format
-                kept[i] = _kept(value)
-            bound = self._bound[query] = _Bound(parsed, kept, out, tuple(types), formats)
-        pgq.params, pgq.types, pgq.formats = bound.params, bound.types, bound.formats
+        if not changed:
+            # The very query sent last time: psycopg reads a query it sends and changes none.
+            return bound.query
+        last: Any = bound.query  # dumped: its params and formats are sequences
+        out, types, formats = list(last.params), list(last.types), list(last.formats)
+        kept = list(kept)
+        for i in changed:
+            value = params[order[i]]
+            if value is None:
+                out[i], types[i], formats[i] = None, _none_oid(tx), psycopg.pq.Format.TEXT
+            else:
+                dumper = tx.get_dumper(value, parsed[1][i])
+                out[i], types[i], formats[i] = dumper.dump(value), dumper.oid, dumper.format
+            kept[i] = _kept(value)
+        pgq = self._query_cls(tx)
+        pgq.parsed(parsed)
+        pgq.params, pgq.types, pgq.formats = out, tuple(types), formats
+        self._bound[query] = _Bound(parsed, kept, pgq)
         return pgq
 
     def execute_prepared(self, query: str, params: dict[str, Any]) -> bool:
@@ -684,20 +687,31 @@ class _HotWrapper(CursorWrapper):
     """Django's CursorWrapper, its execute going the short way (``execute_prepared``) when no
     execute wrapper is installed; with one, the usual way, so wrappers see every statement."""
 
+    # Django's translation of a driver's error (``with db.wrap_database_errors``: two calls on
+    # every statement, issue 12) is entered only once an error is raised; it acts on errors
+    # alone, so it translates them and sets the connection's flags as it always did.
+
     def execute(self, sql: Any, params: Any = None) -> Any:
         db = self.db
         if type(params) is dict and not db.execute_wrappers:
-            db.validate_no_broken_transaction()
-            with db.wrap_database_errors:
+            if db.needs_rollback:
+                db.validate_no_broken_transaction()  # raises
+            try:
                 if self.cursor.execute_prepared(sql, params):
                     return self.cursor
+            except Exception:
+                with db.wrap_database_errors:
+                    raise
         return super().execute(sql, params)
 
     def fetchone(self) -> Any:
         # What CursorWrapper.__getattr__ hands out for fetchone, without building the wrapping
         # closure on every call.
-        with self.db.wrap_database_errors:
+        try:
             return self.cursor.fetchone()
+        except Exception:
+            with self.db.wrap_database_errors:
+                raise
 
 
 class _Lent:
@@ -743,13 +757,36 @@ class _Lent:
             self.raw.close()
 
 
+# The thread-local storage behind ``connections`` when it is asgiref's thread-critical Local
+# (Django's ConnectionHandler; asgiref pinned), else None.
+_LOCAL_CONNECTIONS: Any = getattr(connections, "_connections", None)
+_THREAD_CONNECTIONS = (
+    getattr(_LOCAL_CONNECTIONS, "_storage", None)
+    if type(_LOCAL_CONNECTIONS).__name__ == "_ThreadCriticalLocal"
+    else None
+)
+
+
+def default_connection() -> Any:
+    """``connections[DEFAULT_DB_ALIAS]``, without the exception asgiref's Local raises and
+    catches on every lookup in a thread with no event loop (``asyncio.get_running_loop``):
+    there its storage is a plain ``threading.local``, read here directly. Each claim_next and
+    each completion looks the connection up (issue 12). With an event loop running in this
+    thread, or no connection made yet in it, Django's own lookup, as before."""
+    if _THREAD_CONNECTIONS is not None and _running_loop() is None:
+        db = getattr(_THREAD_CONNECTIONS, DEFAULT_DB_ALIAS, None)
+        if db is not None:
+            return db
+    return connections[DEFAULT_DB_ALIAS]
+
+
 def hot_cursor(db: Any = None) -> AbstractContextManager[CursorWrapper]:
     """A cursor for the hot statements: server-side binding, so psycopg prepares a statement it
     has run a few times on this connection and PostgreSQL stops re-planning it. Wrapped in
     Django's CursorWrapper so errors, execute wrappers and query counts behave as usual.
     ``db``: the default database's connection, when the caller holds it already (one lookup
     per verb: ``connections[...]`` goes through asgiref's Local on every call)."""
-    return _Lent(connections[DEFAULT_DB_ALIAS] if db is None else db)
+    return _Lent(default_connection() if db is None else db)
 
 
 # Endpoints whose last claim_next met a policy skip the autocommit fast path for a while, so
@@ -818,6 +855,9 @@ _NFIELDS = len(_TODO_FIELDS)
 # Fields whose database value needs Django's converter: JSON arrives as text from Django's own
 # cursors and already decoded from a binary hot cursor.
 _CONVERTED = [i for i, f in enumerate(_TODO_FIELDS) if hasattr(f, "from_db_value")]
+# A value such a field gets as text; a tuple, not ``str | bytes | bytearray``, which builds a
+# union object on every evaluation (twice per claim cycle; issue 12).
+_TEXT = (str, bytes, bytearray)
 
 
 def todo_from_row(values: tuple[Any, ...] | list[Any]) -> Todo:
@@ -826,11 +866,11 @@ def todo_from_row(values: tuple[Any, ...] | list[Any]) -> Todo:
     if len(values) != _NFIELDS:
         raise ValueError(f"expected {_NFIELDS} todo columns, got {len(values)}")
     for i in _CONVERTED:
-        if isinstance(values[i], str | bytes | bytearray):
+        if isinstance(values[i], _TEXT):
             # Text from one of Django's own cursors (a hot cursor's binary rows arrive decoded).
             values = list(values)
             for j in _CONVERTED:
-                if isinstance(values[j], str | bytes | bytearray):
+                if isinstance(values[j], _TEXT):
                     values[j] = _TODO_FIELDS[j].from_db_value(values[j], None, connection)  # type: ignore[attr-defined]
             break
     # Any receiver at all (rarely): ask the signals about Todo, as Model.from_db would.
@@ -842,7 +882,8 @@ def todo_from_row(values: tuple[Any, ...] | list[Any]) -> Todo:
     # __dict__; loaded from this database), without its __init__'s per-field descriptor calls:
     # twice per claim cycle. As unpickling does.
     todo = Todo.__new__(Todo)
-    todo.__dict__.update(zip(_TODO_ATTNAMES, values, strict=True))
+    # strict=False: the lengths are equal (checked above); zip's own check costs every item.
+    todo.__dict__.update(zip(_TODO_ATTNAMES, values, strict=False))
     state = todo._state = ModelState()
     state.adding = False
     state.db = DEFAULT_DB_ALIAS
@@ -1066,7 +1107,7 @@ def grant_params(actor: Any, claimant: str) -> dict[str, Any]:
     ``actor`` a ``switchboard.ledger.chain.Actor``, or None when it writes none."""
     # Every claim and every ending binds these, and an agent's are the same each time: built
     # once per actor, claimant and ledger key (the HMAC pads derive from the key).
-    return dict(_grant_params(actor, claimant, settings.LEDGER_KEY))
+    return dict(_grant_params(actor, claimant, hotsettings.setting("LEDGER_KEY")))
 
 
 def transition_params(
@@ -1094,7 +1135,8 @@ def transition_params(
         "error": params.get("error"),
     }
     if ends:
-        bound.update(_grant_params(ledger_actor, "", settings.LEDGER_KEY))  # grant_params'
+        # grant_params'
+        bound.update(_grant_params(ledger_actor, "", hotsettings.setting("LEDGER_KEY")))
     return bound
 
 

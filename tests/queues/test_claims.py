@@ -631,3 +631,30 @@ def test_a_completion_that_waited_on_a_takeover_of_its_todo_ends_nothing(
         (1, AttemptOutcome.SUPERSEDED),
         (2, None),
     ]
+
+
+def test_an_agents_ledger_actor_is_kept_on_its_endpoint_while_what_it_names_holds(
+    personas: Personas,
+) -> None:
+    """The actor a claim's or an ending's ledger row names (``access.claim_ledger_actor``) is
+    made once per endpoint object and handed out again, so the grant parameters' cache finds
+    the very same one; a changed slug or owner name makes a new one naming it."""
+    from queues import access
+    from switchboard.ledger import chain
+
+    endpoint, owner = personas.agent, personas.owner
+    first = access.claim_ledger_actor(personas.as_agent())
+    assert first == chain.Actor(
+        human_id=owner.pk,
+        human_name=owner.get_username(),
+        endpoint_id=endpoint.id,
+        endpoint_slug=endpoint.slug,
+    )
+    assert access.claim_ledger_actor(personas.as_agent(endpoint, via="mcp")) is first
+    endpoint.slug = "renamed-in-place"
+    second = access.claim_ledger_actor(personas.as_agent())
+    assert second.endpoint_slug == "renamed-in-place" and second.human_name == first.human_name
+    owner.username = "renamed-owner"
+    owner.save(update_fields=["username"])
+    access._owner_names.clear()  # as once the owner's name is older than _OWNER_NAME_SECONDS
+    assert access.claim_ledger_actor(personas.as_agent()).human_name == "renamed-owner"

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from django.db import DataError, connection, transaction
 from django.db.models.signals import post_init
+from django.db.transaction import TransactionManagementError
 from psycopg.pq import TransactionStatus
 
 from queues import services, sql
@@ -274,3 +275,87 @@ def test_a_claim_after_its_endpoints_scope_changed_draws_from_the_new_scope(
     endpoint.save(update_fields=["scope_queues"])
     claimed = services.claim_next(actor=personas.as_agent(endpoint), claimant="w")
     assert isinstance(claimed, Claimed) and claimed.todo.id == outbox.id
+
+
+def test_a_statement_bound_again_unchanged_sends_the_query_it_sent_last_time(
+    tx_personas: Personas,
+) -> None:
+    """Nothing changed since the last bind: the very query object psycopg sent is handed out
+    again (nothing converted, copied or dumped); one changed parameter makes a new one."""
+    statement = "SELECT %(names)s::text[], %(n)s::int"
+    with sql.hot_cursor() as cursor:
+        _prepared_on(cursor, statement, {"names": ["a"], "n": 1})
+        raw = cursor.cursor
+        assert raw.execute_prepared(statement, {"names": ["a"], "n": 1})
+        sent = raw._query
+        assert raw.execute_prepared(statement, {"names": ["a"], "n": 1})  # an equal new list
+        assert raw._query is sent and cursor.fetchone() == (["a"], 1)
+        assert raw.execute_prepared(statement, {"names": ["a"], "n": 2})
+        assert raw._query is not sent and cursor.fetchone() == (["a"], 2)
+        assert sent.params != raw._query.params  # the query sent before was left as it was
+
+
+def test_an_error_on_the_short_way_in_a_transaction_breaks_it_as_djangos_own_would(
+    tx_personas: Personas,
+) -> None:
+    """The short way enters Django's error translation only once an error is raised: the error
+    is Django's, and once it leaves an atomic block the transaction is broken, so the next
+    statement on the short way is refused as Django's own cursor refuses it."""
+    statement = "SELECT 10 / %(d)s::int"
+    with sql.hot_cursor() as cursor:
+        _prepared_on(cursor, statement, {"d": 5})
+    # Marked for rollback with no error in the server (its transaction still usable there).
+    with transaction.atomic(), sql.hot_cursor() as cursor:
+        cursor.execute(statement, {"d": 5})  # begins the transaction: the next go the short way
+        assert cursor.fetchone() == (2,)
+        transaction.set_rollback(True)
+        with pytest.raises(TransactionManagementError):
+            cursor.execute(statement, {"d": 2})
+    # Broken by an error that left an atomic block (psycopg then forgets what it prepared).
+    with transaction.atomic(), sql.hot_cursor() as cursor:
+        _prepared_on(cursor, statement, {"d": 5})  # again: a rollback forgets them too
+        with (
+            pytest.raises(DataError, match="division by zero"),
+            transaction.atomic(savepoint=False),
+        ):
+            assert cursor.cursor.execute_prepared(statement, {"d": 1})
+            cursor.execute(statement, {"d": 0})
+        assert connection.needs_rollback
+        with pytest.raises(TransactionManagementError):
+            cursor.execute(statement, {"d": 2})
+
+
+def test_the_default_connection_is_this_threads_as_djangos_lookup_answers() -> None:
+    """``sql.default_connection`` reads the thread's connection without asgiref's lookup: in
+    another thread it is that thread's own (made there on first use), under an event loop
+    Django's lookup answers, and each is the very one ``connections[...]`` gives there."""
+    import asyncio
+    import threading
+
+    from django.db import DEFAULT_DB_ALIAS, connections
+
+    assert sql._THREAD_CONNECTIONS is not None  # asgiref's Local as pinned: the short way
+    here = sql.default_connection()
+    assert here is connections[DEFAULT_DB_ALIAS]
+    seen: dict[str, Any] = {}
+
+    def elsewhere() -> None:
+        try:
+            seen["first"] = sql.default_connection()  # none made in this thread yet
+            seen["again"] = sql.default_connection()
+            seen["django"] = connections[DEFAULT_DB_ALIAS]
+
+            async def in_a_loop() -> None:
+                seen["loop"] = sql.default_connection()
+                seen["loop_django"] = connections[DEFAULT_DB_ALIAS]
+
+            asyncio.run(in_a_loop())
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join()
+    assert seen["first"] is seen["again"] is seen["django"]
+    assert seen["first"] is not here
+    assert seen["loop"] is seen["loop_django"]
