@@ -194,6 +194,9 @@ class BudgetGate:
     def fast_charge(self, verdict: str) -> str:
         return f"admission_charge({verdict})"
 
+    def fast_admit(self, key: str, todo: str, params: str) -> str | None:
+        return f"admission_admit({key}, {todo}, {params}::jsonb)"  # migration 0010
+
     def fast_params(self, endpoint_id: UUID) -> Any:
         return _windows_for(endpoint_id)
 

@@ -202,6 +202,13 @@ class ClaimGate(Protocol):
         written, in the same statement."""
         ...
 
+    def fast_admit(self, key: str, todo: str, params: str) -> str | None:
+        """``fast_check`` and, when its verdict admits, ``fast_charge`` in one expression (the
+        same verdict; NULL for a NULL ``key``), or None. For a statement in which the claim is
+        certain once this verdict admits (the lean claim statement: the candidate locked, no
+        other gate deciding it), so the charge need not wait for the claim row."""
+        ...
+
     def fast_params(self, endpoint_id: UUID) -> Any:
         """The value bound to ``fast_check``'s ``params`` for a claim by this endpoint."""
         ...

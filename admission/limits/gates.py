@@ -303,6 +303,9 @@ class _OccupancyGate:
     def fast_charge(self, verdict: str) -> str:
         return "NULL::integer"  # occupancy is the claimed rows themselves: nothing to spend
 
+    def fast_admit(self, key: str, todo: str, params: str) -> str | None:
+        return None  # a limit a todo names is per todo: never the lean statement's
+
     def fast_params(self, endpoint_id: UUID) -> Any:
         return None
 
@@ -501,6 +504,9 @@ class RateGate(_OccupancyGate):
 
     def fast_charge(self, verdict: str) -> str:
         raise NotImplementedError("a rate limit has no fast path")
+
+    def fast_admit(self, key: str, todo: str, params: str) -> str | None:
+        return None  # no fast path
 
     def admit(
         self, cursor: CursorWrapper, *, key: Any, todo_id: UUID

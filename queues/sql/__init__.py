@@ -324,14 +324,17 @@ FROM (SELECT) one LEFT JOIN cand c ON true LEFT JOIN claimed cl ON true
 
 @functools.cache
 def _lean_gates(gate_list: tuple[gates.ClaimGate, ...]) -> tuple[int, ...]:
-    """The gates the lean statement decides itself (``_lean_claim_sql``): each holds a whole
+    """The gate the lean statement decides itself (``_lean_claim_sql``): one that holds a whole
     queue identity (not ``per_todo``: no skip, no limit a todo names, so no grant row) and can
-    decide inside the statement (``fast_check``). Admission's budget is one."""
-    return tuple(
+    decide and charge inside the statement in one call (``fast_admit``). Admission's budget is
+    one. With none, or more than one (the first would charge before the next decides), no lean
+    statement: the full statement decides."""
+    lean = tuple(
         i
         for i, gate in enumerate(gate_list)
-        if not gate.per_todo and gate.fast_check("", "", "") is not None
+        if not gate.per_todo and gate.fast_admit("", "", "") is not None
     )
+    return lean if len(lean) == 1 else ()
 
 
 @functools.cache
@@ -339,68 +342,47 @@ def _lean_claim_sql(
     gate_list: tuple[gates.ClaimGate, ...], prioritised: bool = False, names: bool = False
 ) -> str:
     """claim_next's statement for an endpoint whose claims met gated work lately (a budgeted
-    queue): the bare statement's candidate, decided by the gates that hold whole queue
-    identities (``_lean_gates``) inside the statement as the full statement's fast verdicts do
-    (same functions, same parameters, same charges), then the claim, its attempt row and the
-    charges. It takes only a candidate that is no takeover, holds no grant and that no other
-    gate's probe claims (no pool, tag or rate limit): then the full statement's skips, grant
-    row, superseded-attempt and superseded-grant steps would all be empty, and its candidate is
-    this one (a per-todo gate's skip only passes over rows that gate's probe claims). Anything
-    else it answers "not mine" (``mine`` false: unclaimed, no verdict taken, unlocked once it
-    commits) and the full statement decides. A verdict that does not admit leaves the
-    candidate unclaimed, as the full statement would, and the caller takes the locked path.
+    queue): the bare statement's candidate, decided and charged by the gate that holds whole
+    queue identities (``_lean_gates``) in one call inside the statement (``fast_admit``: the
+    full statement's verdict, same function and parameters, and its charge), then the claim and
+    its attempt row. It takes only a candidate that is no takeover, holds no grant and that no
+    other gate's probe claims (no pool, tag or rate limit): then the full statement's skips,
+    grant row, superseded-attempt and superseded-grant steps would all be empty, and its
+    candidate is this one (a per-todo gate's skip only passes over rows that gate's probe
+    claims). Such a candidate is locked, so once the verdict admits, the claim is certain: the
+    charge need not wait for the claim row. Anything else it answers "not mine" (``mine``
+    false: unclaimed, no verdict taken, unlocked once it commits) and the full statement
+    decides. A verdict that does not admit charges nothing and leaves the candidate unclaimed,
+    as the full statement would, and the caller takes the locked path.
 
     Each plan node is executor set-up on every execution, run or not (issue 12): the full
     statement carries some sixty (the gate and verdict CTEs of every gate, the grant row, the
     takeover's two CTEs, the skips and the "anything skipped" sub-select); this one the bare
-    statement's and one CTE per decided gate. No identity gate's verdict carries a grant
+    statement's and one CTE for the gate's verdict. No identity gate's verdict carries a grant
     (grants name the limits a todo names: ``queues.gates.Admission.granted``)."""
-    lean = _lean_gates(gate_list)
-    plain = "".join(
-        f" AND {gate.probe('c')} IS NULL" for i, gate in enumerate(gate_list) if i not in lean
-    )
-    probes = ", ".join(f"{gate_list[i].probe('c')} AS g{i}" for i in lean)
-    verdicts, admit, charges, spent = [], "", [], ["0"]
-    for n, i in enumerate(lean):
-        earlier = "".join(
-            f" AND coalesce((SELECT (v->>'ok')::boolean FROM v{j}), true)" for j in lean[:n]
-        )
-        check = gate_list[i].fast_check(f"g.g{i}", "g.id", f"%(gp{i})s")
-        verdicts.append(
-            f"v{i} AS MATERIALIZED (SELECT CASE WHEN g.g{i} IS NOT NULL{earlier} "
-            f"THEN {check} END AS v FROM gate g),"
-        )
-        admit += f" AND coalesce((SELECT (v->>'ok')::boolean FROM v{i}), true)"
-        charges.append(
-            f"charge{i} AS MATERIALIZED (SELECT {gate_list[i].fast_charge('x.v')} AS n "
-            f"FROM v{i} x, claimed WHERE x.v IS NOT NULL)"
-        )
-        spent.append(f"(SELECT count(*) FROM charge{i})")
-    columns = "".join(f"(SELECT v FROM v{i}), " for i in lean)
+    (i,) = _lean_gates(gate_list)
+    plain = "".join(f" AND {gate.probe('c')} IS NULL" for n, gate in enumerate(gate_list) if n != i)
+    admit = gate_list[i].fast_admit(gate_list[i].probe("c"), "c.id", f"%(gp{i})s")
     names_column = f"{gates.priority_names_sql()}, " if names else ""
-    newline = "\n"
     return _compact(f"""
 WITH {_first_candidate(prioritised)},
--- One row when the candidate is this statement's (see the docstring), with the decided gates'
--- probes.
+-- One row when the candidate is this statement's (see the docstring), with the gate's verdict,
+-- charged when it admits (NULL: the gate's probe does not claim the candidate).
 gate AS MATERIALIZED (
-    SELECT c.id, {probes} FROM cand c
+    SELECT c.id, {admit} AS v FROM cand c
     WHERE c.prev_state <> 'claimed' AND c.prev_grant IS NULL{plain}
 ),
-{newline.join(verdicts)}
 claimed AS (
     UPDATE queues_todo t
 {_CLAIM_SET}
     FROM gate g
-    WHERE t.id = g.id{admit}
+    WHERE t.id = g.id AND coalesce((g.v->>'ok')::boolean, true)
     RETURNING {TODO_COLUMNS}, t.claimed_at
 ),
 attempt_row AS (
 {_ATTEMPT_INSERT}
-),
-{",".join(charges)}
-SELECT c.id, c.queue, {names_column}g.id IS NOT NULL, c.prev_state = 'claimed',
-       {columns}{" + ".join(spent)},
+)
+SELECT c.id, c.queue, {names_column}g.id IS NOT NULL, c.prev_state = 'claimed', g.v,
        {CLAIMED_COLUMNS}
 FROM (SELECT) one LEFT JOIN cand c ON true LEFT JOIN gate g ON true LEFT JOIN claimed cl ON true
 """)
@@ -1069,9 +1051,7 @@ def claim_next_lean(
             mark_named(endpoint_id)
         return None
     verdicts: list[Any] = [None] * len(gate_list)
-    for n, i in enumerate(lean):
-        verdicts[i] = rest[n]
-    columns = rest[len(lean) + 1 :]
+    verdicts[lean[0]], *columns = rest
     todo = todo_from_row(columns) if columns[0] is not None else None
     return Candidate(todo_id, queue, (), todo, tuple(verdicts))
 

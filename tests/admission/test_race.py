@@ -290,7 +290,7 @@ def test_an_admitted_budgeted_claim_is_one_statement(tx_personas: Personas) -> N
         result = services.claim_next(actor=p.as_agent())
     assert isinstance(result, Claimed)
     assert len(sqls) == 1, sqls
-    assert "SKIP LOCKED" in sqls[0] and "admission_check" in sqls[0]
+    assert "SKIP LOCKED" in sqls[0] and "admission_admit" in sqls[0]
     assert used(policy) == 2
     assert result.admission is not None
     assert result.admission["used"] == 2 and result.admission["remaining"] == 3
@@ -306,7 +306,7 @@ def test_a_refused_budgeted_claim_takes_the_locked_path(tx_personas: Personas) -
         result = services.claim_next(actor=p.as_agent())
     assert isinstance(result, NothingClaimable)
     assert result.deferred and result.deferred[0]["reason"] == "window_exhausted"
-    assert "admission_check" in sqls[0]
+    assert "admission_admit" in sqls[0]
     assert any("INSERT INTO admission_admissionwindow" in s for s in sqls)  # the refusal
     assert not any(s.startswith("INSERT INTO admission_ledgerentry") for s in sqls)
 
@@ -333,6 +333,6 @@ def test_a_window_redefined_a_moment_ago_is_charged_by_its_new_definition(
     policy = budget(p, per="day", limit=5, tz="Asia/Kolkata", start=far_start())
     with statements() as sqls:
         assert isinstance(services.claim_next(actor=p.as_agent()), Claimed)
-    assert "admission_check" in sqls[0] and len(sqls) > 1  # stale, then the locked path
+    assert "admission_admit" in sqls[0] and len(sqls) > 1  # stale, then the locked path
     assert used(policy) == 1  # the redefined window counts anew
     assert not sql.recently_gated(p.agent.id)  # stale bounds alone keep the fast path

@@ -158,6 +158,47 @@ def test_fast_mode_needs_k_of_room_and_exact_mode_holds_every_shard(
         second.close()
 
 
+@pytest.mark.parametrize("mode", ["fast", "exact", "refused"])
+def test_admit_charges_its_verdict_at_once_and_only_when_it_admits(
+    tx_personas: Personas, mode: str
+) -> None:
+    """admission_admit (migration 0010, the lean claim statement's one call): admission_check's
+    verdict, charged at once when it admits, on the shard it holds (fast mode: its own; exact
+    mode: shard 0, holding all K), and nothing charged nor held when it does not admit. STRICT:
+    a candidate no budget claims (a NULL policy) is answered NULL."""
+    p = tx_personas
+    policy = budget(p, per="day", limit=20, start=far_start())
+    params = BudgetGate().fast_params(p.agent.id)
+    set_used(policy, {"fast": 20 - K, "exact": 20 - K + 1, "refused": 20}[mode])
+    before = window_total(policy)
+    conn = connect()
+    try:
+        row = conn.execute(
+            "SELECT admission_admit(%s, gen_random_uuid(), %s::jsonb), "
+            "admission_admit(NULL, gen_random_uuid(), %s::jsonb)",
+            [policy.id, params, params],
+        ).fetchone()
+        assert row is not None
+        verdict, unclaimed = row
+        assert unclaimed is None
+        held = shards_held(conn)
+        conn.commit()
+    finally:
+        conn.close()
+    rows = dict(AdmissionWindow.objects.filter(policy=policy).values_list("shard", "used"))
+    if mode == "refused":
+        assert verdict == {"ok": False} and held == []
+        assert window_total(policy) == before
+        return
+    assert verdict["ok"] and verdict["used"] == before
+    assert window_total(policy) == before + 1
+    if mode == "fast":
+        (shard,) = held
+        assert verdict["shard"] == shard and rows[shard] == (1 if shard else before + 1)
+    else:
+        assert held == list(range(K)) and verdict["shard"] == 0 and rows == {0: before + 1}
+
+
 def test_a_policy_change_waits_for_a_claim_in_progress_on_a_shard(
     tx_personas: Personas,
 ) -> None:

@@ -295,7 +295,7 @@ def test_a_claim_under_stacked_windows_is_decided_in_its_one_statement(
     with statements() as seen:
         second = queue_services.claim_next(actor=p.as_agent(), queue="inbox")
     assert isinstance(second, Claimed)
-    assert len(seen) == 1 and "admission_check" in seen[0], seen
+    assert len(seen) == 1 and "admission_admit" in seen[0], seen
     assert second.admission is not None
     assert [w["used"] for w in second.admission["windows"]] == [2, 2]
     assert counters(policy) == {"": 2, key(week(9)): 2}

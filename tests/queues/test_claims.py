@@ -556,7 +556,13 @@ def test_a_bare_claim_and_its_completion_are_two_statements_without_gate_fragmen
         cycle()
     claim, completion = seen
     assert "FOR UPDATE OF t SKIP LOCKED" in claim and "UPDATE queues_attempt" in completion
-    for fragment in ("limits_pool", "limits_taglimit", "limits_ratelimit", "admission_check"):
+    for fragment in (
+        "limits_pool",
+        "limits_taglimit",
+        "limits_ratelimit",
+        "admission_check",
+        "admission_admit",
+    ):
         assert fragment not in claim
     # Short enough for psycopg to cache its conversion (it re-parses longer statements).
     assert len(claim) <= 4096
