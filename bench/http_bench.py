@@ -351,6 +351,33 @@ def _verdict(
     return verdict
 
 
+# A server as the runs drive it: the bench client's kind for it, its URL, the bearer token,
+# the pid whose CPU is its own, and what loads ``n`` fresh pending todos for it.
+Target = tuple[str, str, str, int, Callable[[int], None]]
+
+
+def servers(
+    dsn: str,
+    baselines: dict[str, tuple[str, int]],
+    base: str,
+    endpoint: Endpoint,
+    token: str,
+) -> dict[str, Target]:
+    """Each baseline server given (name → its URL and pid, on the table ``http_baseline``
+    loads in ``dsn``), then Switchboard's REST and MCP on the server at ``base``."""
+    server_pid = _server_pid(base)
+    targets: dict[str, Target] = {
+        name: ("baseline", url, http_baseline.TOKEN, pid, lambda n: http_baseline.load(dsn, n))
+        for name, (url, pid) in baselines.items()
+    }
+    targets["rest"] = ("rest", base, token, server_pid, lambda n: _load_switchboard(endpoint, n))
+    targets["mcp"] = (
+        "mcp", f"{base}/mcp/{endpoint.slug}", token, server_pid,
+        lambda n: _load_switchboard(endpoint, n),
+    )  # fmt: skip
+    return targets
+
+
 def side_by_side(endpoint: Endpoint, token: str, duration_s: float, repeats: int) -> dict[str, Any]:
     """The baseline (on this install's stack and on the anchor's), REST and MCP, one process
     each, at 1 and 8 clients, interleaved and repeated."""
@@ -360,27 +387,13 @@ def side_by_side(endpoint: Endpoint, token: str, duration_s: float, repeats: int
         k: {1: [], 8: []} for k in ("baseline", "anchor_stack", "rest", "mcp")
     }
     with (
-        _baseline_server(dsn) as (baseline, baseline_pid),
-        _baseline_server(dsn, ANCHOR_STACK) as (anchor, anchor_pid),
+        _baseline_server(dsn) as baseline,
+        _baseline_server(dsn, ANCHOR_STACK) as anchor,
         live_server(workers=1) as base,
     ):
-        server_pid = _server_pid(base)
-        # (the client's kind, URL, token, server pid, loader) per server.
-        targets: dict[str, tuple[str, str, str, int, Callable[[int], None]]] = {
-            "baseline": (
-                "baseline", baseline, http_baseline.TOKEN, baseline_pid,
-                lambda n: http_baseline.load(dsn, n),
-            ),
-            "anchor_stack": (
-                "baseline", anchor, http_baseline.TOKEN, anchor_pid,
-                lambda n: http_baseline.load(dsn, n),
-            ),
-            "rest": ("rest", base, token, server_pid, lambda n: _load_switchboard(endpoint, n)),
-            "mcp": (
-                "mcp", f"{base}/mcp/{endpoint.slug}", token, server_pid,
-                lambda n: _load_switchboard(endpoint, n),
-            ),
-        }  # fmt: skip
+        targets = servers(
+            dsn, {"baseline": baseline, "anchor_stack": anchor}, base, endpoint, token
+        )
         for kind, url, secret, pid, load in targets.values():  # warm-up: imports, pools
             load(per_run)
             _drive(kind, url, secret, 8, min(1.0, duration_s), pid)
@@ -448,15 +461,29 @@ def process_curve(
 ENDPOINT_RPS = 100000
 
 
-def run(duration_s: float = 5.0, *, repeats: int = REPEATS) -> dict[str, Any]:
+@contextmanager
+def bench_endpoint(name: str, rps: int = ENDPOINT_RPS) -> Iterator[tuple[Endpoint, str]]:
+    """An endpoint granted the bench's queue, at ``rps`` requests per second, and its token;
+    deleted afterwards with its todos (and its owner, when it has no other endpoint)."""
     owner, _ = User.objects.get_or_create(username="bench-http-owner")
     endpoint, token = services.endpoint_vend(
-        actor=SystemActor(via="bench"),
-        owner=owner,
-        name="bench http",
-        queues=[QUEUE],
-        rps=ENDPOINT_RPS,
+        actor=SystemActor(via="bench"), owner=owner, name=name, queues=[QUEUE], rps=rps
     )
+    try:
+        yield endpoint, token
+    finally:
+        Todo.objects.filter(endpoint=endpoint).delete()
+        endpoint.delete()
+        if not owner.endpoints.exists():
+            owner.delete()
+
+
+def run(duration_s: float = 5.0, *, repeats: int = REPEATS) -> dict[str, Any]:
+    with bench_endpoint("bench http") as (endpoint, token):
+        return _run(endpoint, token, duration_s, repeats)
+
+
+def _run(endpoint: Endpoint, token: str, duration_s: float, repeats: int) -> dict[str, Any]:
     rps, burst = endpoint_rate(endpoint)
     results: dict[str, Any] = {
         "duration_s": duration_s,
@@ -470,14 +497,8 @@ def run(duration_s: float = 5.0, *, repeats: int = REPEATS) -> dict[str, Any]:
         "with --http h11 --loop asyncio (anchor_stack: the issue's anchor's stack, as its "
         "README installs uvicorn) | uvicorn switchboard.asgi:application (switchboard.liveserver)",
     }
-    try:
-        results.update(side_by_side(endpoint, token, duration_s, repeats))
-        results["production_curve"] = process_curve(endpoint, token, duration_s)
-    finally:
-        Todo.objects.filter(endpoint=endpoint).delete()
-        endpoint.delete()
-        if not owner.endpoints.exists():
-            owner.delete()
+    results.update(side_by_side(endpoint, token, duration_s, repeats))
+    results["production_curve"] = process_curve(endpoint, token, duration_s)
     results["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
     results["all_met"] = all(v["all_met"] for v in results["verdict"].values())
     results["all_met_vs_anchor_stack"] = all(

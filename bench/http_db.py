@@ -98,46 +98,36 @@ def _over_rest(base: str, token: str, pid: int, clients: int, seconds: float) ->
 
 
 def _run(rounds: int, seconds: float) -> None:
-    from django.contrib.auth.models import User
-
     from bench import http_bench
     from bench.common import load_history
-    from queues import services
-    from queues.access import SystemActor
-    from queues.models import Todo
-    from switchboard.liveserver import live_server
 
     load_history()
-    owner, _ = User.objects.get_or_create(username="bench-http-owner")
-    endpoint, token = services.endpoint_vend(
-        actor=SystemActor(via="bench"),
-        owner=owner,
-        name="bench http db",
-        queues=[http_bench.QUEUE],
-        rps=0,
-    )
+    with http_bench.bench_endpoint("bench http db", rps=0) as (endpoint, token):
+        _measure(endpoint, token, rounds, seconds)
+
+
+def _measure(endpoint: Any, token: str, rounds: int, seconds: float) -> None:
+    from bench import http_bench
+    from switchboard.liveserver import live_server
+
     per_run = int(2500 * seconds) + 1000
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    try:
-        with live_server(workers=1) as base:
-            pid = http_bench._server_pid(base)
-            http_bench._load_switchboard(endpoint, per_run)
-            http_bench._drive("rest", base, token, 8, 1.0, pid)  # warm: imports, the pool
-            for r in range(rounds):
-                for clients in (1, 8):
-                    kinds = ("in-process", "rest") if r % 2 == 0 else ("rest", "in-process")
-                    for kind in kinds:
-                        http_bench._load_switchboard(endpoint, per_run)
-                        if kind == "rest":
-                            result = _over_rest(base, token, pid, clients, seconds)
-                        else:
-                            result = _in_process(endpoint, clients, seconds)
-                        result["load_avg_1m"] = round(os.getloadavg()[0], 2)
-                        runs.setdefault((kind, clients), []).append(result)
-                        print(f"round {r} {kind:<10} {clients}: {result}", flush=True)
-    finally:
-        Todo.objects.filter(endpoint=endpoint).delete()
-        endpoint.delete()
+    with live_server(workers=1) as base:
+        pid = http_bench._server_pid(base)
+        http_bench._load_switchboard(endpoint, per_run)
+        http_bench._drive("rest", base, token, 8, 1.0, pid)  # warm: imports, the pool
+        for r in range(rounds):
+            for clients in (1, 8):
+                kinds = ("in-process", "rest") if r % 2 == 0 else ("rest", "in-process")
+                for kind in kinds:
+                    http_bench._load_switchboard(endpoint, per_run)
+                    if kind == "rest":
+                        result = _over_rest(base, token, pid, clients, seconds)
+                    else:
+                        result = _in_process(endpoint, clients, seconds)
+                    result["load_avg_1m"] = round(os.getloadavg()[0], 2)
+                    runs.setdefault((kind, clients), []).append(result)
+                    print(f"round {r} {kind:<10} {clients}: {result}", flush=True)
     print("medians:")
     for (kind, clients), results in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         keys = [k for k in results[0] if k not in ("cycles", "load_avg_1m")]

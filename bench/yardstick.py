@@ -121,12 +121,8 @@ class _ChildCpu:
 
 def measure(anchor: Path, duration_s: float, repeats: int) -> dict[str, Any]:
     import psycopg
-    from django.contrib.auth.models import User
 
-    from bench import http_baseline, http_bench
-    from queues import services
-    from queues.access import SystemActor
-    from queues.models import Todo
+    from bench import http_bench
     from switchboard.liveserver import current_database_url, live_server
 
     venv = anchor_venv(anchor)
@@ -138,14 +134,6 @@ def measure(anchor: Path, duration_s: float, repeats: int) -> dict[str, Any]:
         conn.execute(f'DROP DATABASE IF EXISTS "{anchor_db}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{anchor_db}"')
     anchor_dsn = dsn.replace(f"/{name}", f"/{anchor_db}", 1)
-    owner, _ = User.objects.get_or_create(username="bench-yardstick-owner")
-    endpoint, token = services.endpoint_vend(
-        actor=SystemActor(via="bench"),
-        owner=owner,
-        name="bench yardstick",
-        queues=[http_bench.QUEUE],
-        rps=http_bench.ENDPOINT_RPS,
-    )
     per_run = int(1200 * duration_s) + 500
     node = http_bench._node()
     clients = {"anchor_client": str(anchor / "client.mjs"), "bench_client": str(http_bench.CLIENT)}
@@ -161,32 +149,18 @@ def measure(anchor: Path, duration_s: float, repeats: int) -> dict[str, Any]:
 
     try:
         with (
+            http_bench.bench_endpoint("bench yardstick") as (endpoint, token),
             _anchor_server(anchor, venv, anchor_dsn) as (anchor_base, anchor_pid),
-            http_bench._baseline_server(dsn) as (baseline_base, baseline_pid),
-            http_bench._baseline_server(dsn, http_bench.ANCHOR_STACK) as (stack_base, stack_pid),
+            http_bench._baseline_server(dsn) as baseline,
+            http_bench._baseline_server(dsn, http_bench.ANCHOR_STACK) as stack,
             live_server(workers=1) as base,
         ):
-            server_pid = http_bench._server_pid(base)
-            # (client kind, URL, token, server pid, loader) per server.
             servers = {
-                "anchor": ("anchor", anchor_base, ANCHOR_TOKEN, anchor_pid, load_anchor),
-                "bench_baseline": (
-                    "anchor", baseline_base, http_baseline.TOKEN, baseline_pid,
-                    lambda n: http_baseline.load(dsn, n),
+                "anchor": ("baseline", anchor_base, ANCHOR_TOKEN, anchor_pid, load_anchor),
+                **http_bench.servers(
+                    dsn, {"bench_baseline": baseline, "anchor_stack": stack}, base, endpoint, token
                 ),
-                "anchor_stack": (
-                    "anchor", stack_base, http_baseline.TOKEN, stack_pid,
-                    lambda n: http_baseline.load(dsn, n),
-                ),
-                "rest": (
-                    "rest", base, token, server_pid,
-                    lambda n: http_bench._load_switchboard(endpoint, n),
-                ),
-                "mcp": (
-                    "mcp", f"{base}/mcp/{endpoint.slug}", token, server_pid,
-                    lambda n: http_bench._load_switchboard(endpoint, n),
-                ),
-            }  # fmt: skip
+            }
             for server, (kind, url, secret, pid, load) in servers.items():  # warm-up
                 load(per_run)
                 _one(node, clients["bench_client"], kind, url, secret, 8, 1.0, pid, server)
@@ -201,10 +175,6 @@ def measure(anchor: Path, duration_s: float, repeats: int) -> dict[str, Any]:
                             by = runs.setdefault(client_name, {}).setdefault(server, {})
                             by.setdefault(n_clients, []).append(result)
     finally:
-        Todo.objects.filter(endpoint=endpoint).delete()
-        endpoint.delete()
-        if not owner.endpoints.exists():
-            owner.delete()
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{anchor_db}" WITH (FORCE)')
     tables = {
@@ -237,8 +207,8 @@ def _one(
     server: str,
 ) -> dict[str, Any]:
     # The two clients name the bare claim/complete routes differently.
-    if kind == "anchor" and script == str(_bench_client()):
-        kind = "baseline"
+    if kind == "baseline" and script != str(_bench_client()):
+        kind = "anchor"
     command = [node, script, kind, url, token, str(clients), f"{seconds:g}"]
     with _ChildCpu() as child:
         result = _run_client(command, pid, seconds)

@@ -68,38 +68,42 @@ def _compact(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
 
+# A todo as a verb answers it, with every awkward spelling its fields can hold (text beyond
+# ASCII, quotes, backslashes, a tab, -0.0, big and exponent numbers); the MCP tests use it too.
+AWKWARD_TODO: dict[str, Any] = {
+    "id": "0b5c1f54-5d0e-4a43-9d5e-2f0a3f6f1c7e",
+    "queue": "inbox",
+    "title": 'café ☕ "quoted" \\ and a tab\t',
+    "kind": "",
+    "payload": {"nested": [1, 2.5, -0.0, 10**15, None, True, {"é": "ü"}]},
+    "state": "done",
+    "owner": "",
+    "attempt": 1,
+    "max_attempts": 3,
+    "lease_expires_at": None,
+    "next_retry_at": "2026-12-02T04:50:28.123456Z",
+    "dead_letter": False,
+    "result": {"ok": "☃", "big": 1e22},
+    "created_at": "2026-12-02T04:50:28Z",
+    "updated_at": "2026-12-02T04:50:28.000001Z",
+    "pool": None,
+    "tags": ["a", "b"],
+    "rate_limit": None,
+    "grant": None,
+}
+
+
 def test_the_json_text_is_renders_answer_written_compactly() -> None:
     """``render_json`` writes what ``render`` answers: every type of a todo's fields, text
     beyond ASCII escaped, keys left unset left out. Numbers are the same values; a float
     with an exponent below -4 is written without Python's padding (1.5e-7, not 1.5e-07)."""
     spec = verbs.get("complete")
     assert spec is not None
-    todo = {
-        "id": "0b5c1f54-5d0e-4a43-9d5e-2f0a3f6f1c7e",
-        "queue": "inbox",
-        "title": 'café ☕ "quoted" \\ and a tab\t',
-        "kind": "",
-        "payload": {"nested": [1, 2.5, -0.0, 10**15, None, True, {"é": "ü"}]},
-        "state": "done",
-        "owner": "",
-        "attempt": 1,
-        "max_attempts": 3,
-        "lease_expires_at": None,
-        "next_retry_at": "2026-12-02T04:50:28.123456Z",
-        "dead_letter": False,
-        "result": {"ok": "☃", "big": 1e22},
-        "created_at": "2026-12-02T04:50:28Z",
-        "updated_at": "2026-12-02T04:50:28.000001Z",
-        "pool": None,
-        "tags": ["a", "b"],
-        "rate_limit": None,
-        "grant": None,
-    }
-    for answer in ({"todo": todo}, {"todo": {**todo, "admission": None}}):
+    for answer in ({"todo": AWKWARD_TODO}, {"todo": {**AWKWARD_TODO, "admission": None}}):
         rendered = spec.render(answer)
         assert spec.render_json(answer) == _compact(rendered)
         assert json.loads(spec.render_json(answer)) == rendered
-    small = {"todo": {**todo, "result": {"small": [1.5e-7, 1e-5, 2.5e-300]}}}
+    small = {"todo": {**AWKWARD_TODO, "result": {"small": [1.5e-7, 1e-5, 2.5e-300]}}}
     assert spec.render_json(small).count(b"1.5e-7,0.00001,2.5e-300") == 1
     assert json.loads(spec.render_json(small)) == spec.render(small)
     with pytest.raises(ValidationError):

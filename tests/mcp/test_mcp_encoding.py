@@ -14,6 +14,7 @@ from django.test import Client
 
 from switchboard import mcp
 from switchboard.core import verbs
+from tests.api.test_plain_render import AWKWARD_TODO
 from tests.conftest import Personas, push
 from tests.mcp.test_mcp_http import Mcp
 
@@ -116,29 +117,6 @@ def test_a_modern_replys_id_is_as_json_encodes_it(
     assert response.content == _whole(body) and body["id"] == ident
 
 
-_TODO = {
-    "id": "0b5c1f54-5d0e-4a43-9d5e-2f0a3f6f1c7e",
-    "queue": "inbox",
-    "title": 'café ☕ "quoted" \\ and a tab\t',
-    "kind": "",
-    "payload": {"nested": [1, 2.5, -0.0, 10**15, None, True, {"é": "ü"}]},
-    "state": "done",
-    "owner": "",
-    "attempt": 1,
-    "max_attempts": 3,
-    "lease_expires_at": None,
-    "next_retry_at": "2026-12-02T04:50:28.123456Z",
-    "dead_letter": False,
-    "result": {"ok": "☃", "big": 1e22},
-    "created_at": "2026-12-02T04:50:28Z",
-    "updated_at": "2026-12-02T04:50:28.000001Z",
-    "pool": None,
-    "tags": ["a", "b"],
-    "rate_limit": None,
-    "grant": None,
-}
-
-
 @pytest.mark.parametrize(
     "value",
     ["\x7f", 1e-05, 9.99e-05, 1.5e-07, 2.5e-300, 1e-4, 1e16, "e-0.0000", "plain", 0.1, 2**70],
@@ -148,6 +126,6 @@ def test_a_tool_calls_text_is_the_answer_as_json_writes_it(value: Any) -> None:
     encoder), written as ``_dumps`` writes the checked answer, DEL and small floats included."""
     spec = verbs.get("complete")
     assert spec is not None
-    answer = {"todo": {**_TODO, "result": {"v": value}}}
+    answer = {"todo": {**AWKWARD_TODO, "result": {"v": value}}}
     text = mcp._as_dumped(spec.render_json(answer))
     assert text == mcp._dumps(spec.render(answer))
