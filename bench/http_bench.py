@@ -302,15 +302,25 @@ ANCHOR_STACK = ("--http", "h11", "--loop", "asyncio")
 
 @contextmanager
 def _baseline_server(dsn: str, stack: tuple[str, ...] = ()) -> Iterator[tuple[str, int]]:
+    uvicorn = [sys.executable, "-m", "uvicorn", "bench.http_baseline:app", *stack]
+    with uvicorn_server(uvicorn, HERE.parent, {"BASELINE_DSN": dsn}) as server:
+        yield server
+
+
+@contextmanager
+def uvicorn_server(uvicorn: list[str], cwd: Path, env: dict[str, str]) -> Iterator[tuple[str, int]]:
+    """A bare claim/complete server: ``uvicorn`` (the command up to its app and options) on a
+    free local port, run in ``cwd`` with ``env`` added; yields its URL and pid once it answers."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     command = [
-        sys.executable, "-m", "uvicorn", "bench.http_baseline:app", *stack,
+        *uvicorn,
         "--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning",
     ]  # fmt: skip
-    env = {**os.environ, "BASELINE_DSN": dsn}
-    with tempfile.NamedTemporaryFile(prefix="bench-baseline-", suffix=".log") as log:
-        process = subprocess.Popen(command, cwd=HERE.parent, env=env, stdout=log, stderr=log)
+    with tempfile.NamedTemporaryFile(prefix="bench-server-", suffix=".log") as log:
+        process = subprocess.Popen(
+            command, cwd=cwd, env={**os.environ, **env}, stdout=log, stderr=log
+        )
         try:
             wait_until_up(process, f"{base}/claim_next", Path(log.name))
             yield base, process.pid

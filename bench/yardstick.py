@@ -25,7 +25,6 @@ import re
 import shlex
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -59,23 +58,11 @@ def anchor_venv(anchor: Path) -> Path:
 
 @contextmanager
 def _anchor_server(anchor: Path, venv: Path, dsn: str) -> Iterator[tuple[str, int]]:
-    from switchboard.liveserver import free_port, wait_until_up
+    from bench import http_bench
 
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    command = [
-        str(venv / "bin" / "uvicorn"), "app:app", "--host", "127.0.0.1", "--port", str(port),
-        "--no-access-log", "--log-level", "warning",
-    ]  # fmt: skip
-    env = {**os.environ, "DSN": dsn, "TOKEN": ANCHOR_TOKEN}
-    with tempfile.NamedTemporaryFile(prefix="bench-anchor-", suffix=".log") as log:
-        process = subprocess.Popen(command, cwd=anchor, env=env, stdout=log, stderr=log)
-        try:
-            wait_until_up(process, f"{base}/claim_next", Path(log.name))
-            yield base, process.pid
-        finally:
-            process.terminate()
-            process.wait(timeout=15)
+    uvicorn = [str(venv / "bin" / "uvicorn"), "app:app"]
+    with http_bench.uvicorn_server(uvicorn, anchor, {"DSN": dsn, "TOKEN": ANCHOR_TOKEN}) as server:
+        yield server
 
 
 def _run_client(command: list[str], server_pid: int, seconds: float) -> dict[str, Any]:
