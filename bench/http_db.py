@@ -4,13 +4,16 @@
 (BENCH_DATABASE, as ``python -m bench``): claim_next + complete in this process (threads, each
 with its connection) and through REST (``bench.http_bench``'s Node client against one uvicorn),
 at 1 and 8, interleaved, each run on ``bench.http_bench``'s reload (fresh todos, the tables
-vacuumed) after the benches' history. Per run: cycles/s and the DB CPU per cycle over every
-process of the server (``bench.http_bench._database_cpu``); with pg_stat_statements loaded
-(``http_bench._pgss`` says how), the statements per cycle and the claim's shared buffers per
-call. The medians are printed per kind and count.
+vacuumed) after the benches' history. Per run: cycles/s and the DB CPU per cycle over the
+server's processes but other databases' backends (``bench.http_bench._database_cpu``), over
+REST the endpoint watch's share apart; with pg_stat_statements loaded (``http_bench._pgss``
+says how), the statements per cycle and the claim's shared buffers per call. The medians are
+printed per kind and count.
 
 The statements are the same both ways (the token lookup is cached, ``last_seen_at`` written at
-most once a minute), so a difference at the same count is what serving over HTTP does to
+most once a minute) but for the endpoint watch's empty statement over REST (one per request
+at 1 client, fewer at 8: requests share them), so a difference at the same count beyond the
+watch's is what serving over HTTP does to
 PostgreSQL's cost per statement (its backends idle between requests, the web process and the
 client on the same cores), and a difference between 1 and 8 is concurrency's. Not a benchmark:
 ``python -m bench --only http`` measures.
@@ -87,11 +90,14 @@ def _in_process(endpoint: Any, threads: int, seconds: float) -> dict[str, Any]:
 
 def _over_rest(base: str, token: str, pid: int, clients: int, seconds: float) -> dict[str, Any]:
     from bench import http_bench
+    from queues.auth import WATCH_APPLICATION_NAME
 
     counted = http_bench.pgss_reset()
     run = http_bench._drive("rest", base, token, clients, seconds, pid)
     keep = ("cycles", "cycles_per_s", "db_cpu_ms_per_cycle")
     result: dict[str, Any] = {k: run[k] for k in keep if k in run}
+    split = run.get("db_cpu_ms_per_cycle_by_process", {})
+    result["watch_cpu_ms_per_cycle"] = split.get(f"backend ({WATCH_APPLICATION_NAME})", 0.0)
     if counted:
         result.update(_counted(run["cycles"]))
     return result
