@@ -157,10 +157,13 @@ def _transition(
     *,
     ends: bool = False,
     db: Any = None,
+    plain: str | None = None,
 ) -> Todo:
     """Run a transition's one statement. ``ends``: it ends the claim, and writes the end row of
     the claim's grant, if it held one (``queues.sql.grants``), naming ``actor``. ``db``: the
-    default database's connection, when the caller holds it already."""
+    default database's connection, when the caller holds it already. ``plain``: the ending's
+    statement for a claim that holds no grant, run first; when it matches nothing (a grant, or
+    no claim to end), ``statement`` decides, as it would alone."""
     access.check_actor(actor)
     endpoint_ids = acting_endpoint_ids(actor)
     access.check_writes(actor, "auditors read; they do not change todos")
@@ -176,8 +179,13 @@ def _transition(
     )
     # One statement, committed on its own unless the caller holds a transaction.
     with sql.hot_cursor(db) as cursor:
-        cursor.execute(statement, params)
-        row = cursor.fetchone()
+        row = None
+        if plain is not None:
+            cursor.execute(plain, params)
+            row = cursor.fetchone()
+        if row is None:
+            cursor.execute(statement, params)
+            row = cursor.fetchone()
         if row is None:
             _raise_unmatched(cursor, todo_id, endpoint_ids, lease_token, attempt)
     assert row is not None
@@ -272,6 +280,7 @@ def complete(
         attempt,
         ends=True,
         db=db,
+        plain=sql.complete_plain_sql(),
     )
     _after_end(todo, "done", db=db)
     return todo

@@ -1234,6 +1234,32 @@ SELECT {DONE_COLUMNS}, d.reopens FROM done d WHERE (SELECT count(*) FROM end_row
 """)
 
 
+@functools.cache
+def _ending_plain_sql(
+    gate_list: tuple[gates.ClaimGate, ...], todo_set: str, attempt_outcome: str, disposition: str
+) -> str:
+    """``_ending_sql`` for a claim that holds no grant (``t.grant_hash IS NULL`` in the todo's
+    UPDATE): the same two writes and answer, without the ``limits.end`` row's CTE and the two
+    aggregates that order it. A claim holds a grant only when a limit it names granted it (named
+    todos), so most endings need neither; each is plan nodes and expressions PostgreSQL sets up
+    on every execution, run or not (issue 12: the core cycle's backend CPU). A claim that holds
+    a grant matches nothing here, and the caller runs ``_ending_sql`` (``ending_sqls``)."""
+    return _compact(f"""
+WITH done AS (
+    UPDATE queues_todo t SET {todo_set}, updated_at = clock_timestamp()
+    FROM queues_attempt a
+    WHERE {HOLDS_CLAIM} AND t.grant_hash IS NULL
+    RETURNING {TODO_COLUMNS}, {gates.reopens("t")} AS reopens, a.id AS attempt_id
+), ended AS (
+    UPDATE queues_attempt a
+    SET ended_at = clock_timestamp(), outcome = {attempt_outcome},
+        disposition = {disposition}, summary = %(summary)s, error = %(error)s
+    FROM done h WHERE a.id = h.attempt_id
+)
+SELECT {DONE_COLUMNS}, d.reopens FROM done d
+""")
+
+
 _COMPLETE = (
     "state = 'done', result = %(result)s, lease_expires_at = NULL, finished_at = clock_timestamp()",
     "'completed'",
@@ -1271,6 +1297,10 @@ def heartbeat_sql() -> str:
 
 def complete_sql() -> str:
     return _ending_sql(gates.gates(), *_COMPLETE)
+
+
+def complete_plain_sql() -> str:
+    return _ending_plain_sql(gates.gates(), *_COMPLETE)
 
 
 def fail_sql() -> str:

@@ -56,7 +56,13 @@ def test_the_endings_and_the_heartbeat_find_the_todo_by_its_primary_key(
         attempt=None,
         ends=True,
     )
-    for statement in (sql.complete_sql(), sql.fail_sql(), sql.release_sql(), sql.heartbeat_sql()):
+    for statement in (
+        sql.complete_sql(),
+        sql.complete_plain_sql(),
+        sql.fail_sql(),
+        sql.release_sql(),
+        sql.heartbeat_sql(),
+    ):
         plan = _generic_plan(statement, params)
         todo_scan = [
             line for line in plan.splitlines() if "Scan" in line and "queues_todo t" in line
