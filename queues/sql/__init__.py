@@ -715,22 +715,27 @@ class _Lent:
         # cycle about 0.1 ms of client CPU (issue 12). A nested use (the kept cursor is lent
         # out) gets a cursor of its own, so a statement never replaces results its caller has
         # not read.
-        kept: tuple[Any, psycopg.Cursor[Any], list[bool]] | None = getattr(db, "_hot_cursor", None)
-        if kept is not None and kept[0] is db.connection and not kept[1].closed and not kept[2][0]:
-            raw, lent = kept[1], kept[2]
+        # The kept cursor comes with its wrapper (which holds nothing but the cursor and the
+        # connection), so lending it out builds no object (twice per claim cycle; issue 12).
+        kept: tuple[Any, _HotCursor, list[bool], _HotWrapper] | None = getattr(
+            db, "_hot_cursor", None
+        )
+        if kept is not None and kept[0] is db.connection and not kept[1]._closed and not kept[2][0]:
+            raw, lent, wrapper = kept[1], kept[2], kept[3]
         else:
             # Binary results: timestamps and uuids load without parsing text.
             raw = _HotCursor(db.connection)
             raw.format = psycopg.pq.Format.BINARY
             lent = [False]
-            if kept is None or kept[0] is not db.connection or kept[1].closed:
-                db._hot_cursor = (db.connection, raw, lent)
+            wrapper = _HotWrapper(raw, db)
+            if kept is None or kept[0] is not db.connection or kept[1]._closed:
+                db._hot_cursor = (db.connection, raw, lent, wrapper)
             else:
                 lent = []  # a nested cursor of its own: closed on exit
         if lent:
             lent[0] = True
         self.raw, self.lent = raw, lent
-        return _HotWrapper(raw, db)
+        return wrapper
 
     def __exit__(self, *exc: object) -> None:
         if self.lent:
@@ -813,7 +818,9 @@ def mark_named(endpoint_id: UUID) -> None:
     _named_until[endpoint_id] = time.monotonic() + _GATED_HINT_SECONDS
 
 
-@dataclass(frozen=True)
+# Not frozen: a frozen dataclass sets each field through object.__setattr__ in Python, and the
+# bare claim builds one per claim (issue 12). Nothing hashes or mutates a candidate.
+@dataclass(slots=True)
 class Candidate:
     """What a claim statement found: the claimed todo, or a locked candidate awaiting its gates."""
 

@@ -37,6 +37,25 @@ def test_the_cursor_is_kept_between_statements_and_a_nested_use_gets_its_own(
         assert again.fetchone() == (7,)
 
 
+def test_the_kept_cursor_is_lent_in_one_wrapper_and_a_nested_use_in_its_own(
+    personas: Personas,
+) -> None:
+    """Lending the kept cursor builds no wrapper (issue 12: twice per claim cycle); a nested
+    use's wrapper holds its own cursor, and the kept one's still holds the kept cursor."""
+    with sql.hot_cursor() as first:
+        first.execute("SELECT 1")
+        assert first.fetchone() == (1,)
+        with sql.hot_cursor() as nested:
+            assert nested is not first and nested.cursor is not first.cursor
+            nested.execute("SELECT 2")
+            assert nested.fetchone() == (2,)
+    with sql.hot_cursor() as again:
+        assert again is first and again.cursor is first.cursor
+        assert again.db is sql.default_connection()
+        again.execute("SELECT 3")
+        assert again.fetchone() == (3,)
+
+
 def test_another_connection_or_a_closed_cursor_gets_a_new_cursor(personas: Personas) -> None:
     with sql.hot_cursor() as first:
         first.execute("SELECT 1")
