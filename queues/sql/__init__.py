@@ -22,6 +22,7 @@ import time
 from asyncio import _get_running_loop as _running_loop
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from operator import is_
 from typing import Any
 from uuid import UUID
 
@@ -490,7 +491,11 @@ def _unchanged(value: Any, kept: Any) -> bool:
     if kind is list:
         if type(kept) is not tuple or len(value) != len(kept):
             return False
-        for a, b in zip(value, kept, strict=False):  # of equal lengths (checked above)
+        if all(map(is_, value, kept)):
+            return True  # the very items kept (immutable): one pass in C, no Python per item
+        # Of equal lengths (checked above). No ``strict=``: zip parses keyword arguments on
+        # every call, at about the cost of the rest of it.
+        for a, b in zip(value, kept):  # noqa: B905
             if type(a) is not type(b) or (a.int != b.int if type(a) is UUID else a != b):
                 return False
         return True
@@ -871,8 +876,9 @@ def todo_from_row(values: tuple[Any, ...] | list[Any]) -> Todo:
     # __dict__; loaded from this database), without its __init__'s per-field descriptor calls:
     # twice per claim cycle. As unpickling does.
     todo = Todo.__new__(Todo)
-    # strict=False: the lengths are equal (checked above); zip's own check costs every item.
-    todo.__dict__.update(zip(_TODO_ATTNAMES, values, strict=False))
+    # The lengths are equal (checked above). No ``strict=``: zip's check costs every item, and
+    # any keyword argument is parsed on every call, at about the cost of the rest of zip.
+    todo.__dict__.update(zip(_TODO_ATTNAMES, values))  # noqa: B905
     state = todo._state = ModelState()
     state.adding = False
     state.db = DEFAULT_DB_ALIAS
