@@ -1016,9 +1016,11 @@ def _bare_candidate(
     if names:
         gates.priority_refresh(row[2])
         row = (*row[:2], *row[3:])
-    todo_id, queue, held, *columns = row
+    # Sliced, not star-unpacked (which builds a list item by item): once per claim.
+    todo_id, queue, held = row[:3]
     if todo_id is None:
         return NoCandidate(skipped=False)  # it skips nothing: no todo is claimable now
+    columns = row[3:]
     todo = todo_from_row(columns) if columns[0] is not None else None
     return Candidate(todo_id, queue, (), todo, held=bool(held))
 
