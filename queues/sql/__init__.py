@@ -34,6 +34,7 @@ from django.db.models.signals import post_init, pre_init
 from psycopg._queries import PostgresQuery, _query2pg_nocache
 from psycopg.generators import execute as _pq_execute
 from psycopg.pq import TransactionStatus
+from psycopg.rows import tuple_row
 
 from queues import gates
 from queues.claimable import CLAIMABLE, CLAIMABLE_STATE, LAPSED_CLAIM_SET
@@ -601,11 +602,12 @@ class _HotCursor(psycopg.Cursor[Any]):
         pipeline); the caller then runs ``execute``. The steps are those of psycopg's
         ``_execute_gen`` for an already-prepared statement (pinned 3.3.9)."""
         conn = self._conn
-        if self._last_query is None or conn._pipeline is not None or self.closed:
+        # Private attributes, not the properties that answer them (a Python call each).
+        if self._last_query is None or conn._pipeline is not None or self._closed:
             return False
         pgconn = conn.pgconn
         status = pgconn.transaction_status
-        if status != _INTRANS and (status != _IDLE or not conn.autocommit):
+        if status != _INTRANS and (status != _IDLE or not conn._autocommit):
             return False  # psycopg would begin a transaction first, or raise
         with conn.lock:
             pgq = self._bind(query, params)
@@ -642,7 +644,9 @@ class _HotCursor(psycopg.Cursor[Any]):
                 self._pos = 0
                 self._rowcount = res.ntuples
                 self._statusmessage = res.command_status
-                self._make_row = self._make_row_maker()
+                # tuple_row's row maker is ``tuple`` itself: no two calls to learn it.
+                rf = self._row_factory
+                self._make_row = tuple if rf is tuple_row else rf(self)
             else:
                 self._check_results(results)
                 self._set_results(results)
@@ -788,8 +792,10 @@ _GATED_HINT_SECONDS = 10.0
 _gated_until: dict[UUID, float] = {}
 
 
+# Each asks an empty dict first: a UUID's hash is a Python call, and no endpoint of this process
+# may have met gated work yet.
 def recently_gated(endpoint_id: UUID) -> bool:
-    return _gated_until.get(endpoint_id, 0.0) > time.monotonic()
+    return bool(_gated_until) and _gated_until.get(endpoint_id, 0.0) > time.monotonic()
 
 
 def mark_gated(endpoint_id: UUID) -> None:
@@ -803,7 +809,7 @@ _limited_until: dict[UUID, float] = {}
 
 
 def recently_limited(endpoint_id: UUID) -> bool:
-    return _limited_until.get(endpoint_id, 0.0) > time.monotonic()
+    return bool(_limited_until) and _limited_until.get(endpoint_id, 0.0) > time.monotonic()
 
 
 def mark_limited(endpoint_id: UUID) -> None:
@@ -816,7 +822,7 @@ _named_until: dict[UUID, float] = {}
 
 
 def recently_named(endpoint_id: UUID) -> bool:
-    return _named_until.get(endpoint_id, 0.0) > time.monotonic()
+    return bool(_named_until) and _named_until.get(endpoint_id, 0.0) > time.monotonic()
 
 
 def mark_named(endpoint_id: UUID) -> None:

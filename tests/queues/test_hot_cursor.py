@@ -11,6 +11,7 @@ from django.db import DataError, connection, transaction
 from django.db.models.signals import post_init
 from django.db.transaction import TransactionManagementError
 from psycopg.pq import TransactionStatus
+from psycopg.rows import dict_row, tuple_row
 
 from queues import services, sql
 from queues.models import Todo
@@ -167,6 +168,25 @@ def _prepared_on(cursor: Any, statement: str, params: dict[str, Any]) -> None:
     for _ in range(8):
         cursor.execute(statement, params)
         cursor.fetchall()
+
+
+def test_the_short_way_makes_rows_with_the_cursors_row_factory(tx_personas: Personas) -> None:
+    """Tuples (the hot cursor's own factory) are made by ``tuple`` directly; any other row
+    factory still makes the rows of a statement sent the short way."""
+    statement = "SELECT %(n)s::int AS n"
+    with sql.hot_cursor() as cursor:
+        _prepared_on(cursor, statement, {"n": 1})
+        raw = cursor.cursor
+        assert raw.execute_prepared(statement, {"n": 2})
+        assert cursor.fetchone() == (2,)
+        raw.row_factory = dict_row
+        try:
+            assert raw.execute_prepared(statement, {"n": 3})
+            assert cursor.fetchone() == {"n": 3}
+        finally:
+            raw.row_factory = tuple_row
+        assert raw.execute_prepared(statement, {"n": 4})
+        assert cursor.fetchone() == (4,)
 
 
 def test_a_prepared_statement_goes_the_short_way_with_the_same_rows(
