@@ -687,9 +687,12 @@ class _HotWrapper(CursorWrapper):
         if type(params) is dict and not db.execute_wrappers:
             if db.needs_rollback:
                 db.validate_no_broken_transaction()  # raises
+            # Read once: every attribute read on a CursorWrapper goes through its __getattr__
+            # hook, unspecialised (issue 12).
+            cursor = self.cursor
             try:
-                if self.cursor.execute_prepared(sql, params):
-                    return self.cursor
+                if cursor.execute_prepared(sql, params):
+                    return cursor
             except Exception:
                 with db.wrap_database_errors:
                     raise
