@@ -320,7 +320,9 @@ def prioritised(queues: list[str]) -> bool:
 
 
 def priority_stale() -> bool:
-    return any(p.stale() for p in _PRIORITY)
+    # The one registered priority, as priority_names_sql reads it: no generator for any() built
+    # on every claim.
+    return bool(_PRIORITY) and _PRIORITY[0].stale()
 
 
 def priority_names_sql() -> str:

@@ -189,9 +189,9 @@ def _transition(
         if row is None:
             _raise_unmatched(cursor, todo_id, endpoint_ids, lease_token, attempt)
     assert row is not None
-    *columns, reopens = row
-    todo = sql.todo_from_row(columns)
-    todo._reopens = reopens or []  # type: ignore[attr-defined]
+    # Sliced, not star-unpacked (which builds a list item by item): once per ending.
+    todo = sql.todo_from_row(row[:-1])
+    todo._reopens = row[-1] or []  # type: ignore[attr-defined]
     return todo
 
 

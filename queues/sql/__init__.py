@@ -22,6 +22,7 @@ import time
 from asyncio import _get_running_loop as _running_loop
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from operator import is_
 from typing import Any
 from uuid import UUID
 
@@ -33,6 +34,7 @@ from django.db.models.signals import post_init, pre_init
 from psycopg._queries import PostgresQuery, _query2pg_nocache
 from psycopg.generators import execute as _pq_execute
 from psycopg.pq import TransactionStatus
+from psycopg.rows import tuple_row
 
 from queues import gates
 from queues.claimable import CLAIMABLE, CLAIMABLE_STATE, LAPSED_CLAIM_SET
@@ -490,7 +492,11 @@ def _unchanged(value: Any, kept: Any) -> bool:
     if kind is list:
         if type(kept) is not tuple or len(value) != len(kept):
             return False
-        for a, b in zip(value, kept, strict=False):  # of equal lengths (checked above)
+        if all(map(is_, value, kept)):
+            return True  # the very items kept (immutable): one pass in C, no Python per item
+        # Of equal lengths (checked above). No ``strict=``: zip parses keyword arguments on
+        # every call, at about the cost of the rest of it.
+        for a, b in zip(value, kept):  # noqa: B905
             if type(a) is not type(b) or (a.int != b.int if type(a) is UUID else a != b):
                 return False
         return True
@@ -596,11 +602,12 @@ class _HotCursor(psycopg.Cursor[Any]):
         pipeline); the caller then runs ``execute``. The steps are those of psycopg's
         ``_execute_gen`` for an already-prepared statement (pinned 3.3.9)."""
         conn = self._conn
-        if self._last_query is None or conn._pipeline is not None or self.closed:
+        # Private attributes, not the properties that answer them (a Python call each).
+        if self._last_query is None or conn._pipeline is not None or self._closed:
             return False
         pgconn = conn.pgconn
         status = pgconn.transaction_status
-        if status != _INTRANS and (status != _IDLE or not conn.autocommit):
+        if status != _INTRANS and (status != _IDLE or not conn._autocommit):
             return False  # psycopg would begin a transaction first, or raise
         with conn.lock:
             pgq = self._bind(query, params)
@@ -637,7 +644,9 @@ class _HotCursor(psycopg.Cursor[Any]):
                 self._pos = 0
                 self._rowcount = res.ntuples
                 self._statusmessage = res.command_status
-                self._make_row = self._make_row_maker()
+                # tuple_row's row maker is ``tuple`` itself: no two calls to learn it.
+                rf = self._row_factory
+                self._make_row = tuple if rf is tuple_row else rf(self)
             else:
                 self._check_results(results)
                 self._set_results(results)
@@ -678,9 +687,12 @@ class _HotWrapper(CursorWrapper):
         if type(params) is dict and not db.execute_wrappers:
             if db.needs_rollback:
                 db.validate_no_broken_transaction()  # raises
+            # Read once: every attribute read on a CursorWrapper goes through its __getattr__
+            # hook, unspecialised (issue 12).
+            cursor = self.cursor
             try:
-                if self.cursor.execute_prepared(sql, params):
-                    return self.cursor
+                if cursor.execute_prepared(sql, params):
+                    return cursor
             except Exception:
                 with db.wrap_database_errors:
                     raise
@@ -715,22 +727,27 @@ class _Lent:
         # cycle about 0.1 ms of client CPU (issue 12). A nested use (the kept cursor is lent
         # out) gets a cursor of its own, so a statement never replaces results its caller has
         # not read.
-        kept: tuple[Any, psycopg.Cursor[Any], list[bool]] | None = getattr(db, "_hot_cursor", None)
-        if kept is not None and kept[0] is db.connection and not kept[1].closed and not kept[2][0]:
-            raw, lent = kept[1], kept[2]
+        # The kept cursor comes with its wrapper (which holds nothing but the cursor and the
+        # connection), so lending it out builds no object (twice per claim cycle; issue 12).
+        kept: tuple[Any, _HotCursor, list[bool], _HotWrapper] | None = getattr(
+            db, "_hot_cursor", None
+        )
+        if kept is not None and kept[0] is db.connection and not kept[1]._closed and not kept[2][0]:
+            raw, lent, wrapper = kept[1], kept[2], kept[3]
         else:
             # Binary results: timestamps and uuids load without parsing text.
             raw = _HotCursor(db.connection)
             raw.format = psycopg.pq.Format.BINARY
             lent = [False]
-            if kept is None or kept[0] is not db.connection or kept[1].closed:
-                db._hot_cursor = (db.connection, raw, lent)
+            wrapper = _HotWrapper(raw, db)
+            if kept is None or kept[0] is not db.connection or kept[1]._closed:
+                db._hot_cursor = (db.connection, raw, lent, wrapper)
             else:
                 lent = []  # a nested cursor of its own: closed on exit
         if lent:
             lent[0] = True
         self.raw, self.lent = raw, lent
-        return _HotWrapper(raw, db)
+        return wrapper
 
     def __exit__(self, *exc: object) -> None:
         if self.lent:
@@ -778,8 +795,10 @@ _GATED_HINT_SECONDS = 10.0
 _gated_until: dict[UUID, float] = {}
 
 
+# Each asks an empty dict first: a UUID's hash is a Python call, and no endpoint of this process
+# may have met gated work yet.
 def recently_gated(endpoint_id: UUID) -> bool:
-    return _gated_until.get(endpoint_id, 0.0) > time.monotonic()
+    return bool(_gated_until) and _gated_until.get(endpoint_id, 0.0) > time.monotonic()
 
 
 def mark_gated(endpoint_id: UUID) -> None:
@@ -793,7 +812,7 @@ _limited_until: dict[UUID, float] = {}
 
 
 def recently_limited(endpoint_id: UUID) -> bool:
-    return _limited_until.get(endpoint_id, 0.0) > time.monotonic()
+    return bool(_limited_until) and _limited_until.get(endpoint_id, 0.0) > time.monotonic()
 
 
 def mark_limited(endpoint_id: UUID) -> None:
@@ -806,14 +825,16 @@ _named_until: dict[UUID, float] = {}
 
 
 def recently_named(endpoint_id: UUID) -> bool:
-    return _named_until.get(endpoint_id, 0.0) > time.monotonic()
+    return bool(_named_until) and _named_until.get(endpoint_id, 0.0) > time.monotonic()
 
 
 def mark_named(endpoint_id: UUID) -> None:
     _named_until[endpoint_id] = time.monotonic() + _GATED_HINT_SECONDS
 
 
-@dataclass(frozen=True)
+# Not frozen: a frozen dataclass sets each field through object.__setattr__ in Python, and the
+# bare claim builds one per claim (issue 12). Nothing hashes or mutates a candidate.
+@dataclass(slots=True)
 class Candidate:
     """What a claim statement found: the claimed todo, or a locked candidate awaiting its gates."""
 
@@ -864,8 +885,9 @@ def todo_from_row(values: tuple[Any, ...] | list[Any]) -> Todo:
     # __dict__; loaded from this database), without its __init__'s per-field descriptor calls:
     # twice per claim cycle. As unpickling does.
     todo = Todo.__new__(Todo)
-    # strict=False: the lengths are equal (checked above); zip's own check costs every item.
-    todo.__dict__.update(zip(_TODO_ATTNAMES, values, strict=False))
+    # The lengths are equal (checked above). No ``strict=``: zip's check costs every item, and
+    # any keyword argument is parsed on every call, at about the cost of the rest of zip.
+    todo.__dict__.update(zip(_TODO_ATTNAMES, values))  # noqa: B905
     state = todo._state = ModelState()
     state.adding = False
     state.db = DEFAULT_DB_ALIAS
@@ -1003,9 +1025,11 @@ def _bare_candidate(
     if names:
         gates.priority_refresh(row[2])
         row = (*row[:2], *row[3:])
-    todo_id, queue, held, *columns = row
+    # Sliced, not star-unpacked (which builds a list item by item): once per claim.
+    todo_id, queue, held = row[:3]
     if todo_id is None:
         return NoCandidate(skipped=False)  # it skips nothing: no todo is claimable now
+    columns = row[3:]
     todo = todo_from_row(columns) if columns[0] is not None else None
     return Candidate(todo_id, queue, (), todo, held=bool(held))
 

@@ -11,6 +11,7 @@ from django.db import DataError, connection, transaction
 from django.db.models.signals import post_init
 from django.db.transaction import TransactionManagementError
 from psycopg.pq import TransactionStatus
+from psycopg.rows import dict_row, tuple_row
 
 from queues import services, sql
 from queues.models import Todo
@@ -35,6 +36,25 @@ def test_the_cursor_is_kept_between_statements_and_a_nested_use_gets_its_own(
         assert again.cursor is kept
         again.execute("SELECT 7")
         assert again.fetchone() == (7,)
+
+
+def test_the_kept_cursor_is_lent_in_one_wrapper_and_a_nested_use_in_its_own(
+    personas: Personas,
+) -> None:
+    """Lending the kept cursor builds no wrapper (issue 12: twice per claim cycle); a nested
+    use's wrapper holds its own cursor, and the kept one's still holds the kept cursor."""
+    with sql.hot_cursor() as first:
+        first.execute("SELECT 1")
+        assert first.fetchone() == (1,)
+        with sql.hot_cursor() as nested:
+            assert nested is not first and nested.cursor is not first.cursor
+            nested.execute("SELECT 2")
+            assert nested.fetchone() == (2,)
+    with sql.hot_cursor() as again:
+        assert again is first and again.cursor is first.cursor
+        assert again.db is sql.default_connection()
+        again.execute("SELECT 3")
+        assert again.fetchone() == (3,)
 
 
 def test_another_connection_or_a_closed_cursor_gets_a_new_cursor(personas: Personas) -> None:
@@ -148,6 +168,25 @@ def _prepared_on(cursor: Any, statement: str, params: dict[str, Any]) -> None:
     for _ in range(8):
         cursor.execute(statement, params)
         cursor.fetchall()
+
+
+def test_the_short_way_makes_rows_with_the_cursors_row_factory(tx_personas: Personas) -> None:
+    """Tuples (the hot cursor's own factory) are made by ``tuple`` directly; any other row
+    factory still makes the rows of a statement sent the short way."""
+    statement = "SELECT %(n)s::int AS n"
+    with sql.hot_cursor() as cursor:
+        _prepared_on(cursor, statement, {"n": 1})
+        raw = cursor.cursor
+        assert raw.execute_prepared(statement, {"n": 2})
+        assert cursor.fetchone() == (2,)
+        raw.row_factory = dict_row
+        try:
+            assert raw.execute_prepared(statement, {"n": 3})
+            assert cursor.fetchone() == {"n": 3}
+        finally:
+            raw.row_factory = tuple_row
+        assert raw.execute_prepared(statement, {"n": 4})
+        assert cursor.fetchone() == (4,)
 
 
 def test_a_prepared_statement_goes_the_short_way_with_the_same_rows(
