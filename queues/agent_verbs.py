@@ -1,7 +1,8 @@
 """The todo verbs: the basic grant, served as REST routes and MCP tools from one declaration each.
 
 Thin callers of ``queues.services`` (writes) and ``queues.selectors`` (reads); every todo they
-return goes through ``queues.schemas.todo_out``.
+return goes through ``queues.schemas.todo_out``, its times as ``model_time`` gives them: every
+answer here is checked by its output model and written by pydantic (``verbs.render``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from queues.schemas import (
     TodoEnvelope,
     TodoIdIn,
     iso,
+    model_time,
     one_todo_out,
     todo_detail_out,
     todos_out,
@@ -50,7 +52,10 @@ def _jsonable(value: Any) -> Any:
 
 
 def _claimed(result: services.Claimed) -> dict[str, Any]:
-    out: dict[str, Any] = {"todo": one_todo_out(result.todo), "attempt": result.attempt}
+    out: dict[str, Any] = {
+        "todo": one_todo_out(result.todo, time=model_time),
+        "attempt": result.attempt,
+    }
     if result.lease_token is not None:
         out["lease_token"] = result.lease_token
     if result.grant is not None:
@@ -82,7 +87,7 @@ def create_todo(actor: AgentActor, data: CreateTodoIn) -> dict[str, Any]:
         rate_limit=data.rate_limit,
         source=TodoSource.MCP if actor.via == "mcp" else TodoSource.API,
     )
-    return {"todo": one_todo_out(made.todo), "created": made.created}
+    return {"todo": one_todo_out(made.todo, time=model_time), "created": made.created}
 
 
 @verb(
@@ -95,7 +100,9 @@ def create_todo(actor: AgentActor, data: CreateTodoIn) -> dict[str, Any]:
     errors=(404,),
 )
 def get_todo(actor: AgentActor, data: TodoIdIn) -> dict[str, Any]:
-    return {"todo": todo_detail_out(selectors.todo_get(actor=actor, todo_id=data.id))}
+    return {
+        "todo": todo_detail_out(selectors.todo_get(actor=actor, todo_id=data.id), time=model_time)
+    }
 
 
 @verb(
@@ -110,7 +117,7 @@ def list_todos(actor: AgentActor, data: ListTodosIn) -> dict[str, Any]:
         actor=actor, queue=data.queue, state=data.state, limit=data.limit, cursor=data.cursor
     )
     return {
-        "todos": todos_out(todos),
+        "todos": todos_out(todos, time=model_time),
         "paused_queues": selectors.paused_among(list(actor.endpoint.scope_queues)),
         "next_cursor": next_cursor,
     }
@@ -174,7 +181,7 @@ def heartbeat(actor: AgentActor, data: HeartbeatIn) -> dict[str, Any]:
         lease_token=data.lease_token,
         attempt=data.attempt,
     )
-    return {"todo": one_todo_out(todo)}
+    return {"todo": one_todo_out(todo, time=model_time)}
 
 
 @verb(
@@ -193,7 +200,7 @@ def complete(actor: AgentActor, data: CompleteIn) -> dict[str, Any]:
         lease_token=data.lease_token,
         attempt=data.attempt,
     )
-    return {"todo": one_todo_out(todo)}
+    return {"todo": one_todo_out(todo, time=model_time)}
 
 
 @verb(
@@ -214,7 +221,7 @@ def fail(actor: AgentActor, data: FailIn) -> dict[str, Any]:
         attempt=data.attempt,
         rate_limited=data.rate_limited,
     )
-    return {"todo": one_todo_out(todo)}
+    return {"todo": one_todo_out(todo, time=model_time)}
 
 
 @verb(
@@ -228,4 +235,4 @@ def release(actor: AgentActor, data: ReleaseIn) -> dict[str, Any]:
     todo = services.release(
         actor=actor, todo_id=data.id, lease_token=data.lease_token, attempt=data.attempt
     )
-    return {"todo": one_todo_out(todo)}
+    return {"todo": one_todo_out(todo, time=model_time)}

@@ -6,6 +6,7 @@ todos), so the agent verbs, the operator routes and the CLI show a todo the same
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
@@ -69,6 +70,16 @@ def iso(value: datetime | None) -> str | None:
     if value is None:
         return None
     return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def model_time(value: datetime | None) -> datetime | str | None:
+    """A datetime for an answer its output model checks and pydantic writes (the agent verbs:
+    ``verbs.render``, ``render_json``): a UTC datetime as it is, which pydantic writes as ``iso``
+    does; any other as ``iso``'s text. Issue 11: formatting a todo's times with ``isoformat``
+    and parsing them back in the check cost a tenth of a verb's answer."""
+    if value is not None and value.tzinfo is UTC:
+        return value
+    return iso(value)
 
 
 # --- outputs ----------------------------------------------------------------------------------
@@ -171,8 +182,14 @@ class TodoOut(Schema):
     )
 
 
-def todo_out(todo: Todo, admission: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A todo as every surface shows it; ``admission`` is its entry in ``admission_for``."""
+def todo_out(
+    todo: Todo,
+    admission: dict[str, Any] | None = None,
+    *,
+    time: Callable[[datetime | None], Any] = iso,
+) -> dict[str, Any]:
+    """A todo as every surface shows it; ``admission`` is its entry in ``admission_for``.
+    ``time`` writes its times (``model_time``: for an answer pydantic writes)."""
     out: dict[str, Any] = {
         "id": str(todo.id),
         "queue": todo.queue,
@@ -183,12 +200,12 @@ def todo_out(todo: Todo, admission: dict[str, Any] | None = None) -> dict[str, A
         "owner": todo.owner,
         "attempt": todo.attempt,
         "max_attempts": todo.max_attempts,
-        "lease_expires_at": iso(todo.lease_expires_at),
-        "next_retry_at": iso(todo.next_retry_at),
+        "lease_expires_at": time(todo.lease_expires_at),
+        "next_retry_at": time(todo.next_retry_at),
         "dead_letter": todo.dead_letter,
         "result": validation.shown(todo.result),
-        "created_at": iso(todo.created_at),
-        "updated_at": iso(todo.updated_at),
+        "created_at": time(todo.created_at),
+        "updated_at": time(todo.updated_at),
         "pool": todo.pool,
         "tags": list(todo.tags),
         "rate_limit": todo.rate_limit,
@@ -204,19 +221,21 @@ def todo_out(todo: Todo, admission: dict[str, Any] | None = None) -> dict[str, A
     return out
 
 
-def todos_out(todos: list[Todo]) -> list[dict[str, Any]]:
+def todos_out(
+    todos: list[Todo], *, time: Callable[[datetime | None], Any] = iso
+) -> list[dict[str, Any]]:
     """Several todos, with one admission lookup for all of them."""
     statuses = admission_for(todos)
-    return [todo_out(t, statuses.get(t.id)) for t in todos]
+    return [todo_out(t, statuses.get(t.id), time=time) for t in todos]
 
 
-def one_todo_out(todo: Todo) -> dict[str, Any]:
-    return todos_out([todo])[0]
+def one_todo_out(todo: Todo, *, time: Callable[[datetime | None], Any] = iso) -> dict[str, Any]:
+    return todos_out([todo], time=time)[0]
 
 
-def todo_detail_out(todo: Todo) -> dict[str, Any]:
+def todo_detail_out(todo: Todo, *, time: Callable[[datetime | None], Any] = iso) -> dict[str, Any]:
     """One todo with its explain (pending only): what get_todo answers on every surface."""
-    out = one_todo_out(todo)
+    out = one_todo_out(todo, time=time)
     explanation = todo_explain(todo)
     if explanation is not None:
         found = explanation.as_dict()
