@@ -6,7 +6,6 @@ todos), so the agent verbs, the operator routes and the CLI show a todo the same
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
@@ -73,10 +72,9 @@ def iso(value: datetime | None) -> str | None:
 
 
 def model_time(value: datetime | None) -> datetime | str | None:
-    """A datetime for an answer its output model checks and pydantic writes (the agent verbs:
-    ``verbs.render``, ``render_json``): a UTC datetime as it is, which pydantic writes as ``iso``
-    does; any other as ``iso``'s text. Issue 11: formatting a todo's times with ``isoformat``
-    and parsing them back in the check cost a tenth of a verb's answer."""
+    """A datetime for an answer its output model checks and pydantic writes (``todo_out``'s
+    ``for_model``): a UTC datetime as it is, which pydantic writes as ``iso`` does; any other
+    as ``iso``'s text."""
     if value is not None and value.tzinfo is UTC:
         return value
     return iso(value)
@@ -186,12 +184,19 @@ def todo_out(
     todo: Todo,
     admission: dict[str, Any] | None = None,
     *,
-    time: Callable[[datetime | None], Any] = iso,
+    for_model: bool = False,
 ) -> dict[str, Any]:
     """A todo as every surface shows it; ``admission`` is its entry in ``admission_for``.
-    ``time`` writes its times (``model_time``: for an answer pydantic writes)."""
+
+    ``for_model``: for an answer its output model checks and pydantic writes (the agent verbs,
+    through ``verbs.render`` and ``render_json``), the id and the UTC times as they are, which
+    pydantic writes as ``str`` and ``iso`` do: the same JSON. Issue 11: writing them as text
+    and parsing them back in the check cost a third of rendering a verb's answer (a claim's
+    twice: its model's union is tried strictly first, which text fails).
+    """
+    time = model_time if for_model else iso
     out: dict[str, Any] = {
-        "id": str(todo.id),
+        "id": todo.id if for_model else str(todo.id),
         "queue": todo.queue,
         "title": todo.title,
         "kind": todo.kind,
@@ -221,21 +226,19 @@ def todo_out(
     return out
 
 
-def todos_out(
-    todos: list[Todo], *, time: Callable[[datetime | None], Any] = iso
-) -> list[dict[str, Any]]:
+def todos_out(todos: list[Todo], *, for_model: bool = False) -> list[dict[str, Any]]:
     """Several todos, with one admission lookup for all of them."""
     statuses = admission_for(todos)
-    return [todo_out(t, statuses.get(t.id), time=time) for t in todos]
+    return [todo_out(t, statuses.get(t.id), for_model=for_model) for t in todos]
 
 
-def one_todo_out(todo: Todo, *, time: Callable[[datetime | None], Any] = iso) -> dict[str, Any]:
-    return todos_out([todo], time=time)[0]
+def one_todo_out(todo: Todo, *, for_model: bool = False) -> dict[str, Any]:
+    return todos_out([todo], for_model=for_model)[0]
 
 
-def todo_detail_out(todo: Todo, *, time: Callable[[datetime | None], Any] = iso) -> dict[str, Any]:
+def todo_detail_out(todo: Todo, *, for_model: bool = False) -> dict[str, Any]:
     """One todo with its explain (pending only): what get_todo answers on every surface."""
-    out = one_todo_out(todo, time=time)
+    out = one_todo_out(todo, for_model=for_model)
     explanation = todo_explain(todo)
     if explanation is not None:
         found = explanation.as_dict()
