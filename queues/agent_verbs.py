@@ -1,7 +1,8 @@
 """The todo verbs: the basic grant, served as REST routes and MCP tools from one declaration each.
 
 Thin callers of ``queues.services`` (writes) and ``queues.selectors`` (reads); every todo they
-return goes through ``queues.schemas.todo_out``.
+return goes through ``queues.schemas.todo_out`` (``for_model``: every answer here is checked by
+its output model and written by pydantic, ``verbs.render``).
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ def _jsonable(value: Any) -> Any:
 
 
 def _claimed(result: services.Claimed) -> dict[str, Any]:
-    out: dict[str, Any] = {"todo": one_todo_out(result.todo), "attempt": result.attempt}
+    out: dict[str, Any] = {
+        "todo": one_todo_out(result.todo, for_model=True),
+        "attempt": result.attempt,
+    }
     if result.lease_token is not None:
         out["lease_token"] = result.lease_token
     if result.grant is not None:
@@ -82,7 +86,7 @@ def create_todo(actor: AgentActor, data: CreateTodoIn) -> dict[str, Any]:
         rate_limit=data.rate_limit,
         source=TodoSource.MCP if actor.via == "mcp" else TodoSource.API,
     )
-    return {"todo": one_todo_out(made.todo), "created": made.created}
+    return {"todo": one_todo_out(made.todo, for_model=True), "created": made.created}
 
 
 @verb(
@@ -95,7 +99,9 @@ def create_todo(actor: AgentActor, data: CreateTodoIn) -> dict[str, Any]:
     errors=(404,),
 )
 def get_todo(actor: AgentActor, data: TodoIdIn) -> dict[str, Any]:
-    return {"todo": todo_detail_out(selectors.todo_get(actor=actor, todo_id=data.id))}
+    return {
+        "todo": todo_detail_out(selectors.todo_get(actor=actor, todo_id=data.id), for_model=True)
+    }
 
 
 @verb(
@@ -110,7 +116,7 @@ def list_todos(actor: AgentActor, data: ListTodosIn) -> dict[str, Any]:
         actor=actor, queue=data.queue, state=data.state, limit=data.limit, cursor=data.cursor
     )
     return {
-        "todos": todos_out(todos),
+        "todos": todos_out(todos, for_model=True),
         "paused_queues": selectors.paused_among(list(actor.endpoint.scope_queues)),
         "next_cursor": next_cursor,
     }
@@ -174,7 +180,7 @@ def heartbeat(actor: AgentActor, data: HeartbeatIn) -> dict[str, Any]:
         lease_token=data.lease_token,
         attempt=data.attempt,
     )
-    return {"todo": one_todo_out(todo)}
+    return {"todo": one_todo_out(todo, for_model=True)}
 
 
 @verb(
@@ -193,7 +199,7 @@ def complete(actor: AgentActor, data: CompleteIn) -> dict[str, Any]:
         lease_token=data.lease_token,
         attempt=data.attempt,
     )
-    return {"todo": one_todo_out(todo)}
+    return {"todo": one_todo_out(todo, for_model=True)}
 
 
 @verb(
@@ -214,7 +220,7 @@ def fail(actor: AgentActor, data: FailIn) -> dict[str, Any]:
         attempt=data.attempt,
         rate_limited=data.rate_limited,
     )
-    return {"todo": one_todo_out(todo)}
+    return {"todo": one_todo_out(todo, for_model=True)}
 
 
 @verb(
@@ -228,4 +234,4 @@ def release(actor: AgentActor, data: ReleaseIn) -> dict[str, Any]:
     todo = services.release(
         actor=actor, todo_id=data.id, lease_token=data.lease_token, attempt=data.attempt
     )
-    return {"todo": one_todo_out(todo)}
+    return {"todo": one_todo_out(todo, for_model=True)}

@@ -71,6 +71,15 @@ def iso(value: datetime | None) -> str | None:
     return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
+def model_time(value: datetime | None) -> datetime | str | None:
+    """A datetime for an answer its output model checks and pydantic writes (``todo_out``'s
+    ``for_model``): a UTC datetime as it is, which pydantic writes as ``iso`` does; any other
+    as ``iso``'s text."""
+    if value is not None and value.tzinfo is UTC:
+        return value
+    return iso(value)
+
+
 # --- outputs ----------------------------------------------------------------------------------
 
 
@@ -171,10 +180,23 @@ class TodoOut(Schema):
     )
 
 
-def todo_out(todo: Todo, admission: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A todo as every surface shows it; ``admission`` is its entry in ``admission_for``."""
+def todo_out(
+    todo: Todo,
+    admission: dict[str, Any] | None = None,
+    *,
+    for_model: bool = False,
+) -> dict[str, Any]:
+    """A todo as every surface shows it; ``admission`` is its entry in ``admission_for``.
+
+    ``for_model``: for an answer its output model checks and pydantic writes (the agent verbs,
+    through ``verbs.render`` and ``render_json``), the id and the UTC times as they are, which
+    pydantic writes as ``str`` and ``iso`` do: the same JSON. Issue 11: writing them as text
+    and parsing them back in the check cost a third of rendering a verb's answer (a claim's
+    twice: its model's union is tried strictly first, which text fails).
+    """
+    time = model_time if for_model else iso
     out: dict[str, Any] = {
-        "id": str(todo.id),
+        "id": todo.id if for_model else str(todo.id),
         "queue": todo.queue,
         "title": todo.title,
         "kind": todo.kind,
@@ -183,12 +205,12 @@ def todo_out(todo: Todo, admission: dict[str, Any] | None = None) -> dict[str, A
         "owner": todo.owner,
         "attempt": todo.attempt,
         "max_attempts": todo.max_attempts,
-        "lease_expires_at": iso(todo.lease_expires_at),
-        "next_retry_at": iso(todo.next_retry_at),
+        "lease_expires_at": time(todo.lease_expires_at),
+        "next_retry_at": time(todo.next_retry_at),
         "dead_letter": todo.dead_letter,
         "result": validation.shown(todo.result),
-        "created_at": iso(todo.created_at),
-        "updated_at": iso(todo.updated_at),
+        "created_at": time(todo.created_at),
+        "updated_at": time(todo.updated_at),
         "pool": todo.pool,
         "tags": list(todo.tags),
         "rate_limit": todo.rate_limit,
@@ -204,19 +226,19 @@ def todo_out(todo: Todo, admission: dict[str, Any] | None = None) -> dict[str, A
     return out
 
 
-def todos_out(todos: list[Todo]) -> list[dict[str, Any]]:
+def todos_out(todos: list[Todo], *, for_model: bool = False) -> list[dict[str, Any]]:
     """Several todos, with one admission lookup for all of them."""
     statuses = admission_for(todos)
-    return [todo_out(t, statuses.get(t.id)) for t in todos]
+    return [todo_out(t, statuses.get(t.id), for_model=for_model) for t in todos]
 
 
-def one_todo_out(todo: Todo) -> dict[str, Any]:
-    return todos_out([todo])[0]
+def one_todo_out(todo: Todo, *, for_model: bool = False) -> dict[str, Any]:
+    return todos_out([todo], for_model=for_model)[0]
 
 
-def todo_detail_out(todo: Todo) -> dict[str, Any]:
+def todo_detail_out(todo: Todo, *, for_model: bool = False) -> dict[str, Any]:
     """One todo with its explain (pending only): what get_todo answers on every surface."""
-    out = one_todo_out(todo)
+    out = one_todo_out(todo, for_model=for_model)
     explanation = todo_explain(todo)
     if explanation is not None:
         found = explanation.as_dict()

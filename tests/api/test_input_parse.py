@@ -86,3 +86,34 @@ def test_a_body_is_read_as_json_loads_reads_it(raw: bytes | str) -> None:
     """``validation.json_loads`` (bodies opening with ``{`` scanned at once) answers what
     ``json.loads`` answers: the same value, or the same error and message."""
     assert _outcome(validation.json_loads, raw) == _outcome(json.loads, raw)
+
+
+# A flat object (every verb's arguments, most payloads) is checked without the walk; each of
+# these is refused by the walk all the same, naming the same field.
+FLAT_REFUSED: list[tuple[dict[Any, Any], str]] = [
+    ({"id": "x", "title": "a\x00b"}, "args.title"),
+    ({"title": "\ud800"}, "args.title"),
+    ({"ok": 1, "a\x00": 2}, "args.a\\u0000"),
+    ({"\udc80": 1}, "args.?"),
+    ({"n": float("nan")}, "args.n"),
+    ({"n": 1, "m": float("-inf")}, "args.m"),
+]
+
+
+@pytest.mark.parametrize(("value", "field"), FLAT_REFUSED)
+def test_a_flat_object_is_refused_as_the_walk_refuses_it(value: dict[Any, Any], field: str) -> None:
+    with pytest.raises(InvalidArgument) as refused:
+        validation.check_json(value, "args")
+    assert refused.value.details["field"] == field
+    assert not validation.renderable(value)
+    assert validation.shown(value) == validation.UNREADABLE
+
+
+@pytest.mark.parametrize(
+    "value", [{}, {"id": str(uuid4()), "n": 1, "f": 2.5, "b": True, "none": None, "é": "ü"}]
+)
+def test_a_clean_flat_object_passes(value: dict[str, Any]) -> None:
+    assert validation.check_json(value, "args") is value
+    assert validation.renderable(value) and validation.shown(value) is value
+    with pytest.raises(InvalidArgument):  # no depth at all allowed: even a flat object is deep
+        validation.check_json(value, "args", max_depth=0)

@@ -5,13 +5,19 @@ validator left out."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
+from uuid import UUID
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.test import Client
 from ninja import Schema
 from pydantic import BaseModel, ValidationError, field_validator
 
+from queues import services
+from queues.models import Todo
+from queues.schemas import iso, model_time, todo_out
 from switchboard.core import verbs
 from tests.api.conftest import Api
 from tests.conftest import Personas, push
@@ -139,3 +145,52 @@ def test_a_model_with_validators_of_its_own_is_kept() -> None:
     with pytest.raises(ValidationError):
         twin.model_validate({"items": [{"n": -1}]})
     assert issubclass(twin, BaseModel)
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        datetime(2026, 12, 2, 4, 50, 28, tzinfo=UTC),
+        datetime(2026, 12, 2, 4, 50, 28, 1, tzinfo=UTC),
+        datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+        datetime(2026, 12, 2, 4, 50, 28, 123456, tzinfo=ZoneInfo("UTC")),
+        datetime(2026, 12, 2, 4, 50, 28, 120000, tzinfo=timezone(timedelta(hours=2))),
+        datetime(2026, 12, 2, 4, 50, 28, tzinfo=timezone(timedelta(hours=-5, minutes=-30))),
+    ],
+)
+def test_a_verbs_times_are_written_as_iso_writes_them(when: datetime) -> None:
+    """The agent verbs hand their todos' times to the output model as ``model_time`` gives
+    them (``todo_out(for_model=True)``: a UTC datetime as it is): the answer is the same bytes as with ``iso``'s text, in
+    UTC with a ``Z`` whatever the datetime's own offset."""
+    spec = verbs.get("complete")
+    assert spec is not None
+    times = ("lease_expires_at", "next_retry_at", "created_at", "updated_at")
+    as_text = {"todo": {**AWKWARD_TODO, **dict.fromkeys(times, iso(when))}}
+    as_given = {"todo": {**AWKWARD_TODO, **dict.fromkeys(times, model_time(when))}}
+    assert spec.render_json(as_given) == spec.render_json(as_text)
+    assert spec.render(as_given) == spec.render(as_text)
+    assert spec.render(as_given)["todo"]["created_at"].endswith("Z")
+
+
+def test_a_todo_for_the_model_renders_as_the_todo_every_surface_shows(
+    personas: Personas,
+) -> None:
+    """``todo_out(for_model=True)`` (the agent verbs: the id and the UTC times as they are)
+    renders as ``todo_out``'s text does, byte for byte, read back from the database or as a
+    service returned it, claimed and done; through a union (claim_next) and not (complete)."""
+    made = push(personas, 1)[0]
+    claimed = services.claim_next(actor=personas.as_agent(personas.agent))
+    assert isinstance(claimed, services.Claimed)
+    done = services.complete(actor=personas.as_agent(personas.agent), todo_id=made.id)
+    read = Todo.objects.get(pk=made.id)
+    assert isinstance(read.id, UUID) and read.created_at.tzinfo is UTC
+    for todo in (made, claimed.todo, done, read):
+        for name, wrap in (
+            ("claim_next", lambda t: {"empty": False, "todo": t, "attempt": 1}),
+            ("complete", lambda t: {"todo": t}),
+        ):
+            spec = verbs.get(name)
+            assert spec is not None
+            as_text, as_given = wrap(todo_out(todo)), wrap(todo_out(todo, for_model=True))
+            assert spec.render_json(as_given) == spec.render_json(as_text)
+            assert spec.render(as_given) == spec.render(as_text)
