@@ -12,12 +12,11 @@ the round trips, WAL flushes and lock waits of this database's backends per cycl
 The medians are printed per kind and count.
 
 The statements are the same both ways (the token lookup is cached, ``last_seen_at`` written at
-most once a minute) but for the endpoint watch's empty statement over REST (one per request
-at 1 client, fewer at 8: requests share them), so a difference at the same count beyond the
-watch's is what serving over HTTP does to
-PostgreSQL's cost per statement (its backends idle between requests, the web process and the
-client on the same cores), and a difference between 1 and 8 is concurrency's. Not a benchmark:
-``python -m bench --only http`` measures.
+most once a minute) but for the endpoint watch's empty statement over REST (one per request at
+1 client, fewer at 8: requests share them), so a difference at the same count beyond the
+watch's is what serving over HTTP does to PostgreSQL's cost per statement (its backends idle
+between requests, the web process and the client on the same cores), and a difference between
+1 and 8 is concurrency's. Not a benchmark: ``python -m bench --only http`` measures.
 """
 
 from __future__ import annotations
