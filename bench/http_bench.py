@@ -48,6 +48,28 @@ from switchboard.liveserver import current_database_url, free_port, live_server,
 
 HERE = Path(__file__).resolve().parent
 CLIENT = HERE / "http_client.mjs"
+# Pending todos loaded before each run, per second of the run: more than any server here can
+# claim (the baseline reached 1,366 cycles/s at 8 clients on 2026-12-02, exactly what 1,200 a
+# second loaded for 3 s allowed: it ran dry and its figure was the supply's). ``supplied``
+# refuses a run that ran dry.
+TODOS_PER_SECOND = 4000
+
+
+def todos_for(duration_s: float) -> int:
+    return int(TODOS_PER_SECOND * duration_s) + 500
+
+
+def supplied(result: dict[str, Any], what: str) -> dict[str, Any]:
+    """``result`` of a load client's run, unless its claims found the queue empty: then the run
+    measured the todos loaded, not the server, and the bench stops rather than report it."""
+    if result.get("empty"):
+        raise RuntimeError(
+            f"{what} ran out of todos ({result['empty']} empty claims after {result['cycles']} "
+            "cycles): its figure would be the supply's; raise http_bench.TODOS_PER_SECOND"
+        )
+    return result
+
+
 QUEUE = "bench-http"
 REPEATS = 3
 TARGETS = {
@@ -228,7 +250,7 @@ def _drive(
     elapsed = time.perf_counter() - started
     if client.returncode != 0:
         raise RuntimeError(f"the load client failed against {kind}: {stderr[-2000:]}")
-    result: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = supplied(json.loads(stdout.strip().splitlines()[-1]), kind)
     if spread is not None:
         result["connections_per_worker"] = spread
     server_cpu = _cpu_seconds(procs) - cpu0
@@ -404,7 +426,7 @@ def side_by_side(endpoint: Endpoint, token: str, duration_s: float, repeats: int
     """The baseline (on this install's stack and on the anchor's), REST and MCP, one process
     each, at 1 and 8 clients, interleaved and repeated."""
     dsn = current_database_url()
-    per_run = int(1200 * duration_s) + 500
+    per_run = todos_for(duration_s)
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {
         k: {1: [], 8: []} for k in ("baseline", "anchor_stack", "rest", "mcp")
     }
@@ -460,7 +482,7 @@ def process_curve(
     Each agent spreads its cycles over ``CURVE_SOCKETS`` keep-alive sockets: with one socket
     each, the 8 agents' connections landed unevenly on the workers (whichever process wakes
     first accepts several), so the curve measured one busy worker and stayed flat."""
-    per_run = int(2000 * duration_s) + 500
+    per_run = todos_for(duration_s)
     curve = []
     for n in workers:
         with live_server(workers=n, server="gunicorn") as base:

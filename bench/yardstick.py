@@ -80,7 +80,9 @@ def _run_client(command: list[str], server_pid: int, seconds: float) -> dict[str
     elapsed = time.perf_counter() - started
     if client.returncode != 0:
         raise RuntimeError(f"{command[1]} failed: {stderr[-2000:]}")
-    result: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = http_bench.supplied(
+        json.loads(stdout.strip().splitlines()[-1]), command[2]
+    )
     cycles = max(1, result["cycles"])
     server_cpu = http_bench._cpu_seconds(procs) - cpu0
     db1 = http_bench._database_cpu()
@@ -121,7 +123,7 @@ def measure(anchor: Path, duration_s: float, repeats: int) -> dict[str, Any]:
         conn.execute(f'DROP DATABASE IF EXISTS "{anchor_db}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{anchor_db}"')
     anchor_dsn = dsn.replace(f"/{name}", f"/{anchor_db}", 1)
-    per_run = int(1200 * duration_s) + 500
+    per_run = http_bench.todos_for(duration_s)
     node = http_bench._node()
     clients = {"anchor_client": str(anchor / "client.mjs"), "bench_client": str(http_bench.CLIENT)}
     runs: dict[str, dict[str, dict[int, list[dict[str, Any]]]]] = {}

@@ -17,8 +17,8 @@ def test_it_leaves_out_a_backend_of_another_database() -> None:
     with psycopg.connect(**params) as elsewhere:
         elsewhere.execute("SELECT 1")
         seconds = http_bench._database_cpu()
-        if not seconds:
-            pytest.skip("the server's processes cannot be read from here")
+        # The embedded server runs on this machine, in CI too: its processes can be read.
+        assert seconds, "the database server's processes could not be read"
         assert elsewhere.info.backend_pid not in seconds
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
