@@ -4,29 +4,11 @@ ends the grant with its ``limits.end`` row; a claim that holds none ends the sam
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
-
-from django.db import connection
-
 from queues import services, sql
 from queues.models import Attempt, AttemptOutcome, Todo, TodoState
-from tests.conftest import Personas, push
+from tests.conftest import Personas, push, statements
 from tests.limits.conftest import pool, push_named
 from tests.limits.test_grants import assert_the_chain_verifies, ends
-
-
-@contextmanager
-def statements() -> Iterator[list[str]]:
-    ran: list[str] = []
-
-    def record(execute: Any, statement: str, params: Any, many: bool, context: Any) -> Any:
-        ran.append(statement)
-        return execute(statement, params, many, context)
-
-    with connection.execute_wrapper(record):
-        yield ran
 
 
 def test_a_claim_holding_a_grant_is_ended_by_the_full_statement_with_its_end_row(
