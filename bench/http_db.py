@@ -191,7 +191,7 @@ def _measure(endpoint: Any, token: str, rounds: int, seconds: float, trace: bool
     from bench import http_bench
     from switchboard.liveserver import live_server
 
-    per_run = int(2500 * seconds) + 1000
+    per_run = http_bench.todos_for(seconds)  # the http bench's supply rule
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     with live_server(workers=1) as base:
         pid = http_bench._server_pid(base)
