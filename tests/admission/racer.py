@@ -1,9 +1,11 @@
 """A child process for the two-process claim race (test_race.py): N threads, one claim_next each.
 
-Usage: python -m tests.admission.racer ENDPOINT_ID THREADS SYNC_DIR
+Usage: python -m tests.admission.racer ENDPOINT_ID THREADS SYNC_DIR [START_TIMEOUT]
 Environment: DATABASE_URL (the test database), REDIS_URL, DJANGO_SETTINGS_MODULE.
 Writes SYNC_DIR/ready-<pid> once every thread holds a connection, waits for SYNC_DIR/go, then
 prints one JSON line: {"claimed": [...todo ids], "deferred": [...reasons], "empty": n}.
+A thread that cannot connect (a server out of connections) breaks the start: the child exits at
+once with that error, and ``race`` stops the other child instead of waiting on it forever.
 
 ``race`` is the parent's side: it starts the children, lets them go together and returns their
 reports.
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 
-def main(endpoint_id: str, threads: int, sync_dir: Path) -> None:
+def main(endpoint_id: str, threads: int, sync_dir: Path, start_timeout: float) -> None:
     import django
 
     django.setup()
@@ -36,14 +38,21 @@ def main(endpoint_id: str, threads: int, sync_dir: Path) -> None:
     results: list[Any] = []
     errors: list[str] = []
     lock = threading.Lock()
-    connected = threading.Barrier(threads + 1)
+    connected = threading.Barrier(threads + 1, timeout=start_timeout)
     go = threading.Event()
+    abandoned = threading.Event()
 
     def racer(i: int) -> None:
         try:
-            connection.ensure_connection()
+            try:
+                connection.ensure_connection()
+            except BaseException:
+                connected.abort()  # the others, and main, stop waiting for this one
+                raise
             connected.wait()
             go.wait()
+            if abandoned.is_set():
+                return
             result = services.claim_next(actor=actor, claimant=f"{os.getpid()}-{i}")
             with lock:
                 results.append(result)
@@ -56,11 +65,18 @@ def main(endpoint_id: str, threads: int, sync_dir: Path) -> None:
     workers = [threading.Thread(target=racer, args=(i,)) for i in range(threads)]
     for w in workers:
         w.start()
-    connected.wait()
+    try:
+        connected.wait()
+    except threading.BrokenBarrierError:
+        for w in workers:
+            w.join(start_timeout)
+        raise SystemExit(f"a racer could not connect: {errors}") from None
     (sync_dir / f"ready-{os.getpid()}").touch()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + start_timeout
     while not (sync_dir / "go").exists():
         if time.monotonic() > deadline:
+            abandoned.set()
+            go.set()  # each racer returns without claiming
             raise SystemExit("never told to go")
         time.sleep(0.005)
     go.set()
@@ -84,9 +100,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def race(
-    endpoint_id: Any, threads: int, sync_dir: Path, database_url: str, redis_url: str
+    endpoint_id: Any,
+    threads: int,
+    sync_dir: Path,
+    database_url: str,
+    redis_url: str,
+    start_timeout: float = 60.0,
 ) -> list[dict[str, Any]]:
-    """Two child processes of ``threads`` claimers each, released at once; their reports."""
+    """Two child processes of ``threads`` claimers each, released at once; their reports.
+    ``start_timeout``: how long a child waits for its threads' connections, then for "go"."""
     env = {
         **os.environ,
         "DATABASE_URL": database_url,
@@ -96,7 +118,7 @@ def race(
     command = [sys.executable, "-m", "tests.admission.racer", str(endpoint_id), str(threads)]
     children = [
         subprocess.Popen(
-            [*command, str(sync_dir)],
+            [*command, str(sync_dir), str(start_timeout)],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -106,10 +128,15 @@ def race(
         for _ in range(2)
     ]
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 2 * start_timeout
         while len(list(sync_dir.glob("ready-*"))) < 2:
-            assert all(c.poll() is None for c in children), [c.communicate() for c in children]
-            assert time.monotonic() < deadline, "the racers never got ready"
+            if any(c.poll() is not None for c in children) or time.monotonic() > deadline:
+                # One child failed to start (or neither got ready): stop both, then read them.
+                for c in children:
+                    if c.poll() is None:
+                        c.kill()
+                reports = [c.communicate(timeout=30) for c in children]
+                raise AssertionError(f"the racers never got ready: {reports}")
             time.sleep(0.01)
         (sync_dir / "go").touch()
         outputs = [c.communicate(timeout=120) for c in children]
@@ -117,9 +144,15 @@ def race(
         for c in children:
             if c.poll() is None:
                 c.kill()
+                c.communicate(timeout=30)
     assert [c.returncode for c in children] == [0, 0], outputs
     return [json.loads(out.strip().splitlines()[-1]) for out, _err in outputs]
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]))
+    main(
+        sys.argv[1],
+        int(sys.argv[2]),
+        Path(sys.argv[3]),
+        float(sys.argv[4]) if sys.argv[4:] else 60.0,
+    )
