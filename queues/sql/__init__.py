@@ -307,6 +307,9 @@ def _bare_claim_sql(
     plain = "".join(f" AND {gate.probe('c')} IS NULL" for gate in gate_list)
     held = " OR ".join(f"{gate.probe('c')} IS NOT NULL" for gate in gate_list) or "false"
     names_column = f"{gates.priority_names_sql()}, " if names else ""
+    # No row when there is no candidate, unless the row carries the priority names (then one
+    # row always, as they must be read): a Result and a join fewer to set up on every claim.
+    candidate = "(SELECT) one LEFT JOIN cand c ON true" if names else "cand c"
     return _compact(f"""
 WITH {_first_candidate(prioritised)},
 claimed AS (
@@ -320,7 +323,7 @@ attempt_row AS (
 {_ATTEMPT_INSERT}
 )
 SELECT c.id, c.queue, {names_column}CASE WHEN cl.id IS NULL THEN {held} END, {CLAIMED_COLUMNS}
-FROM (SELECT) one LEFT JOIN cand c ON true LEFT JOIN claimed cl ON true
+FROM {candidate} LEFT JOIN claimed cl ON true
 """)
 
 
@@ -855,6 +858,9 @@ class Candidate:
 
 _TODO_ATTNAMES = [f.attname for f in _TODO_FIELDS]
 _NFIELDS = len(_TODO_FIELDS)
+# A transition's answer: the todo's answered columns, then what the claim's end frees
+# (``gates.reopens``); a statement may carry more columns after those, which no caller reads.
+NFIELDS = _NFIELDS
 # Fields whose database value needs Django's converter: JSON arrives as text from Django's own
 # cursors and already decoded from a binary hot cursor.
 _CONVERTED = [i for i, f in enumerate(_TODO_FIELDS) if hasattr(f, "from_db_value")]
@@ -1021,14 +1027,15 @@ def _bare_candidate(
     the priority names when asked, whether a gate claims a candidate it left, the todo."""
     cursor.execute(statement, params)
     row = cursor.fetchone()
-    assert row is not None, "the statement answers one row"
+    if row is None:
+        return NoCandidate(skipped=False)  # it skips nothing: no todo is claimable now
     if names:
         gates.priority_refresh(row[2])
         row = (*row[:2], *row[3:])
     # Sliced, not star-unpacked (which builds a list item by item): once per claim.
     todo_id, queue, held = row[:3]
     if todo_id is None:
-        return NoCandidate(skipped=False)  # it skips nothing: no todo is claimable now
+        return NoCandidate(skipped=False)  # the priority names' row, with no candidate
     columns = row[3:]
     todo = todo_from_row(columns) if columns[0] is not None else None
     return Candidate(todo_id, queue, (), todo, held=bool(held))
@@ -1267,7 +1274,10 @@ def _ending_plain_sql(
     aggregates that order it. A claim holds a grant only when a limit it names granted it (named
     todos), so most endings need neither; each is plan nodes and expressions PostgreSQL sets up
     on every execution, run or not (issue 12: the core cycle's backend CPU). A claim that holds
-    a grant matches nothing here, and the caller runs ``_ending_sql`` (``ending_sqls``)."""
+    a grant matches nothing here, and the caller runs ``_ending_sql`` (``ending_sqls``).
+
+    Its answer is ``done``'s own row (the attempt's id last, read by no caller): a scan whose
+    output is its input's row is set up with no projection (issue 12)."""
     return _compact(f"""
 WITH done AS (
     UPDATE queues_todo t SET {todo_set}, updated_at = clock_timestamp()
@@ -1280,7 +1290,7 @@ WITH done AS (
         disposition = {disposition}, summary = %(summary)s, error = %(error)s
     FROM done h WHERE a.id = h.attempt_id
 )
-SELECT {DONE_COLUMNS}, d.reopens FROM done d
+SELECT * FROM done
 """)
 
 
