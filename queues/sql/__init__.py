@@ -303,9 +303,15 @@ def _bare_claim_sql(
     some gate claims it). It carries no gate CTE, no verdict, no takeover CTE, no grant or
     ledger parameter and returns no gate keys: each is a plan node whose executor state
     PostgreSQL builds on every execution, run or not (issue 12: the core cycle's backend CPU).
-    The same rows as the full statement whenever it claims one (``tests/queues``)."""
+    The same rows as the full statement whenever it claims one (``tests/queues``).
+
+    ``held`` is read from the candidate alone: one it left that is no takeover and holds no
+    grant failed only the gates' probes, so some gate claims it; a takeover or a grant is left
+    for the full statement, unheld, whether a gate claims it or not. The probes again in the
+    answer would be a sub-plan per gate (an index scan) to set up on every claim, never run
+    when it claims."""
     plain = "".join(f" AND {gate.probe('c')} IS NULL" for gate in gate_list)
-    held = " OR ".join(f"{gate.probe('c')} IS NOT NULL" for gate in gate_list) or "false"
+    held = "c.prev_state <> 'claimed' AND c.prev_grant IS NULL" if gate_list else "false"
     names_column = f"{gates.priority_names_sql()}, " if names else ""
     # No row when there is no candidate, unless the row carries the priority names (then one
     # row always, as they must be read): a Result and a join fewer to set up on every claim.
