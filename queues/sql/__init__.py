@@ -305,6 +305,11 @@ def _bare_claim_sql(
     PostgreSQL builds on every execution, run or not (issue 12: the core cycle's backend CPU).
     The same rows as the full statement whenever it claims one (``tests/queues``).
 
+    The answer carries only the todo's columns this claim did not set to a value known before
+    it ran (``_BARE_KNOWN``; the caller fills those in, ``_bare_todo``): each column is a
+    column of the RETURNING, of two CTE scans and of the final projection, set up on every
+    claim. ``held`` is NULL exactly when it claimed.
+
     ``held`` is read from the candidate alone: one it left that is no takeover and holds no
     grant failed only the gates' probes, so some gate claims it; a takeover or a grant is left
     for the full statement, unheld, whether a gate claims it or not. The probes again in the
@@ -323,12 +328,12 @@ claimed AS (
 {_CLAIM_SET}
     FROM cand c
     WHERE t.id = c.id AND c.prev_state <> 'claimed' AND c.prev_grant IS NULL{plain}
-    RETURNING {TODO_COLUMNS}, t.claimed_at
+    RETURNING t.id, {_BARE_RETURNED}, t.claimed_at
 ),
 attempt_row AS (
-{_ATTEMPT_INSERT}
+{_ATTEMPT_INSERT.replace("cl.endpoint_id", "%(endpoint)s")}
 )
-SELECT c.id, c.queue, {names_column}CASE WHEN cl.id IS NULL THEN {held} END, {CLAIMED_COLUMNS}
+SELECT c.id, c.queue, {names_column}CASE WHEN cl.id IS NULL THEN {held} END, {_BARE_ANSWERED}
 FROM {candidate} LEFT JOIN claimed cl ON true
 """)
 
@@ -864,6 +869,43 @@ class Candidate:
 
 _TODO_ATTNAMES = [f.attname for f in _TODO_FIELDS]
 _NFIELDS = len(_TODO_FIELDS)
+# The answered columns the bare claim fixes before it runs (``_bare_claim_sql``): the candidate's
+# id and queue (answered first), the endpoint and claimant it binds, the state it sets, and the
+# two it leaves NULL (it clears next_retry_at and claims no todo holding a grant).
+_BARE_KNOWN = ("id", "endpoint_id", "queue", "state", "owner", "next_retry_at", "grant_hash")
+_BARE_FIELDS = [f.column for f in _TODO_FIELDS if f.attname not in _BARE_KNOWN]
+_BARE_RETURNED = ", ".join(f"t.{c}" for c in _BARE_FIELDS)
+_BARE_ANSWERED = ", ".join(f"cl.{c}" for c in _BARE_FIELDS)
+# _bare_todo's order, written out (it runs once per claim): the model's answered fields.
+if _TODO_ATTNAMES != [
+    "id", "endpoint_id", "queue", "title", "kind", "payload", "state", "owner",
+    "lease_expires_at", "attempt", "max_attempts", "next_retry_at", "result", "created_at",
+    "updated_at", "pool", "tags", "rate_limit", "grant_hash",
+]:  # fmt: skip
+    raise ImportError("queues.sql._bare_todo: the todo's answered fields changed")
+
+
+def _bare_todo(
+    todo_id: UUID, endpoint_id: UUID, queue: str, claimant: str, rest: tuple[Any, ...]
+) -> Todo:
+    """The Todo the bare claim claimed, from its answer's columns (``rest``, ``_BARE_FIELDS``)
+    and the values it fixed (``_BARE_KNOWN``)."""
+    return todo_from_row(
+        (
+            todo_id,
+            endpoint_id,
+            queue,
+            *rest[:3],
+            "claimed",
+            claimant,
+            *rest[3:6],
+            None,
+            *rest[6:],
+            None,
+        )
+    )
+
+
 # A transition's answer: the todo's answered columns, then what the claim's end frees
 # (``gates.reopens``); a statement may carry more columns after those, which no caller reads.
 NFIELDS = _NFIELDS
@@ -1030,7 +1072,8 @@ def _bare_candidate(
     cursor: CursorWrapper, statement: str, params: dict[str, Any], names: bool
 ) -> Candidate | NoCandidate:
     """Run the bare statement (``_bare_claim_sql``): its row is the candidate's id and queue,
-    the priority names when asked, whether a gate claims a candidate it left, the todo."""
+    the priority names when asked, whether a gate claims a candidate it left (NULL: it claimed
+    it), the claimed todo's columns it did not fix (``_bare_todo``)."""
     cursor.execute(statement, params)
     row = cursor.fetchone()
     if row is None:
@@ -1042,9 +1085,10 @@ def _bare_candidate(
     todo_id, queue, held = row[:3]
     if todo_id is None:
         return NoCandidate(skipped=False)  # the priority names' row, with no candidate
-    columns = row[3:]
-    todo = todo_from_row(columns) if columns[0] is not None else None
-    return Candidate(todo_id, queue, (), todo, held=bool(held))
+    if held is not None:
+        return Candidate(todo_id, queue, (), None, held=held)
+    todo = _bare_todo(todo_id, params["endpoint"], queue, params["claimant"], row[3:])
+    return Candidate(todo_id, queue, (), todo, held=False)
 
 
 def claim_next_lean(
