@@ -310,12 +310,16 @@ def _bare_claim_sql(
     column of the RETURNING, of two CTE scans and of the final projection, set up on every
     claim. ``held`` is NULL exactly when it claimed.
 
+    The claim finds the candidate by its id, an InitPlan over ``cand``, and reads the
+    conditions from the row it updates (the candidate: the row ``cand`` locked, so it is
+    unchanged since): no join of the two to set up.
+
     ``held`` is read from the candidate alone: one it left that is no takeover and holds no
     grant failed only the gates' probes, so some gate claims it; a takeover or a grant is left
     for the full statement, unheld, whether a gate claims it or not. The probes again in the
     answer would be a sub-plan per gate (an index scan) to set up on every claim, never run
     when it claims."""
-    plain = "".join(f" AND {gate.probe('c')} IS NULL" for gate in gate_list)
+    plain = "".join(f" AND {gate.probe('t')} IS NULL" for gate in gate_list)
     held = "c.prev_state <> 'claimed' AND c.prev_grant IS NULL" if gate_list else "false"
     names_column = f"{gates.priority_names_sql()}, " if names else ""
     # No row when there is no candidate, unless the row carries the priority names (then one
@@ -326,8 +330,8 @@ WITH {_first_candidate(prioritised)},
 claimed AS (
     UPDATE queues_todo t
 {_CLAIM_SET}
-    FROM cand c
-    WHERE t.id = c.id AND c.prev_state <> 'claimed' AND c.prev_grant IS NULL{plain}
+    WHERE t.id = (SELECT c.id FROM cand c)
+      AND t.state <> 'claimed' AND t.grant_hash IS NULL{plain}
     RETURNING t.id, {_BARE_RETURNED}, t.claimed_at
 ),
 attempt_row AS (
