@@ -311,8 +311,12 @@ def _bare_claim_sql(
     claim. ``held`` is NULL exactly when it claimed.
 
     The claim finds the candidate by its id, an InitPlan over ``cand``, and reads the
-    conditions from the row it updates (the candidate: the row ``cand`` locked, so it is
-    unchanged since): no join of the two to set up.
+    conditions from the row it updates: no join of the two to set up. That row is the one
+    ``cand`` locked, with the same values; only when another transaction changed it between
+    this statement's snapshot and the lock are the conditions first read on the snapshot's
+    version (then again on the locked one, as any UPDATE rechecks): a candidate that was a
+    lapsed claim there and is plain now is left unclaimed, held, and the next statement of
+    the same claim_next claims it.
 
     ``held`` is read from the candidate alone: one it left that is no takeover and holds no
     grant failed only the gates' probes, so some gate claims it; a takeover or a grant is left
