@@ -1335,7 +1335,15 @@ def _ending_plain_sql(
     a grant matches nothing here, and the caller runs ``_ending_sql`` (``ending_sqls``).
 
     Its answer is ``done``'s own row (the attempt's id last, read by no caller): a scan whose
-    output is its input's row is set up with no projection (issue 12)."""
+    output is its input's row is set up with no projection (issue 12). The attempt's UPDATE
+    finds its row by the id ``done`` returns (an InitPlan: ``done`` has at most one row, the
+    todo's), not by a join with ``done``, whose whole row the join would copy for a recheck;
+    a disposition that reads ``done``'s row (``h``) keeps the join."""
+    attempt_row = (
+        "FROM done h WHERE a.id = h.attempt_id"
+        if "h." in disposition
+        else "WHERE a.id = (SELECT h.attempt_id FROM done h)"
+    )
     return _compact(f"""
 WITH done AS (
     UPDATE queues_todo t SET {todo_set}, updated_at = clock_timestamp()
@@ -1346,7 +1354,7 @@ WITH done AS (
     UPDATE queues_attempt a
     SET ended_at = clock_timestamp(), outcome = {attempt_outcome},
         disposition = {disposition}, summary = %(summary)s, error = %(error)s
-    FROM done h WHERE a.id = h.attempt_id
+    {attempt_row}
 )
 SELECT * FROM done
 """)
