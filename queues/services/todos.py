@@ -190,8 +190,8 @@ def _transition(
             _raise_unmatched(cursor, todo_id, endpoint_ids, lease_token, attempt)
     assert row is not None
     # Sliced, not star-unpacked (which builds a list item by item): once per ending.
-    todo = sql.todo_from_row(row[:-1])
-    todo._reopens = row[-1] or []  # type: ignore[attr-defined]
+    todo = sql.todo_from_row(row[: sql.NFIELDS])
+    todo._reopens = row[sql.NFIELDS] or []  # type: ignore[attr-defined]
     return todo
 
 

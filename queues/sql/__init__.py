@@ -303,24 +303,46 @@ def _bare_claim_sql(
     some gate claims it). It carries no gate CTE, no verdict, no takeover CTE, no grant or
     ledger parameter and returns no gate keys: each is a plan node whose executor state
     PostgreSQL builds on every execution, run or not (issue 12: the core cycle's backend CPU).
-    The same rows as the full statement whenever it claims one (``tests/queues``)."""
-    plain = "".join(f" AND {gate.probe('c')} IS NULL" for gate in gate_list)
-    held = " OR ".join(f"{gate.probe('c')} IS NOT NULL" for gate in gate_list) or "false"
+    The same rows as the full statement whenever it claims one (``tests/queues``).
+
+    The answer carries only the todo's columns this claim did not set to a value known before
+    it ran (``_BARE_KNOWN``; the caller fills those in, ``_bare_todo``): each column is a
+    column of the RETURNING, of two CTE scans and of the final projection, set up on every
+    claim. ``held`` is NULL exactly when it claimed.
+
+    The claim finds the candidate by its id, an InitPlan over ``cand``, and reads the
+    conditions from the row it updates: no join of the two to set up. That row is the one
+    ``cand`` locked, with the same values; only when another transaction changed it between
+    this statement's snapshot and the lock are the conditions first read on the snapshot's
+    version (then again on the locked one, as any UPDATE rechecks): a candidate that was a
+    lapsed claim there and is plain now is left unclaimed, held, and the next statement of
+    the same claim_next claims it.
+
+    ``held`` is read from the candidate alone: one it left that is no takeover and holds no
+    grant failed only the gates' probes, so some gate claims it; a takeover or a grant is left
+    for the full statement, unheld, whether a gate claims it or not. The probes again in the
+    answer would be a sub-plan per gate (an index scan) to set up on every claim, never run
+    when it claims."""
+    plain = "".join(f" AND {gate.probe('t')} IS NULL" for gate in gate_list)
+    held = "c.prev_state <> 'claimed' AND c.prev_grant IS NULL" if gate_list else "false"
     names_column = f"{gates.priority_names_sql()}, " if names else ""
+    # No row when there is no candidate, unless the row carries the priority names (then one
+    # row always, as they must be read): a Result and a join fewer to set up on every claim.
+    candidate = "(SELECT) one LEFT JOIN cand c ON true" if names else "cand c"
     return _compact(f"""
 WITH {_first_candidate(prioritised)},
 claimed AS (
     UPDATE queues_todo t
 {_CLAIM_SET}
-    FROM cand c
-    WHERE t.id = c.id AND c.prev_state <> 'claimed' AND c.prev_grant IS NULL{plain}
-    RETURNING {TODO_COLUMNS}, t.claimed_at
+    WHERE t.id = (SELECT c.id FROM cand c)
+      AND t.state <> 'claimed' AND t.grant_hash IS NULL{plain}
+    RETURNING t.id, {_BARE_RETURNED}, t.claimed_at
 ),
 attempt_row AS (
-{_ATTEMPT_INSERT}
+{_ATTEMPT_INSERT.replace("cl.endpoint_id", "%(endpoint)s")}
 )
-SELECT c.id, c.queue, {names_column}CASE WHEN cl.id IS NULL THEN {held} END, {CLAIMED_COLUMNS}
-FROM (SELECT) one LEFT JOIN cand c ON true LEFT JOIN claimed cl ON true
+SELECT c.id, c.queue, {names_column}CASE WHEN cl.id IS NULL THEN {held} END, {_BARE_ANSWERED}
+FROM {candidate} LEFT JOIN claimed cl ON true
 """)
 
 
@@ -855,6 +877,46 @@ class Candidate:
 
 _TODO_ATTNAMES = [f.attname for f in _TODO_FIELDS]
 _NFIELDS = len(_TODO_FIELDS)
+# The answered columns the bare claim fixes before it runs (``_bare_claim_sql``): the candidate's
+# id and queue (answered first), the endpoint and claimant it binds, the state it sets, and the
+# two it leaves NULL (it clears next_retry_at and claims no todo holding a grant).
+_BARE_KNOWN = ("id", "endpoint_id", "queue", "state", "owner", "next_retry_at", "grant_hash")
+_BARE_FIELDS = [f.column for f in _TODO_FIELDS if f.attname not in _BARE_KNOWN]
+_BARE_RETURNED = ", ".join(f"t.{c}" for c in _BARE_FIELDS)
+_BARE_ANSWERED = ", ".join(f"cl.{c}" for c in _BARE_FIELDS)
+# _bare_todo's order, written out (it runs once per claim): the model's answered fields.
+if _TODO_ATTNAMES != [
+    "id", "endpoint_id", "queue", "title", "kind", "payload", "state", "owner",
+    "lease_expires_at", "attempt", "max_attempts", "next_retry_at", "result", "created_at",
+    "updated_at", "pool", "tags", "rate_limit", "grant_hash",
+]:  # fmt: skip
+    raise ImportError("queues.sql._bare_todo: the todo's answered fields changed")
+
+
+def _bare_todo(
+    todo_id: UUID, endpoint_id: UUID, queue: str, claimant: str, rest: tuple[Any, ...]
+) -> Todo:
+    """The Todo the bare claim claimed, from its answer's columns (``rest``, ``_BARE_FIELDS``)
+    and the values it fixed (``_BARE_KNOWN``)."""
+    return todo_from_row(
+        (
+            todo_id,
+            endpoint_id,
+            queue,
+            *rest[:3],
+            "claimed",
+            claimant,
+            *rest[3:6],
+            None,
+            *rest[6:],
+            None,
+        )
+    )
+
+
+# A transition's answer: the todo's answered columns, then what the claim's end frees
+# (``gates.reopens``); a statement may carry more columns after those, which no caller reads.
+NFIELDS = _NFIELDS
 # Fields whose database value needs Django's converter: JSON arrives as text from Django's own
 # cursors and already decoded from a binary hot cursor.
 _CONVERTED = [i for i, f in enumerate(_TODO_FIELDS) if hasattr(f, "from_db_value")]
@@ -1018,20 +1080,23 @@ def _bare_candidate(
     cursor: CursorWrapper, statement: str, params: dict[str, Any], names: bool
 ) -> Candidate | NoCandidate:
     """Run the bare statement (``_bare_claim_sql``): its row is the candidate's id and queue,
-    the priority names when asked, whether a gate claims a candidate it left, the todo."""
+    the priority names when asked, whether a gate claims a candidate it left (NULL: it claimed
+    it), the claimed todo's columns it did not fix (``_bare_todo``)."""
     cursor.execute(statement, params)
     row = cursor.fetchone()
-    assert row is not None, "the statement answers one row"
+    if row is None:
+        return NoCandidate(skipped=False)  # it skips nothing: no todo is claimable now
     if names:
         gates.priority_refresh(row[2])
         row = (*row[:2], *row[3:])
     # Sliced, not star-unpacked (which builds a list item by item): once per claim.
     todo_id, queue, held = row[:3]
     if todo_id is None:
-        return NoCandidate(skipped=False)  # it skips nothing: no todo is claimable now
-    columns = row[3:]
-    todo = todo_from_row(columns) if columns[0] is not None else None
-    return Candidate(todo_id, queue, (), todo, held=bool(held))
+        return NoCandidate(skipped=False)  # the priority names' row, with no candidate
+    if held is not None:
+        return Candidate(todo_id, queue, (), None, held=held)
+    todo = _bare_todo(todo_id, params["endpoint"], queue, params["claimant"], row[3:])
+    return Candidate(todo_id, queue, (), todo, held=False)
 
 
 def claim_next_lean(
@@ -1267,7 +1332,18 @@ def _ending_plain_sql(
     aggregates that order it. A claim holds a grant only when a limit it names granted it (named
     todos), so most endings need neither; each is plan nodes and expressions PostgreSQL sets up
     on every execution, run or not (issue 12: the core cycle's backend CPU). A claim that holds
-    a grant matches nothing here, and the caller runs ``_ending_sql`` (``ending_sqls``)."""
+    a grant matches nothing here, and the caller runs ``_ending_sql`` (``ending_sqls``).
+
+    Its answer is ``done``'s own row (the attempt's id last, read by no caller): a scan whose
+    output is its input's row is set up with no projection (issue 12). The attempt's UPDATE
+    finds its row by the id ``done`` returns (an InitPlan: ``done`` has at most one row, the
+    todo's), not by a join with ``done``, whose whole row the join would copy for a recheck;
+    a disposition that reads ``done``'s row (``h``) keeps the join."""
+    attempt_row = (
+        "FROM done h WHERE a.id = h.attempt_id"
+        if "h." in disposition
+        else "WHERE a.id = (SELECT h.attempt_id FROM done h)"
+    )
     return _compact(f"""
 WITH done AS (
     UPDATE queues_todo t SET {todo_set}, updated_at = clock_timestamp()
@@ -1278,9 +1354,9 @@ WITH done AS (
     UPDATE queues_attempt a
     SET ended_at = clock_timestamp(), outcome = {attempt_outcome},
         disposition = {disposition}, summary = %(summary)s, error = %(error)s
-    FROM done h WHERE a.id = h.attempt_id
+    {attempt_row}
 )
-SELECT {DONE_COLUMNS}, d.reopens FROM done d
+SELECT * FROM done
 """)
 
 

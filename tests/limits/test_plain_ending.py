@@ -4,8 +4,11 @@ ends the grant with its ``limits.end`` row; a claim that holds none ends the sam
 
 from __future__ import annotations
 
-from queues import services, sql
+import pytest
+
+from queues import gates, services, sql
 from queues.models import Attempt, AttemptOutcome, Todo, TodoState
+from queues.services import Claimed
 from tests.conftest import Personas, push, statements
 from tests.limits.conftest import pool, push_named
 from tests.limits.test_grants import assert_the_chain_verifies, ends
@@ -47,3 +50,28 @@ def test_a_claim_holding_no_grant_is_ended_by_the_plain_statement_alone(
     assert ends() == []
     attempt = Attempt.objects.get(todo_id=todo.id)
     assert attempt.outcome == AttemptOutcome.COMPLETED and attempt.ended_at is not None
+
+
+@pytest.mark.parametrize("ending", ["_COMPLETE", "_FAIL", "_RELEASE"])
+def test_the_plain_ending_of_every_verb_ends_the_attempt_it_ended(
+    personas: Personas, ending: str
+) -> None:
+    """The plain statement finds the attempt by done's id unless its disposition reads done's
+    row (a failure's and a release's do): then by the join, which puts that row in scope."""
+    (todo,) = push(personas, 1)
+    claimed = services.claim_next(actor=personas.as_agent())
+    assert isinstance(claimed, Claimed)
+    params = sql.transition_params(
+        {"result": None, "summary": "", "error": None, "base": 1, "cap": 60},
+        todo_id=todo.id,
+        endpoint_ids=[personas.agent.id],
+        operator=True,
+        fence=None,
+        attempt=None,
+    )
+    with sql.hot_cursor() as cursor:
+        cursor.execute(sql._ending_plain_sql(gates.gates(), *getattr(sql, ending)), params)
+        row = cursor.fetchone()
+    assert row is not None and row[0] == todo.id
+    (attempt,) = Attempt.objects.filter(todo_id=todo.id)
+    assert attempt.ended_at is not None and attempt.disposition is not None

@@ -109,3 +109,15 @@ def test_another_process_s_setting_reaches_this_one_inside_a_claim_statement(
     services.release(actor=personas.as_agent(), todo_id=first.todo.id)
     second = services.claim_next(actor=personas.as_agent())
     assert isinstance(second, Claimed) and second.todo.id == new.id
+
+
+def test_a_claim_with_nothing_to_take_still_carries_the_names_back(personas: Personas) -> None:
+    """The bare statement answers no row when there is no candidate, except when it carries
+    the priority names: then its one row brings them back with nothing claimable."""
+    QueueSettings.objects.create(queue="outbox", priority=1)  # as if written elsewhere
+    assert not gates.prioritised(["inbox", "outbox"])
+    priority_module._read_at = float("-inf")  # the cache's time is up
+    assert gates.priority_stale()
+    empty = services.claim_next(actor=personas.as_agent())
+    assert not isinstance(empty, Claimed)
+    assert not gates.priority_stale() and gates.prioritised(["inbox", "outbox"])

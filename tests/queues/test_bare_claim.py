@@ -3,10 +3,12 @@ which claims exactly what the full statement claims and leaves every other candi
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.db import connection, transaction
+from django.utils import timezone
 
 from admission import services as admission_services
 from admission.limits.models import Pool
@@ -75,6 +77,32 @@ def test_the_bare_statement_claims_the_row_the_full_statement_claims(personas: P
     claimed_at, lease_expires_at = full.todo.claimed_at, full.todo.lease_expires_at
     assert claimed_at is not None and lease_expires_at is not None
     assert (lease_expires_at - claimed_at).total_seconds() == pytest.approx(120, abs=1)
+
+
+def _answered_as_stored(todo: Todo) -> None:
+    """Every field the statement answered equals the stored row's, in value and in type."""
+    stored = Todo.objects.get(pk=todo.id)
+    for name in sql._TODO_ATTNAMES:
+        mine, theirs = getattr(todo, name), getattr(stored, name)
+        assert (mine, type(mine)) == (theirs, type(theirs)), name
+
+
+def test_the_bare_statement_answers_each_column_it_fixed_as_stored(personas: Personas) -> None:
+    """The bare statement answers only the columns it did not fix before it ran; the Todo it
+    builds with the fixed ones is the stored row: a first claim, and a retry's claim (a
+    failed todo whose retry is due: its result kept, its next_retry_at cleared)."""
+    (todo,) = push(personas, 1, kind="render", payload={"b": [1, 2.5], "a": None}, max_attempts=3)
+    first = _statement(personas, bare=True)
+    assert isinstance(first, sql.Candidate) and first.todo is not None and not first.held
+    assert first.todo.owner == "w0" and first.todo.state == TodoState.CLAIMED
+    _answered_as_stored(first.todo)
+    services.fail(actor=personas.as_human(personas.owner), todo_id=todo.id, error={"why": "flaky"})
+    Todo.objects.filter(pk=todo.id).update(next_retry_at=timezone.now() - timedelta(seconds=5))
+    retry = _statement(personas, bare=True)
+    assert isinstance(retry, sql.Candidate) and retry.todo is not None
+    assert retry.todo.attempt == 2 and retry.todo.result == {"error": {"why": "flaky"}}
+    assert retry.todo.next_retry_at is None
+    _answered_as_stored(retry.todo)
 
 
 def test_the_bare_statement_answers_no_candidate_when_nothing_is_claimable(
