@@ -340,29 +340,27 @@ class Todo(models.Model):
             ),
         ]
         indexes = [
-            # Occupancy of a pool and of tags, counted under the limit's lock in every claim
-            # that names one (admission.limits.gates).
+            # The live todos naming a pool, and those naming tags (btree_gin gives the GIN index
+            # its ``state`` column): a pool's and a tag's occupancy (claimed), counted under the
+            # limit's lock in every claim that names one (admission.limits.gates), and the work
+            # waiting on them (pending), who an ending claim that frees a unit wakes
+            # (gates.reopens: one ring per queue identity) and who a raised limit wakes. One
+            # index each, not one per state: every update of a todo opens each index of the
+            # table and plans its predicate, whether the row enters it or not, and the claim
+            # cycle updates a todo twice (issue 12; queues migration 0020). A read states the
+            # predicate through ``state = 'claimed'`` / ``'pending'`` and ``pool = ...`` (not
+            # NULL) or ``tags <> '{}'``. The GIN index has no pending list (fastupdate off): a
+            # tag's occupancy would read all of it, the backlog's new todos included.
             models.Index(
-                fields=["pool"],
-                condition=Q(state=TodoState.CLAIMED, pool__isnull=False),
-                name="todo_claimed_pool_idx",
+                fields=["pool", "state"],
+                condition=Q(pool__isnull=False, state__in=[TodoState.PENDING, TodoState.CLAIMED]),
+                name="todo_live_pool_idx",
             ),
             GinIndex(
-                fields=["tags"],
-                condition=Q(state=TodoState.CLAIMED) & ~Q(tags=[]),
-                name="todo_claimed_tags_idx",
-            ),
-            # The work waiting on a pool or a tag: who an ending claim that frees a unit wakes
-            # (gates.reopens: one ring per queue identity) and who a raised limit wakes.
-            models.Index(
-                fields=["pool"],
-                condition=Q(state=TodoState.PENDING, pool__isnull=False),
-                name="todo_pending_pool_idx",
-            ),
-            GinIndex(
-                fields=["tags"],
-                condition=Q(state=TodoState.PENDING) & ~Q(tags=[]),
-                name="todo_pending_tags_idx",
+                fields=["state", "tags"],
+                condition=~Q(tags=[]) & Q(state__in=[TodoState.PENDING, TodoState.CLAIMED]),
+                name="todo_live_tags_idx",
+                fastupdate=False,
             ),
             # claim_next's candidate scan (queues/sql.py claim_next_sql, FOR UPDATE SKIP
             # LOCKED): the endpoint's live rows in created_at order, so the oldest claimable row

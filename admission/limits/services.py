@@ -77,9 +77,10 @@ _GATES = {
     "rate": limit_gates.RateGate(),
 }
 # The todos naming a limit, as SQL over a todo row ``t`` (the limit's name is ``%(n)s``).
+# ``t.tags <> '{}'`` states todo_live_tags_idx's predicate, so the planner can use it.
 _NAMING = {
     "pool": "t.pool = %(n)s",
-    "tag": "t.tags @> ARRAY[%(n)s]::varchar[]",
+    "tag": "t.tags <> '{}' AND t.tags @> ARRAY[%(n)s]::varchar[]",
     "rate": "t.rate_limit = %(n)s",
 }
 

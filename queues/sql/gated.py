@@ -32,7 +32,7 @@ def claimed_in_pool(name: str, *, excluding: str | None = None) -> str:
 
 def claimed_with_tag(tag: str, *, excluding: str | None = None) -> str:
     """How many claimed todos carry the tag ``tag`` (SQL), leaving out ``excluding``'s todo."""
-    # `o.tags <> '{}'` states todo_claimed_tags_idx's predicate, so the planner can use it.
+    # `o.tags <> '{}'` states todo_live_tags_idx's predicate, so the planner can use it.
     return _claimed(f"o.tags <> '{{}}' AND o.tags @> ARRAY[{tag}]", excluding)
 
 
@@ -50,6 +50,8 @@ def todo_queue(cursor: CursorWrapper, todo_id: UUID) -> str:
     return str(queue)
 
 
+# Both name their index's predicate (todo_live_pool_idx: ``pool = ...`` is not NULL;
+# todo_live_tags_idx: ``tags <> '{}'``), so a big backlog never makes them read every claim.
 _CLAIMED_BY_POOL = """
     SELECT t.pool, count(*), min(t.lease_expires_at) FROM queues_todo t
     WHERE t.state = 'claimed' AND t.pool = ANY(%s) AND t.id IS DISTINCT FROM %s
@@ -58,8 +60,8 @@ _CLAIMED_BY_POOL = """
 _CLAIMED_BY_TAG = """
     SELECT g.tag, count(*), min(t.lease_expires_at)
     FROM queues_todo t CROSS JOIN LATERAL unnest(t.tags) AS g(tag)
-    WHERE t.state = 'claimed' AND t.tags && %s::varchar[] AND t.id IS DISTINCT FROM %s
-      AND g.tag = ANY(%s::varchar[])
+    WHERE t.state = 'claimed' AND t.tags <> '{}' AND t.tags && %s::varchar[]
+      AND t.id IS DISTINCT FROM %s AND g.tag = ANY(%s::varchar[])
     GROUP BY g.tag
 """
 

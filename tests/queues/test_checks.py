@@ -224,7 +224,7 @@ def test_the_ending_plans_no_reopen_subquery_for_a_todo_naming_no_limit(
         plan = "\n".join(row[0] for row in cur.fetchall())
     assert "limits_pool_reopens" in plan and "limits_tags_reopens" in plan
     assert "limits_pool_shared" not in plan and "limits_tags_shared" not in plan
-    assert "todo_pending_pool_idx" not in plan and "todo_pending_tags_idx" not in plan
+    assert "todo_live_pool_idx" not in plan and "todo_live_tags_idx" not in plan
 
 
 def test_model_validation_still_runs_the_compact_rules(personas: Personas) -> None:
