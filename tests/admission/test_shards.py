@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -264,7 +265,7 @@ def test_sixteen_claimers_in_two_processes_cross_into_exact_mode_and_never_over_
 
 
 def test_the_lean_statement_racing_the_full_one_near_the_limit_never_over_admits(
-    tx_personas: Personas, children: list[Child]
+    tx_personas: Personas, children: list[Child], tmp_path: Path
 ) -> None:
     """One process claims through the lean statement (claim_next's for gated work), the other
     through the full statement only, eight threads each, on a window with K + 3 claims left:
@@ -278,9 +279,12 @@ def test_the_lean_statement_racing_the_full_one_near_the_limit_never_over_admits
     for round_ in range(6):
         policy = budget(p, per="day", limit=total + K + 3, start=far_start())
         push(p, 40)
-        # The process told first starts first, and the lean statement is the quicker: told
-        # first in every round, it could run each window out before the full one's threads
-        # were connected (a fresh clone's run: 'full': 0 in all six rounds). Alternate.
+        # Both processes' threads start together (sync_dir): the one told first could run the
+        # window out before the other's threads were connected (fresh clones' runs: 'full': 0
+        # in all six rounds, then 'full': 0 again with the order alternated). The lean
+        # statement is the quicker, so the order still alternates.
+        sync_dir = tmp_path / f"round-{round_}"
+        sync_dir.mkdir()
         for child, statement in senders if round_ % 2 == 0 else senders[::-1]:
             child.send(
                 {
@@ -289,6 +293,8 @@ def test_the_lean_statement_racing_the_full_one_near_the_limit_never_over_admits
                     "ops": 6,
                     "seed": f"lean-vs-full-{round_}",
                     "statement": statement,
+                    "sync_dir": str(sync_dir),
+                    "parties": len(children),
                 }
             )
         reports = [child.receive() for child in children]

@@ -3,9 +3,15 @@
 Usage: python -m tests.admission.trial_racer
 Environment: DATABASE_URL (the test database), REDIS_URL, DJANGO_SETTINGS_MODULE.
 Prints "ready", then for each JSON command line on stdin ({"endpoint", "threads", "ops",
-"seed"}) runs that many threads, each doing ``ops`` random steps (claim_next, then complete,
-release, fail, let the lease lapse, or hold), and prints one JSON line: {"claims": n, "errors":
-[...]}. Started once per test module, so a hundred trials do not pay a hundred Django startups.
+"seed"}, optionally "sync_dir" and "parties") runs that many threads, each doing ``ops`` random
+steps (claim_next, then complete, release, fail, let the lease lapse, or hold), and prints one
+JSON line: {"claims": n, "errors": [...]}. Started once per test module, so a hundred trials
+do not pay a hundred Django startups.
+
+With "sync_dir" and "parties", the threads start together with the other processes' too: once
+every thread holds a connection the process writes SYNC_DIR/ready-<pid> and waits until
+"parties" such files exist (a process told first would otherwise claim before the other had
+connected).
 """
 
 from __future__ import annotations
@@ -14,10 +20,32 @@ import os
 import random
 import threading
 import time
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 from tests.child_serve import serve
+
+START_TIMEOUT = 60.0
+
+
+def _all_connected(command: dict[str, Any]) -> Any:
+    """The start barrier's action: with "sync_dir", say this process is connected and wait for
+    the other "parties" (an error past START_TIMEOUT, which breaks the barrier: every thread
+    reports it)."""
+    if not command.get("sync_dir"):
+        return None
+    sync_dir, parties = Path(command["sync_dir"]), int(command["parties"])
+
+    def action() -> None:
+        (sync_dir / f"ready-{os.getpid()}").touch()
+        deadline = time.monotonic() + START_TIMEOUT
+        while len(list(sync_dir.glob("ready-*"))) < parties:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{parties} processes never connected in {sync_dir}")
+            time.sleep(0.002)
+
+    return action
 
 
 def run_trial(command: dict[str, Any]) -> dict[str, Any]:
@@ -33,12 +61,16 @@ def run_trial(command: dict[str, Any]) -> dict[str, Any]:
     claims: list[int] = [0] * threads
     errors: list[str] = []
     lock = threading.Lock()
-    start = threading.Barrier(threads)
+    start = threading.Barrier(threads, action=_all_connected(command), timeout=START_TIMEOUT)
 
     def racer(i: int) -> None:
         rng = random.Random(f"{command['seed']}-{os.getpid()}-{i}")
         try:
-            connection.ensure_connection()
+            try:
+                connection.ensure_connection()
+            except BaseException:
+                start.abort()  # the others stop waiting for this one
+                raise
             start.wait()
             for _ in range(int(command["ops"])):
                 got = services.claim_next(actor=actor, claimant=f"{os.getpid()}-{i}")
