@@ -23,6 +23,16 @@ from pathlib import Path
 from typing import Any
 
 
+def say_ready(sync_dir: Path) -> None:
+    """This process's threads all hold a connection (SYNC_DIR/ready-<pid>)."""
+    (sync_dir / f"ready-{os.getpid()}").touch()
+
+
+def ready_count(sync_dir: Path) -> int:
+    """How many processes have said ``say_ready`` in ``sync_dir``."""
+    return len(list(sync_dir.glob("ready-*")))
+
+
 def main(endpoint_id: str, threads: int, sync_dir: Path, start_timeout: float) -> None:
     import django
 
@@ -71,7 +81,7 @@ def main(endpoint_id: str, threads: int, sync_dir: Path, start_timeout: float) -
         for w in workers:
             w.join(start_timeout)
         raise SystemExit(f"a racer could not connect: {errors}") from None
-    (sync_dir / f"ready-{os.getpid()}").touch()
+    say_ready(sync_dir)
     deadline = time.monotonic() + start_timeout
     while not (sync_dir / "go").exists():
         if time.monotonic() > deadline:
@@ -129,7 +139,7 @@ def race(
     ]
     try:
         deadline = time.monotonic() + 2 * start_timeout
-        while len(list(sync_dir.glob("ready-*"))) < 2:
+        while ready_count(sync_dir) < 2:
             if any(c.poll() is not None for c in children) or time.monotonic() > deadline:
                 # One child failed to start (or neither got ready): stop both, then read them.
                 for c in children:

@@ -311,6 +311,31 @@ def test_the_lean_statement_racing_the_full_one_near_the_limit_never_over_admits
     assert by_statement["lean"] > 0 and by_statement["full"] > 0, by_statement
 
 
+def test_a_process_told_to_start_with_another_claims_nothing_until_the_other_has_connected(
+    tx_personas: Personas, children: list[Child], tmp_path: Path
+) -> None:
+    """The rendezvous the race above relies on: told that two processes start together and left
+    alone, a process's threads wait for the other, then report it and claim nothing."""
+    p = tx_personas
+    push(p, 5)
+    children[0].send(
+        {
+            "endpoint": str(p.agent.id),
+            "threads": 4,
+            "ops": 3,
+            "seed": "alone",
+            "sync_dir": str(tmp_path),
+            "parties": 2,
+            "start_timeout": 0.5,
+        }
+    )
+    report = children[0].receive()
+    assert report["claims"] == 0
+    assert any("2 processes never connected" in e for e in report["errors"]), report
+    assert not Attempt.objects.filter(todo__endpoint=p.agent).exists()
+    assert Todo.objects.filter(endpoint=p.agent, state=TodoState.PENDING).count() == 5
+
+
 def test_a_limit_lowered_mid_run_never_over_admits(
     tx_personas: Personas, children: list[Child]
 ) -> None:

@@ -3,15 +3,16 @@
 Usage: python -m tests.admission.trial_racer
 Environment: DATABASE_URL (the test database), REDIS_URL, DJANGO_SETTINGS_MODULE.
 Prints "ready", then for each JSON command line on stdin ({"endpoint", "threads", "ops",
-"seed"}, optionally "sync_dir" and "parties") runs that many threads, each doing ``ops`` random
+"seed"}, optionally "sync_dir", "parties" and "start_timeout") runs that many threads, each doing ``ops`` random
 steps (claim_next, then complete, release, fail, let the lease lapse, or hold), and prints one
 JSON line: {"claims": n, "errors": [...]}. Started once per test module, so a hundred trials
 do not pay a hundred Django startups.
 
 With "sync_dir" and "parties", the threads start together with the other processes' too: once
-every thread holds a connection the process writes SYNC_DIR/ready-<pid> and waits until
-"parties" such files exist (a process told first would otherwise claim before the other had
-connected).
+every thread holds a connection the process says so in SYNC_DIR (``racer.say_ready``, as the
+two-process claim race does) and waits until "parties" processes have (a process told first
+would otherwise claim before the other had connected). Past "start_timeout" seconds (default 60)
+of waiting every thread reports the error and nothing is claimed.
 """
 
 from __future__ import annotations
@@ -24,23 +25,29 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+from tests.admission.racer import ready_count, say_ready
 from tests.child_serve import serve
 
 START_TIMEOUT = 60.0
 
 
+def _start_timeout(command: dict[str, Any]) -> float:
+    return float(command.get("start_timeout", START_TIMEOUT))
+
+
 def _all_connected(command: dict[str, Any]) -> Any:
     """The start barrier's action: with "sync_dir", say this process is connected and wait for
-    the other "parties" (an error past START_TIMEOUT, which breaks the barrier: every thread
-    reports it)."""
+    the other "parties" (an error past the start timeout, which breaks the barrier: every
+    thread reports it)."""
     if not command.get("sync_dir"):
         return None
     sync_dir, parties = Path(command["sync_dir"]), int(command["parties"])
+    timeout = _start_timeout(command)
 
     def action() -> None:
-        (sync_dir / f"ready-{os.getpid()}").touch()
-        deadline = time.monotonic() + START_TIMEOUT
-        while len(list(sync_dir.glob("ready-*"))) < parties:
+        say_ready(sync_dir)
+        deadline = time.monotonic() + timeout
+        while ready_count(sync_dir) < parties:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{parties} processes never connected in {sync_dir}")
             time.sleep(0.002)
@@ -61,7 +68,10 @@ def run_trial(command: dict[str, Any]) -> dict[str, Any]:
     claims: list[int] = [0] * threads
     errors: list[str] = []
     lock = threading.Lock()
-    start = threading.Barrier(threads, action=_all_connected(command), timeout=START_TIMEOUT)
+    # The barrier's own timeout covers the connects and the rendezvous both.
+    start = threading.Barrier(
+        threads, action=_all_connected(command), timeout=2 * _start_timeout(command)
+    )
 
     def racer(i: int) -> None:
         rng = random.Random(f"{command['seed']}-{os.getpid()}-{i}")
