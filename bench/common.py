@@ -35,7 +35,45 @@ def _workload(name: str) -> Workload:
     return cast(Workload, getattr(importlib.import_module(module), attr))
 
 
-def _summarise(workers: int, latencies: list[float], elapsed: float, dry: bool) -> dict[str, Any]:
+# /proc/stat's first line: the machine's CPU time since boot in clock ticks, per state. Steal is
+# the time this virtual machine's CPUs were ready to run but the hypervisor ran another guest:
+# on a shared host it moves every rate a bench reports, whatever the code does (issue 12: 9-12 %
+# of the CPU time on 2026-12-02's machine, and cycles/s of one loop swinging 1.9x between runs).
+_CPU_STATES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def host_cpu(path: str = "/proc/stat") -> tuple[int, ...]:
+    """The machine's CPU ticks so far per state (``_CPU_STATES``), or () where it cannot be read
+    (no /proc: not Linux)."""
+    try:
+        with open(path) as f:
+            first = f.readline().split()
+    except OSError:
+        return ()
+    if not first or first[0] != "cpu" or len(first) < 1 + len(_CPU_STATES):
+        return ()
+    return tuple(int(x) for x in first[1 : 1 + len(_CPU_STATES)])
+
+
+def steal_share(before: tuple[int, ...], after: tuple[int, ...]) -> float | None:
+    """The share of the machine's CPU time between two ``host_cpu`` readings that was stolen by
+    the hypervisor, 0-1; None when either reading is missing or no tick passed."""
+    if not before or not after:
+        return None
+    spent = [b - a for a, b in zip(before, after, strict=True)]
+    total = sum(spent)
+    if total <= 0:
+        return None
+    return round(spent[_CPU_STATES.index("steal")] / total, 4)
+
+
+def _summarise(
+    workers: int,
+    latencies: list[float],
+    elapsed: float,
+    dry: bool,
+    cpu_before: tuple[int, ...] = (),
+) -> dict[str, Any]:
     flat = sorted(latencies)
     return {
         "workers": workers,
@@ -47,6 +85,7 @@ def _summarise(workers: int, latencies: list[float], elapsed: float, dry: bool) 
         "mean_ms": round(statistics.fmean(flat) * 1000, 3) if flat else None,
         "ran_dry": dry,
         "load": [round(x, 2) for x in os.getloadavg()],
+        "cpu_steal_share": steal_share(cpu_before, host_cpu()),
     }
 
 
@@ -110,6 +149,7 @@ def timed_pool(
         pass
     if clock is not None:
         clock(True)
+    cpu_before = host_cpu()
     started = time.perf_counter()
     if not errors:
         time.sleep(duration_s)
@@ -121,7 +161,9 @@ def timed_pool(
         clock(False)
     if errors:
         raise errors[0]
-    return _summarise(workers, [x for lat in latencies for x in lat], elapsed, dry.is_set())
+    return _summarise(
+        workers, [x for lat in latencies for x in lat], elapsed, dry.is_set(), cpu_before
+    )
 
 
 def _loop(cycle: Callable[[], bool], stopped: Callable[[], bool], latencies: list[float]) -> bool:
@@ -193,6 +235,7 @@ class ProcessPool:
         for pipe in pipes:
             pipe.send((workload, args))
         errors = [reply[1] for reply in (pipe.recv() for pipe in pipes) if reply[0] == "error"]
+        cpu_before = host_cpu()
         started = time.perf_counter()
         self.go.set()
         if not errors:
@@ -210,7 +253,7 @@ class ProcessPool:
         elapsed = time.perf_counter() - started
         if errors:
             raise RuntimeError(f"a bench worker process failed:\n{errors[0]}")
-        return _summarise(workers, latencies, elapsed, dry)
+        return _summarise(workers, latencies, elapsed, dry, cpu_before)
 
 
 def _expect(pipe: Connection, word: str) -> None:

@@ -40,6 +40,7 @@ from django.contrib.auth.models import User
 from django.db import DatabaseError, connection, transaction
 
 from bench import http_baseline
+from bench.common import host_cpu, steal_share
 from queues import services
 from queues.access import SystemActor
 from queues.auth import endpoint_rate
@@ -236,6 +237,7 @@ def _drive(
     cpu0 = _cpu_seconds(procs)
     db0 = _database_cpu()
     sys0 = dict(_system)
+    host0 = host_cpu()
     started = time.perf_counter()
     command = [_node(), str(CLIENT), kind, url, token, str(clients), f"{seconds:g}", str(sockets)]
     with subprocess.Popen(
@@ -282,6 +284,7 @@ def _drive(
         # Backends that used over a millisecond of CPU: the connections the run kept busy.
         result["db_backends_busy"] = sum(1 for p in backends if db1[p] - db0.get(p, 0.0) > 1e-3)
     result["load_avg_1m"] = round(os.getloadavg()[0], 2)
+    result["cpu_steal_share"] = steal_share(host0, host_cpu())
     _pgss(f"{command[2]} {clients}", result["cycles"])
     return result
 

@@ -68,10 +68,12 @@ def _anchor_server(anchor: Path, venv: Path, dsn: str) -> Iterator[tuple[str, in
 def _run_client(command: list[str], server_pid: int, seconds: float) -> dict[str, Any]:
     """One closed-loop run; the server's, the client's and PostgreSQL's CPU per cycle beside it."""
     from bench import http_bench
+    from bench.common import host_cpu, steal_share
 
     procs = http_bench._processes(server_pid)
     cpu0 = http_bench._cpu_seconds(procs)
     db0 = http_bench._database_cpu()
+    host0 = host_cpu()
     started = time.perf_counter()
     client = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stdout, stderr = client.communicate(timeout=seconds + 60)
@@ -92,6 +94,7 @@ def _run_client(command: list[str], server_pid: int, seconds: float) -> dict[str
         result["db_cpu_ms_per_cycle"] = round(1000 * db_cpu / cycles, 2)
     result["elapsed_s"] = round(elapsed, 2)
     result["load_avg_1m"] = round(os.getloadavg()[0], 2)
+    result["cpu_steal_share"] = steal_share(host0, host_cpu())
     return result
 
 
