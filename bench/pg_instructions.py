@@ -272,12 +272,13 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
     root = Path(tempfile.mkdtemp(prefix="sb-pg-instructions-"))
-    server = _Server(root)
-    server.start()
+    server: _Server | None = None
     try:
+        server = _Server(root)
+        server.start()
         return _run(server, args)
     finally:
-        if server.proc is not None:
+        if server is not None and server.proc is not None:
             server.stop()
         if args.keep:
             print(f"kept: {root}")
