@@ -208,17 +208,14 @@ def _loop(endpoint_id: Any) -> Iterator[tuple[Callable[[], bool], Callable[[str]
 
 
 def _fresh_todos(endpoint_id: Any, n: int) -> None:
+    """The core bench's fresh backlog (``core_bench._reload``), the attempt table analysed too."""
     from django.db import connection
 
     from bench import core_bench
     from queues.models import Endpoint
 
+    core_bench._reload(Endpoint.objects.get(pk=endpoint_id), n)
     with connection.cursor() as cursor:
-        cursor.execute("DELETE FROM queues_attempt WHERE endpoint_id = %s", [endpoint_id])
-        cursor.execute("DELETE FROM queues_todo WHERE endpoint_id = %s", [endpoint_id])
-    core_bench._load_todos(Endpoint.objects.get(pk=endpoint_id), n)
-    with connection.cursor() as cursor:
-        cursor.execute("VACUUM ANALYZE queues_todo")
         cursor.execute("VACUUM ANALYZE queues_attempt")
 
 
@@ -287,59 +284,74 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(server: _Server, args: argparse.Namespace) -> int:
-    import psycopg
+    """The counts, through ``bench.__main__.standalone`` (a bench database on the private server,
+    Django, Valkey and the migrations, as every bench module run on its own)."""
+    from bench.__main__ import standalone
 
-    with psycopg.connect(server.url("postgres"), autocommit=True) as admin:
-        admin.execute("CREATE DATABASE switchboard_pgi")
-    os.environ["DATABASE_URL"] = server.url("switchboard_pgi")
+    os.environ["DATABASE_URL"] = server.url("postgres")
     # A backend starts in seconds under callgrind, not milliseconds.
     os.environ["DATABASE_POOL_TIMEOUT"] = "120"
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "switchboard.settings")
-    import django
+    counts: dict[str, list[float]] = {}
+    every: dict[str, Variant] = {}
 
-    django.setup()
-    from django.conf import settings
+    def body() -> None:
+        counts.update(_count(server, args, every))
+
+    try:
+        standalone(body)
+    except _UnknownVariants as exc:
+        print(f"--variants: unknown {exc.args[0]}; known: {list(every)}", file=sys.stderr)
+        return 2
+    return _report(args, counts, every)
+
+
+class _UnknownVariants(Exception):
+    pass
+
+
+def _count(
+    server: _Server, args: argparse.Namespace, every: dict[str, Variant]
+) -> dict[str, list[float]]:
+    """Every chosen variant's instructions per cycle, a block per round (``every`` is filled
+    with the schema's variants)."""
     from django.contrib.auth.models import User
-    from django.core.management import call_command
     from django.db import connection
 
-    from bench.common import load_history, write_result
+    from bench.common import load_history
     from queues import services
     from queues.access import SystemActor
-    from switchboard import embedded
 
-    valkey = None
-    if not embedded.valkey_running(settings.REDIS_URL):
-        valkey = embedded.start_valkey(settings.REDIS_URL)
-    try:
-        call_command("migrate", verbosity=0)
-        load_history(HISTORY)
-        owner, _ = User.objects.get_or_create(username="bench-owner")
-        endpoint, _token = services.endpoint_vend(
-            actor=SystemActor(via="bench"), owner=owner, name="pg instructions",
-            queues=["bench"], rps=0,
-        )  # fmt: skip
-        with connection.cursor() as cursor:
-            every = variants(cursor)
-        chosen = [v for v in args.variants.split(",") if v] or list(every)
-        unknown = [v for v in chosen if v not in every]
-        if unknown:
-            print(f"--variants: unknown {unknown}; known: {list(every)}", file=sys.stderr)
-            return 2
-        if "as_is" not in chosen:
-            chosen.insert(0, "as_is")
-        connection.close()
-        server.stop()
-        server.start(callgrind=True)
-        counts: dict[str, list[float]] = {name: [] for name in chosen}
-        for round_ in range(args.rounds):
-            for name in chosen:
-                per = _measure(server, endpoint.id, args.cycles, every[name])
-                counts[name].append(per)
-                print(f"round {round_} {name:40} {per / 1000:9.1f}k", flush=True)
-    finally:
-        if valkey is not None:
-            valkey.stop()
+    load_history(HISTORY)
+    owner, _ = User.objects.get_or_create(username="bench-owner")
+    endpoint, _token = services.endpoint_vend(
+        actor=SystemActor(via="bench"), owner=owner, name="pg instructions",
+        queues=["bench"], rps=0,
+    )  # fmt: skip
+    with connection.cursor() as cursor:
+        every.update(variants(cursor))
+    chosen = [v for v in args.variants.split(",") if v] or list(every)
+    unknown = [v for v in chosen if v not in every]
+    if unknown:
+        raise _UnknownVariants(unknown)
+    if "as_is" not in chosen:
+        chosen.insert(0, "as_is")
+    connection.close()
+    server.stop()
+    server.start(callgrind=True)
+    counts: dict[str, list[float]] = {name: [] for name in chosen}
+    for round_ in range(args.rounds):
+        for name in chosen:
+            per = _measure(server, endpoint.id, args.cycles, every[name])
+            counts[name].append(per)
+            print(f"round {round_} {name:40} {per / 1000:9.1f}k", flush=True)
+    return counts
+
+
+def _report(
+    args: argparse.Namespace, counts: dict[str, list[float]], every: dict[str, Variant]
+) -> int:
+    from bench.common import write_result
+
     base = statistics.median(counts["as_is"])
     parts: dict[str, dict[str, Any]] = {
         name: {
