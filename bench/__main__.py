@@ -11,12 +11,14 @@ the admission bench (1, 8, 32, 10_queues_at_8, 3_windows_at_8). Prints each benc
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import inspect
 import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 BENCHES = {
@@ -130,11 +132,10 @@ def main(argv: list[str] | None = None) -> int:
             module = importlib.import_module(BENCHES[name.strip()])
             print(f"== {name} ({args.duration:g} s per measurement)", flush=True)
             accepted = inspect.signature(module.run).parameters
-            started = time.perf_counter()
-            result = module.run(
-                args.duration, **{k: v for k, v in options.items() if k in accepted}
+            kwargs = {k: v for k, v in options.items() if k in accepted}
+            result = measured(
+                functools.partial(module.run, args.duration, **kwargs), embedded.data_dir()
             )
-            result["wall_s"] = round(time.perf_counter() - started, 1)
             result["history_todos"] = HISTORY_TODOS
             result["load"] = [round(x, 2) for x in os.getloadavg()]
             path = write_result(name, result)
@@ -144,6 +145,20 @@ def main(argv: list[str] | None = None) -> int:
         if valkey is not None:
             valkey.stop()
     return status
+
+
+def measured(run: Callable[[], dict[str, Any]], folder: Path) -> dict[str, Any]:
+    """A bench's result with its wall time, and what the host gave just before it and just
+    after it (``bench.common.host_probe``, its flush file in ``folder``): every loop waits for
+    flushes and round trips, and on a virtual machine the host's moment moves them."""
+    from bench.common import host_probe
+
+    before = host_probe(folder)
+    started = time.perf_counter()
+    result = run()
+    result["wall_s"] = round(time.perf_counter() - started, 1)
+    result["host_probe"] = {"before": before, "after": host_probe(folder)}
+    return result
 
 
 def _brief(value: Any) -> Any:

@@ -9,6 +9,9 @@ import multiprocessing
 import os
 import platform
 import statistics
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -36,9 +39,13 @@ def _workload(name: str) -> Workload:
 
 
 # /proc/stat's first line: the machine's CPU time since boot in clock ticks, per state. Steal is
-# the time this virtual machine's CPUs were ready to run but the hypervisor ran another guest:
-# on a shared host it moves every rate a bench reports, whatever the code does (issue 12: 9-12 %
-# of the CPU time on 2026-12-02's machine, and cycles/s of one loop swinging 1.9x between runs).
+# the time this virtual machine's CPUs were ready to run but the hypervisor did not run them. On
+# a shared host it moves every rate a bench reports, whatever the code does (issue 12: 9-12 % of
+# the CPU time on 2026-12-02's machine, and cycles/s of one loop swinging 1.9x between runs). It
+# is not only another guest's CPU use: a virtual CPU that wakes (a round trip's answer, a flush's
+# end) may wait for the host to run it, and that wait is steal too. On 2026-12-03's machine a
+# loop of fdatasync calls drew 24-37 % steal, one-byte round trips between two processes 28 %,
+# two busy processes 1-3 % (``host_probe``); the flushes drew 2 % in another minute.
 _CPU_STATES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
@@ -65,6 +72,79 @@ def steal_share(before: tuple[int, ...], after: tuple[int, ...]) -> float | None
     if total <= 0:
         return None
     return round(spent[_CPU_STATES.index("steal")] / total, 4)
+
+
+FLUSH_PAGE = 8192  # one WAL page: what a small commit writes and flushes
+# The other end of ``host_probe``'s round trips: a byte back for each byte, until end of input.
+_ECHO = "import os\nwhile (b := os.read(0, 1)):\n    os.write(1, b)\n"
+
+
+def host_probe(folder: Path, seconds: float = 1.0) -> dict[str, Any]:
+    """What the host gives a bench at this moment, ``seconds`` per part:
+
+    - ``flush``: one 8 KiB page rewritten and ``fdatasync``ed in a loop, in a file of its own in
+      ``folder`` (the embedded server's data folder: every commit waits for a flush of its WAL),
+      removed after. A loop of commits (the raw loops at one worker) is bound by it.
+    - ``wake``: one-byte round trips through pipes with another process, as a client and its
+      database server take turns: two wake-ups each, nothing else.
+
+    Each with its rate, its µs per flush or round trip, and the steal share over its loop with
+    the stolen µs per flush or round trip. On a virtual machine a virtual CPU that wakes may
+    wait for the host to run it, and that wait is steal: a loop of round trips pays it on every
+    one, a CPU-bound loop hardly (2026-12-03: 53 µs stolen per round trip, 28 % of the CPU time,
+    against 1-3 % for two busy processes)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    page = os.urandom(FLUSH_PAGE)
+    fd, name = tempfile.mkstemp(prefix="flush-probe-", dir=folder)
+
+    def flush_once() -> None:
+        os.pwrite(fd, page, 0)
+        os.fdatasync(fd)
+
+    try:
+        flush = _timed_loop(seconds, flush_once)
+    finally:
+        os.close(fd)
+        os.unlink(name)
+    echo = subprocess.Popen(
+        [sys.executable, "-c", _ECHO], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
+    )
+    assert echo.stdin is not None and echo.stdout is not None
+    to, back = echo.stdin.fileno(), echo.stdout.fileno()
+
+    def round_trip() -> None:
+        os.write(to, b"x")
+        os.read(back, 1)
+
+    try:
+        round_trip()  # the other side is up once it answers
+        wake = _timed_loop(seconds, round_trip)
+    finally:
+        echo.stdin.close()
+        echo.wait(timeout=10)
+        echo.stdout.close()
+    return {"flush": flush, "wake": wake}
+
+
+def _timed_loop(seconds: float, step: Callable[[], None]) -> dict[str, Any]:
+    """``step`` repeated for ``seconds`` (at least once): per second, µs each, the steal."""
+    before = host_cpu()
+    started = time.perf_counter()
+    done = 0
+    while (elapsed := time.perf_counter() - started) < seconds or done == 0:
+        step()
+        done += 1
+    after = host_cpu()
+    stolen_us = None
+    if before and after:
+        ticks = after[_CPU_STATES.index("steal")] - before[_CPU_STATES.index("steal")]
+        stolen_us = round(ticks / os.sysconf("SC_CLK_TCK") * 1e6 / done, 1)
+    return {
+        "per_s": round(done / elapsed, 1),
+        "us_each": round(elapsed / done * 1e6, 1),
+        "cpu_steal_share": steal_share(before, after),
+        "stolen_us_each": stolen_us,
+    }
 
 
 def _summarise(

@@ -1,5 +1,8 @@
 """The benches record the hypervisor's steal over each timed window (``bench.common.host_cpu``,
-``steal_share``): on a shared host another guest's load moves every rate a bench reports."""
+``steal_share``): on a shared host another guest's load, or the host's delay in running a
+virtual CPU that woke, moves every rate a bench reports. Each bench's result also carries what a
+flush to disk and a round trip between two processes cost just before and just after it
+(``host_probe``)."""
 
 from __future__ import annotations
 
@@ -7,10 +10,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
 
 from bench import common, core_bench
+from bench.__main__ import measured
 
 # A /proc/stat first line: user nice system idle iowait irq softirq steal guest guest_nice.
 BEFORE = "cpu  1000 10 200 5000 40 0 15 100 0 0\ncpu0 1 2 3\n"
@@ -98,3 +104,49 @@ def test_the_core_bench_summarises_the_steal_of_every_loop_s_window() -> None:
     assert judged["ratio_vs_raw"]["4"]["median"] == pytest.approx(0.7)
     no_reading = [{**r, **{k: loop(700, None) for k in core_bench.LOOPS}} for r in runs]
     assert core_bench._judge(no_reading)["cpu_steal_share"] is None
+
+
+def _sound_probe(probe: dict[str, Any], seconds: float) -> None:
+    assert set(probe) == {"flush", "wake"}
+    for part in probe.values():
+        assert part["per_s"] > 0 and part["us_each"] > 0
+        # One loop, two ways of saying it: the rate and the time of each agree.
+        assert part["per_s"] * part["us_each"] == pytest.approx(1e6, rel=0.01)
+        share = part["cpu_steal_share"]
+        assert share is None or 0.0 <= share <= 1.0
+        assert part["stolen_us_each"] >= 0
+        # Nothing takes longer than the loop it ran in.
+        assert part["us_each"] <= seconds * 1e6 + 1e6
+
+
+def test_a_host_probe_reports_this_disk_and_this_scheduler_and_leaves_nothing_behind(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "data"  # made when missing, as the embedded data folder may be
+    children = _children()
+    probe = common.host_probe(folder, seconds=0.2)
+    _sound_probe(probe, 0.2)
+    assert list(folder.iterdir()) == []
+    assert _children() == children  # the round trips' other process is gone
+
+
+def _children() -> set[int]:
+    return {child.pid for child in psutil.Process().children()}
+
+
+def test_every_bench_result_carries_the_host_probe_before_and_after_it(tmp_path: Path) -> None:
+    seen: list[list[Path]] = []
+
+    def run() -> dict[str, Any]:
+        seen.append(list(tmp_path.iterdir()))  # the probe before it is done and gone
+        time.sleep(0.05)
+        return {"cycles_per_s": 1.0}
+
+    result = measured(run, tmp_path)
+    assert seen == [[]]
+    assert result["cycles_per_s"] == 1.0
+    assert result["wall_s"] >= 0.0
+    assert set(result["host_probe"]) == {"before", "after"}
+    for probe in result["host_probe"].values():
+        _sound_probe(probe, 1.0)
+    assert list(tmp_path.iterdir()) == []
