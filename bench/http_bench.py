@@ -367,10 +367,12 @@ def uvicorn_server(uvicorn: list[str], cwd: Path, env: dict[str, str]) -> Iterat
 
 
 def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run with the median cycles/s, with every run's cycles/s beside it."""
+    """The run with the median cycles/s, with every run's cycles/s and steal share beside it
+    (in the order they ran: a slow spell of the host shows in one round)."""
     ordered = sorted(runs, key=lambda r: r["cycles_per_s"])
     median = dict(ordered[len(ordered) // 2])
     median["runs_cycles_per_s"] = [r["cycles_per_s"] for r in runs]
+    median["runs_cpu_steal_share"] = [r.get("cpu_steal_share") for r in runs]
     return median
 
 

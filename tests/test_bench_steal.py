@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import pytest
 
-from bench import common, core_bench
+from bench import common, core_bench, http_bench
 from bench.__main__ import measured
 
 # A /proc/stat first line: user nice system idle iowait irq softirq steal guest guest_nice.
@@ -150,3 +150,15 @@ def test_every_bench_result_carries_the_host_probe_before_and_after_it(tmp_path:
     for probe in result["host_probe"].values():
         _sound_probe(probe, 1.0)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_http_point_keeps_every_run_s_steal_beside_its_rate_in_the_order_they_ran() -> None:
+    runs: list[dict[str, Any]] = [
+        {"cycles_per_s": 880.0, "cpu_steal_share": 0.01},
+        {"cycles_per_s": 640.0, "cpu_steal_share": None},
+        {"cycles_per_s": 440.0, "cpu_steal_share": 0.3},
+    ]
+    point = http_bench._median_run(runs)
+    assert point["cycles_per_s"] == 640.0 and point["cpu_steal_share"] is None
+    assert point["runs_cycles_per_s"] == [880.0, 640.0, 440.0]
+    assert point["runs_cpu_steal_share"] == [0.01, None, 0.3]
