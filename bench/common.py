@@ -44,8 +44,8 @@ def _workload(name: str) -> Workload:
 # the CPU time on 2026-12-02's machine, and cycles/s of one loop swinging 1.9x between runs). It
 # is not only another guest's CPU use: a virtual CPU that wakes (a round trip's answer, a flush's
 # end) may wait for the host to run it, and that wait is steal too. On 2026-12-03's machine a
-# loop of fdatasync calls drew 24-37 % steal, one-byte round trips between two processes 28 %,
-# two busy processes 1-3 % (``host_probe``); the flushes drew 2 % in another minute.
+# loop of fdatasync calls drew up to 45 % steal, one-byte round trips between two processes up
+# to 28 %, two busy processes 1-3 % (``host_probe``); in quieter minutes the loops drew 0-2 %.
 _CPU_STATES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
