@@ -65,13 +65,20 @@ def host_cpu(path: str = "/proc/stat") -> tuple[int, ...]:
 def steal_share(before: tuple[int, ...], after: tuple[int, ...]) -> float | None:
     """The share of the machine's CPU time between two ``host_cpu`` readings that was stolen by
     the hypervisor, 0-1; None when either reading is missing or no tick passed."""
+    spent = _spent(before, after)
+    if spent is None or (total := sum(spent)) <= 0:
+        return None
+    return round(spent[_STEAL] / total, 4)
+
+
+_STEAL = _CPU_STATES.index("steal")
+
+
+def _spent(before: tuple[int, ...], after: tuple[int, ...]) -> list[int] | None:
+    """The ticks per state between two ``host_cpu`` readings; None when either is missing."""
     if not before or not after:
         return None
-    spent = [b - a for a, b in zip(before, after, strict=True)]
-    total = sum(spent)
-    if total <= 0:
-        return None
-    return round(spent[_CPU_STATES.index("steal")] / total, 4)
+    return [b - a for a, b in zip(before, after, strict=True)]
 
 
 FLUSH_PAGE = 8192  # one WAL page: what a small commit writes and flushes
@@ -135,10 +142,10 @@ def _timed_loop(seconds: float, step: Callable[[], None]) -> dict[str, Any]:
         step()
         done += 1
     after = host_cpu()
+    spent = _spent(before, after)
     stolen_us = None
-    if before and after:
-        ticks = after[_CPU_STATES.index("steal")] - before[_CPU_STATES.index("steal")]
-        stolen_us = round(ticks / os.sysconf("SC_CLK_TCK") * 1e6 / done, 1)
+    if spent is not None:
+        stolen_us = round(spent[_STEAL] / os.sysconf("SC_CLK_TCK") * 1e6 / done, 1)
     return {
         "per_s": round(done / elapsed, 1),
         "us_each": round(elapsed / done * 1e6, 1),
