@@ -47,8 +47,8 @@ BACKLOG = 2000
 ATTEMPT_FK_COLUMN = "todo_id"
 # What the claim's candidate scan walks: dropping it would measure another plan.
 SCANNED = "todo_claimable_idx"
-# The completion finds the open attempt through it (and the one-open rule's EXISTS).
-KEPT = {"queues_todo_pkey", "queues_attempt_pkey", "attempt_todo_number_idx"}
+# The primary keys: a row's identity, not a part of the schema a claim could do without.
+KEPT = {"queues_todo_pkey", "queues_attempt_pkey"}
 
 Variant = tuple[list[str], list[str]]  # (apply, undo)
 
@@ -67,7 +67,7 @@ def variants(cursor: Any) -> dict[str, Variant]:
     for name, table in cursor.fetchall():
         triggers.setdefault(table, []).append(name)
     for table, names in triggers.items():
-        label = "no_todo_checks" if table == "queues_todo" else "no_attempt_one_open"
+        label = "no_todo_checks" if table == "queues_todo" else "no_attempt_rules"
         found[label] = (
             [f"ALTER TABLE {table} DISABLE TRIGGER {name}" for name in names],
             [f"ALTER TABLE {table} ENABLE TRIGGER {name}" for name in names],

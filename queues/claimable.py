@@ -30,6 +30,7 @@ CLAIMABLE = f"""
 # reaper and a quarantine's expiry both write it. The claim's grant (``grant_hash``) ends with it.
 LAPSED_CLAIM_SET = """state = CASE WHEN t.attempt < t.max_attempts THEN 'pending' ELSE 'failed' END,
         owner = '', lease_expires_at = NULL, next_retry_at = NULL, grant_hash = NULL,
+        lease_token_hash = NULL, claim_via = '',
         result = CASE WHEN t.attempt < t.max_attempts THEN t.result
                       ELSE '{"error": "lease_expired"}'::jsonb END,
         finished_at = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE now() END,

@@ -273,6 +273,13 @@ class Todo(models.Model):
     # The claim's grant: the entry_hash of the ``limits.grant`` ledger row written when a claim
     # passed a named limit (pool, tag, rate limit; not ``off``). Cleared when the claim ends.
     grant_hash = models.CharField(max_length=64, null=True, blank=True, editable=False)
+    # The claim in progress, besides ``owner``, ``claimed_at`` and ``lease_expires_at``: the hash
+    # of its lease token (a fenced claim's; NULL when unfenced) and how it was claimed (api, mcp,
+    # console, …). Its Attempt row is written when it ends, from these columns (``Attempt``).
+    lease_token_hash = models.CharField(max_length=64, null=True, blank=True, editable=False)
+    claim_via = models.CharField(
+        max_length=10, blank=True, default="", db_default="", editable=False
+    )
 
     class Meta:
         ordering = ["created_at", "id"]
@@ -420,7 +427,13 @@ class AttemptDisposition(models.TextChoices):
 
 
 class Attempt(models.Model):
-    """One row per committed claim."""
+    """One row per claim that ended (completed, failed, released, lapsed, taken over, revoked),
+    written by the statement that ends it and never changed after. The claim in progress is
+    the todo's own columns (``owner``, ``claimed_at``, ``lease_expires_at``, ``lease_token_hash``,
+    ``claim_via``, ``attempt``): a todo holds at most one claim, so at most one attempt is open,
+    by construction (``queues.selectors.todo_attempts`` lists both). Writing the row once, at
+    the end, costs a claim cycle one insert where an open row cost an insert, an update and the
+    one-open check (issue 12: about an eighth of the database's instructions per cycle)."""
 
     # Indexed through attempt_todo_number_idx; attempts are not looked up by endpoint on any
     # hot path, so neither foreign key carries an index of its own (each costs every claim).
@@ -446,8 +459,8 @@ class Attempt(models.Model):
     claimed_at = models.DateTimeField()
     lease_expires_at = models.DateTimeField()
     lease_token_hash = models.CharField(max_length=64, null=True, blank=True)
-    ended_at = models.DateTimeField(null=True, blank=True)
-    outcome = models.CharField(max_length=12, choices=AttemptOutcome.choices, null=True, blank=True)
+    ended_at = models.DateTimeField()
+    outcome = models.CharField(max_length=12, choices=AttemptOutcome.choices)
     disposition = models.CharField(
         max_length=16, choices=AttemptDisposition.choices, null=True, blank=True
     )
@@ -461,7 +474,7 @@ class Attempt(models.Model):
     class Meta:
         ordering = ["todo", "claimed_at", "id"]
         indexes = [
-            # Transitions find the open attempt of a todo (queues/sql.py HOLDS_CLAIM).
+            # A todo's attempts, in order (the console's todo page, the admin).
             models.Index(fields=["todo", "number"], name="attempt_todo_number_idx"),
             # The throughput chart's last hour (queues/activity.py THROUGHPUT_SQL): block-range
             # indexes, which cost a claim next to nothing, since attempts arrive in time order.
@@ -469,25 +482,13 @@ class Attempt(models.Model):
             BrinIndex(fields=["ended_at"], name="attempt_ended_brin"),
         ]
         constraints = [
-            # At most one open attempt per todo. Numbers repeat after an operator retry resets
-            # the todo's attempt counter, so (todo, number) alone is not unique. In the database
-            # it is a trigger of the same name, not this partial unique index (queues migration
-            # 0015): an index whose predicate reads ended_at made every attempt's end update a
-            # non-HOT one, a new tuple and an entry in each B-tree, once per claim cycle (issue
-            # 12). Django's state keeps it here, so model validation runs it. The CHECKs below
-            # are that trigger's rules in the database (queues migration 0016), as the todo's.
-            models.UniqueConstraint(
-                fields=["todo"], condition=Q(ended_at__isnull=True), name="attempt_one_open"
-            ),
+            # In the database these are the rules of a trigger of the same names (queues
+            # migrations 0016 and 0021), as the todo's. Every attempt is an ended one: ended_at
+            # and outcome are NOT NULL columns.
             models.CheckConstraint(name="attempt_number_positive", condition=Q(number__gte=1)),
-            # Compact forms, as the todo's (see Todo.Meta): a NULL outcome passes ANY as it
-            # passed the IS NULL arm; ended and outcome are both set or both unset.
+            # The compact form, as the todo's (see Todo.Meta).
             models.CheckConstraint(
                 name="attempt_outcome_valid", condition=one_of("outcome", AttemptOutcome)
-            ),
-            models.CheckConstraint(
-                name="attempt_ended_has_outcome",
-                condition=CheckSQL("({0} IS NULL) = ({1} IS NULL)", "ended_at", "outcome"),
             ),
         ]
 

@@ -21,6 +21,7 @@ from queues.gates import GateState
 from queues.models import (
     QUARANTINE_QUEUE,
     QUEUE_NAME_RE,
+    Attempt,
     Endpoint,
     QueuePause,
     Todo,
@@ -37,6 +38,57 @@ def todo_get(*, actor: Actor, todo_id: UUID) -> Todo:
     if todo is None:
         raise NotFound("no such todo", id=str(todo_id))
     return todo
+
+
+@dataclass(frozen=True)
+class ClaimInProgress:
+    """The claim a todo holds now, read as an attempt that has not ended: no end, no outcome.
+    Not a row: an Attempt row is written when its claim ends (``queues.models.Attempt``)."""
+
+    todo: Todo
+    number: int
+    claimant: str
+    via: str
+    claimed_at: datetime
+    lease_expires_at: datetime | None
+    lease_token_hash: str | None
+    ended_at: None = None
+    outcome: None = None
+    disposition: None = None
+    summary: str = ""
+    error: None = None
+    pk: None = None
+
+    @property
+    def todo_id(self) -> UUID:
+        return self.todo.pk
+
+    @property
+    def endpoint_id(self) -> UUID:
+        return self.todo.endpoint_id
+
+
+def current_attempt(todo: Todo) -> ClaimInProgress | None:
+    """The claim ``todo`` holds now, or None when it is not claimed."""
+    if todo.state != TodoState.CLAIMED:
+        return None
+    return ClaimInProgress(
+        todo=todo,
+        number=todo.attempt,
+        claimant=todo.owner,
+        via=todo.claim_via,
+        claimed_at=todo.claimed_at or todo.updated_at,
+        lease_expires_at=todo.lease_expires_at,
+        lease_token_hash=todo.lease_token_hash,
+    )
+
+
+def todo_attempts(todo: Todo) -> list[Attempt | ClaimInProgress]:
+    """A todo's attempts, newest first: the claim in progress, if any (``current_attempt``),
+    then the ended ones."""
+    ended: list[Attempt | ClaimInProgress] = list(todo.attempts.order_by("-claimed_at", "-id"))
+    current = current_attempt(todo)
+    return ended if current is None else [current, *ended]
 
 
 def todos_for(

@@ -21,10 +21,10 @@ from django.contrib.auth.models import Group, Permission, User
 from django.db import connection, connections
 from django.db.models import QuerySet
 
-from queues import services
+from queues import selectors, services
 from queues.access import AUDITORS_GROUP, AgentActor, HumanActor, SystemActor
 from queues.auth import endpoint_cache, endpoint_watch
-from queues.models import Endpoint
+from queues.models import Attempt, Endpoint, Todo, TodoState
 from switchboard import embedded, liveserver
 from switchboard.core import availability, counters
 from switchboard.ledger.models import LedgerEntry
@@ -241,6 +241,31 @@ def lapse(todo: Any, seconds: int = 5) -> None:
             "WHERE id = %s",
             [seconds, todo.pk],
         )
+
+
+def attempts_of(todo: Any) -> list[Attempt | selectors.ClaimInProgress]:
+    """Every attempt of ``todo``, oldest first: its ended Attempt rows, then the claim in
+    progress if it is claimed (an unsaved Attempt with no outcome: its row is written when it
+    ends; ``selectors.todo_attempts``)."""
+    return selectors.todo_attempts(Todo.objects.get(pk=todo.pk))[::-1]
+
+
+def every_attempt(**todo_filter: Any) -> list[Attempt | selectors.ClaimInProgress]:
+    """Every claim made of the todos matching ``todo_filter`` (all by default): the ended
+    attempts' rows, then each claim in progress (``selectors.current_attempt``: unsaved)."""
+    ended: list[Attempt | selectors.ClaimInProgress] = list(
+        Attempt.objects.filter(**{f"todo__{k}": v for k, v in todo_filter.items()}).select_related(
+            "todo"
+        )
+    )
+    claimed = Todo.objects.filter(state=TodoState.CLAIMED, **todo_filter)
+    return ended + [a for t in claimed if (a := selectors.current_attempt(t)) is not None]
+
+
+def attempt_count(**todo_filter: Any) -> int:
+    """How many claims were made (``every_attempt``)."""
+    ended = Attempt.objects.filter(**{f"todo__{k}": v for k, v in todo_filter.items()}).count()
+    return ended + Todo.objects.filter(state=TodoState.CLAIMED, **todo_filter).count()
 
 
 def claim_and_lapse(p: Personas, todos: list[Any]) -> None:

@@ -53,7 +53,7 @@ def test_the_variants_cover_the_schema_but_not_what_the_plan_walks() -> None:
             "SELECT indexname FROM pg_indexes WHERE tablename IN ('queues_todo', 'queues_attempt')"
         )
         indexes = {name for (name,) in cursor.fetchall()}
-    for name in ("as_is", "no_todo_checks", "no_attempt_one_open", "no_attempt_fk"):
+    for name in ("as_is", "no_todo_checks", "no_attempt_rules", "no_attempt_fk"):
         assert name in switchboard
     assert "no_todo_claimable_idx" not in switchboard
     assert "no_todo_pending_idx" in switchboard

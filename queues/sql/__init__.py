@@ -40,6 +40,7 @@ from queues import gates
 from queues.claimable import CLAIMABLE, CLAIMABLE_STATE, LAPSED_CLAIM_SET
 from queues.models import Todo
 from queues.sql import grants
+from queues.sql.attempts import CLAIM_CLEARED, ENDED_CLAIM, ended_attempt
 from switchboard.core import hotsettings
 from switchboard.ledger import chain
 
@@ -57,6 +58,8 @@ _UNANSWERED = frozenset(
         "rings",
         "rung_since",
         "stall_rung_at",
+        "lease_token_hash",
+        "claim_via",
     }
 )
 _TODO_FIELDS = [f for f in Todo._meta.concrete_fields if f.attname not in _UNANSWERED]
@@ -79,25 +82,22 @@ OPEN_QUEUES = """
     )
 """
 
-# What a claim writes: the todo's claim columns (both claim forms; the full one adds the grant)
-# and the new Attempt row over the CTE ``claimed`` (which returns ``claimed_at`` for it, besides
-# the answered columns). Plain text, no braces: safe inside a
-# ``str.format`` template and an f-string alike.
+# What a claim writes: the todo's claim columns (every claim form; the full one adds the grant).
+# The claim in progress is these columns; its Attempt row is written when it ends
+# (``ended_attempt``). Plain text, no braces: safe inside a ``str.format`` template and an
+# f-string alike.
 _CLAIM_SET = """    SET state = 'claimed',
         attempt = t.attempt + 1,
         owner = %(claimant)s,
         claimed_at = clock_timestamp(),
         lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
+        lease_token_hash = %(fence_hash)s,
+        claim_via = %(via)s,
         next_retry_at = NULL,
         updated_at = clock_timestamp()"""
-_ATTEMPT_INSERT = """    INSERT INTO queues_attempt (todo_id, number, endpoint_id, claimant, via, claimed_at,
-                                lease_expires_at, lease_token_hash, summary)
-    SELECT cl.id, cl.attempt, cl.endpoint_id, %(claimant)s, %(via)s, cl.claimed_at,
-           cl.lease_expires_at, %(fence_hash)s, ''
-    FROM claimed cl"""
 
-# The claim itself, applied to a row this transaction already holds locked. It also closes the
-# lapsed attempt a takeover replaces and writes the new Attempt row, in the same statement.
+# The claim itself, applied to a row this transaction already holds locked. A takeover also
+# writes the Attempt row of the lapsed claim it replaces, in the same statement.
 _CLAIM_CTES = (
     """
 claimed AS (
@@ -108,25 +108,24 @@ claimed AS (
         grant_hash = {grant}
     FROM cand c
     WHERE t.id = c.id {admit}
-    RETURNING {TODO_COLUMNS}, t.claimed_at, c.prev_state, c.prev_attempt, c.prev_grant
+    RETURNING {TODO_COLUMNS}, t.claimed_at, c.prev_state, c.prev_attempt, c.prev_grant,
+              old.state AS a_state, """
+    + ENDED_CLAIM
+    + """
 ),
 {supersede_end},
--- A takeover closes the attempt it replaces. Not an UPDATE here: this statement's snapshot was
--- taken before the candidate was locked, so it may not see an attempt whose claim committed in
--- between; attempt_supersede (queues migration 0005) updates it with a fresh snapshot.
-superseded AS MATERIALIZED (
-    SELECT attempt_supersede(cl.id, cl.prev_attempt, cl.claimed_at) AS n
-    FROM claimed cl
-    WHERE cl.prev_state = 'claimed'
-),
-attempt_row AS (
-"""
-    + _ATTEMPT_INSERT
+-- A takeover ends the lapsed claim it replaces: its Attempt row, from the row version this
+-- statement locked (``old``), ended when the new claim began. The InitPlan runs superseded_end.
+superseded AS (
+    """
+    + ended_attempt(
+        "claimed",
+        ended_at="h.claimed_at",
+        outcome="'superseded'",
+        disposition="'requeued'",
+        where="\n    WHERE h.a_state = 'claimed' AND (SELECT count(*) FROM superseded_end) >= 0",
+    )
     + """
-    -- An InitPlan: closes the superseded attempt before this insert, so the one-open-attempt
-    -- unique index never sees two open attempts of a taken-over todo.
-    WHERE (SELECT count(*) FROM superseded) >= 0 AND (SELECT count(*) FROM superseded_end) >= 0
-    RETURNING todo_id
 )
 """
 )
@@ -337,9 +336,6 @@ claimed AS (
     WHERE t.id = (SELECT c.id FROM cand c)
       AND t.state <> 'claimed' AND t.grant_hash IS NULL{plain}
     RETURNING t.id, {_BARE_RETURNED}, t.claimed_at
-),
-attempt_row AS (
-{_ATTEMPT_INSERT.replace("cl.endpoint_id", "%(endpoint)s")}
 )
 SELECT c.id, c.queue, {names_column}CASE WHEN cl.id IS NULL THEN {held} END, {_BARE_ANSWERED}
 FROM {candidate} LEFT JOIN claimed cl ON true
@@ -402,9 +398,6 @@ claimed AS (
     FROM gate g
     WHERE t.id = g.id AND coalesce((g.v->>'ok')::boolean, true)
     RETURNING {TODO_COLUMNS}, t.claimed_at
-),
-attempt_row AS (
-{_ATTEMPT_INSERT}
 )
 SELECT c.id, c.queue, {names_column}g.id IS NOT NULL, c.prev_state = 'claimed', g.v,
        {CLAIMED_COLUMNS}
@@ -1247,8 +1240,8 @@ def claim_locked(
 # --- transitions of a claimed todo: each returns the todo's row and whether ending its claim
 # frees a unit some gate limits. ---------------------------------------------------------------
 
-# The caller holds the claim: the current attempt is open, its lease has not lapsed, and the
-# caller names it. A fenced attempt needs its token; a token or an attempt number naming another
+# The caller holds the claim: the todo is claimed (its columns are the attempt in progress), the
+# lease has not lapsed, and the caller names it. A fenced attempt needs its token; a token or an attempt number naming another
 # attempt is a superseded holder. Operators (release from the console) need neither.
 # The todo is found by its primary key: ``COLLATE "C"`` (the same equality: the database's
 # collation is deterministic) keeps the planner from reading every claimed row of the endpoint
@@ -1258,29 +1251,20 @@ def claim_locked(
 # tests/queues/test_ending_plan.py).
 HOLDS_CLAIM = """
     t.id = %(id)s AND t.endpoint_id = ANY(%(endpoints)s) AND t.state = 'claimed' COLLATE "C"
-    AND a.todo_id = t.id AND a.number = t.attempt AND a.ended_at IS NULL
     AND (%(operator)s OR (
         t.lease_expires_at > clock_timestamp()
         AND (%(attempt)s::int IS NULL OR t.attempt = %(attempt)s::int)
-        AND (a.lease_token_hash IS NOT DISTINCT FROM %(fence)s::text)))
+        AND (t.lease_token_hash IS NOT DISTINCT FROM %(fence)s::text)))
 """
 
 
 @functools.cache
 def _heartbeat_sql(gate_list: tuple[gates.ClaimGate, ...]) -> str:
     return f"""
-WITH held AS (
-    SELECT t.id, a.id AS attempt_id FROM queues_todo t, queues_attempt a
-    WHERE {HOLDS_CLAIM} AND t.lease_expires_at > clock_timestamp()
-    FOR UPDATE OF t
-), lease AS (
-    UPDATE queues_attempt a SET lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s)
-    FROM held h WHERE a.id = h.attempt_id
-)
 UPDATE queues_todo t
 SET lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
     updated_at = clock_timestamp()
-FROM held h WHERE t.id = h.id
+WHERE {HOLDS_CLAIM} AND t.lease_expires_at > clock_timestamp()
 RETURNING {TODO_COLUMNS}, NULL::text[]
 """
 
@@ -1307,17 +1291,14 @@ def _ending_sql(
     ``HOLDS_CLAIM`` reads (the reaper, a revoke, a takeover, the other endings)."""
     return _compact(f"""
 WITH done AS (
-    UPDATE queues_todo t SET {todo_set}, grant_hash = NULL, updated_at = clock_timestamp()
-    FROM queues_attempt a
+    UPDATE queues_todo t SET {todo_set}, grant_hash = NULL, {CLAIM_CLEARED},
+        updated_at = clock_timestamp()
     WHERE {HOLDS_CLAIM}
     RETURNING {TODO_COLUMNS}, {gates.reopens("t")} AS reopens, old.grant_hash AS ended_grant,
-              a.id AS attempt_id
+              {ENDED_CLAIM}
 ), ended AS (
-    UPDATE queues_attempt a
-    SET ended_at = clock_timestamp(), outcome = {attempt_outcome},
-        disposition = {disposition}, summary = %(summary)s, error = %(error)s
-    FROM done h WHERE a.id = h.attempt_id
-    RETURNING a.id
+    {_ended(attempt_outcome, disposition)}
+    RETURNING id
 ), {grants.end_cte(_AFTER_BOTH_WRITES, attempt_outcome)}
 SELECT {DONE_COLUMNS}, d.reopens FROM done d WHERE (SELECT count(*) FROM end_row) >= 0
 """)
@@ -1334,30 +1315,30 @@ def _ending_plain_sql(
     on every execution, run or not (issue 12: the core cycle's backend CPU). A claim that holds
     a grant matches nothing here, and the caller runs ``_ending_sql`` (``ending_sqls``).
 
-    Its answer is ``done``'s own row (the attempt's id last, read by no caller): a scan whose
-    output is its input's row is set up with no projection (issue 12). The attempt's UPDATE
-    finds its row by the id ``done`` returns (an InitPlan: ``done`` has at most one row, the
-    todo's), not by a join with ``done``, whose whole row the join would copy for a recheck;
-    a disposition that reads ``done``'s row (``h``) keeps the join."""
-    attempt_row = (
-        "FROM done h WHERE a.id = h.attempt_id"
-        if "h." in disposition
-        else "WHERE a.id = (SELECT h.attempt_id FROM done h)"
-    )
+    Its answer is ``done``'s own row (the ended claim's columns last, read by no caller): a
+    scan whose output is its input's row is set up with no projection (issue 12)."""
     return _compact(f"""
 WITH done AS (
-    UPDATE queues_todo t SET {todo_set}, updated_at = clock_timestamp()
-    FROM queues_attempt a
+    UPDATE queues_todo t SET {todo_set}, {CLAIM_CLEARED}, updated_at = clock_timestamp()
     WHERE {HOLDS_CLAIM} AND t.grant_hash IS NULL
-    RETURNING {TODO_COLUMNS}, {gates.reopens("t")} AS reopens, a.id AS attempt_id
+    RETURNING {TODO_COLUMNS}, {gates.reopens("t")} AS reopens, {ENDED_CLAIM}
 ), ended AS (
-    UPDATE queues_attempt a
-    SET ended_at = clock_timestamp(), outcome = {attempt_outcome},
-        disposition = {disposition}, summary = %(summary)s, error = %(error)s
-    {attempt_row}
+    {_ended(attempt_outcome, disposition)}
 )
 SELECT * FROM done
 """)
+
+
+def _ended(outcome: str, disposition: str) -> str:
+    """An ending's Attempt row, from ``done`` (the todo it changed, ``h``)."""
+    return ended_attempt(
+        "done",
+        ended_at="clock_timestamp()",
+        outcome=outcome,
+        disposition=disposition,
+        summary="%(summary)s",
+        error="%(error)s",
+    )
 
 
 _COMPLETE = (
@@ -1414,6 +1395,15 @@ def release_sql() -> str:
 # --- sweeps ------------------------------------------------------------------------------------
 
 
+# A lapsed claim's attempt: expired when the reaper took it back.
+_REAPED_ATTEMPTS = ended_attempt(
+    "reaped",
+    ended_at="now()",
+    outcome="'expired'",
+    disposition="CASE WHEN h.state = 'pending' THEN 'requeued' ELSE 'dead_lettered' END",
+)
+
+
 @functools.cache
 def _reap_sql(gate_list: tuple[gates.ClaimGate, ...]) -> str:
     """Lapsed claims back to pending (dead-lettered at the cap): per queue identity and new
@@ -1431,12 +1421,9 @@ WITH lapsed AS (
     SET {LAPSED_CLAIM_SET}
     FROM lapsed l WHERE t.id = l.id
     RETURNING t.id, t.endpoint_id, t.queue, t.attempt, t.state, {gates.reopens("t")} AS reopens,
-              l.grant_hash AS ended_grant
+              l.grant_hash AS ended_grant, {ENDED_CLAIM}
 ), closed AS (
-    UPDATE queues_attempt a
-    SET ended_at = now(), outcome = 'expired',
-        disposition = CASE WHEN r.state = 'pending' THEN 'requeued' ELSE 'dead_lettered' END
-    FROM reaped r WHERE a.todo_id = r.id AND a.number = r.attempt AND a.ended_at IS NULL
+    {_REAPED_ATTEMPTS}
 ), {grants.batch_end_cte("reaped", "expired")}
 SELECT r.endpoint_id, r.queue, r.state, count(DISTINCT r.id),
        coalesce(array_agg(DISTINCT k) FILTER (WHERE k IS NOT NULL), '{{}}')
@@ -1492,6 +1479,16 @@ SELECT endpoint_id, queue, count(*) FROM requeued GROUP BY endpoint_id, queue
 # A revoked endpoint's live todos are dead-lettered with result endpoint_revoked; the open
 # attempts close. Answers, per queue, the count and the queue identities (of other endpoints)
 # the freed claims may reopen (``gates.reopens``, for the rows that were claimed).
+# A revoked endpoint's claims in progress (its pending todos had none).
+_REVOKED_ATTEMPTS = ended_attempt(
+    "revoked",
+    ended_at="now()",
+    outcome="'revoked'",
+    disposition="'dead_lettered'",
+    where=" WHERE h.a_state = 'claimed'",
+)
+
+
 @functools.cache
 def _revoke_sql(gate_list: tuple[gates.ClaimGate, ...]) -> str:
     return f"""
@@ -1505,17 +1502,14 @@ WITH live AS (
 ), revoked AS (
     UPDATE queues_todo t
     SET state = 'failed', next_retry_at = NULL, lease_expires_at = NULL, grant_hash = NULL,
-        result = '{{"error": "endpoint_revoked"}}'::jsonb, finished_at = now(),
+        {CLAIM_CLEARED}, result = '{{"error": "endpoint_revoked"}}'::jsonb, finished_at = now(),
         updated_at = now()
     FROM live l WHERE t.id = l.id
-    RETURNING t.id, t.attempt, t.queue,
+    RETURNING t.id, t.endpoint_id, t.attempt, t.queue,
               CASE WHEN l.was = 'claimed' THEN {gates.reopens("t")} END AS reopens,
-              l.grant_hash AS ended_grant
+              l.grant_hash AS ended_grant, old.state AS a_state, {ENDED_CLAIM}
 ), closed AS (
-    UPDATE queues_attempt a
-    SET ended_at = now(), outcome = 'revoked', disposition = 'dead_lettered'
-    FROM revoked r
-    WHERE a.todo_id = r.id AND a.number = r.attempt AND a.ended_at IS NULL
+    {_REVOKED_ATTEMPTS}
 ), {grants.batch_end_cte("revoked", "revoked")}
 SELECT r.queue, count(DISTINCT r.id),
        coalesce(array_agg(DISTINCT k) FILTER (WHERE k IS NOT NULL), '{{}}')
@@ -1574,9 +1568,8 @@ GROUP BY queue, state
 # Why a transition matched nothing: the todo's state, its current attempt, whether the lease is
 # live, and that attempt's fence, if in scope.
 UNMATCHED_SQL = """
-SELECT t.state, t.attempt, t.lease_expires_at > clock_timestamp(), a.lease_token_hash
+SELECT t.state, t.attempt, t.lease_expires_at > clock_timestamp(), t.lease_token_hash
 FROM queues_todo t
-LEFT JOIN queues_attempt a ON a.todo_id = t.id AND a.number = t.attempt
 WHERE t.id = %s AND t.endpoint_id = ANY(%s)
 """
 
@@ -1585,13 +1578,20 @@ WHERE t.id = %s AND t.endpoint_id = ANY(%s)
 # naming it were held at some moment of that minute. Each attempt that overlaps the window spans
 # the minutes from its claim to its end (or now); attempt_claimed_brin finds recent ones.
 OCCUPANCY_HISTORY_SQL = """
-WITH spans AS (
+WITH held AS (
+    SELECT a.todo_id, a.claimed_at, a.ended_at FROM queues_attempt a
+    WHERE a.claimed_at <= %(now)s AND a.ended_at >= %(since)s
+    UNION ALL
+    -- The claims in progress (their Attempt rows are written when they end).
+    SELECT t.id, t.claimed_at, NULL FROM queues_todo t
+    WHERE t.state = 'claimed' AND t.claimed_at <= %(now)s
+),
+spans AS (
     SELECT t.pool, t.tags,
            date_trunc('minute', GREATEST(a.claimed_at, %(since)s)) AS first_minute,
            date_trunc('minute', LEAST(coalesce(a.ended_at, %(now)s), %(now)s)) AS last_minute
-    FROM queues_attempt a JOIN queues_todo t ON t.id = a.todo_id
-    WHERE a.claimed_at <= %(now)s AND (a.ended_at IS NULL OR a.ended_at >= %(since)s)
-      AND (t.pool IS NOT NULL OR t.tags <> '{}')
+    FROM held a JOIN queues_todo t ON t.id = a.todo_id
+    WHERE (t.pool IS NOT NULL OR t.tags <> '{}')
 ),
 named AS (
     SELECT 'pool' AS kind, s.pool AS name, s.first_minute, s.last_minute

@@ -4,13 +4,19 @@ queue and minute, and what each endpoint holds now."""
 from __future__ import annotations
 
 # One grouped read of the attempts that began or ended in the window (attempt_claimed_brin and
-# attempt_ended_brin find them without reading older attempts), per queue, kind and minute.
+# attempt_ended_brin find them without reading older attempts), per queue, kind and minute. A
+# claim still in progress has no Attempt row yet (it is written when the claim ends): its claim
+# is the todo's claimed_at (todo_claimed_idx).
 THROUGHPUT_SQL = """
 SELECT t.queue, x.kind, date_trunc('minute', x.at) AS minute, count(*)
 FROM (
     SELECT a.todo_id, 'claims' AS kind, a.claimed_at AS at
     FROM queues_attempt a
     WHERE a.claimed_at >= %(since)s AND a.endpoint_id = ANY(%(endpoints)s)
+    UNION ALL
+    SELECT c.id, 'claims', c.claimed_at
+    FROM queues_todo c
+    WHERE c.state = 'claimed' AND c.claimed_at >= %(since)s AND c.endpoint_id = ANY(%(endpoints)s)
     UNION ALL
     SELECT a.todo_id, CASE a.outcome WHEN 'completed' THEN 'completions' ELSE 'failures' END,
            a.ended_at

@@ -17,6 +17,7 @@ from uuid import UUID
 from django.db.backends.utils import CursorWrapper
 
 from queues.claimable import CLAIMABLE, LAPSED_CLAIM_SET
+from queues.sql.attempts import ENDED_CLAIM, ended_attempt
 
 
 def _claimed(match: str, excluding: str | None) -> str:
@@ -161,6 +162,15 @@ ORDER BY t.id
 """
 
 
+# A claim a quarantine expired: its attempt, as the reaper's.
+_EXPIRED_ATTEMPTS = ended_attempt(
+    "expired",
+    ended_at="clock_timestamp()",
+    outcome="'expired'",
+    disposition="CASE WHEN h.state = 'pending' THEN 'requeued' ELSE 'dead_lettered' END",
+)
+
+
 def quarantine_expire_sql(kind: str) -> str:
     """Every claim naming the limit expired at once, as the reaper would at its lapse: back to
     pending (dead-lettered at the cap), the attempt closed as expired, so the holder's complete,
@@ -173,14 +183,12 @@ WITH expired AS (
     FROM (SELECT id, owner, grant_hash FROM queues_todo t
           WHERE t.state = 'claimed' AND {NAMING[kind]}) h
     WHERE t.id = h.id
-    RETURNING t.id, h.owner, t.endpoint_id, t.queue, t.attempt, t.state, h.grant_hash
+    RETURNING t.id, h.owner, t.endpoint_id, t.queue, t.attempt, t.state, h.grant_hash,
+              {ENDED_CLAIM}
 ), closed AS (
-    UPDATE queues_attempt a
     -- The clock, not the transaction's start: claims committed while this waited for the
     -- limit's lock started after now(), and the occupancy history reads these instants.
-    SET ended_at = clock_timestamp(), outcome = 'expired',
-        disposition = CASE WHEN x.state = 'pending' THEN 'requeued' ELSE 'dead_lettered' END
-    FROM expired x WHERE a.todo_id = x.id AND a.number = x.attempt AND a.ended_at IS NULL
+    {_EXPIRED_ATTEMPTS}
 )
 SELECT id::text, owner, endpoint_id::text, queue, attempt, state, grant_hash
 FROM expired ORDER BY id

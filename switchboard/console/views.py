@@ -219,7 +219,7 @@ def queue_resume_view(request: HttpRequest, name: str) -> HttpResponse:
 
 def _todo_context(request: HttpRequest, viewer: Viewer, todo_id: UUID) -> dict[str, Any]:
     todo = selectors.todo_get(actor=viewer.actor, todo_id=todo_id)
-    attempts = list(todo.attempts.order_by("-claimed_at", "-id"))
+    attempts = selectors.todo_attempts(todo)
     chips = selectors.admission_for([todo])
     policy_status = None
     evaluation = admission_selectors.identity_status(todo.endpoint_id, todo.queue)

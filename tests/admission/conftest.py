@@ -12,8 +12,9 @@ from django.utils import timezone
 from admission import services, windows
 from admission.models import AdmissionPolicy, AdmissionWindow
 from queues.models import Attempt, Endpoint
+from queues.selectors import ClaimInProgress
 from switchboard.core import counters
-from tests.conftest import Personas
+from tests.conftest import Personas, every_attempt
 
 
 def budget(
@@ -56,11 +57,9 @@ def window_total(policy: AdmissionPolicy, column: str = "used") -> int:
     return rows.aggregate(n=Sum(column))["n"] or 0
 
 
-def over_cap(endpoint_id: Any, new: list[Attempt], cap: int) -> list[str]:
+def over_cap(endpoint_id: Any, new: list[Attempt | ClaimInProgress], cap: int) -> list[str]:
     """Claims among ``new`` that found ``cap`` or more other claims open when they started."""
-    spans = list(
-        Attempt.objects.filter(todo__endpoint_id=endpoint_id).values_list("claimed_at", "ended_at")
-    )
+    spans = [(a.claimed_at, a.ended_at) for a in every_attempt(endpoint_id=endpoint_id)]
     over = []
     for attempt in new:
         t = attempt.claimed_at

@@ -24,6 +24,7 @@ from tests.admission.conftest import budget, window_total
 from tests.admission.racer import race
 from tests.conftest import (
     Personas,
+    attempt_count,
     database_url,
     lapse,
     make_retry_due,
@@ -59,7 +60,7 @@ def test_fifty_racers_in_two_processes_commit_exactly_ten_of_fifty(
     # Both processes raced: each one's claimers met the policy lock.
     assert all(r["claimed"] or r["deferred"] for r in reports)
     assert Todo.objects.filter(state=TodoState.CLAIMED).count() == 10
-    assert Attempt.objects.count() == 10
+    assert attempt_count() == 10
     assert used(policy) == 10
     assert counters.value(metrics.CHARGED, {"queue": "inbox"}) == 10
     assert counters.value(metrics.CLAIMED, {"queue": "inbox"}) == 10
@@ -93,7 +94,7 @@ def test_charged_total_equals_claimed_total_for_the_queue(tx_personas: Personas)
     services.claim_next(actor=p.as_agent(), queue="outbox")
     charged = counters.value(metrics.CHARGED, {"queue": "inbox"})
     assert charged == counters.value(metrics.CLAIMED, {"queue": "inbox"}) == used(policy) == 8
-    assert Attempt.objects.filter(todo__queue="inbox").count() == 8
+    assert attempt_count(queue="inbox") == 8
     assert counters.value(metrics.REFUSALS, {"queue": "inbox", "reason": "window_exhausted"}) >= 1
     # A queue without a budget counts claims and charges nothing.
     assert counters.value(metrics.CLAIMED, {"queue": "outbox"}) == 1
@@ -220,7 +221,7 @@ def test_a_one_statement_claim_killed_mid_statement_charges_nothing_and_leaves_t
     assert isinstance(outcome[0], Exception), outcome
     todo.refresh_from_db()
     assert todo.state == TodoState.PENDING and todo.attempt == 0
-    assert Attempt.objects.count() == 1
+    assert attempt_count() == 1
     assert used(policy) == 1
     assert counters.value(metrics.CLAIMED, {"queue": "inbox"}) == 1
     again = services.claim_next(actor=p.as_agent())

@@ -30,7 +30,7 @@ from queues.services import Claimed
 from tests.admission.conftest import budget, over_cap, window_total
 from tests.children import Child
 from tests.children import children as started
-from tests.conftest import Personas, database_url, push
+from tests.conftest import Personas, attempt_count, database_url, every_attempt, push
 
 K = WINDOW_SHARDS
 
@@ -259,9 +259,9 @@ def test_sixteen_claimers_in_two_processes_cross_into_exact_mode_and_never_over_
     _run(children, p.agent.id, threads=8, ops=6, seed="shards")
     claims = _claims(children)
     assert claims == window_total(policy) == K + 3  # demand (96 tries) ran the window out
-    assert Attempt.objects.filter(todo__endpoint=p.agent).count() == claims
+    assert attempt_count(endpoint=p.agent) == claims
     assert _charged(policy) == claims
-    assert not over_cap(p.agent.id, list(Attempt.objects.all()), K + 3)
+    assert not over_cap(p.agent.id, every_attempt(), K + 3)
 
 
 def test_the_lean_statement_racing_the_full_one_near_the_limit_never_over_admits(
@@ -305,7 +305,7 @@ def test_the_lean_statement_racing_the_full_one_near_the_limit_never_over_admits
         total += sum(r["claims"] for r in reports)
         # Demand (96 tries) runs the window out: exactly the limit, never one over.
         assert total == window_total(policy) == _charged(policy) == policy.max_claims_per_window
-        assert Attempt.objects.filter(todo__endpoint=p.agent).count() == total
+        assert attempt_count(endpoint=p.agent) == total
         if by_statement["lean"] and by_statement["full"]:
             break
     assert by_statement["lean"] > 0 and by_statement["full"] > 0, by_statement
@@ -353,4 +353,4 @@ def test_a_limit_lowered_mid_run_never_over_admits(
     claims = _claims(children)
     assert window_total(policy) <= max(after_change, lowered)
     assert window_total(policy) == _charged(policy) == claims
-    assert Attempt.objects.filter(todo__endpoint=p.agent).count() == claims
+    assert attempt_count(endpoint=p.agent) == claims

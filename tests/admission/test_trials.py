@@ -19,11 +19,10 @@ from admission import services as admission_services
 from admission.models import AdmissionPolicy, AdmissionWindow
 from admission.selectors import policy_row
 from queues import services
-from queues.models import Attempt
 from tests.admission.conftest import over_cap
 from tests.children import Child
 from tests.children import children as started
-from tests.conftest import FIXTURE, Personas, push
+from tests.conftest import FIXTURE, Personas, attempt_count, every_attempt, push
 
 TRIALS = 100
 ZONES = ["UTC", "Europe/Berlin", "Australia/Lord_Howe", "Asia/Kolkata", "America/Los_Angeles"]
@@ -114,16 +113,21 @@ def _trial(p: Personas, children: list[Child], seed: int) -> None:
         policy = _set(p, endpoint, cap, stack)
         push(p, rng.randint(4, 20), endpoint=endpoint)
         used_before = _used(policy)
-        seen = set(Attempt.objects.filter(todo__endpoint=endpoint).values_list("id", flat=True))
+        # An attempt is its todo, number and start, whether it has ended (a row) or not yet.
+        seen = {(a.todo_id, a.number, a.claimed_at) for a in every_attempt(endpoint=endpoint)}
         claims += _phase(children, rng, endpoint.id, seed, phase)
-        new = list(Attempt.objects.filter(todo__endpoint=endpoint).exclude(id__in=seen))
+        new = [
+            a
+            for a in every_attempt(endpoint=endpoint)
+            if (a.todo_id, a.number, a.claimed_at) not in seen
+        ]
         used_after = _used(policy)
         for item in policy_row(policy).window_limits():
             limit, key = item.limit, item.key
             assert used_after[key] <= max(used_before[key], limit), (seed, phase, key, used_after)
         if cap is not None:
             assert not over_cap(endpoint.id, new, cap), (seed, phase, cap)
-    attempts = Attempt.objects.filter(todo__endpoint=endpoint).count()
+    attempts = attempt_count(endpoint=endpoint)
     assert attempts == claims, (seed, attempts, claims)
     charged = AdmissionWindow.objects.filter(policy__endpoint=endpoint).values_list(
         "window_key", "used"

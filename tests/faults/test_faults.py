@@ -200,10 +200,12 @@ def reconcile(stack: Stack, log: list[Sent]) -> dict[str, Any]:
     refused = {s.claimant for s in log if s.verb == "claim_next" and s.status != 200} - departed
     rows = stack.sql("SELECT id::text, state FROM queues_todo")
     state = dict(rows)
+    # Every claim made: the ended attempts' rows and the claims in progress (the todos').
     attempts = stack.sql(
-        "SELECT todo_id::text, number, claimant, claimed_at, "
-        "LEAST(lease_expires_at, COALESCE(ended_at, lease_expires_at)) "
-        "FROM queues_attempt ORDER BY todo_id, number"
+        "SELECT todo_id::text, number, claimant, claimed_at, LEAST(lease_expires_at, ended_at) "
+        "FROM queues_attempt UNION ALL "
+        "SELECT id::text, attempt, owner, claimed_at, lease_expires_at "
+        "FROM queues_todo WHERE state = 'claimed' ORDER BY 1, 2"
     )
     overlapping = 0
     for before, after in itertools.pairwise(attempts):
@@ -243,7 +245,8 @@ def _drift(stack: Stack, client: redis.Redis) -> int:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         truth = stack.sql(
-            "SELECT (SELECT count(*) FROM queues_todo), (SELECT count(*) FROM queues_attempt), "
+            "SELECT (SELECT count(*) FROM queues_todo), (SELECT count(*) FROM queues_attempt)"
+            " + (SELECT count(*) FROM queues_todo WHERE state = 'claimed'), "
             "(SELECT count(*) FROM queues_todo WHERE state = 'done')"
         )[0]
         counted = [

@@ -56,8 +56,8 @@ def test_a_claim_holding_no_grant_is_ended_by_the_plain_statement_alone(
 def test_the_plain_ending_of_every_verb_ends_the_attempt_it_ended(
     personas: Personas, ending: str
 ) -> None:
-    """The plain statement finds the attempt by done's id unless its disposition reads done's
-    row (a failure's and a release's do): then by the join, which puts that row in scope."""
+    """The plain statement writes the ended claim's attempt row from done's row (the
+    disposition of a failure and of a release reads it)."""
     (todo,) = push(personas, 1)
     claimed = services.claim_next(actor=personas.as_agent())
     assert isinstance(claimed, Claimed)

@@ -47,7 +47,7 @@ from switchboard.ledger import chain
 from switchboard.ledger.models import LedgerEntry, LedgerKind
 from tests.children import Child
 from tests.children import children as started
-from tests.conftest import Personas, lapse, push
+from tests.conftest import Personas, every_attempt, lapse, push
 
 OCCUPANCY = {"p": "pool", "a": "tag", "b": "tag"}  # the pool and tag limits, by name
 RATE = "r"
@@ -137,7 +137,7 @@ class NamedLimits(RuleBasedStateMachine):
 
     def read(self) -> World:
         claimed = Todo.objects.filter(state=TodoState.CLAIMED)
-        attempts = Attempt.objects.select_related("todo")
+        attempts = every_attempt()
         return World(
             limits=self.in_force(),
             occupancy={

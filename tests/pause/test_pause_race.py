@@ -16,10 +16,10 @@ from django.db import transaction
 
 from queues import pauses, services
 from queues.access import HumanActor
-from queues.models import Attempt, QueuePause, Todo, TodoState
+from queues.models import QueuePause, Todo, TodoState
 from queues.services import Claimed, NothingClaimable
 from switchboard.core.errors import Conflict
-from tests.conftest import Personas, audit_rows, run_threads
+from tests.conftest import Personas, attempts_of, audit_rows, every_attempt, run_threads
 from tests.pause.helpers import in_thread, pause, wait_until, waiting_locks
 
 CLAIMERS = 8
@@ -78,7 +78,7 @@ def test_no_claim_is_handed_out_after_a_pause_taken_mid_stream_returns(
     assert row.paused_at == result.pause.at
     assert claimed_after == []
     assert empty_after[0] == CLAIMERS * CALLS_AFTER_PAUSE
-    attempts = list(Attempt.objects.filter(todo__queue="inbox"))
+    attempts = every_attempt(queue="inbox")
     assert len(attempts) == len(claimed_before) >= CLAIMS_BEFORE_PAUSE
     late = [a for a in attempts if a.claimed_at >= row.paused_at]
     assert late == [], f"{len(late)} attempts were claimed at or after paused_at"
@@ -129,7 +129,7 @@ def test_the_pause_waits_for_an_open_claim_and_claims_arriving_meanwhile_see_it(
     assert isinstance(a, Claimed)
     assert claim_c.result() == NothingClaimable()
     result = paused.result()
-    attempt = Attempt.objects.get(todo_id=a.todo.id)
+    (attempt,) = attempts_of(a.todo)
     assert attempt.claimed_at < result.pause.at
     assert Todo.objects.filter(endpoint=p.agent2, state=TodoState.PENDING).count() == 3
 

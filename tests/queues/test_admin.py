@@ -74,6 +74,7 @@ def test_todo_actions_retry_and_release_go_through_the_services(personas: Person
 def test_attempts_are_read_only_in_the_admin(personas: Personas) -> None:
     (todo,) = push(personas, 1)
     services.claim(actor=personas.as_agent(), todo_id=todo.id)
+    services.complete(actor=personas.as_agent(), todo_id=todo.id)
     attempt = Attempt.objects.get(todo=todo)
     client = admin_client(personas)
     assert client.get("/admin/queues/attempt/add/").status_code == 403

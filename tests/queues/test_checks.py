@@ -1,7 +1,7 @@
 """The todo's and attempt's CHECK rules in their cheaper forms (queues migrations 0012, 0013 and
 0016, issue 12): the same rows refused, under the same constraint names, now that every rule is
 checked by a trigger (the fields no transition changes by todo_fields_check, the transition
-rules by todo_state_check, the attempt's by attempt_one_open); and the shape that keeps a claim
+rules by todo_state_check, the attempt's by attempt_rules); and the shape that keeps a claim
 cycle from paying for them (no CHECK rebuilt per statement, no BEFORE UPDATE trigger, no
 trigger on the fields a cycle never sets)."""
 
@@ -133,17 +133,15 @@ def test_each_rule_accepts_what_it_accepted(personas: Personas, column: str, val
 def test_the_attempt_rules_refuse_under_their_names(personas: Personas) -> None:
     (todo,) = push(personas, 1)
     services.claim(actor=personas.as_agent(), todo_id=todo.id)
+    services.complete(actor=personas.as_agent(), todo_id=todo.id)
     attempt = Attempt.objects.get(todo=todo)
     cases = [
-        ("attempt_outcome_valid", "ended_at = now(), outcome = 'nonsense'"),
-        ("attempt_ended_has_outcome", "ended_at = now()"),
-        ("attempt_ended_has_outcome", "outcome = 'completed'"),
+        ("attempt_outcome_valid", "outcome = 'nonsense'"),
         ("attempt_number_positive", "number = 0"),
     ]
     for rule, change in cases:
         statement = f"UPDATE queues_attempt SET {change} WHERE id = %s"
         assert _refused_by(statement, [attempt.id]) == rule
-    # And on an insert (an ended attempt: history, which the one-open rule lets through).
     insert = (
         "INSERT INTO queues_attempt (todo_id, number, endpoint_id, claimant, via, claimed_at,"
         " lease_expires_at, summary, ended_at, outcome)"
@@ -151,17 +149,22 @@ def test_the_attempt_rules_refuse_under_their_names(personas: Personas) -> None:
     )
     inserts = [
         ("attempt_number_positive", {"number": "0"}),
-        ("attempt_ended_has_outcome", {"outcome": "NULL"}),
         ("attempt_outcome_valid", {"outcome": "'nonsense'"}),
     ]
     for rule, values in inserts:
         row = {"number": "1", "ended_at": "now()", "outcome": "'released'", **values}
         assert _refused_by(insert.format(**row), [todo.id, personas.agent.id]) == rule
-    with connection.cursor() as cur:  # both set: accepted
-        cur.execute(
-            "UPDATE queues_attempt SET ended_at = now(), outcome = 'expired' WHERE id = %s",
-            [attempt.id],
-        )
+    # An attempt row is an ended claim's: neither its end nor its outcome may be missing.
+    for column in ("ended_at", "outcome"):
+        row = {"number": "1", "ended_at": "now()", "outcome": "'released'", column: "NULL"}
+        with (
+            pytest.raises(IntegrityError, match=f'"{column}"'),
+            transaction.atomic(),
+            connection.cursor() as cur,
+        ):
+            cur.execute(insert.format(**row), [todo.id, personas.agent.id])
+    with connection.cursor() as cur:  # valid: accepted
+        cur.execute("UPDATE queues_attempt SET outcome = 'expired' WHERE id = %s", [attempt.id])
         cur.execute(
             insert.format(number="1", ended_at="now()", outcome="'released'"),
             [todo.id, personas.agent.id],
@@ -244,7 +247,7 @@ def test_model_validation_still_runs_the_compact_rules(personas: Personas) -> No
         with pytest.raises(ValidationError, match=rule):
             todo.validate_constraints()
         setattr(todo, field, original)
-    attempt = Attempt(todo=todo, number=1, endpoint=personas.agent, ended_at=None)
+    attempt = Attempt(todo=todo, number=1, endpoint=personas.agent)
     attempt.outcome = "nonsense"
     with pytest.raises(ValidationError, match="attempt_outcome_valid"):
         attempt.validate_constraints(exclude={"todo"})

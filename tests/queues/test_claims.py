@@ -18,6 +18,8 @@ from switchboard.core.errors import Conflict, Forbidden, InvalidArgument, NotFou
 from tests.conftest import (
     FIXTURE,
     Personas,
+    attempt_count,
+    attempts_of,
     claim_and_lapse,
     database_url,
     lapse,
@@ -44,7 +46,7 @@ def test_eight_racers_claim_two_hundred_todos_exactly_once(tx_personas: Personas
     claimed = [t for batch in results for t in batch]
     assert len(claimed) == 200
     assert set(claimed) == {t.id for t in todos}
-    assert Attempt.objects.count() == 200
+    assert attempt_count() == 200 and not Attempt.objects.exists()  # none ended yet
     assert Todo.objects.filter(state=TodoState.CLAIMED, attempt=1).count() == 200
     # More than one racer did real work: the race was a race.
     assert sum(1 for batch in results if batch) > 1
@@ -94,9 +96,12 @@ def test_a_lapsed_lease_is_taken_over_and_the_old_attempt_is_superseded(
     result = services.claim_next(actor=personas.as_agent(), claimant="fast")
     assert isinstance(result, Claimed)
     assert result.todo.id == todo.id and result.attempt == 2 and result.todo.owner == "fast"
-    attempts = list(Attempt.objects.filter(todo=todo).order_by("number"))
+    attempts = attempts_of(todo)
     assert [a.outcome for a in attempts] == [AttemptOutcome.SUPERSEDED, None]
     assert attempts[0].claimant == "slow" and attempts[1].claimant == "fast"
+    # The superseded attempt ended when the takeover claimed, and its row is the one written.
+    (ended,) = Attempt.objects.filter(todo=todo)
+    assert ended.ended_at == result.todo.claimed_at and ended.number == 1
 
 
 def test_a_live_lease_is_not_taken_over(personas: Personas) -> None:
@@ -173,7 +178,7 @@ def test_operator_retry_resets_the_attempt(personas: Personas) -> None:
     claimed = services.claim_next(actor=personas.as_agent())
     assert isinstance(claimed, Claimed) and claimed.attempt == 1
     # The history keeps both attempts numbered 1.
-    assert Attempt.objects.filter(todo=todo).count() == 2
+    assert [a.number for a in attempts_of(todo)] == [1, 1]
     with pytest.raises(NotFound):
         services.todo_retry(actor=personas.as_human(personas.other_owner), todo_id=todo.id)
 
@@ -211,8 +216,8 @@ def test_fencing_refuses_a_missing_or_wrong_lease_token(personas: Personas) -> N
     claimed = services.claim_next(actor=personas.as_agent(), require_fence=True)
     assert isinstance(claimed, Claimed) and claimed.lease_token
     assert claimed.lease_token.startswith("sbl_")
-    stored = Attempt.objects.get(todo=todo).lease_token_hash
-    assert stored == services.hash_token(claimed.lease_token)
+    todo.refresh_from_db()
+    assert todo.lease_token_hash == services.hash_token(claimed.lease_token)
     for token in (None, "sbl_wrong"):
         with pytest.raises(Conflict):
             services.heartbeat(actor=personas.as_agent(), todo_id=todo.id, lease_token=token)
@@ -362,12 +367,13 @@ def test_the_operator_board_claim_is_scoped_to_owned_endpoints(personas: Persona
     board = personas.as_human(via="board")
     claimed = services.claim(actor=board, todo_id=mine.id)
     assert claimed.todo.owner == "operator:olive"
-    assert Attempt.objects.get(todo=mine).via == "board"
+    assert attempts_of(mine)[-1].via == "board"
     with pytest.raises(NotFound):
         services.claim(actor=board, todo_id=theirs.id)
     # The operator may end the claim it holds without a lease token.
     done = services.complete(actor=board, todo_id=mine.id)
     assert done.state == TodoState.DONE
+    assert Attempt.objects.get(todo=mine).via == "board"
     with pytest.raises(Forbidden):
         services.claim(actor=personas.as_human(personas.auditor), todo_id=theirs.id)
 
@@ -410,7 +416,7 @@ def test_racing_claims_of_one_lapsed_todo_make_exactly_one_takeover(tx_personas:
 
     winners = [r for r in run_threads(8, take) if r is not None]
     assert len(winners) == 1 and winners[0].attempt == 2
-    outcomes = sorted(str(a.outcome) for a in Attempt.objects.filter(todo=todo))
+    outcomes = sorted(str(a.outcome) for a in attempts_of(todo))
     assert outcomes == ["None", AttemptOutcome.SUPERSEDED]
 
 
@@ -434,21 +440,22 @@ def test_takeovers_racing_the_reaper_never_leave_two_open_attempts(
     # Every lapsed claim ended exactly once: reaped (expired) or taken over (superseded), never
     # both; a todo left claimed has exactly one open attempt; a reaped one waits as pending.
     first = Attempt.objects.filter(claimant="silent")
-    assert first.filter(ended_at__isnull=True).count() == 0
     assert first.filter(outcome=AttemptOutcome.EXPIRED).count() == reaped
     assert first.filter(outcome=AttemptOutcome.SUPERSEDED).count() + reaped == len(todos)
     claimed = Todo.objects.filter(state=TodoState.CLAIMED)
     pending = Todo.objects.filter(state=TodoState.PENDING)
     assert claimed.count() + pending.count() == len(todos)
     assert claimed.count() == taken
-    assert Attempt.objects.filter(ended_at__isnull=True).count() == taken
+    assert attempt_count() - Attempt.objects.count() == taken
+    assert not Attempt.objects.exclude(claimant="silent").exists()
     assert set(pending.values_list("attempt", flat=True)) <= {1}
 
 
-def test_the_database_refuses_a_second_open_attempt_of_a_todo(personas: Personas) -> None:
+def test_the_database_refuses_an_attempt_row_that_has_not_ended(personas: Personas) -> None:
+    """The claim in progress is the todo's columns; an Attempt row is an ended claim's."""
     (todo,) = push(personas, 1)
     services.claim(actor=personas.as_agent(), todo_id=todo.id, claimant="first")
-    with pytest.raises(IntegrityError, match="attempt_one_open"), transaction.atomic():
+    with pytest.raises(IntegrityError, match="ended_at"), transaction.atomic():
         Attempt.objects.create(
             todo=todo,
             number=2,
@@ -457,7 +464,9 @@ def test_the_database_refuses_a_second_open_attempt_of_a_todo(personas: Personas
             via="api",
             claimed_at=timezone.now(),
             lease_expires_at=timezone.now(),
+            outcome=AttemptOutcome.COMPLETED,
         )
+    assert attempt_count(pk=todo.pk) == 1
 
 
 @pytest.mark.parametrize("waits", ["full", "lean"])
@@ -526,7 +535,7 @@ def test_a_takeover_whose_snapshot_predates_the_claim_it_replaces_still_ends_tha
     (claimed,) = late
     assert isinstance(claimed, Claimed), claimed
     assert claimed.todo.id == todo.id and claimed.attempt == 2
-    attempts = list(Attempt.objects.filter(todo=todo).order_by("number"))
+    attempts = attempts_of(todo)
     assert [(a.number, a.outcome) for a in attempts] == [
         (1, AttemptOutcome.SUPERSEDED),
         (2, None),
@@ -555,7 +564,7 @@ def test_a_bare_claim_and_its_completion_are_two_statements_without_gate_fragmen
     with connections["default"].execute_wrapper(count):
         cycle()
     claim, completion = seen
-    assert "FOR UPDATE OF t SKIP LOCKED" in claim and "UPDATE queues_attempt" in completion
+    assert "FOR UPDATE OF t SKIP LOCKED" in claim and "INSERT INTO queues_attempt" in completion
     for fragment in (
         "limits_pool",
         "limits_taglimit",
@@ -580,20 +589,15 @@ def test_a_completion_that_waited_on_a_takeover_of_its_todo_ends_nothing(
     services.claim(actor=p.as_agent(), todo_id=todo.id, claimant="first")
     taker = psycopg.connect(database_url(), autocommit=False)
     taker.execute(
-        "UPDATE queues_attempt SET ended_at = now(), outcome = 'superseded',"
-        " disposition = 'requeued' WHERE todo_id = %s AND number = 1",
-        [todo.id],
+        "INSERT INTO queues_attempt (todo_id, number, endpoint_id, claimant, via, claimed_at,"
+        " lease_expires_at, ended_at, outcome, disposition, summary)"
+        " VALUES (%s, 1, %s, 'first', 'api', now(), now(), now(), 'superseded', 'requeued', '')",
+        [todo.id, p.agent.id],
     )
     taker.execute(
         "UPDATE queues_todo SET attempt = 2, owner = 'second',"
         " lease_expires_at = now() + interval '5 minutes' WHERE id = %s",
         [todo.id],
-    )
-    taker.execute(
-        "INSERT INTO queues_attempt (todo_id, number, endpoint_id, claimant, via, claimed_at,"
-        " lease_expires_at, summary) VALUES (%s, 2, %s, 'second', 'api', now(),"
-        " now() + interval '5 minutes', '')",
-        [todo.id, p.agent.id],
     )
     outcome: list[Any] = []
 
@@ -632,7 +636,7 @@ def test_a_completion_that_waited_on_a_takeover_of_its_todo_ends_nothing(
     assert isinstance(error, Conflict) and error.details.get("reason") == "superseded", error
     todo.refresh_from_db()
     assert (todo.state, todo.attempt, todo.owner) == (TodoState.CLAIMED, 2, "second")
-    attempts = list(Attempt.objects.filter(todo=todo).order_by("number"))
+    attempts = attempts_of(todo)
     assert [(a.number, a.outcome) for a in attempts] == [
         (1, AttemptOutcome.SUPERSEDED),
         (2, None),

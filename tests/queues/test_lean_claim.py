@@ -14,9 +14,9 @@ from admission import services as admission_services
 from admission.limits.models import Pool
 from admission.models import AdmissionPolicy, AdmissionWindow
 from queues import services, sql
-from queues.models import Attempt, AttemptOutcome, Todo, TodoState
+from queues.models import AttemptOutcome, Todo, TodoState
 from queues.services import Claimed, NothingClaimable
-from tests.conftest import Personas, lapse, push, statements
+from tests.conftest import Personas, attempt_count, attempts_of, lapse, push, statements
 from tests.queues.test_bare_claim import _claimed_rows
 
 _KW: dict[str, Any] = {
@@ -82,8 +82,8 @@ def test_the_lean_statement_claims_and_charges_what_the_full_statement_does(
         assert lean.todo_id == full.todo_id and lean.queue == full.queue == queue
         assert lean_rows == full_rows and lean_charged == full_charged
         assert lean_rows[0]["state"] == TodoState.CLAIMED and lean_rows[0]["grant_hash"] is None
-        (attempt,) = lean_rows[1]
-        assert attempt["claimant"] == "w0" and attempt["lease_token_hash"] == "f" * 64
+        assert lean_rows[1] == []  # the claim in progress is the todo's columns
+        assert (lean_rows[0]["owner"], lean_rows[0]["lease_token_hash"]) == ("w0", "f" * 64)
         # The verdicts, per gate in lock order, as the full statement gives them.
         assert len(lean.verdicts) == len(full.verdicts)
         for mine, theirs in zip(lean.verdicts, full.verdicts, strict=True):
@@ -152,10 +152,10 @@ def test_the_lean_statement_leaves_a_takeover_to_the_full_statement(
     assert not sql.recently_named(personas.agent.id)  # a takeover is no named work
     assert _charged(policy) == 1
     assert Todo.objects.get(pk=todo.id).owner == "slow"
-    assert Attempt.objects.filter(todo=todo).count() == 1
+    assert attempt_count(pk=todo.pk) == 1
     result = services.claim_next(actor=personas.as_agent(), claimant="fast")
     assert isinstance(result, Claimed) and result.todo.id == todo.id and result.attempt == 2
-    attempts = list(Attempt.objects.filter(todo=todo).order_by("number"))
+    attempts = attempts_of(todo)
     assert [a.outcome for a in attempts] == [AttemptOutcome.SUPERSEDED, None]
     assert _charged(policy) == 2  # every committed claim is charged, a takeover too
 

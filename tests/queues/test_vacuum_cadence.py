@@ -49,10 +49,11 @@ def test_the_thresholds_survive_a_reload_of_the_table() -> None:
 @pytest.mark.django_db(transaction=True)
 def test_the_migration_is_reversed_to_autovacuums_defaults_and_back() -> None:
     executor = MigrationExecutor(connection)
+    latest = executor.loader.graph.leaf_nodes("queues")  # the later migrations come back too
     try:
         executor.migrate([BEFORE])
         assert reloptions() == {}
     finally:
         executor.loader.build_graph()
-        executor.migrate([AFTER])
+        executor.migrate(latest)
     assert reloptions() == m0018.RELOPTIONS

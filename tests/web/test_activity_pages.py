@@ -41,7 +41,12 @@ def test_each_queue_has_a_chart_with_its_last_hour_in_words(personas: Personas) 
     with connection.cursor() as cursor:
         cursor.execute(
             "UPDATE queues_attempt SET claimed_at = date_trunc('minute', now()), "
-            "ended_at = CASE WHEN ended_at IS NULL THEN NULL ELSE date_trunc('minute', now()) END"
+            "ended_at = date_trunc('minute', now())"
+        )
+        # The claim in progress (its row is written when it ends).
+        cursor.execute(
+            "UPDATE queues_todo SET claimed_at = date_trunc('minute', now())"
+            " WHERE state = 'claimed'"
         )
     page = signed_in(p.owner).get("/throughput").content.decode()
 
