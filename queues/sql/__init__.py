@@ -1315,8 +1315,10 @@ def _ending_plain_sql(
     on every execution, run or not (issue 12: the core cycle's backend CPU). A claim that holds
     a grant matches nothing here, and the caller runs ``_ending_sql`` (``ending_sqls``).
 
-    Its answer is ``done``'s own row (the ended claim's columns last, read by no caller): a
-    scan whose output is its input's row is set up with no projection (issue 12)."""
+    Its answer is the todo's columns and the reopens, not ``done``'s whole row: the ended
+    claim's six columns ``done`` carries for the attempt row would cost the client ~2.4 µs of
+    decoding per completion, and the projection costs PostgreSQL nothing measurable
+    (``bench.pg_instructions``: 1,158.9k against 1,157.0k per cycle)."""
     return _compact(f"""
 WITH done AS (
     UPDATE queues_todo t SET {todo_set}, {CLAIM_CLEARED}, updated_at = clock_timestamp()
@@ -1325,7 +1327,7 @@ WITH done AS (
 ), ended AS (
     {_ended(attempt_outcome, disposition)}
 )
-SELECT * FROM done
+SELECT {DONE_COLUMNS}, d.reopens FROM done d
 """)
 
 
