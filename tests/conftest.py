@@ -245,14 +245,14 @@ def lapse(todo: Any, seconds: int = 5) -> None:
 
 def attempts_of(todo: Any) -> list[Attempt | selectors.ClaimInProgress]:
     """Every attempt of ``todo``, oldest first: its ended Attempt rows, then the claim in
-    progress if it is claimed (an unsaved Attempt with no outcome: its row is written when it
-    ends; ``selectors.todo_attempts``)."""
+    progress if it is claimed (a ``selectors.ClaimInProgress`` with no outcome: its row is
+    written when it ends; ``selectors.todo_attempts``)."""
     return selectors.todo_attempts(Todo.objects.get(pk=todo.pk))[::-1]
 
 
 def every_attempt(**todo_filter: Any) -> list[Attempt | selectors.ClaimInProgress]:
     """Every claim made of the todos matching ``todo_filter`` (all by default): the ended
-    attempts' rows, then each claim in progress (``selectors.current_attempt``: unsaved)."""
+    attempts' rows, then each claim in progress (``selectors.current_attempt``: not a row)."""
     ended: list[Attempt | selectors.ClaimInProgress] = list(
         Attempt.objects.filter(**{f"todo__{k}": v for k, v in todo_filter.items()}).select_related(
             "todo"
@@ -269,8 +269,8 @@ def attempt_count(**todo_filter: Any) -> int:
 
 
 def claim_and_lapse(p: Personas, todos: list[Any]) -> None:
-    """Claim each todo through the service (attempt rows and all), then move every lease into
-    the past, as if the claimers went silent."""
+    """Claim each todo through the service (the claim's columns and all), then move every
+    lease into the past, as if the claimers went silent."""
     for todo in todos:
         services.claim(actor=p.as_agent(todo.endpoint), todo_id=todo.id, claimant="silent")
     with connection.cursor() as cursor:
