@@ -63,6 +63,32 @@ def test_the_variants_cover_the_schema_but_not_what_the_plan_walks() -> None:
     assert dropped == indexes - pg_instructions.KEPT - {"todo_claimable_idx"}
 
 
+@pytest.mark.django_db(transaction=True)  # the bench's backlog loader vacuums
+def test_the_loop_keeps_the_priority_names_however_slow_its_cycles_run() -> None:
+    """Under callgrind a block runs ~50 times slower than the core bench: the priority names'
+    2-second re-read would put its own statement (planned afresh) into the counted cycles."""
+    from django.contrib.auth.models import User
+
+    from admission.limits import priority
+    from bench.core_bench import _reload
+    from queues import gates, services
+    from queues.access import SystemActor
+
+    owner = User.objects.create(username="pgi-owner")
+    endpoint, _token = services.endpoint_vend(
+        actor=SystemActor(via="test"), owner=owner, name="pgi", queues=["bench"], rps=0
+    )
+    _reload(endpoint, 5)
+    with pg_instructions._loop(endpoint.id) as (cycle, _on_own):
+        assert cycle()
+        assert not gates.priority_stale()
+        priority._read_at -= 60.0  # a minute of slow cycles later
+        assert not gates.priority_stale()
+        assert cycle()
+    priority._read_at -= 60.0
+    assert gates.priority_stale()  # outside the loop, the setting as configured
+
+
 def test_a_dump_s_count_is_its_summary_line(tmp_path: Path) -> None:
     dump = tmp_path / "cg.123.4"
     dump.write_text(

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable
 
 from django.conf import settings
+from django.core.signals import setting_changed
 
 _names: frozenset[str] = frozenset()
 _read_at = float("-inf")
@@ -25,6 +26,15 @@ _read_at = float("-inf")
 @functools.cache
 def _ttl() -> float:
     return float(getattr(settings, "QUEUE_SETTINGS_CACHE_SECONDS", 2.0))
+
+
+def _forget_ttl(*, setting: str, **kwargs: object) -> None:
+    # ``override_settings`` of the TTL applies from the next claim, and ends with it.
+    if setting == "QUEUE_SETTINGS_CACHE_SECONDS":
+        _ttl.cache_clear()
+
+
+setting_changed.connect(_forget_ttl, dispatch_uid="admission.limits.priority.ttl")
 
 
 def learn(queue: str) -> None:
