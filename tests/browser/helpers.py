@@ -66,13 +66,16 @@ def api_post(base: str, path: str, token: str, body: dict[str, Any] | None = Non
 
 def small_fleet(p: Personas) -> dict[str, Any]:
     """A fleet with something in every condition, made through the services: pending work,
-    a claim, a dead letter with a structured error, a paused queue, a budget used up, ledger rows."""
+    a claim in progress (``claimed``, after an ended attempt of its own), a dead letter with a
+    structured error, a paused queue, a budget used up, ledger rows."""
     from queues import pauses, services
 
     inbox = push(p, 4)
     push(p, 2, queue="outbox")
     push(p, 1, endpoint=p.agent2)
     agent = p.as_agent()
+    services.claim(actor=agent, todo_id=inbox[0].id, claimant="worker-0")
+    services.release(actor=agent, todo_id=inbox[0].id)
     services.claim(actor=agent, todo_id=inbox[0].id, claimant="worker-1")
     dead = push(p, 1, queue="outbox", max_attempts=1)[0]
     services.claim(actor=agent, todo_id=dead.id, claimant="worker-2")
@@ -83,7 +86,7 @@ def small_fleet(p: Personas) -> dict[str, Any]:
     )
     budget(p, "inbox", max_in_flight=1)
     pauses.queue_pause(actor=p.as_human(p.admin), queue="outbox", reason="upgrading the consumer")
-    return {"todo": inbox[1], "dead": dead}
+    return {"todo": inbox[1], "claimed": inbox[0], "dead": dead}
 
 
 def console_pages(p: Personas, fleet: dict[str, Any]) -> list[str]:
@@ -93,6 +96,7 @@ def console_pages(p: Personas, fleet: dict[str, Any]) -> list[str]:
         "/queues",
         "/queues/inbox",
         f"/todos/{fleet['todo'].id}",
+        f"/todos/{fleet['claimed'].id}",
         f"/todos/{fleet['dead'].id}",
         "/budgets/agent/inbox",
         "/budgets/agent/inbox/clear",
