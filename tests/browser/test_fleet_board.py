@@ -53,5 +53,9 @@ def test_searching_the_fleet_finds_a_todo_by_its_payload(session: Session, fleet
     page.goto("/")
     page.get_by_label("Search").fill("INV-4242")
     page.get_by_role("button", name="Filter").click()
+    # The filtered board replaces the whole one, then its address is pushed (htmx): wait for
+    # that under the session's timeout, not expect's 5 s (a CI host stealing a third of the CPU
+    # took longer to render a 700-todo board twice).
+    page.wait_for_url(re.compile(r"[?&]q=INV-4242"))
     expect(page.locator(".card-title")).to_have_text(["Summarise invoice 4242"])
     expect(page.locator("section.qsection")).to_have_count(1)
