@@ -82,6 +82,9 @@ def run_trial(command: dict[str, Any]) -> dict[str, Any]:
                 start.abort()  # the others stop waiting for this one
                 raise
             start.wait()
+            # "hold_s": this process's threads start claiming that much after the other's (a
+            # test gives the statement that has won nothing yet a head start; see test_shards).
+            time.sleep(float(command.get("hold_s", 0.0)))
             for _ in range(int(command["ops"])):
                 got = services.claim_next(actor=actor, claimant=f"{os.getpid()}-{i}")
                 if isinstance(got, services.Claimed):
