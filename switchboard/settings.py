@@ -244,6 +244,10 @@ WEB_THREADS = env_int("WEB_THREADS", 16, minimum=1)
 # changes a trigger announces and hears all those committed before a request arrived before it
 # uses a cached row; while it cannot listen it looks tokens up in the database. 0 turns it off.
 ENDPOINT_CACHE_SECONDS = float(env("ENDPOINT_CACHE_SECONDS", "60"))
+# How long a process keeps the names of the queues with a priority (admission.limits.priority)
+# before the next claim_next statement carries them back: a priority another process writes
+# orders claims here within this many seconds.
+QUEUE_SETTINGS_CACHE_SECONDS = 2.0
 # Per-endpoint request rate limit (requests per second / burst); an endpoint may override it.
 ENDPOINT_RATE_LIMIT = env_rate("ENDPOINT_RATE_LIMIT", "20/40")
 # Writes to admission policies, per human.

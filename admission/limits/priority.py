@@ -12,29 +12,18 @@ claims here within that many seconds: priority is an ordering preference, not a 
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Iterable
 
-from django.conf import settings
-from django.core.signals import setting_changed
+from switchboard.core import hotsettings
 
 _names: frozenset[str] = frozenset()
 _read_at = float("-inf")
 
 
-@functools.cache
 def _ttl() -> float:
-    return float(getattr(settings, "QUEUE_SETTINGS_CACHE_SECONDS", 2.0))
-
-
-def _forget_ttl(*, setting: str, **kwargs: object) -> None:
-    # ``override_settings`` of the TTL applies from the next claim, and ends with it.
-    if setting == "QUEUE_SETTINGS_CACHE_SECONDS":
-        _ttl.cache_clear()
-
-
-setting_changed.connect(_forget_ttl, dispatch_uid="admission.limits.priority.ttl")
+    # Kept until override_settings changes it (switchboard.core.hotsettings).
+    return float(hotsettings.setting("QUEUE_SETTINGS_CACHE_SECONDS"))
 
 
 def learn(queue: str) -> None:
