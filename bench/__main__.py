@@ -3,9 +3,11 @@
 Runs against a database of its own (``switchboard_bench``, or BENCH_DATABASE) on the embedded PostgreSQL, or on the
 server of DATABASE_URL, migrated fresh; the embedded Valkey is started if REDIS_URL is unset.
 ``python -m bench [--duration S] [--repeats N] [--modes threads,processes] [--points 8,32]
-[--only core,http,admission,console,doorbell,boardlive,limits]``: ``--repeats`` and ``--modes``
+[--only core,http,admission,console,doorbell,boardlive,limits] [--wait-quiet S]``: ``--repeats`` and ``--modes``
 reach the benches that take them (core, admission; repeats also boardlive, limits), ``--points``
-the admission bench (1, 8, 32, 10_queues_at_8, 3_windows_at_8). Prints each bench's wall time and the total.
+the admission bench (1, 8, 32, 10_queues_at_8, 3_windows_at_8). ``--wait-quiet S`` starts each
+bench only once the host is quiet (``bench.common.wait_for_quiet``), waiting at most S seconds;
+the result records the wait (``quiet_gate``). Prints each bench's wall time and the total.
 """
 
 from __future__ import annotations
@@ -99,6 +101,13 @@ def main(argv: list[str] | None = None) -> int:
         "--modes", default="threads,processes", help="worker modes, where a bench has them"
     )
     parser.add_argument("--points", default="", help="admission points (default: all)")
+    parser.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="start each bench in a quiet spell of the host, waiting at most S seconds",
+    )
     args = parser.parse_args(argv)
     # Each option reaches the benches whose run() takes it (and the repeating ones say so).
     options: dict[str, Any] = {
@@ -121,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     if not os.environ.get("REDIS_URL") and not embedded.valkey_running(settings.REDIS_URL):
         valkey = embedded.start_valkey(settings.REDIS_URL)
     call_command("migrate", verbosity=0)
-    from bench.common import HISTORY_TODOS, load_history, write_result
+    from bench.common import HISTORY_TODOS, load_history, wait_for_quiet, write_result
 
     load_history()
 
@@ -133,8 +142,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {name} ({args.duration:g} s per measurement)", flush=True)
             accepted = inspect.signature(module.run).parameters
             kwargs = {k: v for k, v in options.items() if k in accepted}
+            gate = None
+            if args.wait_quiet > 0:
+                gate = functools.partial(wait_for_quiet, embedded.data_dir(), args.wait_quiet)
             result = measured(
-                functools.partial(module.run, args.duration, **kwargs), embedded.data_dir()
+                functools.partial(module.run, args.duration, **kwargs), embedded.data_dir(), gate
             )
             result["history_todos"] = HISTORY_TODOS
             result["load"] = [round(x, 2) for x in os.getloadavg()]
@@ -147,17 +159,30 @@ def main(argv: list[str] | None = None) -> int:
     return status
 
 
-def measured(run: Callable[[], dict[str, Any]], folder: Path) -> dict[str, Any]:
+def measured(
+    run: Callable[[], dict[str, Any]],
+    folder: Path,
+    gate: Callable[[], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """A bench's result with its wall time, and what the host gave just before it and just
     after it (``bench.common.host_probe``, its flush file in ``folder``): every loop waits for
-    flushes and round trips, and on a virtual machine the host's moment moves them."""
+    flushes and round trips, and on a virtual machine the host's moment moves them. With a
+    ``gate`` (``--wait-quiet``), the bench starts when it returns, and its record is kept as
+    ``quiet_gate``."""
     from bench.common import host_probe
 
+    waited = None
+    if gate is not None:
+        waited = gate()
+        if not waited["quiet"]:
+            print(f"   the host was not quiet: {waited}", flush=True)
     before = host_probe(folder)
     started = time.perf_counter()
     result = run()
     result["wall_s"] = round(time.perf_counter() - started, 1)
     result["host_probe"] = {"before": before, "after": host_probe(folder)}
+    if waited is not None:
+        result["quiet_gate"] = waited
     return result
 
 

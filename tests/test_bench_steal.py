@@ -162,3 +162,95 @@ def test_an_http_point_keeps_every_run_s_steal_beside_its_rate_in_the_order_they
     assert point["cycles_per_s"] == 640.0 and point["cpu_steal_share"] is None
     assert point["runs_cycles_per_s"] == [880.0, 640.0, 440.0]
     assert point["runs_cpu_steal_share"] == [0.01, None, 0.3]
+
+
+def _probes(steals: list[float | None]) -> tuple[Callable[[Path], dict[str, Any]], list[Path]]:
+    """A host whose probes see these steal shares in turn in their wake part (the flush part
+    sees 0.02 each time; the wait judges a probe by its worst part), and the folders it was
+    probed in."""
+    left = list(steals)
+    folders: list[Path] = []
+
+    def probe(folder: Path) -> dict[str, Any]:
+        folders.append(folder)
+        return {"flush": {"cpu_steal_share": 0.02}, "wake": {"cpu_steal_share": left.pop(0)}}
+
+    return probe, folders
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_a_bench_waits_for_two_quiet_probes_in_a_row(tmp_path: Path) -> None:
+    # Quiet, noisy, quiet, quiet: the first quiet probe alone does not start the bench, and
+    # the wait pauses only after a noisy one.
+    probe, folders = _probes([0.01, 0.3, 0.049, 0.0, 0.9])
+    clock = _Clock()
+    gate = common.wait_for_quiet(
+        tmp_path, 600.0, probe=probe, sleep=clock.sleep, clock=clock, pause_s=20.0
+    )
+    assert gate["quiet"] is True
+    assert gate["probes"] == [0.02, 0.3, 0.049, 0.02]
+    assert clock.slept == [20.0]
+    assert gate["waited_s"] == 20.0
+    assert folders == [tmp_path] * 4
+    assert (gate["max_steal"], gate["needed"]) == (common.QUIET_STEAL, common.QUIET_PROBES)
+
+
+def test_a_host_that_stays_noisy_gives_up_within_the_wait_and_says_so(tmp_path: Path) -> None:
+    probe, _ = _probes([0.2, 0.01, 0.3, 0.25, 0.01, 0.4, 0.5, 0.6])
+    clock = _Clock()
+    gate = common.wait_for_quiet(
+        tmp_path, 70.0, probe=probe, sleep=clock.sleep, clock=clock, pause_s=20.0
+    )
+    # Noisy at 0, 20 (after a quiet one), 40 and 60 s: the next pause would end past 70 s.
+    assert gate["quiet"] is False
+    assert gate["probes"] == [0.2, 0.02, 0.3, 0.25, 0.02, 0.4]
+    assert clock.slept == [20.0, 20.0, 20.0]
+    assert gate["waited_s"] == 60.0
+
+
+def test_a_host_without_a_steal_reading_is_not_waited_for(tmp_path: Path) -> None:
+    def probe(folder: Path) -> dict[str, Any]:
+        return {"flush": {"cpu_steal_share": None}, "wake": {"cpu_steal_share": None}}
+
+    clock = _Clock()
+    gate = common.wait_for_quiet(tmp_path, 600.0, probe=probe, sleep=clock.sleep, clock=clock)
+    assert gate["quiet"] is None
+    assert gate["probes"] == [None]
+    assert clock.slept == []
+
+
+def test_a_gated_bench_runs_after_its_gate_and_keeps_its_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    order: list[str] = []
+
+    def probe(folder: Path) -> dict[str, Any]:
+        order.append("probe")
+        return {"wake": {"cpu_steal_share": 0.3}}
+
+    def gate() -> dict[str, Any]:
+        order.append("gate")
+        return {"quiet": False, "probes": [0.3]}
+
+    def run() -> dict[str, Any]:
+        order.append("run")
+        return {"cycles_per_s": 1.0}
+
+    # The real probe is another test's (above); this one is about the order and the record.
+    monkeypatch.setattr(common, "host_probe", probe)
+    result = measured(run, tmp_path, gate)
+    assert order == ["gate", "probe", "run", "probe"]
+    assert result["quiet_gate"] == {"quiet": False, "probes": [0.3]}
+    assert "quiet_gate" not in measured(run, tmp_path)
