@@ -174,8 +174,10 @@ def measured(
     waited = None
     if gate is not None:
         waited = gate()
-        if not waited["quiet"]:
+        if waited["quiet"] is False:
             print(f"   the host was not quiet: {waited}", flush=True)
+        elif waited["quiet"] is None:
+            print("   this host reports no steal: the bench was not held back", flush=True)
     before = host_probe(folder)
     started = time.perf_counter()
     result = run()

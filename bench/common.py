@@ -133,7 +133,7 @@ def host_probe(folder: Path, seconds: float = 1.0) -> dict[str, Any]:
     return {"flush": flush, "wake": wake}
 
 
-# ``python -m bench --quiet``: a bench starts once this many probes in a row (``host_probe``) saw
+# ``python -m bench --wait-quiet S``: a bench starts once this many probes in a row (``host_probe``) saw
 # the hypervisor take less than this share of the CPU time, or when the wait runs out.
 QUIET_STEAL = 0.05
 QUIET_PROBES = 2
