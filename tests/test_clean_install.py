@@ -215,7 +215,8 @@ def test_make_run_starts_web_worker_beat_and_both_embedded_servers(console: Cons
     assert any("uvicorn switchboard.asgi:application" in c for c in commands), commands
     assert any("celery" in c and " worker" in c for c in commands), commands
     assert any("celery" in c and " beat" in c for c in commands), commands
-    names = [p.info["name"] for p in embedded_servers_of(console.data_dir)]  # as listed: a backend may exit in between
+    # The names as listed: a backend of the server may exit before a second read of its /proc.
+    names = [p.info["name"] for p in embedded_servers_of(console.data_dir)]
     assert any("postgres" in n for n in names) and any("valkey" in n for n in names), names
     assert status(console.url + "admin/login/") == 200
 
