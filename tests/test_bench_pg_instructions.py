@@ -69,9 +69,10 @@ def test_the_loop_keeps_the_priority_names_however_slow_its_cycles_run() -> None
     2-second re-read would put its own statement (planned afresh) into the counted cycles."""
     from django.contrib.auth.models import User
 
+    from admission import gate
     from admission.limits import priority
     from bench.core_bench import _reload
-    from queues import gates, services
+    from queues import gates, services, sql
     from queues.access import SystemActor
 
     owner = User.objects.create(username="pgi-owner")
@@ -79,14 +80,31 @@ def test_the_loop_keeps_the_priority_names_however_slow_its_cycles_run() -> None
         actor=SystemActor(via="test"), owner=owner, name="pgi", queues=["bench"], rps=0
     )
     _reload(endpoint, 5)
+    hints = (gate._FAST_TTL_SECONDS, sql._GATED_HINT_SECONDS)
     with pg_instructions._loop(endpoint.id) as (cycle, _on_own):
         assert cycle()
         assert not gates.priority_stale()
         priority._read_at -= 60.0  # a minute of slow cycles later
         assert not gates.priority_stale()
         assert cycle()
+        # The budget's hints (--budgeted) are held as long.
+        assert gate._FAST_TTL_SECONDS >= pg_instructions.NAMES_HELD_S
+        assert sql._GATED_HINT_SECONDS >= pg_instructions.NAMES_HELD_S
     priority._read_at -= 60.0
     assert gates.priority_stale()  # outside the loop, the setting as configured
+    assert hints == (gate._FAST_TTL_SECONDS, sql._GATED_HINT_SECONDS)
+
+
+def test_a_sql_variant_is_its_two_files(tmp_path: Path) -> None:
+    apply, undo = tmp_path / "b.sql", tmp_path / "a.sql"
+    apply.write_text("CREATE OR REPLACE FUNCTION f() ... -- B")
+    undo.write_text("CREATE OR REPLACE FUNCTION f() ... -- A")
+    name, variant = pg_instructions.sql_variant(f"admit_b={apply}:{undo}")
+    assert name == "admit_b"
+    assert variant == ([apply.read_text()], [undo.read_text()])
+    for bad in ("admit_b", f"admit_b={apply}", f"={apply}:{undo}", f"admit_b=:{undo}"):
+        with pytest.raises(ValueError, match=r"NAME=APPLY\.sql:UNDO\.sql"):
+            pg_instructions.sql_variant(bad)
 
 
 def test_a_dump_s_count_is_its_summary_line(tmp_path: Path) -> None:
@@ -103,3 +121,21 @@ def test_a_dump_s_count_is_its_summary_line(tmp_path: Path) -> None:
     unfinished.write_text("events: Ir\nfn=(1) main\n")
     with pytest.raises(ValueError, match="no summary or totals line"):
         pg_instructions.dump_total(unfinished)
+
+
+@pytest.mark.django_db(transaction=True)  # the backlog loader vacuums
+def test_an_endpoint_of_several_queues_gets_its_backlog_dealt_over_them() -> None:
+    from django.contrib.auth.models import User
+
+    from queues import services
+    from queues.access import SystemActor
+    from queues.models import Todo
+
+    owner = User.objects.create(username="pgi-owner")
+    endpoint, _token = services.endpoint_vend(
+        actor=SystemActor(via="test"), owner=owner, name="pgi", queues=["q0", "q1", "q2"], rps=0
+    )
+    for n in (7, 5):  # each block's backlog replaces the last one's
+        pg_instructions._fresh_todos(endpoint.id, n)
+        per_queue = sorted(Todo.objects.filter(endpoint=endpoint).values_list("queue", flat=True))
+        assert per_queue == sorted(["q0", "q1", "q2"] * (n // 3) + ["q0", "q1", "q2"][: n % 3])
