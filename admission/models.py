@@ -187,6 +187,9 @@ class AdmissionWindow(models.Model):
 
     class Meta:
         ordering = ["policy", "-window_start"]
+        # The three CheckConstraints below are, in the database, the CHECKs of the domains
+        # shard, used and refused are declared with (migration 0011: a charge then pays for
+        # none it cannot break). A migration altering one of those fields puts its domain back.
         constraints = [
             models.UniqueConstraint(
                 fields=["policy", "window_key", "window_start", "shard"],
