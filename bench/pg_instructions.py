@@ -443,7 +443,13 @@ def _report(
         )
     path = write_result(
         "pg_instructions",
-        {"cycles": args.cycles, "rounds": args.rounds, "variants": parts},
+        {
+            "cycles": args.cycles,
+            "rounds": args.rounds,
+            "budgeted": args.budgeted,
+            "queues": args.queues,
+            "variants": parts,
+        },
     )
     print(f"-> {path}")
     return 0

@@ -139,3 +139,22 @@ def test_an_endpoint_of_several_queues_gets_its_backlog_dealt_over_them() -> Non
         pg_instructions._fresh_todos(endpoint.id, n)
         per_queue = sorted(Todo.objects.filter(endpoint=endpoint).values_list("queue", flat=True))
         assert per_queue == sorted(["q0", "q1", "q2"] * (n // 3) + ["q0", "q1", "q2"][: n % 3])
+
+
+def test_the_result_says_which_cycle_was_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import argparse
+    import json
+
+    from bench import common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    args = argparse.Namespace(cycles=200, rounds=2, budgeted=True, queues=10)
+    counts = {"as_is": [1_616_000.0, 1_614_000.0], "domains": [1_568_000.0, 1_566_000.0]}
+    every: dict[str, Any] = {"as_is": ([], []), "domains": (["ALTER ..."], ["ALTER ..."])}
+    assert pg_instructions._report(args, counts, every) == 0
+    (written,) = tmp_path.glob("pg_instructions-2*.json")
+    result = json.loads(written.read_text())
+    assert (result["budgeted"], result["queues"], result["cycles"]) == (True, 10, 200)
+    assert result["variants"]["domains"]["costs_per_cycle"] == 48_000
