@@ -69,7 +69,7 @@ def test_each_rule_refuses_an_insert_and_an_update_under_its_name(
     )
     update = f"UPDATE admission_admissionwindow SET {column} = {value} WHERE policy_id = %s"
     assert _refused_by(update, [policy.pk]) == rule
-    # The charge's own form: an increment past the rule is refused too.
+    # The charge's own form (the column from itself): a step below zero is refused too.
     if column != "shard":
         step = f"UPDATE admission_admissionwindow SET {column} = {column} - 4 WHERE policy_id = %s"
         assert _refused_by(step, [policy.pk]) == rule
