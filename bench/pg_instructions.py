@@ -251,23 +251,24 @@ def _loop(endpoint_id: Any) -> Iterator[tuple[Callable[[], bool], Callable[[str]
 
 
 def _fresh_todos(endpoint_id: Any, n: int) -> None:
-    """The core bench's fresh backlog (``core_bench._reload``), the attempt table analysed too."""
+    """A block's fresh backlog, both tables analysed: one queue, the core bench's
+    (``core_bench._reload``); several, the admission bench's for a point over several queues,
+    dealt round-robin (``admission_bench._measure``'s steps)."""
     from django.db import connection
 
-    from bench import core_bench
-    from bench.admission_bench import _make_todos
-    from queues.models import Endpoint, Todo
+    from bench import admission_bench, core_bench
+    from queues.models import Endpoint
 
     endpoint = Endpoint.objects.get(pk=endpoint_id)
-    if len(endpoint.scope_queues) == 1:
+    queues = list(endpoint.scope_queues)
+    if len(queues) == 1:
         core_bench._reload(endpoint, n)
-    else:
-        Todo.objects.filter(endpoint=endpoint).delete()
-        _make_todos(endpoint, n, list(endpoint.scope_queues))
         with connection.cursor() as cursor:
-            cursor.execute("VACUUM ANALYZE queues_todo")
-    with connection.cursor() as cursor:
-        cursor.execute("VACUUM ANALYZE queues_attempt")
+            cursor.execute("VACUUM ANALYZE queues_attempt")
+    else:
+        admission_bench._cleanup_done(endpoint)
+        admission_bench._make_todos(endpoint, n, queues)
+        admission_bench._vacuum()
 
 
 def _measure(server: _Server, endpoint_id: Any, cycles: int, variant: Variant) -> float:
