@@ -254,3 +254,29 @@ def test_a_gated_bench_runs_after_its_gate_and_keeps_its_record(
     assert order == ["gate", "probe", "run", "probe"]
     assert result["quiet_gate"] == {"quiet": False, "probes": [0.3]}
     assert "quiet_gate" not in measured(run, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("quiet", "said"),
+    [
+        (True, None),
+        (False, "the host was not quiet"),
+        (None, "this host reports no steal: the bench was not held back"),
+    ],
+)
+def test_the_gate_s_verdict_is_said_as_it_was(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    quiet: bool | None,
+    said: str | None,
+) -> None:
+    """A host without a steal reading (quiet None) is said so, not called noisy."""
+    monkeypatch.setattr(common, "host_probe", lambda folder: {})
+    measured(lambda: {}, tmp_path, lambda: {"quiet": quiet, "probes": []})
+    out = capsys.readouterr().out
+    if said is None:
+        assert out == ""
+    else:
+        assert said in out
+        assert ("not quiet" in out) is (quiet is False)
