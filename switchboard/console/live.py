@@ -388,11 +388,17 @@ async def stream(
 ) -> AsyncIterator[str]:
     yield f"retry: {RETRY_MS}\n\n"
     # The page was rendered at fingerprint ``seen``: render now as the baseline, and send it only
-    # if the board moved between the page load and this connection.
+    # if the board moved between the page load and this connection, or during this render: a
+    # change committed between the read and the render is in ``shown`` but not on the page, and
+    # no later difference from ``shown`` would send it. Sent under the fingerprint read before
+    # the render, so the loop renders again at the next snapshot that differs from it.
     fleet = await _off_loop(read_fleet)
     last_fp = fingerprint(fleet, viewer, filters)
     shown = await _off_loop(render_board, request, viewer, filters, here, csrf_token)
-    if last_fp != seen:
+    moved = last_fp != seen
+    if not moved:
+        moved = fingerprint(await _off_loop(read_fleet), viewer, filters) != last_fp
+    if moved:
         for name, data in changes(None, shown):
             yield _event(name, data, last_fp)
     deadline = time.monotonic() + STREAM_SECONDS

@@ -161,6 +161,41 @@ def test_the_stream_pushes_a_change_made_elsewhere(tx_personas: Personas) -> Non
     assert ("announce", {"text": "agent / inbox: Paused"}) in events
 
 
+def test_a_change_committed_while_the_stream_renders_its_baseline_is_sent(
+    tx_personas: Personas, monkeypatch: Any
+) -> None:
+    """The page shows the board at ``seen``; the stream reads the fleet (still ``seen``), then
+    renders its baseline after another connection has added a todo. The page lacks that todo
+    and no later difference from the baseline would bring it: the whole board must go now."""
+    p = tx_personas
+    push(p, 2)
+    request, viewer = _viewer(p.owner)
+    filters = Filters(endpoint="agent", queue="inbox")
+    seen = live.fingerprint_now(viewer, filters)
+    connection.close()
+    render = live.render_board
+    renders: list[int] = []
+
+    def render_after_a_push(*args: Any, **kwargs: Any) -> live.Rendered:
+        if not renders:  # the baseline: a todo arrives between the stream's read and its render
+            push(p, 1)
+        renders.append(1)
+        return render(*args, **kwargs)
+
+    monkeypatch.setattr(live, "render_board", render_after_a_push)
+
+    async def first_events() -> list[tuple[str, dict[str, Any]]]:
+        source: AsyncIterator[str] = live.stream(request, viewer, filters, "/", seen, "token")
+        assert (await anext(source)).startswith("retry:")
+        events = _events(await asyncio.wait_for(anext(source), timeout=10))
+        await source.aclose()  # type: ignore[attr-defined]
+        return events
+
+    ((name, data),) = asyncio.run(first_events())[:1]
+    assert (name, data["target"]) == ("swap", "sections")
+    assert data["html"].count('<li class="card ') == 3
+
+
 def test_a_change_within_sections_renders_only_their_parts(personas: Personas) -> None:
     p = personas
     request, viewer = _viewer(p.owner)
