@@ -48,21 +48,68 @@
   document.addEventListener("focusout", function () { setTimeout(flush, 0); });
   document.addEventListener("submit", function () { setTimeout(flush, 0); });
 
-  var announcer = document.getElementById("announcer");
-  var source = new EventSource(root.getAttribute("data-live-url"));
-  source.addEventListener("swap", function (event) {
+  function announce(event) {
     var data = JSON.parse(event.data);
-    swap(data.target, data.html);
-  });
-  source.addEventListener("announce", function (event) {
-    var data = JSON.parse(event.data);
+    var announcer = document.getElementById("announcer");
     if (announcer) {
       // Clear, then set, so a repeated sentence is announced again.
       announcer.textContent = "";
       setTimeout(function () { announcer.textContent = data.text; }, 50);
     }
-  });
-  root.setAttribute("data-live", "connecting");
-  source.addEventListener("open", function () { root.setAttribute("data-live", "open"); });
-  source.addEventListener("error", function () { root.setAttribute("data-live", "reconnecting"); });
+  }
+
+  function status(value) {
+    var el = document.querySelector("[data-live-url]");
+    if (el) el.setAttribute("data-live", value);
+  }
+
+  var source = null;
+  var url = null;
+
+  function connect(next) {
+    if (source) source.close();
+    pending = {}; // held back for the filters being left
+    url = next;
+    var root = document.querySelector("[data-live-url]");
+    if (root) root.setAttribute("data-live-url", next);
+    source = new EventSource(next);
+    source.addEventListener("swap", function (event) {
+      var data = JSON.parse(event.data);
+      swap(data.target, data.html);
+    });
+    source.addEventListener("announce", announce);
+    status("connecting");
+    source.addEventListener("open", function () { status("open"); });
+    source.addEventListener("error", function () { status("reconnecting"); });
+  }
+
+  // What a stream URL subscribes to: everything but "at", the fingerprint it was rendered at.
+  function subject(address) {
+    var parsed = new URL(address, window.location.href);
+    parsed.searchParams.delete("at");
+    parsed.searchParams.sort();
+    return parsed.pathname + "?" + parsed.searchParams.toString();
+  }
+
+  // The list names the stream of the filters it was rendered for. When an htmx swap (the filter
+  // form, a pause) or a history restore (back) brings a list of other filters, follow it: the old
+  // stream would push parts rendered for filters the page no longer shows.
+  function follow() {
+    var list = document.getElementById("sections");
+    var next = list && list.getAttribute("data-live-follow");
+    if (!next) {
+      var root = document.querySelector("[data-live-url]");
+      next = root && root.getAttribute("data-live-url");
+    }
+    if (!next) { // back to a page with no live board
+      if (source) source.close();
+      source = null;
+      url = null;
+    } else if (!url || subject(next) !== subject(url)) {
+      connect(next);
+    }
+  }
+  document.addEventListener("htmx:afterSettle", follow); // history restores settle too
+
+  connect(root.getAttribute("data-live-url"));
 })();

@@ -31,6 +31,13 @@ of a core against 61 % and the database 157 transactions/s against 106: each rin
 and a render per board that the poll batches. The gain is for the changes that ring only, the
 cost grows with ring rate, so the poll alone stays the default.
 
+A page's filters can change with no page load: the filter form swaps ``#sections`` by htmx and
+pushes the address, and back restores another address. So the list carries the stream URL of the
+filters it was rendered for (``data-live-follow``; the stream's own renders carry it too), and
+live.js moves the subscription whenever a swap brings other filters. Otherwise a stream keeps
+sending parts rendered for filters the page no longer shows: a search's one card buried under the
+whole identity's cards at the next change to that queue.
+
 A stream ends after ``STREAM_SECONDS``; EventSource reconnects (``retry``) with ``Last-Event-ID``,
 the fingerprint it last saw, so nothing is resent needlessly and a revoked session is noticed.
 """
@@ -217,9 +224,9 @@ def fingerprint_now(viewer: Viewer, filters: Filters) -> str:
     return fingerprint(read_fleet(), viewer, filters)
 
 
-def live_url(viewer: Viewer, filters: Filters, here: str) -> str:
+def live_url(viewer: Viewer, filters: Filters, here: str, at: str | None = None) -> str:
     """The stream URL a page subscribes to: its filters, the page it renders for, and the
-    fingerprint the page was rendered at."""
+    fingerprint the page was rendered at (read now unless ``at`` gives it)."""
     params = {
         "endpoint": filters.endpoint,
         "queue": filters.queue,
@@ -227,7 +234,7 @@ def live_url(viewer: Viewer, filters: Filters, here: str) -> str:
         "condition": filters.condition,
         "q": filters.q,
         "here": here,
-        "at": fingerprint_now(viewer, filters),
+        "at": fingerprint_now(viewer, filters) if at is None else at,
     }
     return reverse("live") + "?" + urlencode({k: v for k, v in params.items() if v})
 
@@ -252,13 +259,22 @@ def render_board(
     here: str,
     csrf_token: str,
     previous: Rendered | None = None,
+    *,
+    at: str = "",
 ) -> Rendered:
     """The visible sections, rendered part by part with the page's own partials. The whole
     list is rendered too unless ``previous`` shows the same sections the same way (then only
-    parts can have changed, and rendering the list would double the work of a large board)."""
+    parts can have changed, and rendering the list would double the work of a large board).
+    ``at``: the fingerprint rendered, for the list's own stream URL."""
     view = board.board_view(viewer, filters)
     found: list[Section] = view.sections
-    base = {"viewer": viewer, "filters": filters, "here": here, "csrf_token": csrf_token}
+    base = {
+        "viewer": viewer,
+        "filters": filters,
+        "here": here,
+        "csrf_token": csrf_token,
+        "live_url": live_url(viewer, filters, here, at),
+    }
     parts: dict[str, str] = {
         "fleet-summary": render_to_string(
             "queues/_section.html#summary", {**base, "view": view}, request=request
@@ -394,7 +410,9 @@ async def stream(
     # the render, so the loop renders again at the next snapshot that differs from it.
     fleet = await _off_loop(read_fleet)
     last_fp = fingerprint(fleet, viewer, filters)
-    shown = await _off_loop(render_board, request, viewer, filters, here, csrf_token)
+    shown = await _off_loop(
+        functools.partial(render_board, at=last_fp), request, viewer, filters, here, csrf_token
+    )
     moved = last_fp != seen
     if not moved:
         moved = fingerprint(await _off_loop(read_fleet), viewer, filters) != last_fp
@@ -409,7 +427,13 @@ async def stream(
             fp = fingerprint(fleet, viewer, filters)
             if fp != last_fp:
                 now_shown = await _off_loop(
-                    render_board, request, viewer, filters, here, csrf_token, shown
+                    functools.partial(render_board, at=fp),
+                    request,
+                    viewer,
+                    filters,
+                    here,
+                    csrf_token,
+                    shown,
                 )
                 for name, data in changes(shown, now_shown):
                     yield _event(name, data, fp)

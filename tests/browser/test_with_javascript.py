@@ -152,6 +152,45 @@ def test_the_board_header_changes_live_after_claims_made_through_the_api(
     screenshot(page, "board")
 
 
+def test_a_filtered_board_stays_filtered_while_the_queue_changes_live(
+    session: Session, tx_personas: Personas
+) -> None:
+    """The filter form swaps the list by htmx (no page load): the live stream must follow the
+    new filters, or its next change to the queue sends the unfiltered cards into the results.
+    Back restores the unfiltered board, and the stream follows it again."""
+    p = tx_personas
+    push(p, 3, payload={"ref": "ordinary"})
+    push(p, 1, payload={"ref": "INV-4242"})
+    page = session.page(p.owner)
+    page.goto("/")
+    cards = page.locator("#cards-agent--inbox .card")
+    expect(cards).to_have_count(4)
+    root = page.locator("[data-live-url]")
+    expect(root).to_have_attribute("data-live", "open")
+
+    page.get_by_label("Search").fill("INV-4242")
+    page.get_by_role("button", name="Filter").click()
+    page.wait_for_url(re.compile(r"[?&]q=INV-4242"))
+    expect(cards).to_have_count(1)
+    expect(root).to_have_attribute("data-live-url", re.compile(r"[?&]q=INV-4242"))
+    expect(root).to_have_attribute("data-live", "open", timeout=LIVE)
+
+    push(p, 2, payload={"ref": "ordinary"})  # a change to the same queue, outside the search
+    push(p, 1, payload={"ref": "INV-4242 reissued"})  # and one inside it
+    expect(cards).to_have_count(2, timeout=LIVE)
+    expect(cards.filter(has_text="todo 0")).to_have_count(2)
+    expect(page.get_by_label("Search")).to_have_value("INV-4242")
+
+    page.go_back()  # htmx fetches the unfiltered page and swaps in its body, a new root
+    page.wait_for_url(re.compile(r"/$"))
+    expect(page.get_by_label("Search")).to_have_value("", timeout=LIVE)
+    # The new root says "open" only once live.js has subscribed for it.
+    expect(root).to_have_attribute("data-live", "open", timeout=LIVE)
+    expect(root).not_to_have_attribute("data-live-url", re.compile(r"q=INV"))
+    push(p, 1, payload={"ref": "ordinary"})
+    expect(cards).to_have_count(8, timeout=LIVE)
+
+
 def test_an_operator_claims_and_completes_a_todo_in_the_drawer(
     session: Session, tx_personas: Personas
 ) -> None:

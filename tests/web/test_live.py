@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator, Callable
+from html import unescape
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from django.db import connection
 from django.test import Client, RequestFactory
@@ -95,6 +98,37 @@ def test_a_new_queue_identity_resends_the_whole_list(personas: Personas) -> None
     event, summary = live.changes(before, after)
     assert event[1]["target"] == "sections" and "head-agent--brand-new" in event[1]["html"]
     assert summary[1]["target"] == "fleet-summary" and "<strong>5</strong>" in summary[1]["html"]
+
+
+def test_every_list_names_the_stream_of_the_filters_it_shows(personas: Personas) -> None:
+    """The filter form swaps only the list (htmx), so the list itself tells static/js/live.js
+    which stream to follow: the page's, the htmx fragment's and the stream's own renders."""
+    p = personas
+    push(p, 2)
+    client = signed_in(p.owner)
+    searched = Filters(q="todo 1")
+    at = live.fingerprint_now(Viewer.of(_viewer(p.owner)[0]), searched)
+
+    def follows(html: str) -> dict[str, list[str]]:
+        (address,) = re.findall(r'id="sections"[^>]* data-live-follow="([^"]+)"', html)
+        parsed = urlsplit(unescape(address))
+        assert parsed.path == "/live"
+        return parse_qs(parsed.query)
+
+    page = client.get("/").content.decode()
+    assert "q" not in follows(page) and follows(page)["here"] == ["/"]
+    fragment = client.get("/?q=todo+1", headers={"HX-Request": "true", "HX-Target": "sections"})
+    assert fragment.status_code == 200
+    assert follows(fragment.content.decode()) == {
+        "state": ["live"],
+        "q": ["todo 1"],
+        "here": ["/?q=todo+1"],
+        "at": [at],
+    }
+    request, viewer = _viewer(p.owner)
+    rendered = live.render_board(request, viewer, searched, "/?q=todo+1", "token", at="f00")
+    assert follows(rendered.list_html)["at"] == ["f00"]
+    assert follows(rendered.list_html)["q"] == ["todo 1"]
 
 
 def test_the_stream_is_for_signed_in_viewers(tx_personas: Personas) -> None:
