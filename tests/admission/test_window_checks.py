@@ -14,6 +14,7 @@ from django.db import connection
 
 from admission.models import WINDOW_SHARDS, AdmissionWindow
 from queues import services
+from tests.admission.test_claims import claimed
 from tests.admission.test_policies import set_policy
 from tests.conftest import Personas, push
 from tests.queues.test_checks import _refused_by  # SQLSTATE 23514, and the rule it names
@@ -96,8 +97,7 @@ def test_a_charge_goes_through_the_domains_and_reads_back_as_integers(
     set_policy(p, max_claims_per_window=5)
     push(p, 2)
     for _ in range(2):
-        got = services.claim_next(actor=p.as_agent())
-        assert isinstance(got, services.Claimed)
+        got = claimed(services.claim_next(actor=p.as_agent()))
         assert got.admission is not None
     rows = list(AdmissionWindow.objects.values_list("shard", "used", "refused"))
     assert sum(used for _, used, _ in rows) == 2
