@@ -5,12 +5,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pytest
 from playwright.sync_api import expect
 
 from admission.models import AdmissionPolicy
 from queues.models import QueuePause, Todo, TodoState
 from switchboard.ledger.models import LedgerEntry
-from tests.browser.conftest import Session, screenshot
+from tests.browser.conftest import WIDTHS, Session, screenshot
 from tests.browser.helpers import api_post, budget
 from tests.conftest import Personas, audit_rows, push
 
@@ -152,8 +153,9 @@ def test_the_board_header_changes_live_after_claims_made_through_the_api(
     screenshot(page, "board")
 
 
+@pytest.mark.parametrize("width", WIDTHS)
 def test_a_filtered_board_stays_filtered_while_the_queue_changes_live(
-    session: Session, tx_personas: Personas
+    session: Session, tx_personas: Personas, width: int
 ) -> None:
     """The filter form swaps the list by htmx (no page load): the live stream must follow the
     new filters, or its next change to the queue sends the unfiltered cards into the results.
@@ -161,7 +163,7 @@ def test_a_filtered_board_stays_filtered_while_the_queue_changes_live(
     p = tx_personas
     push(p, 3, payload={"ref": "ordinary"})
     push(p, 1, payload={"ref": "INV-4242"})
-    page = session.page(p.owner)
+    page = session.page(p.owner, width=width)
     page.goto("/")
     cards = page.locator("#cards-agent--inbox .card")
     expect(cards).to_have_count(4)
