@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 from django.test import Client
+from hypothesis import given
+from hypothesis import strategies as st
 
 from switchboard import mcp
 from switchboard.core import verbs
@@ -119,7 +121,25 @@ def test_a_modern_replys_id_is_as_json_encodes_it(
 
 @pytest.mark.parametrize(
     "value",
-    ["\x7f", 1e-05, 9.99e-05, 1.5e-07, 2.5e-300, 1e-4, 1e16, "e-0.0000", "plain", 0.1, 2**70],
+    [
+        "\x7f",
+        1e-05,
+        9.99e-05,
+        1.5e-07,
+        2.5e-300,
+        1e-4,
+        1e16,
+        "e-0.0000",
+        "plain",
+        0.1,
+        2**70,
+        -1.5e-07,
+        -5e-05,
+        [0.5, 1e-05],
+        [1e-05],
+        {"a": 1, "b": 2.5e-9},
+        '":1e-5',
+    ],
 )
 def test_a_tool_calls_text_is_the_answer_as_json_writes_it(value: Any) -> None:
     """The tool's text comes from the verb's JSON answer (``verbs.call_json``, pydantic's
@@ -129,3 +149,29 @@ def test_a_tool_calls_text_is_the_answer_as_json_writes_it(value: Any) -> None:
     answer = {"todo": {**AWKWARD_TODO, "result": {"v": value}}}
     text = mcp._as_dumped(spec.render_json(answer))
     assert text == mcp._dumps(spec.render(answer))
+
+
+# JSON values as a verb's answer may hold them: finite floats of every size, integers, text with
+# "e-" and "0.0000" in it, nested in lists and objects.
+_JSONABLE = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.floats(min_value=-1e-4, max_value=1e-4)  # where the two encoders differ
+    | st.text(alphabet=st.sampled_from('0123456789.e-:,[]"ab\x7f')),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@given(_JSONABLE)
+def test_an_answer_pydantic_writes_otherwise_than_json_is_always_written_again(value: Any) -> None:
+    """``_as_dumped`` passes pydantic's bytes through only where json would write the same
+    bytes: never wrongly, whatever numbers and text the answer holds."""
+    spec = verbs.get("complete")
+    assert spec is not None
+    answer = {"todo": {**AWKWARD_TODO, "result": {"v": value}}}
+    assert mcp._as_dumped(spec.render_json(answer)) == mcp._dumps(spec.render(answer))
