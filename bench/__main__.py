@@ -86,6 +86,11 @@ def standalone(body: Callable[[], None]) -> int:
         body()
     finally:
         if valkey is not None:
+            # The claims' counter increments, sent now while the Valkey started here still
+            # answers: the exit-time flush would find it stopped and warn that it kept them.
+            from switchboard.core import counters
+
+            counters.flush()
             valkey.stop()
     return 0
 
