@@ -72,6 +72,29 @@ def steal_share(before: tuple[int, ...], after: tuple[int, ...]) -> float | None
 
 
 _STEAL = _CPU_STATES.index("steal")
+# The states in which a CPU did this machine's work: not idle, not waiting on disk with nothing
+# else to run, not stolen.
+_BUSY = tuple(_CPU_STATES.index(s) for s in ("user", "nice", "system", "irq", "softirq"))
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+
+
+def host_busy(
+    before: tuple[int, ...], after: tuple[int, ...], cycles: int
+) -> tuple[float, float] | tuple[None, None]:
+    """Between two ``host_cpu`` readings: the share of the machine's CPU time that was busy
+    (0-1), and the busy CPU time per cycle in microseconds (every process on the machine: the
+    workers, PostgreSQL's backends and its WAL writer, anything else running). (None, None)
+    when either reading is missing, no tick passed or no cycle ran.
+
+    A loop whose machine is busy all the time is bound by CPU per cycle, and its rate against
+    another loop's is the inverse ratio of their CPU per cycle; a loop with idle CPU waits for
+    something else too (a flush to disk, a lock, a wake-up), and those waits weigh on both loops
+    alike (issue 12: the core bench in processes ran with the machine ~75 % busy)."""
+    spent = _spent(before, after)
+    if spent is None or (total := sum(spent)) <= 0 or cycles <= 0:
+        return None, None
+    busy = sum(spent[i] for i in _BUSY)
+    return round(busy / total, 4), round(busy * _TICK_S * 1e6 / cycles, 1)
 
 
 def _spent(before: tuple[int, ...], after: tuple[int, ...]) -> list[int] | None:
@@ -220,7 +243,9 @@ def _summarise(
     dry: bool,
     cpu_before: tuple[int, ...] = (),
 ) -> dict[str, Any]:
+    after = host_cpu()
     flat = sorted(latencies)
+    busy_share, busy_us = host_busy(cpu_before, after, len(flat))
     return {
         "workers": workers,
         "cycles": len(flat),
@@ -231,7 +256,9 @@ def _summarise(
         "mean_ms": round(statistics.fmean(flat) * 1000, 3) if flat else None,
         "ran_dry": dry,
         "load": [round(x, 2) for x in os.getloadavg()],
-        "cpu_steal_share": steal_share(cpu_before, host_cpu()),
+        "cpu_steal_share": steal_share(cpu_before, after),
+        "host_busy_share": busy_share,
+        "host_cpu_us_per_cycle": busy_us,
     }
 
 

@@ -6,6 +6,12 @@ sets Django up and opens its connections before the clock), ``repeats`` times, t
 a point back to back so each ratio compares one moment. Target: Switchboard ≥ 0.7× raw at 4
 workers, judged on the median of the per-run ratios, in each mode (both flags are reported;
 ``target_met`` needs both).
+
+Each run also records the machine's busy CPU time per cycle and how busy the machine was
+(``bench.common.host_busy``), and each mode reports raw's CPU per cycle over Switchboard's
+(``cpu_ratio_vs_raw``): where the machine had idle CPU, both loops also waited (flushes,
+wake-ups) and the rate ratio sits above the CPU ratio; a change that cuts CPU per cycle shows in
+the CPU ratio first.
 """
 
 from __future__ import annotations
@@ -159,6 +165,34 @@ def _judge(runs: list[dict[str, Any]]) -> dict[str, Any]:
         for loop in LOOPS
         if r[loop].get("cpu_steal_share") is not None
     ]
+
+    def per_loop(field: str) -> dict[str, dict[str, Any]]:
+        """``field`` of each loop's runs, per worker count (where every run has it)."""
+        out: dict[str, dict[str, Any]] = {}
+        for loop in LOOPS:
+            for w in by_workers:
+                values = [r[loop].get(field) for r in at(w)]
+                if values and None not in values:
+                    out.setdefault(loop, {})[str(w)] = summary(values)
+        return out
+
+    def cpu_ratios() -> dict[str, Any]:
+        """Per run, raw's machine CPU per cycle over Switchboard's: the rate ratio a loop bound
+        by CPU alone would show (``host_busy``)."""
+        found = {}
+        for w in by_workers:
+            pairs = [
+                (
+                    r["raw"].get("host_cpu_us_per_cycle"),
+                    r["switchboard"].get("host_cpu_us_per_cycle"),
+                )
+                for r in at(w)
+            ]
+            values = [raw / ours for raw, ours in pairs if raw and ours]
+            if values and len(values) == len(pairs):
+                found[str(w)] = summary(values)
+        return found
+
     return {
         "cycles_per_s": {
             loop: {str(w): summary([r[loop]["cycles_per_s"] for r in at(w)]) for w in by_workers}
@@ -166,6 +200,12 @@ def _judge(runs: list[dict[str, Any]]) -> dict[str, Any]:
         },
         "ratio_vs_raw": vs_raw,
         "ratio_vs_raw_same_table": ratios("raw_same_table"),
+        # What each cycle cost the whole machine (workers, PostgreSQL, the rest) and how busy the
+        # machine was: with idle CPU left, the rate ratio sits above the CPU ratio, both loops
+        # waiting alike on flushes and wake-ups.
+        "host_cpu_us_per_cycle": per_loop("host_cpu_us_per_cycle"),
+        "host_busy_share": per_loop("host_busy_share"),
+        "cpu_ratio_vs_raw": cpu_ratios(),
         "cpu_steal_share": summary(stolen) if stolen else None,
         "met": str(TARGET_WORKERS) in vs_raw
         and vs_raw[str(TARGET_WORKERS)]["median"] >= TARGET_RATIO,

@@ -2,7 +2,8 @@
 ``steal_share``): on a shared host another guest's load, or the host's delay in running a
 virtual CPU that woke, moves every rate a bench reports. Each bench's result also carries what a
 flush to disk and a round trip between two processes cost just before and just after it
-(``host_probe``)."""
+(``host_probe``), and each timed window how busy the machine was and its CPU time per cycle
+(``host_busy``), which the core bench turns into raw's CPU per cycle over Switchboard's."""
 
 from __future__ import annotations
 
@@ -35,6 +36,18 @@ def test_the_steal_share_is_the_stolen_ticks_over_every_tick_in_between(tmp_path
     after = common.host_cpu(_stat(tmp_path, "b", AFTER))
     assert before == (1000, 10, 200, 5000, 40, 0, 15, 100)
     assert common.steal_share(before, after) == 0.1
+
+
+def test_the_busy_share_and_cpu_per_cycle_count_the_working_ticks(tmp_path: Path) -> None:
+    before = common.host_cpu(_stat(tmp_path, "a", BEFORE))
+    after = common.host_cpu(_stat(tmp_path, "b", AFTER))
+    # 700 of the 1,000 ticks busy (600 user, 100 system); idle, iowait and steal are not.
+    share, per_cycle = common.host_busy(before, after, 350)
+    assert share == 0.7
+    assert per_cycle == pytest.approx(700 * common._TICK_S * 1e6 / 350)
+    assert common.host_busy(before, after, 0) == (None, None)
+    assert common.host_busy((), after, 350) == (None, None)
+    assert common.host_busy(before, before, 350) == (None, None)
 
 
 def test_no_reading_or_no_tick_gives_no_share(tmp_path: Path) -> None:
@@ -74,6 +87,10 @@ def test_a_timed_pool_run_carries_its_window_s_steal_share() -> None:
     assert result["cycles"] > 0
     share = result["cpu_steal_share"]
     assert isinstance(share, float) and 0.0 <= share <= 1.0
+    # Two threads spinning for 0.3 s: the machine was busy, and each cycle cost it CPU.
+    busy = result["host_busy_share"]
+    assert isinstance(busy, float) and 0.0 < busy <= 1.0
+    assert result["host_cpu_us_per_cycle"] > 0
 
 
 def test_the_core_bench_summarises_the_steal_of_every_loop_s_window() -> None:
@@ -104,6 +121,37 @@ def test_the_core_bench_summarises_the_steal_of_every_loop_s_window() -> None:
     assert judged["ratio_vs_raw"]["4"]["median"] == pytest.approx(0.7)
     no_reading = [{**r, **{k: loop(700, None) for k in core_bench.LOOPS}} for r in runs]
     assert core_bench._judge(no_reading)["cpu_steal_share"] is None
+
+
+def test_the_core_bench_reports_cpu_per_cycle_and_raw_s_over_switchboard_s() -> None:
+    def loop(cycles: float, us: float | None, busy: float | None) -> dict[str, Any]:
+        return {"cycles_per_s": cycles, "host_cpu_us_per_cycle": us, "host_busy_share": busy}
+
+    runs = [
+        {
+            "workers": 4,
+            "raw": loop(2700, 500.0, 0.7),
+            "raw_same_table": loop(1800, 700.0, 0.8),
+            "switchboard": loop(1900, 800.0, 0.78),
+        },
+        {
+            "workers": 4,
+            "raw": loop(2500, 560.0, 0.72),
+            "raw_same_table": loop(1700, 720.0, 0.8),
+            "switchboard": loop(1850, 700.0, 0.8),
+        },
+    ]
+    judged = core_bench._judge(runs)
+    assert judged["host_cpu_us_per_cycle"]["switchboard"]["4"]["runs"] == [800.0, 700.0]
+    assert judged["host_busy_share"]["raw"]["4"]["median"] == pytest.approx(0.71)
+    # 500/800 and 560/700.
+    assert judged["cpu_ratio_vs_raw"]["4"]["runs"] == [0.625, 0.8]
+    # A run without a reading leaves no CPU figure rather than a median of part of the runs.
+    partial = [runs[0], {**runs[1], "raw": loop(2500, None, None)}]
+    judged = core_bench._judge(partial)
+    assert "raw" not in judged["host_cpu_us_per_cycle"]
+    assert judged["cpu_ratio_vs_raw"] == {}
+    assert judged["host_cpu_us_per_cycle"]["switchboard"]["4"]["median"] == 750.0
 
 
 def _sound_probe(probe: dict[str, Any], seconds: float) -> None:
