@@ -122,6 +122,9 @@ def _measure(
         "index_pages_per_cycle": round((pages_after - pages_before) / max(1, phase["cycles"]), 1),
         # The machine's load when the phase ended: a dip under load is not a collapse.
         "load": phase["load"],
+        # How busy the machine was, and its CPU per cycle (``bench.common.host_busy``).
+        "host_busy_share": phase["host_busy_share"],
+        "host_cpu_us_per_cycle": phase["host_cpu_us_per_cycle"],
     }
 
 

@@ -143,14 +143,19 @@ def _judge(runs: list[dict[str, Any]]) -> dict[str, Any]:
     def at(w: int) -> list[dict[str, Any]]:
         return [r for r in runs if r["workers"] == w]
 
+    def per_run(w: int, num: str, den: str, field: str) -> list[float | None]:
+        """Each run's ``field`` of loop ``num`` over loop ``den`` at ``w`` workers (None where
+        the run has no figure to divide by, or none to divide)."""
+        out: list[float | None] = []
+        for r in at(w):
+            n, d = r[num].get(field), r[den].get(field)
+            out.append(n / d if d and n is not None else None)
+        return out
+
     def ratios(base: str) -> dict[str, Any]:
         return {
             str(w): summary(
-                [
-                    r["switchboard"]["cycles_per_s"] / r[base]["cycles_per_s"]
-                    for r in at(w)
-                    if r[base]["cycles_per_s"]
-                ]
+                [v for v in per_run(w, "switchboard", base, "cycles_per_s") if v is not None]
                 or [0.0]
             )
             for w in by_workers
@@ -178,26 +183,17 @@ def _judge(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
     def cpu_ratios() -> dict[str, Any]:
         """Per run, raw's machine CPU per cycle over Switchboard's: the rate ratio a loop bound
-        by CPU alone would show (``host_busy``)."""
+        by CPU alone would show (``host_busy``); only where every run has both figures."""
         found = {}
         for w in by_workers:
-            pairs = [
-                (
-                    r["raw"].get("host_cpu_us_per_cycle"),
-                    r["switchboard"].get("host_cpu_us_per_cycle"),
-                )
-                for r in at(w)
-            ]
-            values = [raw / ours for raw, ours in pairs if raw and ours]
-            if values and len(values) == len(pairs):
-                found[str(w)] = summary(values)
+            values = per_run(w, "raw", "switchboard", "host_cpu_us_per_cycle")
+            whole = [v for v in values if v is not None]
+            if whole and len(whole) == len(values):
+                found[str(w)] = summary(whole)
         return found
 
     return {
-        "cycles_per_s": {
-            loop: {str(w): summary([r[loop]["cycles_per_s"] for r in at(w)]) for w in by_workers}
-            for loop in LOOPS
-        },
+        "cycles_per_s": per_loop("cycles_per_s"),
         "ratio_vs_raw": vs_raw,
         "ratio_vs_raw_same_table": ratios("raw_same_table"),
         # What each cycle cost the whole machine (workers, PostgreSQL, the rest) and how busy the

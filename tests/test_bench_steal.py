@@ -154,6 +154,25 @@ def test_the_core_bench_reports_cpu_per_cycle_and_raw_s_over_switchboard_s() -> 
     assert judged["host_cpu_us_per_cycle"]["switchboard"]["4"]["median"] == 750.0
 
 
+@pytest.mark.django_db(transaction=True)  # the point vacuums the todo table first
+def test_an_admission_point_carries_its_window_s_busy_share_and_cpu_per_cycle() -> None:
+    from django.contrib.auth.models import User
+
+    from bench import admission_bench
+    from queues import services
+    from queues.access import SystemActor
+
+    owner = User.objects.create(username="busy-owner")
+    endpoint, _token = services.endpoint_vend(
+        actor=SystemActor(via="test"), owner=owner, name="busy", queues=["bench"], rps=0
+    )
+    point = admission_bench._measure(endpoint, 1, 0.3, 50.0, ["bench"])
+    assert point["rate"] > 0
+    busy = point["host_busy_share"]
+    assert isinstance(busy, float) and 0.0 < busy <= 1.0
+    assert point["host_cpu_us_per_cycle"] > 0
+
+
 def _sound_probe(probe: dict[str, Any], seconds: float) -> None:
     assert set(probe) == {"flush", "wake"}
     for part in probe.values():
