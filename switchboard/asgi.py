@@ -695,9 +695,11 @@ def _set_prefix(scope: dict[str, Any]) -> None:
 
 
 class OneHopHandler(ASGIHandler):
-    """Django's ASGI handler, serving synchronous views in one hop to a fixed thread pool."""
+    """Django's ASGI handler, serving synchronous views in one hop to a fixed thread pool: the
+    agents' paths (``AGENT_PATH_PREFIXES``) to ``agent_threads`` threads of their own, every
+    other path to ``threads``."""
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, agent_threads: int | None = None) -> None:
         super().__init__()
         self.sync_chain = _SyncChain(settings.MIDDLEWARE)
         # The agents' paths skip the console's middleware (settings.AGENT_MIDDLEWARE says why).
@@ -706,6 +708,14 @@ class OneHopHandler(ASGIHandler):
         self.workers = _Workers(
             threads, "django", on_idle=requestdb.give_back, idle_after=requestdb.IDLE_CHECK_SECONDS
         )
+        # Apart, so that neither the console's load nor the agents' takes the other's threads,
+        # and few (settings.AGENT_THREADS says why).
+        self.agent_workers = _Workers(
+            threads if agent_threads is None else agent_threads,
+            "agent",
+            on_idle=requestdb.give_back,
+            idle_after=requestdb.IDLE_CHECK_SECONDS,
+        )
         self.agent_path = AgentPath(self.__class__)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -713,8 +723,11 @@ class OneHopHandler(ASGIHandler):
             await super().__call__(scope, receive, send)
         elif (route := self.agent_path.route(scope)) is not None:
             await self.handle_agent(scope, receive, send, route)
-        elif not _async_view(_path(scope)):
-            await self.handle_in_thread(scope, receive, send)
+        elif not _async_view(path := _path(scope)):
+            agent = path.startswith(self.agent_prefixes)
+            await self.handle_in_thread(
+                scope, receive, send, self.agent_workers if agent else self.workers
+            )
         else:
             await super().__call__(scope, receive, send)
 
@@ -728,7 +741,7 @@ class OneHopHandler(ASGIHandler):
         except RequestAborted:
             return
         try:
-            answer = await self.workers.run(self._respond_agent, scope, body_file, route)
+            answer = await self.agent_workers.run(self._respond_agent, scope, body_file, route)
             if isinstance(answer, _Answer):
                 await send(
                     {
@@ -787,13 +800,15 @@ class OneHopHandler(ASGIHandler):
 
         return await super().read_body(replay)
 
-    async def handle_in_thread(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def handle_in_thread(
+        self, scope: dict[str, Any], receive: Any, send: Any, workers: _Workers
+    ) -> None:
         try:
             body_file = await self.read_body(receive)
         except RequestAborted:
             return
         try:
-            response = await self.workers.run(self._respond, scope, body_file)
+            response = await workers.run(self._respond, scope, body_file)
             await self._send(response, receive, send)
         finally:
             body_file.close()
@@ -1014,7 +1029,7 @@ def _async_view(path: str) -> bool:
     return asyncio.iscoroutinefunction(match.func)
 
 
-handler = OneHopHandler(threads=settings.WEB_THREADS)
+handler = OneHopHandler(threads=settings.WEB_THREADS, agent_threads=settings.AGENT_THREADS)
 
 
 async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
