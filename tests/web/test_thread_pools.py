@@ -17,7 +17,7 @@ from django.db import connection
 from switchboard.asgi import OneHopHandler
 from switchboard.liveserver import live_server
 from tests.conftest import Personas, database_url, push
-from tests.inprocess import agent_scope, settle
+from tests.inprocess import agent_scope, checked_out, settle
 
 
 def _lock_waiters() -> int:
@@ -74,6 +74,7 @@ def test_an_agent_request_is_served_while_every_console_thread_is_held(
     release = threading.Event()
     body = b"{}"
     push(tx_personas, 1)
+    before = checked_out()
 
     async def scenario() -> list[dict[str, Any]]:
         holding = asyncio.ensure_future(handler.workers.run(release.wait, 30))
@@ -97,3 +98,5 @@ def test_an_agent_request_is_served_while_every_console_thread_is_held(
     sent = asyncio.run(scenario())
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
     assert b'"todo":{' in sent[1]["body"]
+    # The agent thread gives the connection it kept back once idle: nothing outlives the test.
+    assert settle(lambda: checked_out() == before, timeout=5)
