@@ -235,8 +235,9 @@ MAX_LEASE_TTL_SECONDS = 86400
 DEFAULT_MAX_ATTEMPTS = 5
 # How often the sweeps run on beat; deferral hints for in_flight_full add the reaper interval.
 SWEEP_INTERVAL_SECONDS = env_int("SWEEP_INTERVAL_SECONDS", 30, minimum=1)
-# Threads per web process that serve synchronous views (every page, the REST API, MCP's POSTs),
-# one request at a time each (switchboard/asgi.py); async views (event streams) need none.
+# Threads per web process that serve synchronous views outside the agents' paths (every page,
+# the operators' REST API, the admin), one request at a time each (switchboard/asgi.py); async
+# views (event streams) need none.
 WEB_THREADS = env_int("WEB_THREADS", 16, minimum=1)
 # Threads per web process that serve the agents' synchronous requests (``AGENT_PATH_PREFIXES``:
 # the REST verbs, MCP's POSTs), apart from the console's: neither side's load takes the other's
