@@ -243,7 +243,7 @@ WEB_THREADS = env_int("WEB_THREADS", 16, minimum=1)
 # the REST verbs, MCP's POSTs), apart from the console's: neither side's load takes the other's
 # threads. Few, because one process runs Python on one core at a time: more agent requests at
 # once than keep it busy between their database round trips only make its threads contend for
-# the interpreter lock (issue 11: 16 threads at 8 agents ran 9-12 % fewer cycles than 4).
+# the interpreter lock (issue 11: 16 threads at 8 agents ran 8-13 % fewer cycles than 4).
 AGENT_THREADS = env_int("AGENT_THREADS", 4, minimum=1)
 # Agents' endpoint rows are kept per web process at most this long (queues/auth.py), saving the
 # token lookup's query and transaction on each agent request. A change to an endpoint (a revoke
