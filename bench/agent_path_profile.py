@@ -129,7 +129,7 @@ def _run(args: argparse.Namespace) -> None:
         queues=[QUEUE],
         rps=ENDPOINT_RPS,
     )
-    agent = _Agent(OneHopHandler(threads=0), endpoint.slug, token)
+    agent = _Agent(OneHopHandler(threads=0, agent_threads=0), endpoint.slug, token)
     load: Callable[[int], None] = lambda n: _load_switchboard(endpoint, n)  # noqa: E731
     if args.stub:
         load = _stub(AgentActor(endpoint=endpoint, via="api"), agent, load)

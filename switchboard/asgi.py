@@ -699,24 +699,29 @@ class OneHopHandler(ASGIHandler):
     agents' paths (``AGENT_PATH_PREFIXES``) to ``agent_threads`` threads of their own, every
     other path to ``threads``."""
 
-    def __init__(self, threads: int, agent_threads: int | None = None) -> None:
+    def __init__(self, threads: int, agent_threads: int) -> None:
         super().__init__()
         self.sync_chain = _SyncChain(settings.MIDDLEWARE)
         # The agents' paths skip the console's middleware (settings.AGENT_MIDDLEWARE says why).
         self.agent_chain = _SyncChain(settings.AGENT_MIDDLEWARE, resolved=True)
         self.agent_prefixes = tuple(settings.AGENT_PATH_PREFIXES)
-        self.workers = _Workers(
-            threads, "django", on_idle=requestdb.give_back, idle_after=requestdb.IDLE_CHECK_SECONDS
-        )
+
         # Apart, so that neither the console's load nor the agents' takes the other's threads,
-        # and few (settings.AGENT_THREADS says why).
-        self.agent_workers = _Workers(
-            threads if agent_threads is None else agent_threads,
-            "agent",
-            on_idle=requestdb.give_back,
-            idle_after=requestdb.IDLE_CHECK_SECONDS,
-        )
+        # and the agents' few (settings.AGENT_THREADS says why). Each thread gives back the
+        # connection it kept once idle (switchboard/requestdb.py).
+        def pool(n: int, name: str) -> _Workers:
+            return _Workers(
+                n, name, on_idle=requestdb.give_back, idle_after=requestdb.IDLE_CHECK_SECONDS
+            )
+
+        self.workers = pool(threads, "django")
+        self.agent_workers = pool(agent_threads, "agent")
         self.agent_path = AgentPath(self.__class__)
+
+    def _is_agent(self, path: str) -> bool:
+        """Whether ``path`` (without the script prefix) is one of the agents' paths: their
+        threads and their middleware chain."""
+        return path.startswith(self.agent_prefixes)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -724,10 +729,8 @@ class OneHopHandler(ASGIHandler):
         elif (route := self.agent_path.route(scope)) is not None:
             await self.handle_agent(scope, receive, send, route)
         elif not _async_view(path := _path(scope)):
-            agent = path.startswith(self.agent_prefixes)
-            await self.handle_in_thread(
-                scope, receive, send, self.agent_workers if agent else self.workers
-            )
+            workers = self.agent_workers if self._is_agent(path) else self.workers
+            await self.handle_in_thread(scope, receive, send, workers)
         else:
             await super().__call__(scope, receive, send)
 
@@ -830,8 +833,7 @@ class OneHopHandler(ASGIHandler):
             assert error_response is not None  # create_request gives one or the other
             response: HttpResponseBase = error_response
         else:
-            agent = request.path_info.startswith(self.agent_prefixes)
-            chain = self.agent_chain if agent else self.sync_chain
+            chain = self.agent_chain if self._is_agent(request.path_info) else self.sync_chain
             response = chain.get_response(request)
             response._handler_class = self.__class__  # type: ignore[attr-defined]
         if not response.streaming:

@@ -218,6 +218,18 @@ def database_url() -> str:
     return liveserver.current_database_url()
 
 
+def lock_waiters() -> int:
+    """Backends of the test database waiting for a lock, seen from this thread's connection
+    (outside a transaction: inside one, PostgreSQL would show its first look again)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND datname = current_database()"
+        )
+        row = cursor.fetchone()
+    return int(row[0])
+
+
 @contextmanager
 def statements() -> Iterator[list[str]]:
     """Every statement this thread's connection executes, through any cursor Django wraps (the

@@ -3,9 +3,9 @@ Django's handler does (status, every header in the same order, the body), and le
 other request to Django before anything is charged or changed.
 
 Both paths run in this process, on one handler built under each test's settings
-(``OneHopHandler(threads=0)``: no pool threads; the test's thread serves). Writes are
-committed (``tx_personas``): each request returns its connection to the pool at its end, or
-keeps it clean for its thread's next request, as the server does."""
+(``OneHopHandler(threads=0, agent_threads=0)``: no pool threads; the test's thread serves).
+Writes are committed (``tx_personas``): each request returns its connection to the pool at its
+end, or keeps it clean for its thread's next request, as the server does."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def _same(handler: OneHopHandler, verb: str, token: str | None, value: Any, **kw
 
 @pytest.fixture
 def handler() -> OneHopHandler:
-    return OneHopHandler(threads=0)
+    return OneHopHandler(threads=0, agent_threads=0)
 
 
 def test_reads_and_refusals_are_the_same_on_the_wire(
@@ -201,7 +201,8 @@ def test_anything_else_is_left_to_django_before_anything_is_charged(
     X_FRAME_OPTIONS="sameorigin",
 )
 def test_tls_settings_answer_as_djangos(tx_personas: Personas) -> None:
-    handler = OneHopHandler(threads=0)  # the middleware read their settings when built
+    # The middleware read their settings when built.
+    handler = OneHopHandler(threads=0, agent_threads=0)
     token = tx_personas.agent_token
     https = [(b"x-forwarded-proto", b"https")]
     answer = _same(handler, "claim_next", token, {}, extra=https)  # HSTS, SAMEORIGIN
@@ -229,7 +230,7 @@ def test_an_mcp_body_past_djangos_bound_answers_as_djangos(
 
 @override_settings(AGENT_FAST_PATH=False)
 def test_the_setting_turns_the_lean_path_off(tx_personas: Personas) -> None:
-    handler = OneHopHandler(threads=0)
+    handler = OneHopHandler(threads=0, agent_threads=0)
     assert (
         handler.agent_path.route(agent_scope("claim_next", tx_personas.agent_token, b"{}")) is None
     )
@@ -319,7 +320,8 @@ def test_mcp_replies_headers_follow_each_request_on_one_handler(tx_personas: Per
     """A reply's headers are made once per kind of answer and kept (``_plain_headers``): one
     handler answering HTTPS and plain HTTP, a result and an empty 202, gives each the headers
     Django's path gives it (HSTS only over HTTPS)."""
-    handler = OneHopHandler(threads=0)  # the middleware read their settings when built
+    # The middleware read their settings when built.
+    handler = OneHopHandler(threads=0, agent_threads=0)
     p = tx_personas
     https = {b"x-forwarded-proto": b"https"}
     notice = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"_meta": META}}

@@ -2,8 +2,8 @@
 as safe as giving it back (``switchboard.requestdb``), and the worker threads wake the last idle
 first and give a kept connection back once idle (``switchboard.asgi._Workers``).
 
-Requests are served by a handler in this thread (``OneHopHandler(threads=0)``), as in
-``test_agent_path.py``; what they write is committed (``tx_personas``)."""
+Requests are served by a handler in this thread (``OneHopHandler(threads=0, agent_threads=0)``),
+as in ``test_agent_path.py``; what they write is committed (``tx_personas``)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def _claim(handler: OneHopHandler, token: str) -> tuple[int, dict[str, Any]]:
 
 @pytest.fixture
 def handler() -> Iterator[OneHopHandler]:
-    yield OneHopHandler(threads=0)
+    yield OneHopHandler(threads=0, agent_threads=0)
     connection.close()  # what this thread kept goes back before the test's teardown
 
 

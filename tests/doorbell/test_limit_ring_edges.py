@@ -10,7 +10,7 @@ import json
 import threading
 from datetime import timedelta
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from admission.limits.services import limit_set
@@ -19,7 +19,7 @@ from queues.access import HumanActor
 from queues.models import Todo
 from queues.services import Claimed
 from queues.services.sweeps import reap_expired
-from tests.conftest import Personas, push, run_threads
+from tests.conftest import Personas, lock_waiters, push, run_threads
 from tests.limits.conftest import pool, tag
 from tests.pause.helpers import Listener, in_thread, pause, wait_until
 
@@ -125,15 +125,6 @@ def test_a_reaped_claim_in_a_pool_with_room_rings_only_its_own_queue(
     assert _rings(listener) == [(str(p.agent.id), "inbox", "reaped")]
 
 
-def _blocked_on_a_lock() -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND datname = current_database()"
-        )
-        return bool(cursor.fetchone()[0])
-
-
 def test_a_raise_and_the_completion_it_races_ring_once_between_them_in_either_order(
     tx_personas: Personas, listener: Listener
 ) -> None:
@@ -158,7 +149,7 @@ def test_a_raise_and_the_completion_it_races_ring_once_between_them_in_either_or
             actor=p.as_agent(), todo_id=claim.todo.id, lease_token=claim.lease_token
         )
     )
-    wait_until(lambda: completing.done() or _blocked_on_a_lock(), "the completion to run")
+    wait_until(lambda: completing.done() or lock_waiters() > 0, "the completion to run")
     go.set()
     raising.result(30)
     completing.result(30)

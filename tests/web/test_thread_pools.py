@@ -5,6 +5,7 @@ requests never hold more than their few threads, and neither side's load holds t
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -12,23 +13,12 @@ from typing import Any
 
 import httpx
 import psycopg
-from django.db import connection
+import pytest
 
 from switchboard.asgi import OneHopHandler
 from switchboard.liveserver import live_server
-from tests.conftest import Personas, database_url, push
+from tests.conftest import Personas, database_url, lock_waiters, push
 from tests.inprocess import agent_scope, checked_out, settle
-
-
-def _lock_waiters() -> int:
-    """Backends of the test database waiting for a row lock."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock'"
-        )
-        row = cursor.fetchone()
-    return int(row[0])
 
 
 def test_agents_waiting_on_a_lock_hold_only_their_threads_and_the_console_still_answers(
@@ -54,21 +44,27 @@ def test_agents_waiting_on_a_lock_hold_only_their_threads_and_the_console_still_
             completing = [pool.submit(complete, n) for n in range(3)]
             # Two of the three wait on the lock, one in each agent thread; the third waits for
             # a thread, not in the database.
-            assert settle(lambda: _lock_waiters() == 2, timeout=15)
+            assert settle(lambda: lock_waiters() == 2, timeout=15)
             time.sleep(0.5)
-            assert _lock_waiters() == 2
+            assert lock_waiters() == 2
             assert not any(f.done() for f in completing)
             # Both agent threads are held: the console is served by threads of its own.
             page = httpx.get(f"{base}/login/", timeout=10)
             assert page.status_code == 200 and "<form" in page.text
-            assert _lock_waiters() == 2
+            assert lock_waiters() == 2
             holder.rollback()  # the lock goes: all three are answered, the first completes it
             answers = sorted(f.result(timeout=30).status_code for f in completing)
     assert answers[0] == 200 and answers[1:] == [409, 409], answers
 
 
+@pytest.mark.parametrize(
+    "query",
+    # The agent path's own (AgentPath), and Django's (a query: AgentPath leaves it to Django).
+    [b"", b"through=django"],
+    ids=["agent-path", "djangos-path"],
+)
 def test_an_agent_request_is_served_while_every_console_thread_is_held(
-    tx_personas: Personas,
+    tx_personas: Personas, query: bytes
 ) -> None:
     handler = OneHopHandler(threads=1, agent_threads=1)
     release = threading.Event()
@@ -88,7 +84,8 @@ def test_an_agent_request_is_served_while_every_console_thread_is_held(
         async def send(message: dict[str, Any]) -> None:
             sent.append(message)
 
-        scope = agent_scope("claim_next", tx_personas.agent_token, body)
+        scope = agent_scope("claim_next", tx_personas.agent_token, body, query=query)
+        assert (handler.agent_path.route(scope) is None) == bool(query)
         await asyncio.wait_for(handler(scope, receive, send), timeout=20)
         assert not holding.done()  # served while the console's thread was still held
         release.set()
@@ -97,6 +94,8 @@ def test_an_agent_request_is_served_while_every_console_thread_is_held(
 
     sent = asyncio.run(scenario())
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
-    assert b'"todo":{' in sent[1]["body"]
+    assert json.loads(sent[1]["body"])["todo"]["state"] == "claimed"
+    if not query:  # AgentPath writes its answer compactly; Django's path as ninja renders it
+        assert b'"todo":{' in sent[1]["body"]
     # The agent thread gives the connection it kept back once idle: nothing outlives the test.
     assert settle(lambda: checked_out() == before, timeout=5)
