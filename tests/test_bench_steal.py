@@ -219,15 +219,18 @@ def test_every_bench_result_carries_the_host_probe_before_and_after_it(tmp_path:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_an_http_point_keeps_every_run_s_steal_beside_its_rate_in_the_order_they_ran() -> None:
+def test_an_http_point_keeps_each_run_s_latency_and_steal_beside_its_rate_in_order() -> None:
     runs: list[dict[str, Any]] = [
-        {"cycles_per_s": 880.0, "cpu_steal_share": 0.01},
-        {"cycles_per_s": 640.0, "cpu_steal_share": None},
-        {"cycles_per_s": 440.0, "cpu_steal_share": 0.3},
+        {"cycles_per_s": 880.0, "p50_ms": 9.1, "p99_ms": 15.0, "cpu_steal_share": 0.01},
+        {"cycles_per_s": 640.0, "p50_ms": 12.5, "p99_ms": 31.0, "cpu_steal_share": None},
+        {"cycles_per_s": 440.0, "p50_ms": 18.2, "p99_ms": 22.0, "cpu_steal_share": 0.3},
     ]
     point = http_bench._median_run(runs)
     assert point["cycles_per_s"] == 640.0 and point["cpu_steal_share"] is None
+    assert (point["p50_ms"], point["p99_ms"]) == (12.5, 31.0)  # the median run's own
     assert point["runs_cycles_per_s"] == [880.0, 640.0, 440.0]
+    assert point["runs_p50_ms"] == [9.1, 12.5, 18.2]
+    assert point["runs_p99_ms"] == [15.0, 31.0, 22.0]
     assert point["runs_cpu_steal_share"] == [0.01, None, 0.3]
 
 
