@@ -243,8 +243,9 @@ WEB_THREADS = env_int("WEB_THREADS", 16, minimum=1)
 # the REST verbs, MCP's POSTs), apart from the console's: neither side's load takes the other's
 # threads. Few, because one process runs Python on one core at a time: more agent requests at
 # once than keep it busy between their database round trips only make its threads contend for
-# the interpreter lock (issue 11: 16 threads at 8 agents ran 8-13 % fewer cycles than 4).
-AGENT_THREADS = env_int("AGENT_THREADS", 4, minimum=1)
+# the interpreter lock (issue 11, 2 cores, 8 agents: 16 threads ran 8-13 % fewer cycles than
+# 4, and 5 ran 2 % (REST) and 5 % (MCP) more than 4; 6 ran fewer again).
+AGENT_THREADS = env_int("AGENT_THREADS", 5, minimum=1)
 # Agents' endpoint rows are kept per web process at most this long (queues/auth.py), saving the
 # token lookup's query and transaction on each agent request. A change to an endpoint (a revoke
 # above all) refuses the next request everywhere all the same: each process listens for the
