@@ -15,7 +15,8 @@ p99 ≤ 3× the baseline's p50; at 1 client their p50 ≤ 2× the baseline's. Th
 on this install's uvicorn stack (httptools, uvloop: ``verdict``, ``all_met``) and on the stack
 the issue's anchor (``../shared/bench/http-anchor/``) is installed with (h11, asyncio's loop:
 ``anchor_stack``, ``verdict_vs_anchor_stack``). ``python -m bench.yardstick`` runs the anchor
-itself beside them.
+itself beside them. ``verdict_paired`` (``all_met_paired``) judges the same targets round by
+round against the baseline's run of that round, and takes the median of each ratio.
 
 Then the README's production command (gunicorn with uvicorn workers) with 1, 2 and 4 worker
 processes, REST at 8 and 16 clients: the curve of cycles/s against processes.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -415,6 +417,47 @@ def _verdict(
     return verdict
 
 
+def _paired_verdict(
+    runs: dict[str, dict[int, list[dict[str, Any]]]], yardstick: str = "baseline"
+) -> dict[str, Any]:
+    """The targets' ratios round by round, each protocol's run against the yardstick's run of
+    the same round (interleaved, seconds apart), and their medians over the rounds. ``_verdict``
+    divides medians taken apart: a slow spell of the host that falls in the yardstick's median
+    run and not in a protocol's (or the other way round) moves its ratios, where a ratio within
+    one round cancels what the round's runs shared. Reported beside ``verdict``, the verdict of
+    record, not instead of it."""
+    base1, base8 = runs[yardstick][1], runs[yardstick][8]
+    verdict: dict[str, Any] = {}
+    for kind in ("rest", "mcp"):
+        one, eight = runs[kind][1], runs[kind][8]
+        rounds = {
+            "cycles_ratio_at_8": [
+                e["cycles_per_s"] / b["cycles_per_s"] for e, b in zip(eight, base8, strict=True)
+            ],
+            "p99_at_8_over_baseline_p50": [
+                e["p99_ms"] / b["p50_ms"] for e, b in zip(eight, base8, strict=True)
+            ],
+            "p50_at_1_over_baseline_p50": [
+                o["p50_ms"] / b["p50_ms"] for o, b in zip(one, base1, strict=True)
+            ],
+        }
+        median = {name: statistics.median(values) for name, values in rounds.items()}
+        met = {
+            "cycles_ratio_at_8": median["cycles_ratio_at_8"] >= TARGETS["cycles_ratio_at_8_min"],
+            "p99_at_8": median["p99_at_8_over_baseline_p50"]
+            <= TARGETS["p99_at_8_over_baseline_p50_max"],
+            "p50_at_1": median["p50_at_1_over_baseline_p50"]
+            <= TARGETS["p50_at_1_over_baseline_p50_max"],
+        }
+        verdict[kind] = {
+            **{name: round(value, 3) for name, value in median.items()},
+            "rounds": {name: [round(v, 3) for v in values] for name, values in rounds.items()},
+            "met": met,
+            "all_met": all(met.values()),
+        }
+    return verdict
+
+
 # A server as the runs drive it: the bench client's kind for it, its URL, the bearer token,
 # the pid whose CPU is its own, and what loads ``n`` fresh pending todos for it.
 Target = tuple[str, str, str, int, Callable[[int], None]]
@@ -473,6 +516,7 @@ def side_by_side(endpoint: Endpoint, token: str, duration_s: float, repeats: int
         "table": table,
         "verdict": _verdict(table),
         "verdict_vs_anchor_stack": _verdict(table, "anchor_stack"),
+        "verdict_paired": _paired_verdict(runs),
     }
 
 
@@ -568,6 +612,7 @@ def _run(endpoint: Endpoint, token: str, duration_s: float, repeats: int) -> dic
     results["all_met_vs_anchor_stack"] = all(
         v["all_met"] for v in results["verdict_vs_anchor_stack"].values()
     )
+    results["all_met_paired"] = all(v["all_met"] for v in results["verdict_paired"].values())
     return results
 
 
