@@ -381,6 +381,16 @@ def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return median
 
 
+def _met(cycles_ratio: float, p99_ratio: float, p50_ratio: float) -> dict[str, bool]:
+    """Which of the targets three ratios meet: cycles/s at 8 ÷ the yardstick's, p99 at 8 ÷ its
+    p50, p50 at 1 ÷ its p50."""
+    return {
+        "cycles_ratio_at_8": cycles_ratio >= TARGETS["cycles_ratio_at_8_min"],
+        "p99_at_8": p99_ratio <= TARGETS["p99_at_8_over_baseline_p50_max"],
+        "p50_at_1": p50_ratio <= TARGETS["p50_at_1_over_baseline_p50_max"],
+    }
+
+
 def _verdict(
     table: dict[str, dict[int, dict[str, Any]]], yardstick: str = "baseline"
 ) -> dict[str, Any]:
@@ -407,11 +417,7 @@ def _verdict(
             "own_p99_over_p50_at_8": round(eight["p99_ms"] / eight["p50_ms"], 2),
             "yardstick_p99_over_p50_at_8": round(base8["p99_ms"] / base8["p50_ms"], 2),
             "cycles_ratio_for_p99_at_8": round(ratio * p99_ratio / p99_bound, 3),
-            "met": {
-                "cycles_ratio_at_8": ratio >= TARGETS["cycles_ratio_at_8_min"],
-                "p99_at_8": p99_ratio <= p99_bound,
-                "p50_at_1": p50_ratio <= TARGETS["p50_at_1_over_baseline_p50_max"],
-            },
+            "met": _met(ratio, p99_ratio, p50_ratio),
         }
         verdict[kind]["all_met"] = all(verdict[kind]["met"].values())
     return verdict
@@ -442,13 +448,11 @@ def _paired_verdict(
             ],
         }
         median = {name: statistics.median(values) for name, values in rounds.items()}
-        met = {
-            "cycles_ratio_at_8": median["cycles_ratio_at_8"] >= TARGETS["cycles_ratio_at_8_min"],
-            "p99_at_8": median["p99_at_8_over_baseline_p50"]
-            <= TARGETS["p99_at_8_over_baseline_p50_max"],
-            "p50_at_1": median["p50_at_1_over_baseline_p50"]
-            <= TARGETS["p50_at_1_over_baseline_p50_max"],
-        }
+        met = _met(
+            median["cycles_ratio_at_8"],
+            median["p99_at_8_over_baseline_p50"],
+            median["p50_at_1_over_baseline_p50"],
+        )
         verdict[kind] = {
             **{name: round(value, 3) for name, value in median.items()},
             "rounds": {name: [round(v, 3) for v in values] for name, values in rounds.items()},

@@ -83,8 +83,9 @@ def test_the_paired_verdict_divides_each_round_by_the_yardstick_s_run_of_that_ro
 
 
 def test_the_paired_verdict_takes_each_ratio_s_median_over_the_rounds() -> None:
-    # One round where the protocol ran in a slow spell and the baseline did not: the median
-    # of the rounds' ratios leaves it out, where the ratio of the two median runs would not.
+    # One round where the protocol alone ran in a slow spell: the median of the rounds' ratios
+    # (0.667, that round left out) is not the ratio of the two median runs (``_verdict``'s,
+    # 980 ÷ 1450).
     runs = _runs([1500.0, 1400.0, 1450.0], [1000.0, 700.0, 980.0])
     paired = http_bench._paired_verdict(runs)["rest"]
     assert paired["rounds"]["cycles_ratio_at_8"] == [0.667, 0.5, 0.676]
