@@ -381,6 +381,22 @@ def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return median
 
 
+# What ``ratios`` gives, in its order, as the verdicts name them.
+RATIO_NAMES = ("cycles_ratio_at_8", "p99_at_8_over_baseline_p50", "p50_at_1_over_baseline_p50")
+
+
+def ratios(
+    one: dict[str, Any], eight: dict[str, Any], yard_one: dict[str, Any], yard_eight: dict[str, Any]
+) -> tuple[float, float, float]:
+    """Issue 11's three ratios of a protocol's runs (at 1 and 8 clients) against a yardstick's:
+    cycles/s at 8, p99 at 8 ÷ the yardstick's p50 at 8, p50 at 1 ÷ the yardstick's p50 at 1."""
+    return (
+        eight["cycles_per_s"] / yard_eight["cycles_per_s"],
+        eight["p99_ms"] / yard_eight["p50_ms"],
+        one["p50_ms"] / yard_one["p50_ms"],
+    )
+
+
 def _met(cycles_ratio: float, p99_ratio: float, p50_ratio: float) -> dict[str, bool]:
     """Which of the targets three ratios meet: cycles/s at 8 ÷ the yardstick's, p99 at 8 ÷ its
     p50, p50 at 1 ÷ its p50."""
@@ -406,9 +422,7 @@ def _verdict(
     verdict: dict[str, Any] = {}
     for kind in ("rest", "mcp"):
         one, eight = table[kind][1], table[kind][8]
-        ratio = eight["cycles_per_s"] / base8["cycles_per_s"]
-        p99_ratio = eight["p99_ms"] / base8["p50_ms"]
-        p50_ratio = one["p50_ms"] / base1["p50_ms"]
+        ratio, p99_ratio, p50_ratio = ratios(one, eight, base1, base8)
         p99_bound = TARGETS["p99_at_8_over_baseline_p50_max"]
         verdict[kind] = {
             "cycles_ratio_at_8": round(ratio, 3),
@@ -435,24 +449,12 @@ def _paired_verdict(
     base1, base8 = runs[yardstick][1], runs[yardstick][8]
     verdict: dict[str, Any] = {}
     for kind in ("rest", "mcp"):
-        one, eight = runs[kind][1], runs[kind][8]
-        rounds = {
-            "cycles_ratio_at_8": [
-                e["cycles_per_s"] / b["cycles_per_s"] for e, b in zip(eight, base8, strict=True)
-            ],
-            "p99_at_8_over_baseline_p50": [
-                e["p99_ms"] / b["p50_ms"] for e, b in zip(eight, base8, strict=True)
-            ],
-            "p50_at_1_over_baseline_p50": [
-                o["p50_ms"] / b["p50_ms"] for o, b in zip(one, base1, strict=True)
-            ],
-        }
+        per_round = [
+            ratios(*run) for run in zip(runs[kind][1], runs[kind][8], base1, base8, strict=True)
+        ]
+        rounds = {name: [r[i] for r in per_round] for i, name in enumerate(RATIO_NAMES)}
         median = {name: statistics.median(values) for name, values in rounds.items()}
-        met = _met(
-            median["cycles_ratio_at_8"],
-            median["p99_at_8_over_baseline_p50"],
-            median["p50_at_1_over_baseline_p50"],
-        )
+        met = _met(*median.values())  # in RATIO_NAMES' order, as ratios() gives them
         verdict[kind] = {
             **{name: round(value, 3) for name, value in median.items()},
             "rounds": {name: [round(v, 3) for v in values] for name, values in rounds.items()},

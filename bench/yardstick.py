@@ -218,16 +218,18 @@ def _bench_client() -> Path:
 
 def _ratios(table: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
     """REST's and MCP's figures against each yardstick, in issue 11's terms."""
+    from bench import http_bench
+
     out: dict[str, Any] = {}
     for yard in ("anchor", "anchor_stack", "bench_baseline"):
-        one, eight = table[yard][1], table[yard][8]
         for kind in ("rest", "mcp"):
+            cycles, p99, p50 = http_bench.ratios(
+                table[kind][1], table[kind][8], table[yard][1], table[yard][8]
+            )
             out[f"{kind}_vs_{yard}"] = {
-                "cycles_ratio_at_8": round(
-                    table[kind][8]["cycles_per_s"] / eight["cycles_per_s"], 3
-                ),
-                "p99_at_8_over_p50": round(table[kind][8]["p99_ms"] / eight["p50_ms"], 2),
-                "p50_at_1_over_p50": round(table[kind][1]["p50_ms"] / one["p50_ms"], 2),
+                "cycles_ratio_at_8": round(cycles, 3),
+                "p99_at_8_over_p50": round(p99, 2),
+                "p50_at_1_over_p50": round(p50, 2),
             }
     return out
 

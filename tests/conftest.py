@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 import pytest
 import redis
 from django.conf import settings
@@ -218,15 +219,21 @@ def database_url() -> str:
     return liveserver.current_database_url()
 
 
-def lock_waiters() -> int:
-    """Backends of the test database waiting for a lock, seen from this thread's connection
-    (outside a transaction: inside one, PostgreSQL would show its first look again)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND datname = current_database()"
-        )
-        row = cursor.fetchone()
+def lock_waiters(statement_like: str | None = None) -> int:
+    """Backends of the test database waiting for a lock (with ``statement_like``, only those
+    whose statement matches that LIKE pattern). Each look is made on a connection of its own,
+    outside any transaction: inside one, PostgreSQL keeps showing its first look at
+    pg_stat_activity, and a backend that began waiting after it is never seen."""
+    query = (
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        " AND datname = current_database()"
+    )
+    with psycopg.connect(database_url(), autocommit=True) as watcher:
+        if statement_like is None:
+            row = watcher.execute(query).fetchone()
+        else:
+            row = watcher.execute(query + " AND query LIKE %s", [statement_like]).fetchone()
+    assert row is not None
     return int(row[0])
 
 

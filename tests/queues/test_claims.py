@@ -23,6 +23,7 @@ from tests.conftest import (
     claim_and_lapse,
     database_url,
     lapse,
+    lock_waiters,
     make_retry_due,
     push,
     run_threads,
@@ -611,24 +612,17 @@ def test_a_completion_that_waited_on_a_takeover_of_its_todo_ends_nothing(
 
     holder = threading.Thread(target=complete_first)
     holder.start()
-    # Watched from a connection of its own, one transaction per look: inside the taker's
-    # transaction PostgreSQL keeps the first look's pg_stat_activity until it ends, so a
-    # completion that began waiting after that look was never seen (a flake under load).
-    watcher = psycopg.connect(database_url(), autocommit=True)
+    # Each look outside any transaction (lock_waiters): inside the taker's transaction
+    # PostgreSQL keeps the first look's pg_stat_activity until it ends, so a completion that
+    # began waiting after that look was never seen (a flake under load).
     try:
         for _ in range(600):
-            row = watcher.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                " AND datname = current_database() AND query LIKE %s",
-                ["%UPDATE queues_todo t SET state = 'done'%"],
-            ).fetchone()
-            if row and row[0]:
+            if lock_waiters("%UPDATE queues_todo t SET state = 'done'%"):
                 break
             time.sleep(0.05)
         else:
             raise AssertionError("the completion never waited on the todo")
     finally:
-        watcher.close()
         taker.commit()
         taker.close()
         holder.join(timeout=60)
