@@ -19,15 +19,20 @@ PROBE = (
 )
 
 
-def settings_of(data_dir: Path, **env: str) -> dict[str, str]:
-    loaded = subprocess.run(
-        [sys.executable, "-c", PROBE],
+def _load(data_dir: Path, probe: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """The settings loaded in a fresh interpreter running ``probe``."""
+    return subprocess.run(
+        [sys.executable, "-c", probe],
         cwd=BASE_DIR,
         env=console_env(data_dir, **env),
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def settings_of(data_dir: Path, **env: str) -> dict[str, str]:
+    loaded = _load(data_dir, PROBE, **env)
     assert loaded.returncode == 0, loaded.stderr
     result: dict[str, str] = json.loads(loaded.stdout.splitlines()[-1])
     return result
@@ -59,3 +64,33 @@ def test_production_generates_no_metrics_token(tmp_path: Path) -> None:
     assert settings_of(tmp_path, **PRODUCTION)["metrics_token"] == ""
     assert not (tmp_path / "metrics_token").exists()
     assert settings_of(tmp_path, **PRODUCTION, METRICS_TOKEN="given")["metrics_token"] == "given"
+
+
+THREADS = (
+    "import json, switchboard.settings as s; print(json.dumps([s.WEB_THREADS, s.AGENT_THREADS]))"
+)
+
+
+def test_the_thread_pools_are_sized_from_the_environment_and_a_bad_size_is_refused_by_name(
+    tmp_path: Path,
+) -> None:
+    """WEB_THREADS and AGENT_THREADS (switchboard.asgi's two pools): their defaults, a value
+    given, and a value no pool can have, which stops the process before it serves, naming the
+    variable."""
+
+    def sizes(**env: str) -> list[int]:
+        loaded = _load(tmp_path, THREADS, **LOCAL, **env)
+        assert loaded.returncode == 0, loaded.stderr
+        result: list[int] = json.loads(loaded.stdout.splitlines()[-1])
+        return result
+
+    assert sizes() == [16, 5]
+    assert sizes(WEB_THREADS="3", AGENT_THREADS="2") == [3, 2]
+    for name, bad, says in [
+        ("AGENT_THREADS", "0", "AGENT_THREADS must be at least 1, not 0"),
+        ("AGENT_THREADS", "four", "AGENT_THREADS must be a whole number, not 'four'"),
+        ("WEB_THREADS", "-2", "WEB_THREADS must be at least 1, not -2"),
+    ]:
+        refused = _load(tmp_path, THREADS, **LOCAL, **{name: bad})
+        assert refused.returncode != 0 and refused.stdout == ""
+        assert f"ImproperlyConfigured: {says}" in refused.stderr, refused.stderr
