@@ -454,7 +454,8 @@ def _paired_verdict(
         ]
         rounds = {name: [r[i] for r in per_round] for i, name in enumerate(RATIO_NAMES)}
         median = {name: statistics.median(values) for name, values in rounds.items()}
-        met = _met(*median.values())  # in RATIO_NAMES' order, as ratios() gives them
+        cycles, p99, p50 = (median[name] for name in RATIO_NAMES)  # ratios()' order, by name
+        met = _met(cycles, p99, p50)
         verdict[kind] = {
             **{name: round(value, 3) for name, value in median.items()},
             "rounds": {name: [round(v, 3) for v in values] for name, values in rounds.items()},

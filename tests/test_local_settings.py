@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.console import BASE_DIR, console_env
 
@@ -31,10 +32,15 @@ def _load(data_dir: Path, probe: str, **env: str) -> subprocess.CompletedProcess
     )
 
 
-def settings_of(data_dir: Path, **env: str) -> dict[str, str]:
-    loaded = _load(data_dir, PROBE, **env)
+def _probed(data_dir: Path, probe: str, **env: str) -> Any:
+    """What ``probe`` printed last (JSON), the settings having loaded."""
+    loaded = _load(data_dir, probe, **env)
     assert loaded.returncode == 0, loaded.stderr
-    result: dict[str, str] = json.loads(loaded.stdout.splitlines()[-1])
+    return json.loads(loaded.stdout.splitlines()[-1])
+
+
+def settings_of(data_dir: Path, **env: str) -> dict[str, str]:
+    result: dict[str, str] = _probed(data_dir, PROBE, **env)
     return result
 
 
@@ -79,9 +85,7 @@ def test_the_thread_pools_are_sized_from_the_environment_and_a_bad_size_is_refus
     variable."""
 
     def sizes(**env: str) -> list[int]:
-        loaded = _load(tmp_path, THREADS, **LOCAL, **env)
-        assert loaded.returncode == 0, loaded.stderr
-        result: list[int] = json.loads(loaded.stdout.splitlines()[-1])
+        result: list[int] = _probed(tmp_path, THREADS, **LOCAL, **env)
         return result
 
     assert sizes() == [16, 5]
