@@ -6,7 +6,7 @@
   var root = document.querySelector("[data-live-url]");
   if (!root || !window.EventSource) return;
 
-  var pending = {}; // target id -> html held back while the viewer is typing in it
+  var pending = {}; // target id -> {html, from} held back while the viewer is typing in it
 
   function busy(el) {
     var active = document.activeElement;
@@ -18,11 +18,11 @@
     return false;
   }
 
-  function swap(id, html) {
+  function swap(id, html, from) {
     var el = document.getElementById(id);
     if (!el) return;
     if (busy(el)) {
-      pending[id] = html;
+      pending[id] = { html: html, from: from };
       return;
     }
     delete pending[id];
@@ -42,7 +42,11 @@
   function flush() {
     Object.keys(pending).forEach(function (id) {
       var el = document.getElementById(id);
-      if (el && !busy(el)) swap(id, pending[id]);
+      var held = pending[id];
+      if (el && !busy(el)) {
+        delete pending[id];
+        receive(held.from, id, held.html);
+      }
     });
   }
   document.addEventListener("focusout", function () { setTimeout(flush, 0); });
@@ -66,16 +70,63 @@
   var source = null;
   var url = null;
 
+  // A new list from the stream while an htmx request that replaces the list is on its way (the
+  // filter form, a pause, a resume): held until that request ends. Swapped in then, htmx would
+  // put its answer into the list it meant to replace, no longer on the page: a search would show
+  // the unfiltered cards under its own address, a pause would not show. Held, it is shown if the
+  // request left the list in place (it failed), and dropped if the request replaced the list;
+  // the stream is then subscribed again from the new list's fingerprint (resync), so whatever
+  // changed since that list was rendered is sent.
+  var listRequests = 0;
+  var heldList = null; // {html, from}
+  var resync = false;
+
+  function forList(event) {
+    var target = event.detail && event.detail.target;
+    return !!target && target.id === "sections";
+  }
+  // beforeSend, not beforeRequest: a listener may cancel the request at beforeRequest, and then no
+  // afterRequest follows; once sent, afterRequest always does (loaded, failed, aborted, timed out).
+  document.addEventListener("htmx:beforeSend", function (event) {
+    if (forList(event)) listRequests++;
+  });
+  document.addEventListener("htmx:afterRequest", function (event) { // after its swap, or failed
+    if (!forList(event) || listRequests === 0) return;
+    listRequests--;
+    if (listRequests === 0 && heldList) {
+      var held = heldList;
+      heldList = null;
+      if (document.body.contains(event.detail.target)) receive(held.from, "sections", held.html);
+      else resync = true; // follow() subscribes again once the new list settles
+    }
+  });
+
+  // A part sent by the stream ``from``: shown unless the list on the page is for other filters
+  // (htmx swapped in another list, and follow() has not moved the stream yet: it does so once the
+  // swap settles), or held while a request for a new list is on its way.
+  function receive(from, id, html) {
+    if (id === "sections" && listRequests > 0) {
+      heldList = { html: html, from: from };
+      return;
+    }
+    var list = document.getElementById("sections");
+    var shown = list && list.getAttribute("data-live-follow");
+    if (shown && subject(shown) !== subject(from)) return;
+    swap(id, html, from);
+  }
+
   function connect(next) {
     if (source) source.close();
     pending = {}; // held back for the filters being left
+    heldList = null;
+    resync = false;
     url = next;
     var root = document.querySelector("[data-live-url]");
     if (root) root.setAttribute("data-live-url", next);
     source = new EventSource(next);
     source.addEventListener("swap", function (event) {
       var data = JSON.parse(event.data);
-      swap(data.target, data.html);
+      receive(next, data.target, data.html);
     });
     source.addEventListener("announce", announce);
     status("connecting");
@@ -105,7 +156,7 @@
       if (source) source.close();
       source = null;
       url = null;
-    } else if (!url || subject(next) !== subject(url)) {
+    } else if (!url || resync || subject(next) !== subject(url)) {
       connect(next);
     }
   }

@@ -36,7 +36,11 @@ pushes the address, and back restores another address. So the list carries the s
 filters it was rendered for (``data-live-follow``; the stream's own renders carry it too), and
 live.js moves the subscription whenever a swap brings other filters. Otherwise a stream keeps
 sending parts rendered for filters the page no longer shows: a search's one card buried under the
-whole identity's cards at the next change to that queue.
+whole identity's cards at the next change to that queue. Until it has moved (it does once htmx's
+swap settles), what the old stream sends is dropped, and a new list that arrives while the filter
+form's request is on its way is held until that request ends: shown if it failed, dropped if it
+brought other filters (swapped in meanwhile, htmx would put the search's results into a list no
+longer on the page, and the unfiltered cards would stay under the search's address).
 
 A stream ends after ``STREAM_SECONDS``; EventSource reconnects (``retry``) with ``Last-Event-ID``,
 the fingerprint it last saw, so nothing is resent needlessly and a revoked session is noticed.

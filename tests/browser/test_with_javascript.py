@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 from playwright.sync_api import expect
@@ -191,6 +193,205 @@ def test_a_filtered_board_stays_filtered_while_the_queue_changes_live(
     expect(root).not_to_have_attribute("data-live-url", re.compile(r"q=INV"))
     push(p, 1, payload={"ref": "ordinary"})
     expect(cards).to_have_count(8, timeout=LIVE)
+
+
+# The page's EventSource replaced by one the test drives: each stream the page opens is kept in
+# window.__streams, and emit() dispatches an event on it as a server's would. What the live board
+# does with an event that arrives at a given moment is then exact, not left to the host's timing.
+DRIVEN_STREAMS = """
+window.__streams = [];
+window.EventSource = class {
+  constructor(url) {
+    this.url = url;
+    this.readyState = 0;
+    this.listeners = {};
+    window.__streams.push(this);
+    setTimeout(() => { this.readyState = 1; this.fire("open", {}); }, 0);
+  }
+  addEventListener(type, listener) { (this.listeners[type] = this.listeners[type] || []).push(listener); }
+  close() { this.readyState = 2; }
+  fire(type, event) { (this.listeners[type] || []).forEach((listener) => listener(event)); }
+  emit(type, data) { this.fire(type, { data: JSON.stringify(data) }); }
+};
+"""
+
+
+def _search_page(session: Session, p: Personas) -> tuple[Any, Any, str]:
+    """The board with four cards (one whose payload says INV-4242) on driven streams, subscribed;
+    with the unfiltered list's HTML, as the stream being left would send it again."""
+    push(p, 3, payload={"ref": "ordinary"})
+    push(p, 1, payload={"ref": "INV-4242"})
+    page = session.page(p.owner)
+    page.add_init_script(DRIVEN_STREAMS)
+    page.goto("/")
+    cards = page.locator("#cards-agent--inbox .card")
+    expect(cards).to_have_count(4)
+    expect(page.locator("[data-live-url]")).to_have_attribute("data-live", "open")
+    unfiltered = page.evaluate("document.getElementById('sections').outerHTML")
+    page.get_by_label("Search").fill("INV-4242")
+    return page, cards, unfiltered
+
+
+def _until(page: Any, predicate: str) -> None:
+    """Wait until ``predicate`` (a function, run in the page) is true. Polled with evaluate:
+    the console's Content-Security-Policy forbids the eval that wait_for_function uses."""
+    deadline = time.monotonic() + LIVE / 1000
+    while not page.evaluate(predicate):
+        assert time.monotonic() < deadline, f"never true: {predicate}"
+        page.wait_for_timeout(20)
+
+
+def _follows_the_search(page: Any, cards: Any) -> None:
+    """The search's one card shows and stays, the stream of the unfiltered board is closed and
+    one for the search is open."""
+    page.wait_for_url(re.compile(r"[?&]q=INV-4242"))
+    expect(cards).to_have_count(1)
+    _until(
+        page,
+        "() => window.__streams.length === 2 && window.__streams[0].readyState === 2"
+        " && /[?&]q=INV-4242/.test(window.__streams[1].url)",
+    )
+    page.wait_for_timeout(300)  # whatever the page would still do with the stale list
+    expect(cards).to_have_count(1)
+    assert page.evaluate("document.querySelectorAll('#sections .card').length") == 1
+
+
+def _sent_list(page: Any, html: str) -> None:
+    """The stream the page opened first sends a whole list, ``html``."""
+    page.evaluate(
+        "html => window.__streams[0].emit('swap', {target: 'sections', html: html})", html
+    )
+
+
+def _the_search(url: str) -> bool:
+    return urlsplit(url).path == "/" and "q=INV-4242" in url
+
+
+def _the_pause(url: str) -> bool:
+    return urlsplit(url).path.endswith("/queues/inbox/pause")
+
+
+def _held(page: Any, matches: Any, send: Any, meanwhile: Any, release: Any) -> None:
+    """``send()`` the request ``matches`` picks by its URL, hold it on its way while
+    ``meanwhile()`` runs, then ``release`` it (continue, abort)."""
+    held: list[Any] = []
+
+    def hold(route: Any) -> None:
+        held.append(route)
+
+    page.route(matches, hold)
+    send()
+    deadline = time.monotonic() + 10
+    while not held and time.monotonic() < deadline:
+        page.wait_for_timeout(20)
+    assert held, f"the request {matches.__name__} picks was not sent"
+    meanwhile()
+    release(held[0])
+    page.unroute(matches)  # after the release: unrouting lets a held request go on its own
+
+
+def test_a_list_sent_by_the_stream_being_left_while_the_search_loads_is_not_shown(
+    session: Session, tx_personas: Personas
+) -> None:
+    """The stream of the unfiltered board sends its whole list while the search's request is on
+    its way: the list must not replace the one the search is about to replace (htmx would then
+    swap the results into an element no longer on the page, leaving the unfiltered cards under
+    the search's address)."""
+    page, cards, unfiltered = _search_page(session, tx_personas)
+    _held(
+        page,
+        _the_search,
+        page.get_by_role("button", name="Filter").click,
+        lambda: _sent_list(page, unfiltered),
+        lambda route: route.continue_(),
+    )
+    _follows_the_search(page, cards)
+
+
+def test_a_list_held_while_a_search_loads_is_shown_when_the_search_fails(
+    session: Session, tx_personas: Personas
+) -> None:
+    """Held, not dropped: when the search's request fails, the page keeps its filters and its
+    stream, and the list that stream sent meanwhile is shown."""
+    page, cards, unfiltered = _search_page(session, tx_personas)
+    changed = unfiltered.replace(">todo 1<", ">todo 1 (changed)<", 1)
+    assert changed != unfiltered
+
+    def meanwhile() -> None:
+        _sent_list(page, changed)
+        page.wait_for_timeout(100)
+        expect(cards.filter(has_text="(changed)")).to_have_count(0)  # held while it loads
+
+    _held(
+        page,
+        _the_search,
+        page.get_by_role("button", name="Filter").click,
+        meanwhile,
+        lambda route: route.abort(),
+    )
+    expect(cards.filter(has_text="todo 1 (changed)")).to_have_count(1)
+    expect(cards).to_have_count(4)
+    assert page.evaluate("window.__streams.length") == 1
+    assert "q=" not in page.url
+
+
+def test_a_list_sent_by_the_stream_being_left_after_the_search_loaded_is_not_shown(
+    session: Session, tx_personas: Personas
+) -> None:
+    """The stream of the unfiltered board sends its whole list once the search's request has
+    ended, its results swapped in, and before live.js moved to the search's stream (htmx settles
+    20 ms later): the results stay, and the stream moves."""
+    page, cards, unfiltered = _search_page(session, tx_personas)
+    page.evaluate(
+        """html => document.body.addEventListener("htmx:afterOnLoad", function once() {
+            document.body.removeEventListener("htmx:afterOnLoad", once);
+            window.__streams[0].emit("swap", {target: "sections", html: html});
+            window.__staleSent = true;
+        })""",
+        unfiltered,
+    )
+    page.get_by_role("button", name="Filter").click()
+    _until(page, "() => window.__staleSent === true")
+    _follows_the_search(page, cards)
+
+
+def test_a_list_sent_while_a_pause_loads_gives_way_to_the_paused_list_and_the_stream_resyncs(
+    session: Session, tx_personas: Personas
+) -> None:
+    """The same filters: the pause's answer (the list, paused) is shown, not the list the stream
+    sent while it loaded, and the stream is subscribed again from the paused list's fingerprint,
+    so what changed since that list was rendered is sent."""
+    p = tx_personas
+    push(p, 1)
+    page = session.page(p.admin)
+    page.add_init_script(DRIVEN_STREAMS)
+    page.goto("/?endpoint=agent&queue=inbox")
+    head = page.locator("#head-agent--inbox")
+    expect(head.locator(".badge")).to_have_text("Healthy")
+    expect(page.locator("[data-live-url]")).to_have_attribute("data-live", "open")
+    healthy = page.evaluate("document.getElementById('sections').outerHTML")
+    page.fill("#pause-agent--inbox-reason", "upgrading the consumer")
+    _held(
+        page,
+        _the_pause,
+        page.get_by_role("button", name="Pause").click,
+        lambda: _sent_list(page, healthy),
+        lambda route: route.continue_(),
+    )
+    expect(head.locator(".badge")).to_have_text("Paused")
+    _until(page, "() => window.__streams.length === 2 && window.__streams[0].readyState === 2")
+    first, second = page.evaluate("window.__streams.map((s) => s.url)")
+    assert _subject(first) == _subject(second)  # the same filters, from the new list's fingerprint
+    assert first != second
+    page.wait_for_timeout(300)
+    expect(head.locator(".badge")).to_have_text("Paused")
+    assert QueuePause.objects.filter(queue="inbox").exists()
+
+
+def _subject(url: str) -> tuple[str, list[tuple[str, str]]]:
+    """What a stream URL subscribes to: its path and its query but the fingerprint ("at")."""
+    parts = urlsplit(url)
+    return parts.path, sorted((k, v) for k, v in parse_qsl(parts.query) if k != "at")
 
 
 def test_an_operator_claims_and_completes_a_todo_in_the_drawer(
