@@ -37,10 +37,12 @@ filters it was rendered for (``data-live-follow``; the stream's own renders carr
 live.js moves the subscription whenever a swap brings other filters. Otherwise a stream keeps
 sending parts rendered for filters the page no longer shows: a search's one card buried under the
 whole identity's cards at the next change to that queue. Until it has moved (it does once htmx's
-swap settles), what the old stream sends is dropped, and a new list that arrives while the filter
-form's request is on its way is held until that request ends: shown if it failed, dropped if it
-brought other filters (swapped in meanwhile, htmx would put the search's results into a list no
-longer on the page, and the unfiltered cards would stay under the search's address).
+swap settles), a part from a stream whose filters are not the shown list's is dropped. A new list
+that arrives while a request that replaces the list is on its way (the filter form, a pause, a
+resume) is held until that request ends. Swapped in meanwhile, htmx would put its answer into a
+list no longer on the page: a search would show the unfiltered cards under its own address, a
+pause would not show. It is shown if the request failed; if the request replaced the list it is
+dropped, and the stream is subscribed again from the new list's fingerprint.
 
 A stream ends after ``STREAM_SECONDS``; EventSource reconnects (``retry``) with ``Last-Event-ID``,
 the fingerprint it last saw, so nothing is resent needlessly and a revoked session is noticed.
