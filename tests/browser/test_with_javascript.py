@@ -13,7 +13,7 @@ from playwright.sync_api import expect
 from admission.models import AdmissionPolicy
 from queues.models import QueuePause, Todo, TodoState
 from switchboard.ledger.models import LedgerEntry
-from tests.browser.conftest import WIDTHS, Session, screenshot
+from tests.browser.conftest import DESKTOP, WIDTHS, Session, screenshot
 from tests.browser.helpers import api_post, budget
 from tests.conftest import Personas, audit_rows, push
 
@@ -216,12 +216,12 @@ window.EventSource = class {
 """
 
 
-def _search_page(session: Session, p: Personas) -> tuple[Any, Any, str]:
+def _search_page(session: Session, p: Personas, width: int = DESKTOP) -> tuple[Any, Any, str]:
     """The board with four cards (one whose payload says INV-4242) on driven streams, subscribed;
     with the unfiltered list's HTML, as the stream being left would send it again."""
     push(p, 3, payload={"ref": "ordinary"})
     push(p, 1, payload={"ref": "INV-4242"})
-    page = session.page(p.owner)
+    page = session.page(p.owner, width=width)
     page.add_init_script(DRIVEN_STREAMS)
     page.goto("/")
     cards = page.locator("#cards-agent--inbox .card")
@@ -290,14 +290,15 @@ def _held(page: Any, matches: Any, send: Any, meanwhile: Any, release: Any) -> N
     page.unroute(matches)  # after the release: unrouting lets a held request go on its own
 
 
+@pytest.mark.parametrize("width", WIDTHS)
 def test_a_list_sent_by_the_stream_being_left_while_the_search_loads_is_not_shown(
-    session: Session, tx_personas: Personas
+    session: Session, tx_personas: Personas, width: int
 ) -> None:
     """The stream of the unfiltered board sends its whole list while the search's request is on
     its way: the list must not replace the one the search is about to replace (htmx would then
     swap the results into an element no longer on the page, leaving the unfiltered cards under
     the search's address)."""
-    page, cards, unfiltered = _search_page(session, tx_personas)
+    page, cards, unfiltered = _search_page(session, tx_personas, width)
     _held(
         page,
         _the_search,
@@ -335,13 +336,14 @@ def test_a_list_held_while_a_search_loads_is_shown_when_the_search_fails(
     assert "q=" not in page.url
 
 
+@pytest.mark.parametrize("width", WIDTHS)
 def test_a_list_sent_by_the_stream_being_left_after_the_search_loaded_is_not_shown(
-    session: Session, tx_personas: Personas
+    session: Session, tx_personas: Personas, width: int
 ) -> None:
     """The stream of the unfiltered board sends its whole list once the search's request has
     ended, its results swapped in, and before live.js moved to the search's stream (htmx settles
     20 ms later): the results stay, and the stream moves."""
-    page, cards, unfiltered = _search_page(session, tx_personas)
+    page, cards, unfiltered = _search_page(session, tx_personas, width)
     page.evaluate(
         """html => document.body.addEventListener("htmx:afterOnLoad", function once() {
             document.body.removeEventListener("htmx:afterOnLoad", once);
