@@ -85,21 +85,28 @@
     var target = event.detail && event.detail.target;
     return !!target && target.id === "sections";
   }
-  // beforeSend, not beforeRequest: a listener may cancel the request at beforeRequest, and then no
-  // afterRequest follows; once sent, afterRequest always does (loaded, failed, aborted, timed out).
+  // Counted from beforeSend (a listener may still cancel the request at beforeRequest) to the
+  // request's own loadend, which follows every sent request (loaded, failed, aborted, timed out)
+  // after htmx has swapped its answer. Not to htmx:afterRequest: htmx fires it on the element that
+  // sent the request, and a pause or resume form the stream replaced meanwhile (its queue's
+  // controls changed) is off the page, so the event would never reach the document and every
+  // later list would be held.
   document.addEventListener("htmx:beforeSend", function (event) {
-    if (forList(event)) listRequests++;
+    if (!forList(event)) return;
+    var detail = event.detail;
+    listRequests++;
+    detail.xhr.addEventListener("loadend", function () { listEnded(detail.target); });
   });
-  document.addEventListener("htmx:afterRequest", function (event) { // after its swap, or failed
-    if (!forList(event) || listRequests === 0) return;
+
+  function listEnded(target) { // target: the list the request meant to replace
     listRequests--;
     if (listRequests === 0 && heldList) {
       var held = heldList;
       heldList = null;
-      if (document.body.contains(event.detail.target)) receive(held.from, "sections", held.html);
+      if (document.body.contains(target)) receive(held.from, "sections", held.html);
       else resync = true; // follow() subscribes again once the new list settles
     }
-  });
+  }
 
   // A part sent by the stream ``from``: shown unless the list on the page is for other filters
   // (htmx swapped in another list, and follow() has not moved the stream yet: it does so once the

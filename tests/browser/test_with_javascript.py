@@ -11,6 +11,7 @@ import pytest
 from playwright.sync_api import expect
 
 from admission.models import AdmissionPolicy
+from queues import pauses
 from queues.models import QueuePause, Todo, TodoState
 from switchboard.ledger.models import LedgerEntry
 from tests.browser.conftest import DESKTOP, WIDTHS, Session, screenshot
@@ -263,6 +264,20 @@ def _sent_list(page: Any, html: str) -> None:
     )
 
 
+def _inbox_board(
+    session: Session, p: Personas, badge: str, width: int = DESKTOP
+) -> tuple[Any, Any, str]:
+    """The admin's board filtered to the agent's inbox on driven streams, subscribed, its head
+    showing ``badge``; with the head and the list's HTML."""
+    page = session.page(p.admin, width=width)
+    page.add_init_script(DRIVEN_STREAMS)
+    page.goto("/?endpoint=agent&queue=inbox")
+    head = page.locator("#head-agent--inbox")
+    expect(head.locator(".badge")).to_have_text(badge)
+    expect(page.locator("[data-live-url]")).to_have_attribute("data-live", "open")
+    return page, head, page.evaluate("document.getElementById('sections').outerHTML")
+
+
 def _the_search(url: str) -> bool:
     return urlsplit(url).path == "/" and "q=INV-4242" in url
 
@@ -365,13 +380,7 @@ def test_a_list_sent_while_a_pause_loads_gives_way_to_the_paused_list_and_the_st
     so what changed since that list was rendered is sent."""
     p = tx_personas
     push(p, 1)
-    page = session.page(p.admin)
-    page.add_init_script(DRIVEN_STREAMS)
-    page.goto("/?endpoint=agent&queue=inbox")
-    head = page.locator("#head-agent--inbox")
-    expect(head.locator(".badge")).to_have_text("Healthy")
-    expect(page.locator("[data-live-url]")).to_have_attribute("data-live", "open")
-    healthy = page.evaluate("document.getElementById('sections').outerHTML")
+    page, head, healthy = _inbox_board(session, p, "Healthy")
     page.fill("#pause-agent--inbox-reason", "upgrading the consumer")
     _held(
         page,
@@ -388,6 +397,56 @@ def test_a_list_sent_while_a_pause_loads_gives_way_to_the_paused_list_and_the_st
     page.wait_for_timeout(300)
     expect(head.locator(".badge")).to_have_text("Paused")
     assert QueuePause.objects.filter(queue="inbox").exists()
+
+
+def _the_resume(url: str) -> bool:
+    return urlsplit(url).path.endswith("/queues/inbox/resume")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_resume_whose_form_the_stream_replaced_while_it_loaded_still_frees_the_list(
+    session: Session, tx_personas: Personas, width: int
+) -> None:
+    """The stream replaces the queue's controls (the resume form in them: nothing typed there
+    holds it back) and sends a whole list while the resume loads. htmx then reports the
+    request's end on that form, off the page: the list must not stay held for good. The resumed
+    list shows, the stream is subscribed again from it, and a list that stream sends next is
+    shown."""
+    p = tx_personas
+    push(p, 1)
+    pauses.queue_pause(actor=p.as_human(p.admin), queue="inbox", reason="upgrading the consumer")
+    page, head, paused = _inbox_board(session, p, "Paused", width)
+    controls = page.evaluate("document.getElementById('controls-agent--inbox').outerHTML")
+
+    def meanwhile() -> None:
+        page.evaluate(
+            """html => {
+                window.__sent = document.querySelector("#controls-agent--inbox .resume-form");
+                window.__streams[0].emit("swap", {target: "controls-agent--inbox", html: html});
+            }""",
+            controls,
+        )
+        assert page.evaluate("!document.body.contains(window.__sent)")  # the form that sent it
+        _sent_list(page, paused)
+
+    _held(
+        page,
+        _the_resume,
+        page.get_by_role("button", name="Resume inbox").click,
+        meanwhile,
+        lambda route: route.continue_(),
+    )
+    expect(head.locator(".badge")).to_have_text("Healthy")
+    _until(page, "() => window.__streams.length === 2 && window.__streams[0].readyState === 2")
+    resumed = page.evaluate("document.getElementById('sections').outerHTML")
+    changed = resumed.replace(">todo 0<", ">todo 0 (changed)<", 1)
+    assert changed != resumed
+    page.evaluate(
+        "html => window.__streams[1].emit('swap', {target: 'sections', html: html})", changed
+    )
+    expect(page.locator("#sections .card", has_text="todo 0 (changed)")).to_have_count(1)
+    expect(head.locator(".badge")).to_have_text("Healthy")
+    assert not QueuePause.objects.filter(queue="inbox").exists()
 
 
 def _subject(url: str) -> tuple[str, list[tuple[str, str]]]:
