@@ -1,7 +1,9 @@
 """The one NinjaAPI at /api/v1 and its error mapping.
 
 Every error is ``{"error": "<sentence>", "code": "<code>", ...details}``: domain errors from
-``switchboard.core.errors``, request validation as ``invalid_argument`` naming the field.
+``switchboard.core.errors``, request validation as ``invalid_argument`` naming the field (a
+query parameter the operation does not declare included), a method a path does not take as
+``method_not_allowed``.
 
 Request bodies are bounded: 1 MiB for everything under /api/v1 and /mcp (``bounded_urls`` below and
 ``switchboard.mcp``), by ``switchboard.core.http``; a route with a tighter bound (16 KiB for policy
@@ -10,11 +12,12 @@ writes) wraps its view itself, and its ``BodyTooLarge`` maps to the same 413.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from functools import wraps
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.http.response import HttpResponseBase
 from django.urls import URLPattern, URLResolver
 from ninja import NinjaAPI
@@ -29,7 +32,7 @@ from queues.api import build_agent_router, endpoints_router, todos_router
 from queues.api_queues import router as queues_router
 from queues.auth import authenticate_agent
 from switchboard.core import availability, validation, verbs
-from switchboard.core.errors import DomainError, InvalidArgument
+from switchboard.core.errors import DomainError, InvalidArgument, MethodNotAllowed
 from switchboard.core.http import (
     API_BODY_LIMIT,
     REFUSED_BODY,
@@ -64,8 +67,30 @@ def bounded_urls(
     patterns, app_name, namespace = urls
     for pattern in patterns:
         if isinstance(pattern, URLPattern):
-            pattern.callback = bounded(pattern.callback, limit)
+            pattern.callback = bounded(_not_allowed_as_json(pattern.callback), limit)
     return patterns, app_name, namespace
+
+
+def _not_allowed_as_json(view: Any) -> Any:
+    """ninja answers a method a path does not take with a plain-text 405; the API's clients
+    read every refusal as the error object, so this one is too (its ``Allow`` header kept)."""
+
+    @wraps(view)  # ninja's csrf_exempt mark included
+    def answered(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        response = view(request, *args, **kwargs)
+        if not isinstance(response, HttpResponseNotAllowed):
+            return response
+        allowed = sorted(m.strip() for m in response["Allow"].split(",") if m.strip())
+        refusal = MethodNotAllowed(
+            f"{request.method} is not a method of this path; it takes {', '.join(allowed)}",
+            method=request.method,
+            allowed=allowed,
+        )
+        answer = error_response(request, refusal)
+        answer["Allow"] = ", ".join(allowed)
+        return answer
+
+    return answered
 
 
 @api.exception_handler(DomainError)
@@ -126,6 +151,71 @@ def on_unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
         request, {"error": "internal error; it has been logged", "code": "internal"}, status=500
     )
 
+
+# --- query parameters an operation does not take -----------------------------------------------
+
+# Where ``_query_check`` leaves its refusal of a request; ``_query_refusal`` raises it once ninja
+# has authenticated the request and validated the parameters the operation declares, as the
+# body's edge refusal is answered (an agent without the verb still hears 403 first).
+REFUSED_QUERY = "_switchboard_query_refused"
+
+
+def _query_check(run: Any) -> Any:
+    """ninja's ``view`` decorator of every operation: notes the first query parameter the
+    operation does not declare (ninja itself reads the declared ones and ignores the rest, so
+    a mistyped filter, ``?stat=revoked``, would answer as if there were none)."""
+    if getattr(run, "query_checked", False):
+        return run  # a nested router's operations inherit the API's decorators once more
+    operation = inspect.unwrap(run).__self__
+    names = frozenset(
+        name
+        for model in operation.models
+        if model.__ninja_param_source__ == "query"
+        for name in model.__ninja_flatten_map__
+    )
+    takes = ", ".join(sorted(names)) or "none"
+
+    @wraps(run)
+    def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        for name in request.GET:
+            if name not in names:
+                setattr(request, REFUSED_QUERY, _unknown_parameter(name, takes))
+                break
+        return run(request, *args, **kwargs)
+
+    checked.query_checked = True  # type: ignore[attr-defined]
+    return checked
+
+
+def _unknown_parameter(name: str, takes: str) -> InvalidArgument:
+    if not name:
+        return InvalidArgument(
+            f"query: a parameter has no name (this operation takes {takes})", field="query"
+        )
+    return InvalidArgument(
+        f"{name}: not a query parameter of this operation (it takes {takes})", field=name
+    )
+
+
+def _query_refusal(view_func: Any) -> Any:
+    """ninja's ``operation`` decorator of every operation: raises what ``_query_check`` noted,
+    after authentication and the declared parameters' validation, before the view."""
+    if getattr(view_func, "query_checked", False):
+        return view_func
+
+    @wraps(view_func)
+    def refusing(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        refused = getattr(request, REFUSED_QUERY, None)
+        if refused is not None:
+            raise refused
+        return view_func(request, *args, **kwargs)
+
+    refusing.query_checked = True  # type: ignore[attr-defined]
+    return refusing
+
+
+api.add_decorator(_query_check, mode="view")
+api.add_decorator(_query_refusal, mode="operation")
 
 _mounted = False
 

@@ -102,6 +102,11 @@ def check_request_text(request: HttpRequest) -> None:
     check_text(request.path, "path")
     sources = [request.GET]
     if request.method == "POST" and request.content_type in FORM_TYPES:
+        # Django parses a multipart body from its stream, after which ``request.body`` raises:
+        # the API's body bound and parser read it next (a form posted to an operation was a
+        # 500). Read it first, so the form is parsed from the kept copy. No view takes a file;
+        # DATA_UPLOAD_MAX_MEMORY_SIZE bounds what is kept.
+        request.body  # noqa: B018  (read for its effect)
         sources.append(request.POST)
     for source in sources:
         for key, values in source.lists():

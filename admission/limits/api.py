@@ -38,6 +38,10 @@ WRITE_ERRORS: dict[int, Any] = {
 }
 
 
+# The kinds a path names (``/limits/queues/{queue}`` is a queue's priority, not a kind).
+LimitKind = Literal["pool", "tag", "rate"]
+
+
 class LimitIn(Strict):
     """Only the fields of the limit's kind; a field left out keeps its value (or default)."""
 
@@ -53,7 +57,7 @@ class LimitIn(Strict):
 
 
 class LimitOut(Schema):
-    kind: Literal["pool", "tag", "rate"]
+    kind: LimitKind
     name: str
     posture: str
     slots: int | None = None
@@ -130,7 +134,7 @@ def put_queue_settings(request: HttpRequest, queue: str, payload: QueueSettingsI
     response={200: QuarantineOut, **WRITE_ERRORS},
     summary="Quarantine a pool or tag",
 )
-def quarantine(request: HttpRequest, kind: str, name: str) -> Any:
+def quarantine(request: HttpRequest, kind: LimitKind, name: str) -> Any:
     """Limit to 0 under enforce and expire every claim naming it, in one transaction."""
     return services.limit_quarantine(actor=_actor(request), kind=kind, name=name)
 
@@ -138,7 +142,7 @@ def quarantine(request: HttpRequest, kind: str, name: str) -> Any:
 @router.put(
     "/limits/{kind}/{name}", response={200: LimitOut, **WRITE_ERRORS}, summary="Set a limit"
 )
-def put_limit(request: HttpRequest, kind: str, name: str, payload: LimitIn) -> dict[str, Any]:
+def put_limit(request: HttpRequest, kind: LimitKind, name: str, payload: LimitIn) -> dict[str, Any]:
     """Declare the limit, or change the fields given. Each change is a ledger row."""
     given = payload.model_dump(exclude_none=True)
     return services.limit_set(actor=_actor(request), kind=kind, name=name, **given)
@@ -147,7 +151,7 @@ def put_limit(request: HttpRequest, kind: str, name: str, payload: LimitIn) -> d
 @router.delete(
     "/limits/{kind}/{name}", response={204: None, **WRITE_ERRORS}, summary="Delete a limit"
 )
-def delete_limit(request: HttpRequest, kind: str, name: str) -> HttpResponse:
+def delete_limit(request: HttpRequest, kind: LimitKind, name: str) -> HttpResponse:
     """Remove a limit no live todo names (the ledger keeps it as ``before``)."""
     services.limit_delete(actor=_actor(request), kind=kind, name=name)
     return HttpResponse(status=204)

@@ -44,6 +44,13 @@ class NotFound(DomainError):
     status = 404
 
 
+class MethodNotAllowed(DomainError):
+    """A path answered for a method it does not take (the ``Allow`` header lists those it does)."""
+
+    code = "method_not_allowed"
+    status = 405
+
+
 class Conflict(DomainError):
     code = "conflict"
     status = 409

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from typing import Any
 
 import pytest
@@ -147,6 +148,139 @@ def test_a_name_with_a_trailing_newline_is_refused_everywhere(
     paused = client.post("/api/v1/queues/pol%0A/pause", {"reason": "r"}, "application/json")
     assert paused.status_code == 400, paused.content
     assert validation.fullmatch(r"^[a-z]+$", "abc\n") is False
+
+
+# --- query parameters ---------------------------------------------------------------------------
+
+
+def test_every_get_operation_refuses_a_query_parameter_it_does_not_take(
+    personas: Personas,
+) -> None:
+    """ninja reads the parameters an operation declares and would ignore the rest: a mistyped
+    filter (``?stauts=revoked``) answered as if there were none. Every GET of the document,
+    so one added later is held to it too."""
+    api = Api(Client(), human_token(personas.admin))
+    todo = push(personas, 1)[0]
+    values = {"id": str(todo.id), "scope": "endpoint:agent", "queue": "inbox"}
+    document = api.get("/api/v1/openapi.json").json()
+    checked = []
+    for path, operations in document["paths"].items():
+        if "get" not in operations:
+            continue
+        url = re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], path)
+        assert api.get(url).status_code != 400, url  # the 400 below is the parameter's
+        response = api.get(url, stauts="active")
+        assert refused_field(response) == "stauts", url
+        declared = sorted(
+            p["name"] for p in operations["get"].get("parameters", []) if p["in"] == "query"
+        )
+        takes = ", ".join(declared) or "none"
+        assert response.json()["error"] == (
+            f"stauts: not a query parameter of this operation (it takes {takes})"
+        ), url
+        checked.append(url)
+    assert len(checked) >= 9, checked
+    assert "/api/v1/todos" in checked and "/api/v1/endpoints" in checked
+
+
+def test_an_unnamed_or_unprintable_query_parameter_is_refused(
+    personas: Personas, owner_api: Api
+) -> None:
+    headers = owner_api._headers()
+    for query, field in [("=1", "query"), ("&=x", "query"), ("%C2%BF=null", "\u00bf")]:
+        response = owner_api.client.get(f"/api/v1/endpoints?{query}", headers=headers)
+        assert refused_field(response) == field, query
+    # The declared ones still filter, alone.
+    services.endpoint_revoke(actor=FIXTURE, endpoint=personas.agent)
+    listed = owner_api.get("/api/v1/endpoints", state="revoked").json()["endpoints"]
+    assert [e["slug"] for e in listed] == ["agent"]
+
+
+def test_a_write_with_a_parameter_it_does_not_take_changes_nothing(
+    personas: Personas, owner_api: Api, agent_api: Api
+) -> None:
+    todo = push(personas, 1)[0]
+    revoke = owner_api.client.post(
+        "/api/v1/endpoints/agent/revoke?force=1", headers=owner_api._headers()
+    )
+    assert refused_field(revoke) == "force"
+    discard = owner_api.client.post(
+        f"/api/v1/todos/{todo.id}/discard?reason=typo", headers=owner_api._headers()
+    )
+    assert refused_field(discard) == "reason"
+    claimed = agent_api.post("/api/v1/agent/claim_next?queue=inbox", {})
+    assert refused_field(claimed) == "queue"
+    personas.agent.refresh_from_db()
+    todo.refresh_from_db()
+    assert personas.agent.state == "active" and todo.state == "pending" and todo.attempt == 0
+
+
+def test_who_asks_and_the_declared_parameters_are_answered_first(
+    personas: Personas, owner_api: Api
+) -> None:
+    """As a body's refusal: the credentials (401), the grant (403) and the parameters the
+    operation declares come before a parameter it does not take."""
+    anonymous = Client().get("/api/v1/endpoints?stauts=1")
+    assert anonymous.status_code == 401, anonymous.content
+    _, reader = services.endpoint_vend(
+        actor=FIXTURE, owner=personas.owner, name="Reader", queues=["inbox"], verbs=["list_todos"]
+    )
+    ungranted = Api(Client(), reader).post("/api/v1/agent/claim_next?queue=inbox", {})
+    assert ungranted.status_code == 403 and ungranted.json()["code"] == "forbidden"
+    both = owner_api.get("/api/v1/todos", state="bogus", stauts="x")
+    assert refused_field(both) == "state"
+
+
+def test_a_form_posted_to_the_api_is_refused_naming_the_body(
+    owner_api: Api, agent_api: Api
+) -> None:
+    """A multipart body was parsed by the edge check from its stream, and the API's body bound
+    then could not read it: a 500. Now the operation hears it is not JSON."""
+    form = {"queue": "inbox", "title": "t"}
+    multipart = owner_api.client.post("/api/v1/todos", form, headers=owner_api._headers())
+    assert refused_field(multipart) == "body"
+    urlencoded = owner_api.client.post(
+        "/api/v1/todos",
+        "queue=inbox&title=t",
+        content_type="application/x-www-form-urlencoded",
+        headers=owner_api._headers(),
+    )
+    assert refused_field(urlencoded) == "body"
+    verb_form = agent_api.client.post(
+        "/api/v1/agent/create_todo", form, headers=agent_api._headers()
+    )
+    assert refused_field(verb_form) == "body"
+    assert not Todo.objects.exists()
+
+
+def test_a_method_a_path_does_not_take_is_refused_as_the_error_object(
+    personas: Personas, agent_api: Api
+) -> None:
+    """ninja's 405 was the plain text "Method not allowed", which a client reading the error
+    object cannot parse; ``DELETE /limits/queues/<name>`` (the queue priority's path, PUT
+    only) is where a client naming a limit's kind meets it."""
+    admin = Api(Client(), human_token(personas.admin))
+    cases = [
+        (agent_api, "get", "/api/v1/agent/claim_next", ["POST"]),
+        (admin, "patch", "/api/v1/todos", ["GET", "POST"]),
+        (admin, "delete", "/api/v1/limits/queues/inbox", ["PUT"]),
+    ]
+    for api, method, path, allowed in cases:
+        response = getattr(api.client, method)(path, headers=api._headers())
+        assert response.status_code == 405, (path, response.content)
+        assert response["Allow"] == ", ".join(allowed)
+        assert response.json() == {
+            "error": f"{method.upper()} is not a method of this path; it takes "
+            + ", ".join(allowed),
+            "code": "method_not_allowed",
+            "method": method.upper(),
+            "allowed": allowed,
+        }
+    # A limit's kind is one of three in the document, so no client is led to that path.
+    document = admin.get("/api/v1/openapi.json").json()
+    delete = document["paths"]["/api/v1/limits/{kind}/{name}"]["delete"]
+    kind = next(p for p in delete["parameters"] if p["name"] == "kind")
+    assert kind["schema"]["enum"] == ["pool", "tag", "rate"]
 
 
 # --- the other surfaces -------------------------------------------------------------------------

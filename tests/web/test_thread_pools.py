@@ -58,13 +58,14 @@ def test_agents_waiting_on_a_lock_hold_only_their_threads_and_the_console_still_
 
 
 @pytest.mark.parametrize(
-    "query",
-    # The agent path's own (AgentPath), and Django's (a query: AgentPath leaves it to Django).
-    [b"", b"through=django"],
+    "content_type",
+    # The agent path's own (AgentPath), and Django's (a body typed text/plain: AgentPath leaves
+    # it to Django, whose API reads it as JSON).
+    [b"application/json", b"text/plain"],
     ids=["agent-path", "djangos-path"],
 )
 def test_an_agent_request_is_served_while_every_console_thread_is_held(
-    tx_personas: Personas, query: bytes
+    tx_personas: Personas, content_type: bytes
 ) -> None:
     handler = OneHopHandler(threads=1, agent_threads=1)
     release = threading.Event()
@@ -84,8 +85,8 @@ def test_an_agent_request_is_served_while_every_console_thread_is_held(
         async def send(message: dict[str, Any]) -> None:
             sent.append(message)
 
-        scope = agent_scope("claim_next", tx_personas.agent_token, body, query=query)
-        assert (handler.agent_path.route(scope) is None) == bool(query)
+        scope = agent_scope("claim_next", tx_personas.agent_token, body, content_type=content_type)
+        assert handler.agent_path.route(scope) is not None  # the content type decides
         await asyncio.wait_for(handler(scope, receive, send), timeout=20)
         assert not holding.done()  # served while the console's thread was still held
         release.set()
@@ -95,7 +96,8 @@ def test_an_agent_request_is_served_while_every_console_thread_is_held(
     sent = asyncio.run(scenario())
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
     assert json.loads(sent[1]["body"])["todo"]["state"] == "claimed"
-    if not query:  # AgentPath writes its answer compactly; Django's path as ninja renders it
-        assert b'"todo":{' in sent[1]["body"]
+    # AgentPath writes its answer compactly; Django's path as ninja renders it.
+    compact = content_type == b"application/json"
+    assert (b'"todo":{' in sent[1]["body"]) == compact, sent[1]["body"][:80]
     # The agent thread gives the connection it kept back once idle: nothing outlives the test.
     assert settle(lambda: checked_out() == before, timeout=5)
