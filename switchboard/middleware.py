@@ -10,9 +10,10 @@ import time
 from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.defaults import page_not_found
 
 from switchboard.core import availability
-from switchboard.core.errors import DomainError, InvalidArgument
+from switchboard.core.errors import DomainError, InvalidArgument, NotFound
 from switchboard.core.validation import check_text
 from switchboard.mcp import refusal_response
 
@@ -92,6 +93,15 @@ def bad_request(request: HttpRequest, exception: Exception | None = None) -> Htt
     if request.path.startswith(("/mcp/", "/api/")):
         return edge_refusal(request, refusal)
     return HttpResponse(refusal.message, status=400, content_type="text/plain; charset=utf-8")
+
+
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """Django's 404 for a path no route serves: the API's error object (a JSON-RPC error on
+    /mcp) for an agent or API client, which cannot read a page; the console's page otherwise."""
+    if request.path.startswith(("/mcp/", "/api/")):
+        refusal = NotFound(f"no such path: {request.method} {request.path}", path=request.path)
+        return edge_refusal(request, refusal)
+    return page_not_found(request, exception)
 
 
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")

@@ -10,6 +10,8 @@ from switchboard.views import metrics_view
 
 # A malformed request or a Host outside ALLOWED_HOSTS: JSON (or JSON-RPC) for agents, not a page.
 handler400 = "switchboard.middleware.bad_request"
+# A path no route serves, likewise (the console keeps Django's page).
+handler404 = "switchboard.middleware.not_found"
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -283,6 +283,23 @@ def test_a_method_a_path_does_not_take_is_refused_as_the_error_object(
     assert kind["schema"]["enum"] == ["pool", "tag", "rate"]
 
 
+def test_a_path_no_route_serves_is_refused_as_the_error_object(agent_api: Api) -> None:
+    """Django's 404 page was HTML under /api and /mcp too (a mistyped verb, a trailing slash)."""
+    for path in ["/api/v1/agent/claim_nxt", "/api/v1/agent/claim_next/", "/api/v2/todos"]:
+        response = agent_api.post(path, {})
+        assert response.status_code == 404, (path, response.content)
+        assert response.json() == {
+            "error": f"no such path: POST {path}",
+            "code": "not_found",
+            "path": path,
+        }
+    rpc = agent_api.post("/mcp/agent/extra", {"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    assert rpc.status_code == 404
+    assert rpc.json()["error"]["data"]["code"] == "not_found", rpc.content
+    page = Client().get("/no/such/page")
+    assert page.status_code == 404 and page["Content-Type"].startswith("text/html")
+
+
 # --- the other surfaces -------------------------------------------------------------------------
 
 
