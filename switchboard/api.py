@@ -162,24 +162,29 @@ REFUSED_QUERY = "_switchboard_query_refused"
 
 def _query_check(run: Any) -> Any:
     """ninja's ``view`` decorator of every operation: notes the first query parameter the
-    operation does not declare (ninja itself reads the declared ones and ignores the rest, so
-    a mistyped filter, ``?stat=revoked``, would answer as if there were none)."""
+    operation does not declare, or a declared one of a single value given more than once
+    (ninja reads the declared ones, the last of repeated values, and ignores the rest, so a
+    mistyped filter, ``?stat=revoked``, would answer as if there were none)."""
     if getattr(run, "query_checked", False):
         return run  # a nested router's operations inherit the API's decorators once more
     operation = inspect.unwrap(run).__self__
-    names = frozenset(
-        name
-        for model in operation.models
-        if model.__ninja_param_source__ == "query"
-        for name in model.__ninja_flatten_map__
-    )
+    queries = [m for m in operation.models if m.__ninja_param_source__ == "query"]
+    names = frozenset(name for model in queries for name in model.__ninja_flatten_map__)
+    lists = frozenset(name for model in queries for name in model.__ninja_collection_fields__)
     takes = ", ".join(sorted(names)) or "none"
 
     @wraps(run)
     def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        for name in request.GET:
+        for name, values in request.GET.lists():
+            refusal = None
             if name not in names:
-                setattr(request, REFUSED_QUERY, _unknown_parameter(name, takes))
+                refusal = _unknown_parameter(name, takes)
+            elif len(values) > 1 and name not in lists:  # ninja would take the last one
+                refusal = InvalidArgument(
+                    f"{name}: given {len(values)} times; it takes one value", field=name
+                )
+            if refusal is not None:
+                setattr(request, REFUSED_QUERY, refusal)
                 break
         return run(request, *args, **kwargs)
 

@@ -231,6 +231,17 @@ def test_who_asks_and_the_declared_parameters_are_answered_first(
     assert refused_field(both) == "state"
 
 
+def test_a_parameter_of_one_value_given_twice_is_refused(owner_api: Api) -> None:
+    """ninja took the last of ``?state=pending&state=done``: a page of done todos for a client
+    that meant both."""
+    twice = owner_api.client.get(
+        "/api/v1/todos?state=pending&state=done", headers=owner_api._headers()
+    )
+    assert refused_field(twice) == "state"
+    assert twice.json()["error"] == "state: given 2 times; it takes one value"
+    assert owner_api.get("/api/v1/todos", state="pending").status_code == 200
+
+
 def test_a_form_posted_to_the_api_is_refused_naming_the_body(
     owner_api: Api, agent_api: Api
 ) -> None:
