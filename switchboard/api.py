@@ -152,7 +152,7 @@ def on_unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
     )
 
 
-# --- query parameters an operation does not take -----------------------------------------------
+# --- query parameters an operation does not take, or takes once ---------------------------------
 
 # Where ``_query_check`` leaves its refusal of a request; ``_query_refusal`` raises it once ninja
 # has authenticated the request and validated the parameters the operation declares, as the
