@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.defaults import page_not_found
 
@@ -84,13 +85,17 @@ def edge_refusal(request: HttpRequest, exc: DomainError) -> HttpResponse:
     return JsonResponse(exc.as_dict(), status=exc.status)
 
 
+# The paths a machine reads (the API and MCP): a refusal there is never a page.
+MACHINE_PREFIXES = ("/mcp/", "/api/")
+
+
 def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     """Django's 400 (a Host not in ALLOWED_HOSTS, a malformed request): never an HTML page for an
     agent or API client, which cannot read one."""
     refusal = InvalidArgument(
         "The request is malformed or names a host this server does not serve.", field="host"
     )
-    if request.path.startswith(("/mcp/", "/api/")):
+    if request.path.startswith(MACHINE_PREFIXES):
         return edge_refusal(request, refusal)
     return HttpResponse(refusal.message, status=400, content_type="text/plain; charset=utf-8")
 
@@ -98,7 +103,7 @@ def bad_request(request: HttpRequest, exception: Exception | None = None) -> Htt
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     """Django's 404 for a path no route serves: the API's error object (a JSON-RPC error on
     /mcp) for an agent or API client, which cannot read a page; the console's page otherwise."""
-    if request.path.startswith(("/mcp/", "/api/")):
+    if request.path.startswith(MACHINE_PREFIXES):
         refusal = NotFound(f"no such path: {request.method} {request.path}", path=request.path)
         return edge_refusal(request, refusal)
     return page_not_found(request, exception)
@@ -114,10 +119,15 @@ def check_request_text(request: HttpRequest) -> None:
     if request.method == "POST" and request.content_type in FORM_TYPES:
         # Django parses a multipart body from its stream, after which ``request.body`` raises:
         # the API's body bound and parser read it next (a form posted to an operation was a
-        # 500). Read it first, so the form is parsed from the kept copy. No view takes a file;
-        # DATA_UPLOAD_MAX_MEMORY_SIZE bounds what is kept.
-        request.body  # noqa: B018  (read for its effect)
-        sources.append(request.POST)
+        # 500). Read it first, so the form is parsed from the kept copy. No view takes a file.
+        # Past DATA_UPLOAD_MAX_MEMORY_SIZE nothing is read (Django refuses before reading):
+        # nobody can read that form, and the API's bound answers it 413 by its length.
+        try:
+            request.body  # noqa: B018  (read for its effect)
+        except RequestDataTooBig:
+            pass
+        else:
+            sources.append(request.POST)
     for source in sources:
         for key, values in source.lists():
             check_text(key, "query")
