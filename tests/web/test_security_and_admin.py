@@ -187,7 +187,9 @@ def test_budgets_changed_in_the_admin_go_through_the_service_and_the_ledger(
     assert not AdmissionWindow.objects.exists()
 
 
-def test_the_admins_static_files_are_served_without_collectstatic(settings: Any) -> None:
+def test_the_admins_static_files_are_served_without_collectstatic(settings: Any, db: None) -> None:
+    # ``db``: closing the response sends request_finished, whose receiver checks the database
+    # connection an earlier test of this process may have left open (blocked without it).
     settings.DEBUG = False  # production: nothing but WhiteNoise serves /static/
     css = Client().get("/static/admin/css/base.css")
     assert css.status_code == 200
