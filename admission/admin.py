@@ -13,12 +13,14 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponseRedirect
+from django.urls import reverse
 
 from admission import selectors, services
 from admission.models import AdmissionPolicy, AdmissionWindow
 from admission.policy import PolicySpec, arguments_from_columns, place_of_field
 from queues.access import HumanActor
+from switchboard.core.adminforms import ServiceFormAdmin, ServiceModelForm
 from switchboard.core.errors import DomainError, InvalidArgument
 from switchboard.ledger.admin import ReadOnlyAdmin
 
@@ -27,8 +29,9 @@ def _actor(request: HttpRequest) -> HumanActor:
     return HumanActor(request.user, via="admin")
 
 
-class AdmissionPolicyForm(forms.ModelForm):
-    """Validated by ``PolicySpec.clean``, its field-named errors shown beside the field."""
+class AdmissionPolicyForm(ServiceModelForm):
+    """Validated by ``PolicySpec.clean``, its field-named errors shown beside the field; saved by
+    ``policy_set`` (whose refusals, a rate limit say, land on the form the same way)."""
 
     class Meta:
         model = AdmissionPolicy
@@ -49,15 +52,22 @@ class AdmissionPolicyForm(forms.ModelForm):
             '"day", "tz": "Europe/Berlin", "start": "00:00"}]. Every one is charged on each claim.'
         }
 
-    request: HttpRequest | None = None
+    def clean_extra_windows(self) -> list[Any]:
+        windows = self.cleaned_data.get("extra_windows")
+        if windows in (None, ""):
+            return []
+        if not isinstance(windows, list):
+            raise forms.ValidationError(
+                "extra_windows must be a JSON list of windows, e.g. [] or "
+                '[{"limit": 1000, "period": "day", "tz": "UTC", "start": "00:00"}]'
+            )
+        return windows
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         if self.errors:
             return data
-        # On a change the identity is read-only (not in the form): take it from the row.
-        if not self.instance._state.adding:
-            data = {**data, "endpoint": self.instance.endpoint, "queue": self.instance.queue}
+        data = self._with_identity(data)
         endpoint = data.get("endpoint")
         try:
             if self.request is not None and endpoint is not None:
@@ -71,6 +81,19 @@ class AdmissionPolicyForm(forms.ModelForm):
             self.add_error("endpoint" if "endpoint" in self.fields else None, exc.message)
         return data
 
+    def _with_identity(self, data: dict[str, Any]) -> dict[str, Any]:
+        # On a change the identity is read-only (not in the form): take it from the row.
+        if not self.instance._state.adding:
+            return {**data, "endpoint": self.instance.endpoint, "queue": self.instance.queue}
+        return data
+
+    def write(self) -> AdmissionPolicy:
+        assert self.request is not None
+        data = self._with_identity(self.cleaned_data)
+        return services.policy_set(
+            actor=_actor(self.request), endpoint=data["endpoint"], **service_arguments(data)
+        )
+
 
 def service_arguments(data: dict[str, Any]) -> dict[str, Any]:
     """The policy's arguments from the model form's columns (the identity's queue included)."""
@@ -78,7 +101,7 @@ def service_arguments(data: dict[str, Any]) -> dict[str, Any]:
 
 
 @admin.register(AdmissionPolicy)
-class AdmissionPolicyAdmin(admin.ModelAdmin):
+class AdmissionPolicyAdmin(ServiceFormAdmin):
     form = AdmissionPolicyForm
     list_display = [
         "queue",
@@ -94,6 +117,7 @@ class AdmissionPolicyAdmin(admin.ModelAdmin):
     search_fields = ["queue", "endpoint__slug", "endpoint__name", "window_tz"]
     list_select_related = ["endpoint", "updated_by"]
     readonly_fields = ["created_by", "created_at", "updated_by", "updated_at"]
+    actions = ["clear"]
 
     @admin.display(description="window")
     def window(self, obj: AdmissionPolicy) -> str:
@@ -101,13 +125,6 @@ class AdmissionPolicyAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[AdmissionPolicy]:
         return selectors.visible_policies(_actor(request))
-
-    def get_form(
-        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
-    ) -> Any:
-        form = super().get_form(request, obj, change=change, **kwargs)
-        form.request = request  # type: ignore[attr-defined]
-        return form
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         # The identity of a budget never changes: clear it and set another.
@@ -117,24 +134,45 @@ class AdmissionPolicyAdmin(admin.ModelAdmin):
     def save_model(
         self, request: HttpRequest, obj: AdmissionPolicy, form: Any, change: bool
     ) -> None:
-        data = {**form.cleaned_data, "endpoint": obj.endpoint, "queue": obj.queue}
-        arguments = service_arguments(data)
-        try:
-            saved = services.policy_set(actor=_actor(request), endpoint=obj.endpoint, **arguments)
-        except DomainError as exc:  # e.g. rate_limited, or the endpoint revoked meanwhile
-            messages.error(request, f"Not saved: {exc.message}")
-            return
-        obj.pk = saved.pk
+        obj.pk = form.written.pk  # saved by the form's validation (ServiceModelForm)
         obj.refresh_from_db()
 
-    def delete_model(self, request: HttpRequest, obj: AdmissionPolicy) -> None:
-        services.policy_clear(actor=_actor(request), endpoint=obj.endpoint, queue=obj.queue)
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        # Django's "delete selected" counts what it asked for as deleted; "clear" counts what was.
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
 
-    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[AdmissionPolicy]) -> None:
+    def log_deletions(self, request: HttpRequest, queryset: Any) -> list[Any]:
+        return []  # the ledger is the record of a budget's removal (written only if it was)
+
+    def delete_model(self, request: HttpRequest, obj: AdmissionPolicy) -> None:
+        try:
+            services.policy_clear(actor=_actor(request), endpoint=obj.endpoint, queue=obj.queue)
+        except DomainError as exc:  # e.g. rate_limited: the budget stays, and the page says so
+            request._switchboard_refused = exc.message  # type: ignore[attr-defined]
+
+    def response_delete(self, request: HttpRequest, obj_display: str, obj_id: Any) -> Any:
+        refused = getattr(request, "_switchboard_refused", None)
+        if refused is None:
+            return super().response_delete(request, obj_display, obj_id)
+        messages.error(request, f"Not cleared: {refused}")
+        return HttpResponseRedirect(
+            reverse("admin:admission_admissionpolicy_change", args=[obj_id])
+        )
+
+    @admin.action(description="Clear the selected budgets", permissions=["delete"])
+    def clear(self, request: HttpRequest, queryset: QuerySet[AdmissionPolicy]) -> None:
+        cleared = 0
         for policy in queryset.select_related("endpoint"):
-            services.policy_clear(
-                actor=_actor(request), endpoint=policy.endpoint, queue=policy.queue
-            )
+            try:
+                services.policy_clear(
+                    actor=_actor(request), endpoint=policy.endpoint, queue=policy.queue
+                )
+                cleared += 1
+            except DomainError as exc:
+                self.message_user(request, f"{policy}: {exc.message}", level=messages.ERROR)
+        self.message_user(request, f"{cleared} budget(s) cleared.")
 
 
 @admin.register(AdmissionWindow)

@@ -27,12 +27,31 @@ from queues.models import (
     TodoState,
     check_queue_name,
 )
+from switchboard.core.adminforms import ServiceFormAdmin, ServiceModelForm
 from switchboard.core.errors import DomainError
 
+# The services' names for the endpoint's fields where the model's differ.
+ENDPOINT_SERVICE_FIELDS = {
+    "lease_ttl": "default_lease_ttl_seconds",
+    "rps": "rate_limit_rps",
+    "burst": "rate_limit_burst",
+}
 
-class EndpointVendForm(forms.ModelForm):
+# The change form's fields -> ``endpoint_update``'s arguments.
+ENDPOINT_UPDATE_ARGUMENTS = {
+    "name": "name",
+    "owner": "owner",
+    "notify_url": "notify_url",
+    "default_lease_ttl_seconds": "lease_ttl_seconds",
+    "rate_limit_rps": "rps",
+    "rate_limit_burst": "burst",
+}
+
+
+class EndpointVendForm(ServiceModelForm):
     """The vend form: scope is chosen once; tokens are generated, never typed."""
 
+    service_fields = ENDPOINT_SERVICE_FIELDS
     notify_url = forms.URLField(required=False, assume_scheme="https")
 
     queues = forms.CharField(help_text="Comma-separated queue names this endpoint may drain.")
@@ -59,6 +78,45 @@ class EndpointVendForm(forms.ModelForm):
                 raise forms.ValidationError(exc.message) from exc
         return names
 
+    def write(self) -> tuple[Endpoint, str]:
+        assert self.request is not None
+        data = self.cleaned_data
+        return services.endpoint_vend(
+            actor=_actor(self.request),
+            owner=data["owner"],
+            name=data["name"],
+            queues=data["queues"],
+            verbs=list(data["verbs"]),
+            lease_ttl_seconds=data.get("default_lease_ttl_seconds"),
+            rps=data.get("rate_limit_rps"),
+            notify_url=data.get("notify_url") or "",
+        )
+
+
+class EndpointChangeForm(ServiceModelForm):
+    """What may change after vend, changed through ``endpoint_update`` (its ledger row, a hook
+    URL's signing secret); scope never widens here."""
+
+    service_fields = ENDPOINT_SERVICE_FIELDS
+    notify_url = forms.URLField(required=False, assume_scheme="https")
+
+    class Meta:
+        model = Endpoint
+        fields = list(ENDPOINT_UPDATE_ARGUMENTS)
+
+    def write(self) -> Endpoint:
+        assert self.request is not None
+        data = self.cleaned_data
+        return services.endpoint_update(
+            endpoint=Endpoint.objects.get(pk=self.instance.pk),
+            actor=_actor(self.request),
+            **{
+                arg: data[name]
+                for name, arg in ENDPOINT_UPDATE_ARGUMENTS.items()
+                if name in self.changed_data
+            },
+        )
+
 
 class AttemptInline(admin.TabularInline):
     model = Attempt
@@ -80,7 +138,7 @@ class AttemptInline(admin.TabularInline):
 
 
 @admin.register(Endpoint)
-class EndpointAdmin(admin.ModelAdmin):
+class EndpointAdmin(ServiceFormAdmin):
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
     list_display = ["slug", "name", "owner", "state", "scope_queues", "last_seen_at", "created_at"]
     list_filter = ["state", "owner"]
@@ -127,6 +185,8 @@ class EndpointAdmin(admin.ModelAdmin):
         if obj is None:
             kwargs["form"] = EndpointVendForm
             kwargs["fields"] = None
+        else:
+            kwargs["form"] = EndpointChangeForm
         return super().get_form(request, obj, change=change, **kwargs)
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
@@ -146,41 +206,10 @@ class EndpointAdmin(admin.ModelAdmin):
         return [] if obj is None else self.readonly_fields
 
     def save_model(self, request: HttpRequest, obj: Endpoint, form: Any, change: bool) -> None:
-        data = form.cleaned_data
+        # The form's validation made the change through the services (ServiceModelForm).
         if change:
-            # Through the service: a hook URL gets its signing secret, the change its ledger row.
-            fields = {
-                "name": "name",
-                "owner": "owner",
-                "notify_url": "notify_url",
-                "default_lease_ttl_seconds": "lease_ttl_seconds",
-                "rate_limit_rps": "rps",
-                "rate_limit_burst": "burst",
-            }
-            try:
-                services.endpoint_update(
-                    endpoint=Endpoint.objects.get(pk=obj.pk),
-                    actor=_actor(request),
-                    **{
-                        arg: data[name] for name, arg in fields.items() if name in form.changed_data
-                    },
-                )
-            except DomainError as exc:
-                raise forms.ValidationError(exc.message) from exc
             return
-        try:
-            endpoint, token = services.endpoint_vend(
-                actor=_actor(request),
-                owner=data["owner"],
-                name=data["name"],
-                queues=data["queues"],
-                verbs=list(data["verbs"]),
-                lease_ttl_seconds=data.get("default_lease_ttl_seconds"),
-                rps=data.get("rate_limit_rps"),
-                notify_url=data.get("notify_url") or "",
-            )
-        except DomainError as exc:
-            raise forms.ValidationError(exc.message) from exc
+        endpoint, token = form.written
         obj.pk = endpoint.pk
         obj.slug = endpoint.slug
         # Shown once: only the hash is stored.
@@ -239,6 +268,11 @@ class TodoAdmin(admin.ModelAdmin):
     ]
     actions = ["retry", "release"]
 
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # A todo is made by its endpoint's push (the API, MCP, the CLI) through the services: they
+        # give it its endpoint, queue, ledger entry and counters, none of which this form has.
+        return False
+
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # Todos change state only through the services (actions here, the API, the board).
         return False
@@ -296,34 +330,26 @@ class AttemptAdmin(admin.ModelAdmin):
         return False
 
 
-class QueuePauseForm(forms.ModelForm):
+class QueuePauseForm(ServiceModelForm):
     """Pause a queue: the name, a reason, and whether a name nothing has used may be paused."""
 
     create = forms.BooleanField(
         required=False, help_text="Pause a queue name nothing has used yet (guards against typos)."
     )
-    request_user: Any = None  # set by QueuePauseAdmin.get_form
-    result: Any = None
 
     class Meta:
         model = QueuePause
         fields = ["queue", "reason"]
 
-    def clean(self) -> dict[str, Any]:
-        data = super().clean() or {}
-        if self.errors:
-            return data
-        try:
-            self.result = pauses.queue_pause(
-                actor=HumanActor(self.request_user, via="admin"),
-                queue=data.get("queue", ""),
-                reason=data.get("reason", ""),
-                create=bool(data.get("create")),
-            )
-        except DomainError as exc:
-            field = exc.details.get("field")
-            self.add_error(field if field in ("queue", "reason") else None, exc.message)
-        return data
+    def write(self) -> Any:
+        assert self.request is not None
+        data = self.cleaned_data
+        return pauses.queue_pause(
+            actor=HumanActor(self.request.user, via="admin"),
+            queue=data.get("queue", ""),
+            reason=data.get("reason", ""),
+            create=bool(data.get("create")),
+        )
 
     def validate_unique(self) -> None:
         # Pausing a paused queue is not an error: the service answers that nothing changed.
@@ -331,7 +357,7 @@ class QueuePauseForm(forms.ModelForm):
 
 
 @admin.register(QueuePause)
-class QueuePauseAdmin(admin.ModelAdmin):
+class QueuePauseAdmin(ServiceFormAdmin):
     """Pause through the add form, resume through the action: both call queues/pauses.py, so
     each lands in the ledger. Rows are never edited or deleted here."""
 
@@ -353,15 +379,8 @@ class QueuePauseAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    def get_form(
-        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
-    ) -> Any:
-        form = super().get_form(request, obj, change=change, **kwargs)
-        form.request_user = request.user  # type: ignore[attr-defined]
-        return form
-
     def save_model(self, request: HttpRequest, obj: QueuePause, form: Any, change: bool) -> None:
-        result = form.result
+        result = form.written  # paused by the form's validation (ServiceModelForm)
         obj.pk = result.queue if hasattr(result, "queue") else obj.queue
         if not getattr(result, "changed", True):
             messages.info(request, f"Queue {obj.pk} was already paused; nothing changed.")
@@ -382,8 +401,25 @@ class QueuePauseAdmin(admin.ModelAdmin):
                 self.message_user(request, f"{pause.queue}: {exc.message}", level=messages.ERROR)
 
 
+class HumanTokenForm(ServiceModelForm):
+    """A personal token for a user, made by ``human_token_create`` (shown once, then a hash)."""
+
+    class Meta:
+        model = HumanToken
+        fields = ["user", "name"]
+
+    def write(self) -> tuple[HumanToken, str]:
+        assert self.request is not None
+        return services.human_token_create(
+            user=self.cleaned_data["user"],
+            name=self.cleaned_data.get("name") or "",
+            actor=_actor(self.request),
+        )
+
+
 @admin.register(HumanToken)
-class HumanTokenAdmin(admin.ModelAdmin):
+class HumanTokenAdmin(ServiceFormAdmin):
+    form = HumanTokenForm
     list_display = ["token_prefix", "name", "user", "created_at", "last_used_at", "revoked_at"]
     list_filter = ["revoked_at"]
     search_fields = ["name", "user__username", "token_prefix"]
@@ -400,12 +436,7 @@ class HumanTokenAdmin(admin.ModelAdmin):
         return False
 
     def save_model(self, request: HttpRequest, obj: HumanToken, form: Any, change: bool) -> None:
-        try:
-            token_obj, token = services.human_token_create(
-                user=obj.user, name=obj.name, actor=_actor(request)
-            )
-        except DomainError as exc:
-            raise forms.ValidationError(exc.message) from exc
+        token_obj, token = form.written  # made by the form's validation (ServiceModelForm)
         obj.pk = token_obj.pk
         messages.warning(request, f"Personal access token created; shown only now: {token}")
 

@@ -4,6 +4,7 @@ read-only."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from django.test import Client
 
@@ -71,6 +72,17 @@ def test_todo_actions_retry_and_release_go_through_the_services(personas: Person
     assert failed.state == TodoState.PENDING and failed.attempt == 0
 
 
+def test_todos_are_not_added_in_the_admin(personas: Personas) -> None:
+    # The add form had no endpoint or queue (both read-only), so a superuser's save was a 500 on
+    # the todo's queue CHECK; a todo is pushed through the services, never made here.
+    client = admin_client(personas)
+    form = {"title": "by hand", "payload": "{}", "priority": "0", "max_attempts": "3"}
+    assert client.get("/admin/queues/todo/add/").status_code == 403
+    assert client.post("/admin/queues/todo/add/", form).status_code == 403
+    assert b"/admin/queues/todo/add/" not in client.get("/admin/queues/todo/").content
+    assert not Todo.objects.exists()
+
+
 def test_attempts_are_read_only_in_the_admin(personas: Personas) -> None:
     (todo,) = push(personas, 1)
     services.claim(actor=personas.as_agent(), todo_id=todo.id)
@@ -122,3 +134,108 @@ def test_the_admin_pause_form_is_for_pausers_only(personas: Personas) -> None:
     client = Client()
     client.force_login(personas.owner)
     assert client.get("/admin/queues/queuepause/add/").status_code == 403
+
+
+def _staff(codenames: list[str]) -> Any:
+    from django.contrib.auth.models import Permission, User
+
+    user = User.objects.create_user("stan", password="pw-stan-123", is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
+    return user
+
+
+def _errors(response: Any) -> list[str]:
+    return re.findall(r'class="errorlist[^"]*"[^>]*>\s*<li>(.*?)</li>', response.content.decode())
+
+
+def test_a_refused_vend_or_change_is_an_error_on_the_form_and_writes_nothing(
+    personas: Personas,
+) -> None:
+    # The services' refusals were raised as ValidationError from save_model, where the admin has
+    # no page for them: each of these was a 500. Now the write is the form's last check.
+    from switchboard.ledger.models import LedgerEntry
+
+    p = personas
+    client = admin_client(p)
+    entries = LedgerEntry.objects.count()
+    vend = {"name": "Hooked", "owner": p.owner.pk, "queues": "inbox", "verbs": ["claim_next"]}
+    response = client.post(
+        "/admin/queues/endpoint/add/", {**vend, "notify_url": "http://127.0.0.1:9/hook"}
+    )
+    assert response.status_code == 200
+    assert _errors(response) == [
+        "notify_url is refused: the host 127.0.0.1 is a loopback address (127.0.0.1)"
+    ]
+    assert not Endpoint.objects.filter(name="Hooked").exists()
+
+    change = {
+        "name": "Agent",
+        "owner": p.owner.pk,
+        "notify_url": "",
+        "default_lease_ttl_seconds": "",
+        "rate_limit_rps": "",
+        "rate_limit_burst": "0",
+    }
+    url = f"/admin/queues/endpoint/{p.agent.pk}/change/"
+    response = client.post(url, change)
+    assert response.status_code == 200
+    assert _errors(response) == ["burst must be at least 1"]
+    # Beside its field: the rate_limit_burst row carries the error.
+    assert re.search(r"errors field-rate_limit_burst", response.content.decode())
+    response = client.post(
+        url, {**change, "rate_limit_burst": "", "notify_url": "https://10.1.2.3/"}
+    )
+    assert _errors(response) == [
+        "notify_url is refused: the host 10.1.2.3 is a private address (10.1.2.3)"
+    ]
+
+    services.endpoint_revoke(endpoint=p.agent2, actor=p.as_human(p.admin))
+    entries = LedgerEntry.objects.count()
+    response = client.post(
+        f"/admin/queues/endpoint/{p.agent2.pk}/change/",
+        {**change, "name": "Renamed", "rate_limit_burst": ""},
+    )
+    assert response.status_code == 200 and _errors(response) == ["the endpoint is revoked"]
+
+    stan = _staff(["view_endpoint", "add_endpoint", "change_endpoint"])
+    own, _ = services.endpoint_vend(actor=p.as_human(stan), owner=stan, name="Stan", queues=["a"])
+    entries = LedgerEntry.objects.count()
+    as_stan = Client()
+    as_stan.force_login(stan)
+    response = as_stan.post(
+        f"/admin/queues/endpoint/{own.pk}/change/",
+        {**change, "name": "Stan", "owner": p.owner.pk, "rate_limit_burst": ""},
+    )
+    assert _errors(response) == ["only a superuser may give an endpoint to someone else"]
+    response = as_stan.post("/admin/queues/endpoint/add/", {**vend, "name": "For olive"})
+    assert _errors(response) == ["only a superuser may vend an endpoint for someone else"]
+
+    p.agent.refresh_from_db()
+    own.refresh_from_db()
+    assert p.agent.rate_limit_burst is None and p.agent.notify_url == ""
+    assert own.owner == stan and not Endpoint.objects.filter(name="For olive").exists()
+    assert LedgerEntry.objects.count() == entries
+
+    # And a change the service takes still lands, through it (its ledger row).
+    response = client.post(url, {**change, "rate_limit_rps": "5", "rate_limit_burst": "10"})
+    assert response.status_code == 302
+    p.agent.refresh_from_db()
+    assert (p.agent.rate_limit_rps, p.agent.rate_limit_burst) == (5.0, 10)
+    assert LedgerEntry.objects.count() == entries + 1
+
+
+def test_a_token_for_someone_else_is_refused_on_the_form(personas: Personas) -> None:
+    from queues.models import HumanToken
+
+    stan = _staff(["view_humantoken", "add_humantoken"])
+    client = Client()
+    client.force_login(stan)
+    response = client.post(
+        "/admin/queues/humantoken/add/", {"user": personas.owner.pk, "name": "x"}
+    )
+    assert response.status_code == 200
+    assert _errors(response) == ["only a superuser may create a token for someone else"]
+    assert not HumanToken.objects.exists()
+    response = client.post("/admin/queues/humantoken/add/", {"user": stan.pk, "name": "mine"})
+    assert response.status_code == 302
+    assert HumanToken.objects.get().user == stan

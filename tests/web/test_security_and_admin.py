@@ -138,12 +138,9 @@ def test_the_ledger_is_read_only_in_the_admin_even_for_a_superuser(personas: Per
     assert audit_rows().count() == 1
 
 
-def test_budgets_changed_in_the_admin_go_through_the_service_and_the_ledger(
-    personas: Personas,
-) -> None:
-    p = personas
-    client = signed_in(p.admin)
-    form = {
+def admin_budget_form(p: Personas) -> dict[str, str]:
+    """The admin's add form for a budget of 3 in flight on the agent's inbox."""
+    return {
         "endpoint": str(p.agent.id),
         "queue": "inbox",
         "max_in_flight": "3",
@@ -154,6 +151,14 @@ def test_budgets_changed_in_the_admin_go_through_the_service_and_the_ledger(
         "window_weekday": "",
         "posture": "enforce",
     }
+
+
+def test_budgets_changed_in_the_admin_go_through_the_service_and_the_ledger(
+    personas: Personas,
+) -> None:
+    p = personas
+    client = signed_in(p.admin)
+    form = admin_budget_form(p)
     bad = client.post(
         "/admin/admission/admissionpolicy/add/",
         {
@@ -185,6 +190,67 @@ def test_budgets_changed_in_the_admin_go_through_the_service_and_the_ledger(
     kinds = list(audit_rows().values_list("kind", flat=True))
     assert kinds == ["policy.create", "policy.update", "policy.delete"]
     assert not AdmissionWindow.objects.exists()
+
+
+def test_a_budget_write_the_service_refuses_is_shown_and_nothing_changes(
+    personas: Personas, settings: Any
+) -> None:
+    # A rate-limited write used to say both "Not saved" and "was added successfully" (linking a
+    # budget that did not exist), a rate-limited delete was a 500, and "delete selected" counted
+    # what it asked for. Now the refusal is the form's error, the delete page's message, and the
+    # clear action's count.
+    p = personas
+    client = signed_in(p.admin)
+    form = {**admin_budget_form(p), "extra_windows": "[]"}
+    for odd in ("5", '{"limit": 5}', '"day"'):
+        response = client.post(
+            "/admin/admission/admissionpolicy/add/", {**form, "extra_windows": odd}
+        )
+        assert response.status_code == 200, odd
+        assert "extra_windows must be a JSON list of windows" in response.content.decode(), odd
+    assert not AdmissionPolicy.objects.exists()
+
+    settings.POLICY_WRITE_RATE_LIMIT = (0.001, 1)  # one write, then refused for ~17 minutes
+    saved = client.post("/admin/admission/admissionpolicy/add/", form, follow=True)
+    assert saved.redirect_chain and "added successfully" in saved.content.decode()
+    policy = AdmissionPolicy.objects.get()
+    response = client.post("/admin/admission/admissionpolicy/add/", {**form, "queue": "outbox"})
+    assert response.status_code == 200
+    assert "too many budget changes" in response.content.decode()
+    assert "added successfully" not in response.content.decode()
+    change = {k: v for k, v in form.items() if k not in ("endpoint", "queue")}
+    response = client.post(
+        f"/admin/admission/admissionpolicy/{policy.pk}/change/", {**change, "max_in_flight": "9"}
+    )
+    assert response.status_code == 200 and "too many budget changes" in response.content.decode()
+    response = client.post(
+        f"/admin/admission/admissionpolicy/{policy.pk}/delete/", {"post": "yes"}, follow=True
+    )
+    assert response.redirect_chain[0][0] == f"/admin/admission/admissionpolicy/{policy.pk}/change/"
+    shown = [str(m) for m in response.context["messages"]]
+    assert len(shown) == 1 and shown[0].startswith("Not cleared: too many budget changes")
+    response = client.post(
+        "/admin/admission/admissionpolicy/",
+        {"action": "clear", "_selected_action": [str(policy.pk)]},
+        follow=True,
+    )
+    shown = [str(m) for m in response.context["messages"]]
+    assert any("too many budget changes" in m for m in shown) and "0 budget(s) cleared." in shown
+    policy.refresh_from_db()
+    assert policy.max_in_flight == 3 and AdmissionPolicy.objects.count() == 1
+    assert list(audit_rows().values_list("kind", flat=True)) == ["policy.create"]
+    actions = client.get("/admin/admission/admissionpolicy/").content.decode()
+    assert 'value="clear"' in actions and 'value="delete_selected"' not in actions
+
+    settings.POLICY_WRITE_RATE_LIMIT = (0, 0)
+    response = client.post(
+        "/admin/admission/admissionpolicy/",
+        {"action": "clear", "_selected_action": [str(policy.pk)]},
+        follow=True,
+    )
+    assert "1 budget(s) cleared." in [str(m) for m in response.context["messages"]]
+    assert not AdmissionPolicy.objects.exists()
+    assert list(audit_rows().values_list("kind", flat=True)) == ["policy.create", "policy.delete"]
 
 
 def test_the_admins_static_files_are_served_without_collectstatic(settings: Any, db: None) -> None:
