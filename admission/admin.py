@@ -20,7 +20,7 @@ from admission import selectors, services
 from admission.models import AdmissionPolicy, AdmissionWindow
 from admission.policy import PolicySpec, arguments_from_columns, place_of_field
 from queues.access import HumanActor
-from switchboard.core.adminforms import ServiceFormAdmin, ServiceModelForm
+from switchboard.core.admins import ServiceFormAdmin, ServiceModelForm
 from switchboard.core.errors import DomainError, InvalidArgument
 from switchboard.ledger.admin import ReadOnlyAdmin
 

@@ -27,7 +27,7 @@ from queues.models import (
     TodoState,
     check_queue_name,
 )
-from switchboard.core.adminforms import ServiceFormAdmin, ServiceModelForm
+from switchboard.core.admins import ServiceFormAdmin, ServiceModelForm, StrictAdmin
 from switchboard.core.errors import DomainError
 
 # The services' names for the endpoint's fields where the model's differ.
@@ -235,7 +235,7 @@ class EndpointAdmin(ServiceFormAdmin):
 
 
 @admin.register(Todo)
-class TodoAdmin(admin.ModelAdmin):
+class TodoAdmin(StrictAdmin):
     list_display = [
         "title",
         "queue",
@@ -306,7 +306,7 @@ class TodoAdmin(admin.ModelAdmin):
 
 
 @admin.register(Attempt)
-class AttemptAdmin(admin.ModelAdmin):
+class AttemptAdmin(StrictAdmin):
     list_display = [
         "todo",
         "number",

@@ -6,13 +6,29 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import ChangeList
 from django.http import HttpRequest
 
 from switchboard.ledger.models import LedgerEntry, LedgerHead
 
 
+class _ChangeList(ChangeList):
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> Any:
+        # Django's date hierarchy turns ?at__year=<20 digits> into an OverflowError (a 500): the
+        # admin's invalid-lookup answer instead. (switchboard.core.admins does the same for the
+        # apps' admins; the ledger depends on nothing, so it keeps its own.)
+        try:
+            return super().get_queryset(request, exclude_parameters)
+        except OverflowError as exc:
+            raise IncorrectLookupParameters(exc) from exc
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):
     """Viewable by those with the view permission; never added to, changed or deleted."""
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return _ChangeList
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

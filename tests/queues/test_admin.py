@@ -239,3 +239,49 @@ def test_a_token_for_someone_else_is_refused_on_the_form(personas: Personas) -> 
     response = client.post("/admin/queues/humantoken/add/", {"user": stan.pk, "name": "mine"})
     assert response.status_code == 302
     assert HumanToken.objects.get().user == stan
+
+
+def test_a_crafted_changelist_lookup_or_selection_is_refused_not_a_500(
+    personas: Personas,
+) -> None:
+    # A year Python's dates cannot hold, and action selections whose ids are not ids: the list's
+    # invalid-lookup answer (?e=1) and a message, where each was a 500.
+    from queues.models import HumanToken
+
+    p = personas
+    push(p, 1)
+    services.human_token_create(user=p.admin, name="t", actor=p.as_human(p.admin))
+    client = admin_client(p)
+    year = "9" * 20
+    for url in (
+        "/admin/queues/endpoint/?created_at__year=-1",
+        f"/admin/queues/endpoint/?created_at__year={year}",
+        f"/admin/queues/todo/?created_at__year={year}",
+        "/admin/queues/humantoken/?created_at__year=-1",
+        "/admin/admission/admissionpolicy/?created_at__year=-1",
+        f"/admin/ledger/ledgerentry/?at__year={year}",
+    ):
+        response = client.get(url)
+        assert response.status_code == 302, url
+        assert response["Location"].endswith("?e=1"), url
+    for url, action in (
+        ("/admin/queues/endpoint/", "revoke"),
+        ("/admin/queues/todo/", "retry"),
+        ("/admin/queues/humantoken/", "revoke"),
+        ("/admin/admission/admissionpolicy/", "clear"),
+    ):
+        for selected in ("not-an-id", "", "00000000-0000-0000-0000-00000000000g"):
+            response = client.post(
+                url, {"action": action, "_selected_action": [selected]}, follow=True
+            )
+            assert response.status_code == 200, (url, selected)
+            shown = [str(m) for m in response.context["messages"]]
+            assert shown == ["Nothing done: the selection names no such item."], (url, shown)
+    p.agent.refresh_from_db()
+    assert p.agent.state == "active" and HumanToken.objects.get().revoked_at is None
+    # A real selection still acts.
+    client.post(
+        "/admin/queues/endpoint/", {"action": "revoke", "_selected_action": [str(p.agent2.pk)]}
+    )
+    p.agent2.refresh_from_db()
+    assert p.agent2.state == "revoked"

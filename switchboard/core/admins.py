@@ -1,0 +1,109 @@
+"""What every model admin here builds on.
+
+``StrictAdmin``: a crafted changelist or action request (a year past the calendar's range, a
+selection whose id is not one) is refused with the admin's own "invalid lookup" page or a message,
+not a 500.
+
+``ServiceModelForm`` / ``ServiceFormAdmin``: admin forms whose save is a service call. The admin
+saves a form after it is valid, in ``ModelAdmin.save_model``, where a refusal has no page to land
+on: a ``ValidationError`` raised there is a 500. So the write happens in the form instead, last in
+its validation (after the fields, ``clean`` and the model's own checks): the service's refusal
+becomes an error beside the field it names (or above the form), and since the service refused,
+nothing was written. ``save_model`` only takes what the write made.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+
+from switchboard.core.errors import DomainError
+
+
+class StrictChangeList(ChangeList):
+    """A lookup Python cannot turn into a query (``?created_at__year=-1``, a year of 20 digits)
+    is the admin's invalid-lookup answer (a redirect to ``?e=1``), as its other bad lookups are."""
+
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
+        try:
+            return super().get_queryset(request, exclude_parameters)
+        except (ValueError, OverflowError) as exc:
+            raise IncorrectLookupParameters(exc) from exc
+
+    def get_results(self, request: HttpRequest) -> None:
+        try:
+            super().get_results(request)
+        except (ValueError, OverflowError) as exc:
+            raise IncorrectLookupParameters(exc) from exc
+
+
+class StrictAdmin(admin.ModelAdmin):
+    """The base of every model admin here (see the module's docstring)."""
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return StrictChangeList
+
+    def response_action(
+        self, request: HttpRequest, queryset: QuerySet[Any], *args: Any, **kwargs: Any
+    ) -> HttpResponse | None:
+        # The checkboxes carry real ids; a hand-made POST may not, and the action's query would
+        # fail on it. Nothing is done and the list says why.
+        pk = self.model._meta.pk
+        assert pk is not None
+        try:
+            for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+                pk.to_python(value)
+        except ValidationError:
+            self.message_user(
+                request, "Nothing done: the selection names no such item.", messages.WARNING
+            )
+            return None
+        return super().response_action(request, queryset, *args, **kwargs)
+
+
+class ServiceModelForm(forms.ModelForm):
+    """A model form that, once valid, calls ``write`` (its service) in a savepoint and turns a
+    ``DomainError`` into the form's error on the field it names."""
+
+    # The services' names of fields that the form calls otherwise (``rps`` for ``rate_limit_rps``).
+    service_fields: ClassVar[dict[str, str]] = {}
+    # The admin's request (who acts), set on the class ``ModelAdmin.get_form`` makes for it.
+    request: HttpRequest | None = None
+    written: Any = None
+
+    def write(self) -> Any:
+        """Make the change through its service; the answer is kept as ``written``."""
+        raise NotImplementedError
+
+    def full_clean(self) -> None:
+        super().full_clean()
+        if not self.is_bound or self.errors:
+            return
+        try:
+            with transaction.atomic():
+                self.written = self.write()
+        except DomainError as exc:
+            name = str(exc.details.get("field") or "")
+            name = self.service_fields.get(name, name)
+            self.add_error(name if name in self.fields else None, exc.message)
+
+
+class ServiceFormAdmin(StrictAdmin):
+    """A model admin whose forms are ``ServiceModelForm``s: each form class it makes knows the
+    request it serves (``get_form`` makes a class per request)."""
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        form: Any = super().get_form(request, obj, change=change, **kwargs)
+        form.request = request
+        return form
