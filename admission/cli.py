@@ -139,7 +139,7 @@ def handle_show(command: BaseCommand, options: dict[str, Any]) -> None:
     actor = HumanActor(acting_human(options.get("as_user")), via="cli")
     try:
         endpoint = None
-        if options.get("endpoint"):
+        if options.get("endpoint") is not None:  # "" names no endpoint: not found, not "all"
             endpoint = selectors.endpoint_for(actor, options["endpoint"], write=False)
         rows = selectors.policies_with_status(actor, endpoint=endpoint, queue=options.get("queue"))
         if options.get("queue") and not rows:

@@ -110,6 +110,22 @@ def test_show_of_a_foreign_or_missing_budget_is_refused(personas: Personas) -> N
     assert code == 1 and "not_found" in err
     code, _, err = run("show", p.agent.slug, "inbox", "--json", "--as", "olive")
     assert code == 1 and json.loads(err)["code"] == "not_found"
+    # An empty endpoint names none (it was an AssertionError with a queue after it).
+    for args in (["", "inbox"], [""]):
+        code, _, err = run("show", *args, "--json", "--as", "olive")
+        assert code == 1 and json.loads(err)["code"] == "not_found", args
+
+
+def test_ledger_verify_bounds_its_batch(personas: Personas) -> None:
+    # The hidden --batch is a LIMIT: 30 digits was a bigint error from PostgreSQL.
+    for batch in ("0", "9" * 30):
+        err = StringIO()
+        with pytest.raises(CommandError) as refused:
+            call_command("ledger", "verify", "--batch", batch, stdout=StringIO(), stderr=err)
+        assert "must be between 1 and 100000" in str(refused.value), batch
+    out = StringIO()
+    call_command("ledger", "verify", "--batch", "100000", "--json", stdout=out)
+    assert json.loads(out.getvalue())["ok"] is True
 
 
 def test_a_bad_budget_is_refused_with_exit_one_naming_the_field(personas: Personas) -> None:

@@ -39,10 +39,14 @@ class Command(BaseCommand):
             raise CommandError("the ledger does not verify", returncode=EXIT_TAMPERED)
 
 
+# The batch is a LIMIT; past this it only costs memory (and past a bigint, the query fails).
+MAX_BATCH = 100_000
+
+
 def _positive(value: str) -> int:
     n = int(value)
-    if n < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
+    if not 1 <= n <= MAX_BATCH:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_BATCH}")
     return n
 
 
