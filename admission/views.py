@@ -25,7 +25,12 @@ from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
-from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django.views.decorators.http import (
+    require_GET,
+    require_http_methods,
+    require_POST,
+    require_safe,
+)
 
 from admission import engine, services
 from admission import selectors as admission_selectors
@@ -103,7 +108,7 @@ def preview(
     }
 
 
-@require_http_methods(["GET", "POST"])
+@require_http_methods(["GET", "HEAD", "POST"])
 @console_login_required
 def budget_view(request: HttpRequest, slug: str, queue: str) -> HttpResponse:
     viewer = Viewer.of(request)
@@ -202,7 +207,7 @@ def _focus(form: PolicyForm, *, preview: bool) -> str:
     return "" if preview else "max_in_flight"
 
 
-@require_http_methods(["GET", "POST"])
+@require_http_methods(["GET", "HEAD", "POST"])
 @console_login_required
 def budget_clear_view(request: HttpRequest, slug: str, queue: str) -> HttpResponse:
     """Clearing asks first (GET: the confirmation page; POST: ``policy_clear``)."""
@@ -424,7 +429,7 @@ def ledger_verify_view(request: HttpRequest) -> HttpResponse:
     return redirect("ledger")
 
 
-@require_GET
+@require_safe
 @console_login_required
 def ledger_view(request: HtmxHttpRequest) -> HttpResponse:
     viewer = Viewer.of(request)

@@ -16,7 +16,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils.http import urlencode
-from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django.views.decorators.http import require_http_methods, require_POST, require_safe
 from django_htmx.http import reswap, retarget
 
 from admission import selectors as admission_selectors
@@ -67,7 +67,7 @@ def board_context(request: HttpRequest, viewer: Viewer, filters: Filters) -> dic
     }
 
 
-@require_GET
+@require_safe
 @console_login_required
 def board_view(request: HtmxHttpRequest) -> HttpResponse:
     viewer = Viewer.of(request)
@@ -81,7 +81,7 @@ def board_view(request: HtmxHttpRequest) -> HttpResponse:
 # --- queues and pauses --------------------------------------------------------------------------
 
 
-@require_GET
+@require_safe
 @console_login_required
 def queue_list_view(request: HttpRequest) -> HttpResponse:
     viewer = Viewer.of(request)
@@ -129,7 +129,7 @@ def _queue_context(
     }
 
 
-@require_GET
+@require_safe
 @console_login_required
 def queue_view(request: HtmxHttpRequest, name: str) -> HttpResponse:
     viewer = Viewer.of(request)
@@ -258,7 +258,7 @@ def _actions_for(state: str, dead_letter: bool) -> list[str]:
     return []
 
 
-@require_GET
+@require_safe
 @console_login_required
 def todo_view(request: HtmxHttpRequest, todo_id: UUID) -> HttpResponse:
     viewer = Viewer.of(request)
@@ -387,7 +387,7 @@ def _bulk_page(
     return render(request, "queues/bulk.html", context, status=409 if stale else status)
 
 
-@require_http_methods(["GET", "POST"])
+@require_http_methods(["GET", "HEAD", "POST"])
 @console_login_required
 @refuse_auditors
 def bulk_view(request: HttpRequest, action: str) -> HttpResponse:
@@ -397,7 +397,7 @@ def bulk_view(request: HttpRequest, action: str) -> HttpResponse:
         return refusal(request, NotFound(f"no bulk action {action!r}"))
     viewer = Viewer.of(request)
     filters = Filters.from_query(request.POST if request.method == "POST" else request.GET)
-    if request.method == "GET":
+    if request.method != "POST":  # GET or HEAD: the page, never the action
         return _bulk_page(request, viewer, action, filters)
     try:
         result = services.todos_bulk(
@@ -424,7 +424,7 @@ def bulk_view(request: HttpRequest, action: str) -> HttpResponse:
 # --- throughput and agents ----------------------------------------------------------------------
 
 
-@require_GET
+@require_safe
 @console_login_required
 def occupancy_view(request: HttpRequest) -> HttpResponse:
     """Claims held per pool and per tag, per minute over the last 24 h (fleet-wide limits, so
@@ -442,7 +442,7 @@ def occupancy_view(request: HttpRequest) -> HttpResponse:
     )
 
 
-@require_GET
+@require_safe
 @console_login_required
 def throughput_view(request: HttpRequest) -> HttpResponse:
     """Claims, completions and failures per minute over the last hour, one chart per queue."""
@@ -461,7 +461,7 @@ def throughput_view(request: HttpRequest) -> HttpResponse:
     )
 
 
-@require_GET
+@require_safe
 @console_login_required
 def agents_view(request: HttpRequest) -> HttpResponse:
     """Each endpoint: when it was last seen and what it holds now."""
@@ -481,7 +481,7 @@ def agents_view(request: HttpRequest) -> HttpResponse:
 # --- the viewer's time zone ---------------------------------------------------------------------
 
 
-@require_http_methods(["GET", "POST"])
+@require_http_methods(["GET", "HEAD", "POST"])
 @console_login_required
 def timezone_view(request: HttpRequest) -> HttpResponse:
     """The viewer's zone for every time on the console: a cookie (set by static/js/tz.js from

@@ -10,7 +10,7 @@ from django.test import Client
 
 from admission.models import AdmissionPolicy, AdmissionWindow
 from queues import services
-from queues.models import QueuePause, TodoState
+from queues.models import QueuePause, Todo, TodoState
 from tests.conftest import Personas, audit_rows, push
 from tests.web.conftest import budget, policy_form, signed_in
 
@@ -42,6 +42,26 @@ def test_every_page_carries_the_security_headers(personas: Personas) -> None:
         assert response["X-Frame-Options"] == "DENY", url
         assert response["X-Content-Type-Options"] == "nosniff", url
         assert response["Referrer-Policy"] == "same-origin", url
+
+
+def test_every_page_answers_head_as_its_get_without_a_body(personas: Personas) -> None:
+    # Uptime checks and link checkers ask HEAD; require_GET answered them 405. The CSV export
+    # (a streamed read of the whole ledger) stays GET-only.
+    p = personas
+    client = signed_in(p.owner)
+    pages = [*_pages(p), "/throughput", "/agents", "/limits/occupancy", "/todos/bulk/discard"]
+    for url in pages:
+        got = client.get(url)
+        head = client.head(url)
+        if url == "/ledger.csv":
+            assert head.status_code == 405 and head["Allow"] == "GET", url
+            continue
+        assert (got.status_code, head.status_code) == (200, 200), url
+        assert head.content == b"" and head["Content-Type"] == got["Content-Type"], url
+    # HEAD of the bulk page is the page, never the action (its view acted on what is not GET).
+    pending = Todo.objects.filter(state=TodoState.PENDING).count()
+    assert pending and client.head("/todos/bulk/discard?state=pending").status_code == 200
+    assert Todo.objects.filter(state=TodoState.PENDING).count() == pending
 
 
 def test_pages_load_no_inline_script_and_no_inline_style(personas: Personas) -> None:
