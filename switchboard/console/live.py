@@ -71,6 +71,7 @@ from django.middleware.csrf import get_token
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
+from django.views.decorators.http import require_GET
 
 from admission import windows
 from queues import sql
@@ -352,6 +353,7 @@ def _viewer(request: HttpRequest) -> tuple[Viewer, str] | None:
     return Viewer.of(request), get_token(request)
 
 
+@require_GET
 async def live_view(request: HttpRequest) -> HttpResponseBase:
     """``GET /live``: the board's event stream (text/event-stream).
 

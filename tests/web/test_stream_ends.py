@@ -26,6 +26,7 @@ from django.test import Client
 from switchboard import mcp
 from tests.conftest import Personas, push
 from tests.inprocess import Served, checked_out, serving, settle
+from tests.web.conftest import signed_in
 
 STREAMS = 4
 
@@ -229,3 +230,11 @@ def test_a_ledger_csv_download_left_half_way_stops_and_gives_its_connection_back
         assert served.requests() == 1
     assert settle(lambda: served.requests() == 0, timeout=10), served.requests()
     assert settle(lambda: checked_out() == before), (checked_out(), before)
+
+
+def test_the_live_stream_takes_get_only(personas: Personas) -> None:
+    # A PUT or POST to /live used to start a stream like a GET.
+    client = signed_in(personas.owner)
+    for method in ("POST", "PUT", "DELETE", "HEAD"):
+        response = client.generic(method, "/live")
+        assert response.status_code == 405 and response["Allow"] == "GET", method
