@@ -14,9 +14,10 @@ from tests.browser.helpers import budget, findings
 from tests.conftest import Personas, push
 
 
+@pytest.mark.parametrize("javascript", [True, False], ids=["js", "nojs"])
 @pytest.mark.parametrize("width", WIDTHS)
 def test_the_admin_pages_have_no_serious_findings_and_the_window_list_sums_shards(
-    session: Session, tx_personas: Personas, width: int
+    session: Session, tx_personas: Personas, width: int, javascript: bool
 ) -> None:
     p = tx_personas
     policy = budget(p, "inbox", max_in_flight=5, max_claims_per_window=100)
@@ -25,6 +26,8 @@ def test_the_admin_pages_have_no_serious_findings_and_the_window_list_sums_shard
     window = AdmissionWindow.objects.filter(policy=policy).first()
     assert window is not None
     page = session.page(p.admin, width=width)
+    if not javascript:  # axe still runs: it is injected, not fetched as a script
+        page.route("**/*.js", lambda route: route.abort())
     found = {}
     for url in [
         "/admin/",
@@ -34,6 +37,7 @@ def test_the_admin_pages_have_no_serious_findings_and_the_window_list_sums_shard
         f"/admin/admission/admissionwindow/{window.pk}/change/",
         "/admin/queues/todo/",
         "/admin/ledger/ledgerentry/",
+        f"/admin/queues/endpoint/{p.agent.pk}/change/",
     ]:
         response = page.goto(url)
         assert response is not None and response.status == 200, url
@@ -43,6 +47,12 @@ def test_the_admin_pages_have_no_serious_findings_and_the_window_list_sums_shard
         )
         if overflow > 0:
             found[url].append(f"scrolls sideways by {overflow} px")
+    # A refusal shown on the form (the service's, beside its field).
+    page.goto(f"/admin/queues/endpoint/{p.agent.pk}/change/")
+    page.locator('[name="rate_limit_burst"]').fill("0")
+    page.locator('input[name="_save"]').click()
+    expect(page.locator(".errorlist")).to_have_text("burst must be at least 1")
+    found["endpoint change, refused"] = findings(page)
     assert {url: f for url, f in found.items() if f} == {}
     # The window list names the shard of each row and counts the claims in the rows' sum.
     page.goto("/admin/admission/admissionwindow/")
