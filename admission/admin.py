@@ -1,4 +1,4 @@
-"""The admin for budgets, their window counters and the ledger.
+"""The admin for budgets, their window counters and the ledger's rows.
 
 Budgets are written through ``admission.services.policy_set`` / ``policy_clear`` (so every
 change lands in the ledger, exactly as from the API, the CLI or the console). Window counters are
@@ -22,7 +22,8 @@ from admission.policy import PolicySpec, arguments_from_columns, place_of_field
 from queues.access import HumanActor
 from switchboard.core.admins import ServiceFormAdmin, ServiceModelForm
 from switchboard.core.errors import DomainError, InvalidArgument
-from switchboard.ledger.admin import ReadOnlyAdmin
+from switchboard.ledger.admin import LedgerEntryAdmin, ReadOnlyAdmin
+from switchboard.ledger.models import LedgerEntry
 
 
 def _actor(request: HttpRequest) -> HumanActor:
@@ -175,6 +176,15 @@ class AdmissionPolicyAdmin(ServiceFormAdmin):
         self.message_user(request, f"{cleared} budget(s) cleared.")
 
 
+@admin.register(LedgerEntry)
+class VisibleLedgerEntryAdmin(LedgerEntryAdmin):
+    """The ledger's rows this human may read (``visible_ledger``: the console's page and CSV,
+    the API): every row for auditors and superusers, an owner's own scopes otherwise."""
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[LedgerEntry]:
+        return selectors.visible_ledger(_actor(request))
+
+
 @admin.register(AdmissionWindow)
 class AdmissionWindowAdmin(ReadOnlyAdmin):
     # One row per shard of a window (migration 0007): a window's count is the sum of its rows.
@@ -192,3 +202,8 @@ class AdmissionWindowAdmin(ReadOnlyAdmin):
     search_fields = ["policy__queue", "policy__endpoint__slug"]
     list_select_related = ["policy", "policy__endpoint"]
     date_hierarchy = "window_start"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[AdmissionWindow]:
+        # The counters of the budgets this human may read.
+        visible = selectors.visible_policies(_actor(request))
+        return super().get_queryset(request).filter(policy__in=visible)

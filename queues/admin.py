@@ -179,6 +179,10 @@ class EndpointAdmin(ServiceFormAdmin):
         # Revoke instead: deleting would cascade to todos and budgets without a ledger row.
         return False
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Endpoint]:
+        # The access layer's answer, as on every other surface: owners their own endpoints.
+        return access.visible_endpoints(_actor(request))
+
     def get_form(
         self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
     ) -> Any:
@@ -268,6 +272,10 @@ class TodoAdmin(StrictAdmin):
     ]
     actions = ["retry", "release"]
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Todo]:
+        # The todos the access layer lets this human read (owners: their endpoints').
+        return super().get_queryset(request).filter(access.todo_scope(_actor(request)))
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         # A todo is made by its endpoint's push (the API, MCP, the CLI) through the services: they
         # give it its endpoint, queue, ledger entry and counters, none of which this form has.
@@ -319,6 +327,14 @@ class AttemptAdmin(StrictAdmin):
     ]
     list_filter = ["outcome", "disposition", "via"]
     search_fields = ["claimant", "todo__title", "todo__id"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Attempt]:
+        # The attempts of the todos this human may read.
+        return (
+            super()
+            .get_queryset(request)
+            .filter(access.endpoint_q(_actor(request), "todo__endpoint"))
+        )
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -430,6 +446,12 @@ class HumanTokenAdmin(ServiceFormAdmin):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # A token is created and revoked, never edited (nor given to another user).
         return False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[HumanToken]:
+        # One's own tokens; every user's for auditors and superusers (who may act for others).
+        qs = super().get_queryset(request)
+        actor = _actor(request)
+        return qs if actor.sees_all else qs.filter(user_id=getattr(actor.user, "pk", None))
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # Revoke instead: the ledger keeps the create and the revoke.

@@ -176,6 +176,70 @@ def test_the_admin_pause_form_asks_the_access_layer(personas: Personas, name: st
     assert response.status_code == (200 if name == "pauser" else 403)
 
 
+ADMIN_LISTS = [
+    ("/admin/queues/endpoint/", "view_endpoint"),
+    ("/admin/queues/todo/", "view_todo"),
+    ("/admin/queues/attempt/", "view_attempt"),
+    ("/admin/queues/humantoken/", "view_humantoken"),
+    ("/admin/ledger/ledgerentry/", "view_ledgerentry"),
+    ("/admin/admission/admissionpolicy/", "view_admissionpolicy"),
+    ("/admin/admission/admissionwindow/", "view_admissionwindow"),
+]
+
+
+@pytest.mark.parametrize("name", ["other_owner", "auditor", "admin"])
+def test_the_admin_lists_what_the_access_layer_lets_the_human_read(
+    personas: Personas, name: str
+) -> None:
+    """A staff owner holding the admin's view permissions used to see every owner's endpoints,
+    todos (payloads included), attempts, token names and ledger rows there, where the console
+    and the API answer not found. Every list now asks the access layer."""
+    p = personas
+    admission_services.policy_set(
+        actor=p.as_human(),
+        endpoint=p.agent,
+        queue="inbox",
+        max_in_flight=None,
+        max_claims_per_window=9,
+        window={"period": "day", "tz": "UTC", "start": "00:00"},
+    )
+    created = services.todo_create(
+        actor=p.as_agent(), endpoint=p.agent, queue="inbox", title="olives-secret-todo"
+    )
+    todo = created.todo
+    services.claim(actor=p.as_agent(), todo_id=todo.id, claimant="olives-worker")
+    services.complete(actor=p.as_agent(), todo_id=todo.id)  # its attempt's row; a window's
+    services.human_token_create(user=p.owner, name="olives-token", actor=p.as_human())
+    user = getattr(p, name)
+    user.is_staff = True
+    user.save()
+    user.user_permissions.add(
+        *Permission.objects.filter(codename__in=[perm for _, perm in ADMIN_LISTS])
+    )
+    client = Client()
+    client.force_login(user)
+    marks = {
+        "/admin/queues/endpoint/": p.agent.slug,
+        "/admin/queues/todo/": "olives-secret-todo",
+        "/admin/queues/attempt/": "olives-worker",
+        "/admin/queues/humantoken/": "olives-token",
+        "/admin/ledger/ledgerentry/": f"endpoint:{p.agent.slug}",
+        "/admin/admission/admissionpolicy/": "inbox",
+        "/admin/admission/admissionwindow/": str(p.agent.id),
+    }
+    sees = {}
+    for url, _ in ADMIN_LISTS:
+        response = client.get(url)
+        assert response.status_code == 200, url
+        sees[url] = marks[url] in response.content.decode()
+    expected = name != "other_owner"  # the auditor and the superuser read every row
+    assert sees == {url: expected for url, _ in ADMIN_LISTS}
+    # A row outside the list is not reachable by its address either.
+    page = client.get(f"/admin/queues/todo/{todo.id}/change/")
+    assert (page.status_code == 200) is expected
+
+
+# --- endpoints, todos and tokens ---------------------------------------------------------------
 # --- endpoints, todos and tokens ---------------------------------------------------------------
 
 TODO_WRITE = {
