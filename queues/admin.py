@@ -137,8 +137,23 @@ class AttemptInline(admin.TabularInline):
         return False
 
 
+class _PersonFieldAdmin(ServiceFormAdmin):
+    """An admin whose form names a person (an endpoint's owner, a token's user): it offers
+    everyone to a superuser, who alone acts for others, and only the human at the admin to anyone
+    else (the services refuse anyone else, and other users' names are not theirs to list)."""
+
+    person_field = ""
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == self.person_field and not _actor(request).is_superuser:
+            people = db_field.remote_field.model._default_manager
+            kwargs["queryset"] = people.filter(pk=getattr(request.user, "pk", None))
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+
 @admin.register(Endpoint)
-class EndpointAdmin(ServiceFormAdmin):
+class EndpointAdmin(_PersonFieldAdmin):
+    person_field = "owner"
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
     list_display = ["slug", "name", "owner", "state", "scope_queues", "last_seen_at", "created_at"]
     list_filter = ["state", "owner"]
@@ -434,8 +449,9 @@ class HumanTokenForm(ServiceModelForm):
 
 
 @admin.register(HumanToken)
-class HumanTokenAdmin(ServiceFormAdmin):
+class HumanTokenAdmin(_PersonFieldAdmin):
     form = HumanTokenForm
+    person_field = "user"
     list_display = ["token_prefix", "name", "user", "created_at", "last_used_at", "revoked_at"]
     list_filter = ["revoked_at"]
     search_fields = ["name", "user__username", "token_prefix"]

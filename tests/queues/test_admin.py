@@ -144,6 +144,10 @@ def _staff(codenames: list[str]) -> Any:
     return user
 
 
+# A person the owner or user field does not offer (only a superuser is offered anyone else).
+NOT_OFFERED = "Select a valid choice. That choice is not one of the available choices."
+
+
 def _errors(response: Any) -> list[str]:
     return re.findall(r'class="errorlist[^"]*"[^>]*>\s*<li>(.*?)</li>', response.content.decode())
 
@@ -206,9 +210,9 @@ def test_a_refused_vend_or_change_is_an_error_on_the_form_and_writes_nothing(
         f"/admin/queues/endpoint/{own.pk}/change/",
         {**change, "name": "Stan", "owner": p.owner.pk, "rate_limit_burst": ""},
     )
-    assert _errors(response) == ["only a superuser may give an endpoint to someone else"]
+    assert _errors(response) == [NOT_OFFERED]  # only oneself is offered
     response = as_stan.post("/admin/queues/endpoint/add/", {**vend, "name": "For olive"})
-    assert _errors(response) == ["only a superuser may vend an endpoint for someone else"]
+    assert _errors(response) == [NOT_OFFERED]  # only oneself is offered
 
     p.agent.refresh_from_db()
     own.refresh_from_db()
@@ -234,7 +238,7 @@ def test_a_token_for_someone_else_is_refused_on_the_form(personas: Personas) -> 
         "/admin/queues/humantoken/add/", {"user": personas.owner.pk, "name": "x"}
     )
     assert response.status_code == 200
-    assert _errors(response) == ["only a superuser may create a token for someone else"]
+    assert _errors(response) == [NOT_OFFERED]  # only oneself is offered
     assert not HumanToken.objects.exists()
     response = client.post("/admin/queues/humantoken/add/", {"user": stan.pk, "name": "mine"})
     assert response.status_code == 302
@@ -285,3 +289,22 @@ def test_a_crafted_changelist_lookup_or_selection_is_refused_not_a_500(
     )
     p.agent2.refresh_from_db()
     assert p.agent2.state == "revoked"
+
+
+def test_the_owner_and_user_fields_offer_only_oneself_unless_superuser(personas: Personas) -> None:
+    # The vend and token forms listed every user to a staff owner, who may name only themselves.
+    stan = _staff(["view_endpoint", "add_endpoint", "view_humantoken", "add_humantoken"])
+    client = Client()
+    client.force_login(stan)
+    for url, field in (
+        ("/admin/queues/endpoint/add/", "owner"),
+        ("/admin/queues/humantoken/add/", "user"),
+    ):
+        html = client.get(url).content.decode()
+        select = html[html.index(f'name="{field}"') :]
+        select = select[: select.index("</select>")]
+        offered = re.findall(r'<option value="(\d+)"', select)
+        assert offered == [str(stan.pk)], (url, offered)
+    html = admin_client(personas).get("/admin/queues/endpoint/add/").content.decode()
+    select = html[html.index('name="owner"') :]
+    assert str(personas.owner.pk) in select[: select.index("</select>")]
