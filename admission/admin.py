@@ -19,7 +19,7 @@ from django.urls import reverse
 from admission import selectors, services
 from admission.models import AdmissionPolicy, AdmissionWindow
 from admission.policy import PolicySpec, arguments_from_columns, place_of_field
-from queues.access import HumanActor
+from queues.access import HumanActor, visible_endpoints
 from switchboard.core.admins import ServiceFormAdmin, ServiceModelForm
 from switchboard.core.errors import DomainError, InvalidArgument
 from switchboard.ledger.admin import LedgerEntryAdmin, ReadOnlyAdmin
@@ -126,6 +126,12 @@ class AdmissionPolicyAdmin(ServiceFormAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[AdmissionPolicy]:
         return selectors.visible_policies(_actor(request))
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        # The endpoints this human may read (others' names are not theirs to list).
+        if db_field.name == "endpoint":
+            kwargs["queryset"] = visible_endpoints(_actor(request))
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         # The identity of a budget never changes: clear it and set another.

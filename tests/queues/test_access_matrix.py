@@ -237,6 +237,10 @@ def test_the_admin_lists_what_the_access_layer_lets_the_human_read(
     # A row outside the list is not reachable by its address either.
     page = client.get(f"/admin/queues/todo/{todo.id}/change/")
     assert (page.status_code == 200) is expected
+    # Nor offered by a form: the budget form's endpoint choices.
+    user.user_permissions.add(Permission.objects.get(codename="add_admissionpolicy"))
+    form = client.get("/admin/admission/admissionpolicy/add/").content.decode()
+    assert (f'value="{p.agent.id}"' in form) is expected
 
 
 # --- endpoints, todos and tokens ---------------------------------------------------------------
