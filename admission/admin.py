@@ -114,7 +114,11 @@ class AdmissionPolicyAdmin(ServiceFormAdmin):
         "updated_by",
         "updated_at",
     ]
-    list_filter = ["posture", "window_period", "endpoint__owner"]
+    list_filter = [
+        "posture",
+        "window_period",
+        ("endpoint__owner", admin.RelatedOnlyFieldListFilter),
+    ]
     search_fields = ["queue", "endpoint__slug", "endpoint__name", "window_tz"]
     list_select_related = ["endpoint", "updated_by"]
     readonly_fields = ["created_by", "created_at", "updated_by", "updated_at"]

@@ -156,7 +156,8 @@ class EndpointAdmin(_PersonFieldAdmin):
     person_field = "owner"
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
     list_display = ["slug", "name", "owner", "state", "scope_queues", "last_seen_at", "created_at"]
-    list_filter = ["state", "owner"]
+    # Related filters list only what the (access-narrowed) list holds: not every owner's name.
+    list_filter = ["state", ("owner", admin.RelatedOnlyFieldListFilter)]
     search_fields = ["slug", "name", "owner__username"]
     readonly_fields = [
         "slug",
@@ -265,7 +266,7 @@ class TodoAdmin(StrictAdmin):
         "owner",
         "created_at",
     ]
-    list_filter = ["state", "queue", "endpoint", "source"]
+    list_filter = ["state", "queue", ("endpoint", admin.RelatedOnlyFieldListFilter), "source"]
     search_fields = ["title", "idempotency_key", "id"]
     date_hierarchy = "created_at"
     inlines = [AttemptInline]

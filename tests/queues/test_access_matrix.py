@@ -195,7 +195,7 @@ def test_the_admin_lists_what_the_access_layer_lets_the_human_read(
     todos (payloads included), attempts, token names and ledger rows there, where the console
     and the API answer not found. Every list now asks the access layer."""
     p = personas
-    admission_services.policy_set(
+    olives = admission_services.policy_set(
         actor=p.as_human(),
         endpoint=p.agent,
         queue="inbox",
@@ -210,6 +210,16 @@ def test_the_admin_lists_what_the_access_layer_lets_the_human_read(
     services.claim(actor=p.as_agent(), todo_id=todo.id, claimant="olives-worker")
     services.complete(actor=p.as_agent(), todo_id=todo.id)  # its attempt's row; a window's
     services.human_token_create(user=p.owner, name="olives-token", actor=p.as_human())
+    for other in (p.agent2, p.foreign):  # a list filter shows once it has two choices
+        services.todo_create(actor=p.as_agent(other), endpoint=other, queue="inbox", title="x")
+    admission_services.policy_set(
+        actor=p.as_human(p.other_owner),
+        endpoint=p.foreign,
+        queue="inbox",
+        max_in_flight=1,
+        max_claims_per_window=None,
+        window=None,
+    )
     user = getattr(p, name)
     user.is_staff = True
     user.save()
@@ -224,7 +234,7 @@ def test_the_admin_lists_what_the_access_layer_lets_the_human_read(
         "/admin/queues/attempt/": "olives-worker",
         "/admin/queues/humantoken/": "olives-token",
         "/admin/ledger/ledgerentry/": f"endpoint:{p.agent.slug}",
-        "/admin/admission/admissionpolicy/": "inbox",
+        "/admin/admission/admissionpolicy/": f"/admin/admission/admissionpolicy/{olives.pk}/",
         "/admin/admission/admissionwindow/": str(p.agent.id),
     }
     sees = {}
@@ -234,6 +244,13 @@ def test_the_admin_lists_what_the_access_layer_lets_the_human_read(
         sees[url] = marks[url] in response.content.decode()
     expected = name != "other_owner"  # the auditor and the superuser read every row
     assert sees == {url: expected for url, _ in ADMIN_LISTS}
+    # The lists' filters name only what the list holds (not every endpoint and owner).
+    todos = client.get("/admin/queues/todo/").content.decode()
+    assert (f"endpoint__id__exact={p.agent.id}" in todos) is expected
+    endpoints = client.get("/admin/queues/endpoint/").content.decode()
+    assert (f"owner__id__exact={p.owner.pk}" in endpoints) is expected
+    budgets = client.get("/admin/admission/admissionpolicy/").content.decode()
+    assert (f"endpoint__owner__id__exact={p.owner.pk}" in budgets) is expected
     # A row outside the list is not reachable by its address either.
     page = client.get(f"/admin/queues/todo/{todo.id}/change/")
     assert (page.status_code == 200) is expected
