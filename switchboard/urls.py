@@ -5,8 +5,12 @@ from django.urls import include, path
 
 from queues.events import agent_events
 from switchboard.api import urls as api_urls
+from switchboard.console.signin import AdminSignInForm
 from switchboard.mcp import mcp_view
 from switchboard.views import metrics_view
+
+# The admin's sign-in is throttled per account as the console's is (switchboard/console/signin.py).
+admin.site.login_form = AdminSignInForm
 
 # A malformed request or a Host outside ALLOWED_HOSTS: JSON (or JSON-RPC) for agents, not a page.
 handler400 = "switchboard.middleware.bad_request"

@@ -6,6 +6,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from switchboard.console import live, views
+from switchboard.console.signin import SignInForm
 
 urlpatterns = [
     path("", views.board_view, name="board"),
@@ -23,6 +24,6 @@ urlpatterns = [
     path("prefs/tz", views.timezone_view, name="timezone"),
     # The console's own sign-in: the admin's login admits staff only, and owners and auditors
     # need not be staff.
-    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("login/", auth_views.LoginView.as_view(authentication_form=SignInForm), name="login"),
     path("logout/", auth_views.LogoutView.as_view(next_page="login"), name="logout"),
 ]
