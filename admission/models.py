@@ -162,7 +162,8 @@ class AdmissionPolicy(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"budget on {self.endpoint_id}:{self.queue}"
+        # As the ledger and the API name it (the admin's lists and messages select the endpoint).
+        return f"budget on {self.scope}/{self.queue}"
 
     @property
     def scope(self) -> str:

@@ -233,6 +233,9 @@ def test_a_budget_write_the_service_refuses_is_shown_and_nothing_changes(
     settings.POLICY_WRITE_RATE_LIMIT = (0.001, 1)  # one write, then refused for ~17 minutes
     saved = client.post("/admin/admission/admissionpolicy/add/", form, follow=True)
     assert saved.redirect_chain and "added successfully" in saved.content.decode()
+    assert (
+        "budget on endpoint:agent/inbox" in saved.content.decode()
+    )  # named as the ledger names it
     policy = AdmissionPolicy.objects.get()
     response = client.post("/admin/admission/admissionpolicy/add/", {**form, "queue": "outbox"})
     assert response.status_code == 200
