@@ -192,6 +192,7 @@ def test_a_refused_vend_or_change_is_an_error_on_the_form_and_writes_nothing(
     assert _errors(response) == [
         "notify_url is refused: the host 10.1.2.3 is a private address (10.1.2.3)"
     ]
+    assert LedgerEntry.objects.count() == entries  # none of the four refusals wrote a row
 
     services.endpoint_revoke(endpoint=p.agent2, actor=p.as_human(p.admin))
     entries = LedgerEntry.objects.count()
