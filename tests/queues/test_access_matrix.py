@@ -235,7 +235,7 @@ def test_the_admin_lists_what_the_access_layer_lets_the_human_read(
         "/admin/queues/humantoken/": "olives-token",
         "/admin/ledger/ledgerentry/": f"endpoint:{p.agent.slug}",
         "/admin/admission/admissionpolicy/": f"/admin/admission/admissionpolicy/{olives.pk}/",
-        "/admin/admission/admissionwindow/": str(p.agent.id),
+        "/admin/admission/admissionwindow/": f"budget on endpoint:{p.agent.slug}/inbox",
     }
     sees = {}
     for url, _ in ADMIN_LISTS:
