@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import UTC, timedelta
 from typing import Any
 
 import psycopg
@@ -44,6 +44,17 @@ def listening() -> Iterator[Bell]:
         conn.close()
 
 
+# Each test's windows are daily ones starting about twelve hours from when this module was
+# loaded, so no boundary falls inside any test of the run. With hourly windows a test that ran
+# across the top of an hour failed: the window it had spent rolled over in the middle, so a
+# raised limit found the identity already admitted and did not ring (fresh-clone CI at 01:00 UTC).
+START = (timezone.now() + timedelta(hours=12)).astimezone(UTC).strftime("%H:00")
+
+
+def daily(p: Personas, **kwargs: Any) -> AdmissionPolicy:
+    return budget(p, per="day", start=START, **kwargs)
+
+
 def ring(p: Personas, queue: str = "inbox") -> str:
     return f"{p.agent.id}:{queue}"
 
@@ -62,13 +73,13 @@ def exhaust(policy: AdmissionPolicy) -> AdmissionWindow:
 def roll_over(window: AdmissionWindow) -> None:
     """Make the spent window a past one, as if its boundary had passed."""
     AdmissionWindow.objects.filter(pk=window.pk).update(
-        window_start=window.window_start - timedelta(hours=1)
+        window_start=window.window_start - timedelta(days=1)
     )
 
 
 def test_the_sweep_rings_once_when_a_spent_window_rolls_over(tx_personas: Personas) -> None:
     p = tx_personas
-    policy = budget(p, per="hour", limit=2)
+    policy = daily(p, limit=2)
     push(p, 2)
     spent = exhaust(policy)
     with listening() as bell:
@@ -98,7 +109,7 @@ def test_the_sweep_rings_once_when_in_flight_falls_below_the_cap(tx_personas: Pe
 
 def test_a_queue_still_deferred_never_rings(tx_personas: Personas) -> None:
     p = tx_personas
-    exhaust(budget(p, per="hour", limit=1))
+    exhaust(daily(p, limit=1))
     push(p, 1)
     with listening() as bell:
         for _ in range(3):
@@ -108,7 +119,7 @@ def test_a_queue_still_deferred_never_rings(tx_personas: Personas) -> None:
 
 def test_an_admitted_queue_without_work_does_not_ring(tx_personas: Personas) -> None:
     p = tx_personas
-    spent = exhaust(budget(p, per="hour", limit=1))
+    spent = exhaust(daily(p, limit=1))
     services.reopen_sweep()
     roll_over(spent)
     with listening() as bell:
@@ -118,7 +129,7 @@ def test_an_admitted_queue_without_work_does_not_ring(tx_personas: Personas) -> 
 
 def test_a_paused_queue_does_not_ring_when_its_budget_reopens(tx_personas: Personas) -> None:
     p = tx_personas
-    spent = exhaust(budget(p, per="hour", limit=1))
+    spent = exhaust(daily(p, limit=1))
     push(p, 1)
     services.reopen_sweep()
     QueuePause.objects.create(
@@ -132,7 +143,7 @@ def test_a_paused_queue_does_not_ring_when_its_budget_reopens(tx_personas: Perso
 
 def test_two_sweeps_at_once_ring_once(tx_personas: Personas) -> None:
     p = tx_personas
-    spent = exhaust(budget(p, per="hour", limit=1))
+    spent = exhaust(daily(p, limit=1))
     push(p, 1)
     services.reopen_sweep()
     roll_over(spent)
@@ -177,7 +188,7 @@ def test_failing_releasing_and_reaping_ring_the_freed_queue(tx_personas: Persona
 
 def test_a_claim_ending_on_a_full_queue_does_not_ring(tx_personas: Personas) -> None:
     p = tx_personas
-    policy = budget(p, per="hour", limit=1)
+    policy = daily(p, limit=1)
     first, _ = push(p, 2)
     queue_services.claim_next(actor=p.as_agent())
     assert window_total(policy) == 1
@@ -188,20 +199,20 @@ def test_a_claim_ending_on_a_full_queue_does_not_ring(tx_personas: Personas) -> 
 
 def test_raising_a_limit_rings_at_once_and_lowering_does_not(tx_personas: Personas) -> None:
     p = tx_personas
-    exhaust(budget(p, per="hour", limit=1))
+    exhaust(daily(p, limit=1))
     push(p, 1)
     with listening() as bell:
-        budget(p, per="hour", limit=1, max_in_flight=5)  # still spent: no ring
+        daily(p, limit=1, max_in_flight=5)  # still spent: no ring
         assert bell.heard() == []
-        budget(p, per="hour", limit=2)
+        daily(p, limit=2)
         assert bell.heard() == [ring(p)]
-        budget(p, per="hour", limit=1)
+        daily(p, limit=1)
         assert bell.heard() == []
 
 
 def test_clearing_a_deferred_budget_rings_at_once(tx_personas: Personas) -> None:
     p = tx_personas
-    exhaust(budget(p, per="hour", limit=1))
+    exhaust(daily(p, limit=1))
     push(p, 1)
     with listening() as bell:
         services.policy_clear(actor=p.as_human(), endpoint=p.agent, queue="inbox")
@@ -210,7 +221,7 @@ def test_clearing_a_deferred_budget_rings_at_once(tx_personas: Personas) -> None
 
 def test_the_reopen_task_is_the_sweep_on_beat(tx_personas: Personas, settings: Any) -> None:
     p = tx_personas
-    spent = exhaust(budget(p, per="hour", limit=1))
+    spent = exhaust(daily(p, limit=1))
     push(p, 1)
     services.reopen_sweep()
     roll_over(spent)
@@ -225,7 +236,7 @@ def test_the_reopen_task_is_the_sweep_on_beat(tx_personas: Personas, settings: A
 
 def test_the_reopen_command_runs_the_sweep(tx_personas: Personas, capsys: Any) -> None:
     p = tx_personas
-    spent = exhaust(budget(p, per="hour", limit=1))
+    spent = exhaust(daily(p, limit=1))
     push(p, 1)
     services.reopen_sweep()
     roll_over(spent)
