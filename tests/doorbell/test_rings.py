@@ -11,8 +11,7 @@ from admission import services as admission_services
 from queues import services, wakes
 from queues.models import Endpoint, Todo
 from queues.services import Claimed
-from tests.admission.conftest import budget
-from tests.admission.test_reopen import exhaust, roll_over
+from tests.admission.test_reopen import daily, exhaust, roll_over
 from tests.conftest import FIXTURE, Personas, lapse, push
 from tests.pause.conftest import HookServer
 from tests.pause.helpers import Listener, pause
@@ -72,7 +71,7 @@ def test_forty_pending_todos_in_an_exhausted_queue_ring_once_per_endpoint_at_the
 ) -> None:
     p = tx_personas
     endpoints = [_hooked(p, hook_server, name) for name in ("Alpha", "Beta")]
-    spent = [exhaust(budget(p, endpoint=e, per="hour", limit=1)) for e in endpoints]
+    spent = [exhaust(daily(p, endpoint=e, limit=1)) for e in endpoints]
     for endpoint in endpoints:
         push(p, 40, endpoint=endpoint)
     admission_services.reopen_sweep()  # a beat inside the spent window

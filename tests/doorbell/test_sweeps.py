@@ -15,8 +15,7 @@ from django.db import connection
 
 from queues import services, tasks
 from queues.services import Claimed
-from tests.admission.conftest import budget
-from tests.admission.test_reopen import exhaust
+from tests.admission.test_reopen import daily, exhaust
 from tests.conftest import Personas, push
 from tests.doorbell.streams import attached, wait_for
 from tests.pause.conftest import HookServer
@@ -109,7 +108,7 @@ def test_a_paused_or_deferred_queue_is_never_reminded(
     assert services.remind_waiting() == 0
     assert listener.drain() == []
 
-    exhaust(budget(p, endpoint=p.agent, per="hour", limit=1))
+    exhaust(daily(p, endpoint=p.agent, limit=1))
     resume(p.pauser)  # deferred now: even the resume does not ring
     waited(todos, 6)
     assert services.remind_waiting() == 0
