@@ -178,6 +178,22 @@ def check_acts_for(actor: HumanActor, user: Any, refusal: str) -> None:
         raise Forbidden(refusal)
 
 
+def people_q(actor: HumanActor, path: str = "pk") -> Q:
+    """The users a human may name as the one they act for (``check_acts_for``'s rule as a
+    filter): every user for a superuser, else only themself."""
+    if actor.is_superuser:
+        return Q()
+    return Q(**{path: getattr(actor.user, "pk", None)})
+
+
+def token_q(actor: HumanActor) -> Q:
+    """The personal tokens a human may read: their own; every user's for auditors and
+    superusers (who read everything)."""
+    if actor.sees_all:
+        return Q()
+    return Q(user_id=getattr(actor.user, "pk", None))
+
+
 def check_scope(actor: Actor, queue: str) -> None:
     """An agent reaches only the queues in its endpoint's scope (humans are scoped by endpoint)."""
     if isinstance(actor, AgentActor) and queue not in actor.endpoint.scope_queues:

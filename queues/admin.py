@@ -145,9 +145,9 @@ class _PersonFieldAdmin(ServiceFormAdmin):
     person_field = ""
 
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
-        if db_field.name == self.person_field and not _actor(request).is_superuser:
+        if db_field.name == self.person_field:
             people = db_field.remote_field.model._default_manager
-            kwargs["queryset"] = people.filter(pk=getattr(request.user, "pk", None))
+            kwargs["queryset"] = people.filter(access.people_q(_actor(request)))
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
 
@@ -465,10 +465,7 @@ class HumanTokenAdmin(_PersonFieldAdmin):
         return False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[HumanToken]:
-        # One's own tokens; every user's for auditors and superusers (who may act for others).
-        qs = super().get_queryset(request)
-        actor = _actor(request)
-        return qs if actor.sees_all else qs.filter(user_id=getattr(actor.user, "pk", None))
+        return super().get_queryset(request).filter(access.token_q(_actor(request)))
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # Revoke instead: the ledger keeps the create and the revoke.

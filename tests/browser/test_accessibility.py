@@ -3,9 +3,12 @@ page, at 1440 and 390 px, with JavaScript on and off: no critical and no serious
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from playwright.sync_api import expect
 
+from switchboard.core import counters, ratelimit
 from tests.browser.conftest import PHONE, WIDTHS, Session
 from tests.browser.helpers import console_pages, findings, small_fleet
 from tests.conftest import Personas
@@ -43,6 +46,29 @@ def test_the_sign_in_page_has_no_serious_accessibility_findings(
         assert findings(page) == []
     finally:
         page.close()
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_sign_in_page_refusing_a_throttled_account_has_no_serious_findings(
+    session: Session, tx_personas: Personas, settings: Any, width: int
+) -> None:
+    settings.SIGNIN_RATE_LIMIT = (0.001, 1)  # one attempt, then one every ~17 minutes
+    redis = counters.client()
+    for key in redis.scan_iter(f"{ratelimit._BUCKET}signin:*"):
+        redis.delete(key)
+    page = session.browser.new_page(base_url=session.base, viewport={"width": width, "height": 900})
+    try:
+        for password in ("wrong-guess", "pw-olive-123"):
+            page.goto("/login/")
+            page.get_by_label("Username").fill("olive")
+            page.get_by_label("Password").fill(password)
+            page.get_by_role("button", name="Sign in").click()
+        expect(page.get_by_role("alert")).to_contain_text("Too many sign-in attempts")
+        assert findings(page) == []
+    finally:
+        page.close()
+        for key in redis.scan_iter(f"{ratelimit._BUCKET}signin:*"):
+            redis.delete(key)
 
 
 @pytest.mark.parametrize("javascript", [True, False], ids=["js", "nojs"])

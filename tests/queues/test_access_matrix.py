@@ -18,6 +18,7 @@ from queues import access, pauses, services
 from queues.access import Actor, AgentActor, HumanActor
 from queues.models import Verb
 from switchboard.core.errors import Conflict, Forbidden, NotFound
+from tests.admission.conftest import budget
 from tests.conftest import FIXTURE, Personas
 
 PERSONAS = ["owner", "other_owner", "auditor", "admin", "pauser", "agent"]
@@ -195,14 +196,7 @@ def test_the_admin_lists_what_the_access_layer_lets_the_human_read(
     todos (payloads included), attempts, token names and ledger rows there, where the console
     and the API answer not found. Every list now asks the access layer."""
     p = personas
-    olives = admission_services.policy_set(
-        actor=p.as_human(),
-        endpoint=p.agent,
-        queue="inbox",
-        max_in_flight=None,
-        max_claims_per_window=9,
-        window={"period": "day", "tz": "UTC", "start": "00:00"},
-    )
+    olives = budget(p, per="day", limit=9)
     created = services.todo_create(
         actor=p.as_agent(), endpoint=p.agent, queue="inbox", title="olives-secret-todo"
     )
@@ -212,14 +206,7 @@ def test_the_admin_lists_what_the_access_layer_lets_the_human_read(
     services.human_token_create(user=p.owner, name="olives-token", actor=p.as_human())
     for other in (p.agent2, p.foreign):  # a list filter shows once it has two choices
         services.todo_create(actor=p.as_agent(other), endpoint=other, queue="inbox", title="x")
-    admission_services.policy_set(
-        actor=p.as_human(p.other_owner),
-        endpoint=p.foreign,
-        queue="inbox",
-        max_in_flight=1,
-        max_claims_per_window=None,
-        window=None,
-    )
+    budget(p, endpoint=p.foreign, max_in_flight=1)  # otto's own budget, set by a superuser
     user = getattr(p, name)
     user.is_staff = True
     user.save()

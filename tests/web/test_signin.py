@@ -10,7 +10,7 @@ import pytest
 from django.test import Client
 
 from switchboard.core import counters, ratelimit
-from tests.conftest import Personas
+from tests.conftest import Personas, run_threads
 
 
 @pytest.fixture(autouse=True)
@@ -73,3 +73,19 @@ def test_a_rate_of_zero_turns_the_throttle_off(personas: Personas, settings: Any
     for _ in range(15):
         assert THROTTLED not in sign_in(client, "/login/", "olive", "wrong").content.decode()
     assert sign_in(client, "/login/", "olive", "pw-olive-123").status_code == 302
+
+
+def test_racing_attempts_get_no_more_than_the_burst_past_the_throttle(
+    tx_personas: Personas, settings: Any
+) -> None:
+    """Twelve sign-ins at once on one account, each on its own thread and connection: the bucket
+    in Redis lets exactly the burst through to the password check, however they interleave."""
+    settings.SIGNIN_RATE_LIMIT = (0.001, 5)
+
+    def attempt(i: int) -> bool:
+        response = sign_in(Client(), "/login/", "olive", "wrong-guess")
+        assert response.status_code == 200
+        return THROTTLED in response.content.decode()
+
+    throttled = run_threads(12, attempt)
+    assert throttled.count(False) == 5 and throttled.count(True) == 7
