@@ -32,7 +32,13 @@ def _actor(request: HttpRequest) -> HumanActor:
 
 class AdmissionPolicyForm(ServiceModelForm):
     """Validated by ``PolicySpec.clean``, its field-named errors shown beside the field; saved by
-    ``policy_set`` (whose refusals, a rate limit say, land on the form the same way)."""
+    ``policy_set`` (whose refusals, a rate limit say, land on the form the same way).
+
+    The page carries the version of the budget it showed (``version``, hidden): the save writes
+    only over that version, so a change someone made since the page opened is not overwritten
+    unseen, and an add does not replace a budget set meanwhile."""
+
+    version = forms.CharField(widget=forms.HiddenInput, required=False)
 
     class Meta:
         model = AdmissionPolicy
@@ -52,6 +58,11 @@ class AdmissionPolicyForm(ServiceModelForm):
             "extra_windows": 'Stacked windows after the first, e.g. [{"limit": 1000, "period": '
             '"day", "tz": "Europe/Berlin", "start": "00:00"}]. Every one is charged on each claim.'
         }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        shown = None if self.instance._state.adding else self.instance
+        self.fields["version"].initial = selectors.policy_version(shown)
 
     def clean_extra_windows(self) -> list[Any]:
         windows = self.cleaned_data.get("extra_windows")
@@ -92,7 +103,10 @@ class AdmissionPolicyForm(ServiceModelForm):
         assert self.request is not None
         data = self._with_identity(self.cleaned_data)
         return services.policy_set(
-            actor=_actor(self.request), endpoint=data["endpoint"], **service_arguments(data)
+            actor=_actor(self.request),
+            endpoint=data["endpoint"],
+            expected=(data.get("version") or "",),
+            **service_arguments(data),
         )
 
 

@@ -6,6 +6,11 @@ paths below are its own).
 - ``PUT /admission/{scope}/{queue}``: create or fully replace it (body at most 16 KiB);
 - ``DELETE /admission/{scope}/{queue}``: remove it (the ledger keeps its history).
 
+A budget's ``version`` is its entity tag: GET and PUT send it as ``ETag``. PUT and DELETE honour
+``If-Match`` (write only over the version read, or ``*``: any budget) and PUT ``If-None-Match: *``
+(create only), answering 412 ``precondition_failed`` with the current ``version`` when the budget
+is not as read; nothing is written then. Without them a write is unconditional.
+
 ``{scope}`` is ``endpoint:<slug-or-id>``. Only the owning human or a superuser changes a budget;
 auditors read; foreign and unknown are both 404 ``not_found``. Handlers are thin: reads from
 ``admission.selectors``, writes through ``admission.services``.
@@ -16,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
-from ninja import Router
+from ninja import Header, Router
 from ninja.decorators import decorate_view
 
 from admission import selectors, services
@@ -29,7 +34,7 @@ from admission.schemas import (
 )
 from queues.access import HumanActor
 from queues.auth import HumanAuth
-from switchboard.core.http import ErrorOut, bounded
+from switchboard.core.http import ErrorOut, bounded, entity_tag, write_preconditions
 
 router = Router(tags=["admission"], auth=HumanAuth())
 
@@ -41,9 +46,25 @@ WRITE_ERRORS: dict[int, Any] = {
     403: ErrorOut,
     404: ErrorOut,
     409: ErrorOut,
+    412: ErrorOut,
     413: ErrorOut,
     429: ErrorOut,
 }
+
+IF_MATCH = Header(
+    None,
+    alias="If-Match",
+    description='Write only over this version (the ETag read, quoted: "…"), or * for any budget',
+)
+IF_NONE_MATCH = Header(
+    None, alias="If-None-Match", description="* : create only, where there is no budget yet"
+)
+
+
+def _preconditions(if_match: str | None, if_none_match: str | None) -> tuple[str, ...] | None:
+    return write_preconditions(
+        if_match, if_none_match, absent=selectors.NO_BUDGET, any_version=services.ANY_VERSION
+    )
 
 
 def _actor(request: HttpRequest) -> HumanActor:
@@ -71,11 +92,15 @@ def list_policies(request: HttpRequest) -> dict[str, Any]:
     response={200: PolicyDetailOut, **ONE_ERRORS},
     summary="One budget, its windows and its audit",
 )
-def get_policy(request: HttpRequest, scope: str, queue: str) -> dict[str, Any]:
+def get_policy(
+    request: HttpRequest, response: HttpResponse, scope: str, queue: str
+) -> dict[str, Any]:
     """The budget of one queue identity with its status, the last 30 windows (used, refused,
-    limit) and its ledger rows, newest first."""
+    limit) and its ledger rows, newest first. Its version is also the ETag."""
     selectors.parse_scope(scope)
-    return selectors.policy_detail(_actor(request), scope, queue)
+    detail = selectors.policy_detail(_actor(request), scope, queue)
+    response["ETag"] = entity_tag(detail["policy"]["version"])
+    return detail
 
 
 @router.put(
@@ -84,17 +109,29 @@ def get_policy(request: HttpRequest, scope: str, queue: str) -> dict[str, Any]:
     summary="Set a budget (full replace)",
 )
 @decorate_view(_policy_bounded)
-def put_policy(request: HttpRequest, scope: str, queue: str, payload: PolicyIn) -> dict[str, Any]:
+def put_policy(
+    request: HttpRequest,
+    response: HttpResponse,
+    scope: str,
+    queue: str,
+    payload: PolicyIn,
+    if_match: str | None = IF_MATCH,
+    if_none_match: str | None = IF_NONE_MATCH,
+) -> dict[str, Any]:
     """Create or replace the whole budget: limits absent from the body are removed. Audited in
     the ledger in the same transaction; a raised limit rings the queue at once. Limited to
-    POLICY_WRITE_RATE_LIMIT per human (1/s, burst 10)."""
+    POLICY_WRITE_RATE_LIMIT per human (1/s, burst 10). With If-Match (the ETag read) it writes
+    only over that version; with If-None-Match: * only where there is no budget: else 412."""
     actor = _actor(request)
     selectors.parse_scope(scope)
+    expected = _preconditions(if_match, if_none_match)
     policy = services.policy_set(
-        actor=actor, endpoint=scope, queue=queue, **payload.service_kwargs()
+        actor=actor, endpoint=scope, queue=queue, expected=expected, **payload.service_kwargs()
     )
     ev = selectors.evaluate_policy(policy)
-    return selectors.policy_status_out(policy, ev)
+    out = selectors.policy_status_out(policy, ev)
+    response["ETag"] = entity_tag(out["policy"]["version"])
+    return out
 
 
 @router.delete(
@@ -103,9 +140,13 @@ def put_policy(request: HttpRequest, scope: str, queue: str, payload: PolicyIn) 
     summary="Clear a budget",
 )
 @decorate_view(_policy_bounded)
-def delete_policy(request: HttpRequest, scope: str, queue: str) -> HttpResponse:
+def delete_policy(
+    request: HttpRequest, scope: str, queue: str, if_match: str | None = IF_MATCH
+) -> HttpResponse:
     """Remove the budget: the queue is admitted as if it never had one. The ledger keeps the
-    history, with the removed budget as ``before``."""
+    history, with the removed budget as ``before``. With If-Match, only that version (or, for
+    *, any budget): else 412."""
     selectors.parse_scope(scope)
-    services.policy_clear(actor=_actor(request), endpoint=scope, queue=queue)
+    expected = _preconditions(if_match, None)
+    services.policy_clear(actor=_actor(request), endpoint=scope, queue=queue, expected=expected)
     return HttpResponse(status=204)

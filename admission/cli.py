@@ -75,14 +75,34 @@ def register(subparsers: Any, parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_POSTURE,
         help="enforce (default), advise (admit over limit with a ledger waiver) or off",
     )
+    _if_version(set_, "none: only where there is no budget yet")
     add_common_options(set_)
     set_.set_defaults(handler=handle_set)
 
     clear = sub.add_parser("clear", help="remove a queue's budget")
     clear.add_argument("endpoint", metavar="ENDPOINT", help="an endpoint slug or id")
     clear.add_argument("queue", metavar="QUEUE")
+    _if_version(clear, "")
     add_common_options(clear)
     clear.set_defaults(handler=handle_clear)
+
+
+def _if_version(parser: argparse.ArgumentParser, more: str) -> None:
+    parser.add_argument(
+        "--if-version",
+        metavar="V",
+        help="write only over this version of the budget (its `version`, as show --json prints "
+        "it); if the budget is not as read, nothing is written (exit 1, precondition_failed)"
+        + (f"; {more}" if more else ""),
+    )
+
+
+def _expected(options: dict[str, Any]) -> tuple[str, ...] | None:
+    """``--if-version``'s condition for the service: none, a version, or "none" (no budget)."""
+    version = options.get("if_version")
+    if version is None:
+        return None
+    return (selectors.NO_BUDGET if version == "none" else version,)
 
 
 def _needs_subcommand(command: BaseCommand, options: dict[str, Any]) -> None:
@@ -166,6 +186,7 @@ def handle_set(command: BaseCommand, options: dict[str, Any]) -> None:
             window=window,
             posture=options.get("posture"),
             windows=stacked,
+            expected=_expected(options),
         )
     except DomainError as exc:
         refused(command, options, exc)
@@ -178,7 +199,10 @@ def handle_clear(command: BaseCommand, options: dict[str, Any]) -> None:
     actor = HumanActor(acting_human(options.get("as_user")), via="cli")
     try:
         before = services.policy_clear(
-            actor=actor, endpoint=options["endpoint"], queue=options["queue"]
+            actor=actor,
+            endpoint=options["endpoint"],
+            queue=options["queue"],
+            expected=_expected(options),
         )
     except DomainError as exc:
         refused(command, options, exc)

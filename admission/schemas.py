@@ -188,6 +188,10 @@ class PolicyOut(Schema):
     created_at: datetime
     updated_at: datetime
     updated_by: str
+    version: str = Field(
+        description="The budget's version: changes with every write that changes it. The REST "
+        "API sends it as the ETag; give it back in If-Match to write only over what you read"
+    )
 
 
 class StatusOut(Schema):

@@ -10,6 +10,7 @@ is ``not_found`` alike.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Iterable
 from datetime import date, datetime, time, timedelta, tzinfo
@@ -28,6 +29,7 @@ from queues import access
 from queues.access import Actor, AgentActor, HumanActor
 from queues.models import QUARANTINE_QUEUE, Endpoint, Todo, TodoState
 from switchboard.core.errors import InvalidArgument, NotFound
+from switchboard.ledger.chain import canonical_json
 from switchboard.ledger.models import LedgerEntry
 
 HISTORY_WINDOWS = 30
@@ -259,6 +261,22 @@ def policy_dict(policy: AdmissionPolicy) -> dict[str, Any]:
     return PolicySpec.of(policy).audited(policy.endpoint_id)
 
 
+# The version of "no budget" (``policy_version(None)``): what a caller that saw none expects.
+# It holds a space, which no entity tag can (RFC 9110 etagc), so no If-Match tag names it.
+NO_BUDGET = "no budget"
+
+
+def policy_version(policy: AdmissionPolicy | None) -> str:
+    """The budget's version: a digest of its definition (``policy_dict``), so it changes with
+    every write that changes the budget and with nothing else (a write that changes nothing
+    keeps it). The API's entity tag and the console's check that a save applies the change its
+    preview showed; ``NO_BUDGET`` when there is none."""
+    if policy is None:
+        return NO_BUDGET
+    digest = hashlib.sha256(canonical_json(policy_dict(policy)).encode())
+    return digest.hexdigest()[:20]
+
+
 def describe_window(policy: AdmissionPolicy) -> str | None:
     if policy.window_period is None:
         return None
@@ -287,6 +305,7 @@ def policy_out(policy: AdmissionPolicy) -> dict[str, Any]:
         "created_at": policy.created_at,
         "updated_at": policy.updated_at,
         "updated_by": policy.updated_by.get_username() if policy.updated_by_id else "",
+        "version": policy_version(policy),
     }
 
 

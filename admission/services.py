@@ -14,9 +14,9 @@ admitted it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -34,7 +34,13 @@ from queues.access import Actor, AgentActor
 from queues.models import Endpoint, EndpointState, Verb
 from queues.sql import gated
 from switchboard.core import counters, ratelimit
-from switchboard.core.errors import Conflict, InvalidArgument, NotFound, RateLimited
+from switchboard.core.errors import (
+    Conflict,
+    InvalidArgument,
+    NotFound,
+    PreconditionFailed,
+    RateLimited,
+)
 from switchboard.ledger import chain as ledger
 from switchboard.ledger.models import LedgerKind
 
@@ -83,10 +89,12 @@ def policy_set(
     window: Mapping[str, Any] | None,
     posture: str | None = Posture.ENFORCE,
     windows: Sequence[Mapping[str, Any]] | None = None,
+    expected: Collection[str] | None = None,
 ) -> AdmissionPolicy:
     """Create or fully replace the budget of one queue identity (the numbered steps above).
 
-    A write that changes nothing stores nothing and appends no ledger row.
+    A write that changes nothing stores nothing and appends no ledger row. ``expected``: write
+    only over one of these versions (``_check_expected``), checked under the row lock.
     """
     access.check_actor(actor)
     target = selectors.endpoint_for(actor, endpoint, write=True)  # 1
@@ -105,7 +113,7 @@ def policy_set(
     human = _accountable(actor, target)
     try:
         with transaction.atomic():  # 4
-            policy, was_admitted = _write(actor, target, spec, human)
+            policy, was_admitted = _write(actor, target, spec, human, expected)
     except IntegrityError as exc:
         raise _constraint_refusal(exc) from None
     transaction.on_commit(  # 5
@@ -115,10 +123,15 @@ def policy_set(
 
 
 def _write(
-    actor: Actor, target: Endpoint, spec: PolicySpec, human: Any
+    actor: Actor,
+    target: Endpoint,
+    spec: PolicySpec,
+    human: Any,
+    expected: Collection[str] | None,
 ) -> tuple[AdmissionPolicy, bool]:
     """Step 4 of policy_set: lock (or create) the row, change it, append the ledger row."""
     existing = _lock(target, spec.queue)
+    _check_expected(existing, expected, target, spec.queue)
     if existing is None:
         try:
             with transaction.atomic():
@@ -135,6 +148,7 @@ def _write(
             # Another writer created it first; its row is committed now, so lock and update it.
             existing = _lock(target, spec.queue)
             assert existing is not None
+            _check_expected(existing, expected, target, spec.queue)
         else:
             ledger.append(
                 kind=LedgerKind.POLICY_CREATE,
@@ -163,6 +177,45 @@ def _write(
         after=after,
     )
     return existing, was_admitted
+
+
+# ``expected``'s member for "any budget" (HTTP's ``If-Match: *``); a space, like NO_BUDGET's, so
+# no entity tag (a quoted "*" included) can stand for it.
+ANY_VERSION = "any budget"
+
+
+def _check_expected(
+    existing: AdmissionPolicy | None,
+    expected: Collection[str] | None,
+    target: Endpoint,
+    queue: str,
+) -> None:
+    """Refuse a conditional write whose budget is not as its writer read it.
+
+    ``expected`` holds the versions the writer will write over (``selectors.policy_version``):
+    ``selectors.NO_BUDGET`` for none, ``ANY_VERSION`` for any budget. None: write whatever is
+    there. Called with the row locked (or known absent under the identity's unique key), so no
+    write lands between the check and the change.
+    """
+    if expected is None:
+        return
+    version = selectors.policy_version(existing)
+    if version in expected or (existing is not None and ANY_VERSION in expected):
+        return
+    identity = f"endpoint:{target.slug}/{queue}"
+    if existing is None:
+        message = f"the budget of {identity} was cleared since it was read: nothing was written"
+    else:
+        who = existing.updated_by.get_username() if existing.updated_by_id else "someone"
+        when = existing.updated_at.astimezone(UTC).isoformat(timespec="seconds")
+        if selectors.NO_BUDGET in expected:
+            message = f"{identity} has a budget now (set by {who} at {when}): nothing was written"
+        else:
+            message = (
+                f"the budget of {identity} changed since it was read (last changed by {who} at "
+                f"{when}): nothing was written; read it again"
+            )
+    raise PreconditionFailed(message, scope=f"endpoint:{target.slug}", queue=queue, version=version)
 
 
 def _lock(endpoint: Endpoint, queue: str) -> AdmissionPolicy | None:
@@ -195,14 +248,22 @@ def _constraint_refusal(exc: IntegrityError) -> InvalidArgument:
     return InvalidArgument(f"the database refused the policy ({name})", field=field)
 
 
-def policy_clear(*, actor: Actor, endpoint: Endpoint | str, queue: str) -> dict[str, Any]:
-    """Remove a queue identity's budget; the ledger keeps its history. Returns what was removed."""
+def policy_clear(
+    *,
+    actor: Actor,
+    endpoint: Endpoint | str,
+    queue: str,
+    expected: Collection[str] | None = None,
+) -> dict[str, Any]:
+    """Remove a queue identity's budget; the ledger keeps its history. Returns what was removed.
+    ``expected``: clear only one of these versions, as ``policy_set``."""
     access.check_actor(actor)
     target = selectors.endpoint_for(actor, endpoint, write=True)
     access.check_policy_write(actor, target, queue, Verb.CLEAR_ADMISSION_POLICY)
     _take_write_token(actor)
     with transaction.atomic():
         existing = _lock(target, queue)
+        _check_expected(existing, expected, target, queue)
         if existing is None:
             raise NotFound(
                 f"no budget on endpoint:{target.slug}/{queue}",

@@ -39,7 +39,13 @@ from admission.models import AdmissionPolicy
 from admission.policy import PolicySpec
 from queues.access import Viewer
 from queues.models import Endpoint, check_queue_name
-from switchboard.core.errors import DomainError, Forbidden, InvalidArgument, NotFound
+from switchboard.core.errors import (
+    DomainError,
+    Forbidden,
+    InvalidArgument,
+    NotFound,
+    PreconditionFailed,
+)
 from switchboard.core.pages import HtmxHttpRequest, console_login_required, identity_key, refusal
 from switchboard.core.zones import zone_named, zones
 from switchboard.ledger import chain as ledger
@@ -138,30 +144,59 @@ def budget_view(request: HttpRequest, slug: str, queue: str) -> HttpResponse:
             else:
                 token = _preview_token(kwargs)
                 if request.POST.get("action") == "save" and request.POST.get("previewed") == token:
+                    # The save applies the change the preview showed, or nothing: it writes only
+                    # over the budget's version the preview compared with.
+                    seen = request.POST.get("version", "")
                     try:
                         services.policy_set(
-                            actor=viewer.actor, endpoint=endpoint, queue=queue, **kwargs
+                            actor=viewer.actor,
+                            endpoint=endpoint,
+                            queue=queue,
+                            expected=(seen,),
+                            **kwargs,
                         )
                     except (Forbidden, NotFound) as exc:
                         return refusal(request, exc)
                     except InvalidArgument as exc:
                         form.add_domain_error(exc.field, exc.message)
+                    except PreconditionFailed:
+                        policy = _policy(endpoint, queue)
+                        context["changed"] = _what_changed(seen, policy)
+                        context |= _preview_context(endpoint, queue, policy, spec, token)
                     except DomainError as exc:
                         form.add_error(None, exc.message)
                     else:
                         messages.success(request, f"Budget saved for {queue} on {endpoint.slug}.")
                         return HttpResponseRedirect(_board_anchor(endpoint, queue))
                 else:
-                    context["preview"] = preview(endpoint, queue, policy, spec)
-                    context["previewed"] = token
+                    context |= _preview_context(endpoint, queue, policy, spec, token)
     else:
         form = PolicyForm(
             initial=PolicyForm.initial_for(policy, viewer.tz_name),
             rows=PolicyForm.rows_for(policy),
         )
-    status = 400 if form.has_errors else 200
+    status = 400 if form.has_errors else 409 if context.get("changed") else 200
     context = _budget_context(viewer, endpoint, queue, policy, form, can_write, context)
     return render(request, "admission/budget.html", context, status=status)
+
+
+def _preview_context(
+    endpoint: Endpoint, queue: str, policy: AdmissionPolicy | None, spec: PolicySpec, token: str
+) -> dict[str, Any]:
+    """The preview, its token and the version of the budget it compared with (the save's
+    condition)."""
+    return {
+        "preview": preview(endpoint, queue, policy, spec),
+        "previewed": token,
+        "version": admission_selectors.policy_version(policy),
+    }
+
+
+def _what_changed(seen: str, policy: AdmissionPolicy | None) -> str:
+    """How the budget moved since the preview the save came from: cleared, created, changed."""
+    if policy is None:
+        return "cleared"
+    return "created" if seen == admission_selectors.NO_BUDGET else "changed"
 
 
 def _budget_context(
@@ -223,9 +258,21 @@ def budget_clear_view(request: HttpRequest, slug: str, queue: str) -> HttpRespon
         return refusal(request, NotFound(f"no budget on endpoint:{endpoint.slug}/{queue}"))
     if request.method == "POST":
         try:
-            services.policy_clear(actor=viewer.actor, endpoint=endpoint, queue=queue)
+            services.policy_clear(
+                actor=viewer.actor,
+                endpoint=endpoint,
+                queue=queue,
+                expected=(request.POST.get("version", ""),),
+            )
         except (Forbidden, NotFound) as exc:
             return refusal(request, exc)
+        except PreconditionFailed:
+            messages.error(
+                request,
+                "Not cleared: the budget changed after this page was opened. "
+                "Here it is as it is now; clear it again if you still mean to.",
+            )
+            return HttpResponseRedirect(reverse("budget_clear", args=[endpoint.slug, queue]))
         except DomainError as exc:
             messages.error(request, exc.message)
             return HttpResponseRedirect(reverse("budget_clear", args=[endpoint.slug, queue]))
@@ -241,6 +288,7 @@ def budget_clear_view(request: HttpRequest, slug: str, queue: str) -> HttpRespon
             "policy": policy,
             "window_description": admission_selectors.describe_window(policy),
             "board_anchor": _board_anchor(endpoint, queue),
+            "version": admission_selectors.policy_version(policy),
         },
     )
 

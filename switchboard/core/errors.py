@@ -56,6 +56,14 @@ class Conflict(DomainError):
     status = 409
 
 
+class PreconditionFailed(DomainError):
+    """A conditional write whose condition no longer holds: the thing changed since the caller
+    read it (HTTP's If-Match / If-None-Match, the console's preview). Nothing was written."""
+
+    code = "precondition_failed"
+    status = 412
+
+
 class Deferred(DomainError):
     """A claim refused by admission: wait until next_eligible_at, don't pick another todo."""
 

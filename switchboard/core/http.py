@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from functools import wraps
@@ -55,6 +56,68 @@ def json_response(body: dict[str, Any], *, status: int) -> HttpResponse:
 
 
 API_BODY_LIMIT = 1024 * 1024
+
+
+# --- conditional writes (RFC 9110 section 13.1: If-Match, If-None-Match) ------------------------
+
+# One member of an entity-tag list: an optional weak mark, then the quoted tag.
+_ENTITY_TAG = re.compile(r'[ \t]*(W/)?"([\x21\x23-\x7e\x80-\xff]*)"[ \t]*(?:,|$)')
+_LIST_GAP = re.compile(r"[ \t]*,")
+
+
+def entity_tag(version: str) -> str:
+    """A version as a strong entity tag (the ETag header's value)."""
+    return f'"{version}"'
+
+
+def _entity_tags(value: str, header: str) -> tuple[str, ...]:
+    """The strong tags of an If-Match list. A weak tag never matches under the strong comparison
+    a write needs, so it is dropped (a list of weak tags alone matches nothing)."""
+    tags: list[str] = []
+    at = 0
+    while at < len(value):
+        gap = _LIST_GAP.match(value, at)  # an empty member, allowed by the list syntax
+        if gap is not None:
+            at = gap.end()
+            continue
+        match = _ENTITY_TAG.match(value, at)
+        if match is None or match.end() == at:
+            raise InvalidArgument(
+                f'{header} must be * or a list of quoted entity tags such as "{"0" * 20}"',
+                field=header,
+            )
+        if match[1] is None:
+            tags.append(match[2])
+        at = match.end()
+    if not tags and not value.strip(" \t,"):
+        raise InvalidArgument(f"{header} is empty", field=header)
+    return tuple(tags)
+
+
+def write_preconditions(
+    if_match: str | None, if_none_match: str | None, *, absent: str, any_version: str
+) -> tuple[str, ...] | None:
+    """The versions a conditional write may replace, from its If-Match / If-None-Match headers.
+
+    None when neither is sent (write whatever is there). ``If-Match: *``: ``any_version`` (any
+    current version); ``If-Match: "v1", "v2"``: those; ``If-None-Match: *``: ``absent`` (only
+    where there is none yet). A malformed header, both at once, or an If-None-Match other than
+    ``*`` (which a write cannot use) is ``invalid_argument`` naming the header.
+    """
+    if if_match is not None and if_none_match is not None:
+        raise InvalidArgument("send If-Match or If-None-Match, not both", field="If-None-Match")
+    if if_match is not None:
+        if if_match.strip(" \t") == "*":
+            return (any_version,)
+        return _entity_tags(if_match, "If-Match")
+    if if_none_match is not None:
+        if if_none_match.strip(" \t") != "*":
+            raise InvalidArgument(
+                "a write takes only If-None-Match: * (create only where there is none)",
+                field="If-None-Match",
+            )
+        return (absent,)
+    return None
 
 
 class BodyTooLarge(InvalidArgument):

@@ -232,8 +232,23 @@ def test_the_budget_api_needs_a_human(personas: Personas) -> None:
 def test_the_openapi_document_declares_every_status(personas: Personas) -> None:
     doc = human(personas.owner).get("/api/v1/openapi.json").json()
     ops = doc["paths"]["/api/v1/admission/{scope}/{queue}"]
-    assert set(ops["put"]["responses"]) == {"200", "400", "401", "403", "404", "409", "413", "429"}
-    assert set(ops["delete"]["responses"]) >= {"204", "404", "429"}
+    assert set(ops["put"]["responses"]) == {
+        "200",
+        "400",
+        "401",
+        "403",
+        "404",
+        "409",
+        "412",
+        "413",
+        "429",
+    }
+    assert set(ops["delete"]["responses"]) >= {"204", "404", "412", "429"}
+    headers = {
+        verb: {p["name"] for p in ops[verb]["parameters"] if p["in"] == "header"}
+        for verb in ("put", "delete")
+    }
+    assert headers == {"put": {"If-Match", "If-None-Match"}, "delete": {"If-Match"}}
     assert set(ops["get"]["responses"]) == {"200", "400", "401", "403", "404"}
     assert set(doc["paths"]["/api/v1/admission"]["get"]["responses"]) == {"200", "401", "403"}
 

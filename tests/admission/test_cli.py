@@ -151,6 +151,61 @@ def test_clear_removes_a_budget_and_a_second_clear_is_refused(personas: Personas
     assert code == 1 and "not_found" in err
 
 
+def test_if_version_writes_only_over_the_version_read(personas: Personas) -> None:
+    p = personas
+    code, _, err = run(
+        "set",
+        p.agent.slug,
+        "inbox",
+        "--max-in-flight",
+        "1",
+        "--if-version",
+        "0" * 20,
+        "--json",
+        "--as",
+        "olive",
+    )
+    assert code == 1 and json.loads(err)["code"] == "precondition_failed"
+    assert not AdmissionPolicy.objects.exists()
+    code, out, _ = run(
+        "set",
+        p.agent.slug,
+        "inbox",
+        "--max-in-flight",
+        "1",
+        "--if-version",
+        "none",
+        "--json",
+        "--as",
+        "olive",
+    )
+    assert code == 0
+    read = json.loads(out)["policy"]["version"]
+    code, _, err = run(
+        "set",
+        p.agent.slug,
+        "inbox",
+        "--max-in-flight",
+        "2",
+        "--if-version",
+        "none",
+        "--as",
+        "olive",
+    )
+    assert code == 1 and "has a budget now" in err
+    budget(p, max_in_flight=5)  # someone else's change
+    for args in (("set", "--max-in-flight", "9"), ("clear",)):
+        code, _, err = run(
+            args[0], p.agent.slug, "inbox", *args[1:], "--if-version", read, "--as", "olive"
+        )
+        assert code == 1 and "changed since it was read" in err, args
+    assert AdmissionPolicy.objects.get().max_in_flight == 5
+    code, out, _ = run("show", p.agent.slug, "inbox", "--json", "--as", "olive")
+    now = json.loads(out)["policies"][0]["policy"]["version"]
+    code, _, _ = run("clear", p.agent.slug, "inbox", "--if-version", now, "--as", "olive")
+    assert code == 0 and not AdmissionPolicy.objects.exists()
+
+
 def test_a_window_flag_without_a_window_limit_is_a_usage_error(personas: Personas) -> None:
     code, _, _ = run("set", personas.agent.slug, "inbox", "--tz", "UTC", "--as", "olive")
     assert code == 2

@@ -63,7 +63,16 @@ def policy_form(**overrides: Any) -> dict[str, str]:
     return form
 
 
-def previewed(html: str) -> str:
+def previewed(html: str) -> dict[str, str]:
+    """What the preview's page sends with its save: the preview's token and the version of the
+    budget it compared with."""
     match = re.search(r'name="previewed" value="([^"]+)"', html)
     assert match, "the page shows no preview"
+    return {"previewed": match.group(1), "version": hidden_version(html)}
+
+
+def hidden_version(html: str) -> str:
+    """The budget version a console or admin page carries in its hidden ``version`` field."""
+    match = re.search(r'name="version" value="([^"]+)"', html)
+    assert match, "the page carries no version"
     return match.group(1)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 from django.db import connection
 
+from admission import services as admission_services
 from admission.models import AdmissionPolicy
 from queues import services
 from queues.models import EndpointState
 from tests.conftest import FIXTURE, Personas, audit_rows, push
-from tests.web.conftest import budget, policy_form, previewed, signed_in
+from tests.web.conftest import budget, hidden_version, policy_form, previewed, signed_in
 
 
 def test_the_editor_starts_on_the_first_field_with_sensible_defaults(personas: Personas) -> None:
@@ -33,14 +36,12 @@ def test_saving_takes_a_preview_first_and_lands_in_the_ledger(personas: Personas
     # A save whose values differ from the preview's is previewed again, not saved.
     changed = client.post(
         "/budgets/agent/inbox",
-        policy_form(max_in_flight="3", action="save", previewed=previewed(html)),
+        policy_form(max_in_flight="3", action="save", **previewed(html)),
     )
     assert changed.status_code == 200 and not AdmissionPolicy.objects.exists()
     saved = client.post(
         "/budgets/agent/inbox",
-        policy_form(
-            max_in_flight="3", action="save", previewed=previewed(changed.content.decode())
-        ),
+        policy_form(max_in_flight="3", action="save", **previewed(changed.content.decode())),
     )
     assert saved.status_code == 302 and saved["Location"] == "/#edit-agent--inbox"
     policy = AdmissionPolicy.objects.get()
@@ -108,8 +109,7 @@ def test_a_revoked_endpoint_refuses_a_new_budget_as_a_form_error(personas: Perso
     assert p.agent.state == EndpointState.REVOKED
     client = signed_in(p.owner)
     html = client.post("/budgets/agent/inbox", policy_form()).content.decode()
-    token = previewed(html)
-    refused = client.post("/budgets/agent/inbox", policy_form(action="save", previewed=token))
+    refused = client.post("/budgets/agent/inbox", policy_form(action="save", **previewed(html)))
     assert refused.status_code == 400 and "revoked" in refused.content.decode()
 
 
@@ -123,7 +123,9 @@ def test_clearing_asks_first_then_goes_through_the_service(personas: Personas) -
         and "Clear the budget of inbox on agent?" in confirm.content.decode()
     )
     assert AdmissionPolicy.objects.exists()
-    response = client.post("/budgets/agent/inbox/clear")
+    response = client.post(
+        "/budgets/agent/inbox/clear", {"version": hidden_version(confirm.content.decode())}
+    )
     assert response.status_code == 302 and response["Location"] == "/#edit-agent--inbox"
     assert not AdmissionPolicy.objects.exists()
     assert audit_rows().filter(kind="policy.delete").count() == 1
@@ -197,3 +199,103 @@ def test_a_number_that_is_not_one_and_a_bad_zone_are_both_named(personas: Person
     assert '<a href="#id_max_in_flight">Max in flight</a>: Enter a whole number.' in html
     assert '<a href="#id_window_tz">Zone</a>:' in html
     assert 'list="zones"' in html and '<datalist id="zones">' in html
+
+
+# --- a save applies what its preview showed, or nothing ------------------------------------------
+
+
+def someone_else_sets(p: Personas, max_in_flight: int) -> AdmissionPolicy:
+    return admission_services.policy_set(
+        actor=p.as_human(p.admin),
+        endpoint=p.agent,
+        queue="inbox",
+        max_in_flight=max_in_flight,
+        max_claims_per_window=None,
+        window=None,
+    )
+
+
+def diff_row(html: str, field: str) -> tuple[str, str]:
+    """The preview's "Now" and "After" cells of one changed field."""
+    match = re.search(
+        rf'<th scope="row">{field}</th><td class="old">([^<]*)</td><td class="new">([^<]*)</td>',
+        html,
+    )
+    assert match, f"the preview shows no change of {field}"
+    return match.group(1), match.group(2)
+
+
+def test_a_save_after_someone_else_changed_the_budget_previews_again_and_writes_nothing(
+    personas: Personas,
+) -> None:
+    p = personas
+    budget(p, max_in_flight=2)
+    client = signed_in(p.owner)
+    client.cookies["tz"] = "Europe/Berlin"
+    form = policy_form(max_in_flight="3", max_claims_per_window="", window_period="")
+    html = client.post("/budgets/agent/inbox", form).content.decode()
+    assert diff_row(html, "max_in_flight") == ("2", "3")
+    someone_else_sets(p, 5)
+    rows = audit_rows().count()
+    stale = client.post("/budgets/agent/inbox", {**form, "action": "save", **previewed(html)})
+    page = stale.content.decode()
+    assert stale.status_code == 409
+    assert "<strong>Not saved.</strong> ada changed this budget at " in page
+    assert " CET, after your preview." in page  # in the viewer's zone
+    assert diff_row(page, "max_in_flight") == ("5", "3")  # the diff against the budget now
+    assert AdmissionPolicy.objects.get().max_in_flight == 5
+    assert audit_rows().count() == rows
+    saved = client.post("/budgets/agent/inbox", {**form, "action": "save", **previewed(page)})
+    assert saved.status_code == 302
+    assert AdmissionPolicy.objects.get().max_in_flight == 3
+    row = audit_rows().latest("seq")
+    assert row.before is not None and row.after is not None
+    assert (row.before["max_in_flight"], row.after["max_in_flight"]) == (5, 3)
+
+
+def test_a_save_after_the_budget_was_cleared_or_set_meanwhile_is_not_applied(
+    personas: Personas,
+) -> None:
+    p = personas
+    client = signed_in(p.owner)
+    form = policy_form(max_in_flight="3", max_claims_per_window="", window_period="")
+    # Previewed over no budget; someone sets one; the save would have replaced it unseen.
+    html = client.post("/budgets/agent/inbox", form).content.decode()
+    someone_else_sets(p, 5)
+    response = client.post("/budgets/agent/inbox", {**form, "action": "save", **previewed(html)})
+    assert response.status_code == 409 and "ada set a budget here at " in response.content.decode()
+    assert AdmissionPolicy.objects.get().max_in_flight == 5
+    # Previewed over that budget; someone clears it; the save would have made a new one unseen.
+    html = client.post("/budgets/agent/inbox", form).content.decode()
+    admission_services.policy_clear(actor=p.as_human(p.admin), endpoint=p.agent, queue="inbox")
+    response = client.post("/budgets/agent/inbox", {**form, "action": "save", **previewed(html)})
+    assert response.status_code == 409
+    assert "This budget was cleared after your preview." in response.content.decode()
+    assert not AdmissionPolicy.objects.exists()
+    # A save that carries no version at all is previewed again too.
+    html = response.content.decode()
+    token = previewed(html)["previewed"]
+    bare = client.post("/budgets/agent/inbox", {**form, "action": "save", "previewed": token})
+    assert bare.status_code == 409 and not AdmissionPolicy.objects.exists()
+
+
+def test_a_clear_confirmed_before_someone_changed_the_budget_clears_nothing(
+    personas: Personas,
+) -> None:
+    p = personas
+    budget(p, max_in_flight=2)
+    client = signed_in(p.owner)
+    confirm = client.get("/budgets/agent/inbox/clear").content.decode()
+    assert "Today it allows 2 in flight" in confirm
+    someone_else_sets(p, 5)
+    response = client.post(
+        "/budgets/agent/inbox/clear", {"version": hidden_version(confirm)}, follow=True
+    )
+    assert response.redirect_chain == [("/budgets/agent/inbox/clear", 302)]
+    page = response.content.decode()
+    assert "Not cleared: the budget changed after this page was opened." in page
+    assert "Today it allows 5 in flight" in page  # the page again, as the budget is now
+    assert AdmissionPolicy.objects.get().max_in_flight == 5
+    assert audit_rows().filter(kind="policy.delete").count() == 0
+    cleared = client.post("/budgets/agent/inbox/clear", {"version": hidden_version(page)})
+    assert cleared.status_code == 302 and not AdmissionPolicy.objects.exists()

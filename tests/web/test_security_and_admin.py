@@ -9,10 +9,11 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 
 from admission.models import AdmissionPolicy, AdmissionWindow
+from admission.selectors import NO_BUDGET
 from queues import services
 from queues.models import QueuePause, Todo, TodoState
 from tests.conftest import Personas, audit_rows, push
-from tests.web.conftest import budget, policy_form, signed_in
+from tests.web.conftest import budget, hidden_version, policy_form, signed_in
 
 
 def _pages(p: Personas) -> list[str]:
@@ -161,6 +162,7 @@ def test_the_ledger_is_read_only_in_the_admin_even_for_a_superuser(personas: Per
 def admin_budget_form(p: Personas) -> dict[str, str]:
     """The admin's add form for a budget of 3 in flight on the agent's inbox."""
     return {
+        "version": NO_BUDGET,  # what the add page carries: it showed no budget
         "endpoint": str(p.agent.id),
         "queue": "inbox",
         "max_in_flight": "3",
@@ -171,6 +173,15 @@ def admin_budget_form(p: Personas) -> dict[str, str]:
         "window_weekday": "",
         "posture": "enforce",
     }
+
+
+def admin_change_form(
+    client: Client, policy: AdmissionPolicy, add: dict[str, str]
+) -> dict[str, str]:
+    """``add``'s values as the change page posts them: no identity, the version it showed."""
+    page = client.get(f"/admin/admission/admissionpolicy/{policy.pk}/change/").content.decode()
+    kept = {k: v for k, v in add.items() if k not in ("endpoint", "queue")}
+    return {**kept, "version": hidden_version(page)}
 
 
 def test_budgets_changed_in_the_admin_go_through_the_service_and_the_ledger(
@@ -196,7 +207,7 @@ def test_budgets_changed_in_the_admin_go_through_the_service_and_the_ledger(
     assert policy.max_in_flight == 3
     assert audit_rows().get().kind == "policy.create"
     assert audit_rows().get().actor_human_name == "ada"
-    change = {k: v for k, v in form.items() if k not in ("endpoint", "queue")}
+    change = admin_change_form(client, policy, form)
     response = client.post(
         f"/admin/admission/admissionpolicy/{policy.pk}/change/", {**change, "max_in_flight": "4"}
     )
@@ -210,6 +221,37 @@ def test_budgets_changed_in_the_admin_go_through_the_service_and_the_ledger(
     kinds = list(audit_rows().values_list("kind", flat=True))
     assert kinds == ["policy.create", "policy.update", "policy.delete"]
     assert not AdmissionWindow.objects.exists()
+
+
+def test_an_admin_save_over_a_budget_changed_since_the_page_opened_is_refused(
+    personas: Personas,
+) -> None:
+    p = personas
+    client = signed_in(p.admin)
+    form = admin_budget_form(p)
+    add_page = client.get("/admin/admission/admissionpolicy/add/").content.decode()
+    assert hidden_version(add_page) == NO_BUDGET
+    budget(p, max_in_flight=5)  # olive sets one while the add page is open
+    response = client.post("/admin/admission/admissionpolicy/add/", form)
+    assert response.status_code == 200
+    # The model's unique check says so first; the service's version check stands behind it.
+    assert "with this Endpoint and Queue already exists" in response.content.decode()
+    policy = AdmissionPolicy.objects.get()
+    assert policy.max_in_flight == 5  # the add did not replace it
+    change = admin_change_form(client, policy, form)
+    budget(p, max_in_flight=6)  # and changes it while the change page is open
+    rows = audit_rows().count()
+    response = client.post(
+        f"/admin/admission/admissionpolicy/{policy.pk}/change/", {**change, "max_in_flight": "4"}
+    )
+    assert response.status_code == 200
+    assert "changed since it was read (last changed by olive at " in response.content.decode()
+    assert AdmissionPolicy.objects.get().max_in_flight == 6 and audit_rows().count() == rows
+    response = client.post(
+        f"/admin/admission/admissionpolicy/{policy.pk}/change/",
+        {**admin_change_form(client, policy, form), "max_in_flight": "4"},
+    )
+    assert response.status_code == 302 and AdmissionPolicy.objects.get().max_in_flight == 4
 
 
 def test_a_budget_write_the_service_refuses_is_shown_and_nothing_changes(
@@ -241,7 +283,7 @@ def test_a_budget_write_the_service_refuses_is_shown_and_nothing_changes(
     assert response.status_code == 200
     assert "too many budget changes" in response.content.decode()
     assert "added successfully" not in response.content.decode()
-    change = {k: v for k, v in form.items() if k not in ("endpoint", "queue")}
+    change = admin_change_form(client, policy, form)
     response = client.post(
         f"/admin/admission/admissionpolicy/{policy.pk}/change/", {**change, "max_in_flight": "9"}
     )

@@ -1,0 +1,285 @@
+"""A budget's version: conditional writes through the service, raced on real connections, and
+the API's ETag, If-Match and If-None-Match.
+
+Two operators who read a budget and change it at once must not overwrite each other unseen: a
+write that names the version it read lands only over that version, checked under the budget's
+row lock."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connections
+
+from admission import selectors, services
+from admission.models import AdmissionPolicy
+from switchboard.core.errors import PreconditionFailed
+from switchboard.ledger.models import LedgerKind
+from tests.admission.conftest import budget
+from tests.admission.test_api import human, one
+from tests.conftest import Personas, audit_rows, database_url, lock_waiters, run_threads
+
+
+def set_as(p: Personas, max_in_flight: int, expected: Any = None) -> AdmissionPolicy:
+    return services.policy_set(
+        actor=p.as_human(),
+        endpoint=p.agent,
+        queue="inbox",
+        max_in_flight=max_in_flight,
+        max_claims_per_window=None,
+        window=None,
+        expected=expected,
+    )
+
+
+def current() -> AdmissionPolicy | None:
+    return AdmissionPolicy.objects.filter(queue="inbox").first()
+
+
+# --- the version ---------------------------------------------------------------------------------
+
+
+def test_the_version_changes_with_the_definition_and_with_nothing_else(personas: Personas) -> None:
+    p = personas
+    assert selectors.policy_version(None) == selectors.NO_BUDGET
+    first = selectors.policy_version(budget(p, max_in_flight=2))
+    assert len(first) == 20 and first != selectors.NO_BUDGET
+    again = budget(p, max_in_flight=2)  # changes nothing: no ledger row, the same version
+    assert selectors.policy_version(again) == first
+    assert audit_rows().filter(kind=LedgerKind.POLICY_UPDATE).count() == 0
+    changed = budget(p, max_in_flight=3)
+    assert selectors.policy_version(changed) not in (first, selectors.NO_BUDGET)
+    assert selectors.policy_version(budget(p, max_in_flight=2)) == first  # as it was: as it was
+    assert selectors.policy_out(changed)["version"] == selectors.policy_version(changed)
+
+
+# --- conditional writes through the service ------------------------------------------------------
+
+
+def test_a_write_over_a_version_that_moved_writes_nothing(personas: Personas) -> None:
+    p = personas
+    read = selectors.policy_version(budget(p, max_in_flight=2))
+    moved = budget(p, max_in_flight=5)  # someone else's change, after the read
+    rows = audit_rows().count()
+    with pytest.raises(PreconditionFailed) as refused:
+        set_as(p, 9, expected=(read,))
+    assert refused.value.status == 412 and refused.value.code == "precondition_failed"
+    assert refused.value.details["version"] == selectors.policy_version(moved)
+    assert "changed since it was read (last changed by olive at " in refused.value.message
+    assert current() is not None and current().max_in_flight == 5  # type: ignore[union-attr]
+    assert audit_rows().count() == rows
+    # The version read now is the one to write over.
+    written = set_as(p, 9, expected=(selectors.policy_version(moved),))
+    assert written.max_in_flight == 9
+    assert audit_rows().count() == rows + 1
+
+
+def test_create_only_and_any_budget_mean_what_they_say(personas: Personas) -> None:
+    p = personas
+    with pytest.raises(PreconditionFailed, match="was cleared since it was read"):
+        set_as(p, 1, expected=(services.ANY_VERSION,))  # If-Match: * with no budget
+    with pytest.raises(PreconditionFailed, match="was cleared since it was read"):
+        set_as(p, 1, expected=("0" * 20,))
+    assert current() is None and audit_rows().count() == 0
+    set_as(p, 1, expected=(selectors.NO_BUDGET,))  # If-None-Match: * with none: created
+    with pytest.raises(PreconditionFailed, match="has a budget now"):
+        set_as(p, 2, expected=(selectors.NO_BUDGET,))
+    set_as(p, 3, expected=(services.ANY_VERSION,))
+    assert current().max_in_flight == 3  # type: ignore[union-attr]
+    # A list: any member will do.
+    set_as(p, 4, expected=("0" * 20, selectors.policy_version(current())))
+    assert current().max_in_flight == 4  # type: ignore[union-attr]
+
+
+def test_a_clear_over_a_version_that_moved_clears_nothing(personas: Personas) -> None:
+    p = personas
+    read = selectors.policy_version(budget(p, max_in_flight=2))
+    budget(p, max_in_flight=5)
+    with pytest.raises(PreconditionFailed):
+        services.policy_clear(actor=p.as_human(), endpoint=p.agent, queue="inbox", expected=(read,))
+    assert current() is not None
+    assert audit_rows().filter(kind=LedgerKind.POLICY_DELETE).count() == 0
+    services.policy_clear(
+        actor=p.as_human(),
+        endpoint=p.agent,
+        queue="inbox",
+        expected=(selectors.policy_version(current()),),
+    )
+    assert current() is None
+    with pytest.raises(PreconditionFailed, match="was cleared since it was read"):
+        services.policy_clear(actor=p.as_human(), endpoint=p.agent, queue="inbox", expected=(read,))
+
+
+# --- raced on real connections -------------------------------------------------------------------
+
+
+def test_of_eight_writers_over_one_version_exactly_one_lands(tx_personas: Personas) -> None:
+    p = tx_personas
+    read = selectors.policy_version(budget(p, max_in_flight=1))
+
+    def write(i: int) -> str:
+        try:
+            set_as(p, 10 + i, expected=(read,))
+        except PreconditionFailed:
+            return "refused"
+        return "written"
+
+    outcomes = run_threads(8, write)
+    assert sorted(outcomes) == ["refused"] * 7 + ["written"]
+    winner = 10 + outcomes.index("written")
+    assert current().max_in_flight == winner  # type: ignore[union-attr]
+    assert audit_rows().filter(kind=LedgerKind.POLICY_UPDATE).count() == 1
+
+
+def test_of_eight_creators_only_where_there_is_none_exactly_one_creates(
+    tx_personas: Personas,
+) -> None:
+    p = tx_personas
+
+    def create(i: int) -> str:
+        try:
+            set_as(p, 10 + i, expected=(selectors.NO_BUDGET,))
+        except PreconditionFailed:
+            return "refused"
+        return "created"
+
+    outcomes = run_threads(8, create)
+    assert sorted(outcomes) == ["created"] + ["refused"] * 7
+    assert current().max_in_flight == 10 + outcomes.index("created")  # type: ignore[union-attr]
+    assert list(audit_rows().values_list("kind", flat=True)) == [LedgerKind.POLICY_CREATE]
+
+
+def test_the_version_is_checked_under_the_row_lock(tx_personas: Personas) -> None:
+    """Writers that read the version while another transaction holds the budget's row, and
+    change it there, must all be refused once it commits: a check made before the lock would
+    pass them all (the version unchanged when they looked) and each would overwrite."""
+    p = tx_personas
+    policy = budget(p, max_in_flight=1)
+    read = selectors.policy_version(policy)
+    outcomes: list[str] = []
+
+    def write(i: int) -> None:
+        try:
+            set_as(p, 20 + i, expected=(read,))
+            outcomes.append("written")
+        except PreconditionFailed:
+            outcomes.append("refused")
+        finally:
+            connections.close_all()
+
+    with psycopg.connect(database_url()) as holder:
+        holder.execute(
+            "UPDATE admission_admissionpolicy SET max_in_flight = 7 WHERE id = %s", [policy.id]
+        )
+        threads = [threading.Thread(target=write, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while lock_waiters() < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert lock_waiters() >= 4, "the writers never waited for the row"
+        holder.commit()
+    for t in threads:
+        t.join(timeout=60)
+    assert outcomes == ["refused"] * 4
+    assert current().max_in_flight == 7  # type: ignore[union-attr]
+    assert audit_rows().filter(kind=LedgerKind.POLICY_UPDATE).count() == 0
+
+
+# --- the API: ETag, If-Match, If-None-Match ------------------------------------------------------
+
+
+def test_get_and_put_send_the_version_as_the_etag(personas: Personas) -> None:
+    p = personas
+    api = human(p.owner)
+    put = api.put(one(p), {"max_in_flight": 2})
+    assert put.status_code == 200
+    version = put.json()["policy"]["version"]
+    assert put["ETag"] == f'"{version}"'
+    got = api.get(one(p))
+    assert got["ETag"] == f'"{version}"' and got.json()["policy"]["version"] == version
+    listed = api.get("/api/v1/admission").json()["policies"]
+    assert [row["policy"]["version"] for row in listed] == [version]
+
+
+def put_if(api: Any, p: Personas, body: dict[str, Any], **headers: str) -> Any:
+    return api.client.put(
+        one(p), body, content_type="application/json", headers={**api.headers, **headers}
+    )
+
+
+def test_a_put_over_a_stale_etag_is_412_and_changes_nothing(personas: Personas) -> None:
+    p = personas
+    api = human(p.owner)
+    stale = api.put(one(p), {"max_in_flight": 2})["ETag"]
+    fresh = api.put(one(p), {"max_in_flight": 3})["ETag"]  # another writer's change
+    rows = audit_rows().count()
+    refused = put_if(api, p, {"max_in_flight": 9}, **{"If-Match": stale})
+    assert refused.status_code == 412
+    body = refused.json()
+    assert body["code"] == "precondition_failed" and f'"{body["version"]}"' == fresh
+    assert current().max_in_flight == 3 and audit_rows().count() == rows  # type: ignore[union-attr]
+    ok = put_if(api, p, {"max_in_flight": 9}, **{"If-Match": f"W/{stale}, {fresh}"})
+    assert ok.status_code == 200 and ok["ETag"] != fresh
+    assert current().max_in_flight == 9  # type: ignore[union-attr]
+    # A weak tag never matches a write (strong comparison), even the current one.
+    weak = put_if(api, p, {"max_in_flight": 1}, **{"If-Match": f"W/{ok['ETag']}"})
+    assert weak.status_code == 412
+    # "*" quoted is a tag like any other, not "any budget".
+    assert put_if(api, p, {"max_in_flight": 1}, **{"If-Match": '"*"'}).status_code == 412
+    assert put_if(api, p, {"max_in_flight": 1}, **{"If-Match": "*"}).status_code == 200
+
+
+def test_if_none_match_star_creates_only_where_there_is_none(personas: Personas) -> None:
+    p = personas
+    api = human(p.owner)
+    assert put_if(api, p, {"max_in_flight": 1}, **{"If-Match": "*"}).status_code == 412
+    assert current() is None
+    created = put_if(api, p, {"max_in_flight": 1}, **{"If-None-Match": "*"})
+    assert created.status_code == 200
+    again = put_if(api, p, {"max_in_flight": 2}, **{"If-None-Match": "*"})
+    assert again.status_code == 412 and "has a budget now" in again.json()["error"]
+    assert current().max_in_flight == 1  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("headers", "field"),
+    [
+        ({"If-Match": "abc"}, "If-Match"),
+        ({"If-Match": '"a" "b"'}, "If-Match"),
+        ({"If-Match": ""}, "If-Match"),
+        ({"If-Match": '"unterminated'}, "If-Match"),
+        ({"If-None-Match": '"abc"'}, "If-None-Match"),
+        ({"If-Match": "*", "If-None-Match": "*"}, "If-None-Match"),
+    ],
+)
+def test_a_malformed_precondition_is_400_naming_the_header(
+    personas: Personas, headers: dict[str, str], field: str
+) -> None:
+    p = personas
+    api = human(p.owner)
+    api.put(one(p), {"max_in_flight": 2})
+    rows = audit_rows().count()
+    refused = put_if(api, p, {"max_in_flight": 9}, **headers)
+    assert refused.status_code == 400, refused.content
+    assert refused.json()["code"] == "invalid_argument" and refused.json()["field"] == field
+    assert current().max_in_flight == 2 and audit_rows().count() == rows  # type: ignore[union-attr]
+
+
+def test_a_delete_honours_if_match(personas: Personas) -> None:
+    p = personas
+    api = human(p.owner)
+    stale = api.put(one(p), {"max_in_flight": 2})["ETag"]
+    fresh = api.put(one(p), {"max_in_flight": 3})["ETag"]
+
+    def delete(tag: str) -> Any:
+        return api.client.delete(one(p), headers={**api.headers, "If-Match": tag})
+
+    assert delete(stale).status_code == 412 and current() is not None
+    assert delete(fresh).status_code == 204 and current() is None
+    assert delete("*").status_code == 412  # nothing to match
+    assert audit_rows().filter(kind=LedgerKind.POLICY_DELETE).count() == 1
