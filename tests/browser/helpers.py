@@ -11,7 +11,7 @@ from playwright.sync_api import Page
 
 from admission import services as admission_services
 from admission.models import AdmissionPolicy
-from tests.conftest import Personas, push
+from tests.conftest import FIXTURE, Personas, push
 
 AXE = Axe()
 BLOCKING = {"critical", "serious"}
@@ -105,6 +105,93 @@ def console_pages(p: Personas, fleet: dict[str, Any]) -> list[str]:
         "/?state=dead_letter",
         "/todos/bulk/retry?state=dead_letter",
         "/todos/bulk/discard?queue=inbox",
+        "/throughput",
+        "/limits/occupancy",
+        "/agents",
+    ]
+
+
+LONG_QUEUE = "q" + "x" * 63  # the longest queue name
+LONG_SLUG = "s" + "y" * 62  # the longest endpoint slug
+
+
+def long_fleet(p: Personas) -> dict[str, Any]:
+    """Every name and text at its longest, with no space to break at: a 64-character queue,
+    pool, rate limit and eight tags, a 63-character slug, a 500-character title, a 200-character
+    claimant, an error with lines of thousands, three stacked windows in a long zone name, a
+    500-character pause reason. Made through the services, as agents and operators would."""
+    from admission.limits import services as limit_services
+    from queues import pauses, services
+
+    endpoint, _ = services.endpoint_vend(
+        actor=FIXTURE,
+        owner=p.owner,
+        name="N" * 200,
+        queues=[LONG_QUEUE, "inbox"],
+        rps=0,
+        slug=LONG_SLUG,
+    )
+    actor = p.as_human(p.admin)
+    pool, rate = "p" + "o" * 63, "r" + "a" * 63
+    tags = [f"t{i}" + "a" * 62 for i in range(8)]
+    limit_services.limit_set(actor=actor, kind="pool", name=pool, slots=1)
+    limit_services.limit_set(actor=actor, kind="rate", name=rate, base_limit=5)
+    for tag in tags:
+        limit_services.limit_set(actor=actor, kind="tag", name=tag, limit=1)
+    agent = p.as_agent(endpoint)
+    todos = [
+        services.todo_create(
+            actor=agent,
+            endpoint=endpoint,
+            queue=LONG_QUEUE,
+            title="W" * 500,
+            kind="K" * 100,
+            payload={"k" * 300: "v" * 3000},
+            idempotency_key=f"{i}" + "i" * 199,
+            pool=pool,
+            tags=tags,
+            rate_limit=rate,
+        ).todo
+        for i in range(3)
+    ]
+    services.claim(actor=agent, todo_id=todos[0].id, claimant="c" * 200)
+    services.fail(
+        actor=agent, todo_id=todos[0].id, error={"e" * 200: "x" * 5000, "traceback": "T" * 5000}
+    )
+    zone = "America/Argentina/ComodRivadavia"
+    admission_services.policy_set(
+        actor=actor,
+        endpoint=endpoint,
+        queue=LONG_QUEUE,
+        max_in_flight=1,
+        max_claims_per_window=None,
+        window=None,
+        windows=[
+            {"limit": 100, "period": "week", "tz": zone, "start": "00:00", "weekday": "Mon"},
+            {"limit": 1000, "period": "day", "tz": zone, "start": "00:00"},
+        ],
+    )
+    pauses.queue_pause(actor=actor, queue=LONG_QUEUE, reason="R" * 500, create=True)
+    return {"failed": todos[0], "pending": todos[1]}
+
+
+def long_pages(fleet: dict[str, Any]) -> list[str]:
+    """The pages that show ``long_fleet``'s names and texts."""
+    q, slug = LONG_QUEUE, LONG_SLUG
+    return [
+        "/",
+        f"/?queue={q}",
+        f"/?q={'W' * 500}",
+        "/queues",
+        f"/queues/{q}",
+        f"/todos/{fleet['failed'].id}",
+        f"/todos/{fleet['pending'].id}",
+        f"/budgets/{slug}/{q}",
+        f"/budgets/{slug}/{q}/clear",
+        "/ledger",
+        f"/ledger?queue={q}",
+        f"/todos/bulk/retry?queue={q}",
+        f"/todos/bulk/discard?queue={q}",
         "/throughput",
         "/limits/occupancy",
         "/agents",

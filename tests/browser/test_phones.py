@@ -7,7 +7,14 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.browser.conftest import DESKTOP, PHONE, WIDTHS, Session, screenshot
-from tests.browser.helpers import console_pages, small_fleet
+from tests.browser.helpers import (
+    LONG_QUEUE,
+    LONG_SLUG,
+    console_pages,
+    long_fleet,
+    long_pages,
+    small_fleet,
+)
 from tests.conftest import Personas
 
 
@@ -31,6 +38,28 @@ def test_no_page_scrolls_sideways(
         assert sideways_overflow(page) == 0, url
     page.goto("/")
     screenshot(page, f"board-small-{width}-{'js' if javascript else 'nojs'}")
+
+
+@pytest.mark.parametrize("javascript", [True, False], ids=["js", "nojs"])
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_longest_names_and_texts_wrap_instead_of_widening_a_page(
+    session: Session, tx_personas: Personas, width: int, javascript: bool
+) -> None:
+    # A 64-character queue made its page 3,844 px too wide at 1440 px, a 500-character title
+    # the todo's page 8,688 px: every name and text an agent or operator may give, at its
+    # longest with no space in it, stays inside the window.
+    p = tx_personas
+    fleet = long_fleet(p)
+    page = session.page(p.admin, width=width, javascript=javascript)
+    for url in long_pages(fleet):
+        page.goto(url)
+        assert sideways_overflow(page) == 0, url
+    page.goto(f"/budgets/{LONG_SLUG}/{LONG_QUEUE}")
+    page.get_by_role("button", name="Preview change").click()
+    expect(page.get_by_role("heading", name="Preview: what this change does now")).to_be_visible()
+    assert sideways_overflow(page) == 0, "the budget preview"
+    page.goto(f"/todos/{fleet['failed'].id}")
+    screenshot(page, f"todo-longest-{width}-{'js' if javascript else 'nojs'}")
 
 
 @pytest.mark.parametrize("javascript", [True, False], ids=["js", "nojs"])
