@@ -131,8 +131,8 @@ def _write(
 ) -> tuple[AdmissionPolicy, bool]:
     """Step 4 of policy_set: lock (or create) the row, change it, append the ledger row."""
     existing = _lock(target, spec.queue)
-    _check_expected(existing, expected, target, spec.queue)
     if existing is None:
+        _check_expected(None, expected, target, spec.queue)
         try:
             with transaction.atomic():
                 policy = AdmissionPolicy.objects.create(
@@ -148,7 +148,6 @@ def _write(
             # Another writer created it first; its row is committed now, so lock and update it.
             existing = _lock(target, spec.queue)
             assert existing is not None
-            _check_expected(existing, expected, target, spec.queue)
         else:
             ledger.append(
                 kind=LedgerKind.POLICY_CREATE,
@@ -161,11 +160,16 @@ def _write(
             return policy, True
     was_admitted = selectors.evaluate_policy(existing).admits
     before = selectors.policy_dict(existing)
+    version = selectors.policy_version(existing)
     for name, value in spec.columns().items():
         setattr(existing, name, value)
     after = selectors.policy_dict(existing)
     if after == before:
+        # Already as asked: nothing to write, whatever version the writer read (RFC 9110
+        # 13.1.1: a change already applied may succeed), so a double submit, or a retry whose
+        # answer was lost, is not refused for the change it made itself.
         return existing, was_admitted
+    _check_expected(existing, expected, target, spec.queue, version=version)
     existing.updated_by = human
     existing.save()
     ledger.append(
@@ -189,17 +193,21 @@ def _check_expected(
     expected: Collection[str] | None,
     target: Endpoint,
     queue: str,
+    *,
+    version: str | None = None,
 ) -> None:
     """Refuse a conditional write whose budget is not as its writer read it.
 
     ``expected`` holds the versions the writer will write over (``selectors.policy_version``):
     ``selectors.NO_BUDGET`` for none, ``ANY_VERSION`` for any budget. None: write whatever is
     there. Called with the row locked (or known absent under the identity's unique key), so no
-    write lands between the check and the change.
+    write lands between the check and the change. ``version``: ``existing``'s, read before the
+    caller changed its fields.
     """
     if expected is None:
         return
-    version = selectors.policy_version(existing)
+    if version is None:
+        version = selectors.policy_version(existing)
     if version in expected or (existing is not None and ANY_VERSION in expected):
         return
     identity = f"endpoint:{target.slug}/{queue}"
@@ -263,13 +271,13 @@ def policy_clear(
     _take_write_token(actor)
     with transaction.atomic():
         existing = _lock(target, queue)
-        _check_expected(existing, expected, target, queue)
-        if existing is None:
+        if existing is None:  # conditional or not: there is nothing to clear
             raise NotFound(
                 f"no budget on endpoint:{target.slug}/{queue}",
                 scope=f"endpoint:{target.slug}",
                 queue=queue,
             )
+        _check_expected(existing, expected, target, queue)
         was_admitted = selectors.evaluate_policy(existing).admits
         before = selectors.policy_dict(existing)
         policy_id = existing.id

@@ -299,3 +299,18 @@ def test_a_clear_confirmed_before_someone_changed_the_budget_clears_nothing(
     assert audit_rows().filter(kind="policy.delete").count() == 0
     cleared = client.post("/budgets/agent/inbox/clear", {"version": hidden_version(page)})
     assert cleared.status_code == 302 and not AdmissionPolicy.objects.exists()
+
+
+def test_a_double_submitted_save_is_saved_once_and_both_answers_say_saved(
+    personas: Personas,
+) -> None:
+    p = personas
+    budget(p, max_in_flight=2)
+    client = signed_in(p.owner)
+    form = policy_form(max_in_flight="3", max_claims_per_window="", window_period="")
+    html = client.post("/budgets/agent/inbox", form).content.decode()
+    save = {**form, "action": "save", **previewed(html)}
+    first, second = (client.post("/budgets/agent/inbox", save) for _ in range(2))
+    assert (first.status_code, second.status_code) == (302, 302)
+    assert AdmissionPolicy.objects.get().max_in_flight == 3
+    assert audit_rows().filter(kind="policy.update").count() == 1
