@@ -177,8 +177,11 @@ def _sound_probe(probe: dict[str, Any], seconds: float) -> None:
     assert set(probe) == {"flush", "wake"}
     for part in probe.values():
         assert part["per_s"] > 0 and part["us_each"] > 0
-        # One loop, two ways of saying it: the rate and the time of each agree.
-        assert part["per_s"] * part["us_each"] == pytest.approx(1e6, rel=0.01)
+        # One loop, two ways of saying it: the rate and the time of each agree, to within what
+        # rounding each to 0.1 allows (on a loaded host a flush loop of 0.2 s may do three, and
+        # 3.45/s shown as 3.5 is 1.4 % off: a fixed 1 % failed there).
+        per_s, us_each = part["per_s"], part["us_each"]
+        assert abs(per_s * us_each - 1e6) <= 0.05 * (per_s + us_each) + 0.01
         share = part["cpu_steal_share"]
         assert share is None or 0.0 <= share <= 1.0
         assert part["stolen_us_each"] >= 0
