@@ -216,6 +216,6 @@ def test_a_cards_title_and_the_page_it_returns_to_are_escaped(personas: Personas
     )
     html = signed_in(p.owner).get("/?q=<img&state=pending").content.decode()
     assert "<img src=x" not in html
-    assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt; &amp; co</a>" in html
+    assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt; &amp; co</bdi></a>" in html
     # The card links back to the board as filtered, the query quoted inside the attribute.
     assert "?next=/%3Fq%3D%253Cimg%26state%3Dpending" in html

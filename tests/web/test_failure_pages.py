@@ -153,6 +153,8 @@ def test_a_condition_filter_narrows_the_selection_to_its_queues(personas: Person
     assert "in queues now “Dead letters”" in page
     everything = client.get("/todos/bulk/discard?state=live").content.decode()
     assert "Discard 3 todos?" in everything  # pending outbox; claimed work is left alone
+    # The selection ends its sentence: no stray space before the full stop.
+    assert "of every endpoint you may change. Pending and failed todos" in everything
 
 
 def test_nothing_to_act_on_says_so_and_offers_no_form(personas: Personas) -> None:

@@ -197,13 +197,15 @@ def board_cards(context: Any, s: Any) -> SafeString:
 
 
 def _card(t: Any, s: Any, zone: tzinfo | None, today: date, url: str, nxt: str) -> str:
-    meta = f"{_e(t.kind)} · " if t.kind else ""
+    # An agent's own words (kind, owner, title) are isolated (<bdi>): a bidi control in one
+    # cannot reorder the text after it (an RLO in a title showed "· inbox on agent · PENDING"
+    # as "GNIDNEP · tnega no xobni ·").
+    meta = f"<bdi>{_e(t.kind)}</bdi> · " if t.kind else ""
     meta += f"attempt {t.attempt:d} of {t.max_attempts:d}"
     chip = ""
     if t.state == "claimed":
-        meta += (
-            f" · held by {_e(t.owner)} · lease until {_e(at_zone(t.lease_expires_at, zone, today))}"
-        )
+        until = _e(at_zone(t.lease_expires_at, zone, today))
+        meta += f" · held by <bdi>{_e(t.owner)}</bdi> · lease until {until}"
     elif t.state == "failed" and t.next_retry_at:
         meta += f" · retry at {_e(at_zone(t.next_retry_at, zone, today))}"
     elif t.state == "pending":
@@ -224,7 +226,7 @@ def _card(t: Any, s: Any, zone: tzinfo | None, today: date, url: str, nxt: str) 
     return (
         f'<li class="card state-{_e(t.state)}">\n<div class="card-top">\n'
         f'<a class="card-title" href="{link}" hx-get="{link}" hx-target="#drawer" '
-        f'hx-swap="innerHTML">{_e(t.title)}</a>\n'
+        f'hx-swap="innerHTML"><bdi>{_e(t.title)}</bdi></a>\n'
         f'<span class="state-label state-{_e(word.value.replace("_", "-"))}">{_e(word.label)}</span>\n'
         f'</div>\n<div class="card-meta muted">{meta}</div>\n{chip}</li>\n'
     )
