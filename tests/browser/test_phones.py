@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import Page, expect
 
+from admission.models import AdmissionPolicy
 from tests.browser.conftest import DESKTOP, PHONE, WIDTHS, Session, screenshot
 from tests.browser.helpers import (
     LONG_QUEUE,
@@ -60,6 +61,48 @@ def test_the_longest_names_and_texts_wrap_instead_of_widening_a_page(
     assert sideways_overflow(page) == 0, "the budget preview"
     page.goto(f"/todos/{fleet['failed'].id}")
     screenshot(page, f"todo-longest-{width}-{'js' if javascript else 'nojs'}")
+
+
+def test_on_a_phone_a_tables_short_words_stay_whole_and_the_table_scrolls_instead(
+    session: Session, tx_personas: Personas
+) -> None:
+    # Long words may break anywhere in the page's text, but not in a table: there that let a
+    # 390 px ledger squeeze its columns until each field name of its changes broke over several
+    # lines (a page 9,936 px tall). A table too wide scrolls in its own region.
+    p = tx_personas
+    small_fleet(p)
+    page = session.page(p.admin, width=PHONE)
+    for url, words in (("/ledger", ".diff-key"), ("/queues", "tbody th a")):
+        page.goto(url)
+        lines = page.eval_on_selector_all(words, "els => els.map(e => e.getClientRects().length)")
+        assert lines and set(lines) == {1}, f"{url} {words}: line boxes {lines}"
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_admins_pages_with_the_longest_values_do_not_scroll_sideways(
+    session: Session, tx_personas: Personas, width: int
+) -> None:
+    # The todo's change page was 7,723 px too wide at 1440 px: its title in the breadcrumb,
+    # its payload and result read-only, its attempts' claimant in the inline table.
+    p = tx_personas
+    fleet = long_fleet(p)
+    policy = AdmissionPolicy.objects.get(queue=LONG_QUEUE)
+    page = session.page(p.admin, width=width)
+    for url in (
+        "/admin/queues/todo/",
+        f"/admin/queues/todo/{fleet['failed'].id}/change/",
+        "/admin/queues/endpoint/",
+        f"/admin/queues/endpoint/{policy.endpoint_id}/change/",
+        "/admin/admission/admissionpolicy/",
+        f"/admin/admission/admissionpolicy/{policy.pk}/change/",
+        "/admin/queues/queuepause/",
+        f"/admin/queues/queuepause/{LONG_QUEUE}/change/",
+        "/admin/queues/attempt/",
+        "/admin/ledger/ledgerentry/",
+    ):
+        response = page.goto(url)
+        assert response is not None and response.status == 200, url
+        assert sideways_overflow(page) == 0, url
 
 
 @pytest.mark.parametrize("javascript", [True, False], ids=["js", "nojs"])
