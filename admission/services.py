@@ -223,7 +223,12 @@ def _check_expected(
                 f"the budget of {identity} changed since it was read (last changed by {who} at "
                 f"{when}): nothing was written; read it again"
             )
-    raise PreconditionFailed(message, scope=f"endpoint:{target.slug}", queue=queue, version=version)
+    raise PreconditionFailed(
+        message,
+        scope=f"endpoint:{target.slug}",
+        queue=queue,
+        version=version if existing is not None else None,  # the budget's now: none is null
+    )
 
 
 def _lock(endpoint: Endpoint, queue: str) -> AdmissionPolicy | None:
