@@ -10,7 +10,6 @@ is ``not_found`` alike.
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections.abc import Iterable
 from datetime import date, datetime, time, timedelta, tzinfo
@@ -28,8 +27,8 @@ from admission.policy import PolicySpec
 from queues import access
 from queues.access import Actor, AgentActor, HumanActor
 from queues.models import QUARANTINE_QUEUE, Endpoint, Todo, TodoState
+from switchboard.core import versions
 from switchboard.core.errors import InvalidArgument, NotFound
-from switchboard.ledger.chain import canonical_json
 from switchboard.ledger.models import LedgerEntry
 
 HISTORY_WINDOWS = 30
@@ -262,19 +261,16 @@ def policy_dict(policy: AdmissionPolicy) -> dict[str, Any]:
 
 
 # The version of "no budget" (``policy_version(None)``): what a caller that saw none expects.
-# It holds a space, which no entity tag can (RFC 9110 etagc), so no If-Match tag names it.
-NO_BUDGET = "no budget"
+NO_BUDGET = versions.ABSENT
 
 
 def policy_version(policy: AdmissionPolicy | None) -> str:
-    """The budget's version: a digest of its definition (``policy_dict``), so it changes with
-    every write that changes the budget and with nothing else (a write that changes nothing
-    keeps it). The API's entity tag and the console's check that a save applies the change its
-    preview showed; ``NO_BUDGET`` when there is none."""
+    """The budget's version (``switchboard.core.versions``): a digest of its definition
+    (``policy_dict``). The API's entity tag and the console's check that a save applies the
+    change its preview showed; ``NO_BUDGET`` when there is none."""
     if policy is None:
         return NO_BUDGET
-    digest = hashlib.sha256(canonical_json(policy_dict(policy)).encode())
-    return digest.hexdigest()[:20]
+    return versions.digest(policy_dict(policy))
 
 
 def describe_window(policy: AdmissionPolicy) -> str | None:

@@ -33,7 +33,7 @@ from queues import access, wakes
 from queues.access import Actor, AgentActor
 from queues.models import Endpoint, EndpointState, Verb
 from queues.sql import gated
-from switchboard.core import counters, ratelimit
+from switchboard.core import counters, ratelimit, versions
 from switchboard.core.errors import (
     Conflict,
     InvalidArgument,
@@ -183,9 +183,8 @@ def _write(
     return existing, was_admitted
 
 
-# ``expected``'s member for "any budget" (HTTP's ``If-Match: *``); a space, like NO_BUDGET's, so
-# no entity tag (a quoted "*" included) can stand for it.
-ANY_VERSION = "any budget"
+# ``expected``'s member for "any budget" (HTTP's ``If-Match: *``).
+ANY_VERSION = versions.ANY
 
 
 def _check_expected(
@@ -204,12 +203,11 @@ def _check_expected(
     write lands between the check and the change. ``version``: ``existing``'s, read before the
     caller changed its fields.
     """
-    if expected is None:
-        return
     if version is None:
         version = selectors.policy_version(existing)
-    if version in expected or (existing is not None and ANY_VERSION in expected):
+    if versions.holds(expected, version if existing is not None else None):
         return
+    assert expected is not None
     identity = f"endpoint:{target.slug}/{queue}"
     if existing is None:
         message = f"the budget of {identity} was cleared since it was read: nothing was written"

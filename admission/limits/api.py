@@ -8,6 +8,10 @@
 - ``GET /limits/status``: the ``limits status`` projection; ``GET /limits/verify``: the
   ``limits verify`` report (``ok`` false naming the bad row or each grant in drift).
 
+A limit's ``version`` is its entity tag (the PUT's ``ETag``); PUT and DELETE honour ``If-Match``
+(that version, or ``*``) and PUT ``If-None-Match: *`` (declare only), as the budget API does:
+412 ``precondition_failed`` with the version now, nothing written.
+
 Any signed-in human reads; changing a fleet-wide limit needs the limits change permission
 (superusers). Handlers are thin: ``admission.limits.selectors`` and ``services``.
 """
@@ -17,7 +21,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from django.http import HttpRequest, HttpResponse
-from ninja import Router, Schema
+from ninja import Header, Router, Schema
 from pydantic import Field
 
 from admission.limits import selectors, services
@@ -25,7 +29,8 @@ from admission.limits.verify import limits_verify
 from queues.access import HumanActor
 from queues.auth import HumanAuth
 from queues.schemas import Strict
-from switchboard.core.http import ErrorOut
+from switchboard.core import versions
+from switchboard.core.http import ErrorOut, entity_tag, write_preconditions
 
 router = Router(tags=["limits"], auth=HumanAuth())
 
@@ -36,6 +41,21 @@ WRITE_ERRORS: dict[int, Any] = {
     404: ErrorOut,
     409: ErrorOut,
 }
+CONDITIONAL_ERRORS: dict[int, Any] = {**WRITE_ERRORS, 412: ErrorOut}
+IF_MATCH = Header(
+    None,
+    alias="If-Match",
+    description='Write only over this version (the ETag read, quoted: "…"), or * for any',
+)
+IF_NONE_MATCH = Header(
+    None, alias="If-None-Match", description="* : declare only, where it is not declared yet"
+)
+
+
+def _preconditions(if_match: str | None, if_none_match: str | None) -> tuple[str, ...] | None:
+    return write_preconditions(
+        if_match, if_none_match, absent=versions.ABSENT, any_version=versions.ANY
+    )
 
 
 # The kinds a path names (``/limits/queues/{queue}`` is a queue's priority, not a kind).
@@ -66,6 +86,9 @@ class LimitOut(Schema):
     floor: int | None = None
     decay_window_seconds: int | None = None
     decay_step: int | None = None
+    version: str = Field(
+        description="The limit's version: changes with every write that changes it (the ETag)"
+    )
     held: int | None = None
     effective_limit: int | None = None
     observations: int | None = None
@@ -136,22 +159,45 @@ def put_queue_settings(request: HttpRequest, queue: str, payload: QueueSettingsI
 )
 def quarantine(request: HttpRequest, kind: LimitKind, name: str) -> Any:
     """Limit to 0 under enforce and expire every claim naming it, in one transaction."""
-    return services.limit_quarantine(actor=_actor(request), kind=kind, name=name)
+    done = services.limit_quarantine(actor=_actor(request), kind=kind, name=name)
+    return {**done, "limit": {**done["limit"], "version": services.limit_version(done["limit"])}}
 
 
 @router.put(
-    "/limits/{kind}/{name}", response={200: LimitOut, **WRITE_ERRORS}, summary="Set a limit"
+    "/limits/{kind}/{name}", response={200: LimitOut, **CONDITIONAL_ERRORS}, summary="Set a limit"
 )
-def put_limit(request: HttpRequest, kind: LimitKind, name: str, payload: LimitIn) -> dict[str, Any]:
-    """Declare the limit, or change the fields given. Each change is a ledger row."""
+def put_limit(
+    request: HttpRequest,
+    response: HttpResponse,
+    kind: LimitKind,
+    name: str,
+    payload: LimitIn,
+    if_match: str | None = IF_MATCH,
+    if_none_match: str | None = IF_NONE_MATCH,
+) -> dict[str, Any]:
+    """Declare the limit, or change the fields given. Each change is a ledger row. With
+    If-Match (the ETag read) only over that version; with If-None-Match: * only where it is not
+    declared: else 412."""
     given = payload.model_dump(exclude_none=True)
-    return services.limit_set(actor=_actor(request), kind=kind, name=name, **given)
+    expected = _preconditions(if_match, if_none_match)
+    out = services.limit_set(
+        actor=_actor(request), kind=kind, name=name, expected=expected, **given
+    )
+    out["version"] = services.limit_version(out)
+    response["ETag"] = entity_tag(out["version"])
+    return out
 
 
 @router.delete(
-    "/limits/{kind}/{name}", response={204: None, **WRITE_ERRORS}, summary="Delete a limit"
+    "/limits/{kind}/{name}",
+    response={204: None, **CONDITIONAL_ERRORS},
+    summary="Delete a limit",
 )
-def delete_limit(request: HttpRequest, kind: LimitKind, name: str) -> HttpResponse:
-    """Remove a limit no live todo names (the ledger keeps it as ``before``)."""
-    services.limit_delete(actor=_actor(request), kind=kind, name=name)
+def delete_limit(
+    request: HttpRequest, kind: LimitKind, name: str, if_match: str | None = IF_MATCH
+) -> HttpResponse:
+    """Remove a limit no live todo names (the ledger keeps it as ``before``). With If-Match,
+    only that version (or, for *, any): else 412."""
+    expected = _preconditions(if_match, None)
+    services.limit_delete(actor=_actor(request), kind=kind, name=name, expected=expected)
     return HttpResponse(status=204)

@@ -32,6 +32,7 @@ def limits_status() -> list[dict[str, Any]]:
     rate_states = {r.name: rates.state(r.name) for r in RateLimit.objects.all()}
     out = []
     for limit in services.limits_list():
+        limit["version"] = services.limit_version(limit)
         key = (limit["kind"], limit["name"])
         if key in held:
             limit["held"] = held[key]

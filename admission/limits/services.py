@@ -9,6 +9,7 @@ constraints see it.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +36,14 @@ from queues import access, metrics, wakes
 from queues.access import Actor, HumanActor, SystemActor, check_actor
 from queues.models import Todo, TodoState, check_limit_name, check_queue_name
 from queues.sql import gated
-from switchboard.core.errors import Conflict, Forbidden, InvalidArgument, NotFound
+from switchboard.core import versions
+from switchboard.core.errors import (
+    Conflict,
+    Forbidden,
+    InvalidArgument,
+    NotFound,
+    PreconditionFailed,
+)
 from switchboard.ledger import chain as ledger
 from switchboard.ledger.models import LedgerKind
 
@@ -182,9 +190,48 @@ def _append(kind: str, actor: Actor, before: Any, after: Any) -> None:
     )
 
 
-def limit_set(*, actor: Actor, kind: str, name: str, **given: Any) -> dict[str, Any]:
+# Every numeric field of any kind, in one order (a limit's shape holds its kind's).
+_NUMBERS = tuple(dict.fromkeys(f for k in KINDS.values() for f, _, _ in k.numbers))
+
+
+def limit_version(limit: dict[str, Any]) -> str:
+    """A declared limit's version (``switchboard.core.versions``): a digest of its one shape
+    (``as_dict``), the API's entity tag."""
+    shape = {f: limit[f] for f in ("kind", "name", "posture", *_NUMBERS) if f in limit}
+    return versions.digest(shape)
+
+
+def _check_expected(
+    k: Kind, name: str, before: dict[str, Any] | None, expected: Collection[str] | None
+) -> None:
+    """Refuse a conditional write whose limit is not as its writer read it (under ``_lock``)."""
+    version = limit_version(before) if before is not None else None
+    if versions.holds(expected, version):
+        return
+    if before is None:
+        message = f"the {k.name} limit {name!r} is not declared now: nothing was written"
+    elif expected is not None and versions.ABSENT in expected:
+        message = f"the {k.name} limit {name!r} is declared now: nothing was written"
+    else:
+        message = (
+            f"the {k.name} limit {name!r} changed since it was read: nothing was written; "
+            "read it again"
+        )
+    raise PreconditionFailed(message, kind=k.name, name=name, version=version)
+
+
+def limit_set(
+    *,
+    actor: Actor,
+    kind: str,
+    name: str,
+    expected: Collection[str] | None = None,
+    **given: Any,
+) -> dict[str, Any]:
     """Declare a limit or change it (only the fields given); one ``limits.set`` ledger row when
-    something changed."""
+    something changed. ``expected``: only over one of these versions (``limit_version``;
+    ``versions.ABSENT``: only where it is not declared), checked under the limit's lock; a
+    change already made succeeds whatever was read (RFC 9110 13.1.1)."""
     k = kind_of(kind)
     _check_may_change(actor, k)
     check_limit_name(name, field_name="name")
@@ -196,6 +243,8 @@ def limit_set(*, actor: Actor, kind: str, name: str, **given: Any) -> dict[str, 
         row = _lock(k, name)
         values = _values(k, given, row)
         before = as_dict(k, row) if row is not None else None
+        if {"kind": k.name, "name": name, **values} != before:
+            _check_expected(k, name, before, expected)
         held_before = row is not None and _holds(k, name)
         if row is None:
             row = k.model.objects.create(**{k.key: name}, **values)  # type: ignore[attr-defined]
@@ -216,9 +265,12 @@ def limit_set(*, actor: Actor, kind: str, name: str, **given: Any) -> dict[str, 
     return after
 
 
-def limit_delete(*, actor: Actor, kind: str, name: str) -> dict[str, Any]:
+def limit_delete(
+    *, actor: Actor, kind: str, name: str, expected: Collection[str] | None = None
+) -> dict[str, Any]:
     """Remove a declaration that no live todo names (one ``limits.delete`` row). A limit live
-    work still names is refused: without its row the claim would no longer hold that work."""
+    work still names is refused: without its row the claim would no longer hold that work.
+    ``expected``: only one of these versions, as ``limit_set``."""
     k = kind_of(kind)
     _check_may_change(actor, k)
     check_limit_name(name, field_name="name")
@@ -226,6 +278,7 @@ def limit_delete(*, actor: Actor, kind: str, name: str) -> dict[str, Any]:
         row = _lock(k, name)
         if row is None:
             raise NotFound(f"no {k.name} limit named {name!r}", field="name")
+        _check_expected(k, name, as_dict(k, row), expected)
         live = Todo.objects.filter(**{k.todo_q: [name] if k.name == "tag" else name}).filter(
             Q(state__in=[TodoState.PENDING, TodoState.CLAIMED])
             | Q(state=TodoState.FAILED, next_retry_at__isnull=False)

@@ -9,6 +9,7 @@ from typing import Any
 import anyio
 from django.test import Client
 
+from admission.limits import services as limit_services
 from admission.limits.models import Pool
 from queues import services
 from tests.api.conftest import Api, human_token
@@ -38,11 +39,15 @@ def test_the_list_shows_each_limit_and_how_full_it_is(personas: Personas) -> Non
     services.claim(actor=personas.as_agent(), todo_id=todo.id)
     token = human_token(personas.auditor)
     listed = Client().get("/api/v1/limits", headers={"Authorization": f"Bearer {token}"}).json()
+    gpu = {"kind": "pool", "name": "gpu", "slots": 2, "posture": "enforce"}
+    vendor = {"kind": "tag", "name": "vendor.a", "limit": 3, "posture": "advise"}
     assert listed["limits"] == [
-        {"kind": "pool", "name": "gpu", "slots": 2, "posture": "enforce", "held": 1}
+        gpu
+        | {"held": 1, "version": limit_services.limit_version(gpu)}
         | dict.fromkeys(["limit", "base_limit", "floor", "decay_window_seconds", "decay_step"])
         | dict.fromkeys(["effective_limit", "observations", "used_this_minute"]),
-        {"kind": "tag", "name": "vendor.a", "limit": 3, "posture": "advise", "held": 1}
+        vendor
+        | {"held": 1, "version": limit_services.limit_version(vendor)}
         | dict.fromkeys(["slots", "base_limit", "floor", "decay_window_seconds", "decay_step"])
         | dict.fromkeys(["effective_limit", "observations", "used_this_minute"]),
     ]

@@ -11,6 +11,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
+from admission.limits import services as limit_services
 from admission.limits.models import Pool, QueueSettings, RateLimit, TagLimit
 from queues import services
 from queues.models import QueuePause, Todo, TodoState
@@ -43,9 +44,8 @@ def test_the_seed_commands_declare_every_kind_and_status_shows_them(personas: Pe
     assert isinstance(services.claim_next(actor=personas.as_agent()), Claimed)
 
     status = json.loads(limits("status", "--json"))
-    assert status["pools"] == [
-        {"kind": "pool", "name": "gpu", "slots": 2, "posture": "enforce", "held": 1}
-    ]
+    gpu = {"kind": "pool", "name": "gpu", "slots": 2, "posture": "enforce"}
+    assert status["pools"] == [gpu | {"held": 1, "version": limit_services.limit_version(gpu)}]
     assert [(t["name"], t["limit"], t["held"], t["posture"]) for t in status["tags"]] == [
         ("vendor.a", 3, 1, "advise")
     ]

@@ -126,9 +126,8 @@ class NamedLimits(RuleBasedStateMachine):
 
     def set_limit(self, kind: str, name: str, value: int, posture: str) -> None:
         field_name = "slots" if kind == "pool" else "limit"
-        limit_services.limit_set(
-            actor=self.admin, kind=kind, name=name, **{field_name: value, "posture": posture}
-        )
+        given: dict[str, Any] = {field_name: value, "posture": posture}
+        limit_services.limit_set(actor=self.admin, kind=kind, name=name, **given)
         self.limits[name] = (value, posture)
 
     def in_force(self) -> dict[str, tuple[int, str]]:

@@ -1,0 +1,37 @@
+"""Versions of what operators declare (a budget, a named limit), for writes over what was read.
+
+A version is a digest of the thing's definition as its ledger row records it, so it changes with
+every write that changes the thing and with nothing else. The REST API sends it as the ETag and
+honours If-Match / If-None-Match (``switchboard.core.http.write_preconditions``); the console's
+forms carry it so a save applies what its page showed, or nothing.
+
+``expected`` (the versions a writer will write over) may also hold ``ABSENT`` (the writer saw
+none: If-None-Match: *) or ``ANY`` (any current version: If-Match: *). Both hold a space, which
+no entity tag can (RFC 9110's etagc), so no If-Match tag stands for either.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Collection
+from typing import Any
+
+ABSENT = "no such thing"
+ANY = "any version"
+
+
+def digest(definition: Any) -> str:
+    """The version of a definition: its canonical JSON (keys sorted), hashed, 20 hex digits."""
+    text = json.dumps(definition, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def holds(expected: Collection[str] | None, version: str | None) -> bool:
+    """Whether a write conditioned on ``expected`` may go ahead over ``version`` (None: there is
+    nothing yet). No condition always holds."""
+    if expected is None:
+        return True
+    if version is None:
+        return ABSENT in expected
+    return version in expected or ANY in expected
