@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
-from ninja import Header, Router
+from ninja import Router
 from ninja.decorators import decorate_view
 
 from admission import selectors, services
@@ -34,7 +34,14 @@ from admission.schemas import (
 )
 from queues.access import HumanActor
 from queues.auth import HumanAuth
-from switchboard.core.http import ErrorOut, bounded, entity_tag, write_preconditions
+from switchboard.core.http import (
+    ErrorOut,
+    bounded,
+    entity_tag,
+    if_match_header,
+    if_none_match_header,
+    write_preconditions,
+)
 
 router = Router(tags=["admission"], auth=HumanAuth())
 
@@ -51,20 +58,8 @@ WRITE_ERRORS: dict[int, Any] = {
     429: ErrorOut,
 }
 
-IF_MATCH = Header(
-    None,
-    alias="If-Match",
-    description='Write only over this version (the ETag read, quoted: "…"), or * for any budget',
-)
-IF_NONE_MATCH = Header(
-    None, alias="If-None-Match", description="* : create only, where there is no budget yet"
-)
-
-
-def _preconditions(if_match: str | None, if_none_match: str | None) -> tuple[str, ...] | None:
-    return write_preconditions(
-        if_match, if_none_match, absent=selectors.NO_BUDGET, any_version=services.ANY_VERSION
-    )
+IF_MATCH = if_match_header("any budget")
+IF_NONE_MATCH = if_none_match_header("create only, where there is no budget yet")
 
 
 def _actor(request: HttpRequest) -> HumanActor:
@@ -124,7 +119,7 @@ def put_policy(
     only over that version; with If-None-Match: * only where there is no budget: else 412."""
     actor = _actor(request)
     selectors.parse_scope(scope)
-    expected = _preconditions(if_match, if_none_match)
+    expected = write_preconditions(if_match, if_none_match)
     policy = services.policy_set(
         actor=actor, endpoint=scope, queue=queue, expected=expected, **payload.service_kwargs()
     )
@@ -147,6 +142,6 @@ def delete_policy(
     history, with the removed budget as ``before``. With If-Match, only that version (or, for
     *, any budget): else 412."""
     selectors.parse_scope(scope)
-    expected = _preconditions(if_match, None)
+    expected = write_preconditions(if_match, None)
     services.policy_clear(actor=_actor(request), endpoint=scope, queue=queue, expected=expected)
     return HttpResponse(status=204)

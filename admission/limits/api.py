@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from django.http import HttpRequest, HttpResponse
-from ninja import Header, Router, Schema
+from ninja import Router, Schema
 from pydantic import Field
 
 from admission.limits import selectors, services
@@ -29,8 +29,13 @@ from admission.limits.verify import limits_verify
 from queues.access import HumanActor
 from queues.auth import HumanAuth
 from queues.schemas import Strict
-from switchboard.core import versions
-from switchboard.core.http import ErrorOut, entity_tag, write_preconditions
+from switchboard.core.http import (
+    ErrorOut,
+    entity_tag,
+    if_match_header,
+    if_none_match_header,
+    write_preconditions,
+)
 
 router = Router(tags=["limits"], auth=HumanAuth())
 
@@ -42,20 +47,8 @@ WRITE_ERRORS: dict[int, Any] = {
     409: ErrorOut,
 }
 CONDITIONAL_ERRORS: dict[int, Any] = {**WRITE_ERRORS, 412: ErrorOut}
-IF_MATCH = Header(
-    None,
-    alias="If-Match",
-    description='Write only over this version (the ETag read, quoted: "…"), or * for any',
-)
-IF_NONE_MATCH = Header(
-    None, alias="If-None-Match", description="* : declare only, where it is not declared yet"
-)
-
-
-def _preconditions(if_match: str | None, if_none_match: str | None) -> tuple[str, ...] | None:
-    return write_preconditions(
-        if_match, if_none_match, absent=versions.ABSENT, any_version=versions.ANY
-    )
+IF_MATCH = if_match_header("any limit")
+IF_NONE_MATCH = if_none_match_header("declare only, where it is not declared yet")
 
 
 # The kinds a path names (``/limits/queues/{queue}`` is a queue's priority, not a kind).
@@ -179,7 +172,7 @@ def put_limit(
     If-Match (the ETag read) only over that version; with If-None-Match: * only where it is not
     declared: else 412."""
     given = payload.model_dump(exclude_none=True)
-    expected = _preconditions(if_match, if_none_match)
+    expected = write_preconditions(if_match, if_none_match)
     out = services.limit_set(
         actor=_actor(request), kind=kind, name=name, expected=expected, **given
     )
@@ -198,6 +191,6 @@ def delete_limit(
 ) -> HttpResponse:
     """Remove a limit no live todo names (the ledger keeps it as ``before``). With If-Match,
     only that version (or, for *, any): else 412."""
-    expected = _preconditions(if_match, None)
+    expected = write_preconditions(if_match, None)
     services.limit_delete(actor=_actor(request), kind=kind, name=name, expected=expected)
     return HttpResponse(status=204)

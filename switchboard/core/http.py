@@ -20,12 +20,12 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.utils.http import parse_header_parameters
-from ninja import Schema
+from ninja import Header, Schema
 from ninja.parser import Parser
 from ninja.responses import NinjaJSONEncoder
 from pydantic import ConfigDict
 
-from switchboard.core import validation
+from switchboard.core import validation, versions
 from switchboard.core.errors import DomainError, InvalidArgument, field_path
 
 
@@ -94,21 +94,34 @@ def _entity_tags(value: str, header: str) -> tuple[str, ...]:
     return tuple(tags)
 
 
-def write_preconditions(
-    if_match: str | None, if_none_match: str | None, *, absent: str, any_version: str
-) -> tuple[str, ...] | None:
-    """The versions a conditional write may replace, from its If-Match / If-None-Match headers.
+def if_match_header(what: str) -> Any:
+    """A write's If-Match header parameter (documented in the OpenAPI document)."""
+    return Header(
+        None,
+        alias="If-Match",
+        description=f'Write only over this version (the ETag read, quoted: "…"), or * for {what}',
+    )
 
-    None when neither is sent (write whatever is there). ``If-Match: *``: ``any_version`` (any
-    current version); ``If-Match: "v1", "v2"``: those; ``If-None-Match: *``: ``absent`` (only
-    where there is none yet). A malformed header, both at once, or an If-None-Match other than
-    ``*`` (which a write cannot use) is ``invalid_argument`` naming the header.
+
+def if_none_match_header(what: str) -> Any:
+    """A write's If-None-Match header parameter: only ``*`` (create only)."""
+    return Header(None, alias="If-None-Match", description=f"* : {what}")
+
+
+def write_preconditions(if_match: str | None, if_none_match: str | None) -> tuple[str, ...] | None:
+    """The versions a conditional write may replace (``switchboard.core.versions``), from its
+    If-Match / If-None-Match headers.
+
+    None when neither is sent (write whatever is there). ``If-Match: *``: ``versions.ANY`` (any
+    current version); ``If-Match: "v1", "v2"``: those; ``If-None-Match: *``: ``versions.ABSENT``
+    (only where there is none yet). A malformed header, both at once, or an If-None-Match other
+    than ``*`` (which a write cannot use) is ``invalid_argument`` naming the header.
     """
     if if_match is not None and if_none_match is not None:
         raise InvalidArgument("send If-Match or If-None-Match, not both", field="If-None-Match")
     if if_match is not None:
         if if_match.strip(" \t") == "*":
-            return (any_version,)
+            return (versions.ANY,)
         return _entity_tags(if_match, "If-Match")
     if if_none_match is not None:
         if if_none_match.strip(" \t") != "*":
@@ -116,7 +129,7 @@ def write_preconditions(
                 "a write takes only If-None-Match: * (create only where there is none)",
                 field="If-None-Match",
             )
-        return (absent,)
+        return (versions.ABSENT,)
     return None
 
 
