@@ -304,7 +304,12 @@ def bulk(request: HttpRequest, action: BulkAction, data: BulkConfirmIn) -> Any:
     done = services.todos_bulk(
         actor=actor, action=action, selection=_selection(data), token=data.selection
     )
-    return {"action": action, "count": done.count, "todos": done.todo_ids}
+    return {
+        "action": action,
+        "count": done.count,
+        "todos": done.todo_ids,
+        "applied_at": done.applied_at,
+    }
 
 
 @todos_router.get(

@@ -508,6 +508,11 @@ class BulkDoneOut(Schema):
     action: Literal["retry", "discard"]
     count: int
     todos: list[UUID]
+    applied_at: datetime | None = Field(
+        default=None,
+        description="Set when this selection had been applied already by you (a repeated "
+        "request): when it was. Nothing was changed by this one.",
+    )
 
 
 def mcp_url(endpoint: Endpoint) -> str:

@@ -11,6 +11,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -35,7 +36,7 @@ from switchboard.core import availability, validation
 from switchboard.core.errors import Conflict, InvalidArgument, NotFound
 from switchboard.core.tokens import hash_token
 from switchboard.ledger import chain as ledger
-from switchboard.ledger.models import LedgerKind
+from switchboard.ledger.models import LedgerEntry, LedgerKind
 
 BACKOFF_BASE_SECONDS = 30
 BACKOFF_CAP_SECONDS = 900
@@ -407,6 +408,13 @@ class BulkDone:
     action: str
     count: int
     todo_ids: list[UUID]
+    # Set when this very selection had been applied already by the same human (a double
+    # submit, or a retry whose answer was lost): when it was. Nothing was changed now.
+    applied_at: datetime | None = None
+
+
+# How far back a repeated bulk request is recognised as one already applied (``_applied``).
+BULK_REPLAY_WINDOW = timedelta(hours=1)
 
 
 def todos_bulk(*, actor: HumanActor, action: str, selection: Selection, token: str) -> BulkDone:
@@ -419,6 +427,11 @@ def todos_bulk(*, actor: HumanActor, action: str, selection: Selection, token: s
        discarded, a new failure) refuses the whole action with ``stale_selection`` and the fresh
        count and token, and nothing changes.
     3. Change them all in one statement, with one ledger row per queue identity.
+
+    The same human sending the same confirmation again (a double submit, a retry whose answer
+    was lost) finds it already applied: the ledger rows carry the token. That answers the first
+    request's result, marked ``applied_at``, and changes nothing (RFC 9110 13.1.1), where it
+    would otherwise read as a stale selection and say that nothing was changed.
     """
     access.check_actor(actor)
     access.check_writes(actor, "auditors read; they do not change todos")
@@ -435,6 +448,9 @@ def todos_bulk(*, actor: HumanActor, action: str, selection: Selection, token: s
         )
         current = selectors.selection_token((i, st, at) for i, st, at, _, _ in locked)
         if current != token:
+            done = _applied(actor, action, token)
+            if done is not None:
+                return done
             raise Conflict(
                 f"the selection changed since it was confirmed: {len(locked)} todos match now; "
                 "nothing was changed",
@@ -442,13 +458,41 @@ def todos_bulk(*, actor: HumanActor, action: str, selection: Selection, token: s
                 count=len(locked),
                 selection=current,
             )
-        _apply(actor, action, [(i, st, e, q) for i, st, _, e, q in locked])
+        _apply(actor, action, [(i, st, e, q) for i, st, _, e, q in locked], selection=token)
     return BulkDone(action, len(locked), [row[0] for row in locked])
 
 
-def _apply(actor: HumanActor, action: str, rows: list[tuple[UUID, str, UUID, str]]) -> None:
+def _applied(actor: HumanActor, action: str, token: str) -> BulkDone | None:
+    """The result of this human's earlier application of the selection ``token`` names, from
+    its ledger rows (committed with the change, so a double submit waiting on the first one's
+    row locks finds them), or None. Only the same human's: another's says nothing of theirs."""
+    rows = list(
+        LedgerEntry.objects.filter(
+            kind=_BULK_KINDS[action],
+            at__gte=timezone.now() - BULK_REPLAY_WINDOW,
+            actor_human_id=actor.user.pk,
+            after__selection=token,
+        ).values_list("after", "at")
+    )
+    if not rows:
+        return None
+    todo_ids = [UUID(t) for after, _ in rows for t in (after or {}).get("todos", [])]
+    return BulkDone(action, len(todo_ids), todo_ids, applied_at=min(at for _, at in rows))
+
+
+_BULK_KINDS = {"retry": LedgerKind.TODO_RETRY, "discard": LedgerKind.TODO_DISCARD}
+
+
+def _apply(
+    actor: HumanActor,
+    action: str,
+    rows: list[tuple[UUID, str, UUID, str]],
+    *,
+    selection: str | None = None,
+) -> None:
     """Retry or discard locked todos (id, state, endpoint, queue), in the caller's transaction,
-    with one ledger row per queue identity naming every todo and the states they left."""
+    with one ledger row per queue identity naming every todo and the states they left (and, for
+    a bulk action, its ``selection`` token: ``_applied``)."""
     if not rows:
         return
     now = timezone.now()
@@ -479,7 +523,7 @@ def _apply(actor: HumanActor, action: str, rows: list[tuple[UUID, str, UUID, str
     for todo_id, state, endpoint_id, queue in rows:
         groups[(endpoint_id, queue)].append((todo_id, state))
     slugs = dict(Endpoint.objects.filter(pk__in={e for e, _ in groups}).values_list("id", "slug"))
-    kind = LedgerKind.TODO_RETRY if action == "retry" else LedgerKind.TODO_DISCARD
+    kind = _BULK_KINDS[action]
     for (endpoint_id, queue), todos in sorted(
         groups.items(), key=lambda g: (str(g[0][0]), g[0][1])
     ):
@@ -493,6 +537,7 @@ def _apply(actor: HumanActor, action: str, rows: list[tuple[UUID, str, UUID, str
                 "state": new_state,
                 "count": len(todos),
                 "todos": [str(todo_id) for todo_id, _ in todos],
+                **({"selection": selection} if selection is not None else {}),
             },
         )
         # A discard is counted by the todos gauge (state "discarded") and the ledger, not by

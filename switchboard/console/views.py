@@ -28,6 +28,7 @@ from queues.forms import PauseForm, TimezoneForm, TodoCompleteForm, TodoFailForm
 from queues.models import QUARANTINE_QUEUE, TodoState, check_queue_name
 from switchboard.console import board, charts, live
 from switchboard.console.board import Filters
+from switchboard.console.templatetags.console import stamp
 from switchboard.core.errors import DomainError, Forbidden, InvalidArgument, NotFound
 from switchboard.core.pages import (
     TZ_COOKIE,
@@ -415,7 +416,15 @@ def bulk_view(request: HttpRequest, action: str) -> HttpResponse:
         return _bulk_page(request, viewer, action, filters, status=exc.status)
     done = BULK_WORDS[action][1]
     plural = "" if result.count == 1 else "s"
-    messages.success(request, f"{done.capitalize()} {result.count} todo{plural}.")
+    if result.applied_at is not None:  # this confirmation again (a double submit): done before
+        when = stamp(result.applied_at, viewer.tz)
+        messages.info(
+            request,
+            f"Already {done}: your confirmation {done} these {result.count} todo{plural} at "
+            f"{when}. Nothing more was changed.",
+        )
+    else:
+        messages.success(request, f"{done.capitalize()} {result.count} todo{plural}.")
     return HttpResponseRedirect(
         reverse("board") + (f"?{filters.query()}" if filters.query() else "")
     )

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from queues import services
+from queues import selectors, services
 from queues.models import Attempt, Todo, TodoState
 from switchboard.ledger.models import LedgerEntry, LedgerKind
 from tests.api.conftest import Api, human_token
-from tests.conftest import Personas, push
+from tests.conftest import Personas, push, run_threads
 
 
 def dead_letters(p: Personas, n: int, queue: str = "inbox") -> list[Any]:
@@ -113,3 +113,46 @@ def test_discarding_one_todo_keeps_its_history(personas: Personas, owner_api: Ap
     assert again.status_code == 409
     listed = owner_api.get("/api/v1/todos", state="discarded").json()["todos"]
     assert [t["id"] for t in listed] == [str(dead.id)]
+
+
+def test_the_same_confirmation_again_answers_the_first_result_and_changes_nothing(
+    personas: Personas, owner_api: Api, other_api: Api
+) -> None:
+    # A double submit, or a retry whose first answer was lost: the selection is already applied.
+    # It read as a stale selection, "nothing was changed", though the first request had changed
+    # them all.
+    dead = dead_letters(personas, 3)
+    body = {"state": "failed"}
+    token = owner_api.post("/api/v1/todos/bulk/discard/preview", body).json()["selection"]
+    first = owner_api.post("/api/v1/todos/bulk/discard", {**body, "selection": token})
+    assert first.status_code == 200 and first.json()["applied_at"] is None
+    rows = LedgerEntry.objects.filter(kind=LedgerKind.TODO_DISCARD).count()
+    again = owner_api.post("/api/v1/todos/bulk/discard", {**body, "selection": token})
+    assert again.status_code == 200, again.content
+    assert again.json()["applied_at"] is not None
+    assert sorted(again.json()["todos"]) == sorted(str(t.id) for t in dead)
+    assert again.json()["count"] == 3
+    assert LedgerEntry.objects.filter(kind=LedgerKind.TODO_DISCARD).count() == rows
+    # Another human's confirmation of the same token is theirs: stale, as it always was.
+    theirs = other_api.post("/api/v1/todos/bulk/discard", {**body, "selection": token})
+    assert theirs.status_code == 409 and theirs.json()["reason"] == "stale_selection"
+    # A retry of the discarded todos is another action: its own token, its own answer.
+    retried = owner_api.post("/api/v1/todos/bulk/retry", {**body, "selection": token})
+    assert retried.status_code == 409
+
+
+def test_two_submits_of_one_confirmation_at_once_change_it_once(tx_personas: Personas) -> None:
+    p = tx_personas
+    dead_letters(p, 4)
+    actor = p.as_human()
+    selection = selectors.Selection(state="failed")
+    token = selectors.bulk_preview(actor=actor, action="discard", selection=selection).token
+
+    def submit(i: int) -> Any:
+        return services.todos_bulk(actor=actor, action="discard", selection=selection, token=token)
+
+    results = run_threads(2, submit)
+    assert sorted(r.applied_at is None for r in results) == [False, True]
+    assert {r.count for r in results} == {4}
+    assert LedgerEntry.objects.filter(kind=LedgerKind.TODO_DISCARD).count() == 1
+    assert Todo.objects.filter(state=TodoState.DISCARDED).count() == 4

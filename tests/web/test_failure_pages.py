@@ -13,7 +13,7 @@ from django.test import Client
 from queues import services
 from queues.models import Todo, TodoState
 from switchboard.ledger.models import LedgerEntry, LedgerKind
-from tests.conftest import Personas, make_retry_due, push
+from tests.conftest import Personas, audit_rows, make_retry_due, push
 from tests.web.conftest import signed_in
 
 
@@ -120,6 +120,16 @@ def test_a_bulk_retry_shows_count_and_sample_and_changes_nothing_until_confirmed
         Todo.objects.filter(pk__in=[t.id for t in dead]).values_list("state", flat=True)
     ) == {TodoState.PENDING}
     assert Todo.objects.get(queue="outbox").state == TodoState.FAILED
+    # The same confirmation again (a double click): done already, and the page says so, where it
+    # said "the selection changed since you looked ... Nothing was changed".
+    rows = audit_rows().filter(kind="todo.retry").count()
+    again = client.post("/todos/bulk/retry", hidden_fields(page), follow=True)
+    assert again.redirect_chain[0][0] == "/?queue=inbox&state=dead_letter"
+    shown = [str(m) for m in again.context["messages"]]
+    assert len(shown) == 1
+    assert shown[0].startswith("Already retried: your confirmation retried these 12 todos at ")
+    assert shown[0].endswith(". Nothing more was changed.")
+    assert audit_rows().filter(kind="todo.retry").count() == rows
 
 
 def test_a_stale_confirmation_shows_the_selection_again_and_changes_nothing(
