@@ -29,6 +29,7 @@ from queues.models import (
 )
 from switchboard.core.admins import ServiceFormAdmin, ServiceModelForm, StrictAdmin
 from switchboard.core.errors import DomainError
+from switchboard.core.pages import isolated
 
 # The services' names for the endpoint's fields where the model's differ.
 ENDPOINT_SERVICE_FIELDS = {
@@ -323,7 +324,7 @@ class TodoAdmin(StrictAdmin):
                 fn(actor=actor, todo_id=todo.id)
                 done += 1
             except DomainError as exc:
-                refused.append(f"{todo.title}: {exc.message}")
+                refused.append(f"{isolated(todo.title)}: {exc.message}")
         self.message_user(request, f"{done} todo(s) {verb}.")
         for line in refused:
             self.message_user(request, line, level=messages.WARNING)

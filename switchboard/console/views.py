@@ -34,6 +34,7 @@ from switchboard.core.pages import (
     TZ_COOKIE,
     HtmxHttpRequest,
     console_login_required,
+    isolated,
     refusal,
     safe_next,
 )
@@ -284,7 +285,7 @@ def todo_action_view(request: HttpRequest, todo_id: UUID, action: str) -> HttpRe
         if action == "claim":
             claimed = services.claim(actor=actor, todo_id=todo_id)
             messages.success(
-                request, f"Claimed “{claimed.todo.title}” (attempt {claimed.attempt})."
+                request, f"Claimed “{isolated(claimed.todo.title)}” (attempt {claimed.attempt})."
             )
         elif action == "complete":
             form = TodoCompleteForm(request.POST)

@@ -55,3 +55,11 @@ def identity_key(slug: str, queue: str) -> str:
         return f"{slug}--{queue}"
     digest = hashlib.sha1(queue.encode()).hexdigest()[:6]
     return f"{slug}--{re.sub(r'[^A-Za-z0-9_-]', '_', queue)}-{digest}"
+
+
+def isolated(text: str) -> str:
+    """Someone else's words inside a sentence of ours, as plain text (a flash message): wrapped
+    in FIRST STRONG ISOLATE ... POP DIRECTIONAL ISOLATE, so a bidi control in them (an agent's
+    right-to-left override in a title) cannot reorder the rest of the sentence. In HTML the
+    templates use <bdi>; a message is escaped text, so it carries the isolate itself."""
+    return f"\u2068{text}\u2069"

@@ -116,3 +116,15 @@ def test_owners_do_not_act_on_another_owners_todos_even_with_the_pause_permissio
     assert signed_in(p.pauser).post(f"/todos/{todo.id}/claim").status_code == 404
     todo.refresh_from_db()
     assert todo.state == TodoState.PENDING
+
+
+def test_a_claims_message_isolates_the_agents_title(personas: Personas) -> None:
+    # A flash message is escaped text, not HTML: the title is wrapped in FIRST STRONG ISOLATE and
+    # POP DIRECTIONAL ISOLATE, so a right-to-left override in it cannot reorder "(attempt 1)".
+    p = personas
+    todo = services.todo_create(
+        actor=p.as_agent(), endpoint=p.agent, queue="inbox", title="Tricky \u202e"
+    ).todo
+    response = signed_in(p.owner).post(f"/todos/{todo.id}/claim", follow=True)
+    shown = [str(m) for m in response.context["messages"]]
+    assert shown == ["Claimed “\u2068Tricky \u202e\u2069” (attempt 1)."]
