@@ -255,6 +255,8 @@ def budget_clear_view(request: HttpRequest, slug: str, queue: str) -> HttpRespon
         return refusal(request, Forbidden("you may read this budget but not change it"))
     policy = _policy(endpoint, queue)
     if policy is None:
+        if request.method == "POST":  # a double click's second POST, or a clear by another
+            return _already_cleared(request, endpoint, queue)
         return refusal(request, NotFound(f"no budget on endpoint:{endpoint.slug}/{queue}"))
     if request.method == "POST":
         try:
@@ -264,7 +266,11 @@ def budget_clear_view(request: HttpRequest, slug: str, queue: str) -> HttpRespon
                 queue=queue,
                 expected=(request.POST.get("version", ""),),
             )
-        except (Forbidden, NotFound) as exc:
+        except NotFound as exc:
+            if _policy(endpoint, queue) is None:  # cleared while this one waited for it
+                return _already_cleared(request, endpoint, queue)
+            return refusal(request, exc)
+        except Forbidden as exc:
             return refusal(request, exc)
         except PreconditionFailed:
             messages.error(
@@ -291,6 +297,13 @@ def budget_clear_view(request: HttpRequest, slug: str, queue: str) -> HttpRespon
             "version": admission_selectors.policy_version(policy),
         },
     )
+
+
+def _already_cleared(request: HttpRequest, endpoint: Endpoint, queue: str) -> HttpResponse:
+    """A clear that finds no budget: the end it asked for holds (the ledger says who cleared it),
+    so back to the board saying so, not a "not found" page after a double click."""
+    messages.info(request, f"{queue} on {endpoint.slug} has no budget now: it is cleared.")
+    return HttpResponseRedirect(_board_anchor(endpoint, queue))
 
 
 # --- the usage chart ----------------------------------------------------------------------------

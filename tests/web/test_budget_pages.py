@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from django.db import connection
 
@@ -10,7 +11,7 @@ from admission import services as admission_services
 from admission.models import AdmissionPolicy
 from queues import services
 from queues.models import EndpointState
-from tests.conftest import FIXTURE, Personas, audit_rows, push
+from tests.conftest import FIXTURE, Personas, audit_rows, push, run_threads
 from tests.web.conftest import budget, hidden_version, policy_form, previewed, signed_in
 
 
@@ -130,6 +131,16 @@ def test_clearing_asks_first_then_goes_through_the_service(personas: Personas) -
     assert not AdmissionPolicy.objects.exists()
     assert audit_rows().filter(kind="policy.delete").count() == 1
     assert client.get("/budgets/agent/inbox/clear").status_code == 404
+    # The same confirmation again (a double click): cleared already, so back to the board.
+    again = client.post(
+        "/budgets/agent/inbox/clear",
+        {"version": hidden_version(confirm.content.decode())},
+        follow=True,
+    )
+    assert again.redirect_chain == [("/#edit-agent--inbox", 302)]
+    shown = [str(m) for m in again.context["messages"]]
+    assert shown == ["inbox on agent has no budget now: it is cleared."]
+    assert audit_rows().filter(kind="policy.delete").count() == 1
 
 
 def test_another_owners_budget_is_not_found_and_an_auditor_reads_without_a_form(
@@ -314,3 +325,18 @@ def test_a_double_submitted_save_is_saved_once_and_both_answers_say_saved(
     assert (first.status_code, second.status_code) == (302, 302)
     assert AdmissionPolicy.objects.get().max_in_flight == 3
     assert audit_rows().filter(kind="policy.update").count() == 1
+
+
+def test_two_clears_of_one_budget_at_once_both_land_on_the_board(tx_personas: Personas) -> None:
+    p = tx_personas
+    budget(p, max_in_flight=2)
+    confirm = signed_in(p.owner).get("/budgets/agent/inbox/clear").content.decode()
+    form = {"version": hidden_version(confirm)}
+
+    def clear(i: int) -> Any:
+        return signed_in(p.owner).post("/budgets/agent/inbox/clear", form)
+
+    answers = run_threads(2, clear)
+    assert [(a.status_code, a["Location"]) for a in answers] == [(302, "/#edit-agent--inbox")] * 2
+    assert not AdmissionPolicy.objects.exists()
+    assert audit_rows().filter(kind="policy.delete").count() == 1
