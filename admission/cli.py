@@ -22,6 +22,7 @@ from django.core.management.base import BaseCommand
 from admission import selectors, services
 from admission.policy import DEFAULT_POSTURE
 from queues.access import HumanActor
+from switchboard.core import versions
 from switchboard.core.cli import acting_human, add_common_options, emit, refused, usage
 from switchboard.core.errors import DomainError
 
@@ -102,7 +103,7 @@ def _expected(options: dict[str, Any]) -> tuple[str, ...] | None:
     version = options.get("if_version")
     if version is None:
         return None
-    return (selectors.NO_BUDGET if version == "none" else version,)
+    return (versions.ABSENT if version == "none" else version,)
 
 
 def _needs_subcommand(command: BaseCommand, options: dict[str, Any]) -> None:

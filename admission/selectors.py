@@ -260,16 +260,12 @@ def policy_dict(policy: AdmissionPolicy) -> dict[str, Any]:
     return PolicySpec.of(policy).audited(policy.endpoint_id)
 
 
-# The version of "no budget" (``policy_version(None)``): what a caller that saw none expects.
-NO_BUDGET = versions.ABSENT
-
-
 def policy_version(policy: AdmissionPolicy | None) -> str:
     """The budget's version (``switchboard.core.versions``): a digest of its definition
     (``policy_dict``). The API's entity tag and the console's check that a save applies the
-    change its preview showed; ``NO_BUDGET`` when there is none."""
+    change its preview showed; ``versions.ABSENT`` when there is none."""
     if policy is None:
-        return NO_BUDGET
+        return versions.ABSENT
     return versions.digest(policy_dict(policy))
 
 

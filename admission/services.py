@@ -183,10 +183,6 @@ def _write(
     return existing, was_admitted
 
 
-# ``expected``'s member for "any budget" (HTTP's ``If-Match: *``).
-ANY_VERSION = versions.ANY
-
-
 def _check_expected(
     existing: AdmissionPolicy | None,
     expected: Collection[str] | None,
@@ -198,7 +194,7 @@ def _check_expected(
     """Refuse a conditional write whose budget is not as its writer read it.
 
     ``expected`` holds the versions the writer will write over (``selectors.policy_version``):
-    ``selectors.NO_BUDGET`` for none, ``ANY_VERSION`` for any budget. None: write whatever is
+    ``versions.ABSENT`` for none, ``versions.ANY`` for any budget. None: write whatever is
     there. Called with the row locked (or known absent under the identity's unique key), so no
     write lands between the check and the change. ``version``: ``existing``'s, read before the
     caller changed its fields.
@@ -214,7 +210,7 @@ def _check_expected(
     else:
         who = existing.updated_by.get_username() if existing.updated_by_id else "someone"
         when = existing.updated_at.astimezone(UTC).isoformat(timespec="seconds")
-        if selectors.NO_BUDGET in expected:
+        if versions.ABSENT in expected:
             message = f"{identity} has a budget now (set by {who} at {when}): nothing was written"
         else:
             message = (

@@ -39,6 +39,7 @@ from admission.models import AdmissionPolicy
 from admission.policy import PolicySpec
 from queues.access import Viewer
 from queues.models import Endpoint, check_queue_name
+from switchboard.core import versions
 from switchboard.core.errors import (
     DomainError,
     Forbidden,
@@ -196,7 +197,7 @@ def _what_changed(seen: str, policy: AdmissionPolicy | None) -> str:
     """How the budget moved since the preview the save came from: cleared, created, changed."""
     if policy is None:
         return "cleared"
-    return "created" if seen == admission_selectors.NO_BUDGET else "changed"
+    return "created" if seen == versions.ABSENT else "changed"
 
 
 def _budget_context(

@@ -153,7 +153,7 @@ def put_queue_settings(request: HttpRequest, queue: str, payload: QueueSettingsI
 def quarantine(request: HttpRequest, kind: LimitKind, name: str) -> Any:
     """Limit to 0 under enforce and expire every claim naming it, in one transaction."""
     done = services.limit_quarantine(actor=_actor(request), kind=kind, name=name)
-    return {**done, "limit": {**done["limit"], "version": services.limit_version(done["limit"])}}
+    return {**done, "limit": selectors.limit_out(done["limit"])}
 
 
 @router.put(
@@ -173,10 +173,9 @@ def put_limit(
     declared: else 412."""
     given = payload.model_dump(exclude_none=True)
     expected = write_preconditions(if_match, if_none_match)
-    out = services.limit_set(
-        actor=_actor(request), kind=kind, name=name, expected=expected, **given
+    out = selectors.limit_out(
+        services.limit_set(actor=_actor(request), kind=kind, name=name, expected=expected, **given)
     )
-    out["version"] = services.limit_version(out)
     response["ETag"] = entity_tag(out["version"])
     return out
 

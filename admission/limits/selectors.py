@@ -21,6 +21,12 @@ _POOLS_SQL = f"SELECT p.name, {gated.claimed_in_pool('p.name')} FROM limits_pool
 _TAGS_SQL = f"SELECT l.tag, {gated.claimed_with_tag('l.tag')} FROM limits_taglimit l"
 
 
+def limit_out(limit: dict[str, Any]) -> dict[str, Any]:
+    """A declared limit as every surface shows it: its one shape (``services.as_dict``, what the
+    ledger records) with its version (the API's ETag), derived from that shape."""
+    return {**limit, "version": services.limit_version(limit)}
+
+
 def limits_status() -> list[dict[str, Any]]:
     """Every declared limit in its one shape, with ``held`` (claims naming it now) for pools and
     tags, and for rates the effective limit, the 429s in the window and the claims this minute."""
@@ -31,8 +37,7 @@ def limits_status() -> list[dict[str, Any]]:
         held |= {("tag", name): count for name, count in cursor.fetchall()}
     rate_states = {r.name: rates.state(r.name) for r in RateLimit.objects.all()}
     out = []
-    for limit in services.limits_list():
-        limit["version"] = services.limit_version(limit)
+    for limit in map(limit_out, services.limits_list()):
         key = (limit["kind"], limit["name"])
         if key in held:
             limit["held"] = held[key]

@@ -28,12 +28,14 @@ class Api:
     def get(self, path: str) -> Any:
         return self.client.get(path, headers=self.headers)
 
-    def put(self, path: str, body: Any = None, *, raw: str | None = None) -> Any:
+    def put(self, path: str, body: Any = None, *, raw: str | None = None, **headers: str) -> Any:
         data = raw if raw is not None else json.dumps(body)
-        return self.client.put(path, data, content_type="application/json", headers=self.headers)
+        return self.client.put(
+            path, data, content_type="application/json", headers={**self.headers, **headers}
+        )
 
-    def delete(self, path: str) -> Any:
-        return self.client.delete(path, headers=self.headers)
+    def delete(self, path: str, **headers: str) -> Any:
+        return self.client.delete(path, headers={**self.headers, **headers})
 
     def post(self, path: str, body: Any) -> Any:
         return self.client.post(

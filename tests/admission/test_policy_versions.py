@@ -17,6 +17,7 @@ from django.db import connections
 
 from admission import selectors, services
 from admission.models import AdmissionPolicy
+from switchboard.core import versions
 from switchboard.core.errors import NotFound, PreconditionFailed
 from switchboard.ledger.models import LedgerKind
 from tests.admission.conftest import budget
@@ -45,14 +46,14 @@ def current() -> AdmissionPolicy | None:
 
 def test_the_version_changes_with_the_definition_and_with_nothing_else(personas: Personas) -> None:
     p = personas
-    assert selectors.policy_version(None) == selectors.NO_BUDGET
+    assert selectors.policy_version(None) == versions.ABSENT
     first = selectors.policy_version(budget(p, max_in_flight=2))
-    assert len(first) == 20 and first != selectors.NO_BUDGET
+    assert len(first) == 20 and first != versions.ABSENT
     again = budget(p, max_in_flight=2)  # changes nothing: no ledger row, the same version
     assert selectors.policy_version(again) == first
     assert audit_rows().filter(kind=LedgerKind.POLICY_UPDATE).count() == 0
     changed = budget(p, max_in_flight=3)
-    assert selectors.policy_version(changed) not in (first, selectors.NO_BUDGET)
+    assert selectors.policy_version(changed) not in (first, versions.ABSENT)
     assert selectors.policy_version(budget(p, max_in_flight=2)) == first  # as it was: as it was
     assert selectors.policy_out(changed)["version"] == selectors.policy_version(changed)
 
@@ -96,14 +97,14 @@ def test_a_write_whose_change_is_already_made_succeeds_whatever_was_read(
 def test_create_only_and_any_budget_mean_what_they_say(personas: Personas) -> None:
     p = personas
     with pytest.raises(PreconditionFailed, match="was cleared since it was read"):
-        set_as(p, 1, expected=(services.ANY_VERSION,))  # If-Match: * with no budget
+        set_as(p, 1, expected=(versions.ANY,))  # If-Match: * with no budget
     with pytest.raises(PreconditionFailed, match="was cleared since it was read"):
         set_as(p, 1, expected=("0" * 20,))
     assert current() is None and audit_rows().count() == 0
-    set_as(p, 1, expected=(selectors.NO_BUDGET,))  # If-None-Match: * with none: created
+    set_as(p, 1, expected=(versions.ABSENT,))  # If-None-Match: * with none: created
     with pytest.raises(PreconditionFailed, match="has a budget now"):
-        set_as(p, 2, expected=(selectors.NO_BUDGET,))
-    set_as(p, 3, expected=(services.ANY_VERSION,))
+        set_as(p, 2, expected=(versions.ABSENT,))
+    set_as(p, 3, expected=(versions.ANY,))
     assert current().max_in_flight == 3  # type: ignore[union-attr]
     # A list: any member will do.
     set_as(p, 4, expected=("0" * 20, selectors.policy_version(current())))
@@ -157,7 +158,7 @@ def test_of_eight_creators_only_where_there_is_none_exactly_one_creates(
 
     def create(i: int) -> str:
         try:
-            set_as(p, 10 + i, expected=(selectors.NO_BUDGET,))
+            set_as(p, 10 + i, expected=(versions.ABSENT,))
         except PreconditionFailed:
             return "refused"
         return "created"
@@ -221,47 +222,41 @@ def test_get_and_put_send_the_version_as_the_etag(personas: Personas) -> None:
     assert [row["policy"]["version"] for row in listed] == [version]
 
 
-def put_if(api: Any, p: Personas, body: dict[str, Any], **headers: str) -> Any:
-    return api.client.put(
-        one(p), body, content_type="application/json", headers={**api.headers, **headers}
-    )
-
-
 def test_a_put_over_a_stale_etag_is_412_and_changes_nothing(personas: Personas) -> None:
     p = personas
     api = human(p.owner)
     stale = api.put(one(p), {"max_in_flight": 2})["ETag"]
     fresh = api.put(one(p), {"max_in_flight": 3})["ETag"]  # another writer's change
     rows = audit_rows().count()
-    refused = put_if(api, p, {"max_in_flight": 9}, **{"If-Match": stale})
+    refused = api.put(one(p), {"max_in_flight": 9}, **{"If-Match": stale})
     assert refused.status_code == 412
     body = refused.json()
     assert body["code"] == "precondition_failed" and f'"{body["version"]}"' == fresh
     assert current().max_in_flight == 3 and audit_rows().count() == rows  # type: ignore[union-attr]
-    ok = put_if(api, p, {"max_in_flight": 9}, **{"If-Match": f"W/{stale}, {fresh}"})
+    ok = api.put(one(p), {"max_in_flight": 9}, **{"If-Match": f"W/{stale}, {fresh}"})
     assert ok.status_code == 200 and ok["ETag"] != fresh
     assert current().max_in_flight == 9  # type: ignore[union-attr]
     # A weak tag never matches a write (strong comparison), even the current one.
-    weak = put_if(api, p, {"max_in_flight": 1}, **{"If-Match": f"W/{ok['ETag']}"})
+    weak = api.put(one(p), {"max_in_flight": 1}, **{"If-Match": f"W/{ok['ETag']}"})
     assert weak.status_code == 412
     # "*" quoted is a tag like any other, not "any budget".
-    assert put_if(api, p, {"max_in_flight": 1}, **{"If-Match": '"*"'}).status_code == 412
-    assert put_if(api, p, {"max_in_flight": 1}, **{"If-Match": "*"}).status_code == 200
+    assert api.put(one(p), {"max_in_flight": 1}, **{"If-Match": '"*"'}).status_code == 412
+    assert api.put(one(p), {"max_in_flight": 1}, **{"If-Match": "*"}).status_code == 200
     # The same body again over the stale tag: already applied, so 200 and nothing written.
     rows = audit_rows().count()
-    assert put_if(api, p, {"max_in_flight": 1}, **{"If-Match": stale}).status_code == 200
+    assert api.put(one(p), {"max_in_flight": 1}, **{"If-Match": stale}).status_code == 200
     assert audit_rows().count() == rows
 
 
 def test_if_none_match_star_creates_only_where_there_is_none(personas: Personas) -> None:
     p = personas
     api = human(p.owner)
-    no_budget = put_if(api, p, {"max_in_flight": 1}, **{"If-Match": "*"})
+    no_budget = api.put(one(p), {"max_in_flight": 1}, **{"If-Match": "*"})
     assert no_budget.status_code == 412 and no_budget.json()["version"] is None
     assert current() is None
-    created = put_if(api, p, {"max_in_flight": 1}, **{"If-None-Match": "*"})
+    created = api.put(one(p), {"max_in_flight": 1}, **{"If-None-Match": "*"})
     assert created.status_code == 200
-    again = put_if(api, p, {"max_in_flight": 2}, **{"If-None-Match": "*"})
+    again = api.put(one(p), {"max_in_flight": 2}, **{"If-None-Match": "*"})
     assert again.status_code == 412 and "has a budget now" in again.json()["error"]
     assert current().max_in_flight == 1  # type: ignore[union-attr]
 
@@ -284,7 +279,7 @@ def test_a_malformed_precondition_is_400_naming_the_header(
     api = human(p.owner)
     api.put(one(p), {"max_in_flight": 2})
     rows = audit_rows().count()
-    refused = put_if(api, p, {"max_in_flight": 9}, **headers)
+    refused = api.put(one(p), {"max_in_flight": 9}, **headers)
     assert refused.status_code == 400, refused.content
     assert refused.json()["code"] == "invalid_argument" and refused.json()["field"] == field
     assert current().max_in_flight == 2 and audit_rows().count() == rows  # type: ignore[union-attr]
@@ -297,7 +292,7 @@ def test_a_delete_honours_if_match(personas: Personas) -> None:
     fresh = api.put(one(p), {"max_in_flight": 3})["ETag"]
 
     def delete(tag: str) -> Any:
-        return api.client.delete(one(p), headers={**api.headers, "If-Match": tag})
+        return api.delete(one(p), **{"If-Match": tag})
 
     assert delete(stale).status_code == 412 and current() is not None
     assert delete(fresh).status_code == 204 and current() is None

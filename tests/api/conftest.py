@@ -37,6 +37,14 @@ class Api:
     def get(self, path: str, **params: Any) -> Any:
         return self.client.get(path, params, headers=self._headers())
 
+    def put(self, path: str, body: Any, **headers: str) -> Any:
+        return self.client.put(
+            path, json.dumps(body), content_type="application/json", headers=self._headers(headers)
+        )
+
+    def delete(self, path: str, **headers: str) -> Any:
+        return self.client.delete(path, headers=self._headers(headers))
+
     def verb(self, name: str, body: Any = None, **kw: Any) -> Any:
         return self.post(f"/api/v1/agent/{name}", body, **kw)
 

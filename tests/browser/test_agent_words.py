@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from playwright.sync_api import Page
 
 from queues import services
-from tests.browser.conftest import Session
+from tests.browser.conftest import WIDTHS, Session
 from tests.conftest import Personas
 
 RLO = "\u202e"  # RIGHT-TO-LEFT OVERRIDE: what follows is laid out right to left
@@ -49,8 +50,9 @@ def reads_left_to_right(page: Page, root: str, *texts: str) -> None:
     assert places == sorted(places), f"{root}: {texts} laid out at (top, left) {places}"
 
 
+@pytest.mark.parametrize("width", WIDTHS)
 def test_a_bidi_control_in_an_agents_words_reorders_nothing_around_them(
-    session: Session, tx_personas: Personas
+    session: Session, tx_personas: Personas, width: int
 ) -> None:
     p = tx_personas
     agent = p.as_agent()
@@ -59,7 +61,7 @@ def test_a_bidi_control_in_an_agents_words_reorders_nothing_around_them(
     ).todo
     services.claim(actor=agent, todo_id=titled.id, claimant=f"worker {RLO}")
     services.todo_create(actor=agent, endpoint=p.agent, queue="inbox", title=f"Waiting {RLO}")
-    page = session.page(p.admin)
+    page = session.page(p.admin, width=width)
 
     page.goto("/todos/bulk/discard?queue=inbox")
     reads_left_to_right(page, ".bulk-sample li", "Waiting", "inbox", "agent", "pending")

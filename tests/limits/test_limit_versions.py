@@ -4,7 +4,6 @@ test_policy_versions.py)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -15,30 +14,27 @@ from admission.limits.models import Pool
 from switchboard.core import versions
 from switchboard.core.errors import PreconditionFailed
 from switchboard.ledger.models import LedgerKind
-from tests.api.conftest import human_token
+from tests.api.conftest import Api, human_token
 from tests.conftest import Personas, audit_rows, run_threads
 from tests.limits.conftest import pool
 
 PATH = "/api/v1/limits/pool/gpu"
 
 
-class Operator:
+class Operator(Api):
+    """The operator API over ``PATH``, as a human with the limits change permission."""
+
     def __init__(self, user: Any) -> None:
-        self.headers = {"Authorization": f"Bearer {human_token(user)}"}
+        super().__init__(Client(), human_token(user))
 
-    def put(self, body: dict[str, Any], **headers: str) -> Any:
-        return Client().put(
-            PATH,
-            json.dumps(body),
-            content_type="application/json",
-            headers={**self.headers, **headers},
-        )
+    def put(self, body: dict[str, Any], **headers: str) -> Any:  # type: ignore[override]
+        return super().put(PATH, body, **headers)
 
-    def delete(self, **headers: str) -> Any:
-        return Client().delete(PATH, headers={**self.headers, **headers})
+    def delete(self, **headers: str) -> Any:  # type: ignore[override]
+        return super().delete(PATH, **headers)
 
     def listed(self) -> list[dict[str, Any]]:
-        return Client().get("/api/v1/limits", headers=self.headers).json()["limits"]
+        return self.get("/api/v1/limits").json()["limits"]
 
 
 def slots() -> int | None:
@@ -92,7 +88,7 @@ def test_if_none_match_star_declares_only_where_it_is_not_declared(personas: Per
 
 
 def test_the_openapi_document_declares_the_headers_and_412(personas: Personas) -> None:
-    doc = Client().get("/api/v1/openapi.json", headers=Operator(personas.admin).headers).json()
+    doc = Operator(personas.admin).get("/api/v1/openapi.json").json()
     ops = doc["paths"]["/api/v1/limits/{kind}/{name}"]
     for verb, names in (("put", {"If-Match", "If-None-Match"}), ("delete", {"If-Match"})):
         assert "412" in ops[verb]["responses"]

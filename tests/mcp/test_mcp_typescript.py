@@ -13,8 +13,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from admission import selectors as admission_selectors
+from admission import services as admission_services
+from admission.limits import services as limit_services
 from queues import services
-from queues.models import Todo, TodoState
+from queues.models import BASIC_VERBS, POLICY_VERBS, Todo, TodoState
 from switchboard.ledger.models import LedgerEntry, LedgerKind
 from tests.conftest import FIXTURE, Personas, push
 from tests.limits.conftest import everything_full, pool
@@ -114,3 +117,43 @@ def test_the_typescript_sdk_accepts_a_claims_grant_and_get_todo_shows_the_same_o
     assert claimed["structuredContent"]["grant"] == grant.entry_hash
     assert claimed["structuredContent"]["todo"]["grant"] == grant.entry_hash
     assert got["structuredContent"]["todo"]["grant"] == grant.entry_hash
+
+
+def test_the_typescript_sdk_accepts_the_budget_and_limit_versions(
+    tx_personas: Personas, live_url: str, js_clients: Path
+) -> None:
+    # Budgets and limits gained a required "version" in the outputs of admission_status,
+    # limits_status and set_admission_policy: the SDK checks each result against its schema.
+    p = tx_personas
+    endpoint, token = services.endpoint_vend(
+        actor=FIXTURE,
+        owner=p.owner,
+        name="Budgeter",
+        queues=["inbox"],
+        verbs=[*BASIC_VERBS, *POLICY_VERBS],
+        rps=0,
+    )
+    budget = admission_services.policy_set(
+        actor=p.as_human(), endpoint=endpoint, queue="inbox", max_in_flight=2,
+        max_claims_per_window=None, window=None,
+    )  # fmt: skip
+    gpu = pool("gpu", slots=2)
+    calls = [
+        ["admission_status", {"queue": "inbox"}],
+        ["limits_status", {}],
+        ["set_admission_policy", {"queue": "inbox", "policy": {"max_in_flight": 3}}],
+    ]
+    report = run_agent(js_clients, f"{live_url}/mcp/{endpoint.slug}", token, calls)
+    status, limits, changed = report["calls"]
+    for call in report["calls"]:
+        assert "thrown" not in call and call["isError"] is False, call
+    (queue,) = status["structuredContent"]["queues"]
+    assert queue["policy"]["version"] == admission_selectors.policy_version(budget)
+    (limit,) = limits["structuredContent"]["limits"]
+    shape = limit_services.as_dict(limit_services.KINDS["pool"], gpu)
+    assert limit["version"] == limit_services.limit_version(shape)
+    budget.refresh_from_db()
+    assert changed["structuredContent"]["policy"]["version"] == (
+        admission_selectors.policy_version(budget)
+    )
+    assert changed["structuredContent"]["policy"]["version"] != queue["policy"]["version"]

@@ -9,9 +9,9 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 
 from admission.models import AdmissionPolicy, AdmissionWindow
-from admission.selectors import NO_BUDGET
 from queues import services
 from queues.models import QueuePause, Todo, TodoState
+from switchboard.core.versions import ABSENT as NO_BUDGET
 from tests.conftest import Personas, audit_rows, push
 from tests.web.conftest import budget, hidden_version, policy_form, signed_in
 
