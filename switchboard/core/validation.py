@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -177,7 +178,10 @@ def loads(raw: bytes | str, field: str = "") -> Any:
             f"{name}: is nested deeper than {MAX_JSON_DEPTH} levels", field=name
         ) from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidArgument(f"{name}: is not valid JSON ({exc})", field=name) from None
+        why = str(exc)
+        if "integer string conversion" in why:  # Python's own advice is not the client's to take
+            why = f"a number has more than {sys.get_int_max_str_digits()} digits"
+        raise InvalidArgument(f"{name}: is not valid JSON ({why})", field=name) from None
     return check_json(value, field)
 
 
@@ -209,18 +213,21 @@ def fullmatch(pattern: str, value: Any) -> bool:
 
 
 class SafeJSONDecoder(json.JSONDecoder):
-    """Reads stored JSON for the model fields without ever raising on depth: a value too deep
-    for Python's parser comes back as ``UNREADABLE`` so its row can still be listed."""
+    """Reads stored JSON for the model fields without ever raising on what ``jsonb`` holds and
+    Python cannot read: a value too deep for Python's parser, or an integer longer than Python
+    converts (``jsonb`` keeps ``1e5000`` and writes it out as 5,001 digits). Either comes back
+    as ``UNREADABLE`` so its row can still be listed."""
 
     def decode(self, s: str, *args: Any, **kwargs: Any) -> Any:
         try:
             return super().decode(s, *args, **kwargs)
-        except RecursionError:
+        except (RecursionError, ValueError):
             return dict(UNREADABLE)
 
 
 def stored_json_loads(data: bytes | bytearray | memoryview | str) -> Any:
-    """psycopg's json/jsonb loader: ``json.loads``, or ``UNREADABLE`` for a value too deep.
+    """psycopg's json/jsonb loader: ``json.loads``, or ``UNREADABLE`` for a value Python cannot
+    read (too deep, or an integer too long: see ``SafeJSONDecoder``).
 
     The database sends UTF-8 (Django sets the client encoding): decoded as such and parsed
     with a plain decoder, without ``json.loads``' encoding detection (a claim cycle loads two
@@ -232,7 +239,7 @@ def stored_json_loads(data: bytes | bytearray | memoryview | str) -> Any:
             except UnicodeDecodeError:
                 return json.loads(bytes(data))  # type: ignore[arg-type]
         return _decode(data)
-    except RecursionError:
+    except (RecursionError, ValueError):
         return dict(UNREADABLE)
 
 
@@ -254,7 +261,10 @@ def _decode(text: str) -> Any:
 
 
 # What a stored value that cannot be read or shown is replaced with on every surface.
-UNREADABLE = {"unreadable": f"stored JSON nested deeper than {MAX_JSON_DEPTH} levels"}
+UNREADABLE = {
+    "unreadable": f"stored JSON nested deeper than {MAX_JSON_DEPTH} levels, or holding a number"
+    " too long to read"
+}
 
 
 def shown(value: Any) -> Any:

@@ -85,6 +85,21 @@ def test_non_finite_numbers_are_refused(agent_api: Api, literal: str) -> None:
     assert not Todo.objects.exists()
 
 
+def test_an_integer_longer_than_python_reads_is_refused_in_plain_words(agent_api: Api) -> None:
+    raw = '{"queue": "inbox", "title": "t", "payload": {"x": 1%s}}' % ("0" * 5000)
+    response = agent_api.verb("create_todo", raw=raw)
+    assert refused_field(response) == "body"
+    assert response.json()["error"] == (
+        "body: is not valid JSON (a number has more than 4300 digits)"
+    )
+    assert not Todo.objects.exists()
+    # One Python reads is stored as it was sent, and read back the same.
+    long = int("9" * 4000)
+    created = create(agent_api, payload={"x": long})
+    assert created.status_code == 200, created.content
+    assert Todo.objects.get().payload == {"x": long}
+
+
 @pytest.mark.parametrize(
     ("verb_name", "body", "field"),
     [
@@ -387,16 +402,27 @@ def test_the_services_refuse_what_the_edge_refuses(personas: Personas) -> None:
 # --- defence in depth: a row nobody could render --------------------------------------------------
 
 
-@pytest.mark.parametrize("depth", [300, 5000])
+POISONS = {
+    "nested 300 deep": "[" * 300 + "]" * 300,
+    "nested 5000 deep": "[" * 5000 + "]" * 5000,
+    # jsonb keeps the number and writes it out as 5,001 digits, longer than Python reads.
+    "an integer of 5001 digits": '{"n": 1e5000}',
+    "a negative one": "[-1e5000]",
+    # Python reads this one as a float, which overflows: not a number JSON can say.
+    "a decimal beyond a double": '{"n": 1' + "0" * 400 + ".5}",
+}
+
+
+@pytest.mark.parametrize("poison_json", POISONS.values(), ids=POISONS.keys())
 def test_a_poison_row_never_breaks_the_queue(
-    personas: Personas, agent_api: Api, depth: int
+    personas: Personas, agent_api: Api, poison_json: str
 ) -> None:
     good, poison = push(personas, 2)
     with connection.cursor() as cursor:
         cursor.execute(
             "UPDATE queues_todo SET payload = %s::jsonb, created_at = created_at - interval '1h' "
             "WHERE id = %s",
-            ["[" * depth + "]" * depth, poison.id],
+            [poison_json, poison.id],
         )
 
     listed = agent_api.verb("list_todos", {"queue": "inbox"})

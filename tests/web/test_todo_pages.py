@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import uuid
+
+from django.db import connection
+from django.utils.html import escape
 
 from queues import services
 from queues.models import TodoState
+from switchboard.core import validation
 from tests.conftest import Personas, push
 from tests.web.conftest import HTMX, budget, signed_in
 
@@ -128,3 +133,51 @@ def test_a_claims_message_isolates_the_agents_title(personas: Personas) -> None:
     response = signed_in(p.owner).post(f"/todos/{todo.id}/claim", follow=True)
     shown = [str(m) for m in response.context["messages"]]
     assert shown == ["Claimed “\u2068Tricky \u202e\u2069” (attempt 1)."]
+
+
+def test_stored_json_python_cannot_read_shows_as_unreadable_on_every_page(
+    personas: Personas,
+) -> None:
+    # jsonb keeps 1e5000 and writes it out as 5,001 digits, more than Python converts to an int:
+    # a payload, result or attempt error written so behind the services' back is shown as
+    # unreadable, never a server error.
+    p = personas
+    pending, done, failed = push(p, 3)
+    services.claim(actor=p.as_human(), todo_id=done.id)
+    services.complete(actor=p.as_human(), todo_id=done.id, result={"ok": True})
+    services.claim(actor=p.as_human(), todo_id=failed.id)
+    services.fail(actor=p.as_human(), todo_id=failed.id, error={"why": "first"})
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE queues_todo SET payload = %s::jsonb", ['{"n": 1e5000}'])
+        cursor.execute(
+            "UPDATE queues_todo SET result = %s::jsonb WHERE id = %s", ["[1e5000]", done.id]
+        )
+        cursor.execute(
+            "UPDATE queues_attempt SET error = %s::jsonb WHERE todo_id = %s",
+            ['{"n": -1e5000}', failed.id],
+        )
+    unreadable = escape(json.dumps(validation.UNREADABLE["unreadable"]))
+    pages = {
+        signed_in(p.owner): [
+            "/?queue=inbox",
+            f"/todos/{pending.id}",
+            f"/todos/{done.id}",
+            f"/todos/{failed.id}",
+            "/queues/inbox",
+            "/agents",
+        ],
+        signed_in(p.admin): [
+            "/admin/queues/todo/",
+            f"/admin/queues/todo/{pending.id}/change/",
+            f"/admin/queues/todo/{done.id}/change/",
+            f"/admin/queues/todo/{failed.id}/change/",
+            "/admin/queues/attempt/",
+        ],
+    }
+    for client, urls in pages.items():
+        for url in urls:
+            response = client.get(url)
+            assert response.status_code == 200, url
+    client = signed_in(p.owner)
+    for todo in (done, failed):  # the payload, and the result or the attempt's error
+        assert client.get(f"/todos/{todo.id}").content.decode().count(unreadable) == 2
