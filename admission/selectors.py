@@ -521,6 +521,6 @@ def ledger_rows(
     zone = tz or timezone.get_current_timezone()
     if since:
         qs = qs.filter(at__gte=datetime.combine(since, time.min, tzinfo=zone))
-    if until:
+    if until and until < date.max:  # to the last day Python holds is to no end at all
         qs = qs.filter(at__lt=datetime.combine(until + timedelta(days=1), time.min, tzinfo=zone))
     return qs.order_by("-seq")

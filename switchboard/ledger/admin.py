@@ -15,12 +15,13 @@ from switchboard.ledger.models import LedgerHead
 
 class _ChangeList(ChangeList):
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> Any:
-        # Django's date hierarchy turns ?at__year=<20 digits> into an OverflowError (a 500): the
-        # admin's invalid-lookup answer instead. (switchboard.core.admins does the same for the
-        # apps' admins; the ledger depends on nothing, so it keeps its own.)
+        # Django's date hierarchy turns ?at__year=<20 digits> into an OverflowError and
+        # ?at__year=9999 into a ValueError (year 10000 ends it): each a 500, where the admin's
+        # invalid-lookup answer is due. (switchboard.core.admins does the same for the apps'
+        # admins; the ledger depends on nothing, so it keeps its own.)
         try:
             return super().get_queryset(request, exclude_parameters)
-        except OverflowError as exc:
+        except (ValueError, OverflowError) as exc:
             raise IncorrectLookupParameters(exc) from exc
 
 

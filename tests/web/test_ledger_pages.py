@@ -101,6 +101,16 @@ def test_a_date_range_is_read_in_the_viewers_zone(personas: Personas) -> None:
     bad = client.get("/ledger?since=2026-03-10&until=2026-03-01")
     assert "the end of the range is before its start" in bad.content.decode()
     assert client.get("/ledger.csv?since=yesterday").status_code == 400
+    # The first and last days a date field takes, in zones either side of UTC: the whole ledger,
+    # where the day after the last one was a server error.
+    for zone in ("Pacific/Kiritimati", "America/Los_Angeles"):
+        client.cookies["tz"] = zone
+        for query in ("until=9999-12-31", "since=0001-01-01&until=9999-12-31"):
+            assert len(_csv(client.get(f"/ledger.csv?{query}"))) == 1, (zone, query)
+            page = client.get(f"/ledger?{query}")
+            assert page.content.decode().count('<span class="kind kind-') == 1, (zone, query)
+        assert len(_csv(client.get("/ledger.csv?since=9999-12-31"))) == 0
+        assert len(_csv(client.get("/ledger.csv?until=0001-01-01"))) == 0
 
 
 def test_the_list_is_paginated_newest_first(personas: Personas, monkeypatch: Any) -> None:
