@@ -49,6 +49,12 @@ LEASE_MAX = 32
 LEASE_SHARE = 0.01
 LEASE_SECONDS = 0.25
 
+# The longest a bucket is kept, and so the longest wait it answers: ten years. A rate may be
+# any positive number (1e-300 per second: a burst, then nothing), but the time to refill at it
+# can be past any expiry Redis takes (Lua hands it ``1e+303``, not an integer: the script
+# failed, and the limiter failed open). A bucket idle this long is full again when it expires.
+LONGEST_MS = 10 * 365 * 86400 * 1000
+
 # KEYS[1] bucket, KEYS[2] the leases outstanding (holder -> "tokens expires"); ARGV: rate per
 # second, burst, now (seconds, float), and for a lease: tokens wanted, holder (without them, one
 # token, the caller's leases untouched: every argument costs the caller's CPU to send).
@@ -93,13 +99,13 @@ if want > 1 and tokens - want >= burst / 2 then
 elseif tokens >= 1 then
   granted = 1
 else
-  wait_ms = math.ceil((1 - tokens) / rate * 1000)
+  wait_ms = math.min(math.ceil((1 - tokens) / rate * 1000), LONGEST_MS)
 end
 tokens = tokens - granted
 redis.call('HSET', KEYS[1], 'tokens', tokens, 'at', now, 'held_until', held_until)
-redis.call('PEXPIRE', KEYS[1], math.ceil(burst / rate * 1000) + 1000)
+redis.call('PEXPIRE', KEYS[1], math.min(math.ceil(burst / rate * 1000) + 1000, LONGEST_MS))
 return {granted, wait_ms}
-""".replace("LEASE_SECONDS", repr(LEASE_SECONDS))
+""".replace("LEASE_SECONDS", repr(LEASE_SECONDS)).replace("LONGEST_MS", str(LONGEST_MS))
 _SHA = hashlib.sha1(_TAKE.encode()).hexdigest()
 _BUCKET = "switchboard:bucket:"
 
@@ -182,11 +188,20 @@ def take(key: str, *, rate: float, burst: int) -> tuple[bool, int]:
         return True, 0  # Redis failed a moment ago: admit without waiting on it again
     try:
         granted, wait_ms = _call(key, rate, burst, time.time())
-    except redis.RedisError:
+    except redis.RedisError as exc:
+        return _failed(key, exc)
+    return (True, 0) if granted else _refused(wait_ms)
+
+
+def _failed(key: str, exc: redis.RedisError) -> tuple[bool, int]:
+    """Admit when the limiter cannot answer. Only an outage opens the breaker: an error Redis
+    answered (the script failed on this bucket) must not switch every other bucket off."""
+    if isinstance(exc, redis.ResponseError):
+        log.error("rate limiter failed on %s; admitting: %s", key, exc)
+    else:
         availability.redis_breaker.failed()
         log.warning("rate limiter unavailable; admitting %s", key)
-        return True, 0
-    return (True, 0) if granted else _refused(wait_ms)
+    return True, 0
 
 
 def _take_leased(key: str, rate: float, burst: int, size: int) -> tuple[bool, int]:
@@ -212,10 +227,8 @@ def _take_leased(key: str, rate: float, burst: int, size: int) -> tuple[bool, in
         want = max(1, min(size, math.ceil(spent * LEASE_SECONDS / max(elapsed, 1e-3))))
         try:
             granted, wait_ms = _call(key, rate, burst, time.time(), want, _holder)
-        except redis.RedisError:
-            availability.redis_breaker.failed()
-            log.warning("rate limiter unavailable; admitting %s", key)
-            return True, 0
+        except redis.RedisError as exc:
+            return _failed(key, exc)
         with _lock:
             lease.fetched_at = started
             lease.expires = started + LEASE_SECONDS

@@ -13,6 +13,7 @@ from django.utils import timezone
 from admission.models import AdmissionPolicy
 from queues import services
 from queues.models import QueuePause, Todo, TodoState
+from switchboard.core import ratelimit
 from switchboard.core.verbs import load_verbs
 from tests.api.conftest import Api
 from tests.conftest import FIXTURE, Personas, push
@@ -205,6 +206,21 @@ def test_over_the_endpoint_rate_it_answers_429_with_retry_after(
     limited = next(a for a in answers if a.status_code == 429)
     assert limited.json()["code"] == "rate_limited"
     assert int(limited["Retry-After"]) >= 1
+
+
+def test_a_rate_that_never_refills_in_practice_still_limits(
+    personas: Personas, client: Client
+) -> None:
+    # A burst, then nothing: the wait is as long as the bucket is kept (ten years), where such
+    # a rate made the limiter's script fail and admit every request.
+    _, token = services.endpoint_vend(
+        actor=FIXTURE, owner=personas.owner, name="Once", queues=["inbox"], rps=1e-300, burst=1
+    )
+    once = Api(client, token)
+    assert once.verb("list_todos").status_code == 200
+    refused = once.verb("list_todos")
+    assert refused.status_code == 429 and refused.json()["code"] == "rate_limited"
+    assert int(refused["Retry-After"]) == ratelimit.LONGEST_MS // 1000
 
 
 def _budget(personas: Personas, *, per_day: int) -> AdmissionPolicy:

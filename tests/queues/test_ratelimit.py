@@ -144,3 +144,29 @@ def test_leased_processes_racing_never_exceed_the_bucket_s_bound() -> None:
     assert paced_calls < paced_admitted / 3  # and leases were in play
     # Slack: one token per thread may be between Redis's grant and the thread's clock.
     assert worst <= burst + 3 * threads, (worst, len(admitted))
+
+
+def test_any_positive_rate_limits_however_slow_it_refills() -> None:
+    # 1e-300 per second takes 1e303 ms to refill a token: past any expiry Redis takes, so the
+    # script failed and the limiter admitted everything (and opened the breaker for everyone).
+    longest_s = ratelimit.LONGEST_MS // 1000
+    for rate in (1e-300, 5e-324, 1e-12):
+        key = f"slow-{rate}"
+        assert ratelimit.take(key, rate=rate, burst=1) == (True, 0)
+        assert ratelimit.take(key, rate=rate, burst=1) == (False, longest_s), rate
+        ttl_ms = counters.client().pttl(f"switchboard:bucket:{key}")
+        assert 0 < ttl_ms <= ratelimit.LONGEST_MS
+    # A burst large enough for leases: the burst, then nothing.
+    answers = [ratelimit.take("slow-leased", rate=1e-300, burst=400)[0] for _ in range(410)]
+    assert answers == [True] * 400 + [False] * 10
+    assert ratelimit.availability.redis_breaker.allow()
+
+
+def test_a_script_error_on_one_bucket_leaves_the_others_limited() -> None:
+    # An error Redis answers (here: the bucket's key holds a string) admits that request, and
+    # does not open the breaker, which would switch every endpoint's limit off for a while.
+    counters.client().set("switchboard:bucket:broken", "not a hash")
+    assert ratelimit.take("broken", rate=1, burst=1) == (True, 0)
+    assert ratelimit.availability.redis_breaker.allow()
+    assert ratelimit.take("sound", rate=1, burst=1) == (True, 0)
+    assert ratelimit.take("sound", rate=1, burst=1) == (False, 1)
