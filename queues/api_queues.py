@@ -17,6 +17,7 @@ from queues import pauses, selectors
 from queues.access import HumanActor
 from queues.auth import HumanAuth
 from queues.conditions import Condition
+from queues.schemas import Strict
 from switchboard.core.http import ErrorOut
 
 router = Router(tags=["queues"], auth=HumanAuth())
@@ -53,7 +54,7 @@ class QueueListOut(Schema):
     queues: list[QueueOut]
 
 
-class PauseIn(Schema):
+class PauseIn(Strict):
     reason: str = Field(min_length=1, max_length=pauses.MAX_REASON)
     create: bool = Field(
         default=False, description="Pause a name no todo, policy or endpoint has used yet."

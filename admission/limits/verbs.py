@@ -9,18 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
 from admission.limits import rates, selectors
 from admission.limits.api import LimitOut
 from queues.access import AgentActor
 from queues.models import LIMIT_NAME_RE
-from queues.schemas import Schema
+from queues.schemas import Schema, Strict
 from switchboard.core.verbs import verb
 
 
-class ReportRateLimitedIn(Schema):
-    model_config = ConfigDict(extra="forbid")
+class ReportRateLimitedIn(Strict):
     rate_limit: str = Field(pattern=LIMIT_NAME_RE, max_length=64)
 
 
@@ -56,8 +55,8 @@ def report_rate_limited(actor: AgentActor, data: ReportRateLimitedIn) -> dict[st
     }
 
 
-class LimitsStatusIn(Schema):
-    model_config = ConfigDict(extra="forbid")
+class LimitsStatusIn(Strict):
+    """No arguments."""
 
 
 class LimitsStatusOut(Schema):

@@ -6,10 +6,11 @@ validator validates a model that forbids extra keys twice, the second time throu
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, get_args
 from uuid import uuid4
 
 import pytest
+from pydantic import BaseModel
 
 from switchboard.core import validation, verbs
 from switchboard.core.errors import InvalidArgument
@@ -117,3 +118,31 @@ def test_a_clean_flat_object_passes(value: dict[str, Any]) -> None:
     assert validation.renderable(value) and validation.shown(value) is value
     with pytest.raises(InvalidArgument):  # no depth at all allowed: even a flat object is deep
         validation.check_json(value, "args", max_depth=0)
+
+
+def _body_models() -> list[tuple[str, type[BaseModel]]]:
+    import switchboard.urls  # noqa: F401  (mounts every router on the one NinjaAPI)
+    from switchboard.api import api
+
+    found = []
+    for prefix, router in api._routers:
+        for path, operations in router.path_operations.items():
+            for operation in operations.operations:
+                for params in operation.models:
+                    if getattr(params, "__ninja_param_source__", None) != "body":
+                        continue
+                    for field in params.model_fields.values():
+                        for model in (field.annotation, *get_args(field.annotation)):
+                            if isinstance(model, type) and issubclass(model, BaseModel):
+                                found.append((f"{operation.methods} {prefix}{path}", model))
+    return found
+
+
+def test_every_request_body_refuses_unknown_keys_and_coercion() -> None:
+    # A pause's body was lax: {"reason": "x", "craete": true} paused without the flag, and
+    # "create": "yes" read as true.
+    bodies = _body_models()
+    assert len(bodies) >= 20
+    for where, model in bodies:
+        assert model.model_config.get("extra") == "forbid", (where, model.__name__)
+        assert model.model_config.get("strict") is True, (where, model.__name__)

@@ -113,6 +113,27 @@ def test_a_reason_is_required(personas: Personas, body: dict[str, Any]) -> None:
     assert response.json()["field"] == "reason"
 
 
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        # A misspelt "create" was dropped, so the pause was refused as an unknown queue, or
+        # (another field misspelt) done without the operator's intent; "yes" and 1 were true.
+        ({"reason": "later", "craete": True}, "craete"),
+        ({"reason": "later", "create": "yes"}, "create"),
+        ({"reason": "later", "create": 1}, "create"),
+        ({"reason": 5}, "reason"),
+    ],
+)
+def test_a_pause_body_is_read_strictly(
+    personas: Personas, body: dict[str, Any], field: str
+) -> None:
+    response = _post(_client(personas.admin), f"{QUEUES}/night-batch/pause", body)
+
+    assert response.status_code == 400, response.content
+    assert (response.json()["code"], response.json()["field"]) == ("invalid_argument", field)
+    assert not QueuePause.objects.exists()
+
+
 @pytest.mark.parametrize("who", ["auditor", "owner"])
 def test_auditors_and_plain_owners_are_forbidden(personas: Personas, who: str) -> None:
     client = _client(getattr(personas, who))
