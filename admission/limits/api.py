@@ -25,6 +25,7 @@ from ninja import Router, Schema
 from pydantic import Field
 
 from admission.limits import selectors, services
+from admission.limits.models import MAX_DECAY_STEP, MAX_DECAY_WINDOW_SECONDS, MAX_LIMIT
 from admission.limits.verify import limits_verify
 from queues.access import HumanActor
 from queues.auth import HumanAuth
@@ -55,16 +56,26 @@ IF_NONE_MATCH = if_none_match_header("declare only, where it is not declared yet
 LimitKind = Literal["pool", "tag", "rate"]
 
 
+# A pool or tag limit (a rate limit cannot be quarantined: nothing holds it).
+HeldKind = Literal["pool", "tag"]
+
+
+def _bounded(lowest: int, highest: int, description: str) -> Any:
+    """A number field with the service's bounds in the document (the service checks them too,
+    for the callers that are not the API)."""
+    return Field(default=None, ge=lowest, le=highest, description=description)
+
+
 class LimitIn(Strict):
     """Only the fields of the limit's kind; a field left out keeps its value (or default)."""
 
-    slots: int | None = Field(default=None, description="pool: claims naming it at once")
-    limit: int | None = Field(default=None, description="tag: claims naming it at once")
-    base_limit: int | None = Field(default=None, description="rate: claims per minute")
-    floor: int | None = Field(default=None, description="rate: the least claims per minute")
-    decay_window_seconds: int | None = Field(default=None, description="rate: a 429's reach")
-    decay_step: int | None = Field(
-        default=None, description="rate: halvings per 429 in the window (0: no decay)"
+    slots: int | None = _bounded(0, MAX_LIMIT, "pool: claims naming it at once")
+    limit: int | None = _bounded(0, MAX_LIMIT, "tag: claims naming it at once")
+    base_limit: int | None = _bounded(1, MAX_LIMIT, "rate: claims per minute")
+    floor: int | None = _bounded(1, MAX_LIMIT, "rate: the least claims per minute")
+    decay_window_seconds: int | None = _bounded(1, MAX_DECAY_WINDOW_SECONDS, "rate: a 429's reach")
+    decay_step: int | None = _bounded(
+        0, MAX_DECAY_STEP, "rate: halvings per 429 in the window (0: no decay)"
     )
     posture: Literal["enforce", "advise", "off"] | None = None
 
@@ -104,9 +115,9 @@ def list_limits(request: HttpRequest) -> dict[str, Any]:
 
 
 class QueueSettingsIn(Strict):
-    priority: int | None = Field(default=None, description="higher is claimed first")
-    aging_seconds: int | None = Field(
-        default=None, description="seconds of the oldest todo's wait per priority step"
+    priority: int | None = _bounded(-MAX_LIMIT, MAX_LIMIT, "higher is claimed first")
+    aging_seconds: int | None = _bounded(
+        1, MAX_DECAY_WINDOW_SECONDS, "seconds of the oldest todo's wait per priority step"
     )
     clear_aging: bool = Field(default=False, description="remove the aging")
 
@@ -150,7 +161,7 @@ def put_queue_settings(request: HttpRequest, queue: str, payload: QueueSettingsI
     response={200: QuarantineOut, **WRITE_ERRORS},
     summary="Quarantine a pool or tag",
 )
-def quarantine(request: HttpRequest, kind: LimitKind, name: str) -> Any:
+def quarantine(request: HttpRequest, kind: HeldKind, name: str) -> Any:
     """Limit to 0 under enforce and expire every claim naming it, in one transaction."""
     done = services.limit_quarantine(actor=_actor(request), kind=kind, name=name)
     return {**done, "limit": selectors.limit_out(done["limit"])}

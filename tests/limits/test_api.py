@@ -152,3 +152,31 @@ def test_queue_settings_over_rest_name_a_bad_field_and_change_nothing(personas: 
     assert ok.json() == {"queue": "inbox", "priority": 2, "aging_seconds": 60}
     status = get(personas.owner, "/api/v1/limits/status").json()
     assert status["queues"] == [{"queue": "inbox", "priority": 2, "aging_seconds": 60}]
+
+
+def test_the_document_states_the_bounds_the_service_checks(personas: Personas) -> None:
+    # A client reading the document learns each number's range, where it had only "integer";
+    # and a rate limit, which nothing holds, is not offered for quarantine.
+    document = Client().get("/api/v1/openapi.json").json()
+    schemas = document["components"]["schemas"]
+
+    def bounds(model: str, field: str) -> tuple[int, int]:
+        number = next(s for s in schemas[model]["properties"][field]["anyOf"] if "minimum" in s)
+        return number["minimum"], number["maximum"]
+
+    for kind in limit_services.KINDS.values():
+        for field, lowest, _ in kind.numbers:
+            highest = limit_services._HIGHEST.get(field, limit_services.MAX_LIMIT)
+            assert bounds("LimitIn", field) == (lowest, highest), field
+            over = put(personas.admin, f"/api/v1/limits/{kind.name}/n", {field: highest + 1})
+            under = put(personas.admin, f"/api/v1/limits/{kind.name}/n", {field: lowest - 1})
+            for refused in (over, under):
+                assert refused.status_code == 400 and refused.json()["field"] == field
+    assert bounds("QueueSettingsIn", "priority") == (-1_000_000, 1_000_000)
+    assert bounds("QueueSettingsIn", "aging_seconds") == (1, 86_400)
+    quarantine = document["paths"]["/api/v1/limits/{kind}/{name}/quarantine"]["post"]
+    kind_parameter = next(p for p in quarantine["parameters"] if p["name"] == "kind")
+    assert kind_parameter["schema"]["enum"] == ["pool", "tag"]
+    refused = post(personas.admin, "/api/v1/limits/rate/r/quarantine")
+    assert refused.status_code == 400 and refused.json()["field"] == "kind"
+    assert not Pool.objects.exists()
