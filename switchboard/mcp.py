@@ -402,7 +402,13 @@ def _request_id(message: Any) -> Id:
 # --- tools, shared by both eras -----------------------------------------------------------------
 
 
-def _tools_list(actor: AgentActor, version: str) -> dict[str, Any]:
+def _tools_list(actor: AgentActor, version: str, params: dict[str, Any]) -> dict[str, Any]:
+    # The whole list is one page, so no cursor was ever given out: one sent is not ours
+    # (the specification's pagination: an invalid cursor is -32602, not the first page again).
+    if params.get("cursor") is not None:
+        raise RpcError(
+            INVALID_PARAMS, "params.cursor is not one this server gave out: tools/list is one page"
+        )
     tools = []
     for spec in verbs.granted(actor):
         tool: dict[str, Any] = {
@@ -595,7 +601,7 @@ def _modern_dispatch(actor: AgentActor, req: Request) -> dict[str, Any] | ToolRe
             "cacheScope": "private",
         }
     if req.method == "tools/list":
-        return {**_tools_list(actor, version), "ttlMs": 0, "cacheScope": "private"}
+        return {**_tools_list(actor, version, req.params), "ttlMs": 0, "cacheScope": "private"}
     if req.method == "tools/call":
         return _tools_call(actor, req.params, version)
     raise RpcError(METHOD_NOT_FOUND, f"Method not found: {req.method}")
@@ -871,7 +877,7 @@ def _legacy_dispatch(
     if req.method == "ping":
         return {}
     if req.method == "tools/list":
-        return _tools_list(actor, version)
+        return _tools_list(actor, version, req.params)
     if req.method == "tools/call":
         return _tools_call(actor, req.params, version).as_dict()
     raise RpcError(METHOD_NOT_FOUND, f"Method not found: {req.method}")

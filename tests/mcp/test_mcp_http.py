@@ -267,6 +267,19 @@ def test_bad_tool_params_are_invalid_params(agent: Mcp) -> None:
         assert response.json()["error"]["code"] == -32602, params
 
 
+def test_a_tools_list_cursor_is_invalid_params_in_both_eras(agent: Mcp) -> None:
+    # The list is one page and no cursor is ever given out: one sent was answered with the
+    # first page again, where the specification's pagination says -32602.
+    assert "nextCursor" not in agent.modern("tools/list").json()["result"]
+    refused = agent.modern("tools/list", {"cursor": "zzz"})
+    assert refused.json()["error"]["code"] == -32602
+    assert "cursor" in refused.json()["error"]["message"]
+    agent.initialize()
+    assert agent.rpc("tools/list", {"cursor": "zzz"}).json()["error"]["code"] == -32602
+    assert agent.rpc("tools/list", {"cursor": None}).json()["result"]["tools"]
+    assert "nextCursor" not in agent.rpc("tools/list").json()["result"]
+
+
 def test_a_refusal_is_a_tool_result_with_is_error(personas: Personas, agent: Mcp) -> None:
     agent.initialize()
     (theirs,) = push(personas, 1, endpoint=personas.foreign)
