@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -33,19 +34,32 @@ def dumps(data: Any) -> str:
     return json.dumps(data, default=_default, indent=2, sort_keys=True)
 
 
+# Control characters but the line break and the tab: C0, DEL and C1 (ESC starts a terminal's
+# escape sequences, and C1's CSI is one byte of it).
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """Text for a terminal: control characters shown as ``\\xNN``. A title, an endpoint's name
+    or a pause reason is someone else's text; written raw, an escape sequence in it would recolour,
+    retitle or rewrite the operator's terminal. (``--json`` escapes them already.)"""
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
+
+
 def emit(command: BaseCommand, options: dict[str, Any], data: Any, text: str) -> None:
     """Print JSON with --json, else the human text."""
-    command.stdout.write(dumps(data) if options.get("json") else text)
+    command.stdout.write(dumps(data) if options.get("json") else printable(text))
 
 
 def refused(command: BaseCommand, options: dict[str, Any], exc: DomainError) -> None:
     """Report a refusal on stderr (JSON error object with --json) and exit 1."""
+    message = printable(exc.message)
     if options.get("json"):
         command.stderr.write(dumps(exc.as_dict()))
     else:
         field = exc.details.get("field")
-        command.stderr.write(f"refused ({exc.code}{', ' + field if field else ''}): {exc.message}")
-    raise CommandError(exc.message, returncode=EXIT_REFUSED)
+        command.stderr.write(f"refused ({exc.code}{', ' + field if field else ''}): {message}")
+    raise CommandError(message, returncode=EXIT_REFUSED)
 
 
 def usage(message: str) -> CommandError:

@@ -167,3 +167,25 @@ def test_a_missing_subcommand_is_a_usage_error(personas: Personas) -> None:
         with pytest.raises(CommandError) as caught:
             call_command(command, stdout=io.StringIO(), stderr=io.StringIO())
         assert caught.value.returncode == 2
+
+
+def test_someone_elses_control_characters_never_reach_the_terminal_raw(
+    personas: Personas,
+) -> None:
+    # A pause reason (another operator's) or a title may carry ESC sequences; written raw they
+    # would recolour, retitle or rewrite the operator's terminal. Shown as \xNN instead; --json
+    # escapes them as JSON does.
+    reason = "upgrade \x1b]0;pwned\x07\x1b[2J\r\x9b31m"
+    call_command("queue", "pause", "inbox", "--reason", reason, stdout=io.StringIO())
+    out = io.StringIO()
+    call_command("queue", "resume", "inbox", stdout=out)
+    shown = out.getvalue()
+    assert "upgrade \\x1b]0;pwned\\x07\\x1b[2J\\x0d\\x9b31m" in shown
+    assert not any(c in shown for c in "\x1b\x07\r\x9b")
+    out = io.StringIO()
+    call_command("todo", "push", personas.agent.slug, "inbox", "--title", "t\x1b[31m", stdout=out)
+    assert "t\\x1b[31m" in out.getvalue() and "\x1b" not in out.getvalue()
+    assert (
+        run("todo", "push", personas.agent.slug, "inbox", "--title", "t\x1b[31m")["todo"]["title"]
+        == "t\x1b[31m"
+    )
