@@ -5,12 +5,16 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable
+from functools import wraps
+from typing import Any
 
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.shortcuts import render
 from django.utils.http import url_has_allowed_host_and_scheme
+from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
 from switchboard.core.errors import DomainError, Forbidden
@@ -29,7 +33,20 @@ class HtmxHttpRequest(HttpRequest):
 def console_login_required(
     view: Callable[..., HttpResponseBase],
 ) -> Callable[..., HttpResponseBase]:
-    return login_required(view, login_url=LOGIN)
+    """Signed in, or to the sign-in page. A fragment request (htmx) is told to load the sign-in
+    page as the whole page, coming back to the page the viewer was on: a redirect would be
+    followed by the browser's request and the sign-in page swapped into the drawer or list."""
+    page_view = login_required(view, login_url=LOGIN)
+
+    @wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        htmx = getattr(request, "htmx", None)
+        if not htmx or request.user.is_authenticated:
+            return page_view(request, *args, **kwargs)
+        back = htmx.current_url_abs_path or request.get_full_path()
+        return HttpResponseClientRedirect(redirect_to_login(back, LOGIN)["Location"])
+
+    return wrapped
 
 
 def safe_next(request: HttpRequest, fallback: str) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
+from django.contrib.sessions.models import Session as StoredSession
 from playwright.sync_api import expect
 
 from admission.models import AdmissionPolicy
@@ -453,6 +454,27 @@ def _subject(url: str) -> tuple[str, list[tuple[str, str]]]:
     """What a stream URL subscribes to: its path and its query but the fingerprint ("at")."""
     parts = urlsplit(url)
     return parts.path, sorted((k, v) for k, v in parse_qsl(parts.query) if k != "at")
+
+
+def test_a_session_ended_under_the_board_signs_in_again_and_comes_back(
+    session: Session, tx_personas: Personas
+) -> None:
+    # A fragment request after the session ended (signed out in another tab, or expired) was
+    # redirected, the browser followed, and the whole sign-in page landed in the drawer.
+    p = tx_personas
+    push(p, 1)
+    page = session.page(p.owner)
+    page.goto("/?endpoint=agent&queue=inbox")
+    StoredSession.objects.all().delete()
+    page.get_by_role("link", name="todo 0").click()
+    expect(page).to_have_url(re.compile(r"/login/\?next=/%3Fendpoint%3Dagent%26queue%3Dinbox$"))
+    assert page.locator("#drawer").count() == 0
+    page.get_by_label("Username").fill("olive")
+    page.get_by_label("Password").fill("pw-olive-123")
+    page.get_by_role("button", name="Sign in").click()
+    expect(page).to_have_url(re.compile(r"/\?endpoint=agent&queue=inbox$"))
+    page.get_by_role("link", name="todo 0").click()
+    expect(page.locator("#drawer .todo-head")).to_contain_text("todo 0")
 
 
 def test_an_operator_claims_and_completes_a_todo_in_the_drawer(

@@ -103,6 +103,30 @@ def test_every_state_changing_form_needs_its_csrf_token(personas: Personas) -> N
     assert page.count('name="csrfmiddlewaretoken"') >= page.count('method="post"') > 0
 
 
+def test_a_fragment_request_without_a_session_loads_the_sign_in_page_whole(
+    personas: Personas,
+) -> None:
+    # htmx follows a redirect inside its request and swaps what it gets: the whole sign-in page
+    # in the drawer. It is told to load the sign-in page instead, back to the page it was on.
+    (todo,) = push(personas, 1)
+    client = Client()
+    board = {"HX-Request": "true", "HX-Current-URL": "http://testserver/?queue=inbox&state=all"}
+    for method, url in (("get", f"/todos/{todo.id}"), ("post", f"/todos/{todo.id}/claim")):
+        response = getattr(client, method)(url, headers=board)
+        assert response.status_code == 200 and response.content == b"", url
+        assert response["HX-Redirect"] == "/login/?next=/%3Fqueue%3Dinbox%26state%3Dall", url
+        assert "Location" not in response
+    # A page elsewhere is no place to come back to: the fragment's own URL is.
+    elsewhere = {"HX-Request": "true", "HX-Current-URL": "https://elsewhere.example/?queue=inbox"}
+    response = client.get(f"/todos/{todo.id}", headers=elsewhere)
+    assert response["HX-Redirect"] == f"/login/?next=/todos/{todo.id}"
+    # A page (no htmx) is redirected as before.
+    response = client.get("/?queue=inbox")
+    assert response.status_code == 302 and response["Location"] == "/login/?next=/%3Fqueue%3Dinbox"
+    todo.refresh_from_db()
+    assert todo.state == TodoState.PENDING
+
+
 def test_a_write_an_auditor_forges_by_hand_is_refused_and_changes_nothing(
     personas: Personas,
 ) -> None:
