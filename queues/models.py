@@ -496,6 +496,10 @@ class Attempt(models.Model):
         return f"attempt {self.number} of {self.todo_id}"
 
 
+# The longest pause reason, in characters (queues.pauses checks it first, naming the field).
+MAX_PAUSE_REASON = 500
+
+
 class QueuePause(models.Model):
     """One row per paused queue name, fleet-wide. Resume deletes it."""
 
@@ -511,6 +515,10 @@ class QueuePause(models.Model):
         permissions = [("pause_queue", "Can pause and resume any queue")]
         constraints = [
             models.CheckConstraint(name="pause_reason_nonempty", condition=~Q(reason="")),
+            models.CheckConstraint(
+                name="pause_reason_length",
+                condition=CheckSQL(f"char_length({{0}}) <= {MAX_PAUSE_REASON}", "reason"),
+            ),
             models.CheckConstraint(
                 name="pause_not_quarantine", condition=~Q(queue=QUARANTINE_QUEUE)
             ),

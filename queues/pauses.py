@@ -33,14 +33,14 @@ from django.db import OperationalError, connection, transaction
 
 from queues import access, selectors, sql, wakes
 from queues.access import HumanActor
-from queues.models import QUARANTINE_QUEUE, QueuePause, check_queue_name
+from queues.models import MAX_PAUSE_REASON, QUARANTINE_QUEUE, QueuePause, check_queue_name
 from queues.selectors import PauseInfo
 from switchboard.core import validation
 from switchboard.core.errors import Conflict, InvalidArgument, NotFound
 from switchboard.ledger import chain as ledger
 from switchboard.ledger.models import LedgerKind
 
-MAX_REASON = 500
+MAX_REASON = MAX_PAUSE_REASON
 # How long a pause waits for in-flight claim transactions before giving up (a claim
 # transaction is one statement, so this is generous; tests shorten it).
 LOCK_TIMEOUT = "5s"

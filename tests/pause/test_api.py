@@ -6,9 +6,11 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from django.db import IntegrityError, transaction
 from django.test import Client
+from django.utils import timezone
 
-from queues import services
+from queues import pauses, services
 from queues.models import QueuePause
 from switchboard.ledger.models import LedgerEntry, LedgerKind
 from tests.conftest import FIXTURE, Personas, push
@@ -261,3 +263,16 @@ def test_no_agent_verb_pauses_or_resumes_a_queue(personas: Personas) -> None:
     agent_paths = [path for path in paths if path.startswith("/api/v1/agent/")]
     assert agent_paths, "the agent verbs are mounted"
     assert not [p for p in agent_paths if "pause" in p or "resume" in p]
+
+
+def test_the_database_refuses_a_reason_the_service_would_refuse(personas: Personas) -> None:
+    # Written behind the services' back, a reason still has to be one a pause could give.
+    for reason in ("", "x" * (pauses.MAX_REASON + 1)):
+        with pytest.raises(IntegrityError), transaction.atomic():
+            QueuePause.objects.create(
+                queue="inbox", reason=reason, paused_by=personas.admin, paused_at=timezone.now()
+            )
+    QueuePause.objects.create(
+        queue="inbox", reason="x" * pauses.MAX_REASON, paused_by=personas.admin,
+        paused_at=timezone.now(),
+    )  # fmt: skip
