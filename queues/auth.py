@@ -36,6 +36,9 @@ from switchboard.core import availability, ratelimit
 from switchboard.core.errors import Forbidden, RateLimited, Unauthorized
 from switchboard.core.tokens import ENDPOINT_TOKEN_PREFIX, HUMAN_TOKEN_PREFIX, hash_token
 
+# What an unknown or revoked token is told (a revoked endpoint's open streams end with it too).
+REVOKED_MESSAGE = "the bearer token is unknown or revoked"
+
 log = logging.getLogger(__name__)
 
 _ENDPOINT_FIELDS = list(Endpoint._meta.concrete_fields)
@@ -377,7 +380,7 @@ def authenticate_agent(
     it itself (MCP charges tool calls only, so a low rate still lets a client connect)."""
     endpoint = endpoint_for_token(token)
     if endpoint is None:
-        raise Unauthorized("the bearer token is unknown or revoked")
+        raise Unauthorized(REVOKED_MESSAGE)
     if charge_rate:
         check_endpoint_rate(endpoint)
     touch_endpoint(endpoint)
@@ -404,7 +407,7 @@ class HumanAuth(AuthBase):
         if header.lower().startswith("bearer "):
             user = human_for_token(header[7:].strip())
             if user is None:
-                raise Unauthorized("the bearer token is unknown or revoked")
+                raise Unauthorized(REVOKED_MESSAGE)
             return HumanActor(user=user, via="api")
         user = getattr(request, "user", None)
         if user is not None and user.is_authenticated:

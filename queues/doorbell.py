@@ -14,6 +14,10 @@ between are re-derived from the table instead.
 
 On attach a stream is rung for up to ``ATTACH_RINGS`` waiting claimable todos, so an agent that
 connects to a full queue starts at once instead of waiting for the next commit.
+
+The same connection LISTENs on ``endpoint_revoked`` (``queues.wakes.revoked``): a revoke ends
+the endpoint's streams (``END``); after a reconnect, the endpoints revoked meanwhile are read
+from the table, as the rings missed are.
 """
 
 from __future__ import annotations
@@ -71,6 +75,10 @@ def since_event(last_event_id: str | None) -> datetime | None:
         return None
 
 
+# A stream's last ring: its endpoint was revoked, so the stream ends (``queues.events``).
+END = Ring(todo=None, queue="", reason="revoked", id="")
+
+
 @dataclass(eq=False)
 class Subscription:
     endpoint_id: str
@@ -81,6 +89,10 @@ class Subscription:
             self.rings.get_nowait()
         self.rings.put_nowait(ring)
 
+    def end(self) -> None:
+        """Nothing more for this stream: its endpoint was revoked."""
+        self.put(END)
+
 
 def waiting(endpoint_id: str, since: datetime | None, limit: int = ATTACH_RINGS) -> list[Ring]:
     """Up to ``limit`` claimable todos of the endpoint that every gate admits now (oldest first),
@@ -90,6 +102,22 @@ def waiting(endpoint_id: str, since: datetime | None, limit: int = ATTACH_RINGS)
     back at the end (else each such thread would keep one checked out of the pool for ever)."""
     try:
         return _waiting(endpoint_id, since, limit)
+    finally:
+        connection.close()
+
+
+def revoked_among(endpoint_ids: list[str]) -> list[str]:
+    """Which of these endpoints are revoked (after a reconnect: a revoke's NOTIFY sent while
+    nobody listened is gone). On an executor thread, its connection given back, as ``waiting``."""
+    try:
+        close_old_connections()
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT id::text FROM queues_endpoint WHERE id = ANY(%s::uuid[])"
+                " AND state = 'revoked'",
+                [endpoint_ids],
+            )
+            return [row[0] for row in cursor.fetchall()]
     finally:
         connection.close()
 
@@ -188,6 +216,29 @@ class Doorbell:
                 for sub in group:
                     sub.put(ring)
 
+    def _end(self, endpoint_id: str) -> int:
+        subs = self._subs.get(endpoint_id, set())
+        for sub in subs:
+            sub.end()
+        return len(subs)
+
+    async def _end_revoked(self) -> None:
+        if not self._subs:
+            return
+        try:
+            ended = await sync_to_async(revoked_among, thread_sensitive=False)(list(self._subs))
+        except Exception:
+            log.exception("could not read which endpoints were revoked")
+            return
+        for endpoint_id in ended:
+            self._end(endpoint_id)
+
+    def revoked(self, endpoint_id: str) -> int:
+        """End the streams of a revoked endpoint; returns how many."""
+        for event in self._watchers:  # the board shows the endpoint revoked
+            event.set()
+        return self._end(endpoint_id)
+
     def dispatch(self, raw: str) -> int:
         """Hand one NOTIFY payload to the streams of its endpoint; returns how many."""
         body = wakes.parse(raw)
@@ -221,16 +272,21 @@ class Doorbell:
                 continue
             try:
                 await conn.execute(f"LISTEN {wakes.CHANNEL}")
+                await conn.execute(f"LISTEN {wakes.REVOKED_CHANNEL}")
                 self.backend_pid = conn.info.backend_pid
                 self.connections += 1
                 if self.connections > 1:  # what became claimable while nobody listened
                     for event in self._watchers:
                         event.set()
+                    await self._end_revoked()  # and who was revoked meanwhile
                     await self._ring_waiting([s for g in self._subs.values() for s in g], None)
                 backoff = BACKOFF_MIN
                 self.listening.set()
                 async for note in conn.notifies():
-                    self.dispatch(note.payload)
+                    if note.channel == wakes.REVOKED_CHANNEL:
+                        self.revoked(note.payload)
+                    else:
+                        self.dispatch(note.payload)
             except asyncio.CancelledError:
                 raise
             except Exception:

@@ -21,7 +21,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET
 
 from queues.auth import authenticate_agent
-from queues.doorbell import Ring, doorbell, since_event
+from queues.doorbell import END, Ring, doorbell, since_event
 from switchboard.core.errors import DomainError, Unauthorized
 from switchboard.core.http import error_response
 
@@ -33,11 +33,20 @@ def sse(ring: Ring) -> str:
     return f"id: {ring.id}\nevent: todo_ready\ndata: {json.dumps(ring.as_dict())}\n\n"
 
 
+# The last words of a stream whose endpoint was revoked (a comment: the agent's reconnect is
+# refused with 401, which tells it why).
+REVOKED = ": revoked\n\n"
+
+
 async def ring_stream(
-    endpoint_id: str, last_event_id: str | None, render: Callable[[Ring], str] = sse
+    endpoint_id: str,
+    last_event_id: str | None,
+    render: Callable[[Ring], str] = sse,
+    revoked: str = REVOKED,
 ) -> AsyncGenerator[str, None]:
     """The rings of one endpoint as SSE text, each event rendered by ``render`` (the MCP stream
-    renders JSON-RPC notifications), with keepalive comments between."""
+    renders JSON-RPC notifications), with keepalive comments between. A revoke of the endpoint
+    ends it (with ``revoked``): the token is refused from then on, and so is what it listened to."""
     bell = doorbell()
     sub = await bell.attach(endpoint_id, since_event(last_event_id))
     try:
@@ -48,6 +57,9 @@ async def ring_stream(
             except TimeoutError:
                 yield ": keepalive\n\n"
                 continue
+            if ring is END:
+                yield revoked
+                return
             yield render(ring)
     finally:
         bell.detach(sub)

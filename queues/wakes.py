@@ -70,6 +70,18 @@ def parse(raw: str) -> dict[str, Any] | None:
     return body
 
 
+# The channel that ends an endpoint's streams (its token was revoked): the endpoint's id. Apart
+# from ``todo_ready``, which carries only rings (hooks, tests and operators read it as such).
+REVOKED_CHANNEL = "endpoint_revoked"
+
+
+def revoked(endpoint_id: UUID | str) -> None:
+    """End the endpoint's open streams in every web process when the current transaction
+    commits (NOTIFY is transactional): its agent, refused from now on, is told nothing more."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, %s)", [REVOKED_CHANNEL, str(endpoint_id)])
+
+
 def identity(raw: str) -> str:
     """``<endpoint_id>:<queue>`` of a NOTIFY payload (the raw text if it is not a ring)."""
     body = parse(raw)

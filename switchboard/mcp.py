@@ -71,7 +71,7 @@ from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from queues.access import AgentActor
-from queues.auth import authenticate_agent, check_endpoint_rate
+from queues.auth import REVOKED_MESSAGE, authenticate_agent, check_endpoint_rate
 from queues.doorbell import Ring
 from queues.events import release_connection, ring_stream
 from switchboard.core import counters, verbs
@@ -712,10 +712,18 @@ def _listen(request: Incoming, actor: AgentActor, req: Request) -> HttpResponseB
             close = {"jsonrpc": "2.0", "id": req.id, "result": {"_meta": meta}}
             yield f"event: message\ndata: {json.dumps(close)}\n\n"
             return
+        # A revoke ends the listen with the refusal its next request would get.
+        gone = Unauthorized(REVOKED_MESSAGE)
+        refusal = {
+            "jsonrpc": "2.0",
+            "id": req.id,
+            "error": RpcError(SERVER_ERROR, gone.message, gone.as_dict()).as_dict(),
+        }
+        revoked = f"event: message\ndata: {json.dumps(refusal)}\n\n"
         # Closed explicitly when this stream is: an ``async for`` left early does not close
         # the generator it read, and its ``finally`` (the doorbell's detach) would wait for GC.
         async with contextlib.aclosing(
-            ring_stream(str(actor.endpoint.id), None, render=render)
+            ring_stream(str(actor.endpoint.id), None, render=render, revoked=revoked)
         ) as rings:
             async for chunk in rings:
                 yield chunk

@@ -151,6 +151,7 @@ def endpoint_revoke(*, endpoint: Endpoint, actor: HumanActor | SystemActor) -> i
         locked.state = EndpointState.REVOKED
         locked.revoked_at = now
         locked.save(update_fields=["state", "revoked_at"])
+        wakes.revoked(locked.id)  # its open streams end at commit
         with connection.cursor() as cursor:
             # The claims it dead-letters end their grants: one limits.end row naming them.
             params = {"endpoint": locked.id, **sql.grant_params(access.ledger_actor(actor), "")}

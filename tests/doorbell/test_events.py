@@ -10,7 +10,7 @@ from django.db import connection
 
 from queues import doorbell, services
 from queues.services import Claimed
-from tests.conftest import Personas, push
+from tests.conftest import FIXTURE, Personas, push
 from tests.doorbell.streams import attached
 from tests.pause.helpers import pause, resume
 
@@ -147,3 +147,40 @@ def test_the_stream_refuses_a_missing_or_unknown_token(server: str) -> None:
         f"{server}/api/v1/agent/events", headers={"Authorization": "Bearer sbk_nope"}
     )
     assert response.status_code == 401
+
+
+def test_a_revoke_ends_the_endpoints_open_streams_and_no_other(
+    tx_personas: Personas, server: str
+) -> None:
+    # The stream outlived the token: a revoked agent kept its stream (keepalives for ever), so
+    # one the revoke meant to cut off still heard of work. It ends at the revoke's commit.
+    p = tx_personas
+    with attached(server, p.agent_token) as revoked, attached(server, p.agent2_token) as other:
+        services.endpoint_revoke(endpoint=p.agent, actor=FIXTURE)
+        revoked._thread.join(timeout=10)  # the server closed it: the reader saw the end
+        assert not revoked._thread.is_alive()
+        (sentinel,) = push(p, 1, endpoint=p.agent2)
+        assert other.until(str(sentinel.id)) == []  # the other endpoint's stream still rings
+    again = httpx.get(
+        f"{server}/api/v1/agent/events", headers={"Authorization": f"Bearer {p.agent_token}"}
+    )
+    assert again.status_code == 401  # what the agent's reconnect is told
+
+
+def test_a_revoke_while_nobody_listened_ends_the_stream_at_the_reconnect(
+    tx_personas: Personas, server: str
+) -> None:
+    # The revoke's NOTIFY is lost while the doorbell reconnects; the reconnect asks which of
+    # its endpoints were revoked meanwhile, as it asks what became claimable.
+    p = tx_personas
+    with attached(server, p.agent_token) as stream:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE queues_endpoint SET state = 'revoked', revoked_at = now() WHERE id = %s",
+                [p.agent.id],
+            )
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) pid", [_doorbell_pids()]
+            )
+        stream._thread.join(timeout=30)
+        assert not stream._thread.is_alive()

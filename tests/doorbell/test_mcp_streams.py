@@ -11,6 +11,8 @@ import os
 import queue
 import subprocess
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +24,9 @@ from mcp.client.streamable_http import create_mcp_http_client, streamable_http_c
 from mcp.client.subscriptions import ResourceUpdated
 from mcp.types import ResourceUpdatedNotification, SubscriptionFilter
 
+from queues import services
 from switchboard import mcp
-from tests.conftest import Personas, push
+from tests.conftest import FIXTURE, Personas, push
 from tests.mcp.conftest import NODE
 
 
@@ -165,11 +168,8 @@ def test_a_listen_for_nothing_this_server_sends_is_acknowledged_empty_and_closed
     anyio.run(agent)
 
 
-def test_the_listen_stream_on_the_wire_acknowledges_first_and_stamps_every_frame(
-    tx_personas: Personas, live_url: str
-) -> None:
-    p = tx_personas
-    (waiting,) = push(p, 1)
+def _listen(p: Personas) -> tuple[dict[str, Any], dict[str, str]]:
+    """A ``subscriptions/listen`` to the todos (the 2026-07-28 revision), as the wire has it."""
     meta = {mcp.PROTOCOL_VERSION_KEY: "2026-07-28", mcp.CLIENT_CAPABILITIES_KEY: {}}
     body = {
         "jsonrpc": "2.0",
@@ -186,6 +186,15 @@ def test_the_listen_stream_on_the_wire_acknowledges_first_and_stamps_every_frame
         "MCP-Protocol-Version": "2026-07-28",
         "Mcp-Method": "subscriptions/listen",
     }
+    return body, headers
+
+
+def test_the_listen_stream_on_the_wire_acknowledges_first_and_stamps_every_frame(
+    tx_personas: Personas, live_url: str
+) -> None:
+    p = tx_personas
+    (waiting,) = push(p, 1)
+    body, headers = _listen(p)
     url = f"{live_url}/mcp/{p.agent.slug}"
     with httpx.Client(timeout=httpx.Timeout(10.0, read=30.0)) as http:
         refused = http.post(url, json=body, headers={**headers, "Accept": "application/json"})
@@ -206,3 +215,73 @@ def test_the_listen_stream_on_the_wire_acknowledges_first_and_stamps_every_frame
             assert ring["method"] == "notifications/resources/updated"
             assert ring["params"]["_meta"][mcp.SUBSCRIPTION_ID_KEY] == "listen-7"
             assert _ring(ring["params"]) == (str(waiting.id), "inbox", "waiting")
+
+
+def _data(lines: Iterator[str]) -> Iterator[Any]:
+    return (json.loads(line[5:]) for line in lines if line.startswith("data:"))
+
+
+def _rest(lines: Iterator[str], seconds: float = 20.0) -> list[Any]:
+    """The frames left on a stream that must end: one still open after ``seconds`` fails the
+    test at its next line (a keepalive comes every 15 s, so a plain read would wait for ever)."""
+    left: list[Any] = []
+    deadline = time.monotonic() + seconds
+    for line in lines:
+        assert time.monotonic() < deadline, f"the stream did not end: {left}"
+        left.extend(_data(iter([line])))
+    return left
+
+
+def test_a_revoke_ends_a_listen_with_the_refusal_and_a_handshake_stream_too(
+    tx_personas: Personas, live_url: str
+) -> None:
+    # A revoked agent's listen went on (keepalives for ever). It now ends with the answer its
+    # next request would get, and the handshake revisions' GET stream ends as well.
+    p = tx_personas
+    (waiting,) = push(p, 1)
+    body, headers = _listen(p)
+    url = f"{live_url}/mcp/{p.agent.slug}"
+    bearer = {"Authorization": f"Bearer {p.agent_token}"}
+    with httpx.Client(timeout=httpx.Timeout(10.0, read=30.0)) as http:
+        opened = http.post(
+            url,
+            json={
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-11-25",
+                    "capabilities": {},
+                    "clientInfo": {"name": "t", "version": "0"},
+                },
+            },
+            headers={**bearer, "Accept": "application/json, text/event-stream"},
+        )
+        session = {**bearer, "Mcp-Session-Id": opened.headers["Mcp-Session-Id"]}
+        session["MCP-Protocol-Version"] = "2025-11-25"
+        with (
+            http.stream("POST", url, json=body, headers=headers) as listen,
+            http.stream("GET", url, headers={**session, "Accept": "text/event-stream"}) as get,
+        ):
+            listened, streamed = listen.iter_lines(), get.iter_lines()
+            frames, got = _data(listened), _data(streamed)
+            assert next(frames)["method"] == "notifications/subscriptions/acknowledged"
+            assert _ring(next(frames)["params"])[0] == str(waiting.id)
+            assert _ring(next(got)["params"])[0] == str(waiting.id)  # attached
+            services.endpoint_revoke(endpoint=p.agent, actor=FIXTURE)
+            assert _rest(listened) == [
+                {
+                    "jsonrpc": "2.0",
+                    "id": "listen-7",
+                    "error": {
+                        "code": -32000,
+                        "message": "the bearer token is unknown or revoked",
+                        "data": {
+                            "error": "the bearer token is unknown or revoked",
+                            "code": "unauthorized",
+                        },
+                    },
+                }
+            ]
+            assert _rest(streamed) == []  # the stream ended
+        assert http.post(url, json=body, headers=headers).status_code == 401
