@@ -100,10 +100,7 @@ def _if_version(parser: argparse.ArgumentParser, more: str) -> None:
 
 def _expected(options: dict[str, Any]) -> tuple[str, ...] | None:
     """``--if-version``'s condition for the service: none, a version, or "none" (no budget)."""
-    version = options.get("if_version")
-    if version is None:
-        return None
-    return (versions.ABSENT if version == "none" else version,)
+    return versions.named(options.get("if_version"))
 
 
 def _needs_subcommand(command: BaseCommand, options: dict[str, Any]) -> None:

@@ -33,6 +33,7 @@ from admission.policy import (
     WINDOW_START_RE,
 )
 from queues.models import QUEUE_NAME_RE
+from switchboard.core import versions
 
 PostureName = Literal["enforce", "advise", "off"]
 PeriodName = Literal["hour", "day", "week"]
@@ -128,13 +129,27 @@ class AdmissionStatusIn(Strict):
     )
 
 
+def IfVersion(more: str = "") -> Any:
+    """A budget write's condition: the ``version`` the caller read (``admission_status`` gives
+    it). Left out, the write is unconditional, as it always was."""
+    return Field(
+        default=None,
+        pattern=rf"^([0-9a-f]{{20}}|{versions.NONE_NAMED})$",
+        description="Write only over this version of the budget (its `version`, as "
+        "admission_status shows it); if the budget changed since, nothing is written "
+        "(precondition_failed, with the version now)" + more,
+    )
+
+
 class SetAdmissionPolicyIn(Strict):
     queue: str = Field(pattern=QUEUE_NAME_RE, min_length=1, max_length=64)
     policy: PolicyIn
+    if_version: str | None = IfVersion("; none: only where there is no budget yet")
 
 
 class ClearAdmissionPolicyIn(Strict):
     queue: str = Field(pattern=QUEUE_NAME_RE, min_length=1, max_length=64)
+    if_version: str | None = IfVersion()
 
 
 # --- outputs --------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from admission.schemas import (
 )
 from queues.access import AgentActor
 from queues.schemas import iso
+from switchboard.core import versions
 from switchboard.core.verbs import verb
 
 
@@ -56,12 +57,16 @@ def admission_status(actor: AgentActor, data: AdmissionStatusIn) -> dict[str, An
     output=PolicyEnvelopeOut,
     description="Set this endpoint's budget on one of its queues (a full replace): "
     "max_in_flight, max_claims_per_window per window {period, tz, start, weekday}, posture. "
-    "Audited with this endpoint as the actor.",
-    errors=(404, 409),
+    "With if_version, only over the budget as read. Audited with this endpoint as the actor.",
+    errors=(404, 409, 412),
 )
 def set_admission_policy(actor: AgentActor, data: SetAdmissionPolicyIn) -> dict[str, Any]:
     services.policy_set(
-        actor=actor, endpoint=actor.endpoint, queue=data.queue, **data.policy.service_kwargs()
+        actor=actor,
+        endpoint=actor.endpoint,
+        queue=data.queue,
+        expected=versions.named(data.if_version),
+        **data.policy.service_kwargs(),
     )
     return _one(actor, data.queue)
 
@@ -70,10 +75,15 @@ def set_admission_policy(actor: AgentActor, data: SetAdmissionPolicyIn) -> dict[
     "clear_admission_policy",
     input=ClearAdmissionPolicyIn,
     output=PolicyEnvelopeOut,
-    description="Remove this endpoint's budget on one of its queues. Audited with this endpoint "
-    "as the actor.",
-    errors=(404,),
+    description="Remove this endpoint's budget on one of its queues. With if_version, only the "
+    "budget as read. Audited with this endpoint as the actor.",
+    errors=(404, 412),
 )
 def clear_admission_policy(actor: AgentActor, data: ClearAdmissionPolicyIn) -> dict[str, Any]:
-    services.policy_clear(actor=actor, endpoint=actor.endpoint, queue=data.queue)
+    services.policy_clear(
+        actor=actor,
+        endpoint=actor.endpoint,
+        queue=data.queue,
+        expected=versions.named(data.if_version),
+    )
     return _one(actor, data.queue)

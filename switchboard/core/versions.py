@@ -21,6 +21,18 @@ ABSENT = "no such thing"
 ANY = "any version"
 
 
+# How a caller without HTTP's headers (an agent's verb, the CLI) names "there is none yet".
+NONE_NAMED = "none"
+
+
+def named(version: str | None) -> tuple[str, ...] | None:
+    """The condition a caller names by one version (``NONE_NAMED``: that there is none yet), as
+    ``expected``; None (no condition) when it names none."""
+    if version is None:
+        return None
+    return (ABSENT if version == NONE_NAMED else version,)
+
+
 def digest(definition: Any) -> str:
     """The version of a definition: its canonical JSON (keys sorted), hashed, 20 hex digits."""
     text = json.dumps(definition, sort_keys=True, separators=(",", ":"), default=str)

@@ -17,12 +17,21 @@ from django.db import connections
 
 from admission import selectors, services
 from admission.models import AdmissionPolicy
+from queues import services as queue_services
+from queues.models import BASIC_VERBS, POLICY_VERBS
 from switchboard.core import versions
 from switchboard.core.errors import NotFound, PreconditionFailed
 from switchboard.ledger.models import LedgerKind
 from tests.admission.conftest import budget
-from tests.admission.test_api import human, one
-from tests.conftest import Personas, audit_rows, database_url, lock_waiters, run_threads
+from tests.admission.test_api import Api, human, one
+from tests.conftest import (
+    FIXTURE,
+    Personas,
+    audit_rows,
+    database_url,
+    lock_waiters,
+    run_threads,
+)
 
 
 def set_as(p: Personas, max_in_flight: int, expected: Any = None) -> AdmissionPolicy:
@@ -298,3 +307,91 @@ def test_a_delete_honours_if_match(personas: Personas) -> None:
     assert delete(fresh).status_code == 204 and current() is None
     assert delete("*").status_code == 404  # nothing to clear: not_found, as without If-Match
     assert audit_rows().filter(kind=LedgerKind.POLICY_DELETE).count() == 1
+
+
+# --- an agent's own budget verbs ------------------------------------------------------------------
+
+
+def _self_budgeting(p: Personas) -> tuple[Any, Api]:
+    endpoint, token = queue_services.endpoint_vend(
+        actor=FIXTURE,
+        owner=p.owner,
+        name="Self-budgeting",
+        queues=["inbox"],
+        verbs=[*BASIC_VERBS, *POLICY_VERBS],
+        rps=0,
+    )
+    return endpoint, Api(token)
+
+
+def _agent_version(api: Api) -> str | None:
+    status = api.post("/api/v1/agent/admission_status", {"queue": "inbox"}).json()
+    policy = status["queues"][0]["policy"]
+    return policy["version"] if policy else None
+
+
+def test_an_agent_writes_its_own_budget_over_the_version_it_read(personas: Personas) -> None:
+    # The agents' verbs wrote whatever was there: an agent's set over an operator's change
+    # made since the agent read the budget lost that change without a word.
+    endpoint, api = _self_budgeting(personas)
+    verb = "/api/v1/agent/set_admission_policy"
+    created = api.post(
+        verb, {"queue": "inbox", "policy": {"max_in_flight": 2}, "if_version": "none"}
+    )
+    assert created.status_code == 200, created.content
+    read = _agent_version(api)
+    assert read == created.json()["policy"]["version"]
+    # An operator changes it; the agent's write over what it read is refused and writes nothing.
+    services.policy_set(
+        actor=personas.as_human(), endpoint=endpoint, queue="inbox", max_in_flight=5,
+        max_claims_per_window=None, window=None,
+    )  # fmt: skip
+    now = _agent_version(api)
+    for body in (
+        {"queue": "inbox", "policy": {"max_in_flight": 3}, "if_version": read},
+        {"queue": "inbox", "policy": {"max_in_flight": 3}, "if_version": "none"},
+    ):
+        refused = api.post(verb, body)
+        assert refused.status_code == 412, refused.content
+        assert refused.json()["code"] == "precondition_failed"
+        assert refused.json()["version"] == now
+    cleared = api.post(
+        "/api/v1/agent/clear_admission_policy", {"queue": "inbox", "if_version": read}
+    )
+    assert cleared.status_code == 412
+    assert AdmissionPolicy.objects.get(endpoint=endpoint).max_in_flight == 5
+    # Over the version as it is now, both go through.
+    again = api.post(verb, {"queue": "inbox", "policy": {"max_in_flight": 3}, "if_version": now})
+    assert again.status_code == 200 and again.json()["policy"]["max_in_flight"] == 3
+    latest = _agent_version(api)
+    cleared = api.post(
+        "/api/v1/agent/clear_admission_policy", {"queue": "inbox", "if_version": latest}
+    )
+    assert cleared.status_code == 200 and cleared.json()["policy"] is None
+    # Without if_version, unconditional as before; a malformed one names the field.
+    assert api.post(verb, {"queue": "inbox", "policy": {"max_in_flight": 1}}).status_code == 200
+    bad = api.post(verb, {"queue": "inbox", "policy": {"max_in_flight": 1}, "if_version": "*"})
+    assert bad.status_code == 400 and bad.json()["field"] == "if_version"
+
+
+def test_of_eight_agents_writing_over_one_version_exactly_one_lands(
+    tx_personas: Personas,
+) -> None:
+    p = tx_personas
+    endpoint, api = _self_budgeting(p)
+    api.post(
+        "/api/v1/agent/set_admission_policy", {"queue": "inbox", "policy": {"max_in_flight": 1}}
+    )
+    read = _agent_version(api)
+
+    def write(i: int) -> int:
+        body = {"queue": "inbox", "policy": {"max_in_flight": 10 + i}, "if_version": read}
+        return int(Api(api.headers["Authorization"][7:]).post(
+            "/api/v1/agent/set_admission_policy", body
+        ).status_code)  # fmt: skip
+
+    outcomes = run_threads(8, write)
+    assert sorted(outcomes) == [200] + [412] * 7
+    winner = 10 + outcomes.index(200)
+    assert AdmissionPolicy.objects.get(endpoint=endpoint).max_in_flight == winner
+    assert audit_rows().filter(kind=LedgerKind.POLICY_UPDATE).count() == 1

@@ -11,8 +11,9 @@ import httpx
 import pytest
 from django.test import Client
 
+from admission.models import AdmissionPolicy
 from queues import services
-from queues.models import Todo
+from queues.models import BASIC_VERBS, POLICY_VERBS, Todo
 from switchboard import mcp
 from switchboard.core import counters
 from switchboard.core.verbs import load_verbs
@@ -622,3 +623,29 @@ def test_a_host_this_server_does_not_serve_is_a_json_refusal_not_a_page(
     body = response.json()
     error = body["error"]["data"] if path.startswith("/mcp/") else body
     assert error["code"] == "invalid_argument" and error["field"] == "host"
+
+
+def test_a_budget_write_over_a_moved_version_is_an_error_result_naming_the_version_now(
+    personas: Personas, client: Client
+) -> None:
+    endpoint, token = services.endpoint_vend(
+        actor=FIXTURE, owner=personas.owner, name="Self-budgeting", queues=["inbox"],
+        verbs=[*BASIC_VERBS, *POLICY_VERBS], rps=0,
+    )  # fmt: skip
+    session = Mcp(client, endpoint.slug, token)
+    session.initialize()
+    tool = next(t for t in session.rpc("tools/list").json()["result"]["tools"]
+                if t["name"] == "set_admission_policy")  # fmt: skip
+    assert "if_version" in tool["inputSchema"]["properties"]
+    first = _call(session, "set_admission_policy",
+                  {"queue": "inbox", "policy": {"max_in_flight": 1}, "if_version": "none"})  # fmt: skip
+    assert not first["isError"]
+    read = first["answer"]["policy"]["version"]
+    moved = _call(session, "set_admission_policy",
+                  {"queue": "inbox", "policy": {"max_in_flight": 2}, "if_version": read})  # fmt: skip
+    now = moved["answer"]["policy"]["version"]
+    stale = _call(session, "set_admission_policy",
+                  {"queue": "inbox", "policy": {"max_in_flight": 3}, "if_version": read})  # fmt: skip
+    assert stale["isError"]
+    assert stale["answer"]["code"] == "precondition_failed" and stale["answer"]["version"] == now
+    assert AdmissionPolicy.objects.get(endpoint=endpoint).max_in_flight == 2
