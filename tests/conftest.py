@@ -189,6 +189,20 @@ def push(
     ]
 
 
+def self_budgeting(p: Personas, name: str = "Self-budgeting") -> tuple[Endpoint, str]:
+    """An endpoint of the owner's on inbox granted its own budget verbs, and its token."""
+    from queues.models import BASIC_VERBS, POLICY_VERBS
+
+    return services.endpoint_vend(
+        actor=FIXTURE,
+        owner=p.owner,
+        name=name,
+        queues=["inbox"],
+        verbs=[*BASIC_VERBS, *POLICY_VERBS],
+        rps=0,
+    )
+
+
 def run_threads(n: int, target: Callable[[int], Any]) -> list[Any]:
     """Run ``target(i)`` on n threads, each with its own database connection; re-raise errors."""
     results: list[Any] = [None] * n

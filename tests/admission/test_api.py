@@ -11,11 +11,11 @@ from django.test import Client
 from admission.models import AdmissionPolicy, AdmissionWindow
 from admission.selectors import policy_dict
 from queues import services as queue_services
-from queues.models import BASIC_VERBS, POLICY_VERBS, Verb
+from queues.models import POLICY_VERBS, Verb
 from switchboard.core import verbs
 from switchboard.ledger.models import LedgerKind
 from tests.admission.conftest import budget
-from tests.conftest import FIXTURE, Personas, audit_rows, push
+from tests.conftest import FIXTURE, Personas, audit_rows, push, self_budgeting
 
 DAY = {"period": "day", "tz": "Europe/Berlin", "start": "06:00"}
 
@@ -316,14 +316,7 @@ def test_an_agent_granted_the_policy_verbs_sets_and_clears_its_own_budget(
     personas: Personas,
 ) -> None:
     p = personas
-    endpoint, token = queue_services.endpoint_vend(
-        actor=FIXTURE,
-        owner=p.owner,
-        name="Self-budgeting",
-        queues=["inbox"],
-        verbs=[*BASIC_VERBS, *POLICY_VERBS],
-        rps=0,
-    )
+    endpoint, token = self_budgeting(p)
     api = Api(token)
     set_ = api.post(
         "/api/v1/agent/set_admission_policy",

@@ -17,20 +17,18 @@ from django.db import connections
 
 from admission import selectors, services
 from admission.models import AdmissionPolicy
-from queues import services as queue_services
-from queues.models import BASIC_VERBS, POLICY_VERBS
 from switchboard.core import versions
 from switchboard.core.errors import NotFound, PreconditionFailed
 from switchboard.ledger.models import LedgerKind
 from tests.admission.conftest import budget
 from tests.admission.test_api import Api, human, one
 from tests.conftest import (
-    FIXTURE,
     Personas,
     audit_rows,
     database_url,
     lock_waiters,
     run_threads,
+    self_budgeting,
 )
 
 
@@ -313,14 +311,7 @@ def test_a_delete_honours_if_match(personas: Personas) -> None:
 
 
 def _self_budgeting(p: Personas) -> tuple[Any, Api]:
-    endpoint, token = queue_services.endpoint_vend(
-        actor=FIXTURE,
-        owner=p.owner,
-        name="Self-budgeting",
-        queues=["inbox"],
-        verbs=[*BASIC_VERBS, *POLICY_VERBS],
-        rps=0,
-    )
+    endpoint, token = self_budgeting(p)
     return endpoint, Api(token)
 
 

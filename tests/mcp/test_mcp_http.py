@@ -13,12 +13,12 @@ from django.test import Client
 
 from admission.models import AdmissionPolicy
 from queues import services
-from queues.models import BASIC_VERBS, POLICY_VERBS, Todo
+from queues.models import Todo
 from switchboard import mcp
 from switchboard.core import counters
 from switchboard.core.verbs import load_verbs
 from switchboard.embedded import free_port
-from tests.conftest import FIXTURE, Personas, push
+from tests.conftest import FIXTURE, Personas, push, self_budgeting
 
 MODERN = "2026-07-28"
 ACCEPT = "application/json, text/event-stream"
@@ -628,10 +628,7 @@ def test_a_host_this_server_does_not_serve_is_a_json_refusal_not_a_page(
 def test_a_budget_write_over_a_moved_version_is_an_error_result_naming_the_version_now(
     personas: Personas, client: Client
 ) -> None:
-    endpoint, token = services.endpoint_vend(
-        actor=FIXTURE, owner=personas.owner, name="Self-budgeting", queues=["inbox"],
-        verbs=[*BASIC_VERBS, *POLICY_VERBS], rps=0,
-    )  # fmt: skip
+    endpoint, token = self_budgeting(personas)
     session = Mcp(client, endpoint.slug, token)
     session.initialize()
     tool = next(t for t in session.rpc("tools/list").json()["result"]["tools"]

@@ -17,9 +17,9 @@ from admission import selectors as admission_selectors
 from admission import services as admission_services
 from admission.limits import services as limit_services
 from queues import services
-from queues.models import BASIC_VERBS, POLICY_VERBS, Todo, TodoState
+from queues.models import Todo, TodoState
 from switchboard.ledger.models import LedgerEntry, LedgerKind
-from tests.conftest import FIXTURE, Personas, push
+from tests.conftest import FIXTURE, Personas, push, self_budgeting
 from tests.limits.conftest import everything_full, pool
 from tests.mcp.conftest import NODE
 
@@ -125,14 +125,7 @@ def test_the_typescript_sdk_accepts_the_budget_and_limit_versions(
     # Budgets and limits gained a required "version" in the outputs of admission_status,
     # limits_status and set_admission_policy: the SDK checks each result against its schema.
     p = tx_personas
-    endpoint, token = services.endpoint_vend(
-        actor=FIXTURE,
-        owner=p.owner,
-        name="Budgeter",
-        queues=["inbox"],
-        verbs=[*BASIC_VERBS, *POLICY_VERBS],
-        rps=0,
-    )
+    endpoint, token = self_budgeting(p, "Budgeter")
     budget = admission_services.policy_set(
         actor=p.as_human(), endpoint=endpoint, queue="inbox", max_in_flight=2,
         max_claims_per_window=None, window=None,
