@@ -171,9 +171,21 @@ class AdmissionPolicyAdmin(ServiceFormAdmin):
     def log_deletions(self, request: HttpRequest, queryset: Any) -> list[Any]:
         return []  # the ledger is the record of a budget's removal (written only if it was)
 
+    def render_delete_form(self, request: HttpRequest, context: dict[str, Any]) -> Any:
+        # The confirmation carries the version it showed: what is confirmed is that budget.
+        context["version"] = selectors.policy_version(context["object"])
+        return super().render_delete_form(request, context)
+
     def delete_model(self, request: HttpRequest, obj: AdmissionPolicy) -> None:
+        # A confirmation from before the page carried its version clears whatever is there.
+        version = request.POST.get("version")
         try:
-            services.policy_clear(actor=_actor(request), endpoint=obj.endpoint, queue=obj.queue)
+            services.policy_clear(
+                actor=_actor(request),
+                endpoint=obj.endpoint,
+                queue=obj.queue,
+                expected=(version,) if version else None,
+            )
         except DomainError as exc:  # e.g. rate_limited: the budget stays, and the page says so
             request._switchboard_refused = exc.message  # type: ignore[attr-defined]
 

@@ -8,6 +8,7 @@ from typing import Any
 from django.contrib.auth.models import Permission
 from django.test import Client
 
+from admission import selectors
 from admission.models import AdmissionPolicy, AdmissionWindow
 from queues import services
 from queues.models import QueuePause, Todo, TodoState
@@ -276,6 +277,32 @@ def test_an_admin_save_over_a_budget_changed_since_the_page_opened_is_refused(
         {**admin_change_form(client, policy, form), "max_in_flight": "4"},
     )
     assert response.status_code == 302 and AdmissionPolicy.objects.get().max_in_flight == 4
+
+
+def test_an_admin_delete_confirmed_over_a_budget_changed_since_is_refused(
+    personas: Personas,
+) -> None:
+    # The delete confirmation cleared whatever budget was there when "Yes, I'm sure" came, not
+    # the one the page showed.
+    p = personas
+    policy = budget(p, max_in_flight=5)
+    client = signed_in(p.admin)
+    page = client.get(f"/admin/admission/admissionpolicy/{policy.pk}/delete/").content.decode()
+    shown = hidden_version(page)
+    assert shown == selectors.policy_version(policy)
+    budget(p, max_in_flight=6)  # olive changes it while the confirmation is open
+    rows = audit_rows().count()
+    confirm = {"post": "yes", "version": shown}
+    response = client.post(f"/admin/admission/admissionpolicy/{policy.pk}/delete/", confirm)
+    assert response.status_code == 302
+    assert response["Location"] == f"/admin/admission/admissionpolicy/{policy.pk}/change/"
+    notice = client.get(response["Location"]).content.decode()
+    assert "Not cleared: " in notice and "changed since it was read" in notice
+    assert AdmissionPolicy.objects.get().max_in_flight == 6 and audit_rows().count() == rows
+    again = client.get(f"/admin/admission/admissionpolicy/{policy.pk}/delete/").content.decode()
+    confirm = {"post": "yes", "version": hidden_version(again)}
+    response = client.post(f"/admin/admission/admissionpolicy/{policy.pk}/delete/", confirm)
+    assert response.status_code == 302 and not AdmissionPolicy.objects.exists()
 
 
 def test_a_budget_write_the_service_refuses_is_shown_and_nothing_changes(
