@@ -105,3 +105,30 @@ def test_an_auditor_or_owner_changes_no_fleet_wide_limit(personas: Personas) -> 
     for user in ("audrey", "olive"):
         assert refusal("set", "pool", "gpu", "--slots", "1", "--as", user)["code"] == "forbidden"
     assert not Pool.objects.exists()
+
+
+def test_a_write_over_the_version_read_is_refused_once_the_limit_moved(personas: Personas) -> None:
+    # The CLI wrote whatever was there; with --if-version it writes over the limit as read, or
+    # nothing (the API's If-Match, the version list --json prints).
+    limits("set", "pool", "gpu", "--slots", "4", "--if-version", "none", "--as", "ada")
+    assert (
+        refusal("set", "pool", "gpu", "--slots", "5", "--if-version", "none", "--as", "ada")["code"]
+        == "precondition_failed"
+    )
+    (read,) = json.loads(limits("list", "--json"))
+    limits("pool", "create", "gpu", "--slots", "6", "--as", "ada")  # someone else's change
+    (now,) = json.loads(limits("list", "--json"))
+    stale = refusal(
+        "set", "pool", "gpu", "--slots", "3", "--if-version", read["version"], "--as", "ada"
+    )
+    assert stale["code"] == "precondition_failed" and stale["version"] == now["version"]
+    gone = refusal("delete", "pool", "gpu", "--if-version", read["version"], "--as", "ada")
+    assert gone["code"] == "precondition_failed"
+    assert Pool.objects.get().slots == 6
+    written = json.loads(
+        limits("set", "pool", "gpu", "--slots", "3", "--if-version", now["version"], "--as", "ada",
+               "--json")
+    )  # fmt: skip
+    assert written["slots"] == 3 and written["version"] != now["version"]
+    limits("delete", "pool", "gpu", "--if-version", written["version"], "--as", "ada")
+    assert not Pool.objects.exists()

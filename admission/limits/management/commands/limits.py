@@ -29,6 +29,7 @@ from admission.limits.models import QueueSettings
 from admission.limits.verify import LimitsReport, limits_verify
 from queues import cli_pause
 from queues.access import HumanActor
+from switchboard.core import versions
 from switchboard.core.cli import acting_human, add_common_options, emit, refused, usage
 from switchboard.core.errors import DomainError
 
@@ -53,9 +54,24 @@ _KIND_VERBS = {
 
 def _line(limit: dict[str, Any]) -> str:
     numbers = ", ".join(
-        f"{k}={v}" for k, v in limit.items() if k not in ("kind", "name", "posture")
+        f"{k}={v}" for k, v in limit.items() if k not in ("kind", "name", "posture", "version")
     )
     return f"{limit['kind']} {limit['name']}: {numbers} ({limit['posture']})"
+
+
+def _versioned(limit: dict[str, Any]) -> dict[str, Any]:
+    """A limit as the API shows it: with its ``version``, which ``--if-version`` names."""
+    return {**limit, "version": services.limit_version(limit)}
+
+
+def _if_version(parser: CommandParser) -> None:
+    parser.add_argument(
+        "--if-version",
+        metavar="V",
+        help="write only over this version of the limit (its `version`, as list --json prints "
+        "it; none: only where it is not declared yet); if the limit is not as read, nothing is "
+        "written (exit 1, precondition_failed)",
+    )
 
 
 def _status_text(status: dict[str, Any]) -> str:
@@ -128,6 +144,7 @@ class Command(BaseCommand):
             p.add_argument("kind", choices=sorted(services.KINDS))
             p.add_argument("name", metavar="NAME")
             add_common_options(p)
+            _if_version(p)
         for dest, (flag, text) in _OPTIONS.items():
             setting.add_argument(flag, dest=dest, type=int, help=text)
         setting.add_argument("--posture", choices=["enforce", "advise", "off"])
@@ -141,6 +158,7 @@ class Command(BaseCommand):
                 p.add_argument(flag, dest=dest, type=int, required=dest == required, help=text)
             p.add_argument("--posture", choices=["enforce", "advise", "off"])
             add_common_options(p)
+            _if_version(p)
         queue = sub.add_parser("queue", help="queue priority and aging; pause and resume")
         qverbs = queue.add_subparsers(dest="verb", title="verbs")
         create = qverbs.add_parser("create", help="set a queue's priority and aging")
@@ -166,7 +184,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         subcommand = options.get("subcommand")
         if subcommand == "list":
-            found = services.limits_list()
+            found = [_versioned(limit) for limit in services.limits_list()]
             emit(self, options, found, "\n".join(map(_line, found)) or "no limits declared")
             return
         if subcommand == "status":
@@ -196,13 +214,18 @@ class Command(BaseCommand):
             refused(self, options, exc)
 
     def _write(self, subcommand: str, actor: HumanActor, options: dict[str, Any]) -> None:
+        expected = versions.named(options.get("if_version"))
         if subcommand in ("set", "pool", "tag", "rate"):
             kind = options["kind"] if subcommand == "set" else subcommand
             given = {k: options[k] for k in (*_OPTIONS, "posture") if options.get(k) is not None}
-            limit = services.limit_set(actor=actor, kind=kind, name=options["name"], **given)
-            emit(self, options, limit, f"set {_line(limit)}")
+            limit = services.limit_set(
+                actor=actor, kind=kind, name=options["name"], expected=expected, **given
+            )
+            emit(self, options, _versioned(limit), f"set {_line(limit)}")
         elif subcommand == "delete":
-            limit = services.limit_delete(actor=actor, kind=options["kind"], name=options["name"])
+            limit = services.limit_delete(
+                actor=actor, kind=options["kind"], name=options["name"], expected=expected
+            )
             emit(self, options, limit, f"deleted {limit['kind']} {limit['name']}")
         elif subcommand == "quarantine":
             done = services.limit_quarantine(
