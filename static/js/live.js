@@ -67,6 +67,21 @@
     if (el) el.setAttribute("data-live", value);
   }
 
+  // The notices of a board that is not live (templates/queues/_live_notices.html): "lost" while
+  // reconnecting takes longer than one retry, "ended" once the stream is refused for good (a
+  // 204 when signed out, or any other refusal: EventSource does not retry those).
+  var LOST_AFTER_MS = 6000;
+  var lostTimer = null;
+  function notice(name, shown) {
+    var el = document.querySelector("[data-live-" + name + "]");
+    if (el) el.hidden = !shown;
+  }
+  function live() {
+    clearTimeout(lostTimer);
+    lostTimer = null;
+    notice("lost", false);
+  }
+
   var source = null;
   var url = null;
 
@@ -124,6 +139,8 @@
 
   function connect(next) {
     if (source) source.close();
+    clearTimeout(lostTimer); // the new stream's own open or errors say whether it is live
+    lostTimer = null;
     pending = {}; // held back for the filters being left
     heldList = null;
     resync = false;
@@ -137,8 +154,22 @@
     });
     source.addEventListener("announce", announce);
     status("connecting");
-    source.addEventListener("open", function () { status("open"); });
-    source.addEventListener("error", function () { status("reconnecting"); });
+    var opened = source;
+    opened.addEventListener("open", function () {
+      status("open");
+      live();
+    });
+    opened.addEventListener("error", function () {
+      if (opened !== source) return; // a stream this page has moved on from
+      if (opened.readyState === EventSource.CLOSED) {
+        status("closed");
+        live();
+        notice("ended", true);
+        return;
+      }
+      status("reconnecting");
+      if (lostTimer === null) lostTimer = setTimeout(function () { notice("lost", true); }, LOST_AFTER_MS);
+    });
   }
 
   // What a stream URL subscribes to: everything but "at", the fingerprint it was rendered at.
@@ -161,6 +192,7 @@
     }
     if (!next) { // back to a page with no live board
       if (source) source.close();
+      live();
       source = null;
       url = null;
     } else if (!url || resync || subject(next) !== subject(url)) {

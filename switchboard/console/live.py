@@ -60,10 +60,13 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
+from importlib import import_module
+from types import SimpleNamespace
 from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 from django.conf import settings
+from django.contrib import auth
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
@@ -92,6 +95,9 @@ RING_MIN_GAP = 0.05
 STREAM_SECONDS = 300
 RETRY_MS = 2000
 KEEPALIVE_SECONDS = 15
+# How often a stream asks whether its viewer is still signed in (a sign-out in another tab, the
+# session's expiry, the account's deactivation): one small read per open board.
+SESSION_CHECK_SECONDS = 15
 PARTS = ("head", "controls", "cards")
 
 
@@ -346,6 +352,17 @@ def _here(request: HttpRequest, filters: Filters) -> str:
     return reverse("board") + (f"?{filters.query()}" if filters.query() else "")
 
 
+def _still_signed_in(session_key: str | None, user_id: Any) -> bool:
+    """Whether the session a stream was opened with still signs in the same active user, as
+    Django's own check of a request would find (a sign-out anywhere, the session's expiry, a
+    password change or the account's deactivation end it)."""
+    if not session_key:
+        return False
+    store = import_module(settings.SESSION_ENGINE).SessionStore(session_key=session_key)
+    user = auth.get_user(SimpleNamespace(session=store))  # type: ignore[arg-type]
+    return bool(user.is_authenticated and user.pk == user_id and user.is_active)
+
+
 def _viewer(request: HttpRequest) -> tuple[Viewer, str] | None:
     """Who is watching (None when signed out), and the CSRF token their forms carry."""
     if not request.user.is_authenticated:
@@ -428,10 +445,18 @@ async def stream(
         for name, data in changes(None, shown):
             yield _event(name, data, last_fp)
     deadline = time.monotonic() + STREAM_SECONDS
-    quiet_since = time.monotonic()
+    quiet_since = checked_at = time.monotonic()
+    session_key = getattr(getattr(request, "session", None), "session_key", None)
+    user_id = request.user.pk
     rings = doorbell().watch() if settings.LIVE_BOARD_RINGS else None
     try:
         async for fleet in _snapshots(deadline, rings):
+            if time.monotonic() - checked_at > SESSION_CHECK_SECONDS:
+                checked_at = time.monotonic()
+                if not await _off_loop(_still_signed_in, session_key, user_id):
+                    # The board stops showing the fleet to someone signed out; the page's
+                    # reconnect is answered 204 and says so (static/js/live.js).
+                    return
             fp = fingerprint(fleet, viewer, filters)
             if fp != last_fp:
                 now_shown = await _off_loop(

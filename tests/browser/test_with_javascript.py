@@ -14,9 +14,10 @@ from playwright.sync_api import expect
 from admission.models import AdmissionPolicy
 from queues import pauses
 from queues.models import QueuePause, Todo, TodoState
+from switchboard.console import live
 from switchboard.ledger.models import LedgerEntry
 from tests.browser.conftest import DESKTOP, WIDTHS, Session, screenshot
-from tests.browser.helpers import api_post, budget
+from tests.browser.helpers import api_post, budget, findings
 from tests.conftest import Personas, audit_rows, push
 
 # ms: how long the live board may take to show a change before the test fails. The expectations
@@ -454,6 +455,47 @@ def _subject(url: str) -> tuple[str, list[tuple[str, str]]]:
     """What a stream URL subscribes to: its path and its query but the fingerprint ("at")."""
     parts = urlsplit(url)
     return parts.path, sorted((k, v) for k, v in parse_qsl(parts.query) if k != "at")
+
+
+def test_a_board_whose_viewer_signed_out_says_it_stopped_being_live(
+    session: Session, tx_personas: Personas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Signed out in another tab, the board went on streaming for up to five minutes, then froze
+    # without a word: a stale board passing for the fleet as it is.
+    monkeypatch.setattr(live, "SESSION_CHECK_SECONDS", 0.5)
+    p = tx_personas
+    push(p, 1)
+    page = session.page(p.owner)
+    page.goto("/?endpoint=agent&queue=inbox")
+    root = page.locator("[data-live-url]")
+    expect(root).to_have_attribute("data-live", "open")
+    ended = page.locator("[data-live-ended]")
+    expect(ended).to_be_hidden()
+    StoredSession.objects.all().delete()
+    expect(root).to_have_attribute("data-live", "closed", timeout=LIVE)
+    expect(ended).to_be_visible()
+    expect(ended).to_contain_text("This page stopped updating")
+    sign_in = ended.get_by_role("link", name="sign in again")
+    expect(sign_in).to_have_attribute("href", "/login/?next=/%3Fendpoint%3Dagent%26queue%3Dinbox")
+    assert findings(page) == []
+
+
+def test_a_board_that_cannot_reach_the_server_says_so_until_it_is_back(
+    session: Session, tx_personas: Personas
+) -> None:
+    p = tx_personas
+    page = session.page(p.owner)
+    page.route("**/live?*", lambda route: route.abort())
+    page.goto("/")
+    root = page.locator("[data-live-url]")
+    lost = page.locator("[data-live-lost]")
+    expect(root).to_have_attribute("data-live", "reconnecting")
+    expect(lost).to_be_visible(timeout=LIVE)
+    expect(lost).to_contain_text("may be out of date")
+    page.unroute("**/live?*")
+    expect(root).to_have_attribute("data-live", "open", timeout=LIVE)
+    expect(lost).to_be_hidden()
+    expect(page.locator("[data-live-ended]")).to_be_hidden()
 
 
 def test_a_session_ended_under_the_board_signs_in_again_and_comes_back(

@@ -163,6 +163,29 @@ def _run_in_thread(fn: Callable[[], Any]) -> Callable[[], Any]:
     return run
 
 
+def test_a_stream_asks_whether_its_session_still_signs_in_its_viewer(personas: Personas) -> None:
+    # Each open board asks every SESSION_CHECK_SECONDS; any of these ends it.
+    p = personas
+    client = signed_in(p.owner)
+    key = client.session.session_key
+    assert live._still_signed_in(key, p.owner.pk)
+    assert not live._still_signed_in(key, p.auditor.pk)  # someone else's session key
+    assert not live._still_signed_in(None, p.owner.pk)
+    p.owner.set_password("changed-elsewhere-1")  # Django signs every other session out
+    p.owner.save()
+    assert not live._still_signed_in(key, p.owner.pk)
+    client = signed_in(p.owner)
+    key = client.session.session_key
+    p.owner.is_active = False  # the account deactivated
+    p.owner.save()
+    assert not live._still_signed_in(key, p.owner.pk)
+    p.owner.is_active = True
+    p.owner.save()
+    assert live._still_signed_in(key, p.owner.pk)
+    client.logout()  # signed out (in another tab)
+    assert not live._still_signed_in(key, p.owner.pk)
+
+
 def test_the_stream_pushes_a_change_made_elsewhere(tx_personas: Personas) -> None:
     """A claim committed by another connection reaches the open stream as a header swap."""
     p = tx_personas
