@@ -74,7 +74,17 @@
   var lostTimer = null;
   function notice(name, shown) {
     var el = document.querySelector("[data-live-" + name + "]");
-    if (el) el.hidden = !shown;
+    if (!el) return;
+    // Its links lead back to the page as it is now (a filter may have moved the address since
+    // the page was rendered).
+    var here = window.location.pathname + window.location.search;
+    var reload = el.querySelector("[data-live-here]");
+    if (reload) reload.setAttribute("href", here);
+    var signIn = el.querySelector("[data-live-sign-in]");
+    if (signIn) {
+      signIn.setAttribute("href", signIn.getAttribute("data-live-sign-in") + "?next=" + encodeURIComponent(here));
+    }
+    el.hidden = !shown;
   }
   function live() {
     clearTimeout(lostTimer);

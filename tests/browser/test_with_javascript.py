@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import time
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, quote, urlsplit
 
 import pytest
 from django.contrib.sessions.models import Session as StoredSession
@@ -466,17 +466,24 @@ def test_a_board_whose_viewer_signed_out_says_it_stopped_being_live(
     p = tx_personas
     push(p, 1)
     page = session.page(p.owner)
-    page.goto("/?endpoint=agent&queue=inbox")
+    page.goto("/")
     root = page.locator("[data-live-url]")
     expect(root).to_have_attribute("data-live", "open")
     ended = page.locator("[data-live-ended]")
     expect(ended).to_be_hidden()
+    page.get_by_role("search").get_by_label("Queue").select_option("inbox")  # the address moves
+    page.get_by_role("button", name="Filter").click()
+    expect(page).to_have_url(re.compile(r"queue=inbox"))
+    expect(root).to_have_attribute("data-live", "open")
     StoredSession.objects.all().delete()
     expect(root).to_have_attribute("data-live", "closed", timeout=LIVE)
     expect(ended).to_be_visible()
     expect(ended).to_contain_text("This page stopped updating")
+    here = page.evaluate("location.pathname + location.search")
+    assert "queue=inbox" in here
+    expect(ended.get_by_role("link", name="Reload it")).to_have_attribute("href", here)
     sign_in = ended.get_by_role("link", name="sign in again")
-    expect(sign_in).to_have_attribute("href", "/login/?next=/%3Fendpoint%3Dagent%26queue%3Dinbox")
+    expect(sign_in).to_have_attribute("href", "/login/?next=" + quote(here, safe=""))
     assert findings(page) == []
 
 
