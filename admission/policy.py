@@ -36,6 +36,7 @@ from admission.models import (
 )
 from queues.models import QUARANTINE_QUEUE, check_queue_name
 from switchboard.core.errors import InvalidArgument
+from switchboard.core.zones import not_a_zone
 
 __all__ = [
     "COLUMN_OF_FIELD",
@@ -356,7 +357,7 @@ def _clean_window(window: Any, per_window: int | None, name: str = "window") -> 
     if not isinstance(tz, str) or not tz:
         raise InvalidArgument(f"{name}.tz must name an IANA time zone", field=f"{name}.tz")
     if not windows.zone_exists(tz):
-        raise InvalidArgument(f"{name}.tz {tz!r} is not a known IANA time zone", field=f"{name}.tz")
+        raise InvalidArgument(f"{name}.tz {not_a_zone(tz)}", field=f"{name}.tz")
     start = window.get("start")
     start = DEFAULT_WINDOW_START if start is None else start
     if not isinstance(start, str) or not re.fullmatch(WINDOW_START_RE, start):

@@ -34,6 +34,7 @@ from admission.policy import (
 )
 from queues.models import QUEUE_NAME_RE
 from switchboard.core import versions
+from switchboard.core.zones import not_a_zone
 
 PostureName = Literal["enforce", "advise", "off"]
 PeriodName = Literal["hour", "day", "week"]
@@ -77,7 +78,7 @@ class WindowIn(Strict):
     @classmethod
     def _known_zone(cls, value: str) -> str:
         if not windows.zone_exists(value):
-            raise ValueError(f"{value!r} is not a known IANA time zone")
+            raise ValueError(not_a_zone(value))
         return value
 
 

@@ -38,7 +38,7 @@ from switchboard.core.pages import (
     refusal,
     safe_next,
 )
-from switchboard.core.zones import zone_exists, zones
+from switchboard.core.zones import not_a_zone, zone_exists, zones
 
 TZ_COOKIE_AGE = 365 * 24 * 3600
 TODO_ACTIONS = ("claim", "complete", "fail", "release", "retry", "discard")
@@ -506,7 +506,7 @@ def timezone_view(request: HttpRequest) -> HttpResponse:
                 TZ_COOKIE, name, max_age=TZ_COOKIE_AGE, samesite="Lax", httponly=False
             )
             return response
-        form.add_error("tz", f"{name!r} is not a known IANA time zone")
+        form.add_error("tz", not_a_zone(name))
     status = 400 if request.method == "POST" else 200
     return render(
         request,

@@ -22,6 +22,23 @@ def zone_exists(name: str) -> bool:
 
 
 @functools.cache
+def _by_folded_name() -> dict[str, str]:
+    return {_fold(z): z for z in _zone_names() | {"UTC"}}
+
+
+def _fold(name: str) -> str:
+    return name.strip().casefold().replace(" ", "_")
+
+
+def not_a_zone(name: str) -> str:
+    """Why ``name`` is refused, with the zone it was likely meant to be: IANA names are case
+    sensitive, so ``europe/berlin`` and ``Europe/New York`` are not zones, but say which is."""
+    meant = _by_folded_name().get(_fold(name)) if isinstance(name, str) else None
+    hint = f" (did you mean {meant!r}?)" if meant and meant != name else ""
+    return f"{name!r} is not a known IANA time zone{hint}"
+
+
+@functools.cache
 def zones() -> list[str]:
     """Every IANA zone the window math accepts, for the searchable zone lists."""
     return sorted(z for z in zoneinfo.available_timezones() | {"UTC"} if zone_exists(z))

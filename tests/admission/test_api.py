@@ -180,6 +180,15 @@ def test_a_bad_put_is_refused_naming_the_field_and_leaves_the_budget_alone(
     assert audit_rows().count() == 1
 
 
+def test_a_near_miss_zone_is_refused_naming_the_zone_meant(personas: Personas) -> None:
+    p = personas
+    body = {"max_claims_per_window": 5, "window": {**DAY, "tz": "europe/berlin"}}
+    response = human(p.owner).put(one(p), body)
+    assert response.status_code == 400 and response.json()["field"] == "window.tz"
+    assert response.json()["error"].endswith("(did you mean 'Europe/Berlin'?)")
+    assert not AdmissionPolicy.objects.exists()
+
+
 def test_a_policy_body_over_sixteen_kib_is_refused_before_parsing(personas: Personas) -> None:
     p = personas
     raw = json.dumps({"max_in_flight": 2}) + " " * (16 * 1024)

@@ -29,6 +29,7 @@ from admission.windows import (
     window_start,
     zone_exists,
 )
+from switchboard.core.zones import not_a_zone
 
 LA = "America/Los_Angeles"
 BERLIN = "Europe/Berlin"
@@ -521,3 +522,24 @@ def test_every_boundary_is_at_the_declared_wall_time_or_at_the_end_of_a_gap(
         just_before = (boundary - timedelta(seconds=1)).astimezone(zone)
         at_transition = just_before.utcoffset() != local.utcoffset()
         assert at_declared_time or at_transition
+
+
+@pytest.mark.parametrize(
+    ("name", "meant"),
+    [
+        ("europe/berlin", "Europe/Berlin"),
+        ("America/New York", "America/New_York"),
+        (" utc ", "UTC"),
+        ("Europe/Berlin ", "Europe/Berlin"),
+        ("Mars/Olympus", None),
+    ],
+)
+def test_a_refused_zone_names_the_zone_it_was_likely_meant_to_be(
+    name: str, meant: str | None
+) -> None:
+    # IANA names are case sensitive and spelt with underscores; the refusal says which zone a
+    # near miss meant, and suggests nothing for a name that is not near one.
+    assert not zone_exists(name)
+    said = not_a_zone(name)
+    assert said.startswith(f"{name!r} is not a known IANA time zone")
+    assert said.endswith(f" (did you mean {meant!r}?)" if meant else "time zone")

@@ -193,6 +193,11 @@ def test_the_zone_preference_sets_a_cookie_and_refuses_an_unknown_zone(personas:
     assert client.get("/prefs/tz").status_code == 200
     refused = client.post("/prefs/tz", {"tz": "Nowhere/Land", "next": "/ledger"})
     assert refused.status_code == 400 and "not a known IANA time zone" in refused.content.decode()
+    near = client.post("/prefs/tz", {"tz": "america/new york", "next": "/ledger"})
+    assert (
+        near.status_code == 400
+        and "did you mean &#x27;America/New_York&#x27;?" in near.content.decode()
+    )
     response = client.post("/prefs/tz", {"tz": "Europe/Paris", "next": "/ledger"})
     assert response.status_code == 302 and response["Location"] == "/ledger"
     assert response.cookies["tz"].value == "Europe/Paris"
