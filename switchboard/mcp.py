@@ -85,7 +85,7 @@ from switchboard.core.http import (
     media_type,
     retry_after_seconds,
 )
-from switchboard.core.validation import json_loads
+from switchboard.core.validation import json_loads, not_json
 
 log = logging.getLogger(__name__)
 
@@ -327,8 +327,11 @@ def _post(request: Incoming, actor: AgentActor) -> Reply | HttpResponseBase:
         raise _bad_header(415, "the body must be Content-Type: application/json", "Content-Type")
     try:
         message = json_loads(request.body)
-    except (ValueError, RecursionError):
+    except RecursionError:
         return _rpc_error(None, RpcError(PARSE_ERROR, "Parse error: the body is not JSON"), 400)
+    except ValueError as exc:
+        error = RpcError(PARSE_ERROR, f"Parse error: the body is not JSON ({not_json(exc)})")
+        return _rpc_error(None, error, 400)
     if _calls_a_tool(message):
         check_endpoint_rate(actor.endpoint)
     version = _header(request, "MCP-Protocol-Version")

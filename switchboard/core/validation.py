@@ -178,11 +178,17 @@ def loads(raw: bytes | str, field: str = "") -> Any:
             f"{name}: is nested deeper than {MAX_JSON_DEPTH} levels", field=name
         ) from None
     except (ValueError, UnicodeDecodeError) as exc:
-        why = str(exc)
-        if "integer string conversion" in why:  # Python's own advice is not the client's to take
-            why = f"a number has more than {sys.get_int_max_str_digits()} digits"
-        raise InvalidArgument(f"{name}: is not valid JSON ({why})", field=name) from None
+        raise InvalidArgument(f"{name}: is not valid JSON ({not_json(exc)})", field=name) from None
     return check_json(value, field)
+
+
+def not_json(exc: ValueError) -> str:
+    """Why the parser refused a body, in the client's terms: Python's advice on its integer
+    limit ("use sys.set_int_max_str_digits()") is not the client's to take."""
+    why = str(exc)
+    if "integer string conversion" in why:
+        return f"a number has more than {sys.get_int_max_str_digits()} digits"
+    return why
 
 
 def json_loads(raw: bytes | str) -> Any:

@@ -236,6 +236,14 @@ def test_malformed_json_is_a_parse_error(agent: Mcp) -> None:
     response = agent.post(None, raw='{"jsonrpc": "2.0", "id": 1,')
     assert response.status_code == 400
     assert response.json()["error"]["code"] == -32700 and response.json()["id"] is None
+    # It says why, in the client's terms (not Python's advice on its integer limit).
+    response = agent.post(
+        None, raw='{"jsonrpc": "2.0", "id": 1%s, "method": "ping"}' % ("0" * 5000)
+    )
+    assert response.status_code == 400 and response.json()["error"] == {
+        "code": -32700,
+        "message": "Parse error: the body is not JSON (a number has more than 4300 digits)",
+    }
 
 
 @pytest.mark.parametrize(
