@@ -35,6 +35,7 @@ from asgiref.sync import sync_to_async
 from django.db import close_old_connections, connection
 
 from queues import gates, wakes
+from queues.models import Endpoint, EndpointState
 from queues.sql.push import WAITING_SQL
 
 log = logging.getLogger(__name__)
@@ -111,13 +112,8 @@ def revoked_among(endpoint_ids: list[str]) -> list[str]:
     nobody listened is gone). On an executor thread, its connection given back, as ``waiting``."""
     try:
         close_old_connections()
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT id::text FROM queues_endpoint WHERE id = ANY(%s::uuid[])"
-                " AND state = 'revoked'",
-                [endpoint_ids],
-            )
-            return [row[0] for row in cursor.fetchall()]
+        revoked = Endpoint.objects.filter(id__in=endpoint_ids, state=EndpointState.REVOKED)
+        return [str(pk) for pk in revoked.values_list("id", flat=True)]
     finally:
         connection.close()
 

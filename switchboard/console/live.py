@@ -60,13 +60,10 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
-from importlib import import_module
-from types import SimpleNamespace
 from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 from django.conf import settings
-from django.contrib import auth
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
@@ -82,6 +79,7 @@ from queues.access import Viewer
 from queues.doorbell import doorbell
 from switchboard.console import board
 from switchboard.console.board import Filters, Section
+from switchboard.core.users import still_signed_in
 
 T = TypeVar("T")
 # Measured by `make bench` (bench/console_bench.py): commit to browser under a second at p50.
@@ -352,17 +350,6 @@ def _here(request: HttpRequest, filters: Filters) -> str:
     return reverse("board") + (f"?{filters.query()}" if filters.query() else "")
 
 
-def _still_signed_in(session_key: str | None, user_id: Any) -> bool:
-    """Whether the session a stream was opened with still signs in the same active user, as
-    Django's own check of a request would find (a sign-out anywhere, the session's expiry, a
-    password change or the account's deactivation end it)."""
-    if not session_key:
-        return False
-    store = import_module(settings.SESSION_ENGINE).SessionStore(session_key=session_key)
-    user = auth.get_user(SimpleNamespace(session=store))  # type: ignore[arg-type]
-    return bool(user.is_authenticated and user.pk == user_id and user.is_active)
-
-
 def _viewer(request: HttpRequest) -> tuple[Viewer, str] | None:
     """Who is watching (None when signed out), and the CSRF token their forms carry."""
     if not request.user.is_authenticated:
@@ -453,7 +440,7 @@ async def stream(
         async for fleet in _snapshots(deadline, rings):
             if time.monotonic() - checked_at > SESSION_CHECK_SECONDS:
                 checked_at = time.monotonic()
-                if not await _off_loop(_still_signed_in, session_key, user_id):
+                if not await _off_loop(still_signed_in, session_key, user_id):
                     # The board stops showing the fleet to someone signed out; the page's
                     # reconnect is answered 204 and says so (static/js/live.js).
                     return

@@ -95,6 +95,7 @@ def test_the_admins_pages_with_the_longest_values_do_not_scroll_sideways(
         f"/admin/queues/endpoint/{policy.endpoint_id}/change/",
         "/admin/admission/admissionpolicy/",
         f"/admin/admission/admissionpolicy/{policy.pk}/change/",
+        f"/admin/admission/admissionpolicy/{policy.pk}/delete/",
         "/admin/queues/queuepause/",
         f"/admin/queues/queuepause/{LONG_QUEUE}/change/",
         "/admin/queues/attempt/",

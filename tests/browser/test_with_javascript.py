@@ -457,15 +457,16 @@ def _subject(url: str) -> tuple[str, list[tuple[str, str]]]:
     return parts.path, sorted((k, v) for k, v in parse_qsl(parts.query) if k != "at")
 
 
+@pytest.mark.parametrize("width", WIDTHS)
 def test_a_board_whose_viewer_signed_out_says_it_stopped_being_live(
-    session: Session, tx_personas: Personas, monkeypatch: pytest.MonkeyPatch
+    session: Session, tx_personas: Personas, monkeypatch: pytest.MonkeyPatch, width: int
 ) -> None:
     # Signed out in another tab, the board went on streaming for up to five minutes, then froze
     # without a word: a stale board passing for the fleet as it is.
     monkeypatch.setattr(live, "SESSION_CHECK_SECONDS", 0.5)
     p = tx_personas
     push(p, 1)
-    page = session.page(p.owner)
+    page = session.page(p.owner, width=width)
     page.goto("/")
     root = page.locator("[data-live-url]")
     expect(root).to_have_attribute("data-live", "open")
@@ -485,6 +486,7 @@ def test_a_board_whose_viewer_signed_out_says_it_stopped_being_live(
     sign_in = ended.get_by_role("link", name="sign in again")
     expect(sign_in).to_have_attribute("href", "/login/?next=" + quote(here, safe=""))
     assert findings(page) == []
+    assert page.evaluate("document.documentElement.scrollWidth") <= width  # no sideways scroll
 
 
 def test_a_board_that_cannot_reach_the_server_says_so_until_it_is_back(

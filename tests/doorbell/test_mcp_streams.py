@@ -27,7 +27,7 @@ from mcp.types import ResourceUpdatedNotification, SubscriptionFilter
 from queues import services
 from switchboard import mcp
 from tests.conftest import FIXTURE, Personas, push
-from tests.mcp.conftest import NODE
+from tests.mcp.conftest import NODE, initialize
 
 
 def _pushed(p: Personas, n: int = 1, queue: str = "inbox") -> list[str]:
@@ -245,16 +245,7 @@ def test_a_revoke_ends_a_listen_with_the_refusal_and_a_handshake_stream_too(
     with httpx.Client(timeout=httpx.Timeout(10.0, read=30.0)) as http:
         opened = http.post(
             url,
-            json={
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "initialize",
-                "params": {
-                    "protocolVersion": "2025-11-25",
-                    "capabilities": {},
-                    "clientInfo": {"name": "t", "version": "0"},
-                },
-            },
+            json=initialize(),
             headers={**bearer, "Accept": "application/json, text/event-stream"},
         )
         session = {**bearer, "Mcp-Session-Id": opened.headers["Mcp-Session-Id"]}

@@ -50,3 +50,17 @@ def js_clients() -> Path:
         )
         stamp.write_text(digest)
     return JS_DIR
+
+
+def initialize(version: str = "2025-11-25") -> dict[str, Any]:
+    """An ``initialize`` request of the handshake revisions, as a raw client sends it."""
+    return {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": version,
+            "capabilities": {},
+            "clientInfo": {"name": "test", "version": "0"},
+        },
+    }

@@ -150,3 +150,40 @@ def test_the_typescript_sdk_accepts_the_budget_and_limit_versions(
         admission_selectors.policy_version(budget)
     )
     assert changed["structuredContent"]["policy"]["version"] != queue["policy"]["version"]
+
+
+def test_the_typescript_sdk_writes_a_budget_over_the_version_it_read(
+    tx_personas: Personas, live_url: str, js_clients: Path
+) -> None:
+    # if_version is in the tool's input schema; a write over a moved version is an error
+    # result (no structuredContent), which the SDK hands back rather than throws.
+    p = tx_personas
+    endpoint, token = self_budgeting(p, "Careful")
+    budget = admission_services.policy_set(
+        actor=p.as_human(), endpoint=endpoint, queue="inbox", max_in_flight=2,
+        max_claims_per_window=None, window=None,
+    )  # fmt: skip
+    read = admission_selectors.policy_version(budget)
+    calls = [
+        [
+            "set_admission_policy",
+            {"queue": "inbox", "policy": {"max_in_flight": 3}, "if_version": read},
+        ],
+        [
+            "set_admission_policy",
+            {"queue": "inbox", "policy": {"max_in_flight": 4}, "if_version": read},
+        ],
+        ["clear_admission_policy", {"queue": "inbox", "if_version": read}],
+    ]
+    report = run_agent(js_clients, f"{live_url}/mcp/{endpoint.slug}", token, calls)
+    written, stale, clear = report["calls"]
+    for call in report["calls"]:
+        assert "thrown" not in call, call
+    assert written["isError"] is False
+    now = written["structuredContent"]["policy"]["version"]
+    for refused in (stale, clear):
+        assert refused["isError"] is True and refused["structuredContent"] is None
+        answer = refused["text"]
+        assert answer["code"] == "precondition_failed" and answer["version"] == now
+    budget.refresh_from_db()
+    assert budget.max_in_flight == 3

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -170,3 +171,27 @@ def test_a_script_error_on_one_bucket_leaves_the_others_limited() -> None:
     assert ratelimit.availability.redis_breaker.allow()
     assert ratelimit.take("sound", rate=1, burst=1) == (True, 0)
     assert ratelimit.take("sound", rate=1, burst=1) == (False, 1)
+
+
+def test_racing_takes_from_a_bucket_that_never_refills_admit_exactly_its_burst() -> None:
+    # The slow rates' guarantee under races (threads, each on its own pooled connection): a
+    # burst of 1 admits one of sixteen, a leased burst of 400 exactly 400 of 640.
+    def race(key: str, burst: int, takers: int, each: int) -> int:
+        admitted: list[int] = []
+        lock = threading.Lock()
+
+        def take() -> None:
+            n = sum(ratelimit.take(key, rate=1e-300, burst=burst)[0] for _ in range(each))
+            with lock:
+                admitted.append(n)
+
+        threads = [threading.Thread(target=take) for _ in range(takers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return sum(admitted)
+
+    assert race("slow-race", 1, 16, 1) == 1
+    assert race("slow-race-leased", 400, 16, 40) == 400
+    assert ratelimit.availability.redis_breaker.allow()

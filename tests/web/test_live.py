@@ -17,6 +17,7 @@ from queues import pauses, services
 from queues.access import Viewer
 from switchboard.console import live
 from switchboard.console.board import Filters
+from switchboard.core.users import still_signed_in
 from tests.conftest import Personas, push
 from tests.web.conftest import budget, signed_in
 
@@ -168,22 +169,22 @@ def test_a_stream_asks_whether_its_session_still_signs_in_its_viewer(personas: P
     p = personas
     client = signed_in(p.owner)
     key = client.session.session_key
-    assert live._still_signed_in(key, p.owner.pk)
-    assert not live._still_signed_in(key, p.auditor.pk)  # someone else's session key
-    assert not live._still_signed_in(None, p.owner.pk)
+    assert still_signed_in(key, p.owner.pk)
+    assert not still_signed_in(key, p.auditor.pk)  # someone else's session key
+    assert not still_signed_in(None, p.owner.pk)
     p.owner.set_password("changed-elsewhere-1")  # Django signs every other session out
     p.owner.save()
-    assert not live._still_signed_in(key, p.owner.pk)
+    assert not still_signed_in(key, p.owner.pk)
     client = signed_in(p.owner)
     key = client.session.session_key
     p.owner.is_active = False  # the account deactivated
     p.owner.save()
-    assert not live._still_signed_in(key, p.owner.pk)
+    assert not still_signed_in(key, p.owner.pk)
     p.owner.is_active = True
     p.owner.save()
-    assert live._still_signed_in(key, p.owner.pk)
+    assert still_signed_in(key, p.owner.pk)
     client.logout()  # signed out (in another tab)
-    assert not live._still_signed_in(key, p.owner.pk)
+    assert not still_signed_in(key, p.owner.pk)
 
 
 def test_the_stream_pushes_a_change_made_elsewhere(tx_personas: Personas) -> None:

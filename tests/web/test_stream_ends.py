@@ -26,6 +26,7 @@ from django.test import Client
 from switchboard import mcp
 from tests.conftest import Personas, push
 from tests.inprocess import Served, checked_out, serving, settle
+from tests.mcp.conftest import initialize
 from tests.web.conftest import signed_in
 
 STREAMS = 4
@@ -78,20 +79,7 @@ def _mcp_get_stream(srv: Served, p: Personas) -> Any:
         "Authorization": f"Bearer {p.agent_token}",
         "Accept": "application/json, text/event-stream",
     }
-    init = httpx.post(
-        url,
-        json={
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {},
-                "clientInfo": {"name": "test", "version": "0"},
-            },
-        },
-        headers=headers,
-    )
+    init = httpx.post(url, json=initialize(), headers=headers)
     assert init.status_code == 200, init.text
     headers |= {
         "Mcp-Session-Id": init.headers["Mcp-Session-Id"],

@@ -59,11 +59,6 @@ def _line(limit: dict[str, Any]) -> str:
     return f"{limit['kind']} {limit['name']}: {numbers} ({limit['posture']})"
 
 
-def _versioned(limit: dict[str, Any]) -> dict[str, Any]:
-    """A limit as the API shows it: with its ``version``, which ``--if-version`` names."""
-    return {**limit, "version": services.limit_version(limit)}
-
-
 def _if_version(parser: CommandParser) -> None:
     parser.add_argument(
         "--if-version",
@@ -184,7 +179,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         subcommand = options.get("subcommand")
         if subcommand == "list":
-            found = [_versioned(limit) for limit in services.limits_list()]
+            found = [selectors.limit_out(limit) for limit in services.limits_list()]
             emit(self, options, found, "\n".join(map(_line, found)) or "no limits declared")
             return
         if subcommand == "status":
@@ -221,7 +216,7 @@ class Command(BaseCommand):
             limit = services.limit_set(
                 actor=actor, kind=kind, name=options["name"], expected=expected, **given
             )
-            emit(self, options, _versioned(limit), f"set {_line(limit)}")
+            emit(self, options, selectors.limit_out(limit), f"set {_line(limit)}")
         elif subcommand == "delete":
             limit = services.limit_delete(
                 actor=actor, kind=options["kind"], name=options["name"], expected=expected
