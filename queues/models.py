@@ -426,6 +426,11 @@ class AttemptDisposition(models.TextChoices):
     REQUEUED = "requeued"
 
 
+# The longest summary an ending (complete, fail) keeps, in characters (queues.services.todos
+# checks it first, naming the field; the attempt's rules trigger again, queues migration 0023).
+MAX_ATTEMPT_SUMMARY = 10000
+
+
 class Attempt(models.Model):
     """One row per claim that ended (completed, failed, released, lapsed, taken over, revoked),
     written by the statement that ends it and never changed after. The claim in progress is
@@ -483,12 +488,16 @@ class Attempt(models.Model):
         ]
         constraints = [
             # In the database these are the rules of a trigger of the same names (queues
-            # migrations 0016 and 0021), as the todo's. Every attempt is an ended one: ended_at
+            # migrations 0016, 0021 and 0023), as the todo's. Every attempt is an ended one: ended_at
             # and outcome are NOT NULL columns.
             models.CheckConstraint(name="attempt_number_positive", condition=Q(number__gte=1)),
             # The compact form, as the todo's (see Todo.Meta).
             models.CheckConstraint(
                 name="attempt_outcome_valid", condition=one_of("outcome", AttemptOutcome)
+            ),
+            models.CheckConstraint(
+                name="attempt_summary_length",
+                condition=CheckSQL(f"char_length({{0}}) <= {MAX_ATTEMPT_SUMMARY}", "summary"),
             ),
         ]
 

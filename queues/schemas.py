@@ -25,6 +25,7 @@ from queues.models import (
     BASIC_VERBS,
     GRANTABLE_VERBS,
     LIMIT_NAME_RE,
+    MAX_ATTEMPT_SUMMARY,
     MAX_TODO_TAGS,
     POLICY_VERBS,
     QUEUE_NAME_RE,
@@ -374,7 +375,7 @@ class HeartbeatIn(Strict):
 class CompleteIn(Strict):
     id: UUID = TodoId()
     result: JsonValue = StoredJson("Any JSON (limits in the README)")
-    summary: str = Field(default="", max_length=10000)
+    summary: str = Field(default="", max_length=MAX_ATTEMPT_SUMMARY)
     lease_token: str | None = Field(default=None, max_length=200)
     attempt: int | None = AttemptOf()
 
@@ -382,7 +383,7 @@ class CompleteIn(Strict):
 class FailIn(Strict):
     id: UUID = TodoId()
     error: JsonValue = StoredJson("Any JSON (limits in the README)")
-    summary: str = Field(default="", max_length=10000)
+    summary: str = Field(default="", max_length=MAX_ATTEMPT_SUMMARY)
     lease_token: str | None = Field(default=None, max_length=200)
     attempt: int | None = AttemptOf()
     rate_limited: bool = Field(

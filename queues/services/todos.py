@@ -24,6 +24,7 @@ from queues import access, declared, metrics, selectors, sql, wakes
 from queues.access import Actor, AgentActor, HumanActor, acting_endpoint_ids
 from queues.models import (
     LIVE_TODO,
+    MAX_ATTEMPT_SUMMARY,
     Endpoint,
     Todo,
     TodoSource,
@@ -338,8 +339,10 @@ def release(
 
 def _summary(summary: str | None) -> str:
     summary = validation.check_text(summary or "", "summary")
-    if len(summary) > 10000:
-        raise InvalidArgument("summary is at most 10000 characters", field="summary")
+    if len(summary) > MAX_ATTEMPT_SUMMARY:
+        raise InvalidArgument(
+            f"summary is at most {MAX_ATTEMPT_SUMMARY} characters", field="summary"
+        )
     return summary
 
 

@@ -138,6 +138,7 @@ def test_the_attempt_rules_refuse_under_their_names(personas: Personas) -> None:
     cases = [
         ("attempt_outcome_valid", "outcome = 'nonsense'"),
         ("attempt_number_positive", "number = 0"),
+        ("attempt_summary_length", "summary = repeat('é', 10001)"),
     ]
     for rule, change in cases:
         statement = f"UPDATE queues_attempt SET {change} WHERE id = %s"
@@ -145,28 +146,33 @@ def test_the_attempt_rules_refuse_under_their_names(personas: Personas) -> None:
     insert = (
         "INSERT INTO queues_attempt (todo_id, number, endpoint_id, claimant, via, claimed_at,"
         " lease_expires_at, summary, ended_at, outcome)"
-        " VALUES (%s, {number}, %s, '', 'api', now(), now(), '', {ended_at}, {outcome})"
+        " VALUES (%s, {number}, %s, '', 'api', now(), now(), {summary}, {ended_at}, {outcome})"
     )
+    valid = {"number": "1", "summary": "''", "ended_at": "now()", "outcome": "'released'"}
     inserts = [
         ("attempt_number_positive", {"number": "0"}),
         ("attempt_outcome_valid", {"outcome": "'nonsense'"}),
+        ("attempt_summary_length", {"summary": "repeat('x', 10001)"}),
     ]
     for rule, values in inserts:
-        row = {"number": "1", "ended_at": "now()", "outcome": "'released'", **values}
+        row = {**valid, **values}
         assert _refused_by(insert.format(**row), [todo.id, personas.agent.id]) == rule
     # An attempt row is an ended claim's: neither its end nor its outcome may be missing.
     for column in ("ended_at", "outcome"):
-        row = {"number": "1", "ended_at": "now()", "outcome": "'released'", column: "NULL"}
+        row = {**valid, column: "NULL"}
         with (
             pytest.raises(IntegrityError, match=f'"{column}"'),
             transaction.atomic(),
             connection.cursor() as cur,
         ):
             cur.execute(insert.format(**row), [todo.id, personas.agent.id])
-    with connection.cursor() as cur:  # valid: accepted
+    with connection.cursor() as cur:  # valid: accepted, a summary of 10,000 characters too
         cur.execute("UPDATE queues_attempt SET outcome = 'expired' WHERE id = %s", [attempt.id])
         cur.execute(
-            insert.format(number="1", ended_at="now()", outcome="'released'"),
+            "UPDATE queues_attempt SET summary = repeat('é', 10000) WHERE id = %s", [attempt.id]
+        )
+        cur.execute(
+            insert.format(**{**valid, "summary": "repeat('x', 10000)"}),
             [todo.id, personas.agent.id],
         )
 
@@ -200,6 +206,18 @@ def test_no_claim_cycle_write_pays_for_a_rule_it_cannot_break(db: None) -> None:
         "AFTER UPDATE OF state, attempt, max_attempts, lease_expires_at, next_retry_at, rings"
         in rules
     )
+    # Each rules function tests the rules as one boolean before the CASE that names the broken
+    # one (queues migration 0019): the CASE's set-up is per call otherwise.
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT proname, prosrc FROM pg_proc WHERE proname IN"
+            " ('todo_fields_check', 'todo_state_check', 'attempt_rules')"
+        )
+        functions = dict(cur.fetchall())
+    assert sorted(functions) == ["attempt_rules", "todo_fields_check", "todo_state_check"]
+    for name, source in functions.items():
+        body = source.split("BEGIN", 1)[1].lstrip()
+        assert body.startswith("IF NOT (coalesce("), (name, body[:80])
     for statement in (sql.claim_next_sql(bare=True), sql.complete_sql()):
         assigned = statement.split("SET", 1)[1]
         for column in ("queue =", "title =", "pool =", "tags =", "rate_limit =", "max_attempts ="):
@@ -250,4 +268,8 @@ def test_model_validation_still_runs_the_compact_rules(personas: Personas) -> No
     attempt = Attempt(todo=todo, number=1, endpoint=personas.agent)
     attempt.outcome = "nonsense"
     with pytest.raises(ValidationError, match="attempt_outcome_valid"):
+        attempt.validate_constraints(exclude={"todo"})
+    attempt.outcome = "completed"
+    attempt.summary = "x" * 10001
+    with pytest.raises(ValidationError, match="attempt_summary_length"):
         attempt.validate_constraints(exclude={"todo"})
