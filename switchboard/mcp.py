@@ -16,9 +16,11 @@ Revisions served:
   Redis (sliding TTL) for that endpoint; later requests must carry it (400 without, 404 when
   unknown or ended). A ``MCP-Protocol-Version`` header naming another served handshake
   revision is honoured for that request (the spec refuses only an invalid or unsupported one,
-  with 400). ``notifications/initialized`` (202), ``ping``, ``tools/list``,
+  with 400: a session's request naming a revision outside both eras is that 400, -32022 with
+  ``supported``). ``notifications/initialized`` (202), ``ping``, ``tools/list``,
   ``tools/call``; ``DELETE`` ends the session. JSON-RPC batches are accepted only on sessions
-  that negotiated 2025-03-26 or 2024-11-05 (later revisions removed them).
+  that negotiated 2025-03-26 or 2024-11-05 (later revisions removed them), whatever revision a
+  request's header names.
 
 Responses to a POST are ``application/json`` (never SSE), except ``subscriptions/listen``, whose
 response is the stream; a POST must accept JSON (406) and send it (415). The server-to-client stream (``GET`` with the handshake's ``Mcp-Session-Id``,
@@ -46,7 +48,9 @@ Never Django's HTML error page.
 
 The endpoint's request rate is charged for ``tools/call`` only: the handshake and discovery
 (``initialize``, ``notifications/initialized``, ``server/discover``, ``ping``, ``tools/list``) are
-free, so an endpoint vended with a low ``--rps`` can still connect.
+free, so an endpoint vended with a low ``--rps`` can still connect. Each ``tools/call`` of a batch
+is charged as if sent alone: one over the rate is answered in the batch with a JSON-RPC error
+(-32000, the API's ``rate_limited`` object, with ``retry_after``, as ``data``) and not run.
 """
 
 from __future__ import annotations
@@ -76,7 +80,13 @@ from queues.doorbell import Ring
 from queues.events import release_connection, ring_stream
 from switchboard.core import counters, verbs
 from switchboard.core.availability import is_outage, outage
-from switchboard.core.errors import DomainError, Forbidden, InvalidArgument, Unauthorized
+from switchboard.core.errors import (
+    DomainError,
+    Forbidden,
+    InvalidArgument,
+    RateLimited,
+    Unauthorized,
+)
 from switchboard.core.http import (
     API_BODY_LIMIT,
     BodyRequest,
@@ -332,20 +342,16 @@ def _post(request: Incoming, actor: AgentActor) -> Reply | HttpResponseBase:
     except ValueError as exc:
         error = RpcError(PARSE_ERROR, f"Parse error: the body is not JSON ({not_json(exc)})")
         return _rpc_error(None, error, 400)
-    if _calls_a_tool(message):
-        check_endpoint_rate(actor.endpoint)
+    if isinstance(message, dict) and message.get("method") == "tools/call":
+        check_endpoint_rate(actor.endpoint)  # a batch's calls are charged one by one (_legacy)
     version = _header(request, "MCP-Protocol-Version")
     if version is not None and version not in HANDSHAKE_VERSIONS:
+        if version not in MODERN_VERSIONS and _header(request, "Mcp-Session-Id"):
+            # A handshake session's request naming a revision nobody serves: the transport's
+            # 400 for an unsupported version, not the stateless revision's envelope ladder.
+            return _rpc_error(_request_id(message), _unsupported(version), 400)
         return _modern(request, actor, message, version)
     return _legacy(request, actor, message)
-
-
-def _calls_a_tool(message: Any) -> bool:
-    if isinstance(message, dict):
-        return message.get("method") == "tools/call"
-    return isinstance(message, list) and any(
-        isinstance(m, dict) and m.get("method") == "tools/call" for m in message
-    )
 
 
 def _bad_header(status: int, message: str, field: str) -> DomainError:
@@ -789,14 +795,28 @@ def _legacy(request: Incoming, actor: AgentActor, message: Any) -> Reply:
         )
 
     if isinstance(message, list):
-        if version not in BATCH_VERSIONS:
+        # The session's revision decides (a header may name another for one request, but a
+        # session that negotiated a revision without batches does not take them).
+        if not {version, record["version"]} <= set(BATCH_VERSIONS):
             error = RpcError(
-                INVALID_REQUEST, f"JSON-RPC batches are not part of protocol {version}"
+                INVALID_REQUEST,
+                f"JSON-RPC batches are not part of protocol {record['version']}",
             )
             return _rpc_error(None, error, 400)
         if not message:
             return _rpc_error(None, RpcError(INVALID_REQUEST, "Invalid Request: empty batch"), 400)
-        answers = [a for a in (_answer(m, handle) for m in message) if a is not None]
+
+        def handle_charged(req: Request) -> dict[str, Any] | None:
+            # Each call of a batch is charged as a request alone is: one over the rate is
+            # refused in its own answer (the others keep theirs), never run uncharged.
+            if req.method == "tools/call":
+                try:
+                    check_endpoint_rate(actor.endpoint)
+                except RateLimited as exc:
+                    raise RpcError(SERVER_ERROR, exc.message, exc.as_dict()) from None
+            return handle(req)
+
+        answers = [a for a in (_answer(m, handle_charged) for m in message) if a is not None]
         return _json(answers) if answers else _empty(202)
     try:
         parsed = _parse_message(message)

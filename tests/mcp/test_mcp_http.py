@@ -419,6 +419,57 @@ def test_the_endpoint_rate_limit_charges_tool_calls_not_the_handshake(
     assert chatty.rpc("ping").status_code == 200
 
 
+def test_each_tool_call_of_a_batch_is_charged_to_the_endpoint_rate(
+    personas: Personas, client: Client
+) -> None:
+    """A batch is one HTTP request holding many calls: charged once, it ran any number of
+    tool calls for one token of the rate."""
+    endpoint, token = services.endpoint_vend(
+        actor=FIXTURE, owner=personas.owner, name="Batcher", queues=["inbox"], rps=0.1, burst=2
+    )
+    batcher = Mcp(client, endpoint.slug, token)
+    batcher.initialize("2025-03-26")
+    creates = [
+        {
+            "jsonrpc": "2.0",
+            "id": i,
+            "method": "tools/call",
+            "params": {"name": "create_todo", "arguments": {"queue": "inbox", "title": f"t{i}"}},
+        }
+        for i in range(5)
+    ]
+    response = batcher.post([*creates, {"jsonrpc": "2.0", "id": "p", "method": "ping"}])
+    assert response.status_code == 200
+    answers = {answer["id"]: answer for answer in response.json()}
+    assert [answers[i]["result"]["isError"] for i in (0, 1)] == [False, False]
+    for i in (2, 3, 4):
+        error = answers[i]["error"]
+        assert error["code"] == mcp.SERVER_ERROR and error["data"]["code"] == "rate_limited"
+        assert error["data"]["retry_after"] >= 1
+    assert answers["p"]["result"] == {}  # what is not charged still runs
+    assert Todo.objects.filter(endpoint=endpoint).count() == 2
+
+
+def test_a_session_without_batches_takes_none_whatever_its_header_names(agent: Mcp) -> None:
+    agent.initialize("2025-11-25")
+    batch = [{"jsonrpc": "2.0", "id": 1, "method": "ping"}]
+    refused = agent.post(batch, **{"MCP-Protocol-Version": "2025-03-26"})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == -32600
+    assert "2025-11-25" in refused.json()["error"]["message"]
+
+
+def test_a_session_naming_a_revision_nobody_serves_is_told_which_are(agent: Mcp) -> None:
+    agent.initialize("2025-11-25")
+    message = {"jsonrpc": "2.0", "id": 7, "method": "tools/list"}
+    response = agent.post(message, **{"MCP-Protocol-Version": "1999-01-01"})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert response.json()["id"] == 7
+    assert error["code"] == mcp.UNSUPPORTED_PROTOCOL_VERSION
+    assert error["data"]["requested"] == "1999-01-01"
+    assert "2025-11-25" in error["data"]["supported"]
+
+
 def test_it_needs_to_be_allowed_to_answer_json(agent: Mcp) -> None:
     response = agent.post({"jsonrpc": "2.0", "id": 1, "method": "ping"}, Accept="text/event-stream")
     assert response.status_code == 406 and refusal(response)["field"] == "Accept"
