@@ -10,7 +10,7 @@ from typing import Any
 from uuid import UUID
 
 from django.db import connection
-from django.db.models import Q, QuerySet, TextField
+from django.db.models import Exists, OuterRef, Q, QuerySet, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
 
@@ -19,15 +19,17 @@ from queues.access import Actor, AgentActor, HumanActor, todo_scope
 from queues.conditions import Condition
 from queues.gates import GateState
 from queues.models import (
+    LIVE_TODO,
     QUARANTINE_QUEUE,
     QUEUE_NAME_RE,
     Attempt,
     Endpoint,
+    EndpointState,
     QueuePause,
     Todo,
     TodoState,
 )
-from switchboard.core.errors import InvalidArgument, NotFound
+from switchboard.core.errors import Conflict, InvalidArgument, NotFound
 from switchboard.core.validation import fullmatch
 
 MAX_PAGE = 200
@@ -441,12 +443,67 @@ def bulk_rows(actor: HumanActor, action: str, selection: Selection) -> QuerySet[
         states=[selection.state] if selection.state else [],
         q=selection.q,
     ).filter(state__in=BULK_ACTIONS[action])
+    if action == "retry":
+        qs = retryable(qs)
     if selection.identities is not None:
         narrowed = Q(pk__in=[])
         for endpoint_id, queue in selection.identities:
             narrowed |= Q(endpoint_id=endpoint_id, queue=queue)
         qs = qs.filter(narrowed)
     return qs.order_by("id")
+
+
+def retryable(todos: QuerySet[Todo]) -> QuerySet[Todo]:
+    """The todos a retry may bring back to pending, of ``todos`` (failed ones): not of a revoked
+    endpoint (nothing could claim them again), and not holding an idempotency key that another
+    todo of the endpoint holds now (live) or would hold (a newer dead letter with the key: of
+    two, only the newest comes back), as the live-key index would refuse."""
+    same_key = Todo.objects.filter(
+        endpoint_id=OuterRef("endpoint_id"), idempotency_key=OuterRef("idempotency_key")
+    ).exclude(pk=OuterRef("pk"))
+    taken = Exists(same_key.filter(LIVE_TODO)) | Exists(
+        same_key.filter(
+            state=TodoState.FAILED,
+            next_retry_at__isnull=True,
+            created_at__gt=OuterRef("created_at"),
+        )
+    )
+    return todos.exclude(endpoint__state=EndpointState.REVOKED).exclude(
+        Q(idempotency_key__isnull=False) & taken
+    )
+
+
+def retry_refusal(todo: Todo) -> Conflict | None:
+    """Why this failed todo may not be retried (``retryable``'s reasons, in words), or None."""
+    endpoint = Endpoint.objects.only("slug", "state").get(pk=todo.endpoint_id)
+    if endpoint.state == EndpointState.REVOKED:
+        return Conflict(
+            f"endpoint {endpoint.slug} is revoked: nothing can claim this todo again "
+            "(discard it, or push the work to a live endpoint)",
+            state=todo.state,
+            reason="endpoint_revoked",
+        )
+    if todo.idempotency_key is None:
+        return None
+    holder = (
+        Todo.objects.filter(endpoint_id=todo.endpoint_id, idempotency_key=todo.idempotency_key)
+        .exclude(pk=todo.pk)
+        .filter(
+            LIVE_TODO
+            | Q(state=TodoState.FAILED, next_retry_at__isnull=True, created_at__gt=todo.created_at)
+        )
+        .values_list("id", "state")
+        .first()
+    )
+    if holder is None:
+        return None
+    return Conflict(
+        f"todo {holder[0]} ({holder[1]}) holds this todo's idempotency key now: retrying this "
+        "one would run the same work twice",
+        state=todo.state,
+        reason="idempotency_key_taken",
+        holder=str(holder[0]),
+    )
 
 
 def selection_token(rows: Iterable[tuple[UUID, str, datetime]]) -> str:

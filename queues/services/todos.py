@@ -401,6 +401,10 @@ def _todo_act(actor: HumanActor, todo_id: UUID, action: str, *, seen_state: str 
                 state=state,
                 reason="stale_selection",
             )
+        if action == "retry":
+            refusal = selectors.retry_refusal(todo)
+            if refusal is not None:
+                raise refusal
         _apply(actor, action, [(todo.pk, state, todo.endpoint_id, todo.queue)])
     todo.refresh_from_db()
     return todo
@@ -501,14 +505,26 @@ def _apply(
     now = timezone.now()
     ids = [row[0] for row in rows]
     if action == "retry":
-        changed = Todo.objects.filter(pk__in=ids, state=TodoState.FAILED).update(
-            state=TodoState.PENDING,
-            attempt=0,
-            next_retry_at=None,
-            finished_at=None,
-            owner="",
-            updated_at=now,
-        )
+        try:
+            with transaction.atomic():
+                changed = Todo.objects.filter(pk__in=ids, state=TodoState.FAILED).update(
+                    state=TodoState.PENDING,
+                    attempt=0,
+                    next_retry_at=None,
+                    finished_at=None,
+                    owner="",
+                    updated_at=now,
+                )
+        except IntegrityError as exc:
+            # An agent pushed a todo with one of these keys after the check (selectors.retryable):
+            # the live-key index refuses the second live holder.
+            if "todo_live_idempotency_key" not in str(exc):
+                raise
+            raise Conflict(
+                "another todo took the idempotency key of a todo being retried meanwhile: "
+                "nothing was changed",
+                reason="idempotency_key_taken",
+            ) from None
         new_state = TodoState.PENDING
     else:
         changed = Todo.objects.filter(pk__in=ids, state__in=BULK_ACTIONS["discard"]).update(

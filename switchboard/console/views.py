@@ -233,6 +233,17 @@ def _todo_context(request: HttpRequest, viewer: Viewer, todo_id: UUID) -> dict[s
         }
     pause = selectors.pause_of(todo.queue)
     can_act = viewer.can_act(todo.endpoint)
+    actions = _actions_for(todo.state, todo.dead_letter) if can_act else []
+    if not can_act and viewer.actor.may_change(todo.endpoint):
+        # A revoked endpoint's dead letters: the service still discards them (a retry is
+        # refused below, saying why), as the board's bulk discard does.
+        actions = [
+            a for a in _actions_for(todo.state, todo.dead_letter) if a in selectors.BULK_ACTIONS
+        ]
+    # A retry the service would refuse is not offered; the page says why instead.
+    retry_refusal = selectors.retry_refusal(todo) if "retry" in actions else None
+    if retry_refusal is not None:
+        actions.remove("retry")
     back = safe_next(request, reverse("board"))
     return {
         "viewer": viewer,
@@ -243,7 +254,8 @@ def _todo_context(request: HttpRequest, viewer: Viewer, todo_id: UUID) -> dict[s
         "pause": pause,
         "explain": selectors.todo_explain(todo),
         "can_act": can_act,
-        "actions": _actions_for(todo.state, todo.dead_letter) if can_act else [],
+        "actions": actions,
+        "retry_refusal": retry_refusal.message if retry_refusal else "",
         "here": back,
         # Actions come back here (the drawer with htmx, the page without), keeping the way back.
         "self_url": reverse("todo", args=[todo.id]) + "?" + urlencode({"next": back}),

@@ -217,3 +217,65 @@ def test_a_search_narrows_a_bulk_selection(personas: Personas) -> None:
         actor=p.as_human(), action="discard", selection=Selection(q="INV-42")
     )
     assert [t.id for t in preview.sample] == [hit.id]
+
+
+def test_a_retry_never_makes_a_second_live_holder_of_an_idempotency_key(
+    personas: Personas,
+) -> None:
+    """A dead letter frees its key, so the agent may push the work again under it; retrying the
+    dead letter then would make two live todos of one key (the live-key index refused it with an
+    IntegrityError: a 500). It is refused naming the holder, and a bulk retry leaves it out."""
+    p = personas
+    [dead] = dead_letters(p, 1, idempotency_key="k-1")
+    again = services.todo_create(
+        actor=p.as_agent(), endpoint=p.agent, queue="inbox", title="again", idempotency_key="k-1"
+    )
+    assert again.created
+    with pytest.raises(Conflict) as refused:
+        services.todo_retry(actor=p.as_human(), todo_id=dead.id)
+    assert refused.value.details["reason"] == "idempotency_key_taken"
+    assert refused.value.details["holder"] == str(again.todo.id)
+    assert Todo.objects.get(pk=dead.pk).state == TodoState.FAILED
+    preview = selectors.bulk_preview(
+        actor=p.as_human(), action="retry", selection=Selection(state="dead_letter")
+    )
+    assert preview.count == 0
+    assert not LedgerEntry.objects.filter(kind=LedgerKind.TODO_RETRY).exists()
+
+
+def test_of_two_dead_letters_of_one_key_only_the_newer_comes_back(personas: Personas) -> None:
+    p = personas
+    [older] = dead_letters(p, 1, idempotency_key="k-2")
+    [newer] = dead_letters(p, 1, idempotency_key="k-2")
+    [keyless] = dead_letters(p, 1)
+    owner = p.as_human()
+    selection = Selection(state="dead_letter")
+    preview = selectors.bulk_preview(actor=owner, action="retry", selection=selection)
+    assert preview.count == 2
+    done = services.todos_bulk(
+        actor=owner, action="retry", selection=selection, token=preview.token
+    )
+    assert sorted(done.todo_ids) == sorted([newer.id, keyless.id])
+    with pytest.raises(Conflict) as refused:
+        services.todo_retry(actor=owner, todo_id=older.id)
+    assert refused.value.details["holder"] == str(newer.id)
+
+
+def test_a_todo_of_a_revoked_endpoint_is_not_retried_into_a_queue_nobody_drains(
+    personas: Personas,
+) -> None:
+    """A revoke dead-letters the endpoint's live todos; its token is refused from then on, so a
+    retry would leave a pending todo no claim could ever take."""
+    p = personas
+    [todo] = push(p, 1)
+    services.endpoint_revoke(actor=p.as_human(), endpoint=p.agent)
+    assert Todo.objects.get(pk=todo.pk).state == TodoState.FAILED
+    with pytest.raises(Conflict) as refused:
+        services.todo_retry(actor=p.as_human(), todo_id=todo.id)
+    assert refused.value.details["reason"] == "endpoint_revoked"
+    assert "revoked" in refused.value.message
+    assert Todo.objects.get(pk=todo.pk).state == TodoState.FAILED
+    preview = selectors.bulk_preview(actor=p.as_human(), action="retry", selection=Selection())
+    assert preview.count == 0
+    # Discarding it is still the operator's to do.
+    assert services.todo_discard(actor=p.as_human(), todo_id=todo.id).state == "discarded"

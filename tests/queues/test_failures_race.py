@@ -188,3 +188,41 @@ def test_a_bulk_discard_racing_claiming_agents_never_discards_claimed_work(
         else:
             assert results[0].details["reason"] == "stale_selection" and claimed
         Todo.objects.all().delete()
+
+
+def test_a_retry_racing_a_push_of_the_same_idempotency_key_leaves_one_live_holder(
+    tx_personas: Personas,
+) -> None:
+    """The retry checks the key (selectors.retryable) before its update; an agent pushing the
+    same key at that moment is caught by the live-key index, which the retry answers as a
+    conflict, never a 500. Either way, exactly one live todo holds the key."""
+    p = tx_personas
+    outcomes: Counter[str] = Counter()
+    for round_ in range(ROUNDS * 3):
+        key = f"race-{round_}"
+        [dead] = push(p, 1, max_attempts=1, idempotency_key=key)
+        agent = p.as_agent()
+        services.claim(actor=agent, todo_id=dead.id)
+        services.fail(actor=agent, todo_id=dead.id, error="boom")
+        retried, pushed = race(
+            partial(services.todo_retry, actor=p.as_human(), todo_id=dead.id),
+            partial(
+                services.todo_create,
+                actor=agent,
+                endpoint=p.agent,
+                queue="inbox",
+                title="again",
+                idempotency_key=key,
+            ),
+        )
+        live = Todo.objects.filter(idempotency_key=key).exclude(state=TodoState.FAILED)
+        assert live.count() == 1, (retried, pushed)
+        if isinstance(retried, Conflict):
+            assert retried.details["reason"] == "idempotency_key_taken"
+            assert pushed.created and live.get().pk == pushed.todo.pk
+            outcomes["push won"] += 1
+        else:
+            assert retried.state == TodoState.PENDING
+            assert not pushed.created and pushed.todo.pk == dead.pk
+            outcomes["retry won"] += 1
+    assert sum(outcomes.values()) == ROUNDS * 3

@@ -80,6 +80,26 @@ def test_a_dead_letter_is_discarded_from_its_page(personas: Personas) -> None:
     assert LedgerEntry.objects.filter(kind=LedgerKind.TODO_DISCARD).count() == 1
 
 
+def test_a_retry_the_service_would_refuse_is_not_offered_and_the_page_says_why(
+    personas: Personas,
+) -> None:
+    p = personas
+    [dead] = dead_letters(p, 1)
+    client = signed_in(p.owner)
+    page = client.get(f"/todos/{dead.id}").content.decode()
+    assert f'action="/todos/{dead.id}/retry"' in page and "Retry it or discard it." in page
+
+    services.endpoint_revoke(actor=p.as_human(), endpoint=p.agent)
+    page = client.get(f"/todos/{dead.id}").content.decode()
+    assert f'action="/todos/{dead.id}/retry"' not in page
+    assert f'action="/todos/{dead.id}/discard"' in page
+    assert "Retry is not offered" in page and "agent is revoked" in page
+    # A retry posted anyway (a page open from before the revoke) is refused, and says why.
+    response = client.post(f"/todos/{dead.id}/retry", follow=True)
+    assert "agent is revoked" in response.content.decode()
+    assert Todo.objects.get(pk=dead.pk).state == TodoState.FAILED
+
+
 def test_the_board_offers_bulk_actions_on_a_filtered_selection(personas: Personas) -> None:
     p = personas
     dead_letters(p, 2)
