@@ -205,16 +205,18 @@ def _raise_unmatched(
     attempt: int | None = None,
 ) -> None:
     """A transition that matched nothing: conflict in scope, not_found outside it. Every verb
-    names the same reasons, in the same order: not claimed, superseded, lapsed, wrong token."""
-    cursor.execute(sql.UNMATCHED_SQL, [todo_id, endpoint_ids])
+    names the same reasons, in the same order: not claimed, superseded (an earlier attempt's
+    number or lease token), lapsed, then a fence that names no claim of this todo (a wrong or
+    missing token, an attempt not made yet)."""
+    presented = hash_token(lease_token) if lease_token else None
+    cursor.execute(sql.UNMATCHED_SQL, [presented, todo_id, endpoint_ids])
     found = cursor.fetchone()
     if found is None:
         raise NotFound("no such todo", id=str(todo_id))
-    state, current, live, token_hash = found
+    state, current, live, token_hash, earlier_token = found
     if state != TodoState.CLAIMED:
         raise Conflict(f"todo is {state}, not claimed", state=state, attempt=current)
-    presented = hash_token(lease_token) if lease_token else None
-    if (attempt is not None and attempt != current) or (presented and presented != token_hash):
+    if (attempt is not None and attempt < current) or (presented != token_hash and earlier_token):
         raise Conflict(
             "this attempt was superseded: the todo was claimed again since",
             state=state,
@@ -223,12 +225,22 @@ def _raise_unmatched(
         )
     if not live:
         raise Conflict("the lease has lapsed", state=state, reason="lease_lapsed", attempt=current)
-    raise Conflict(
-        "the lease token is missing or wrong for this claim",
-        state=state,
-        reason="fence_mismatch",
-        attempt=current,
-    )
+    if attempt is not None and attempt > current:
+        message = f"attempt {attempt} has not been made: this claim is attempt {current}"
+    elif presented is None and token_hash is not None:
+        message = "this claim was made with require_fence: present its lease_token"
+    elif presented is not None and token_hash is None:
+        message = "this claim has no lease token (it was made without require_fence)"
+    elif presented != token_hash:
+        message = "the lease token is not this claim's"
+    else:  # it matched when read: the claim moved between the verb's statement and this one
+        raise Conflict(
+            "the claim changed while this request ran: read the todo again",
+            state=state,
+            reason="superseded",
+            attempt=current,
+        )
+    raise Conflict(message, state=state, reason="fence_mismatch", attempt=current)
 
 
 def heartbeat(

@@ -1569,8 +1569,11 @@ GROUP BY queue, state
 
 # Why a transition matched nothing: the todo's state, its current attempt, whether the lease is
 # live, and that attempt's fence, if in scope.
+# Why a holder's verb matched nothing (queues.services.todos._raise_unmatched); the last column:
+# whether the token presented was an earlier attempt's of this todo (superseded, not wrong).
 UNMATCHED_SQL = """
-SELECT t.state, t.attempt, t.lease_expires_at > clock_timestamp(), t.lease_token_hash
+SELECT t.state, t.attempt, t.lease_expires_at > clock_timestamp(), t.lease_token_hash,
+       EXISTS (SELECT 1 FROM queues_attempt a WHERE a.todo_id = t.id AND a.lease_token_hash = %s)
 FROM queues_todo t
 WHERE t.id = %s AND t.endpoint_id = ANY(%s)
 """

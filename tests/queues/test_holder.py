@@ -83,6 +83,33 @@ def test_a_fenced_holder_cannot_act_on_an_unfenced_successor(personas: Personas)
 
 
 @pytest.mark.parametrize("verb", VERBS, ids=lambda v: v.__name__.strip("_"))
+def test_a_fence_naming_no_claim_of_the_todo_is_a_mismatch_not_a_takeover(
+    personas: Personas, verb: Verb
+) -> None:
+    """Nothing took the work over: a holder told "superseded" gives up work it still holds."""
+    todo = push(personas)[0]
+    agent = personas.as_agent()
+    fenced = services.claim(actor=agent, todo_id=todo.id, require_fence=True)
+    cases = [
+        ({"attempt": 2, "lease_token": fenced.lease_token}, "attempt 2 has not been made"),
+        ({"lease_token": "sbl_never-given"}, "the lease token is not this claim's"),
+        ({"attempt": 1}, "present its lease_token"),
+    ]
+    for kwargs, words in cases:
+        body = refusal(verb, actor=agent, todo_id=todo.id, **kwargs)
+        assert (body["reason"], body["attempt"]) == ("fence_mismatch", 1), kwargs
+        assert words in body["error"], body
+    services.release(actor=agent, todo_id=todo.id, lease_token=fenced.lease_token)
+    unfenced = services.claim(actor=agent, todo_id=todo.id)
+    body = refusal(verb, actor=agent, todo_id=todo.id, lease_token="sbl_never-given")
+    assert body["reason"] == "fence_mismatch" and "without require_fence" in body["error"]
+    body = refusal(verb, actor=agent, todo_id=todo.id, attempt=unfenced.attempt + 5)
+    assert body["reason"] == "fence_mismatch"
+    after = Todo.objects.get(pk=todo.pk)
+    assert (after.state, after.attempt, after.result) == ("claimed", unfenced.attempt, None)
+
+
+@pytest.mark.parametrize("verb", VERBS, ids=lambda v: v.__name__.strip("_"))
 @pytest.mark.parametrize("fenced", [False, True], ids=["unfenced", "fenced"])
 def test_a_lapsed_lease_is_refused_alike_by_every_verb(
     personas: Personas, verb: Verb, fenced: bool
