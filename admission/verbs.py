@@ -22,7 +22,7 @@ from admission.schemas import (
 from queues.access import AgentActor
 from queues.schemas import iso
 from switchboard.core import versions
-from switchboard.core.verbs import verb
+from switchboard.core.verbs import Hints, verb
 
 
 def _jsonable(value: Any) -> Any:
@@ -41,6 +41,7 @@ def _one(actor: AgentActor, queue: str) -> dict[str, Any]:
 
 @verb(
     "admission_status",
+    hints=Hints(read_only=True),
     input=AdmissionStatusIn,
     output=AdmissionStatusOut,
     description="The budget of each of this endpoint's queues (or of one): its posture and "
@@ -53,6 +54,7 @@ def admission_status(actor: AgentActor, data: AdmissionStatusIn) -> dict[str, An
 
 @verb(
     "set_admission_policy",
+    hints=Hints(destructive=True, idempotent=True),
     input=SetAdmissionPolicyIn,
     output=PolicyEnvelopeOut,
     description="Set this endpoint's budget on one of its queues (a full replace): "
@@ -73,6 +75,7 @@ def set_admission_policy(actor: AgentActor, data: SetAdmissionPolicyIn) -> dict[
 
 @verb(
     "clear_admission_policy",
+    hints=Hints(destructive=True, idempotent=True),
     input=ClearAdmissionPolicyIn,
     output=PolicyEnvelopeOut,
     description="Remove this endpoint's budget on one of its queues. With if_version, only the "

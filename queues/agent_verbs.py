@@ -32,7 +32,7 @@ from queues.schemas import (
     todo_detail_out,
     todos_out,
 )
-from switchboard.core.verbs import verb
+from switchboard.core.verbs import Hints, verb
 
 # What a claim can answer besides success: no such todo, not claimable or deferred (a budget
 # that cannot be evaluated defers with reason admission_unavailable: it fails closed).
@@ -91,6 +91,7 @@ def create_todo(actor: AgentActor, data: CreateTodoIn) -> dict[str, Any]:
 
 @verb(
     "get_todo",
+    hints=Hints(read_only=True),
     input=TodoIdIn,
     output=TodoEnvelope,
     description="One todo of this endpoint by id. A pending todo carries explain: every gate "
@@ -106,6 +107,7 @@ def get_todo(actor: AgentActor, data: TodoIdIn) -> dict[str, Any]:
 
 @verb(
     "list_todos",
+    hints=Hints(read_only=True),
     input=ListTodosIn,
     output=ListTodosOut,
     description="A page of this endpoint's todos, oldest first, optionally of one queue and "
@@ -167,6 +169,7 @@ def claim_next(actor: AgentActor, data: ClaimNextIn) -> dict[str, Any]:
 
 @verb(
     "heartbeat",
+    hints=Hints(idempotent=True),
     input=HeartbeatIn,
     output=TodoEnvelope,
     description="Extend the lease of a todo this endpoint holds.",

@@ -427,6 +427,8 @@ def _tools_list(actor: AgentActor, version: str, params: dict[str, Any]) -> dict
         }
         if version in STRUCTURED_VERSIONS:
             tool["outputSchema"] = spec.output_schema()
+        if version != "2024-11-05":  # tool annotations came with 2025-03-26
+            tool["annotations"] = spec.hints.annotations()
         tools.append(tool)
     return {"tools": tools}
 

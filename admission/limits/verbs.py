@@ -16,7 +16,7 @@ from admission.limits.api import LimitOut
 from queues.access import AgentActor
 from queues.models import LIMIT_NAME_RE
 from queues.schemas import Schema, Strict
-from switchboard.core.verbs import verb
+from switchboard.core.verbs import Hints, verb
 
 
 class ReportRateLimitedIn(Strict):
@@ -65,6 +65,7 @@ class LimitsStatusOut(Schema):
 
 @verb(
     "limits_status",
+    hints=Hints(read_only=True),
     input=LimitsStatusIn,
     output=LimitsStatusOut,
     description="Every pool, tag limit and rate limit of the fleet: its posture and size, the "

@@ -90,6 +90,32 @@ F = TypeVar("F", bound=Handler)
 
 
 @dataclass(frozen=True)
+class Hints:
+    """What a verb does to the world, told to MCP hosts as the tool's annotations (a host may
+    run a read-only tool without asking its human, and ask before a destructive one). The
+    defaults are the cautious answer only where it is true: a verb writes, additively, and a
+    second call with the same arguments may do more."""
+
+    read_only: bool = False
+    # Replaces or removes what someone set (a budget), rather than adding or moving work.
+    destructive: bool = False
+    # A second call with the same arguments changes nothing more.
+    idempotent: bool = False
+
+    def annotations(self) -> dict[str, bool]:
+        """MCP's ``ToolAnnotations``: every verb acts on this Switchboard only (a closed world);
+        destructive and idempotent mean something only for a verb that writes."""
+        if self.read_only:
+            return {"readOnlyHint": True, "openWorldHint": False}
+        return {
+            "readOnlyHint": False,
+            "destructiveHint": self.destructive,
+            "idempotentHint": self.idempotent,
+            "openWorldHint": False,
+        }
+
+
+@dataclass(frozen=True)
 class VerbSpec:
     name: str
     input: type[BaseModel]
@@ -97,6 +123,7 @@ class VerbSpec:
     description: str
     fn: Handler
     errors: tuple[int, ...] = ()
+    hints: Hints = Hints()
 
     @property
     def statuses(self) -> tuple[int, ...]:
@@ -215,6 +242,7 @@ def verb(
     output: type[BaseModel],
     description: str,
     errors: tuple[int, ...] = (),
+    hints: Hints | None = None,
 ) -> Callable[[F], F]:
     """Declare an agent verb; see the module docstring for the handler contract."""
 
@@ -228,6 +256,7 @@ def verb(
             description=description.strip(),
             fn=fn,
             errors=tuple(errors),
+            hints=hints or Hints(),
         )
         return fn
 

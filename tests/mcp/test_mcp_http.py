@@ -171,6 +171,49 @@ def test_an_old_session_gets_no_output_schemas_or_structured_content(agent: Mcp)
     assert json.loads(result["content"][0]["text"]) == {"empty": True}
 
 
+READ_ONLY = {"get_todo", "list_todos", "admission_status", "limits_status"}
+# Writers that replace or remove what someone set; the rest add or move work.
+DESTRUCTIVE = {"set_admission_policy", "clear_admission_policy"}
+IDEMPOTENT = {"heartbeat", "set_admission_policy", "clear_admission_policy"}
+
+
+def test_every_tool_tells_hosts_what_it_does_to_the_world(db: None, client: Client) -> None:
+    """Without annotations MCP's defaults say every tool may destroy and is not idempotent: a
+    host that runs read-only tools without asking would ask its human before every get_todo."""
+    endpoint, token = self_budgeting_everything(client)
+    agent = Mcp(client, endpoint.slug, token)
+    agent.initialize("2025-03-26")
+    tools = {t["name"]: t for t in agent.rpc("tools/list").json()["result"]["tools"]}
+    assert set(tools) == set(load_verbs())
+    for name, tool in tools.items():
+        hints = tool["annotations"]
+        assert hints["openWorldHint"] is False, name
+        assert hints["readOnlyHint"] is (name in READ_ONLY), name
+        if name in READ_ONLY:
+            assert "destructiveHint" not in hints and "idempotentHint" not in hints, name
+        else:
+            assert hints["destructiveHint"] is (name in DESTRUCTIVE), name
+            assert hints["idempotentHint"] is (name in IDEMPOTENT), name
+    agent.initialize("2024-11-05")  # a revision before annotations
+    tools_then = agent.rpc("tools/list").json()["result"]["tools"]
+    assert all("annotations" not in tool for tool in tools_then)
+
+
+def self_budgeting_everything(client: Client) -> tuple[Any, str]:
+    """An endpoint holding every verb there is."""
+    from django.contrib.auth import get_user_model
+
+    owner = get_user_model().objects.create_user("hinted")
+    return services.endpoint_vend(
+        actor=FIXTURE,
+        owner=owner,
+        name="Hinted",
+        queues=["inbox"],
+        verbs=list(load_verbs()),
+        rps=0,
+    )
+
+
 def test_a_request_without_a_session_is_400_and_an_unknown_one_404(agent: Mcp) -> None:
     missing = agent.rpc("tools/list")
     assert missing.status_code == 400 and missing.json()["error"]["code"] == -32600

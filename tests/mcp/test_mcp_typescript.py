@@ -54,6 +54,11 @@ def test_a_typescript_agent_works_and_reads_every_refusal(
 
     assert report["protocolVersion"] == "2025-11-25" and report["server"] == "switchboard"
     assert all(tool["outputSchema"] for tool in report["tools"])
+    # The SDK parsed each tool's annotations (its schema for them): what a host reads.
+    hints = {tool["name"]: tool["annotations"] for tool in report["tools"]}
+    assert hints["get_todo"]["readOnlyHint"] is True
+    assert hints["claim_next"]["readOnlyHint"] is False
+    assert hints["claim_next"]["destructiveHint"] is False
     made, claimed, done, again, foreign, invalid, scope = report["calls"]
     assert made["isError"] is False and made["structuredContent"]["created"] is True
     assert claimed["structuredContent"]["todo"]["id"] == made["structuredContent"]["todo"]["id"]

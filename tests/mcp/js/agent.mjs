@@ -16,7 +16,11 @@ try {
   report.protocolVersion = transport.protocolVersion;
   report.server = client.getServerVersion()?.name;
   const { tools } = await client.listTools();
-  report.tools = tools.map((tool) => ({ name: tool.name, outputSchema: !!tool.outputSchema }));
+  report.tools = tools.map((tool) => ({
+    name: tool.name,
+    outputSchema: !!tool.outputSchema,
+    annotations: tool.annotations ?? null,
+  }));
   // Arguments may name an earlier call's todo: {"$todo": 2} is the id of call 2's todo.
   const todoOf = (index) => report.calls[index]?.structuredContent?.todo?.id;
   for (const [name, args] of JSON.parse(MCP_CALLS || "[]")) {
