@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from admission import selectors, services
@@ -22,6 +24,7 @@ from admission.schemas import (
 from queues.access import AgentActor
 from queues.schemas import iso
 from switchboard.core import versions
+from switchboard.core.errors import InvalidArgument
 from switchboard.core.verbs import Hints, verb
 
 
@@ -63,14 +66,37 @@ def admission_status(actor: AgentActor, data: AdmissionStatusIn) -> dict[str, An
     errors=(404, 409, 412),
 )
 def set_admission_policy(actor: AgentActor, data: SetAdmissionPolicyIn) -> dict[str, Any]:
-    services.policy_set(
-        actor=actor,
-        endpoint=actor.endpoint,
-        queue=data.queue,
-        expected=versions.named(data.if_version),
-        **data.policy.service_kwargs(),
-    )
+    with _policy_fields():
+        services.policy_set(
+            actor=actor,
+            endpoint=actor.endpoint,
+            queue=data.queue,
+            expected=versions.named(data.if_version),
+            **data.policy.service_kwargs(),
+        )
     return _one(actor, data.queue)
+
+
+# The verb's own arguments; every other field a refusal names is the policy's.
+_ARGUMENTS = frozenset({"queue", "if_version"})
+
+
+@contextmanager
+def _policy_fields() -> Iterator[None]:
+    """The service names a budget's fields as the operator's body holds them (``window``,
+    ``windows[1].period``); this verb holds them under ``policy``, so a refusal names them
+    there, as the verb's own schema checks do (``policy.window.weekday``)."""
+    try:
+        yield
+    except InvalidArgument as exc:
+        if exc.field in _ARGUMENTS or exc.field.startswith("policy"):
+            raise
+        field = f"policy.{exc.field}"
+        message = exc.message
+        if message.startswith(exc.field):
+            message = "policy." + message
+        details = {k: v for k, v in exc.details.items() if k != "field"}
+        raise InvalidArgument(message, field=field, **details) from None
 
 
 @verb(

@@ -341,6 +341,17 @@ def test_an_agent_granted_the_policy_verbs_sets_and_clears_its_own_budget(
         {"queue": "inbox", "policy": {"max_claims_per_window": 3, "window": {**DAY, "tz": "X/Y"}}},
     )
     assert bad.status_code == 400 and bad.json()["field"] == "policy.window.tz"
+    # The service's own refusals name the field under policy too, as the arguments hold it.
+    for policy, field in [
+        ({"max_claims_per_window": 3}, "policy.window"),
+        ({"max_in_flight": 1, "window": DAY}, "policy.window"),
+        ({"windows": [{**DAY, "limit": 2}, {**DAY, "limit": 3}]}, "policy.windows[1].period"),
+    ]:
+        refused = api.post(
+            "/api/v1/agent/set_admission_policy", {"queue": "inbox", "policy": policy}
+        )
+        assert refused.status_code == 400, refused.json()
+        assert refused.json()["field"] == field, (policy, refused.json())
     outside = api.post(
         "/api/v1/agent/set_admission_policy", {"queue": "outbox", "policy": {"max_in_flight": 1}}
     )
