@@ -109,6 +109,14 @@ def policy_set(
         posture=posture,
         windows=windows,
     )
+    if spec.queue not in target.scope_queues:
+        # A budget where the endpoint never claims would govern nothing (an agent hears 403 from
+        # check_policy_write first, as todo_create answers alike).
+        raise InvalidArgument(
+            f"queue {spec.queue!r} is not in endpoint {target.slug}'s scope "
+            f"({', '.join(target.scope_queues)}): a budget there would govern nothing",
+            field="queue",
+        )
     _take_write_token(actor)  # 3
     human = _accountable(actor, target)
     try:

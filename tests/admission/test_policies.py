@@ -271,6 +271,22 @@ def test_an_agent_changes_only_its_own_scoped_queues(personas: Personas) -> None
     assert not AdmissionPolicy.objects.exists()
 
 
+def test_no_human_sets_a_budget_where_the_endpoint_never_claims(personas: Personas) -> None:
+    """A queue outside the endpoint's scope has no work of it to govern: the owner, a superuser
+    and the agent itself are refused alike (a budget set there before stays clearable)."""
+    p = personas
+    for human in (p.owner, p.admin):
+        with pytest.raises(InvalidArgument) as caught:
+            set_policy(p, actor=p.as_human(human), queue="nowhere")
+        assert caught.value.field == "queue"
+        assert "not in endpoint agent's scope" in caught.value.message
+    assert not AdmissionPolicy.objects.exists()
+    assert not audit_rows().exists()
+    me = policy_agent(p)
+    with pytest.raises(Forbidden):
+        set_policy(p, actor=p.as_agent(me), endpoint=me, queue="nowhere")
+
+
 def test_policy_writes_are_limited_per_human(personas: Personas, settings: Any) -> None:
     p = personas
     # A refill of one write per 100 s: eleven writes cannot earn a token back, however slow the run.

@@ -279,3 +279,16 @@ def test_a_todo_of_a_revoked_endpoint_is_not_retried_into_a_queue_nobody_drains(
     assert preview.count == 0
     # Discarding it is still the operator's to do.
     assert services.todo_discard(actor=p.as_human(), todo_id=todo.id).state == "discarded"
+
+
+def test_nobody_pushes_work_to_a_revoked_endpoint(personas: Personas) -> None:
+    """Its token is refused from the revoke on: work pushed there waits for a claim that never
+    comes. A superuser, who may act on any endpoint, is refused too."""
+    p = personas
+    services.endpoint_revoke(actor=p.as_human(), endpoint=p.agent)
+    for human in (p.owner, p.admin):
+        with pytest.raises(Conflict, match="the endpoint is revoked"):
+            services.todo_create(
+                actor=p.as_human(human), endpoint=p.agent, queue="inbox", title="x"
+            )
+    assert not Todo.objects.exists()
