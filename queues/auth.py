@@ -355,10 +355,14 @@ def human_for_token(token: str) -> Any:
 
 
 def endpoint_rate(endpoint: Endpoint) -> tuple[float, int]:
+    """The endpoint's (rate, burst): its own where set, ENDPOINT_RATE_LIMIT's where not (a burst
+    set alone keeps the fleet's rate; a rate set alone bursts to twice itself)."""
     rps, burst = settings.ENDPOINT_RATE_LIMIT
     if endpoint.rate_limit_rps is not None:
         rps = endpoint.rate_limit_rps
         burst = endpoint.rate_limit_burst or max(1, int(rps * 2))
+    elif endpoint.rate_limit_burst is not None:
+        burst = endpoint.rate_limit_burst
     return rps, burst
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from datetime import datetime
+from typing import Any
 
 from django.test import Client
 from django.utils import timezone
@@ -206,6 +207,21 @@ def test_over_the_endpoint_rate_it_answers_429_with_retry_after(
     limited = next(a for a in answers if a.status_code == 429)
     assert limited.json()["code"] == "rate_limited"
     assert int(limited["Retry-After"]) >= 1
+
+
+def test_a_burst_set_alone_is_the_endpoints_burst_at_the_fleets_rate(
+    personas: Personas, client: Client, settings: Any
+) -> None:
+    """The endpoint shows the burst it was vended with; it was ignored without an rps of its own
+    (the fleet's burst applied)."""
+    settings.ENDPOINT_RATE_LIMIT = (0.001, 40)  # a slow fleet rate: nothing refills in the test
+    endpoint, token = services.endpoint_vend(
+        actor=FIXTURE, owner=personas.owner, name="Bursty", queues=["inbox"], burst=3
+    )
+    assert (endpoint.rate_limit_rps, endpoint.rate_limit_burst) == (None, 3)
+    bursty = Api(client, token)
+    answers = [bursty.verb("list_todos").status_code for _ in range(6)]
+    assert answers == [200, 200, 200, 429, 429, 429]
 
 
 def test_a_rate_that_never_refills_in_practice_still_limits(
