@@ -8,8 +8,6 @@ as domain errors and mapped once in ``switchboard/api.py``.
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from django.http import HttpRequest
 from ninja import Field, Router, Schema
 
@@ -17,16 +15,10 @@ from queues import pauses, selectors
 from queues.access import HumanActor
 from queues.auth import HumanAuth
 from queues.conditions import Condition
-from queues.schemas import Strict
+from queues.schemas import PauseInfoOut, Strict
 from switchboard.core.http import ErrorOut
 
 router = Router(tags=["queues"], auth=HumanAuth())
-
-
-class PauseInfoOut(Schema):
-    reason: str
-    by: str
-    at: datetime
 
 
 class QueueCountsOut(Schema):

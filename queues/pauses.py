@@ -147,7 +147,9 @@ def queue_pause(*, actor: HumanActor, queue: str, reason: str, create: bool = Fa
         )
     try:
         with transaction.atomic():
-            return _insert_pause(actor, queue, reason)
+            result = _insert_pause(actor, queue, reason)
+        selectors.forget_paused_names()  # after the commit (or the caller's savepoint)
+        return result
     except OperationalError as exc:
         # The whole transaction rolled back: no row, no ledger entry.
         if _sqlstate(exc) == "55P03":  # lock_not_available: the lock_timeout above
@@ -211,6 +213,7 @@ def queue_resume(*, actor: HumanActor, queue: str) -> ResumeResult:
             after=None,
         )
         woken = _ring(queue)
+    selectors.forget_paused_names()
     return ResumeResult(queue=queue, lifted=lifted, woken=woken)
 
 

@@ -250,9 +250,18 @@ def todo_detail_out(todo: Todo, *, for_model: bool = False) -> dict[str, Any]:
     return out
 
 
+class PauseInfoOut(Schema):
+    reason: str
+    by: str
+    at: datetime
+
+
 class DeferredQueueOut(Schema):
     queue: str
-    reason: str | None
+    reason: str | None = Field(
+        description="Why the work waits: the gate's reason (window_exhausted, in_flight_full, "
+        "a named limit's), or queue_paused"
+    )
     pending: int
     next_eligible_at: datetime | None = None
     exact: bool
@@ -261,6 +270,10 @@ class DeferredQueueOut(Schema):
         default=None,
         description="window_exhausted: the window that holds the claim until next_eligible_at "
         "(limit, period, tz, start, weekday, used, window_resets_at, binding)",
+    )
+    pause: PauseInfoOut | None = Field(
+        default=None,
+        description="queue_paused: who paused the queue, when and why (it waits for a resume)",
     )
 
 
@@ -361,7 +374,9 @@ class ClaimNextOut(Schema):
     )
     admission: dict[str, Any] | None = None
     deferred: list[DeferredQueueOut] | None = Field(
-        default=None, description="When empty: the granted queues holding work admission defers"
+        default=None,
+        description="When empty: the granted queues holding work back (admission, named limits, "
+        "a pause), with how much and until when",
     )
 
 

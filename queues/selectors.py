@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -232,6 +233,29 @@ def pauses_of(queues: Iterable[str] | None = None) -> dict[str, PauseInfo]:
     if queues is not None:
         rows = rows.filter(queue__in=list(queues))
     return {row.queue: PauseInfo.of(row) for row in rows}
+
+
+# Which queue names are paused, known per process for an empty claim_next's explanation only
+# (the claim statement reads the pause table itself, so a claim is never handed out on a paused
+# queue whatever this says): read at most every PAUSED_NAMES_SECONDS, so an empty claim stays
+# one statement, and again at once after a pause or resume in this process.
+PAUSED_NAMES_SECONDS = 2.0
+_paused_names: frozenset[str] = frozenset()
+_paused_read_at = float("-inf")
+
+
+def paused_names() -> frozenset[str]:
+    global _paused_names, _paused_read_at
+    if time.monotonic() - _paused_read_at >= PAUSED_NAMES_SECONDS:
+        _paused_names = frozenset(QueuePause.objects.values_list("queue", flat=True))
+        _paused_read_at = time.monotonic()
+    return _paused_names
+
+
+def forget_paused_names() -> None:
+    """A pause or resume committed in this process: read the names again on the next ask."""
+    global _paused_read_at
+    _paused_read_at = float("-inf")
 
 
 def pause_of(queue: str) -> PauseInfo | None:

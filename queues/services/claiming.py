@@ -30,10 +30,11 @@ from typing import Any
 from uuid import UUID
 
 from django.db import transaction
+from django.db.models import Count
 
-from queues import access, gates, metrics, sql
+from queues import access, gates, metrics, selectors, sql
 from queues.access import Actor, AgentActor, acting_endpoint_ids
-from queues.models import QUARANTINE_QUEUE, Endpoint, Todo, check_queue_name
+from queues.models import QUARANTINE_QUEUE, Endpoint, Todo, TodoState, check_queue_name
 from queues.services.endpoints import resolve_lease_ttl
 from switchboard.core import availability, tokens, validation
 from switchboard.core.errors import Conflict, InvalidArgument, NotFound
@@ -152,7 +153,10 @@ def claim_next(
                     ledger=ledger,
                 )
         if isinstance(cand, sql.NoCandidate):
-            return NothingClaimable(deferred=_held_entries(endpoint.id, granted, [], cand))
+            return NothingClaimable(
+                deferred=_held_entries(endpoint.id, granted, [], cand)
+                + _paused_entries(endpoint.id, granted)
+            )
         if cand.todo is not None:
             report = _fast_report(cand.verdicts) if cand.verdicts else None
             metrics.claimed(
@@ -234,6 +238,7 @@ def claim_next(
     return NothingClaimable(
         deferred=[entry for _, entry in entries]
         + _held_entries(endpoint.id, granted_open, passed, last)
+        + _paused_entries(endpoint.id, granted)
     )
 
 
@@ -363,6 +368,36 @@ def _held_entries(
     ]
     _record_refusals(held)
     return [r.gate.deferred_entry(r.refusal, endpoint_id) for r in held]
+
+
+def _paused_entries(endpoint_id: UUID, queues: list[str]) -> list[dict[str, Any]]:
+    """An empty claim_next's deferred items for the paused queues among ``queues`` that hold
+    this endpoint's pending work (the claim statement passes a paused queue by): without them,
+    an agent could not tell a pause from an empty queue."""
+    paused = selectors.paused_names().intersection(queues)
+    if not paused:
+        return []
+    pauses = selectors.pauses_of(paused)
+    pending = dict(
+        Todo.objects.filter(
+            endpoint_id=endpoint_id, queue__in=list(pauses), state=TodoState.PENDING
+        )
+        .values("queue")
+        .annotate(n=Count("id"))
+        .values_list("queue", "n")
+    )
+    return [
+        {
+            "queue": queue,
+            "reason": "queue_paused",
+            "pending": pending[queue],
+            "next_eligible_at": None,
+            "exact": False,
+            "pause": pause.as_dict(),
+        }
+        for queue, pause in pauses.items()
+        if pending.get(queue)
+    ]
 
 
 def _record_refusals(refusals: list[_Refused]) -> None:

@@ -106,6 +106,24 @@ def test_list_todos_pages_with_a_cursor_and_names_paused_queues(
     assert bad.status_code == 400 and bad.json()["field"] == "cursor"
 
 
+def test_an_empty_claim_next_names_the_pause_holding_its_work(
+    personas: Personas, agent_api: Api
+) -> None:
+    from queues import pauses
+    from queues.access import HumanActor
+
+    push(personas, 2)
+    pauses.queue_pause(actor=HumanActor(personas.pauser), queue="inbox", reason="draining")
+    answer = agent_api.verb("claim_next", {})
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["empty"] is True
+    [held] = body["deferred"]
+    assert (held["queue"], held["reason"], held["pending"]) == ("inbox", "queue_paused", 2)
+    assert held["pause"]["reason"] == "draining" and held["pause"]["by"] == "paul"
+    assert held["pause"]["at"].endswith("Z")
+
+
 def test_an_unknown_token_is_unauthorized(client: Client, personas: Personas) -> None:
     response = Api(client, "sbk_not-a-real-token").verb("claim_next")
     assert response.status_code == 401

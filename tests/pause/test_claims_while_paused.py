@@ -26,9 +26,11 @@ def test_intake_persists_while_the_queue_is_paused(personas: Personas) -> None:
     assert all(t.attempt == 0 for t in made)
 
 
-def test_claim_next_on_a_paused_queue_answers_exactly_as_on_an_empty_one(
+def test_claim_next_on_a_paused_queue_answers_empty_and_says_the_pause_holds_its_work(
     personas: Personas,
 ) -> None:
+    """Empty as on an empty queue (seed 001: a consumer needs no new branch), and, as for work a
+    budget defers, which queue holds how much and why: an agent can tell a pause from no work."""
     empty = services.claim_next(actor=personas.as_agent(), queue="inbox")
     push(personas, 2, queue="inbox")
     pause(personas.pauser, "inbox")
@@ -36,9 +38,23 @@ def test_claim_next_on_a_paused_queue_answers_exactly_as_on_an_empty_one(
     paused = services.claim_next(actor=personas.as_agent(), queue="inbox")
     across_all_granted = services.claim_next(actor=personas.as_agent())
 
-    assert isinstance(empty, NothingClaimable)
-    assert paused == empty
-    assert across_all_granted == empty
+    assert empty == NothingClaimable(deferred=[])
+    for answer in (paused, across_all_granted):
+        assert isinstance(answer, NothingClaimable)
+        [held] = answer.deferred
+        assert {k: held[k] for k in ("queue", "reason", "pending", "next_eligible_at")} == {
+            "queue": "inbox",
+            "reason": "queue_paused",
+            "pending": 2,
+            "next_eligible_at": None,
+        }
+        assert held["pause"]["by"] == personas.pauser.username
+    # A paused queue with none of this endpoint's work holds nothing of it.
+    resume(personas.pauser, "inbox")
+    services.claim_next(actor=personas.as_agent(), queue="inbox")
+    services.claim_next(actor=personas.as_agent(), queue="inbox")
+    pause(personas.pauser, "outbox")
+    assert services.claim_next(actor=personas.as_agent()) == NothingClaimable(deferred=[])
 
 
 def test_claim_next_still_hands_out_the_granted_queues_that_are_not_paused(

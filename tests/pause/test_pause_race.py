@@ -127,7 +127,11 @@ def test_the_pause_waits_for_an_open_claim_and_claims_arriving_meanwhile_see_it(
 
     a = claim_a.result()
     assert isinstance(a, Claimed)
-    assert claim_c.result() == NothingClaimable()
+    c = claim_c.result()
+    assert isinstance(c, NothingClaimable)
+    assert [(d["queue"], d["reason"], d["pending"]) for d in c.deferred] == [
+        ("inbox", "queue_paused", 3)
+    ]
     result = paused.result()
     (attempt,) = attempts_of(a.todo)
     assert attempt.claimed_at < result.pause.at
