@@ -1,13 +1,17 @@
 """The admin: endpoints (vend shows the token once), todos (retry, release), attempts (read-only),
 pauses and personal tokens. Every write goes through the services (``queues.services`` and
-``queues.pauses``), so each lands in the ledger; nothing here deletes a todo or a token."""
+``queues.pauses``), so each lands in the ledger; nothing here deletes a todo or a token. An action
+is offered only to those who may take it (Django's permission, and never to an auditor), and its
+summary counts what was done, each refusal a warning of its own."""
 
 from __future__ import annotations
 
+from datetime import UTC
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth import get_permission_codename
 from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -24,12 +28,13 @@ from queues.models import (
     HumanToken,
     QueuePause,
     Todo,
-    TodoState,
     check_queue_name,
 )
+from switchboard.core import versions
 from switchboard.core.admins import ServiceFormAdmin, ServiceModelForm, StrictAdmin
-from switchboard.core.errors import DomainError
+from switchboard.core.errors import DomainError, PreconditionFailed
 from switchboard.core.pages import isolated
+from switchboard.ledger.models import LedgerEntry, LedgerKind
 
 # The services' names for the endpoint's fields where the model's differ.
 ENDPOINT_SERVICE_FIELDS = {
@@ -48,11 +53,18 @@ ENDPOINT_UPDATE_ARGUMENTS = {
     "rate_limit_burst": "burst",
 }
 
+# The ranges endpoint_vend and endpoint_update accept (the rest they refuse, naming the field).
+ENDPOINT_RANGES = {
+    "default_lease_ttl_seconds": (1, 86400),
+    "rate_limit_rps": (0, 100000),
+}
+
 
 class EndpointVendForm(ServiceModelForm):
     """The vend form: scope is chosen once; tokens are generated, never typed."""
 
     service_fields = ENDPOINT_SERVICE_FIELDS
+    service_ranges = ENDPOINT_RANGES
     notify_url = forms.URLField(required=False, assume_scheme="https")
 
     queues = forms.CharField(help_text="Comma-separated queue names this endpoint may drain.")
@@ -96,20 +108,34 @@ class EndpointVendForm(ServiceModelForm):
 
 class EndpointChangeForm(ServiceModelForm):
     """What may change after vend, changed through ``endpoint_update`` (its ledger row, a hook
-    URL's signing secret); scope never widens here."""
+    URL's signing secret); scope never widens here.
+
+    The page carries the version of the endpoint it showed (``version``, hidden; as a budget's
+    form does): the save writes only over that version, so a change someone made since the page
+    opened is not put back unseen by a form that still shows the old values."""
 
     service_fields = ENDPOINT_SERVICE_FIELDS
+    service_ranges = ENDPOINT_RANGES
     notify_url = forms.URLField(required=False, assume_scheme="https")
+    version = forms.CharField(widget=forms.HiddenInput, required=False)
 
     class Meta:
         model = Endpoint
         fields = list(ENDPOINT_UPDATE_ARGUMENTS)
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["version"].initial = endpoint_version(self.instance)
+
     def write(self) -> Endpoint:
         assert self.request is not None
         data = self.cleaned_data
+        # Locked until the form's savepoint ends, so no write lands between the check and the
+        # change. A form without a version (made before pages carried one) writes as before.
+        endpoint = Endpoint.objects.select_for_update().get(pk=self.instance.pk)
+        _check_unchanged(endpoint, versions.named(data.get("version") or None))
         return services.endpoint_update(
-            endpoint=Endpoint.objects.get(pk=self.instance.pk),
+            endpoint=endpoint,
             actor=_actor(self.request),
             **{
                 arg: data[name]
@@ -117,6 +143,38 @@ class EndpointChangeForm(ServiceModelForm):
                 if name in self.changed_data
             },
         )
+
+
+def endpoint_version(endpoint: Endpoint) -> str:
+    """The version of what the change form edits (``switchboard.core.versions``): a digest of
+    those fields, so it moves with every write that changes one of them and with nothing else
+    (a claim's ``last_seen_at``, a hook's failure)."""
+    return versions.digest(
+        {name: endpoint.serializable_value(name) for name in ENDPOINT_UPDATE_ARGUMENTS}
+    )
+
+
+def _check_unchanged(endpoint: Endpoint, expected: tuple[str, ...] | None) -> None:
+    """Refuse a save over an endpoint that is not as its form showed it, naming who changed it
+    last and when (its ledger's last update row)."""
+    if versions.holds(expected, endpoint_version(endpoint)):
+        return
+    last = (
+        LedgerEntry.objects.filter(
+            kind=LedgerKind.ENDPOINT_UPDATE, scope=f"endpoint:{endpoint.slug}"
+        )
+        .order_by("-seq")
+        .first()
+    )
+    by = ""
+    if last is not None:
+        who = last.actor_human_name or last.actor_endpoint_slug or "someone"
+        by = f" (last changed by {who} at {last.at.astimezone(UTC).isoformat(timespec='seconds')})"
+    raise PreconditionFailed(
+        f"endpoint {endpoint.slug} changed since this form was opened{by}: nothing was written; "
+        "open it again to see the change",
+        scope=f"endpoint:{endpoint.slug}",
+    )
 
 
 class AttemptInline(admin.TabularInline):
@@ -189,8 +247,13 @@ class EndpointAdmin(_PersonFieldAdmin):
         "last_seen_at",
         "created_at",
         "revoked_at",
+        "version",
     ]
     actions = ["revoke"]
+
+    def has_revoke_permission(self, request: HttpRequest) -> bool:
+        # Revoking changes the endpoint: Django's change permission, never an auditor's.
+        return self.has_change_permission(request) and _actor(request).writes
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # Revoke instead: deleting would cascade to todos and budgets without a ledger row.
@@ -221,6 +284,9 @@ class EndpointAdmin(_PersonFieldAdmin):
                 "rate_limit_rps",
                 "notify_url",
             ]
+        if not self.has_change_permission(request, obj):
+            # A page shown read-only saves nothing: no version to carry.
+            return [name for name in self.fields if name != "version"]
         return self.fields
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
@@ -244,15 +310,27 @@ class EndpointAdmin(_PersonFieldAdmin):
     ) -> HttpResponse:
         return HttpResponseRedirect(reverse("admin:queues_endpoint_change", args=[obj.pk]))
 
-    @admin.action(description="Revoke (dead-letters their live todos)")
+    @admin.action(description="Revoke (dead-letters their live todos)", permissions=["revoke"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[Endpoint]) -> None:
-        total = 0
-        for endpoint in queryset.filter(state=EndpointState.ACTIVE):
+        revoked, dead, refused = 0, 0, []
+        for endpoint in queryset:
+            if endpoint.state != EndpointState.ACTIVE:
+                refused.append(f"{endpoint.slug}: already revoked")
+                continue
             try:
-                total += services.endpoint_revoke(endpoint=endpoint, actor=_actor(request))
+                count = services.endpoint_revoke(endpoint=endpoint, actor=_actor(request))
             except DomainError as exc:
-                self.message_user(request, f"{endpoint.slug}: {exc.message}", level=messages.ERROR)
-        self.message_user(request, f"Revoked; {total} live todo(s) dead-lettered.")
+                refused.append(f"{endpoint.slug}: {exc.message}")
+                continue
+            # endpoint_revoke answers 0 for one revoked meanwhile, and marks only one it revoked.
+            if endpoint.state != EndpointState.REVOKED:
+                refused.append(f"{endpoint.slug}: already revoked")
+                continue
+            revoked, dead = revoked + 1, dead + count
+        summary = f"{revoked} endpoint(s) revoked"
+        if revoked:
+            summary += f"; {dead} live todo(s) dead-lettered"
+        _summarize(self, request, f"{summary}.", refused)
 
 
 @admin.register(Todo)
@@ -289,6 +367,11 @@ class TodoAdmin(StrictAdmin):
     ]
     actions = ["retry", "release"]
 
+    def has_act_permission(self, request: HttpRequest) -> bool:
+        # Retry and release change a todo: Django's change permission for todos (the form is
+        # read-only for everyone, has_change_permission below), never an auditor's.
+        return _holds(request, self.opts, "change") and _actor(request).writes
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[Todo]:
         # The todos the access layer lets this human read (owners: their endpoints').
         return super().get_queryset(request).filter(access.todo_scope(_actor(request)))
@@ -306,17 +389,16 @@ class TodoAdmin(StrictAdmin):
         # A todo's history (attempts, the ledger's waivers) outlives it: never deleted here.
         return False
 
-    @admin.action(description="Retry (failed → pending, attempt reset)")
+    @admin.action(description="Retry (failed → pending, attempt reset)", permissions=["act"])
     def retry(self, request: HttpRequest, queryset: QuerySet[Todo]) -> None:
-        self._each(request, queryset.filter(state=TodoState.FAILED), services.todo_retry, "retried")
+        self._each(request, queryset, services.todo_retry, "retried")
 
-    @admin.action(description="Release (claimed → pending)")
+    @admin.action(description="Release (claimed → pending)", permissions=["act"])
     def release(self, request: HttpRequest, queryset: QuerySet[Todo]) -> None:
-        self._each(
-            request, queryset.filter(state=TodoState.CLAIMED), services.todo_release, "released"
-        )
+        self._each(request, queryset, services.todo_release, "released")
 
     def _each(self, request: HttpRequest, queryset: QuerySet[Todo], fn: Any, verb: str) -> None:
+        # A todo in another state is the service's to refuse (its words say which it takes).
         actor = _actor(request)
         done, refused = 0, []
         for todo in queryset:
@@ -325,9 +407,7 @@ class TodoAdmin(StrictAdmin):
                 done += 1
             except DomainError as exc:
                 refused.append(f"{isolated(todo.title)}: {exc.message}")
-        self.message_user(request, f"{done} todo(s) {verb}.")
-        for line in refused:
-            self.message_user(request, line, level=messages.WARNING)
+        _summarize(self, request, f"{done} todo(s) {verb}.", refused)
 
 
 @admin.register(Attempt)
@@ -406,6 +486,9 @@ class QueuePauseAdmin(ServiceFormAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return self._may_pause(request)
 
+    def has_resume_permission(self, request: HttpRequest) -> bool:
+        return self._may_pause(request)
+
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
@@ -421,17 +504,24 @@ class QueuePauseAdmin(ServiceFormAdmin):
     def log_addition(self, request: HttpRequest, obj: Any, message: Any) -> Any:
         return None  # the ledger is the record of pauses
 
-    @admin.action(description="Resume the selected queues (wakes their backlog once)")
+    @admin.action(
+        description="Resume the selected queues (wakes their backlog once)",
+        permissions=["resume"],
+    )
     def resume(self, request: HttpRequest, queryset: QuerySet[QueuePause]) -> None:
-        if not self._may_pause(request):
-            self.message_user(request, "You may not resume queues.", level=messages.ERROR)
-            return
+        resumed, refused = [], []
         for pause in queryset:
             try:
-                pauses.queue_resume(actor=HumanActor(request.user, via="admin"), queue=pause.queue)
-                self.message_user(request, f"Resumed {pause.queue}.")
+                result = pauses.queue_resume(actor=_actor(request), queue=pause.queue)
             except DomainError as exc:
-                self.message_user(request, f"{pause.queue}: {exc.message}", level=messages.ERROR)
+                refused.append(f"{pause.queue}: {exc.message}")
+                continue
+            if result.lifted is None:
+                refused.append(f"{pause.queue}: already resumed")
+            else:
+                resumed.append(pause.queue)
+        named = f": {', '.join(resumed)}" if resumed else ""
+        _summarize(self, request, f"{len(resumed)} queue(s) resumed{named}.", refused)
 
 
 class HumanTokenForm(ServiceModelForm):
@@ -465,6 +555,11 @@ class HumanTokenAdmin(_PersonFieldAdmin):
         # A token is created and revoked, never edited (nor given to another user).
         return False
 
+    def has_revoke_permission(self, request: HttpRequest) -> bool:
+        # Revoking changes the token: Django's change permission for tokens (though the form
+        # is read-only for everyone, above), never an auditor's.
+        return _holds(request, self.opts, "change") and _actor(request).writes
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[HumanToken]:
         return super().get_queryset(request).filter(access.token_q(_actor(request)))
 
@@ -477,15 +572,35 @@ class HumanTokenAdmin(_PersonFieldAdmin):
         obj.pk = token_obj.pk
         messages.warning(request, f"Personal access token created; shown only now: {token}")
 
-    @admin.action(description="Revoke")
+    @admin.action(description="Revoke", permissions=["revoke"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[HumanToken]) -> None:
-        n = 0
+        n, refused = 0, []
         for token in queryset:
             try:
-                n += services.human_token_revoke(token=token, actor=_actor(request))
+                revoked = services.human_token_revoke(token=token, actor=_actor(request))
             except DomainError as exc:
-                self.message_user(request, f"{token}: {exc.message}", level=messages.ERROR)
-        self.message_user(request, f"{n} token(s) revoked.")
+                refused.append(f"{token}: {exc.message}")
+                continue
+            if revoked:
+                n += 1
+            else:
+                refused.append(f"{token}: already revoked")
+        _summarize(self, request, f"{n} token(s) revoked.", refused)
+
+
+def _holds(request: HttpRequest, opts: Any, action: str) -> bool:
+    """Whether the admin's user holds Django's ``action`` permission on the model."""
+    return request.user.has_perm(f"{opts.app_label}.{get_permission_codename(action, opts)}")
+
+
+def _summarize(
+    model_admin: admin.ModelAdmin[Any], request: HttpRequest, done: str, refused: list[str]
+) -> None:
+    """An action's answer: what it did (a count of what was done, never of what was asked),
+    then each item it left alone and why, as a warning of its own."""
+    model_admin.message_user(request, done)
+    for line in refused:
+        model_admin.message_user(request, line, level=messages.WARNING)
 
 
 def _actor(request: HttpRequest) -> HumanActor:

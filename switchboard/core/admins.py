@@ -9,7 +9,9 @@ saves a form after it is valid, in ``ModelAdmin.save_model``, where a refusal ha
 on: a ``ValidationError`` raised there is a 500. So the write happens in the form instead, last in
 its validation (after the fields, ``clean`` and the model's own checks): the service's refusal
 becomes an error beside the field it names (or above the form), and since the service refused,
-nothing was written. ``save_model`` only takes what the write made.
+nothing was written. ``save_model`` only takes what the write made. A range the service checks
+(``service_ranges``) is left to it, so a value outside it is refused in the service's words
+beside its field, not by the model's constraint above the form.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from django.contrib.admin import helpers
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -59,15 +62,25 @@ class StrictAdmin(admin.ModelAdmin):
         # fail on it. Nothing is done and the list says why.
         pk = self.model._meta.pk
         assert pk is not None
+        selected = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
         try:
-            for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+            for value in selected:
                 pk.to_python(value)
         except ValidationError:
-            self.message_user(
-                request, "Nothing done: the selection names no such item.", messages.WARNING
-            )
+            self._nothing_done(request)
+            return None
+        # Nor may it name only rows this list does not hold (another owner's endpoint): the
+        # action would run on none of them, and its summary would count nothing done.
+        across = request.POST.get("select_across", "0") not in ("0", "", "False", "false")
+        if selected and not across and not queryset.filter(pk__in=selected).exists():
+            self._nothing_done(request)
             return None
         return super().response_action(request, queryset, *args, **kwargs)
+
+    def _nothing_done(self, request: HttpRequest) -> None:
+        self.message_user(
+            request, "Nothing done: the selection names no such item.", messages.WARNING
+        )
 
 
 class ServiceModelForm(forms.ModelForm):
@@ -76,9 +89,31 @@ class ServiceModelForm(forms.ModelForm):
 
     # The services' names of fields that the form calls otherwise (``rps`` for ``rate_limit_rps``).
     service_fields: ClassVar[dict[str, str]] = {}
+    # Fields whose range the service checks, refusing what is outside it in its own words and
+    # naming the field: (lowest, highest) accepted, which the inputs offer as their min and max.
+    # The form's and the model's own checks of them are left out: the model's is a
+    # CheckConstraint, whose refusal names no field ("Constraint … is violated." above the form),
+    # and the form's bounds are the column's (0), not what the service accepts.
+    service_ranges: ClassVar[dict[str, tuple[int, int]]] = {}
     # The admin's request (who acts), set on the class ``ModelAdmin.get_form`` makes for it.
     request: HttpRequest | None = None
     written: Any = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name, (lowest, highest) in self.service_ranges.items():
+            field = self.fields.get(name)
+            if field is None:
+                continue
+            bounds = (MinValueValidator, MaxValueValidator)
+            field.validators = [v for v in field.validators if not isinstance(v, bounds)]
+            field.widget.attrs.update(min=lowest, max=highest)
+
+    def _get_validation_exclusions(self) -> set[str]:
+        # ModelForm's hook (private, unchanged since Django 1.x) for the fields the model's
+        # validation leaves out (those the form already refused): the service checks these.
+        excluded: set[str] = super()._get_validation_exclusions()  # type: ignore[misc]
+        return excluded | set(self.service_ranges)
 
     def write(self) -> Any:
         """Make the change through its service; the answer is kept as ``written``."""
