@@ -22,6 +22,7 @@ from queues.access import HumanActor
 from queues.models import (
     BASIC_VERBS,
     GRANTABLE_VERBS,
+    MAX_BURST,
     Attempt,
     Endpoint,
     EndpointState,
@@ -57,6 +58,7 @@ ENDPOINT_UPDATE_ARGUMENTS = {
 ENDPOINT_RANGES = {
     "default_lease_ttl_seconds": (1, 86400),
     "rate_limit_rps": (0, 100000),
+    "rate_limit_burst": (1, MAX_BURST),
 }
 
 

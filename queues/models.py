@@ -121,6 +121,11 @@ class EndpointState(models.TextChoices):
     REVOKED = "revoked"
 
 
+# The largest request burst an endpoint may have (queues.services.endpoints checks it, naming
+# the field; the API's schema and the admin's input state it).
+MAX_BURST = 1_000_000
+
+
 class Endpoint(models.Model):
     """An agent's credential and scope. Scope never widens after vend: revoke and vend again."""
 

@@ -26,6 +26,7 @@ from queues.models import (
     GRANTABLE_VERBS,
     LIMIT_NAME_RE,
     MAX_ATTEMPT_SUMMARY,
+    MAX_BURST,
     MAX_TODO_TAGS,
     POLICY_VERBS,
     QUEUE_NAME_RE,
@@ -428,7 +429,7 @@ class VendIn(Strict):
     rps: float | None = Field(
         default=None, ge=0, le=100000, description="Request rate limit; 0 = unlimited"
     )
-    burst: int | None = Field(default=None, ge=1, le=1000000)
+    burst: int | None = Field(default=None, ge=1, le=MAX_BURST)
     slug: str | None = Field(default=None, pattern=SLUG_RE, max_length=63)
     owner: str | None = Field(
         default=None, max_length=150, description="Username of the owner (superusers only)"

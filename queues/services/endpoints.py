@@ -17,6 +17,7 @@ from queues.access import HumanActor, SystemActor
 from queues.models import (
     BASIC_VERBS,
     GRANTABLE_VERBS,
+    MAX_BURST,
     Endpoint,
     EndpointState,
     HumanToken,
@@ -52,6 +53,11 @@ def _slugify(name: str) -> str:
     if not slug[0].isalnum():
         slug = "e" + slug
     return slug
+
+
+def _check_burst(burst: int | None) -> None:
+    if burst is not None and not 1 <= burst <= MAX_BURST:
+        raise InvalidArgument(f"burst must be between 1 and {MAX_BURST}", field="burst")
 
 
 def endpoint_vend(
@@ -96,8 +102,7 @@ def endpoint_vend(
         raise InvalidArgument("lease_ttl_seconds must be between 1 and 86400", field="lease_ttl")
     if rps is not None and not 0 <= rps <= 100000:
         raise InvalidArgument("rps must be between 0 (unlimited) and 100000", field="rps")
-    if burst is not None and burst < 1:
-        raise InvalidArgument("burst must be at least 1", field="burst")
+    _check_burst(burst)
     if slug is not None:
         check_slug(slug)
     notify_url = check_notify_url(notify_url)
@@ -336,8 +341,7 @@ def endpoint_update(
             raise InvalidArgument("rps must be between 0 (unlimited) and 100000", field="rps")
         changes["rate_limit_rps"] = rps
     if burst is not _UNSET:
-        if burst is not None and burst < 1:
-            raise InvalidArgument("burst must be at least 1", field="burst")
+        _check_burst(burst)
         changes["rate_limit_burst"] = burst
     with transaction.atomic():
         locked = Endpoint.objects.select_for_update().select_related("owner").get(pk=endpoint.pk)

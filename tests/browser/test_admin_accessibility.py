@@ -49,9 +49,11 @@ def test_the_admin_pages_have_no_serious_findings_and_the_window_list_sums_shard
             found[url].append(f"scrolls sideways by {overflow} px")
     # A refusal shown on the form (the service's, beside its field).
     page.goto(f"/admin/queues/endpoint/{p.agent.pk}/change/")
-    page.locator('[name="rate_limit_burst"]').fill("0")
+    page.locator('[name="notify_url"]').fill("https://10.1.2.3/")
     page.locator('input[name="_save"]').click()
-    expect(page.locator(".errorlist")).to_have_text("burst must be at least 1")
+    expect(page.locator(".errorlist")).to_have_text(
+        "notify_url is refused: the host 10.1.2.3 is a private address (10.1.2.3)"
+    )
     found["endpoint change, refused"] = findings(page)
     assert {url: f for url, f in found.items() if f} == {}
     # The window list names the shard of each row and counts the claims in the rows' sum.

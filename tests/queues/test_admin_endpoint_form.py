@@ -49,6 +49,7 @@ def _as_shown(response: Any) -> dict[str, Any]:
     return {name: "" if form[name].value() is None else form[name].value() for name in form.fields}
 
 
+BURST_REFUSED = "burst must be between 1 and 1000000"
 VEND = {"name": "Ranges", "queues": "inbox", "verbs": ["claim_next"]}
 
 
@@ -87,6 +88,9 @@ def test_a_vend_out_of_range_is_refused_beside_its_field_in_the_services_words(
         ("default_lease_ttl_seconds", "86401", TTL_REFUSED),
         ("rate_limit_rps", "-1", RPS_REFUSED),
         ("rate_limit_rps", "100001", RPS_REFUSED),
+        ("rate_limit_burst", "0", BURST_REFUSED),
+        ("rate_limit_burst", "1000001", BURST_REFUSED),
+        ("rate_limit_burst", "4294967296", BURST_REFUSED),
     ],
 )
 def test_a_change_out_of_range_is_refused_beside_its_field_and_writes_nothing(
@@ -119,6 +123,8 @@ def test_the_inputs_offer_the_range_the_service_accepts_and_its_ends_are_taken(
         assert 'min="1"' in ttl and 'max="86400"' in ttl, ttl
         rps = _input(html, "rate_limit_rps")
         assert 'min="0"' in rps and 'max="100000"' in rps, rps
+    burst = _input(client.get(url).content.decode(), "rate_limit_burst")  # vend takes none
+    assert 'min="1"' in burst and 'max="1000000"' in burst, burst
     for ttl, rps in (("1", "0"), ("86400", "100000")):
         response = client.post(
             url,
