@@ -18,12 +18,11 @@ from django.db import connection
 from django.http import HttpRequest, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_GET
 
 from queues.auth import authenticate_agent
 from queues.doorbell import END, Ring, doorbell, since_event
-from switchboard.core.errors import DomainError, Unauthorized
-from switchboard.core.http import error_response
+from switchboard.core.errors import DomainError, MethodNotAllowed, Unauthorized
+from switchboard.core.http import error_response, unknown_parameter
 
 KEEPALIVE_SECONDS = 15.0
 RETRY_MS = 1000
@@ -74,20 +73,39 @@ def release_connection() -> None:
 
 
 @csrf_exempt
-@require_GET
 def agent_events(request: HttpRequest) -> HttpResponseBase:
+    """The stream, under the API's conventions though not a ninja route: another method is 405
+    as the error object, a query parameter (it takes none) is refused after the credentials,
+    and no answer is kept by a cache."""
+    if request.method != "GET":
+        refusal: DomainError = MethodNotAllowed(
+            f"{request.method} is not a method of this path; it takes GET",
+            method=request.method,
+            allowed=["GET"],
+        )
+        answer = _refused(request, refusal)
+        answer["Allow"] = "GET"
+        return answer
     header = request.headers.get("Authorization", "")
     try:
         if not header.lower().startswith("bearer "):
             raise Unauthorized("a bearer token is required")
         actor = authenticate_agent(request, header[7:].strip(), via="api")
+        for name in request.GET:
+            raise unknown_parameter(name, "none")
     except DomainError as exc:
-        return error_response(request, exc)
+        return _refused(request, exc)
     release_connection()
     response = StreamingHttpResponse(
         ring_stream(str(actor.endpoint.id), request.headers.get("Last-Event-ID")),
         content_type="text/event-stream",
     )
-    response["Cache-Control"] = "no-cache"
+    response["Cache-Control"] = "no-store"
     response["X-Accel-Buffering"] = "no"
     return response
+
+
+def _refused(request: HttpRequest, exc: DomainError) -> HttpResponseBase:
+    answer = error_response(request, exc)
+    answer["Cache-Control"] = "no-store"
+    return answer

@@ -42,6 +42,7 @@ from switchboard.core.http import (
     check_body_size,
     error_response,
     field_name,
+    unknown_parameter,
 )
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,9 @@ def bounded_urls(
 
 def _not_allowed_as_json(view: Any) -> Any:
     """ninja answers a method a path does not take with a plain-text 405; the API's clients
-    read every refusal as the error object, so this one is too (its ``Allow`` header kept)."""
+    read every refusal as the error object, so this one is too (its ``Allow`` header kept).
+    ninja serves no HEAD: a path that takes GET answers HEAD as its GET, without the body
+    (RFC 9110 9.3.2), and lists it in ``Allow``."""
 
     @wraps(view)  # ninja's csrf_exempt mark included
     def answered(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
@@ -81,6 +84,10 @@ def _not_allowed_as_json(view: Any) -> Any:
         if not isinstance(response, HttpResponseNotAllowed):
             return response
         allowed = sorted(m.strip() for m in response["Allow"].split(",") if m.strip())
+        if "GET" in allowed:
+            if request.method == "HEAD":
+                return _head_of(view, request, *args, **kwargs)
+            allowed = sorted([*allowed, "HEAD"])
         refusal = MethodNotAllowed(
             f"{request.method} is not a method of this path; it takes {', '.join(allowed)}",
             method=request.method,
@@ -91,6 +98,20 @@ def _not_allowed_as_json(view: Any) -> Any:
         return answer
 
     return answered
+
+
+def _head_of(view: Any, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+    """The GET's answer to a HEAD: its status and headers, its length, no body."""
+    request.method = "GET"
+    try:
+        response = view(request, *args, **kwargs)
+    finally:
+        request.method = "HEAD"
+    if isinstance(response, HttpResponse):
+        length = len(response.content)
+        response.content = b""
+        response["Content-Length"] = str(length)
+    return response
 
 
 @api.exception_handler(DomainError)
@@ -178,7 +199,7 @@ def _query_check(run: Any) -> Any:
         for name, values in request.GET.lists():
             refusal = None
             if name not in names:
-                refusal = _unknown_parameter(name, takes)
+                refusal = unknown_parameter(name, takes)
             elif len(values) > 1 and name not in lists:  # ninja would take the last one
                 refusal = InvalidArgument(
                     f"{name}: given {len(values)} times; it takes one value", field=name
@@ -190,16 +211,6 @@ def _query_check(run: Any) -> Any:
 
     checked.query_checked = True  # type: ignore[attr-defined]
     return checked
-
-
-def _unknown_parameter(name: str, takes: str) -> InvalidArgument:
-    if not name:
-        return InvalidArgument(
-            f"query: a parameter has no name (this operation takes {takes})", field="query"
-        )
-    return InvalidArgument(
-        f"{name}: not a query parameter of this operation (it takes {takes})", field=name
-    )
 
 
 def _query_refusal(view_func: Any) -> Any:

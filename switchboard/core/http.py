@@ -195,6 +195,17 @@ def retry_after_seconds(exc: DomainError) -> int | None:
     return None
 
 
+def unknown_parameter(name: str, takes: str) -> InvalidArgument:
+    """A query parameter the operation does not take (``takes``: those it does, or "none")."""
+    if not name:
+        return InvalidArgument(
+            f"query: a parameter has no name (this operation takes {takes})", field="query"
+        )
+    return InvalidArgument(
+        f"{name}: not a query parameter of this operation (it takes {takes})", field=name
+    )
+
+
 def error_response(request: HttpRequest, exc: DomainError) -> HttpResponse:
     response = json_response(exc.as_dict(), status=exc.status)
     seconds = retry_after_seconds(exc)

@@ -295,7 +295,7 @@ def test_a_method_a_path_does_not_take_is_refused_as_the_error_object(
     admin = Api(Client(), human_token(personas.admin))
     cases = [
         (agent_api, "get", "/api/v1/agent/claim_next", ["POST"]),
-        (admin, "patch", "/api/v1/todos", ["GET", "POST"]),
+        (admin, "patch", "/api/v1/todos", ["GET", "HEAD", "POST"]),
         (admin, "delete", "/api/v1/limits/queues/inbox", ["PUT"]),
     ]
     for api, method, path, allowed in cases:
@@ -314,6 +314,31 @@ def test_a_method_a_path_does_not_take_is_refused_as_the_error_object(
     delete = document["paths"]["/api/v1/limits/{kind}/{name}"]["delete"]
     kind = next(p for p in delete["parameters"] if p["name"] == "kind")
     assert kind["schema"]["enum"] == ["pool", "tag", "rate"]
+
+
+def test_every_path_that_takes_get_answers_head_as_its_get_without_the_body(
+    personas: Personas,
+) -> None:
+    """RFC 9110: a server that serves GET serves HEAD; ninja answered 405 on every GET route."""
+    push(personas, 2)
+    admin = Api(Client(), human_token(personas.admin))
+    document = admin.get("/api/v1/openapi.json").json()
+    paths = [
+        path.replace("{scope}", "endpoint:agent").replace("{queue}", "inbox")
+        for path, operations in document["paths"].items()
+        if "get" in operations and "{" not in path.replace("{scope}", "").replace("{queue}", "")
+    ]
+    assert "/api/v1/todos" in paths and len(paths) >= 6
+    for path in paths:
+        got = admin.client.get(path, headers=admin._headers())
+        head = admin.client.head(path, headers=admin._headers())
+        assert head.status_code == got.status_code, (path, head.content)
+        assert head.content == b"", path
+        assert head["Content-Type"] == got["Content-Type"], path
+        assert int(head["Content-Length"]) == len(got.content), path
+    # A path that takes no GET still refuses HEAD, as the error object.
+    refused = admin.client.head("/api/v1/limits/queues/inbox", headers=admin._headers())
+    assert refused.status_code == 405 and refused["Allow"] == "PUT"
 
 
 def test_a_path_no_route_serves_is_refused_as_the_error_object(agent_api: Api) -> None:

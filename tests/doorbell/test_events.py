@@ -149,6 +149,23 @@ def test_the_stream_refuses_a_missing_or_unknown_token(server: str) -> None:
     assert response.status_code == 401
 
 
+def test_the_stream_keeps_the_apis_conventions(tx_personas: Personas, server: str) -> None:
+    """Not a ninja route, so none of the API's wrappers: a wrong method was an empty text/html
+    405, an unknown parameter was ignored, and a refusal could be cached."""
+    bearer = {"Authorization": f"Bearer {tx_personas.agent_token}"}
+    for method in ("POST", "PUT", "DELETE"):
+        response = httpx.request(method, f"{server}/api/v1/agent/events", headers=bearer)
+        assert response.status_code == 405 and response.headers["Allow"] == "GET"
+        assert response.json()["code"] == "method_not_allowed"
+        assert response.json()["allowed"] == ["GET"]
+    unknown = httpx.get(f"{server}/api/v1/agent/events?bogus=1", headers=bearer)
+    assert unknown.status_code == 400 and unknown.json()["field"] == "bogus"
+    assert unknown.headers["Cache-Control"] == "no-store"
+    anonymous = httpx.get(f"{server}/api/v1/agent/events?bogus=1")
+    assert anonymous.status_code == 401  # the credentials first, as on every route
+    assert anonymous.headers["Cache-Control"] == "no-store"
+
+
 def test_a_revoke_ends_the_endpoints_open_streams_and_no_other(
     tx_personas: Personas, server: str
 ) -> None:
