@@ -35,6 +35,7 @@ from admission.models import PRIMARY_WINDOW_KEY, AdmissionPolicy, DeferralReason
 from queues import gates, metrics
 from queues.access import append_claim_waiver
 from switchboard.core.errors import Deferred
+from switchboard.core.times import iso
 from switchboard.ledger.models import LedgerKind
 
 # One lookup on the policy table's unique (endpoint_id, queue) index.
@@ -129,19 +130,19 @@ class BudgetGate:
         details: dict[str, Any] = {
             "queue": ev.policy.queue,
             "reason": ev.reason,
-            "next_eligible_at": ev.next_eligible_at.isoformat() if ev.next_eligible_at else None,
+            "next_eligible_at": iso(ev.next_eligible_at),
             "exact": ev.exact,
             "window": _jsonable(binding),
         }
         if ev.reason == DeferralReason.ADMISSION_UNAVAILABLE:
             text = "its admission policy cannot be evaluated"
         elif ev.next_eligible_at:
-            text = f"{ev.reason}; eligible at {ev.next_eligible_at.isoformat()}"
+            text = f"{ev.reason}; eligible at {iso(ev.next_eligible_at)}"
             if binding is not None:
                 text = (
                     f"{ev.reason} ({binding['used']} of {binding['limit']} "
                     f"{binding['description'] or binding['period']}); "
-                    f"eligible at {ev.next_eligible_at.isoformat()}"
+                    f"eligible at {iso(ev.next_eligible_at)}"
                 )
         else:
             text = str(ev.reason)
@@ -292,7 +293,7 @@ def _jsonable(value: Any) -> Any:
     """A deferral's details travel as JSON (REST, MCP): datetimes as ISO text."""
     if isinstance(value, dict):
         return {k: _jsonable(v) for k, v in value.items()}
-    return value.isoformat() if isinstance(value, datetime) else value
+    return iso(value) if isinstance(value, datetime) else value
 
 
 def _append_waiver(decision: engine.Decision, actor: Any, todo: Any) -> None:

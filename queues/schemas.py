@@ -39,6 +39,7 @@ from queues.models import (
 )
 from queues.selectors import MAX_PAGE, admission_for, todo_explain
 from switchboard.core import validation
+from switchboard.core.times import iso
 
 
 def QueueName() -> Any:
@@ -64,13 +65,6 @@ def LeaseTtl() -> Any:
 
 
 TodoStateFilter = Literal["pending", "claimed", "done", "failed", "dead_letter", "discarded"]
-
-
-def iso(value: datetime | None) -> str | None:
-    """ISO 8601 in UTC with a ``Z``, as pydantic writes it (so every surface prints alike)."""
-    if value is None:
-        return None
-    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def model_time(value: datetime | None) -> datetime | str | None:

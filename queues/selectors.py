@@ -31,6 +31,7 @@ from queues.models import (
     TodoState,
 )
 from switchboard.core.errors import Conflict, InvalidArgument, NotFound
+from switchboard.core.times import iso
 from switchboard.core.validation import fullmatch
 
 MAX_PAGE = 200
@@ -194,7 +195,7 @@ def _pause_state(queue: str) -> GateState:
         "holds",
         "paused",
         None,
-        f"{queue} is paused by {pause.by} since {pause.at.isoformat()}: {pause.reason}",
+        f"{queue} is paused by {pause.by} since {iso(pause.at)}: {pause.reason}",
     )
 
 

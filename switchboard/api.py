@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from datetime import datetime
 from functools import wraps
 from typing import Any
 
@@ -23,6 +24,8 @@ from django.urls import URLPattern, URLResolver
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
+from ninja.renderers import JSONRenderer
+from ninja.responses import NinjaJSONEncoder
 from pydantic import BaseModel, ValidationError
 
 from admission.api import router as admission_router
@@ -44,10 +47,28 @@ from switchboard.core.http import (
     field_name,
     unknown_parameter,
 )
+from switchboard.core.times import iso
 
 log = logging.getLogger(__name__)
 
+
+class _Encoder(NinjaJSONEncoder):
+    """ninja's, writing instants as every other surface does (``switchboard.core.times``):
+    Django's encoder cut them to milliseconds, so an operator read another ``updated_at`` than
+    the agent did of the same todo."""
+
+    def default(self, o: Any) -> Any:
+        if isinstance(o, datetime):
+            return iso(o)
+        return super().default(o)
+
+
+class _Renderer(JSONRenderer):
+    encoder_class = _Encoder
+
+
 api = NinjaAPI(
+    renderer=_Renderer(),
     parser=EdgeParser(),
     title="Switchboard",
     version="1",

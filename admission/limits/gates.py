@@ -90,6 +90,7 @@ from queues import gates, metrics
 from queues.access import append_claim_waiver
 from queues.sql import gated
 from switchboard.core.errors import Deferred
+from switchboard.core.times import iso
 from switchboard.ledger.models import LedgerKind
 
 
@@ -390,10 +391,10 @@ class _OccupancyGate:
         names = ", ".join(refusal.limits)
         return Deferred(
             f"{self.noun} {names} is at its limit"
-            + (f"; eligible at {at.isoformat()}" if at else " (quarantined)"),
+            + (f"; eligible at {iso(at)}" if at else " (quarantined)"),
             queue=refusal.queue,
             reason=refusal.reason,
-            next_eligible_at=at.isoformat() if at else None,
+            next_eligible_at=iso(at),
             exact=refusal.exact,
             **{self.name: list(refusal.limits)},
         )

@@ -17,6 +17,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.core.management.base import BaseCommand, CommandError
 
 from switchboard.core.errors import DomainError
+from switchboard.core.times import iso
 from switchboard.core.users import user_named
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
@@ -24,7 +25,7 @@ EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 
 def _default(value: Any) -> Any:
     if isinstance(value, datetime):
-        return value.isoformat()
+        return iso(value)
     if isinstance(value, UUID):
         return str(value)
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")

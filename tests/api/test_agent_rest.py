@@ -283,6 +283,11 @@ def test_a_deferred_claim_is_409_with_retry_after_and_todos_show_why(
     error = refused.json()
     assert error["code"] == "deferred" and error["queue"] == "inbox"
     assert error["reason"] == "window_exhausted" and error["exact"] is True
+    # Written as every answer writes an instant (it was "+00:00" in refusals only).
+    assert (
+        error["next_eligible_at"].endswith("Z") and error["window"]["window_resets_at"][-1] == "Z"
+    )
+    assert error["error"].endswith(error["next_eligible_at"])
     eligible = datetime.fromisoformat(error["next_eligible_at"])
     wait = math.ceil((eligible - timezone.now()).total_seconds())
     assert abs(int(refused["Retry-After"]) - wait) <= 1

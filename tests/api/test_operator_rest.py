@@ -136,6 +136,22 @@ def test_an_operator_creates_lists_and_reads_todos_of_owned_endpoints(
     assert len(page["todos"]) == 1 and page["next_cursor"]
 
 
+def test_an_operator_and_the_agent_read_the_same_instants_of_a_todo(
+    personas: Personas, owner_api: Api, client: Client
+) -> None:
+    """The operator's answers cut instants to milliseconds (Django's encoder) where the agent's
+    kept microseconds: a client comparing updated_at across the two saw a change that was not."""
+    [todo] = push(personas, 1)
+    services.claim(actor=personas.as_agent(), todo_id=todo.id)
+    agent = Api(client, personas.agent_token).verb("get_todo", {"id": str(todo.id)}).json()
+    operator = owner_api.get(f"/api/v1/todos/{todo.id}").json()
+    listed = owner_api.get("/api/v1/todos").json()
+    for field in ("created_at", "updated_at", "lease_expires_at"):
+        assert operator["todo"][field] == agent["todo"][field], field
+        assert listed["todos"][0][field] == agent["todo"][field], field
+        assert agent["todo"][field].endswith("Z")
+
+
 def test_todo_filters_and_ids_are_validated(owner_api: Api) -> None:
     assert owner_api.get("/api/v1/todos", state="sleeping").json()["field"] == "state"
     assert owner_api.get("/api/v1/todos", limit=0).json()["field"] == "limit"
