@@ -59,6 +59,10 @@ def test_the_exit_codes_from_a_real_shell(tx_personas: Personas) -> None:
     refused = manage("endpoint", "revoke", "no-such-endpoint")
     assert refused.returncode == 1
     assert "slug" in refused.stderr and "not_found" in refused.stderr
+    # With --json the refusal is the error object, alone on stderr: a script parses it.
+    as_json = manage("endpoint", "revoke", "no-such-endpoint", "--json")
+    assert as_json.returncode == 1 and as_json.stdout == ""
+    assert json.loads(as_json.stderr)["code"] == "not_found"
 
     misused = manage("endpoint", "vend", "--name", "x", "--queues", "a")
     assert misused.returncode == 2
