@@ -230,7 +230,10 @@ class UsageOut(Schema):
     remaining: int | None
     window_start: datetime | None
     window_resets_at: datetime | None
-    over_limit: bool = Field(description="True when a limit is exceeded (advise and off admit)")
+    over_limit: bool = Field(
+        description="True when one more claim would go over a limit (a window used up, every "
+        "in-flight slot taken): enforce defers it; advise and off admit it"
+    )
     windows: list[WindowUseOut] = Field(
         default_factory=list, description="Every window limit now, the first one first"
     )
