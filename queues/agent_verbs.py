@@ -86,7 +86,10 @@ def create_todo(actor: AgentActor, data: CreateTodoIn) -> dict[str, Any]:
         rate_limit=data.rate_limit,
         source=TodoSource.MCP if actor.via == "mcp" else TodoSource.API,
     )
-    return {"todo": one_todo_out(made.todo, for_model=True), "created": made.created}
+    answer = {"todo": one_todo_out(made.todo, for_model=True), "created": made.created}
+    if not made.created:
+        answer["differs"] = made.differs
+    return answer
 
 
 @verb(

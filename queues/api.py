@@ -233,6 +233,8 @@ def create_todo(request: HttpRequest, data: OperatorCreateTodoIn) -> Any:
         source=TodoSource.API,
     )
     body = {"todo": one_todo_out(made.todo), "created": made.created}
+    if not made.created:
+        body["differs"] = made.differs
     return Status(201 if made.created else 200, body)
 
 

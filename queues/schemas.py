@@ -299,6 +299,12 @@ class CreateTodoIn(Strict):
 class CreateTodoOut(Schema):
     todo: TodoOut
     created: bool
+    differs: list[str] | None = Field(
+        default=None,
+        description="When created is false (the idempotency key's live todo is the answer): the "
+        "fields in which that todo is not what this request asked for (queue, title, kind, "
+        "payload, max_attempts, pool, tags, rate_limit); empty for a retry of the same request",
+    )
 
 
 class TodoIdIn(Strict):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -55,6 +55,9 @@ def backoff_seconds(attempt: int) -> int:
 class TodoCreated:
     todo: Todo
     created: bool
+    # created=False: the fields in which the live todo differs from what was asked (none for a
+    # retry of the request that made it).
+    differs: list[str] = field(default_factory=list)
 
 
 def todo_create(
@@ -142,8 +145,29 @@ def todo_create(
                 tags=tags,
                 rate_limit=rate_limit,
             )
-        return TodoCreated(todo=existing, created=False)
+        differs = _differs(
+            existing,
+            queue=queue,
+            title=title,
+            kind=kind or "",
+            payload=payload,
+            max_attempts=max_attempts,
+            pool=names.pool,
+            tags=sorted(names.tags),
+            rate_limit=names.rate_limit,
+        )
+        # The key names one piece of work while it lives: the live todo is the answer, and
+        # where it is not what this request asked for (not a retry of the request that made it)
+        # the answer says in which fields, so the caller is not handed other work unawares.
+        return TodoCreated(todo=existing, created=False, differs=differs)
     return TodoCreated(todo=todo, created=True)
+
+
+def _differs(todo: Todo, **asked: Any) -> list[str]:
+    """The fields in which a live todo is not what a create asked for (tags as a set)."""
+    held = {name: getattr(todo, name) for name in asked}
+    held["tags"] = sorted(held["tags"] or [])
+    return [name for name, value in asked.items() if held[name] != value]
 
 
 # --- transitions of a claimed todo ------------------------------------------------------------

@@ -88,6 +88,9 @@ def test_an_idempotency_key_returns_the_live_todo(agent_api: Api) -> None:
     first = agent_api.verb("create_todo", body).json()
     again = agent_api.verb("create_todo", body).json()
     assert again["created"] is False and again["todo"]["id"] == first["todo"]["id"]
+    assert again["differs"] == [] and "differs" not in first
+    other = agent_api.verb("create_todo", {**body, "queue": "outbox", "tags": []}).json()
+    assert other["todo"]["queue"] == "inbox" and other["differs"] == ["queue"]
 
 
 def test_list_todos_pages_with_a_cursor_and_names_paused_queues(

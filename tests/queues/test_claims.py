@@ -256,6 +256,22 @@ def test_idempotency_returns_the_live_todo_and_frees_the_key_when_done(
         actor=actor, endpoint=personas.agent, queue="inbox", title="b", idempotency_key="k"
     )
     assert first.created and not dup.created and dup.todo.id == first.todo.id
+    # Not a retry of the first request: the answer says where the live todo is not what was
+    # asked, rather than hand it back as if it were.
+    assert dup.differs == ["title"]
+    again = services.todo_create(
+        actor=actor, endpoint=personas.agent, queue="inbox", title="a", idempotency_key="k"
+    )
+    assert again.todo.id == first.todo.id and again.differs == []
+    elsewhere = services.todo_create(
+        actor=actor,
+        endpoint=personas.agent,
+        queue="outbox",
+        title="a",
+        payload={"n": 1},
+        idempotency_key="k",
+    )
+    assert elsewhere.todo.queue == "inbox" and elsewhere.differs == ["queue", "payload"]
     # The same key on another endpoint is another todo.
     other = services.todo_create(
         actor=personas.as_agent(personas.agent2),
