@@ -102,7 +102,13 @@ def waiting(endpoint_id: str, since: datetime | None, limit: int = ATTACH_RINGS)
     Runs on an executor thread, which outlives the stream: the connection it takes is given
     back at the end (else each such thread would keep one checked out of the pool for ever)."""
     try:
-        return _waiting(endpoint_id, since, limit)
+        rings = _waiting(endpoint_id, since, limit)
+        if not rings and since is not None:
+            # Nothing changed since the event the stream last saw, yet work may wait that it was
+            # never told of (an attach rings ATTACH_RINGS at most) or did not drain before it
+            # left: one reminder, as an attach without Last-Event-ID would start with.
+            rings = _waiting(endpoint_id, None, 1)
+        return rings
     finally:
         connection.close()
 

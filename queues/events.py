@@ -3,7 +3,8 @@
 Each ring is one event: ``id`` (resume point), ``event: todo_ready`` and ``data`` naming the todo,
 queue and reason. On connect the stream rings for up to three waiting claimable todos; with
 ``Last-Event-ID`` only for those that changed since that event, so a reconnecting agent is not
-told again what it was told. A comment every ``KEEPALIVE_SECONDS`` keeps proxies from closing an
+told again what it was told; when none did but work waits, once, for the oldest (``waiting``: it
+may never have been told of it, or left before draining). A comment every ``KEEPALIVE_SECONDS`` keeps proxies from closing an
 idle stream. Authentication is the agent's bearer token, as on every agent route; opening a
 stream is charged to the endpoint's request rate once.
 """

@@ -100,6 +100,24 @@ def test_resuming_with_last_event_id_rings_only_what_changed_since(
         assert again.until(str(sentinel.id)) == []
 
 
+def test_resuming_with_nothing_new_still_reminds_of_work_that_waits(
+    tx_personas: Personas, server: str
+) -> None:
+    """An attach rings three of the waiting todos; an agent that left before draining them and
+    resumes with Last-Event-ID was told nothing more, however much waited."""
+    p = tx_personas
+    todos = push(p, 5)
+    with attached(server, p.agent_token) as stream:
+        told = [stream.next()["todo"] for _ in range(3)]
+        last = stream.last_id
+    assert told == [str(t.id) for t in todos[:3]]
+    with attached(server, p.agent_token, last_event_id=last) as again:
+        reminder = again.next()
+        assert (reminder["todo"], reminder["reason"]) == (str(todos[0].id), "waiting")
+        (sentinel,) = push(p, 1, queue="outbox")
+        assert again.until(str(sentinel.id)) == []
+
+
 def test_rings_resume_after_the_listen_connection_is_terminated(
     tx_personas: Personas, server: str
 ) -> None:
