@@ -38,6 +38,7 @@ from queues.models import QUARANTINE_QUEUE, Endpoint, Todo, TodoState, check_que
 from queues.services.endpoints import resolve_lease_ttl
 from switchboard.core import availability, tokens, validation
 from switchboard.core.errors import Conflict, InvalidArgument, NotFound
+from switchboard.core.times import iso
 from switchboard.core.tokens import LEASE_TOKEN_PREFIX, hash_token
 from switchboard.ledger import chain as ledger
 
@@ -274,11 +275,7 @@ def claim(
                 f"queue {locked.queue!r} is paused", reason="queue_paused", queue=locked.queue
             )
         if not locked.claimable:
-            raise Conflict(
-                f"todo is {locked.state} and cannot be claimed"
-                + (" (quarantine is never delivered)" if locked.queue == QUARANTINE_QUEUE else ""),
-                state=locked.state,
-            )
+            raise _not_claimable(locked)
         outcome = _admit_and_claim(cursor, locked.keys, todo_id, who, actor, ttl, fence_hash)
         if isinstance(outcome, _Refused):
             refused = outcome
@@ -368,6 +365,48 @@ def _held_entries(
     ]
     _record_refusals(held)
     return [r.gate.deferred_entry(r.refusal, endpoint_id) for r in held]
+
+
+def _not_claimable(locked: sql.LockedTodo) -> Conflict:
+    """Why a todo claimed by id cannot be, and when it could be, in the holder's terms."""
+    if locked.queue == QUARANTINE_QUEUE:
+        return Conflict(
+            f"todo is {locked.state} and cannot be claimed (quarantine is never delivered)",
+            state=locked.state,
+        )
+    todo = Todo.objects.only("next_retry_at", "lease_expires_at").get(pk=locked.id)
+    if locked.state == TodoState.FAILED and todo.next_retry_at is not None:
+        return Conflict(
+            f"todo is failed; its retry is due at {iso(todo.next_retry_at)}",
+            state=locked.state,
+            reason="retry_not_due",
+            next_retry_at=iso(todo.next_retry_at),
+        )
+    if locked.state == TodoState.FAILED:
+        return Conflict(
+            "todo is a dead letter (it failed its last attempt): an operator may retry it",
+            state=locked.state,
+            reason="dead_letter",
+        )
+    if locked.state == TodoState.CLAIMED and locked.attempt >= locked.max_attempts:
+        # Claimable otherwise: a lapsed lease with attempts left is taken over.
+        return Conflict(
+            f"todo is claimed at its last attempt ({locked.attempt} of {locked.max_attempts}), "
+            f"its lease until {iso(todo.lease_expires_at)}: no takeover is left; when it "
+            "lapses the reaper dead-letters it",
+            state=locked.state,
+            reason="last_attempt",
+            lease_expires_at=iso(todo.lease_expires_at),
+        )
+    if locked.state == TodoState.CLAIMED:
+        return Conflict(
+            f"todo is claimed (attempt {locked.attempt}), its lease until "
+            f"{iso(todo.lease_expires_at)}",
+            state=locked.state,
+            reason="held",
+            lease_expires_at=iso(todo.lease_expires_at),
+        )
+    return Conflict(f"todo is {locked.state} and cannot be claimed", state=locked.state)
 
 
 def _paused_entries(endpoint_id: UUID, queues: list[str]) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from queues import services, sql
 from queues.models import Attempt, AttemptOutcome, Todo, TodoState
 from queues.services import Claimed, NothingClaimable
 from switchboard.core.errors import Conflict, Forbidden, InvalidArgument, NotFound
+from switchboard.core.times import iso
 from tests.conftest import (
     FIXTURE,
     Personas,
@@ -678,3 +679,38 @@ def test_an_agents_ledger_actor_is_kept_on_its_endpoint_while_what_it_names_hold
     owner.save(update_fields=["username"])
     access._owner_names.clear()  # as once the owner's name is older than _OWNER_NAME_SECONDS
     assert access.claim_ledger_actor(personas.as_agent()).human_name == "renamed-owner"
+
+
+def test_a_claim_by_id_refused_says_why_and_until_when(personas: Personas) -> None:
+    """It said only "todo is failed and cannot be claimed", whether a retry was due in a minute
+    or never, and "todo is claimed and cannot be claimed" for a claim at its last attempt."""
+    agent = personas.as_agent()
+    waiting, dead, held, last = push(personas, 4, max_attempts=2)
+    for todo in (waiting, dead):
+        services.claim(actor=agent, todo_id=todo.id)
+        services.fail(actor=agent, todo_id=todo.id, error="boom")
+    make_retry_due(dead)
+    services.claim(actor=agent, todo_id=dead.id)
+    services.fail(actor=agent, todo_id=dead.id, error="boom again")
+    services.claim(actor=agent, todo_id=held.id)
+    services.claim(actor=agent, todo_id=last.id)
+    lapse(last)
+    services.claim(actor=agent, todo_id=last.id)  # the takeover: attempt 2 of 2
+    lapse(last)
+
+    def refused(todo: Todo) -> dict[str, Any]:
+        with pytest.raises(Conflict) as caught:
+            services.claim(actor=agent, todo_id=todo.id)
+        return caught.value.as_dict()
+
+    due = Todo.objects.get(pk=waiting.pk).next_retry_at
+    assert due is not None
+    body = refused(waiting)
+    assert body["reason"] == "retry_not_due" and body["next_retry_at"] == iso(due)
+    assert body["error"].endswith(iso(due))
+    assert refused(dead)["reason"] == "dead_letter"
+    body = refused(held)
+    assert body["reason"] == "held" and "attempt 1" in body["error"]
+    body = refused(last)
+    assert body["reason"] == "last_attempt" and "2 of 2" in body["error"]
+    assert body["lease_expires_at"] == iso(Todo.objects.get(pk=last.pk).lease_expires_at)
