@@ -81,6 +81,10 @@ def test_queue_pause_refuses_an_unknown_name_and_pauses_and_resumes_a_declared_o
 ) -> None:
     code, _, _ = failing("queue", "pause", "nowhere", "--as", "ada")
     assert code == 1 and not QueuePause.objects.exists()
+    # Contradictory flags are a usage error, not a silent choice between them.
+    with pytest.raises(CommandError, match="not allowed with argument"):
+        limits("queue", "create", "batch", "--aging", "10", "--no-aging", "--as", "ada")
+    assert not QueueSettings.objects.exists()
     limits("queue", "create", "batch", "--as", "ada")
     assert "paused batch" in limits("queue", "pause", "batch", "--as", "ada")
     assert QueuePause.objects.filter(queue="batch").exists()

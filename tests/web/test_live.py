@@ -18,7 +18,7 @@ from queues.access import Viewer
 from switchboard.console import live
 from switchboard.console.board import Filters
 from switchboard.core.users import still_signed_in
-from tests.conftest import Personas, push
+from tests.conftest import FIXTURE, Personas, push
 from tests.web.conftest import budget, signed_in
 
 
@@ -90,14 +90,20 @@ def test_a_queue_in_trouble_moves_to_the_top_and_its_new_condition_is_announced(
     assert announced == ["agent / outbox: Paused"]
 
 
+def _fresh_identity(p: Personas) -> None:
+    """A queue identity the board has not shown: an endpoint of the owner's on a new queue (a
+    budget on a queue outside an endpoint's scope, which made one before, is refused now)."""
+    services.endpoint_vend(actor=FIXTURE, owner=p.owner, name="Fresh", queues=["brand-new"])
+
+
 def test_a_new_queue_identity_resends_the_whole_list(personas: Personas) -> None:
     p = personas
     request, viewer = _viewer(p.owner)
     before = live.render_board(request, viewer, Filters(), "/", "token")
-    budget(p, "brand-new", max_in_flight=1)
+    _fresh_identity(p)
     after = live.render_board(request, viewer, Filters(), "/", "token")
     event, summary = live.changes(before, after)
-    assert event[1]["target"] == "sections" and "head-agent--brand-new" in event[1]["html"]
+    assert event[1]["target"] == "sections" and "head-fresh--brand-new" in event[1]["html"]
     assert summary[1]["target"] == "fleet-summary" and "<strong>5</strong>" in summary[1]["html"]
 
 
@@ -261,6 +267,6 @@ def test_a_change_within_sections_renders_only_their_parts(personas: Personas) -
     push(p, 1)
     after = live.render_board(request, viewer, Filters(), "/", "token", before)
     assert after.list_html == "" and after.parts != before.parts
-    budget(p, "brand-new", max_in_flight=1)
+    _fresh_identity(p)
     grown = live.render_board(request, viewer, Filters(), "/", "token", after)
-    assert "head-agent--brand-new" in grown.list_html
+    assert "head-fresh--brand-new" in grown.list_html

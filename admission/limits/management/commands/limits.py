@@ -159,10 +159,11 @@ class Command(BaseCommand):
         create = qverbs.add_parser("create", help="set a queue's priority and aging")
         create.add_argument("name", metavar="NAME")
         create.add_argument("--priority", type=int, help="higher is claimed first (default 0)")
-        create.add_argument(
+        aging = create.add_mutually_exclusive_group()  # one or the other, never both
+        aging.add_argument(
             "--aging", dest="aging_seconds", type=int, help="seconds of wait per priority step"
         )
-        create.add_argument("--no-aging", action="store_true", help="remove the aging")
+        aging.add_argument("--no-aging", action="store_true", help="remove the aging")
         pause = qverbs.add_parser("pause", help="pause a known queue fleet-wide (or resume it)")
         pause.add_argument("name", metavar="NAME")
         pause.add_argument("--resume", action="store_true", help="resume it instead")
