@@ -318,8 +318,13 @@ class LedgerFilterForm(forms.Form):
     queue = forms.CharField(required=False, max_length=64)
     actor = forms.CharField(required=False, max_length=150, help_text="human or endpoint")
     action = forms.ChoiceField(required=False, choices=[("", "any"), *LedgerKind.choices])
-    since = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
-    until = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
+    # Labelled as the page shows them: an error names the field by its label.
+    since = forms.DateField(
+        required=False, label="From", widget=forms.DateInput(attrs={"type": "date"})
+    )
+    until = forms.DateField(
+        required=False, label="To", widget=forms.DateInput(attrs={"type": "date"})
+    )
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}

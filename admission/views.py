@@ -474,7 +474,8 @@ def _chain_badge(viewer: Viewer) -> dict[str, Any]:
         detail = "; ".join(f"{d['policy']}: {d['problem']}" for d in report["drift"][:3])
     return {
         "ok": stored.ok,
-        "rows": report["rows"],
+        # The whole ledger's size is the fleet's to know: only for who reads every row.
+        "rows": report["rows"] if viewer.sees_all else None,
         "chain_ok": problem is None,
         "drift": len(report["drift"]),
         "checked_at": stored.checked_at,

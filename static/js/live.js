@@ -62,6 +62,45 @@
     }
   }
 
+  // Parts of a page the stream does not send ask for themselves again when the stream shows a
+  // change they sum up: the queue page's pause panel (the queue across the fleet) after a pause
+  // or resume (a section's controls), sections coming or going (the list), or a section's
+  // condition changing (an announcement). Each names its URL (data-live-refresh), which answers
+  // htmx with that part alone; it is swapped in as the stream's parts are (held while the viewer
+  // is typing in it). One round at a time; a change meanwhile asks for one more.
+  var refreshing = false;
+  var refreshAgain = false;
+  function refresh() {
+    var parts = document.querySelectorAll("[data-live-refresh]");
+    if (!parts.length) return;
+    if (refreshing) {
+      refreshAgain = true;
+      return;
+    }
+    refreshing = true;
+    var left = parts.length;
+    Array.prototype.forEach.call(parts, function (part) {
+      var id = part.id;
+      var from = url;
+      window.fetch(part.getAttribute("data-live-refresh"), {
+        headers: { "HX-Request": "true", "HX-Target": id },
+        credentials: "same-origin",
+      })
+        .then(function (response) { return response.ok ? response.text() : ""; })
+        .then(function (html) { if (html.trim()) receive(from, id, html); })
+        .catch(function () {}) // the stream's own notices say when the server is out of reach
+        .then(function () {
+          left--;
+          if (left > 0) return;
+          refreshing = false;
+          if (refreshAgain) {
+            refreshAgain = false;
+            refresh();
+          }
+        });
+    });
+  }
+
   function status(value) {
     var el = document.querySelector("[data-live-url]");
     if (el) el.setAttribute("data-live", value);
@@ -161,8 +200,12 @@
     source.addEventListener("swap", function (event) {
       var data = JSON.parse(event.data);
       receive(next, data.target, data.html);
+      if (data.target === "sections" || data.target.indexOf("controls-") === 0) refresh();
     });
-    source.addEventListener("announce", announce);
+    source.addEventListener("announce", function (event) {
+      announce(event);
+      refresh();
+    });
     status("connecting");
     var opened = source;
     opened.addEventListener("open", function () {

@@ -26,6 +26,7 @@ from queues.access import Viewer, refuse_auditors, visible_endpoints
 from queues.conditions import Condition
 from queues.forms import PauseForm, TimezoneForm, TodoCompleteForm, TodoFailForm
 from queues.models import QUARANTINE_QUEUE, TodoState, check_queue_name
+from queues.pauses import MAX_REASON
 from switchboard.console import board, charts, live
 from switchboard.console.board import Filters
 from switchboard.console.templatetags.console import stamp
@@ -41,6 +42,10 @@ from switchboard.core.pages import (
 from switchboard.core.zones import not_a_zone, zone_exists, zones
 
 TZ_COOKIE_AGE = 365 * 24 * 3600
+# The session key of a pause refused without htmx, until the queue page shows it; the reason
+# typed is kept up to KEPT_REASON characters (twice the most a reason may have).
+PAUSE_REFUSED = "console.pause_refused"
+KEPT_REASON = 2 * MAX_REASON
 TODO_ACTIONS = ("claim", "complete", "fail", "release", "retry", "discard")
 
 
@@ -139,11 +144,17 @@ def queue_view(request: HtmxHttpRequest, name: str) -> HttpResponse:
         check_queue_name(name)
     except InvalidArgument as exc:
         return refusal(request, NotFound(exc.message))
-    context = _queue_context(request, viewer, name)
+    refused = None if request.htmx else _refused_pause_form(request, name)
+    back = safe_next(request, "") or None  # where a refused pause's form returns
+    context = _queue_context(request, viewer, name, pause_form=refused, next_url=back)
     if not context["sections"] and not context["pause"] and not board.pause_fleet_view(viewer):
         return refusal(request, NotFound(f"no queue named {name!r} is visible to you"))
     if request.htmx and request.htmx.target == "sections":
-        return render(request, "queues/queue.html#sections", context)
+        # The list with the pause panel above it (out of band): a pause or resume in a section
+        # changes both.
+        return render(request, "queues/queue.html#changed", context)
+    if request.htmx and request.htmx.target == "queue-pause":  # the live board asks (live.js)
+        return render(request, "queues/queue.html#panel", context)
     return render(request, "queues/queue.html", context)
 
 
@@ -178,23 +189,42 @@ def _pause_refused(
 ) -> HttpResponse:
     """The pause form again, the error beside the reason and the text kept.
 
-    With htmx, only the form that posted is swapped; without, the queue page renders it (400).
+    With htmx, only the form that posted is swapped. Without, the queue page shows it: by a
+    redirect (post/redirect/get), the refusal kept in the session until that page shows it, so
+    the browser is not left on the pause URL, which takes only posts (a reload would post again).
     """
-    form.is_valid()
-    form.add_error("reason" if getattr(exc, "field", "") == "reason" else None, exc.message)
+    field = "reason" if getattr(exc, "field", "") == "reason" else None
+    back = safe_next(request, reverse("queue", args=[name]))
     if request.htmx and form_id:
-        context = {
-            "queue": name,
-            "form": form,
-            "form_id": form_id,
-            "next": safe_next(request, reverse("queue", args=[name])),
-            "viewer": viewer,
-        }
+        # The service's words alone: the form's own check of the same rule would say it twice.
+        form.errors.clear()
+        form.add_error(field, exc.message)
+        context = {"queue": name, "form": form, "form_id": form_id, "next": back, "viewer": viewer}
         response = render(request, "queues/_section.html#pause_form", context)
         return reswap(retarget(response, f"#{form_id}"), "outerHTML")
-    back = safe_next(request, reverse("queue", args=[name]))
-    context = _queue_context(request, viewer, name, pause_form=form, next_url=back)
-    return render(request, "queues/queue.html", context, status=400)
+    if field is None:  # not the reason's fault (quarantine, a conflict): the page's message
+        messages.error(request, exc.message)
+    request.session[PAUSE_REFUSED] = {
+        "queue": name,
+        "reason": request.POST.get("reason", "")[:KEPT_REASON],
+        "error": exc.message if field else "",
+    }
+    here = reverse("queue", args=[name])
+    # The way back rides in the address, so it outlives a reload of the page.
+    return HttpResponseRedirect(here if back == here else f"{here}?{urlencode({'next': back})}")
+
+
+def _refused_pause_form(request: HttpRequest, name: str) -> PauseForm | None:
+    """The pause form a refusal without htmx left for this queue's page, shown once."""
+    refused = request.session.get(PAUSE_REFUSED)
+    if not isinstance(refused, dict) or refused.get("queue") != name:
+        return None
+    del request.session[PAUSE_REFUSED]
+    form = PauseForm({"reason": refused.get("reason", "")})
+    form.errors.clear()  # the service's words alone, as with htmx
+    if refused.get("error"):
+        form.add_error("reason", refused["error"])
+    return form
 
 
 @require_POST

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.db import connection
@@ -168,3 +169,46 @@ def test_the_beat_task_stores_a_fresh_check(personas: Personas) -> None:
     assert ledger_tasks.verify() is True
     stored = LedgerCheck.objects.get()
     assert stored.ok and stored.report["rows"] == LedgerEntry.objects.count()
+
+
+def test_the_chain_badge_is_in_the_viewers_zone_and_counts_rows_only_for_readers_of_all(
+    personas: Personas,
+) -> None:
+    # The badge said "checked 2026-12-05 07:15:14" (UTC, unnamed) on a page of times in the
+    # viewer's zone, and showed an owner the whole ledger's row count beside their own rows.
+    p = personas
+    budget(p, max_in_flight=1)
+    ledger_tasks.verify()
+    checked = LedgerCheck.objects.get().checked_at
+    rows = LedgerEntry.objects.count()
+    zone = "America/New_York"
+    when = checked.astimezone(ZoneInfo(zone)).strftime("%Y-%m-%d %H:%M:%S %Z")
+
+    def ledger_page(user: Any) -> str:
+        client = signed_in(user)
+        client.cookies["tz"] = zone
+        return client.get("/ledger").content.decode()
+
+    for reader in (p.auditor, p.admin):
+        html = ledger_page(reader)
+        assert f"checked {when}" in html
+        assert f"Chain verified · {rows} row" in html
+    html = ledger_page(p.owner)
+    assert f"checked {when}" in html
+    badge = html[html.index('class="chain-badge') :].split("</p>", 1)[0]
+    assert "Chain verified" in badge and " row" not in badge
+
+
+def test_an_invalid_filter_names_the_fields_by_their_labels_and_offers_no_export(
+    personas: Personas,
+) -> None:
+    client = signed_in(personas.auditor)
+    html = client.get("/ledger?since=2026-12-05&until=2026-12-01").content.decode()
+    error = html[html.index('<p class="error" role="alert">') :].split("</p>", 1)[0]
+    assert "To: the end of the range is before its start" in error
+    assert "until:" not in error
+    assert "Export CSV" not in html
+    html = client.get("/ledger?since=yesterday").content.decode()
+    assert "From: Enter a valid date." in html and "since:" not in html
+    assert "Export CSV" not in html
+    assert "Export CSV" in client.get("/ledger?since=2026-12-01").content.decode()
