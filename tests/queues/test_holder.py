@@ -90,7 +90,7 @@ def test_a_fence_naming_no_claim_of_the_todo_is_a_mismatch_not_a_takeover(
     todo = push(personas)[0]
     agent = personas.as_agent()
     fenced = services.claim(actor=agent, todo_id=todo.id, require_fence=True)
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"attempt": 2, "lease_token": fenced.lease_token}, "attempt 2 has not been made"),
         ({"lease_token": "sbl_never-given"}, "the lease token is not this claim's"),
         ({"attempt": 1}, "present its lease_token"),
