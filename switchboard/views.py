@@ -15,10 +15,17 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     if not expected:
         return HttpResponse("metrics are off: METRICS_TOKEN is unset\n", status=403)
     # The scheme is case-insensitive (RFC 9110 11.1): "bearer" is as good as "Bearer".
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-        given.strip().encode(), expected.encode()
-    ):
-        response = HttpResponse("a bearer token is required\n", status=401)
-        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
-        return response
+    if scheme.lower() != "bearer" or not given.strip():
+        return _unauthorized("a bearer token is required (METRICS_TOKEN)", "")
+    if not hmac.compare_digest(given.strip().encode(), expected.encode()):
+        return _unauthorized(
+            "this bearer token is not the metrics token", ', error="invalid_token"'
+        )
     return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
+
+
+def _unauthorized(message: str, error: str) -> HttpResponse:
+    """401 saying which: no token, or the wrong one (RFC 6750 3.1's invalid_token)."""
+    response = HttpResponse(message + "\n", status=401)
+    response["WWW-Authenticate"] = f'Bearer realm="metrics"{error}'
+    return response

@@ -23,8 +23,12 @@ def scrape() -> str:
 
 def test_metrics_needs_the_bearer_token(db: None, settings: object) -> None:
     client = Client()
-    assert client.get("/metrics").status_code == 401
-    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
+    missing = client.get("/metrics")
+    assert missing.status_code == 401 and b"a bearer token is required" in missing.content
+    assert missing["WWW-Authenticate"] == 'Bearer realm="metrics"'
+    wrong = client.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong")
+    assert wrong.status_code == 401 and b"not the metrics token" in wrong.content
+    assert wrong["WWW-Authenticate"] == 'Bearer realm="metrics", error="invalid_token"'
     assert client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}").status_code == 200
 
 
