@@ -111,6 +111,13 @@ def test_endpoint_list_and_revoke(personas: Personas) -> None:
     mine = run("endpoint", "list", "--owner", "otto")["endpoints"]
     assert [e["slug"] for e in mine] == ["foreign"]
 
+    # Another owner's endpoint is not found, as on the API: forbidden would say it exists.
+    for verb in ("revoke", "rotate-hook-secret"):
+        code, error = refusal("endpoint", verb, "agent", "--as", "otto")
+        assert (code, error["code"], error["field"]) == (1, "not_found", "slug"), verb
+        code, unknown = refusal("endpoint", verb, "no-such-endpoint", "--as", "otto")
+        assert unknown["error"].replace("no-such-endpoint", "agent") == error["error"]
+    assert Endpoint.objects.get(slug="agent").state == EndpointState.ACTIVE
     revoked = run("endpoint", "revoke", "agent")
     assert revoked["dead_lettered"] == 2 and revoked["endpoint"]["state"] == "revoked"
     assert Endpoint.objects.get(slug="agent").state == EndpointState.REVOKED

@@ -20,12 +20,13 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from queues import services
+from queues import access, services
 from queues.access import HumanActor, SystemActor, human_or_system
 from queues.models import Endpoint
 from queues.schemas import endpoint_out, vend_out
 from switchboard.core.cli import add_as_option, emit, named_user, refused, usage
 from switchboard.core.errors import DomainError, NotFound
+from switchboard.core.times import iso
 
 
 def _csv(value: str) -> list[str]:
@@ -151,32 +152,39 @@ class Command(BaseCommand):
         emit(self, options, {"endpoints": rows}, "\n".join(lines) or "no endpoints")
 
     def revoke(self, options: dict[str, Any]) -> None:
-        endpoint = _endpoint(options["slug"])
-        count = services.endpoint_revoke(endpoint=endpoint, actor=cli_actor(options))
+        actor = cli_actor(options)
+        endpoint = _endpoint(options["slug"], actor)
+        count = services.endpoint_revoke(endpoint=endpoint, actor=actor)
         data = {"endpoint": endpoint_out(endpoint), "dead_lettered": count}
         emit(self, options, data, f"revoked {endpoint.slug}; {count} live todo(s) dead-lettered")
 
     def rotate_hook_secret(self, options: dict[str, Any]) -> None:
-        endpoint = _endpoint(options["slug"])
+        actor = cli_actor(options)
+        endpoint = _endpoint(options["slug"], actor)
         secret = services.endpoint_rotate_hook_secret(
-            endpoint=endpoint, actor=cli_actor(options), overlap_seconds=options["overlap"]
+            endpoint=endpoint, actor=actor, overlap_seconds=options["overlap"]
         )
         until = endpoint.notify_secret_previous_until
         data = {
             "endpoint": endpoint_out(endpoint),
             "hook_secret": secret,
-            "previous_secret_signs_until": until.isoformat() if until else None,
+            "previous_secret_signs_until": iso(until),
         }
         text = f"hook secret: {secret}   (shown once)\n" + (
-            f"the old secret also signs until {until.isoformat()}"
+            f"the old secret also signs until {iso(until)}"
             if until
             else "the old secret no longer signs"
         )
         emit(self, options, data, text)
 
 
-def _endpoint(slug: str) -> Endpoint:
+def _endpoint(slug: str, actor: Any) -> Endpoint:
+    """The endpoint the acting human may change; one they may not read is not found, as on the
+    API (a forbidden answer would tell them it exists)."""
+    missing = NotFound(f"no endpoint with slug {slug!r}", field="slug")
     endpoint = Endpoint.objects.select_related("owner").filter(slug=slug).first()
     if endpoint is None:
-        raise NotFound(f"no endpoint with slug {slug!r}", field="slug")
+        raise missing
+    if isinstance(actor, HumanActor):
+        access.check_endpoint(actor, endpoint, write=True, missing=missing)
     return endpoint
