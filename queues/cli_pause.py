@@ -15,6 +15,7 @@ from queues import pauses
 from queues.access import HumanActor
 from switchboard.core.cli import acting_human, add_common_options, emit, refused
 from switchboard.core.errors import DomainError
+from switchboard.core.times import iso
 
 
 def register(subparsers: Any, parser: argparse.ArgumentParser) -> None:
@@ -55,10 +56,10 @@ def handle_pause(command: BaseCommand, options: dict[str, Any]) -> None:
         return
     p = result.pause
     if result.changed:
-        text = f"paused {result.queue}: {p.reason} (by {p.by} at {p.at.isoformat()})"
+        text = f"paused {result.queue}: {p.reason} (by {p.by} at {iso(p.at)})"
     else:
         text = (
-            f"{result.queue} was already paused: {p.reason} (by {p.by} at {p.at.isoformat()}); "
+            f"{result.queue} was already paused: {p.reason} (by {p.by} at {iso(p.at)}); "
             "nothing changed"
         )
     emit(command, options, result.as_dict(), text)
