@@ -28,7 +28,13 @@ response is the stream; a POST must accept JSON (406) and send it (415). The ser
 claimable for the endpoint, one ``notifications/resources/updated`` whose ``uri`` is the todo
 (``switchboard://todos/<id>``) and whose ``_meta["io.switchboard/todo_ready"]`` names the todo,
 queue and reason; on opening, up to three rings for todos already waiting. Both official SDKs
-open this stream after the handshake and hand the notification to the client. Tool results carry
+open this stream after the handshake and hand the notification to the client. Those URIs are the
+server's resources (the ``resources`` capability, in both eras): ``resources/templates/list``
+(``switchboard://todos/{id}``), ``resources/list`` (the endpoint's todos, 100 a page, with
+list_todos' grant and cursor), ``resources/read`` (get_todo's answer as JSON, with its grant; a
+todo not the endpoint's, or a URI not one of ours, is -32602 with the ``uri``, as the official
+SDK's server answers), and in the handshake era ``resources/subscribe`` / ``unsubscribe``,
+acknowledged: the session's stream carries every todo's updates from the start. Tool results carry
 ``structuredContent`` (from 2025-06-18) and the same JSON as text. A refusal is a result with
 ``isError: true`` whose text is the API's error object as JSON, and which has no
 ``structuredContent``: the spec requires structured content to fit the tool's ``outputSchema``,
@@ -46,9 +52,10 @@ over 1 MiB, 406/415 wrong media types, 429 over the endpoint's request rate (wit
 (HTTP 200, as the SDKs' servers answer); a failure outside any method is -32603 with HTTP 500.
 Never Django's HTML error page.
 
-The endpoint's request rate is charged for ``tools/call`` only: the handshake and discovery
-(``initialize``, ``notifications/initialized``, ``server/discover``, ``ping``, ``tools/list``) are
-free, so an endpoint vended with a low ``--rps`` can still connect. Each ``tools/call`` of a batch
+The endpoint's request rate is charged for ``tools/call``, ``resources/read`` and
+``resources/list`` only: the handshake and discovery (``initialize``,
+``notifications/initialized``, ``server/discover``, ``ping``, ``tools/list``,
+``resources/templates/list``) are free, so an endpoint vended with a low ``--rps`` can still connect. Each ``tools/call`` of a batch
 is charged as if sent alone: one over the rate is answered in the batch with a JSON-RPC error
 (-32000, the API's ``rate_limited`` object, with ``retry_after``, as ``data``) and not run.
 """
@@ -66,6 +73,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
+from uuid import UUID
 
 import redis
 from django.conf import settings
@@ -84,6 +92,7 @@ from switchboard.core.errors import (
     DomainError,
     Forbidden,
     InvalidArgument,
+    NotFound,
     RateLimited,
     Unauthorized,
 )
@@ -114,6 +123,22 @@ SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
 
 TODO_URI = "switchboard://todos/"
 READY_META = "io.switchboard/todo_ready"
+# What the server offers: the tools, and the endpoint's todos as resources (listed a page at a
+# time, read by URI, subscribed: the doorbell's rings are their updates).
+CAPABILITIES = {
+    "tools": {"listChanged": False},
+    "resources": {"subscribe": True, "listChanged": False},
+}
+# Methods charged to the endpoint's request rate (see the module docstring).
+CHARGED = frozenset({"tools/call", "resources/read", "resources/list"})
+TODO_TEMPLATE = {
+    "uriTemplate": TODO_URI + "{id}",
+    "name": "todo",
+    "title": "A todo of this endpoint",
+    "description": "The todo as get_todo answers it: state, attempt, lease, payload, result, "
+    "and why it waits (admission, explain).",
+    "mimeType": "application/json",
+}
 SUBSCRIPTION_ID_KEY = "io.modelcontextprotocol/subscriptionId"
 
 SERVER_ERROR = -32000  # JSON-RPC's implementation-defined range: a transport refusal
@@ -342,7 +367,7 @@ def _post(request: Incoming, actor: AgentActor) -> Reply | HttpResponseBase:
     except ValueError as exc:
         error = RpcError(PARSE_ERROR, f"Parse error: the body is not JSON ({not_json(exc)})")
         return _rpc_error(None, error, 400)
-    if isinstance(message, dict) and message.get("method") == "tools/call":
+    if isinstance(message, dict) and message.get("method") in CHARGED:
         check_endpoint_rate(actor.endpoint)  # a batch's calls are charged one by one (_legacy)
     version = _header(request, "MCP-Protocol-Version")
     if version is not None and version not in HANDSHAKE_VERSIONS:
@@ -606,7 +631,7 @@ def _modern_dispatch(actor: AgentActor, req: Request) -> dict[str, Any] | ToolRe
     if req.method == "server/discover":
         return {
             "supportedVersions": [*MODERN_VERSIONS, *HANDSHAKE_VERSIONS],
-            "capabilities": {"tools": {"listChanged": False}},
+            "capabilities": CAPABILITIES,
             "instructions": _instructions(actor),
             "ttlMs": 0,
             "cacheScope": "private",
@@ -615,6 +640,8 @@ def _modern_dispatch(actor: AgentActor, req: Request) -> dict[str, Any] | ToolRe
         return {**_tools_list(actor, version, req.params), "ttlMs": 0, "cacheScope": "private"}
     if req.method == "tools/call":
         return _tools_call(actor, req.params, version)
+    if req.method in RESOURCE_METHODS and req.method not in SUBSCRIBE_METHODS:
+        return {**_resources(actor, req), "ttlMs": 0, "cacheScope": "private"}
     raise RpcError(METHOD_NOT_FOUND, f"Method not found: {req.method}")
 
 
@@ -811,7 +838,7 @@ def _legacy(request: Incoming, actor: AgentActor, message: Any) -> Reply:
         def handle_charged(req: Request) -> dict[str, Any] | None:
             # Each call of a batch is charged as a request alone is: one over the rate is
             # refused in its own answer (the others keep theirs), never run uncharged.
-            if req.method == "tools/call":
+            if req.method in CHARGED:
                 try:
                     check_endpoint_rate(actor.endpoint)
                 except RateLimited as exc:
@@ -891,7 +918,7 @@ def _initialize(actor: AgentActor, message: dict[str, Any]) -> Reply:
     session_id = _session_create(actor, version)
     result = {
         "protocolVersion": version,
-        "capabilities": {"tools": {"listChanged": False}},
+        "capabilities": CAPABILITIES,
         "serverInfo": SERVER_INFO,
         "instructions": _instructions(actor),
     }
@@ -913,4 +940,82 @@ def _legacy_dispatch(
         return _tools_list(actor, version, req.params)
     if req.method == "tools/call":
         return _tools_call(actor, req.params, version).as_dict()
+    if req.method in RESOURCE_METHODS:
+        return _resources(actor, req)
     raise RpcError(METHOD_NOT_FOUND, f"Method not found: {req.method}")
+
+
+# --- the endpoint's todos as resources ----------------------------------------------------------
+
+SUBSCRIBE_METHODS = frozenset({"resources/subscribe", "resources/unsubscribe"})
+RESOURCE_METHODS = frozenset(
+    {"resources/list", "resources/templates/list", "resources/read", *SUBSCRIBE_METHODS}
+)
+
+
+def _resources(actor: AgentActor, req: Request) -> dict[str, Any]:
+    """``resources/*``: the endpoint's todos, ``switchboard://todos/<id>``. Listing needs the
+    list_todos verb and reading get_todo (a refusal is the transport's 403, as a tool's grant);
+    a subscription is acknowledged and changes nothing: a handshake session's stream carries
+    every todo's updates from the start (the doorbell rings by endpoint, not by URI)."""
+    if req.method == "resources/templates/list":
+        if req.params.get("cursor") is not None:
+            raise RpcError(INVALID_PARAMS, "params.cursor is not one this server gave out")
+        return {"resourceTemplates": [TODO_TEMPLATE]}
+    if req.method == "resources/list":
+        return _resources_list(actor, req.params.get("cursor"))
+    uri = req.params.get("uri")
+    if not isinstance(uri, str):
+        raise RpcError(INVALID_PARAMS, f"{req.method} needs params.uri, a todo's URI")
+    if req.method in SUBSCRIBE_METHODS:
+        _todo_id(uri)  # a URI of ours, or refused
+        return {}
+    return _resources_read(actor, uri)
+
+
+def _todo_id(uri: str) -> str:
+    todo_id = uri.removeprefix(TODO_URI) if uri.startswith(TODO_URI) else ""
+    try:
+        return str(UUID(todo_id)) if todo_id and "/" not in todo_id else _no_such(uri)
+    except ValueError:
+        return _no_such(uri)
+
+
+def _no_such(uri: str) -> str:
+    # As the official SDK's server answers it (and 2025-11-25 on: -32002 is retired).
+    raise RpcError(INVALID_PARAMS, f"Resource not found: {uri}", {"uri": uri})
+
+
+def _resources_list(actor: AgentActor, cursor: Any) -> dict[str, Any]:
+    if cursor is not None and not isinstance(cursor, str):
+        raise RpcError(INVALID_PARAMS, "params.cursor must be a string this server gave out")
+    spec = verbs.get("list_todos")
+    assert spec is not None
+    try:
+        page = verbs.call(actor, spec, spec.parse({"limit": 100, "cursor": cursor}))
+    except InvalidArgument:
+        raise RpcError(INVALID_PARAMS, "params.cursor is not one this server gave out") from None
+    resources = [
+        {
+            "uri": f"{TODO_URI}{todo['id']}",
+            "name": str(todo["id"]),
+            "title": todo["title"],
+            "description": f"{todo['state']} on {todo['queue']}",
+            "mimeType": "application/json",
+        }
+        for todo in page["todos"]
+    ]
+    result: dict[str, Any] = {"resources": resources}
+    if page.get("next_cursor"):
+        result["nextCursor"] = page["next_cursor"]
+    return result
+
+
+def _resources_read(actor: AgentActor, uri: str) -> dict[str, Any]:
+    spec = verbs.get("get_todo")
+    assert spec is not None
+    try:
+        text = _as_dumped(verbs.call_json(actor, spec, spec.parse({"id": _todo_id(uri)})))
+    except NotFound:
+        _no_such(uri)
+    return {"contents": [{"uri": uri, "mimeType": "application/json", "text": text}]}

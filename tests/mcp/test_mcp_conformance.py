@@ -27,13 +27,19 @@ RUNS = {
     "2026-07-28": ["--requirements", "2026-07-28"],
 }
 
-NO_RESOURCES = "Switchboard serves tools only: no resources"
+FIXTURE_RESOURCE = (
+    "reads the suite's own fixture resources (test://...); Switchboard's are its todos "
+    "(switchboard://todos/<id>), read and subscribed in test_mcp_http.py"
+)
 NO_PROMPTS = "Switchboard serves tools only: no prompts"
 FIXTURE_TOOL = "needs one of the suite's own diagnostic tools (test_*), which a real server lacks"
 NO_CLIENT_INPUT = "no tool asks the client for input (sampling, elicitation, roots)"
 # Whole scenarios for features not offered, by name prefix.
 NOT_OFFERED = {
-    "resources-": NO_RESOURCES,
+    "resources-read-": FIXTURE_RESOURCE,
+    "resources-templates-read": FIXTURE_RESOURCE,
+    "resources-subscribe": FIXTURE_RESOURCE,
+    "resources-unsubscribe": FIXTURE_RESOURCE,
     "prompts-": NO_PROMPTS,
     "completion-complete": "no completions (they complete prompt and resource arguments)",
     "logging-set-level": "no logging capability",
@@ -42,7 +48,7 @@ NOT_OFFERED = {
     "tools-call-simple-text": FIXTURE_TOOL,
     "tools-call-image": FIXTURE_TOOL + "; no tool returns images",
     "tools-call-audio": FIXTURE_TOOL + "; no tool returns audio",
-    "tools-call-embedded-resource": FIXTURE_TOOL + "; " + NO_RESOURCES,
+    "tools-call-embedded-resource": FIXTURE_TOOL + "; no tool returns a resource",
     "tools-call-mixed-content": FIXTURE_TOOL + "; tools return JSON text only",
     # Tool errors themselves are covered by test_mcp_typescript.py and test_mcp_http.py.
     "tools-call-error": FIXTURE_TOOL + " (test_error_handling)",
@@ -57,8 +63,6 @@ NOT_OFFERED = {
 # Single checks inside scenarios that otherwise must pass.
 NOT_OFFERED_CHECKS = {
     ("caching", "sep-2549-prompts-list-caching-hints"): NO_PROMPTS,
-    ("caching", "sep-2549-resources-list-caching-hints"): NO_RESOURCES,
-    ("caching", "sep-2549-resources-templates-list-caching-hints"): NO_RESOURCES,
     ("server-stateless", "sep-2575-server-rejects-undeclared-capability"): FIXTURE_TOOL,
     ("server-stateless", "sep-2575-missing-capability-http-400"): FIXTURE_TOOL,
     ("server-stateless", "sep-2575-http-server-no-independent-requests-on-stream"): FIXTURE_TOOL,
@@ -71,6 +75,7 @@ MUST_PASS = {
         "server-session-lifecycle",
         "ping",
         "tools-list",
+        "resources-list",
         "dns-rebinding-protection",
     },
     "2026-07-28": {

@@ -131,7 +131,10 @@ def test_initialize_answers_a_served_version_with_a_session(agent: Mcp, version:
     assert response.status_code == 200
     result = response.json()["result"]
     assert result["protocolVersion"] == version
-    assert result["capabilities"] == {"tools": {"listChanged": False}}
+    assert result["capabilities"] == {
+        "tools": {"listChanged": False},
+        "resources": {"subscribe": True, "listChanged": False},
+    }
     assert result["serverInfo"]["name"] == "switchboard"
     assert response["Mcp-Session-Id"]
 
@@ -266,13 +269,68 @@ def test_an_unsupported_protocol_version_header_is_400_within_a_session(
 
 def test_an_unknown_method_is_method_not_found(agent: Mcp) -> None:
     agent.initialize()
-    response = agent.rpc("resources/list", id_=7)
+    response = agent.rpc("prompts/list", id_=7)
     assert response.status_code == 200
     assert response.json() == {
         "jsonrpc": "2.0",
         "id": 7,
-        "error": {"code": -32601, "message": "Method not found: resources/list"},
+        "error": {"code": -32601, "message": "Method not found: prompts/list"},
     }
+
+
+def test_the_endpoints_todos_are_resources_listed_read_and_subscribed(
+    personas: Personas, agent: Mcp
+) -> None:
+    """The stream's notifications/resources/updated named resources the server did not offer
+    (no resources capability; resources/read was -32601): now they are the todos."""
+    mine = push(personas, 3)
+    (theirs,) = push(personas, 1, endpoint=personas.foreign)
+    agent.initialize()
+    templates = agent.rpc("resources/templates/list").json()["result"]["resourceTemplates"]
+    assert [t["uriTemplate"] for t in templates] == ["switchboard://todos/{id}"]
+    listed = agent.rpc("resources/list").json()["result"]
+    uris = {r["uri"] for r in listed["resources"]}
+    assert uris == {f"switchboard://todos/{t.id}" for t in mine} and "nextCursor" not in listed
+    assert {r["title"] for r in listed["resources"]} == {t.title for t in mine}
+
+    uri = f"switchboard://todos/{mine[0].id}"
+    [content] = agent.rpc("resources/read", {"uri": uri}).json()["result"]["contents"]
+    assert (content["uri"], content["mimeType"]) == (uri, "application/json")
+    as_tool = _call(agent, "get_todo", {"id": str(mine[0].id)})["answer"]
+    assert json.loads(content["text"]) == as_tool
+    for missing in (
+        f"switchboard://todos/{theirs.id}",  # another endpoint's: not found, as get_todo's 404
+        "switchboard://todos/not-a-uuid",
+        "file:///etc/passwd",
+    ):
+        error = agent.rpc("resources/read", {"uri": missing}, id_="r").json()["error"]
+        assert error["code"] == -32602 and error["data"] == {"uri": missing}, missing
+    assert agent.rpc("resources/subscribe", {"uri": uri}).json()["result"] == {}
+    assert agent.rpc("resources/unsubscribe", {"uri": uri}).json()["result"] == {}
+    bad = agent.rpc("resources/subscribe", {"uri": "x://y"}).json()["error"]
+    assert bad["code"] == -32602
+
+
+def test_reading_a_todo_resource_takes_the_get_todo_grant_and_the_rate(
+    personas: Personas, client: Client
+) -> None:
+    (todo,) = push(personas, 1)
+    endpoint, token = services.endpoint_vend(
+        actor=FIXTURE,
+        owner=personas.owner,
+        name="Drain only",
+        queues=["inbox"],
+        verbs=["claim_next"],
+        rps=0.001,
+        burst=1,
+    )
+    drainer = Mcp(client, endpoint.slug, token)
+    drainer.initialize()
+    refused = drainer.rpc("resources/list")
+    assert refused.status_code == 403 and refused.json()["error"]["data"]["verb"] == "list_todos"
+    limited = drainer.rpc("resources/read", {"uri": f"switchboard://todos/{todo.id}"})
+    assert limited.status_code == 429  # the one token went to resources/list
+    assert drainer.rpc("resources/templates/list").status_code == 200  # discovery is free
 
 
 def test_malformed_json_is_a_parse_error(agent: Mcp) -> None:
@@ -546,7 +604,10 @@ def test_discover_names_the_versions_and_the_tools_capability(agent: Mcp) -> Non
     result = response.json()["result"]
     assert result["supportedVersions"][0] == MODERN
     assert set(mcp.HANDSHAKE_VERSIONS) <= set(result["supportedVersions"])
-    assert result["capabilities"] == {"tools": {"listChanged": False}}
+    assert result["capabilities"] == {
+        "tools": {"listChanged": False},
+        "resources": {"subscribe": True, "listChanged": False},
+    }
     assert result["resultType"] == "complete"
     assert result["ttlMs"] == 0 and result["cacheScope"] == "private"
     assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "switchboard"

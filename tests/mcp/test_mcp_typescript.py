@@ -76,6 +76,26 @@ def test_a_typescript_agent_works_and_reads_every_refusal(
     assert mine.state == TodoState.DONE and mine.result == {"ok": True}
 
 
+def test_a_typescript_agent_lists_and_reads_its_todos_as_resources(
+    tx_personas: Personas, live_url: str, js_clients: Path
+) -> None:
+    (todo,) = push(tx_personas, 1)
+    report = run_agent(
+        js_clients,
+        f"{live_url}/mcp/{tx_personas.agent.slug}",
+        tx_personas.agent_token,
+        [["$resources", {}]],
+    )
+    [resources] = report["calls"]
+    assert "thrown" not in resources, resources
+    uri = f"switchboard://todos/{todo.id}"
+    assert resources["templates"] == ["switchboard://todos/{id}"]
+    assert resources["uris"] == [uri]
+    first = resources["first"]
+    assert (first["uri"], first["mimeType"]) == (uri, "application/json")
+    assert first["text"]["todo"]["id"] == str(todo.id)
+
+
 def test_a_typescript_agent_connects_to_an_endpoint_limited_to_one_request_a_second(
     tx_personas: Personas, live_url: str, js_clients: Path
 ) -> None:
