@@ -15,6 +15,7 @@ from django.contrib import messages
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.http import urlencode
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 from django_htmx.http import reswap, retarget
@@ -270,6 +271,14 @@ def _todo_context(request: HttpRequest, viewer: Viewer, todo_id: UUID) -> dict[s
         actions = [
             a for a in _actions_for(todo.state, todo.dead_letter) if a in selectors.BULK_ACTIONS
         ]
+    # A lapsed lease: complete and fail are refused (lease_lapsed), only a release is not.
+    lease_lapsed = (
+        todo.state == TodoState.CLAIMED
+        and todo.lease_expires_at is not None
+        and todo.lease_expires_at <= timezone.now()
+    )
+    if lease_lapsed:
+        actions = [a for a in actions if a == "release"]
     # A retry the service would refuse is not offered; the page says why instead.
     retry_refusal = selectors.retry_refusal(todo) if "retry" in actions else None
     if retry_refusal is not None:
@@ -285,6 +294,7 @@ def _todo_context(request: HttpRequest, viewer: Viewer, todo_id: UUID) -> dict[s
         "explain": selectors.todo_explain(todo),
         "can_act": can_act,
         "actions": actions,
+        "lease_lapsed": lease_lapsed,
         "retry_refusal": retry_refusal.message if retry_refusal else "",
         "here": back,
         # Actions come back here (the drawer with htmx, the page without), keeping the way back.

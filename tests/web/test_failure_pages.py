@@ -13,7 +13,7 @@ from django.test import Client
 from queues import services
 from queues.models import Todo, TodoState
 from switchboard.ledger.models import LedgerEntry, LedgerKind
-from tests.conftest import Personas, audit_rows, make_retry_due, push
+from tests.conftest import Personas, audit_rows, lapse, make_retry_due, push
 from tests.web.conftest import signed_in
 
 
@@ -203,3 +203,24 @@ def test_auditors_and_unknown_actions_are_refused(personas: Personas, client: Cl
     assert auditor.post("/todos/bulk/retry", {"selection": "x"}).status_code == 403
     assert signed_in(p.owner).get("/todos/bulk/explode").status_code == 404
     assert client.get("/todos/bulk/retry").status_code == 302  # signed out: to the sign-in
+
+
+def test_a_lapsed_lease_reads_lapsed_and_offers_only_its_release(personas: Personas) -> None:
+    """It read "Attempt 1 · in flight" and "Lease until" a past time, and offered Complete and
+    Fail, which the service refuses (lease_lapsed)."""
+    p = personas
+    [todo] = push(p, 1, max_attempts=2)
+    services.claim(actor=p.as_agent(), todo_id=todo.id, claimant="worker-7")
+    client = signed_in(p.owner)
+    page = client.get(f"/todos/{todo.id}").content.decode()
+    assert "Lease until" in page and "in flight" in page
+    assert f'action="/todos/{todo.id}/complete"' in page
+    lapse(todo)
+    page = client.get(f"/todos/{todo.id}").content.decode()
+    assert "Lease lapsed" in page and "the next claim takes it over" in page
+    assert "Lease until" not in page and "· lapsed" in page and "in flight" not in page
+    assert f'action="/todos/{todo.id}/release"' in page
+    for refused in ("complete", "fail"):
+        assert f'action="/todos/{todo.id}/{refused}"' not in page
+    client.post(f"/todos/{todo.id}/release")
+    assert Todo.objects.get(pk=todo.pk).state == TodoState.PENDING
