@@ -6,7 +6,6 @@ summary counts what was done, each refusal a warning of its own."""
 
 from __future__ import annotations
 
-from datetime import UTC
 from typing import Any
 
 from django import forms
@@ -17,7 +16,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 
-from queues import access, pauses, services
+from queues import access, pauses, selectors, services
 from queues.access import HumanActor
 from queues.models import (
     BASIC_VERBS,
@@ -33,9 +32,8 @@ from queues.models import (
 )
 from switchboard.core import versions
 from switchboard.core.admins import ServiceFormAdmin, ServiceModelForm, StrictAdmin
-from switchboard.core.errors import DomainError, PreconditionFailed
+from switchboard.core.errors import DomainError
 from switchboard.core.pages import isolated
-from switchboard.ledger.models import LedgerEntry, LedgerKind
 
 # The services' names for the endpoint's fields where the model's differ.
 ENDPOINT_SERVICE_FIELDS = {
@@ -127,56 +125,22 @@ class EndpointChangeForm(ServiceModelForm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["version"].initial = endpoint_version(self.instance)
+        self.fields["version"].initial = selectors.endpoint_version(self.instance)
 
     def write(self) -> Endpoint:
         assert self.request is not None
         data = self.cleaned_data
-        # Locked until the form's savepoint ends, so no write lands between the check and the
-        # change. A form without a version (made before pages carried one) writes as before.
-        endpoint = Endpoint.objects.select_for_update().get(pk=self.instance.pk)
-        _check_unchanged(endpoint, versions.named(data.get("version") or None))
+        # A form without a version (made before pages carried one) writes as before.
         return services.endpoint_update(
-            endpoint=endpoint,
+            endpoint=Endpoint.objects.get(pk=self.instance.pk),
             actor=_actor(self.request),
+            expected=versions.named(data.get("version") or None),
             **{
                 arg: data[name]
                 for name, arg in ENDPOINT_UPDATE_ARGUMENTS.items()
                 if name in self.changed_data
             },
         )
-
-
-def endpoint_version(endpoint: Endpoint) -> str:
-    """The version of what the change form edits (``switchboard.core.versions``): a digest of
-    those fields, so it moves with every write that changes one of them and with nothing else
-    (a claim's ``last_seen_at``, a hook's failure)."""
-    return versions.digest(
-        {name: endpoint.serializable_value(name) for name in ENDPOINT_UPDATE_ARGUMENTS}
-    )
-
-
-def _check_unchanged(endpoint: Endpoint, expected: tuple[str, ...] | None) -> None:
-    """Refuse a save over an endpoint that is not as its form showed it, naming who changed it
-    last and when (its ledger's last update row)."""
-    if versions.holds(expected, endpoint_version(endpoint)):
-        return
-    last = (
-        LedgerEntry.objects.filter(
-            kind=LedgerKind.ENDPOINT_UPDATE, scope=f"endpoint:{endpoint.slug}"
-        )
-        .order_by("-seq")
-        .first()
-    )
-    by = ""
-    if last is not None:
-        who = last.actor_human_name or last.actor_endpoint_slug or "someone"
-        by = f" (last changed by {who} at {last.at.astimezone(UTC).isoformat(timespec='seconds')})"
-    raise PreconditionFailed(
-        f"endpoint {endpoint.slug} changed since this form was opened{by}: nothing was written; "
-        "open it again to see the change",
-        scope=f"endpoint:{endpoint.slug}",
-    )
 
 
 class AttemptInline(admin.TabularInline):

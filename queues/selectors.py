@@ -30,9 +30,11 @@ from queues.models import (
     Todo,
     TodoState,
 )
+from switchboard.core import versions
 from switchboard.core.errors import Conflict, InvalidArgument, NotFound
 from switchboard.core.times import iso
 from switchboard.core.validation import fullmatch
+from switchboard.ledger.models import LedgerEntry, LedgerKind
 
 MAX_PAGE = 200
 
@@ -476,6 +478,40 @@ def bulk_rows(actor: HumanActor, action: str, selection: Selection) -> QuerySet[
             narrowed |= Q(endpoint_id=endpoint_id, queue=queue)
         qs = qs.filter(narrowed)
     return qs.order_by("id")
+
+
+# What endpoint_update changes (the admin's change form edits exactly these).
+ENDPOINT_EDITABLE = (
+    "name",
+    "owner",
+    "notify_url",
+    "default_lease_ttl_seconds",
+    "rate_limit_rps",
+    "rate_limit_burst",
+)
+
+
+def endpoint_version(endpoint: Endpoint) -> str:
+    """The version of what can change of an endpoint after vend (``switchboard.core.versions``):
+    a digest of those fields, so it moves with every write that changes one of them and with
+    nothing else (a claim's ``last_seen_at``, a hook's failure)."""
+    return versions.digest({name: endpoint.serializable_value(name) for name in ENDPOINT_EDITABLE})
+
+
+def endpoint_last_change(endpoint: Endpoint) -> str:
+    """Who changed the endpoint last and when, from its ledger, as a refusal says it ("" when
+    the ledger holds no change of it)."""
+    last = (
+        LedgerEntry.objects.filter(
+            kind=LedgerKind.ENDPOINT_UPDATE, scope=f"endpoint:{endpoint.slug}"
+        )
+        .order_by("-seq")
+        .first()
+    )
+    if last is None:
+        return ""
+    who = last.actor_human_name or last.actor_endpoint_slug or "someone"
+    return f"last changed by {who} at {iso(last.at)}"
 
 
 def retryable(todos: QuerySet[Todo]) -> QuerySet[Todo]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Collection
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -12,7 +13,7 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from queues import access, hookguard, metrics, sql, wakes
+from queues import access, hookguard, metrics, selectors, sql, wakes
 from queues.access import HumanActor, SystemActor
 from queues.models import (
     BASIC_VERBS,
@@ -25,8 +26,8 @@ from queues.models import (
     check_slug,
     looks_like_uuid,
 )
-from switchboard.core import hotsettings, tokens, validation
-from switchboard.core.errors import Conflict, Forbidden, InvalidArgument
+from switchboard.core import hotsettings, tokens, validation, versions
+from switchboard.core.errors import Conflict, Forbidden, InvalidArgument, PreconditionFailed
 from switchboard.core.tokens import ENDPOINT_TOKEN_PREFIX, HUMAN_TOKEN_PREFIX, hash_token
 from switchboard.ledger import chain as ledger
 from switchboard.ledger.models import LedgerKind
@@ -305,8 +306,13 @@ def endpoint_update(
     lease_ttl_seconds: int | None = _UNSET,
     rps: float | None = _UNSET,
     burst: int | None = _UNSET,
+    expected: Collection[str] | None = None,
 ) -> Endpoint:
     """Change what may change after vend (scope never widens: revoke and vend again).
+
+    ``expected``: change only an endpoint at one of these versions (``selectors.
+    endpoint_version``, what a form showed), checked under the row lock; another is refused
+    naming who changed it last, and nothing is written.
 
     Setting a notify URL creates the hook's signing secret when the endpoint has none, so every
     hook is signed with a real key; clearing the URL clears the secret. Only a superuser gives an
@@ -347,6 +353,15 @@ def endpoint_update(
         locked = Endpoint.objects.select_for_update().select_related("owner").get(pk=endpoint.pk)
         if locked.state != EndpointState.ACTIVE:
             raise Conflict("the endpoint is revoked")
+        if not versions.holds(expected, selectors.endpoint_version(locked)):
+            last = selectors.endpoint_last_change(locked)
+            raise PreconditionFailed(
+                f"endpoint {locked.slug} changed since it was read"
+                + (f" ({last})" if last else "")
+                + ": nothing was written; read it again to see the change",
+                scope=f"endpoint:{locked.slug}",
+                version=selectors.endpoint_version(locked),
+            )
         before = _audited(locked)
         for field_name, value in changes.items():
             setattr(locked, field_name, value)

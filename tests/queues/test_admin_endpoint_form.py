@@ -158,9 +158,9 @@ def test_a_change_form_opened_before_anothers_save_is_refused_and_writes_nothing
     assert response.status_code == 200
     (refusal,) = _form_errors(response.content.decode())
     assert refusal.startswith(
-        f"endpoint {p.agent.slug} changed since this form was opened (last changed by ada at "
+        f"endpoint {p.agent.slug} changed since it was read (last changed by ada at "
     )
-    assert refusal.endswith("): nothing was written; open it again to see the change")
+    assert refusal.endswith("): nothing was written; read it again to see the change")
     p.agent.refresh_from_db()
     assert (p.agent.name, p.agent.rate_limit_rps) == ("Renamed in A", 0.0)
     assert LedgerEntry.objects.count() == entries

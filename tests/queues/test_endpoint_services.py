@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
-from queues import services
-from queues.models import HumanToken
-from switchboard.core.errors import Forbidden, InvalidArgument
+from queues import selectors, services
+from queues.admin import ENDPOINT_UPDATE_ARGUMENTS
+from queues.models import Endpoint, HumanToken
+from switchboard.core import versions
+from switchboard.core.errors import Forbidden, InvalidArgument, PreconditionFailed
 from switchboard.ledger import chain
 from switchboard.ledger.models import LedgerEntry, LedgerKind
 from tests.conftest import FIXTURE, Personas, push
@@ -94,3 +97,31 @@ def test_the_admin_deletes_neither_todos_nor_tokens(personas: Personas) -> None:
         f"/admin/queues/humantoken/{token.pk}/change/", {"user": p.other_owner.pk, "name": "x"}
     )
     assert HumanToken.objects.get(pk=token.pk).user_id == p.owner.pk
+
+
+def test_an_update_over_a_version_changes_only_the_endpoint_as_read(personas: Personas) -> None:
+    """The version of what may change after vend (selectors.endpoint_version): the admin's change
+    form carries it; a write over another is refused, naming who changed it, and writes
+    nothing."""
+    p = personas
+    read = selectors.endpoint_version(p.agent)
+    assert set(selectors.ENDPOINT_EDITABLE) == set(ENDPOINT_UPDATE_ARGUMENTS)
+    services.endpoint_update(endpoint=p.agent, actor=p.as_human(p.admin), name="Renamed")
+    with pytest.raises(PreconditionFailed) as refused:
+        services.endpoint_update(
+            endpoint=p.agent, actor=p.as_human(), rps=5.0, expected=versions.named(read)
+        )
+    assert "last changed by ada" in refused.value.message
+    assert refused.value.details["version"] == selectors.endpoint_version(
+        Endpoint.objects.get(pk=p.agent.pk)
+    )
+    assert Endpoint.objects.get(pk=p.agent.pk).rate_limit_rps == p.agent.rate_limit_rps
+    now = refused.value.details["version"]
+    done = services.endpoint_update(
+        endpoint=p.agent, actor=p.as_human(), rps=5.0, expected=versions.named(now)
+    )
+    assert done.rate_limit_rps == 5.0
+    # Work moves last_seen_at, not the version.
+    before = selectors.endpoint_version(done)
+    Endpoint.objects.filter(pk=done.pk).update(last_seen_at=timezone.now())
+    assert selectors.endpoint_version(Endpoint.objects.get(pk=done.pk)) == before
