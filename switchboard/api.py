@@ -67,7 +67,61 @@ class _Renderer(JSONRenderer):
     encoder_class = _Encoder
 
 
-api = NinjaAPI(
+class _SwitchboardAPI(NinjaAPI):
+    """The document states what every operation may answer besides its own (``answers_of_all``)."""
+
+    def get_openapi_schema(self, *args: Any, **kwargs: Any) -> Any:
+        return answers_of_all(super().get_openapi_schema(*args, **kwargs))
+
+
+_ERROR = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}}
+_RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds to wait before trying again",
+        "schema": {"type": "integer", "minimum": 0},
+    }
+}
+# Answers any operation may give, whatever it does: a query parameter it does not take (or a
+# body it cannot read) is 400; PostgreSQL or Redis not answering is 503 (``When a dependency is
+# down`` in the README); an operation with a body refuses one over 1 MiB (413).
+_EVERY = {
+    "400": "invalid_argument, naming the field (a query parameter the operation does not take "
+    "included)",
+    "503": "unavailable: PostgreSQL or Redis did not answer in time; nothing was changed",
+}
+_WITH_BODY = {"413": "the request body is over 1 MiB"}
+# A budget's and a limit's version (If-Match / If-None-Match), on the answers that show it.
+_ETAG = {"ETag": {"description": "The version this answer shows", "schema": {"type": "string"}}}
+_VERSIONED = {
+    ("/api/v1/admission/{scope}/{queue}", "get"),
+    ("/api/v1/admission/{scope}/{queue}", "put"),
+    ("/api/v1/limits/{kind}/{name}", "put"),
+}
+
+
+def answers_of_all(schema: Any) -> Any:
+    """Each operation's answers, with those every operation may give (``_EVERY``), 413 where it
+    takes a body, and the headers that come with them: Retry-After on 429 and 503, ETag where
+    an answer shows a version."""
+    for path, operations in schema.get("paths", {}).items():
+        for method, operation in operations.items():
+            responses = operation.setdefault("responses", {})
+            codes = {str(code) for code in responses}
+            extra = dict(_EVERY)
+            if "requestBody" in operation or method in ("post", "put", "patch"):
+                extra.update(_WITH_BODY)
+            for code, description in extra.items():
+                if code not in codes:
+                    responses[int(code)] = {"description": description, "content": _ERROR}
+            for code, answer in responses.items():
+                if str(code) in ("429", "503"):
+                    answer.setdefault("headers", {}).update(_RETRY_AFTER)
+                if (path, method) in _VERSIONED and str(code) == "200":
+                    answer.setdefault("headers", {}).update(_ETAG)
+    return schema
+
+
+api = _SwitchboardAPI(
     renderer=_Renderer(),
     parser=EdgeParser(),
     title="Switchboard",

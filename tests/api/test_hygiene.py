@@ -186,3 +186,29 @@ def test_the_ledger_csv_neutralises_a_name_that_starts_like_a_formula(
     text = b"".join(response.streaming_content).decode()  # type: ignore[attr-defined]
     assert ",'@evil," in text
     assert ",@evil," not in text
+
+
+def test_the_document_states_what_every_operation_may_answer(personas: Personas) -> None:
+    """An unknown query parameter is 400 and a dependency down is 503 on every operation; the
+    document listed neither on most (GET /api/v1/queues: 200, 401, 403), and no Retry-After or
+    ETag header anywhere."""
+    from switchboard.api import api
+
+    document = api.get_openapi_schema()
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            answers = {str(code): answer for code, answer in operation["responses"].items()}
+            assert {"400", "503"} <= set(answers), (method, path)
+            if method in ("post", "put"):
+                assert "413" in answers, (method, path)
+            for limited in ("429", "503"):
+                if limited in answers:
+                    assert "Retry-After" in answers[limited]["headers"], (method, path, limited)
+    budget = document["paths"]["/api/v1/admission/{scope}/{queue}"]
+    assert "ETag" in budget["get"]["responses"][200]["headers"]
+    # What it says of an operation that took no parameter holds.
+    response = Client().get(
+        "/api/v1/queues?verbose=1",
+        headers={"Authorization": f"Bearer {human_token(personas.admin)}"},
+    )
+    assert response.status_code == 400 and response.json()["field"] == "verbose"
