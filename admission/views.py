@@ -37,7 +37,7 @@ from admission import selectors as admission_selectors
 from admission.forms import LedgerFilterForm, PolicyForm
 from admission.models import AdmissionPolicy
 from admission.policy import PolicySpec
-from queues.access import Viewer
+from queues.access import Viewer, visible_endpoints
 from queues.models import Endpoint, check_queue_name
 from switchboard.core import versions
 from switchboard.core.errors import (
@@ -472,12 +472,20 @@ def _chain_badge(viewer: Viewer) -> dict[str, Any]:
         detail = f"seq {problem['seq']}: {problem['problem']}. {problem['detail']}"
     elif report["drift"]:
         detail = "; ".join(f"{d['policy']}: {d['problem']}" for d in report["drift"][:3])
+    drift = report["drift"]
+    if not viewer.sees_all:
+        # An owner hears of their own budgets' drift, not of the fleet's.
+        mine = {
+            f"endpoint:{slug}/"
+            for slug in visible_endpoints(viewer.actor).values_list("slug", flat=True)
+        }
+        drift = [d for d in drift if any(d["policy"].startswith(prefix) for prefix in mine)]
     return {
-        "ok": stored.ok,
+        "ok": stored.ok if viewer.sees_all else (problem is None and not drift),
         # The whole ledger's size is the fleet's to know: only for who reads every row.
         "rows": report["rows"] if viewer.sees_all else None,
         "chain_ok": problem is None,
-        "drift": len(report["drift"]),
+        "drift": len(drift),
         "checked_at": stored.checked_at,
         # Owners see whether the chain holds; auditors and superusers also see where it breaks.
         "detail": detail if viewer.sees_all else "",

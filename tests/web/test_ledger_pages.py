@@ -12,6 +12,7 @@ from django.db import connection
 from django.http import QueryDict
 
 from admission import views as admission_views
+from admission.models import AdmissionPolicy
 from queues import pauses
 from switchboard.ledger import tasks as ledger_tasks
 from switchboard.ledger.models import LedgerCheck, LedgerEntry
@@ -212,3 +213,33 @@ def test_an_invalid_filter_names_the_fields_by_their_labels_and_offers_no_export
     assert "From: Enter a valid date." in html and "since:" not in html
     assert "Export CSV" not in html
     assert "Export CSV" in client.get("/ledger?since=2026-12-01").content.decode()
+
+
+def test_an_owner_hears_of_their_own_budgets_drift_not_the_fleets(personas: Personas) -> None:
+    """The badge showed an owner the fleet's count of drifted budgets."""
+    from admission import services as admission_services
+
+    p = personas
+    theirs = admission_services.policy_set(
+        actor=p.as_human(p.admin),
+        endpoint=p.foreign,
+        queue="inbox",
+        max_in_flight=1,
+        max_claims_per_window=None,
+        window=None,
+    )
+    mine = budget(p, max_in_flight=1)
+    drifted = AdmissionPolicy.objects.filter(pk=theirs.pk)
+    drifted.update(max_in_flight=7)  # behind the ledger's back
+    ledger_tasks.verify()
+
+    def badge(user: Any) -> str:
+        html = signed_in(user).get("/ledger").content.decode()
+        return html[html.index('class="chain-badge') :].split("</p>", 1)[0]
+
+    assert "Chain intact · 1 policy drifted" in badge(p.auditor)
+    assert "Chain verified" in badge(p.owner) and "drifted" not in badge(p.owner)
+    AdmissionPolicy.objects.filter(pk=mine.pk).update(max_in_flight=9)
+    ledger_tasks.verify()
+    assert "Chain intact · 2 policies drifted" in badge(p.auditor)
+    assert "Chain intact · 1 policy drifted" in badge(p.owner)
