@@ -18,7 +18,8 @@ from switchboard import mcp
 from switchboard.core import counters
 from switchboard.core.verbs import load_verbs
 from switchboard.embedded import free_port
-from tests.conftest import FIXTURE, Personas, push, self_budgeting
+from tests.conftest import FIXTURE, Personas, push, run_threads, self_budgeting
+from tests.mcp.conftest import initialize
 
 MODERN = "2026-07-28"
 ACCEPT = "application/json, text/event-stream"
@@ -549,6 +550,55 @@ def test_each_tool_call_of_a_batch_is_charged_to_the_endpoint_rate(
         assert error["data"]["retry_after"] >= 1
     assert answers["p"]["result"] == {}  # what is not charged still runs
     assert Todo.objects.filter(endpoint=endpoint).count() == 2
+
+
+def test_racing_batches_run_exactly_the_burst_of_tool_calls(
+    tx_personas: Personas, live_url: str
+) -> None:
+    """Six clients at once, each a batch of eight create_todo on its own session, against a
+    burst of five that does not refill during the test: five calls run, over every batch."""
+    endpoint, token = services.endpoint_vend(
+        actor=FIXTURE, owner=tx_personas.owner, name="Racer", queues=["inbox"], rps=1e-6, burst=5
+    )
+    url = f"{live_url}/mcp/{endpoint.slug}"
+    headers = {"Authorization": f"Bearer {token}", "Accept": ACCEPT}
+
+    def session() -> str:
+        opened = httpx.post(url, json=initialize("2025-03-26"), headers=headers, timeout=30)
+        return str(opened.headers["Mcp-Session-Id"])
+
+    sessions = [session() for _ in range(6)]
+    batch = [
+        {
+            "jsonrpc": "2.0",
+            "id": i,
+            "method": "tools/call",
+            "params": {"name": "create_todo", "arguments": {"queue": "inbox", "title": f"t{i}"}},
+        }
+        for i in range(8)
+    ]
+
+    def send(i: int) -> list[dict[str, Any]]:
+        answer = httpx.post(
+            url,
+            json=batch,
+            headers={
+                **headers,
+                "Mcp-Session-Id": sessions[i],
+                "MCP-Protocol-Version": "2025-03-26",
+            },
+            timeout=60,
+        )
+        assert answer.status_code == 200, answer.text
+        answers: list[dict[str, Any]] = answer.json()
+        return answers
+
+    answers = [a for batch_answers in run_threads(6, send) for a in batch_answers]
+    ran = [a for a in answers if "result" in a]
+    limited = [a for a in answers if "error" in a]
+    assert (len(ran), len(limited)) == (5, 43)
+    assert all(a["error"]["data"]["code"] == "rate_limited" for a in limited)
+    assert Todo.objects.filter(endpoint=endpoint).count() == 5
 
 
 def test_a_session_without_batches_takes_none_whatever_its_header_names(agent: Mcp) -> None:
