@@ -495,7 +495,10 @@ def endpoint_version(endpoint: Endpoint) -> str:
     """The version of what can change of an endpoint after vend (``switchboard.core.versions``):
     a digest of those fields, so it moves with every write that changes one of them and with
     nothing else (a claim's ``last_seen_at``, a hook's failure)."""
-    return versions.digest({name: endpoint.serializable_value(name) for name in ENDPOINT_EDITABLE})
+    values = {name: endpoint.serializable_value(name) for name in ENDPOINT_EDITABLE}
+    if values["rate_limit_rps"] is not None:  # 5 as given, 5.0 as read back: one version
+        values["rate_limit_rps"] = float(values["rate_limit_rps"])
+    return versions.digest(values)
 
 
 def endpoint_last_change(endpoint: Endpoint) -> str:

@@ -14,7 +14,7 @@ from switchboard.core import versions
 from switchboard.core.errors import Forbidden, InvalidArgument, PreconditionFailed
 from switchboard.ledger import chain
 from switchboard.ledger.models import LedgerEntry, LedgerKind
-from tests.conftest import FIXTURE, Personas, push
+from tests.conftest import FIXTURE, Personas, push, run_threads
 
 
 def _kinds() -> list[str]:
@@ -105,6 +105,8 @@ def test_an_update_over_a_version_changes_only_the_endpoint_as_read(personas: Pe
     nothing."""
     p = personas
     read = selectors.endpoint_version(p.agent)
+    # The same endpoint as vended (rps given as 0) and as read back (0.0): one version.
+    assert read == selectors.endpoint_version(Endpoint.objects.get(pk=p.agent.pk))
     assert set(selectors.ENDPOINT_EDITABLE) == set(ENDPOINT_UPDATE_ARGUMENTS)
     services.endpoint_update(endpoint=p.agent, actor=p.as_human(p.admin), name="Renamed")
     with pytest.raises(PreconditionFailed) as refused:
@@ -125,3 +127,26 @@ def test_an_update_over_a_version_changes_only_the_endpoint_as_read(personas: Pe
     before = selectors.endpoint_version(done)
     Endpoint.objects.filter(pk=done.pk).update(last_seen_at=timezone.now())
     assert selectors.endpoint_version(Endpoint.objects.get(pk=done.pk)) == before
+
+
+def test_racing_updates_over_one_version_land_exactly_one(tx_personas: Personas) -> None:
+    """Eight writers read the same version and write at once: the row lock orders them, the
+    first lands and the other seven find the version moved on."""
+    p = tx_personas
+    read = versions.named(selectors.endpoint_version(p.agent))
+
+    def update(i: int) -> str:
+        try:
+            services.endpoint_update(
+                endpoint=p.agent, actor=p.as_human(), name=f"Writer {i}", expected=read
+            )
+        except PreconditionFailed:
+            return "refused"
+        return "landed"
+
+    outcomes = run_threads(8, update)
+    assert sorted(outcomes) == ["landed"] + ["refused"] * 7
+    name = Endpoint.objects.get(pk=p.agent.pk).name
+    assert name == f"Writer {outcomes.index('landed')}"
+    changes = LedgerEntry.objects.filter(kind=LedgerKind.ENDPOINT_UPDATE, scope="endpoint:agent")
+    assert changes.count() == 1
