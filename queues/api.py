@@ -289,6 +289,7 @@ def bulk_preview(request: HttpRequest, action: BulkAction, data: BulkSelectionIn
         "count": preview.count,
         "sample": todos_out(preview.sample),
         "selection": preview.token,
+        "left_out": preview.left_out,
     }
 
 

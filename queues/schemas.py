@@ -519,6 +519,11 @@ class BulkPreviewOut(Schema):
     count: int
     sample: list[TodoOut]
     selection: str
+    left_out: int = Field(
+        default=0,
+        description="retry: failed todos of the selection it leaves out (a revoked endpoint's, "
+        "or one whose idempotency key another todo holds now); the count does not hold them",
+    )
 
 
 class BulkDoneOut(Schema):

@@ -452,7 +452,9 @@ class Selection:
         return self
 
 
-def bulk_rows(actor: HumanActor, action: str, selection: Selection) -> QuerySet[Todo]:
+def bulk_rows(
+    actor: HumanActor, action: str, selection: Selection, *, retryable_only: bool = True
+) -> QuerySet[Todo]:
     """The todos a bulk action would change: the selection's, in the states the action takes,
     on endpoints the actor may change. Ordered by id, the order the service locks them in."""
     if action not in BULK_ACTIONS:
@@ -470,7 +472,7 @@ def bulk_rows(actor: HumanActor, action: str, selection: Selection) -> QuerySet[
         states=[selection.state] if selection.state else [],
         q=selection.q,
     ).filter(state__in=BULK_ACTIONS[action])
-    if action == "retry":
+    if action == "retry" and retryable_only:
         qs = retryable(qs)
     if selection.identities is not None:
         narrowed = Q(pk__in=[])
@@ -588,11 +590,17 @@ class BulkPreview:
     count: int
     sample: list[Todo]
     token: str
+    # A retry's: failed todos of the selection it leaves out (``retryable``: a revoked
+    # endpoint's, or one whose idempotency key another todo holds).
+    left_out: int = 0
 
 
 def bulk_preview(*, actor: HumanActor, action: str, selection: Selection) -> BulkPreview:
     rows = bulk_rows(actor, action, selection)
-    versions = list(rows.values_list("id", "state", "updated_at"))
-    sample_ids = [row[0] for row in versions[:BULK_SAMPLE]]
+    seen = list(rows.values_list("id", "state", "updated_at"))
+    sample_ids = [row[0] for row in seen[:BULK_SAMPLE]]
     sample = list(Todo.objects.filter(pk__in=sample_ids).select_related("endpoint").order_by("id"))
-    return BulkPreview(action, len(versions), sample, selection_token(versions))
+    left_out = 0
+    if action == "retry":
+        left_out = bulk_rows(actor, action, selection, retryable_only=False).count() - len(seen)
+    return BulkPreview(action, len(seen), sample, selection_token(seen), left_out)

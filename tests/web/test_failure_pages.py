@@ -94,6 +94,9 @@ def test_a_retry_the_service_would_refuse_is_not_offered_and_the_page_says_why(
     assert f'action="/todos/{dead.id}/retry"' not in page
     assert f'action="/todos/{dead.id}/discard"' in page
     assert "Retry is not offered" in page and "agent is revoked" in page
+    # The board's bulk retry leaves it out, and its confirmation says so.
+    bulk = client.get("/todos/bulk/retry?state=dead_letter").content.decode()
+    assert "Nothing to retry" in bulk and "1 failed todo of the selection is left out" in bulk
     # A retry posted anyway (a page open from before the revoke) is refused, and says why.
     response = client.post(f"/todos/{dead.id}/retry", follow=True)
     assert "agent is revoked" in response.content.decode()
