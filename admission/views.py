@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
@@ -39,7 +40,7 @@ from admission.models import AdmissionPolicy
 from admission.policy import PolicySpec
 from queues.access import Viewer, visible_endpoints
 from queues.models import Endpoint, check_queue_name
-from switchboard.core import versions
+from switchboard.core import ratelimit, versions
 from switchboard.core.errors import (
     DomainError,
     Forbidden,
@@ -495,8 +496,18 @@ def _chain_badge(viewer: Viewer) -> dict[str, Any]:
 @require_POST
 @console_login_required
 def ledger_verify_view(request: HttpRequest) -> HttpResponse:
-    """Verify the chain now (it reads every row) and show the ledger with the fresh result."""
-    ledger.check()
+    """Verify the chain now (it reads every row) and show the ledger with the fresh result. Each
+    person may ask so often (``LEDGER_VERIFY_RATE_LIMIT``): a verify reads the whole ledger, so
+    a button held down, or a script, would have the web process do nothing else."""
+    rate, burst = settings.LEDGER_VERIFY_RATE_LIMIT
+    allowed, wait = ratelimit.take(f"ledger-verify:{request.user.pk}", rate=rate, burst=burst)
+    if allowed:
+        ledger.check()
+    else:
+        messages.warning(
+            request,
+            f"The chain was verified a moment ago (the badge shows it); verify again in {wait} s.",
+        )
     return redirect("ledger")
 
 

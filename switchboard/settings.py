@@ -260,6 +260,8 @@ QUEUE_SETTINGS_CACHE_SECONDS = 2.0
 ENDPOINT_RATE_LIMIT = env_rate("ENDPOINT_RATE_LIMIT", "20/40")
 # Writes to admission policies, per human.
 POLICY_WRITE_RATE_LIMIT = env_rate("POLICY_WRITE_RATE_LIMIT", "1/10")
+# The console's "Verify now" reads every ledger row: per person, one every 30 s, a burst of 2.
+LEDGER_VERIFY_RATE_LIMIT = env_rate("LEDGER_VERIFY_RATE_LIMIT", "0.0333/2")
 # Sign-in attempts per account (console and admin), switchboard/console/signin.py.
 SIGNIN_RATE_LIMIT = env_rate("SIGNIN_RATE_LIMIT", "0.05/10")
 # Retention: admission windows older than this many days are pruned.

@@ -243,3 +243,19 @@ def test_an_owner_hears_of_their_own_budgets_drift_not_the_fleets(personas: Pers
     ledger_tasks.verify()
     assert "Chain intact · 2 policies drifted" in badge(p.auditor)
     assert "Chain intact · 1 policy drifted" in badge(p.owner)
+
+
+def test_verify_now_is_rationed_per_person(personas: Personas, settings: Any) -> None:
+    """Each verify reads every ledger row: any signed-in person could keep the web process at
+    it. A burst of two, then one each 30 s; a refusal says when, and reads nothing."""
+    settings.LEDGER_VERIFY_RATE_LIMIT = (1 / 30, 2)
+    client = signed_in(personas.owner)
+    for _ in range(2):
+        assert client.post("/ledger/verify").status_code == 302
+    checked = list(LedgerCheck.objects.values_list("pk", "checked_at"))
+    refused = client.post("/ledger/verify", follow=True).content.decode()
+    assert "verify again in" in refused
+    assert list(LedgerCheck.objects.values_list("pk", "checked_at")) == checked
+    # Another person has their own ration.
+    assert signed_in(personas.auditor).post("/ledger/verify").status_code == 302
+    assert list(LedgerCheck.objects.values_list("pk", "checked_at")) != checked
