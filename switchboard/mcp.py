@@ -310,11 +310,16 @@ def respond(request: Incoming, slug: str) -> Reply | HttpResponseBase:
         if not _origin_allowed(request):
             raise Forbidden("this Origin may not call the MCP endpoint")
         actor = _authenticate(request, slug)
+        if request.method == "POST":
+            return _post(request, actor)
+        version = _header(request, "MCP-Protocol-Version")
+        if version is not None and version not in (*HANDSHAKE_VERSIONS, *MODERN_VERSIONS):
+            # As a POST of the session's is answered (the transport's 400 for every request
+            # after the handshake that names a revision nobody serves).
+            return _rpc_error(None, _unsupported(version), 400)
         if request.method == "GET":
             return _get_stream(request, actor)
-        if request.method == "DELETE":
-            return _delete(request, actor)
-        return _post(request, actor)
+        return _delete(request, actor)
     except BodyTooLarge as exc:
         return _refusal(exc)  # the id stays unread: reading it means reading the whole body
     except DomainError as exc:
@@ -367,8 +372,9 @@ def _post(request: Incoming, actor: AgentActor) -> Reply | HttpResponseBase:
     except ValueError as exc:
         error = RpcError(PARSE_ERROR, f"Parse error: the body is not JSON ({not_json(exc)})")
         return _rpc_error(None, error, 400)
-    if isinstance(message, dict) and message.get("method") in CHARGED:
-        check_endpoint_rate(actor.endpoint)  # a batch's calls are charged one by one (_legacy)
+    if isinstance(message, dict) and message.get("method") in CHARGED and "id" in message:
+        # A request (a notification runs nothing); a batch's calls are charged one by one.
+        check_endpoint_rate(actor.endpoint)
     version = _header(request, "MCP-Protocol-Version")
     if version is not None and version not in HANDSHAKE_VERSIONS:
         if version not in MODERN_VERSIONS and _header(request, "Mcp-Session-Id"):
@@ -827,9 +833,9 @@ def _legacy(request: Incoming, actor: AgentActor, message: Any) -> Reply:
         # The session's revision decides (a header may name another for one request, but a
         # session that negotiated a revision without batches does not take them).
         if not {version, record["version"]} <= set(BATCH_VERSIONS):
+            without = record["version"] if record["version"] not in BATCH_VERSIONS else version
             error = RpcError(
-                INVALID_REQUEST,
-                f"JSON-RPC batches are not part of protocol {record['version']}",
+                INVALID_REQUEST, f"JSON-RPC batches are not part of protocol {without}"
             )
             return _rpc_error(None, error, 400)
         if not message:
@@ -838,7 +844,7 @@ def _legacy(request: Incoming, actor: AgentActor, message: Any) -> Reply:
         def handle_charged(req: Request) -> dict[str, Any] | None:
             # Each call of a batch is charged as a request alone is: one over the rate is
             # refused in its own answer (the others keep theirs), never run uncharged.
-            if req.method in CHARGED:
+            if req.method in CHARGED and not req.is_notification:
                 try:
                     check_endpoint_rate(actor.endpoint)
                 except RateLimited as exc:
@@ -954,6 +960,17 @@ RESOURCE_METHODS = frozenset(
 
 
 def _resources(actor: AgentActor, req: Request) -> dict[str, Any]:
+    """``_resource_answer``, a refusal (a grant the endpoint lacks) as this request's JSON-RPC
+    error: in a batch the other calls keep their answers (a claim made before it is not lost)."""
+    try:
+        return _resource_answer(actor, req)
+    except DomainError as exc:
+        if is_outage(exc):
+            raise
+        raise RpcError(SERVER_ERROR, exc.message, exc.as_dict()) from None
+
+
+def _resource_answer(actor: AgentActor, req: Request) -> dict[str, Any]:
     """``resources/*``: the endpoint's todos, ``switchboard://todos/<id>``. Listing needs the
     list_todos verb and reading get_todo (a refusal is the transport's 403, as a tool's grant);
     a subscription is acknowledged and changes nothing: a handshake session's stream carries
@@ -974,11 +991,13 @@ def _resources(actor: AgentActor, req: Request) -> dict[str, Any]:
 
 
 def _todo_id(uri: str) -> str:
+    """The todo a URI names, spelt as the server spells it (the URIs it lists and notifies)."""
     todo_id = uri.removeprefix(TODO_URI) if uri.startswith(TODO_URI) else ""
     try:
-        return str(UUID(todo_id)) if todo_id and "/" not in todo_id else _no_such(uri)
+        canonical = str(UUID(todo_id))
     except ValueError:
         return _no_such(uri)
+    return canonical if canonical == todo_id else _no_such(uri)
 
 
 def _no_such(uri: str) -> str:
@@ -1014,6 +1033,7 @@ def _resources_list(actor: AgentActor, cursor: Any) -> dict[str, Any]:
 def _resources_read(actor: AgentActor, uri: str) -> dict[str, Any]:
     spec = verbs.get("get_todo")
     assert spec is not None
+    verbs.check_grant(actor, spec.name)  # before the URI: no grant, nothing to say of it
     try:
         text = _as_dumped(verbs.call_json(actor, spec, spec.parse({"id": _todo_id(uri)})))
     except NotFound:

@@ -328,10 +328,72 @@ def test_reading_a_todo_resource_takes_the_get_todo_grant_and_the_rate(
     drainer = Mcp(client, endpoint.slug, token)
     drainer.initialize()
     refused = drainer.rpc("resources/list")
-    assert refused.status_code == 403 and refused.json()["error"]["data"]["verb"] == "list_todos"
+    assert refused.status_code == 200  # the request's own error, as a tool's refusal is
+    error = refused.json()["error"]
+    assert error["code"] == mcp.SERVER_ERROR and error["data"]["verb"] == "list_todos"
     limited = drainer.rpc("resources/read", {"uri": f"switchboard://todos/{todo.id}"})
     assert limited.status_code == 429  # the one token went to resources/list
     assert drainer.rpc("resources/templates/list").status_code == 200  # discovery is free
+
+
+def test_a_refused_resource_call_in_a_batch_costs_the_others_nothing(
+    personas: Personas, client: Client
+) -> None:
+    """The batch [claim_next, resources/list] without list_todos' grant was one transport 403:
+    the claim had committed, and its answer (the todo, the attempt) was thrown away."""
+    (todo,) = push(personas, 1)
+    endpoint, token = services.endpoint_vend(
+        actor=FIXTURE, owner=personas.owner, name="Drainer", queues=["inbox"], verbs=["claim_next"]
+    )
+    Todo.objects.filter(pk=todo.pk).update(endpoint=endpoint)
+    drainer = Mcp(client, endpoint.slug, token)
+    drainer.initialize("2025-03-26")
+    answers = drainer.post(
+        [
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "claim_next"}},
+            {"jsonrpc": "2.0", "id": 2, "method": "resources/list"},
+            {"jsonrpc": "2.0", "id": 3, "method": "resources/read", "params": {"uri": "x"}},
+        ]
+    )
+    assert answers.status_code == 200
+    claimed, listed, read = answers.json()
+    held = json.loads(claimed["result"]["content"][0]["text"])
+    assert held["todo"]["id"] == str(todo.id) and held["attempt"] == 1
+    assert listed["error"]["data"]["code"] == "forbidden"
+    assert read["error"]["data"]["verb"] == "get_todo"
+
+
+def test_a_todo_resource_is_read_only_as_the_server_spells_it(
+    personas: Personas, agent: Mcp
+) -> None:
+    (todo,) = push(personas, 1)
+    agent.initialize()
+    canonical = f"switchboard://todos/{todo.id}"
+    assert "result" in agent.rpc("resources/read", {"uri": canonical}).json()
+    for other in (
+        canonical.upper().replace("SWITCHBOARD://TODOS/", "switchboard://todos/"),
+        f"switchboard://todos/{todo.id.hex}",
+        f"switchboard://todos/{{{todo.id}}}",
+        f"switchboard://todos/urn:uuid:{todo.id}",
+    ):
+        error = agent.rpc("resources/read", {"uri": other}).json()["error"]
+        assert error["code"] == -32602 and error["data"] == {"uri": other}, other
+
+
+def test_a_notification_runs_nothing_and_is_charged_nothing(
+    personas: Personas, client: Client
+) -> None:
+    endpoint, token = services.endpoint_vend(
+        actor=FIXTURE, owner=personas.owner, name="Quiet", queues=["inbox"], rps=1e-6, burst=1
+    )
+    quiet = Mcp(client, endpoint.slug, token)
+    quiet.initialize("2025-03-26")
+    note = {"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "claim_next"}}
+    for _ in range(3):
+        assert quiet.post(note).status_code == 202
+    assert quiet.post([note, note]).status_code == 202
+    quiet.initialize()
+    assert _call(quiet, "claim_next")["isError"] is False  # the one token is still there
 
 
 def test_malformed_json_is_a_parse_error(agent: Mcp) -> None:
@@ -607,10 +669,21 @@ def test_a_session_without_batches_takes_none_whatever_its_header_names(agent: M
     refused = agent.post(batch, **{"MCP-Protocol-Version": "2025-03-26"})
     assert refused.status_code == 400 and refused.json()["error"]["code"] == -32600
     assert "2025-11-25" in refused.json()["error"]["message"]
+    # A session that has them, with a header naming a revision that has not: the header's.
+    agent.initialize("2025-03-26")
+    refused = agent.post(batch, **{"MCP-Protocol-Version": "2025-06-18"})
+    assert refused.json()["error"]["message"].endswith("protocol 2025-06-18")
 
 
 def test_a_session_naming_a_revision_nobody_serves_is_told_which_are(agent: Mcp) -> None:
     agent.initialize("2025-11-25")
+    unsupported = {"MCP-Protocol-Version": "2099-01-01"}
+    stream = agent.client.get(
+        agent.path, headers=agent.headers(Accept="text/event-stream", **unsupported)
+    )
+    assert stream.status_code == 400 and stream.json()["error"]["code"] == -32022
+    ended = agent.client.delete(agent.path, headers=agent.headers(**unsupported))
+    assert ended.status_code == 400 and agent.rpc("ping").status_code == 200  # still open
     message = {"jsonrpc": "2.0", "id": 7, "method": "tools/list"}
     response = agent.post(message, **{"MCP-Protocol-Version": "1999-01-01"})
     assert response.status_code == 400
