@@ -16,7 +16,7 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
@@ -26,6 +26,7 @@ from queues.models import (
     LIVE_TODO,
     MAX_ATTEMPT_SUMMARY,
     Endpoint,
+    EndpointState,
     Todo,
     TodoSource,
     TodoState,
@@ -109,6 +110,8 @@ def todo_create(
     try:
         with transaction.atomic():
             availability.check_deadline()  # a client that has given up gets no todo
+            if _lock_endpoints([endpoint.id]) != {endpoint.id: EndpointState.ACTIVE}:
+                raise Conflict("the endpoint is revoked")
             todo = Todo.objects.create(
                 endpoint=endpoint,
                 queue=queue,
@@ -416,9 +419,27 @@ ACTION_WORDS = {"retry": "retried", "discard": "discarded"}
 ACTION_FROM = {"retry": "a failed todo", "discard": "a pending or failed todo"}
 
 
+def _lock_endpoints(endpoint_ids: Sequence[UUID]) -> dict[UUID, str]:
+    """Lock these endpoints' rows in share mode (in id order) and answer their states as
+    committed now. A revoke locks its endpoint's row for update and dead-letters the live todos
+    it sees: a create or retry that checked the state before the revoke committed, and wrote
+    after, left a pending todo no claim could take. In share mode it waits for that revoke (and
+    reads its outcome), or the revoke waits for it (and dead-letters what it wrote)."""
+    if not endpoint_ids:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id, state FROM queues_endpoint WHERE id = ANY(%s) ORDER BY id FOR SHARE",
+            [sorted(set(endpoint_ids))],
+        )
+        return {row[0]: row[1] for row in cursor.fetchall()}
+
+
 def _todo_act(actor: HumanActor, todo_id: UUID, action: str, *, seen_state: str | None) -> Todo:
     todo = access.todo_to_change(actor, todo_id)
     with transaction.atomic():
+        if action == "retry":
+            _lock_endpoints([todo.endpoint_id])  # before the todo's lock, as a revoke takes them
         # Locked, so a concurrent retry, discard or claim waits and then sees the new state.
         state = (
             Todo.objects.select_for_update()
@@ -484,6 +505,16 @@ def todos_bulk(*, actor: HumanActor, action: str, selection: Selection, token: s
             field="selection",
         )
     with transaction.atomic():
+        if action == "retry":
+            # The endpoints first, as a revoke and a single retry take them (see _lock_endpoints).
+            _lock_endpoints(
+                list(
+                    selectors.bulk_rows(actor, action, selection, retryable_only=False)
+                    .order_by()
+                    .values_list("endpoint_id", flat=True)
+                    .distinct()
+                )
+            )
         locked = list(
             selectors.bulk_rows(actor, action, selection)
             .select_for_update(of=("self",))

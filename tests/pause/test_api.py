@@ -215,8 +215,8 @@ def test_the_openapi_document_declares_the_queue_routes(personas: Personas) -> N
     assert doc.status_code == 200
     paths = doc.json()["paths"]
     pause_op = paths["/api/v1/queues/{queue}/pause"]["post"]
-    assert set(pause_op["responses"]) == {"200", "400", "401", "403", "404", "409"}
-    assert set(paths["/api/v1/queues"]["get"]["responses"]) == {"200", "401", "403"}
+    assert set(pause_op["responses"]) == {"200", "400", "401", "403", "404", "409", "413", "503"}
+    assert set(paths["/api/v1/queues"]["get"]["responses"]) == {"200", "400", "401", "403", "503"}
     assert "/api/v1/queues/{queue}/resume" in paths
 
 

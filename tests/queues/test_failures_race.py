@@ -16,7 +16,7 @@ from queues.services import Claimed
 from switchboard.core.errors import Conflict
 from switchboard.ledger import chain
 from switchboard.ledger.models import LedgerEntry, LedgerKind
-from tests.conftest import Personas, push, run_threads
+from tests.conftest import FIXTURE, Personas, push, run_threads
 
 ROUNDS = 4
 TODOS = 40
@@ -226,3 +226,46 @@ def test_a_retry_racing_a_push_of_the_same_idempotency_key_leaves_one_live_holde
             assert not pushed.created and pushed.todo.pk == dead.pk
             outcomes["retry won"] += 1
     assert sum(outcomes.values()) == ROUNDS * 3
+
+
+def test_no_work_outlives_a_revoke_it_raced(tx_personas: Personas) -> None:
+    """A revoke dead-letters its endpoint's live todos. A create or a retry that checked the
+    endpoint before the revoke committed, and wrote after it, left a pending todo that nothing
+    could ever claim (the token is refused). Each round races a revoke against agents' and an
+    operator's creates and retries: no live todo is left on the revoked endpoint."""
+    p = tx_personas
+    refusals: Counter[str] = Counter()
+    for round_ in range(ROUNDS * 2):
+        endpoint, _ = services.endpoint_vend(
+            actor=FIXTURE, owner=p.owner, name=f"Doomed {round_}", queues=["inbox"], rps=0
+        )
+        dead = _dead_letters_of(p, endpoint, 4)
+        calls: list[Callable[[], Any]] = [
+            partial(services.endpoint_revoke, endpoint=endpoint, actor=p.as_human())
+        ]
+        calls += [partial(services.todo_retry, actor=p.as_human(), todo_id=t.id) for t in dead]
+        calls += [
+            partial(
+                services.todo_create,
+                actor=p.as_agent(endpoint) if i % 2 else p.as_human(),
+                endpoint=endpoint,
+                queue="inbox",
+                title=f"late {i}",
+            )
+            for i in range(3)
+        ]
+        for outcome in race(*calls):
+            if isinstance(outcome, Conflict):
+                refusals[outcome.message.split(":")[0]] += 1
+        live = Todo.objects.filter(endpoint=endpoint, state__in=["pending", "claimed"])
+        assert list(live.values_list("title", "state")) == [], round_
+    assert sum(refusals.values()) > 0, "no round raced"
+
+
+def _dead_letters_of(p: Personas, endpoint: Any, n: int) -> list[Todo]:
+    todos = push(p, n, endpoint=endpoint, max_attempts=1)
+    agent = p.as_agent(endpoint)
+    for t in todos:
+        services.claim(actor=agent, todo_id=t.id)
+        services.fail(actor=agent, todo_id=t.id, error="boom")
+    return todos
