@@ -16,7 +16,7 @@ import json
 from collections.abc import AsyncGenerator, Callable
 
 from django.db import connection
-from django.http import HttpRequest, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
@@ -75,17 +75,17 @@ def release_connection() -> None:
 
 @csrf_exempt
 def agent_events(request: HttpRequest) -> HttpResponseBase:
-    """The stream, under the API's conventions though not a ninja route: another method is 405
-    as the error object, a query parameter (it takes none) is refused after the credentials,
+    """The stream, under the API's conventions though not a ninja route: HEAD answers its head
+    (after the credentials, opening nothing), another method is 405 as the error object, a query parameter (it takes none) is refused after the credentials,
     and no answer is kept by a cache."""
-    if request.method != "GET":
+    if request.method not in ("GET", "HEAD"):
         refusal: DomainError = MethodNotAllowed(
-            f"{request.method} is not a method of this path; it takes GET",
+            f"{request.method} is not a method of this path; it takes GET, HEAD",
             method=request.method,
-            allowed=["GET"],
+            allowed=["GET", "HEAD"],
         )
         answer = _refused(request, refusal)
-        answer["Allow"] = "GET"
+        answer["Allow"] = "GET, HEAD"
         return answer
     header = request.headers.get("Authorization", "")
     try:
@@ -96,6 +96,10 @@ def agent_events(request: HttpRequest) -> HttpResponseBase:
             raise unknown_parameter(name, "none")
     except DomainError as exc:
         return _refused(request, exc)
+    if request.method == "HEAD":  # the stream's head, without opening it (RFC 9110 9.3.2)
+        head = HttpResponse(content_type="text/event-stream")
+        head["Cache-Control"] = "no-store"
+        return head
     release_connection()
     response = StreamingHttpResponse(
         ring_stream(str(actor.endpoint.id), request.headers.get("Last-Event-ID")),

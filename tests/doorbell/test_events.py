@@ -173,9 +173,13 @@ def test_the_stream_keeps_the_apis_conventions(tx_personas: Personas, server: st
     bearer = {"Authorization": f"Bearer {tx_personas.agent_token}"}
     for method in ("POST", "PUT", "DELETE"):
         response = httpx.request(method, f"{server}/api/v1/agent/events", headers=bearer)
-        assert response.status_code == 405 and response.headers["Allow"] == "GET"
+        assert response.status_code == 405 and response.headers["Allow"] == "GET, HEAD"
         assert response.json()["code"] == "method_not_allowed"
-        assert response.json()["allowed"] == ["GET"]
+        assert response.json()["allowed"] == ["GET", "HEAD"]
+    head = httpx.head(f"{server}/api/v1/agent/events", headers=bearer)
+    assert head.status_code == 200 and head.content == b""
+    assert head.headers["Content-Type"].startswith("text/event-stream")
+    assert httpx.head(f"{server}/api/v1/agent/events").status_code == 401
     unknown = httpx.get(f"{server}/api/v1/agent/events?bogus=1", headers=bearer)
     assert unknown.status_code == 400 and unknown.json()["field"] == "bogus"
     assert unknown.headers["Cache-Control"] == "no-store"
