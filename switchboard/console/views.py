@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
+from django import forms
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
@@ -302,6 +303,14 @@ def _todo_context(request: HttpRequest, viewer: Viewer, todo_id: UUID) -> dict[s
     }
 
 
+def _not_done(request: HttpRequest, back: str, what: str, form: forms.Form) -> HttpResponse:
+    """A todo action whose form the edge refuses: nothing is done; the message names each field
+    and what is wrong with it."""
+    problems = "; ".join(f"{field}: {' '.join(errors)}" for field, errors in form.errors.items())
+    messages.error(request, f"{what}: {problems}. Nothing was changed.")
+    return HttpResponseRedirect(back)
+
+
 def _actions_for(state: str, dead_letter: bool) -> list[str]:
     if state == TodoState.PENDING:
         return ["claim", "discard"]
@@ -341,7 +350,10 @@ def todo_action_view(request: HttpRequest, todo_id: UUID, action: str) -> HttpRe
             )
         elif action == "complete":
             form = TodoCompleteForm(request.POST)
-            form.is_valid()
+            if not form.is_valid():
+                # A result the edge refuses (NaN, too deep, a lone surrogate) was dropped and the
+                # todo completed without it: nothing is done, and the message names the field.
+                return _not_done(request, back, "Not completed", form)
             data = form.cleaned_data
             services.complete(
                 actor=actor,
@@ -352,7 +364,8 @@ def todo_action_view(request: HttpRequest, todo_id: UUID, action: str) -> HttpRe
             messages.success(request, "Completed.")
         elif action == "fail":
             fail_form = TodoFailForm(request.POST)
-            fail_form.is_valid()
+            if not fail_form.is_valid():
+                return _not_done(request, back, "Not failed", fail_form)
             fdata = fail_form.cleaned_data
             todo = services.fail(
                 actor=actor,
@@ -365,8 +378,13 @@ def todo_action_view(request: HttpRequest, todo_id: UUID, action: str) -> HttpRe
                 "Failed: dead-lettered." if todo.dead_letter else "Failed: retry scheduled.",
             )
         elif action == "release":
-            services.todo_release(actor=actor, todo_id=todo_id)
-            messages.success(request, "Released: back to pending.")
+            released = services.todo_release(actor=actor, todo_id=todo_id)
+            messages.success(
+                request,
+                "Released: it was its last attempt, so it is a dead letter now."
+                if released.dead_letter
+                else "Released: back to pending.",
+            )
         elif action == "retry":
             services.todo_retry(actor=actor, todo_id=todo_id)
             messages.success(request, "Retried: back to pending with its attempts reset.")

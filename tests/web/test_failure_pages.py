@@ -227,3 +227,37 @@ def test_a_lapsed_lease_reads_lapsed_and_offers_only_its_release(personas: Perso
         assert f'action="/todos/{todo.id}/{refused}"' not in page
     client.post(f"/todos/{todo.id}/release")
     assert Todo.objects.get(pk=todo.pk).state == TodoState.PENDING
+
+
+def test_a_complete_whose_result_is_refused_changes_nothing_and_says_why(
+    personas: Personas,
+) -> None:
+    """It completed the todo and dropped the result the edge refused ({"answer": NaN})."""
+    p = personas
+    [todo] = push(p, 1)
+    services.claim(actor=p.as_human(), todo_id=todo.id)
+    client = signed_in(p.owner)
+    page = client.post(
+        f"/todos/{todo.id}/complete", {"result": '{"answer": NaN}'}, follow=True
+    ).content.decode()
+    assert "Not completed: result:" in page and "Nothing was changed" in page
+    assert Todo.objects.get(pk=todo.pk).state == TodoState.CLAIMED
+    done = client.post(f"/todos/{todo.id}/complete", {"result": '{"answer": 42}'}, follow=True)
+    assert "Completed." in done.content.decode()
+    assert Todo.objects.get(pk=todo.pk).result == {"answer": 42}
+
+
+def test_releasing_a_last_attempt_says_it_is_a_dead_letter_now(personas: Personas) -> None:
+    """A release of the last attempt dead-letters it; the page said "back to pending"."""
+    p = personas
+    [last, spare] = push(p, 2, max_attempts=1)
+    spare.max_attempts = 2
+    Todo.objects.filter(pk=spare.pk).update(max_attempts=2)
+    client = signed_in(p.owner)
+    for todo in (last, spare):
+        services.claim(actor=p.as_human(), todo_id=todo.id)
+    page = client.post(f"/todos/{last.id}/release", follow=True).content.decode()
+    assert "it was its last attempt, so it is a dead letter now" in page
+    assert Todo.objects.get(pk=last.pk).dead_letter
+    page = client.post(f"/todos/{spare.id}/release", follow=True).content.decode()
+    assert "Released: back to pending." in page
