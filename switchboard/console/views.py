@@ -306,7 +306,9 @@ def _todo_context(request: HttpRequest, viewer: Viewer, todo_id: UUID) -> dict[s
 def _not_done(request: HttpRequest, back: str, what: str, form: forms.Form) -> HttpResponse:
     """A todo action whose form the edge refuses: nothing is done; the message names each field
     and what is wrong with it."""
-    problems = "; ".join(f"{field}: {' '.join(errors)}" for field, errors in form.errors.items())
+    problems = "; ".join(
+        f"{field}: {' '.join(str(e) for e in errors)}" for field, errors in form.errors.items()
+    )
     messages.error(request, f"{what}: {problems}. Nothing was changed.")
     return HttpResponseRedirect(back)
 
