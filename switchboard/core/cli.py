@@ -57,13 +57,13 @@ def refused(command: BaseCommand, options: dict[str, Any], exc: DomainError) -> 
     message = printable(exc.message)
     if options.get("json"):
         command.stderr.write(dumps(exc.as_dict()))
-        if getattr(command, "_called_from_command_line", False):
-            # Django would add "CommandError: …" after the object, and stderr would no longer
-            # parse as JSON: exit with the refusal's code, the object alone on stderr.
-            raise SystemExit(EXIT_REFUSED)
     else:
         field = exc.details.get("field")
         command.stderr.write(f"refused ({exc.code}{', ' + field if field else ''}): {message}")
+    if getattr(command, "_called_from_command_line", False):
+        # Django would write "CommandError: …" after it: the refusal twice in text, and no
+        # longer JSON alone with --json. Exit with the refusal's code, said once.
+        raise SystemExit(EXIT_REFUSED)
     raise CommandError(message, returncode=EXIT_REFUSED)
 
 

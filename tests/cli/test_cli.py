@@ -59,6 +59,7 @@ def test_the_exit_codes_from_a_real_shell(tx_personas: Personas) -> None:
     refused = manage("endpoint", "revoke", "no-such-endpoint")
     assert refused.returncode == 1
     assert "slug" in refused.stderr and "not_found" in refused.stderr
+    assert refused.stderr.count("no endpoint with slug") == 1  # said once, not again by Django
     # With --json the refusal is the error object, alone on stderr: a script parses it.
     as_json = manage("endpoint", "revoke", "no-such-endpoint", "--json")
     assert as_json.returncode == 1 and as_json.stdout == ""
