@@ -214,7 +214,11 @@ def _check_expected(
     assert expected is not None
     identity = f"endpoint:{target.slug}/{queue}"
     if existing is None:
-        message = f"the budget of {identity} was cleared since it was read: nothing was written"
+        # Cleared since it was read, or never set: the version named is not one of a budget here.
+        message = (
+            f"{identity} has no budget now (cleared since it was read, or none was ever set): "
+            "nothing was written"
+        )
     else:
         who = existing.updated_by.get_username() if existing.updated_by_id else "someone"
         when = existing.updated_at.astimezone(UTC).isoformat(timespec="seconds")

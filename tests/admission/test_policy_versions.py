@@ -103,9 +103,9 @@ def test_a_write_whose_change_is_already_made_succeeds_whatever_was_read(
 
 def test_create_only_and_any_budget_mean_what_they_say(personas: Personas) -> None:
     p = personas
-    with pytest.raises(PreconditionFailed, match="was cleared since it was read"):
+    with pytest.raises(PreconditionFailed, match="has no budget now"):
         set_as(p, 1, expected=(versions.ANY,))  # If-Match: * with no budget
-    with pytest.raises(PreconditionFailed, match="was cleared since it was read"):
+    with pytest.raises(PreconditionFailed, match="has no budget now"):
         set_as(p, 1, expected=("0" * 20,))
     assert current() is None and audit_rows().count() == 0
     set_as(p, 1, expected=(versions.ABSENT,))  # If-None-Match: * with none: created
