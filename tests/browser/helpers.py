@@ -86,6 +86,13 @@ def small_fleet(p: Personas) -> dict[str, Any]:
     )
     budget(p, "inbox", max_in_flight=1)
     pauses.queue_pause(actor=p.as_human(p.admin), queue="outbox", reason="upgrading the consumer")
+    # Shown dimmed: a discarded todo and a revoked endpoint (its dead letter with it).
+    services.todo_discard(actor=p.as_human(), todo_id=inbox[3].id)
+    retired, _ = services.endpoint_vend(
+        actor=p.as_human(), owner=p.owner, name="Retired", queues=["inbox"], rps=0
+    )
+    push(p, 1, endpoint=retired)
+    services.endpoint_revoke(actor=p.as_human(), endpoint=retired)
     return {"todo": inbox[1], "claimed": inbox[0], "dead": dead}
 
 
