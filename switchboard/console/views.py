@@ -284,6 +284,9 @@ def _todo_context(request: HttpRequest, viewer: Viewer, todo_id: UUID) -> dict[s
     retry_refusal = selectors.retry_refusal(todo) if "retry" in actions else None
     if retry_refusal is not None:
         actions.remove("retry")
+    # Nor a claim on a paused queue (the Admission section shows the pause).
+    if pause is not None and "claim" in actions:
+        actions.remove("claim")
     back = safe_next(request, reverse("board"))
     return {
         "viewer": viewer,

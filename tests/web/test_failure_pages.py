@@ -261,3 +261,42 @@ def test_releasing_a_last_attempt_says_it_is_a_dead_letter_now(personas: Persona
     assert Todo.objects.get(pk=last.pk).dead_letter
     page = client.post(f"/todos/{spare.id}/release", follow=True).content.decode()
     assert "Released: back to pending." in page
+
+
+def test_a_claim_on_a_paused_queue_is_not_offered_and_the_page_says_why(
+    personas: Personas,
+) -> None:
+    from queues import pauses
+
+    p = personas
+    [todo] = push(p, 1)
+    client = signed_in(p.owner)
+    assert f'action="/todos/{todo.id}/claim"' in client.get(f"/todos/{todo.id}").content.decode()
+    pauses.queue_pause(actor=p.as_human(p.admin), queue="inbox", reason="upgrade")
+    page = client.get(f"/todos/{todo.id}").content.decode()
+    assert f'action="/todos/{todo.id}/claim"' not in page
+    assert "Claim is not offered: inbox is paused" in page
+    assert f'action="/todos/{todo.id}/discard"' in page
+
+
+def test_the_boards_card_of_a_lapsed_lease_says_lapsed(personas: Personas) -> None:
+    p = personas
+    [todo] = push(p, 1)
+    services.claim(actor=p.as_agent(), todo_id=todo.id, claimant="worker-7")
+    client = signed_in(p.owner)
+    assert "lease until" in client.get("/?state=claimed").content.decode()
+    lapse(todo)
+    board = client.get("/?state=claimed").content.decode()
+    assert "lease lapsed at" in board and "lease until" not in board
+
+
+def test_the_todo_page_has_one_level_one_heading_and_the_drawer_none(personas: Personas) -> None:
+    p = personas
+    [todo] = push(p, 1)
+    client = signed_in(p.owner)
+    page = client.get(f"/todos/{todo.id}").content.decode()
+    assert page.count("<h1") == 1 and '<h1 id="todo-title">' in page
+    drawer = client.get(
+        f"/todos/{todo.id}", headers={"HX-Request": "true", "HX-Target": "drawer"}
+    ).content.decode()
+    assert "<h1" not in drawer and '<h2 id="todo-title">' in drawer
