@@ -1,6 +1,7 @@
-"""Instants as every surface writes them: ISO 8601 in UTC, microseconds kept, with a ``Z``
-(pydantic's form, which the agent verbs write), so the same instant reads the same on REST (agent
-and operator), MCP, error objects and the CLI's ``--json``."""
+"""Instants as every surface writes them: ISO 8601 in UTC with a ``Z``, to the microsecond
+(pydantic's form, which the agent verbs write: a fraction of zero is left out, as RFC 3339
+allows, so a window's bound reads ``08:00:00Z``), so the same instant reads the same on REST
+(agent and operator), MCP, error objects and the CLI's ``--json``."""
 
 from __future__ import annotations
 
