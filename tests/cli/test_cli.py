@@ -135,6 +135,15 @@ def test_todo_push_creates_once_per_key(personas: Personas) -> None:
     assert first["created"] is True and first["todo"]["payload"] == {"n": 1}
     again = run("todo", "push", "agent", "inbox", "--title", "again", "--key", "shell-1")
     assert again["created"] is False and again["todo"]["id"] == first["todo"]["id"]
+    assert again["differs"] == ["title", "payload"]  # as the API says: other work, not created
+    retried = run(
+        "todo", "push", "agent", "inbox", "--title", "From the shell",
+        "--payload", '{"n": 1}', "--key", "shell-1",
+    )  # fmt: skip
+    assert retried["created"] is False and retried["differs"] == []
+    out = io.StringIO()
+    call_command("todo", "push", "agent", "inbox", "--title", "x", "--key", "shell-1", stdout=out)
+    assert out.getvalue().startswith("not created: the key belongs to a live todo that differs")
     assert Todo.objects.get().source == "cli"
 
 

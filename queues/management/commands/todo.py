@@ -73,6 +73,15 @@ class Command(BaseCommand):
             source=TodoSource.CLI,
         )
         todo = one_todo_out(made.todo)
-        verb = "created" if made.created else "already live (same key)"
+        data: dict[str, Any] = {"todo": todo, "created": made.created}
+        if made.created:
+            verb = "created"
+        elif made.differs:
+            # The key was given to other work: this request's is not created (as the API says).
+            data["differs"] = made.differs
+            verb = f"not created: the key belongs to a live todo that differs in {', '.join(made.differs)}"
+        else:
+            data["differs"] = []
+            verb = "already live (same key)"
         text = f"{verb}: {todo['id']} on {endpoint.slug}/{todo['queue']}: {todo['title']}"
-        emit(self, options, {"todo": todo, "created": made.created}, text)
+        emit(self, options, data, text)
