@@ -31,6 +31,7 @@ from uuid import UUID
 
 from django.db import transaction
 from django.db.models import Count
+from django.utils import timezone
 
 from queues import access, gates, metrics, selectors, sql
 from queues.access import Actor, AgentActor, acting_endpoint_ids
@@ -271,8 +272,13 @@ def claim(
         access.check_scope(actor, locked.queue)
         ttl = resolve_lease_ttl(lease_ttl_seconds, endpoint)
         if locked.paused:
+            pause = selectors.pause_of(locked.queue)
             raise Conflict(
-                f"queue {locked.queue!r} is paused", reason="queue_paused", queue=locked.queue
+                f"queue {locked.queue!r} is paused",
+                reason="queue_paused",
+                queue=locked.queue,
+                # Who, when and why, as an empty claim_next's deferred entry says it.
+                **({"pause": {**pause.as_dict(), "at": iso(pause.at)}} if pause else {}),
             )
         if not locked.claimable:
             raise _not_claimable(locked)
@@ -390,10 +396,17 @@ def _not_claimable(locked: sql.LockedTodo) -> Conflict:
         )
     if locked.state == TodoState.CLAIMED and locked.attempt >= locked.max_attempts:
         # Claimable otherwise: a lapsed lease with attempts left is taken over.
+        lapsed = todo.lease_expires_at is not None and todo.lease_expires_at <= timezone.now()
+        lease = (
+            f"its lease lapsed at {iso(todo.lease_expires_at)}: no takeover is left; the "
+            "reaper dead-letters it"
+            if lapsed
+            else f"its lease until {iso(todo.lease_expires_at)}: no takeover is left; when it "
+            "lapses the reaper dead-letters it"
+        )
         return Conflict(
             f"todo is claimed at its last attempt ({locked.attempt} of {locked.max_attempts}), "
-            f"its lease until {iso(todo.lease_expires_at)}: no takeover is left; when it "
-            "lapses the reaper dead-letters it",
+            + lease,
             state=locked.state,
             reason="last_attempt",
             lease_expires_at=iso(todo.lease_expires_at),

@@ -90,6 +90,9 @@ def test_claiming_a_todo_on_a_paused_queue_is_a_conflict_and_changes_nothing(
         services.claim(actor=personas.as_agent(), todo_id=todo.pk)
 
     assert refused.value.details["reason"] == "queue_paused"
+    # Who, when and why, as claim_next's deferred entry says it.
+    assert refused.value.details["pause"]["by"] == personas.pauser.username
+    assert refused.value.details["pause"]["at"].endswith("Z")
     assert refused.value.as_dict()["code"] == "conflict"
     after = Todo.objects.get(pk=todo.pk)
     assert (after.state, after.attempt, after.owner, after.updated_at) == (

@@ -713,4 +713,5 @@ def test_a_claim_by_id_refused_says_why_and_until_when(personas: Personas) -> No
     assert body["reason"] == "held" and "attempt 1" in body["error"]
     body = refused(last)
     assert body["reason"] == "last_attempt" and "2 of 2" in body["error"]
+    assert "its lease lapsed at" in body["error"]  # not "until" a time gone by
     assert body["lease_expires_at"] == iso(Todo.objects.get(pk=last.pk).lease_expires_at)
