@@ -49,6 +49,7 @@ from switchboard.core.errors import (
     PreconditionFailed,
 )
 from switchboard.core.pages import HtmxHttpRequest, console_login_required, identity_key, refusal
+from switchboard.core.times import iso
 from switchboard.core.zones import zone_named, zones
 from switchboard.ledger import chain as ledger
 from switchboard.ledger.models import LedgerEntry, LedgerKind
@@ -583,7 +584,7 @@ def _csv_rows(qs: QuerySet[LedgerEntry]) -> Iterator[str]:
             csv_cell(cell)
             for cell in [
                 entry.seq,
-                entry.at.isoformat(),
+                iso(entry.at),
                 entry.kind,
                 entry.actor_human_name,
                 entry.actor_endpoint_slug,

@@ -66,6 +66,8 @@ def test_auditors_read_every_row_and_owners_only_their_scopes_and_queues(
     ]
     other_rows = _csv(signed_in(p.other_owner).get("/ledger.csv"))
     assert {r["scope"] for r in other_rows} == {"endpoint:foreign", "queue"}
+    # Its instants as every answer writes them (UTC, Z), not Python's +00:00.
+    assert all(r["at"].endswith("Z") for r in owner_rows), owner_rows[0]["at"]
 
 
 def test_filters_narrow_the_rows_and_the_export_alike(personas: Personas) -> None:
