@@ -143,7 +143,9 @@ def queue_pause(*, actor: HumanActor, queue: str, reason: str, create: bool = Fa
         return PauseResult(queue=queue, changed=False, pause=PauseInfo.of(existing))
     if not create and not selectors.queue_known(queue):
         raise NotFound(
-            f"no queue named {queue!r} is known; pass create to pause it anyway", queue=queue
+            f"no queue named {queue!r} is known; pause it anyway with create "
+            "(create: true on the API, --create on the CLI)",
+            queue=queue,
         )
     try:
         with transaction.atomic():

@@ -79,8 +79,11 @@ def test_bad_input_is_refused_naming_the_field_with_nothing_changed(personas: Pe
 def test_queue_pause_refuses_an_unknown_name_and_pauses_and_resumes_a_declared_one(
     personas: Personas,
 ) -> None:
-    code, _, _ = failing("queue", "pause", "nowhere", "--as", "ada")
+    code, _, err = failing("queue", "pause", "nowhere", "--as", "ada")
     assert code == 1 and not QueuePause.objects.exists()
+    assert "--create on the CLI" in err  # and this command takes it
+    assert "paused nowhere" in limits("queue", "pause", "nowhere", "--create", "--as", "ada")
+    limits("queue", "pause", "nowhere", "--resume", "--as", "ada")
     # Contradictory flags are a usage error, not a silent choice between them.
     with pytest.raises(CommandError, match="not allowed with argument"):
         limits("queue", "create", "batch", "--aging", "10", "--no-aging", "--as", "ada")

@@ -167,6 +167,9 @@ class Command(BaseCommand):
         pause = qverbs.add_parser("pause", help="pause a known queue fleet-wide (or resume it)")
         pause.add_argument("name", metavar="NAME")
         pause.add_argument("--resume", action="store_true", help="resume it instead")
+        pause.add_argument(
+            "--create", action="store_true", help="pause a name nothing has used yet"
+        )
         pause.add_argument("--reason", default=DEFAULT_PAUSE_REASON, help="why (shown everywhere)")
         for p in (create, pause):
             add_common_options(p)
@@ -260,5 +263,8 @@ class Command(BaseCommand):
         if options.get("resume"):
             cli_pause.handle_resume(self, options)
             return
-        options["create"] = QueueSettings.objects.filter(queue=options["name"]).exists()
+        options["create"] = (
+            bool(options.get("create"))
+            or QueueSettings.objects.filter(queue=options["name"]).exists()
+        )
         cli_pause.handle_pause(self, options)
