@@ -566,7 +566,9 @@ def _summarize(
     then each item it left alone and why, as a warning of its own."""
     model_admin.message_user(request, done)
     for line in refused:
-        model_admin.message_user(request, line, level=messages.WARNING)
+        # "Left alone:" first: the admin capitalises a message's first letter, which would
+        # misspell a slug or a token's prefix that began it ("Sbh_pYT6…").
+        model_admin.message_user(request, f"Left alone: {line}", level=messages.WARNING)
 
 
 def _actor(request: HttpRequest) -> HumanActor:

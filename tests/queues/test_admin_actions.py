@@ -162,14 +162,17 @@ def test_each_summary_counts_what_was_done_and_warns_of_each_item_left_alone(
     shown = _act(client, "/admin/queues/endpoint/", "revoke", p.agent2.pk)
     assert shown == [
         ("info", "0 endpoint(s) revoked."),
-        ("warning", f"{p.agent2.slug}: already revoked"),
+        ("warning", f"Left alone: {p.agent2.slug}: already revoked"),
     ]
     # A pending todo is not retried, and the service says why.
     (pending,) = push(p, 1, queue="outbox")
     shown = _act(client, "/admin/queues/todo/", "retry", world["failed"].pk, pending.pk)
     assert shown[0] == ("info", "1 todo(s) retried.")
     assert shown[1:] == [
-        ("warning", "\u2068todo 0\u2069: todo is pending; only a failed todo can be retried")
+        (
+            "warning",
+            "Left alone: \u2068todo 0\u2069: todo is pending; only a failed todo can be retried",
+        )
     ]
     shown = _act(client, "/admin/queues/queuepause/", "resume", "inbox")
     assert shown == [("info", "1 queue(s) resumed: inbox.")]
@@ -177,6 +180,13 @@ def test_each_summary_counts_what_was_done_and_warns_of_each_item_left_alone(
     shown = _act(client, "/admin/queues/humantoken/", "revoke", world["token"].pk)
     assert shown == [
         ("info", "0 token(s) revoked."),
-        ("warning", f"{world['token']}: already revoked"),
+        ("warning", f"Left alone: {world['token']}: already revoked"),
     ]
+    # As shown: the admin capitalises a message's first letter, which misspelt the prefix.
+    page = client.post(
+        "/admin/queues/humantoken/",
+        {"action": "revoke", "_selected_action": [str(world["token"].pk)]},
+        follow=True,
+    ).content.decode()
+    assert f"Left alone: {world['token']}" in page
     assert HumanToken.objects.get().revoked_at is not None
