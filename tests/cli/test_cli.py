@@ -181,6 +181,12 @@ def test_token_revoke_refuses_what_it_cannot_find(personas: Personas) -> None:
     code, error = refusal("token", "revoke", "sbh_")
     assert code == 1 and error["code"] == "conflict"
     assert HumanToken.objects.filter(revoked_at__isnull=True).count() == 2
+    # Another person's token, named by its prefix, is not found (forbidden said it exists).
+    olives = HumanToken.objects.first()
+    assert olives is not None
+    code, error = refusal("token", "revoke", olives.token_prefix, "--as", "otto")
+    assert (code, error["code"], error["field"]) == (1, "not_found", "token")
+    assert HumanToken.objects.filter(revoked_at__isnull=True).count() == 2
 
 
 def test_a_missing_subcommand_is_a_usage_error(personas: Personas) -> None:

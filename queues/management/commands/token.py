@@ -15,7 +15,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from queues import services
+from queues import access, services
+from queues.access import HumanActor
 from queues.management.commands.endpoint import cli_actor
 from queues.models import HumanToken
 from queues.schemas import iso
@@ -73,7 +74,12 @@ class Command(BaseCommand):
 
     def revoke(self, options: dict[str, Any]) -> None:
         given: str = options["token"].strip()
+        actor = cli_actor(options)
         rows = HumanToken.objects.select_related("user")
+        if isinstance(actor, HumanActor):
+            # Only tokens the acting human may read: another's is not found, as on the API (a
+            # forbidden answer would say that a token with that prefix exists).
+            rows = rows.filter(access.token_q(actor))
         if given.isdigit():
             matches = list(rows.filter(pk=int(given)))
         elif given.startswith(tokens.HUMAN_TOKEN_PREFIX) and len(given) > 16:
@@ -85,7 +91,7 @@ class Command(BaseCommand):
         if len(matches) > 1:
             raise Conflict(f"{given!r} matches more than one token; give its id", field="token")
         row = matches[0]
-        changed = services.human_token_revoke(token=row, actor=cli_actor(options))
+        changed = services.human_token_revoke(token=row, actor=actor)
         row.refresh_from_db()
         text = f"revoked {row.token_prefix}… ({row.user.get_username()})"
         if not changed:
