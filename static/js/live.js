@@ -31,6 +31,10 @@
     holder.innerHTML = html.trim();
     var fresh = holder.firstElementChild;
     if (!fresh) return;
+    // What a pause or resume said ("Paused inbox: …") sits at the top of the list it answered
+    // with; the stream's list, which follows within a second, carries none: keep it.
+    var said = id === "sections" ? el.querySelector(":scope > .messages") : null;
+    if (said && !fresh.querySelector(":scope > .messages")) fresh.insertBefore(said, fresh.firstChild);
     el.replaceWith(fresh);
     if (window.htmx) window.htmx.process(fresh);
     if (hadFocus) {

@@ -148,3 +148,27 @@ def test_a_refused_pause_keeps_focus_in_its_reason(session: Session, tx_personas
     expect(page.locator("#pause-agent--inbox-error")).to_contain_text("a reason is required")
     expect(reason).to_be_focused()
     assert not QueuePause.objects.exists()
+
+
+def test_the_boards_word_on_a_pause_outlasts_the_live_list_that_follows(
+    session: Session, tx_personas: Personas
+) -> None:
+    """ "Paused inbox: …" sat at the top of the list the pause answered with; the stream's list,
+    a fraction of a second later, carried none, so it was gone before it could be read."""
+    p = tx_personas
+    push(p, 1)
+    page = session.page(p.admin)
+    page.goto("/")
+    page.fill("#pause-agent--inbox-reason", "upgrading the consumer")
+    page.locator("#pause-agent--inbox").get_by_role("button", name="Pause").click()
+    said = page.locator("#sections > .messages")
+    expect(said).to_contain_text("Paused inbox")
+    _settled(page)
+    page.evaluate("() => { window.__answered = document.getElementById('sections'); }")
+    replaced = "() => document.getElementById('sections') !== window.__answered"
+    for _ in range(LIVE // 100):  # (wait_for_function evaluates a string: the CSP forbids it)
+        if page.evaluate(replaced):
+            break
+        page.wait_for_timeout(100)
+    assert page.evaluate(replaced), "the live board sent no list"
+    expect(said).to_contain_text("Paused inbox")
