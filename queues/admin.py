@@ -78,7 +78,14 @@ class EndpointVendForm(ServiceModelForm):
 
     class Meta:
         model = Endpoint
-        fields = ["name", "owner", "default_lease_ttl_seconds", "rate_limit_rps", "notify_url"]
+        fields = [
+            "name",
+            "owner",
+            "default_lease_ttl_seconds",
+            "rate_limit_rps",
+            "rate_limit_burst",
+            "notify_url",
+        ]
 
     def clean_queues(self) -> list[str]:
         names = [q.strip() for q in self.cleaned_data["queues"].split(",") if q.strip()]
@@ -102,6 +109,7 @@ class EndpointVendForm(ServiceModelForm):
             verbs=list(data["verbs"]),
             lease_ttl_seconds=data.get("default_lease_ttl_seconds"),
             rps=data.get("rate_limit_rps"),
+            burst=data.get("rate_limit_burst"),
             notify_url=data.get("notify_url") or "",
         )
 
@@ -248,6 +256,7 @@ class EndpointAdmin(_PersonFieldAdmin):
                 "verbs",
                 "default_lease_ttl_seconds",
                 "rate_limit_rps",
+                "rate_limit_burst",
                 "notify_url",
             ]
         if not self.has_change_permission(request, obj):

@@ -62,6 +62,8 @@ VEND = {"name": "Ranges", "queues": "inbox", "verbs": ["claim_next"]}
         ("default_lease_ttl_seconds", "-1", TTL_REFUSED),
         ("rate_limit_rps", "-1", RPS_REFUSED),
         ("rate_limit_rps", "100001", RPS_REFUSED),
+        ("rate_limit_burst", "0", BURST_REFUSED),
+        ("rate_limit_burst", "1000001", BURST_REFUSED),
     ],
 )
 def test_a_vend_out_of_range_is_refused_beside_its_field_in_the_services_words(
@@ -123,8 +125,9 @@ def test_the_inputs_offer_the_range_the_service_accepts_and_its_ends_are_taken(
         assert 'min="1"' in ttl and 'max="86400"' in ttl, ttl
         rps = _input(html, "rate_limit_rps")
         assert 'min="0"' in rps and 'max="100000"' in rps, rps
-    burst = _input(client.get(url).content.decode(), "rate_limit_burst")  # vend takes none
-    assert 'min="1"' in burst and 'max="1000000"' in burst, burst
+    for page in (client.get("/admin/queues/endpoint/add/"), client.get(url)):
+        burst = _input(page.content.decode(), "rate_limit_burst")
+        assert 'min="1"' in burst and 'max="1000000"' in burst, burst
     for ttl, rps in (("1", "0"), ("86400", "100000")):
         response = client.post(
             url,
@@ -135,11 +138,18 @@ def test_the_inputs_offer_the_range_the_service_accepts_and_its_ends_are_taken(
         assert (p.agent.default_lease_ttl_seconds, p.agent.rate_limit_rps) == (int(ttl), float(rps))
     response = client.post(
         "/admin/queues/endpoint/add/",
-        {**VEND, "owner": p.owner.pk, "default_lease_ttl_seconds": "86400", "rate_limit_rps": "0"},
+        {
+            **VEND,
+            "owner": p.owner.pk,
+            "default_lease_ttl_seconds": "86400",
+            "rate_limit_rps": "0",
+            "rate_limit_burst": "1000000",
+        },
     )
     assert response.status_code == 302
     vended = Endpoint.objects.get(name="Ranges")
     assert (vended.default_lease_ttl_seconds, vended.rate_limit_rps) == (86400, 0.0)
+    assert vended.rate_limit_burst == 1000000  # the vend form takes a burst, as the CLI does
 
 
 def test_a_change_form_opened_before_anothers_save_is_refused_and_writes_nothing(
