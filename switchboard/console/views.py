@@ -558,6 +558,7 @@ def agents_view(request: HttpRequest) -> HttpResponse:
             "viewer": viewer,
             "agents": activity.agents(visible_endpoints(viewer.actor)),
             "shown": activity.HELD_SHOWN,
+            "now": timezone.now(),  # a held todo's lease before it has lapsed
             "nav": "agents",
         },
     )

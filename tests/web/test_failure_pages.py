@@ -285,9 +285,12 @@ def test_the_boards_card_of_a_lapsed_lease_says_lapsed(personas: Personas) -> No
     services.claim(actor=p.as_agent(), todo_id=todo.id, claimant="worker-7")
     client = signed_in(p.owner)
     assert "lease until" in client.get("/?state=claimed").content.decode()
+    assert "lease until" in client.get("/agents").content.decode()
     lapse(todo)
     board = client.get("/?state=claimed").content.decode()
     assert "lease lapsed at" in board and "lease until" not in board
+    agents = client.get("/agents").content.decode()
+    assert "lease lapsed at" in agents and "lease until" not in agents
 
 
 def test_the_todo_page_has_one_level_one_heading_and_the_drawer_none(personas: Personas) -> None:
