@@ -253,15 +253,22 @@ def test_the_openapi_document_declares_every_status(personas: Personas) -> None:
         "412",
         "413",
         "429",
+        "503",
     }
-    assert set(ops["delete"]["responses"]) >= {"204", "404", "412", "429"}
+    assert set(ops["delete"]["responses"]) >= {"204", "404", "412", "429", "503"}
     headers = {
         verb: {p["name"] for p in ops[verb]["parameters"] if p["in"] == "header"}
         for verb in ("put", "delete")
     }
     assert headers == {"put": {"If-Match", "If-None-Match"}, "delete": {"If-Match"}}
-    assert set(ops["get"]["responses"]) == {"200", "400", "401", "403", "404"}
-    assert set(doc["paths"]["/api/v1/admission"]["get"]["responses"]) == {"200", "401", "403"}
+    assert set(ops["get"]["responses"]) == {"200", "400", "401", "403", "404", "503"}
+    assert set(doc["paths"]["/api/v1/admission"]["get"]["responses"]) == {
+        "200",
+        "400",
+        "401",
+        "403",
+        "503",
+    }
 
 
 # --- the agent verbs -----------------------------------------------------------------------------
