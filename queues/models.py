@@ -14,6 +14,7 @@ from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import BrinIndex, GinIndex
 from django.db import models
 from django.db.models import Q, Value
+from django.utils import timezone
 
 from switchboard.constraints import CheckSQL, one_of
 from switchboard.core.errors import InvalidArgument
@@ -413,6 +414,16 @@ class Todo(models.Model):
     @property
     def dead_letter(self) -> bool:
         return self.state == TodoState.FAILED and self.next_retry_at is None
+
+    @property
+    def lease_lapsed(self) -> bool:
+        """A claim whose lease has run out: its holder went quiet; the next claim takes it over
+        (attempts left) or the reaper moves it on. Every page and refusal says so alike."""
+        return (
+            self.state == TodoState.CLAIMED
+            and self.lease_expires_at is not None
+            and self.lease_expires_at <= timezone.now()
+        )
 
 
 class AttemptOutcome(models.TextChoices):

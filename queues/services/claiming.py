@@ -31,7 +31,6 @@ from uuid import UUID
 
 from django.db import transaction
 from django.db.models import Count
-from django.utils import timezone
 
 from queues import access, gates, metrics, selectors, sql
 from queues.access import Actor, AgentActor, acting_endpoint_ids
@@ -380,7 +379,7 @@ def _not_claimable(locked: sql.LockedTodo) -> Conflict:
             f"todo is {locked.state} and cannot be claimed (quarantine is never delivered)",
             state=locked.state,
         )
-    todo = Todo.objects.only("next_retry_at", "lease_expires_at").get(pk=locked.id)
+    todo = Todo.objects.only("state", "next_retry_at", "lease_expires_at").get(pk=locked.id)
     if locked.state == TodoState.FAILED and todo.next_retry_at is not None:
         return Conflict(
             f"todo is failed; its retry is due at {iso(todo.next_retry_at)}",
@@ -396,11 +395,10 @@ def _not_claimable(locked: sql.LockedTodo) -> Conflict:
         )
     if locked.state == TodoState.CLAIMED and locked.attempt >= locked.max_attempts:
         # Claimable otherwise: a lapsed lease with attempts left is taken over.
-        lapsed = todo.lease_expires_at is not None and todo.lease_expires_at <= timezone.now()
         lease = (
             f"its lease lapsed at {iso(todo.lease_expires_at)}: no takeover is left; the "
             "reaper dead-letters it"
-            if lapsed
+            if todo.lease_lapsed
             else f"its lease until {iso(todo.lease_expires_at)}: no takeover is left; when it "
             "lapses the reaper dead-letters it"
         )

@@ -16,7 +16,6 @@ from django.contrib import messages
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
-from django.utils import timezone
 from django.utils.http import urlencode
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 from django_htmx.http import reswap, retarget
@@ -273,12 +272,7 @@ def _todo_context(request: HttpRequest, viewer: Viewer, todo_id: UUID) -> dict[s
             a for a in _actions_for(todo.state, todo.dead_letter) if a in selectors.BULK_ACTIONS
         ]
     # A lapsed lease: complete and fail are refused (lease_lapsed), only a release is not.
-    lease_lapsed = (
-        todo.state == TodoState.CLAIMED
-        and todo.lease_expires_at is not None
-        and todo.lease_expires_at <= timezone.now()
-    )
-    if lease_lapsed:
+    if todo.lease_lapsed:
         actions = [a for a in actions if a == "release"]
     # A retry the service would refuse is not offered; the page says why instead.
     retry_refusal = selectors.retry_refusal(todo) if "retry" in actions else None
@@ -298,7 +292,6 @@ def _todo_context(request: HttpRequest, viewer: Viewer, todo_id: UUID) -> dict[s
         "explain": selectors.todo_explain(todo),
         "can_act": can_act,
         "actions": actions,
-        "lease_lapsed": lease_lapsed,
         "retry_refusal": retry_refusal.message if retry_refusal else "",
         "here": back,
         # Actions come back here (the drawer with htmx, the page without), keeping the way back.
@@ -558,7 +551,6 @@ def agents_view(request: HttpRequest) -> HttpResponse:
             "viewer": viewer,
             "agents": activity.agents(visible_endpoints(viewer.actor)),
             "shown": activity.HELD_SHOWN,
-            "now": timezone.now(),  # a held todo's lease before it has lapsed
             "nav": "agents",
         },
     )

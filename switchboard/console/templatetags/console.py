@@ -207,8 +207,7 @@ def _card(t: Any, s: Any, zone: tzinfo | None, today: date, url: str, nxt: str) 
         until = _e(at_zone(t.lease_expires_at, zone, today))
         # A lease in the past has lapsed (the next claim or the reaper moves it on), as the
         # todo's page says; "lease until" a past time read as held.
-        lapsed = t.lease_expires_at is not None and t.lease_expires_at <= timezone.now()
-        lease = f"lease lapsed at {until}" if lapsed else f"lease until {until}"
+        lease = f"lease lapsed at {until}" if t.lease_lapsed else f"lease until {until}"
         meta += f" · held by <bdi>{_e(t.owner)}</bdi> · {lease}"
     elif t.state == "failed" and t.next_retry_at:
         meta += f" · retry at {_e(at_zone(t.next_retry_at, zone, today))}"
