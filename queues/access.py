@@ -325,6 +325,12 @@ def visible_endpoints(actor: HumanActor) -> QuerySet[Endpoint]:
     return qs.filter(owner_id=getattr(actor.user, "pk", None))
 
 
+def visible_endpoint(actor: HumanActor, slug: str) -> Endpoint | None:
+    """The endpoint of this slug if the human may see it (another owner's is None, as an
+    unknown slug: its existence does not leak), for the API and the CLI alike."""
+    return visible_endpoints(actor).filter(slug=slug).first()
+
+
 @dataclass
 class Viewer:
     """The signed-in human at a console page: the actor (roles resolved once) and their zone."""

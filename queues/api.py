@@ -137,7 +137,7 @@ def _visible_endpoints(actor: HumanActor) -> Any:
 
 
 def _endpoint(actor: HumanActor, slug: str) -> Endpoint:
-    endpoint = _visible_endpoints(actor).filter(slug=slug).first()
+    endpoint = access.visible_endpoint(actor, slug)
     if endpoint is None:
         raise NotFound("no such endpoint", slug=slug)
     return endpoint
