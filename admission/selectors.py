@@ -29,6 +29,7 @@ from queues.access import Actor, AgentActor, HumanActor
 from queues.models import QUARANTINE_QUEUE, Endpoint, Todo, TodoState
 from switchboard.core import versions
 from switchboard.core.errors import InvalidArgument, NotFound
+from switchboard.ledger import chain as ledger
 from switchboard.ledger.models import LedgerEntry
 
 HISTORY_WINDOWS = 30
@@ -524,3 +525,33 @@ def ledger_rows(
     if until and until < date.max:  # to the last day Python holds is to no end at all
         qs = qs.filter(at__lt=datetime.combine(until + timedelta(days=1), time.min, tzinfo=zone))
     return qs.order_by("-seq")
+
+
+def chain_badge(actor: HumanActor) -> dict[str, Any]:
+    """The ledger page's badge: the last stored verification (the beat task's, or one asked
+    for), never a full verify per page view, as this human may read it. Owners see whether the
+    chain holds and their own budgets' drift; auditors and superusers also the fleet's row count
+    and where it breaks."""
+    stored = ledger.last_check()
+    report = stored.report
+    problem = report["chain"]["problem"]
+    detail = ""
+    if problem is not None:
+        detail = f"seq {problem['seq']}: {problem['problem']}. {problem['detail']}"
+    elif report["drift"]:
+        detail = "; ".join(f"{d['policy']}: {d['problem']}" for d in report["drift"][:3])
+    drift = report["drift"]
+    if not actor.sees_all:
+        mine = {
+            f"endpoint:{slug}/"
+            for slug in access.visible_endpoints(actor).values_list("slug", flat=True)
+        }
+        drift = [d for d in drift if any(d["policy"].startswith(prefix) for prefix in mine)]
+    return {
+        "ok": stored.ok if actor.sees_all else (problem is None and not drift),
+        "rows": report["rows"] if actor.sees_all else None,
+        "chain_ok": problem is None,
+        "drift": len(drift),
+        "checked_at": stored.checked_at,
+        "detail": detail if actor.sees_all else "",
+    }

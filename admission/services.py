@@ -30,7 +30,7 @@ from admission import engine, selectors
 from admission.models import AdmissionPolicy, AdmissionWindow, Posture
 from admission.policy import FIELD_OF_CONSTRAINT, PolicySpec
 from queues import access, wakes
-from queues.access import Actor, AgentActor
+from queues.access import Actor, AgentActor, HumanActor
 from queues.models import Endpoint, EndpointState, Verb
 from queues.sql import gated
 from switchboard.core import counters, ratelimit, versions
@@ -464,3 +464,16 @@ def window_retention() -> int:
         if not ids:
             return total
         total += AdmissionWindow.objects.filter(id__in=ids).delete()[0]
+
+
+def ledger_verify_now(*, actor: HumanActor) -> None:
+    """Verify the chain now and store the result (``ledger.check``), at most as often as
+    ``LEDGER_VERIFY_RATE_LIMIT`` lets each person: a verify reads every ledger row, so a button
+    held down, or a script, would keep the web process at nothing else. Over it: RateLimited."""
+    rate, burst = settings.LEDGER_VERIFY_RATE_LIMIT
+    allowed, wait = ratelimit.take(f"ledger-verify:{actor.user.pk}", rate=rate, burst=burst)
+    if not allowed:
+        raise RateLimited(
+            f"the chain was verified a moment ago; verify again in {wait} s", retry_after=wait
+        )
+    ledger.check()

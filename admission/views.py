@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
@@ -38,20 +37,20 @@ from admission import selectors as admission_selectors
 from admission.forms import LedgerFilterForm, PolicyForm
 from admission.models import AdmissionPolicy
 from admission.policy import PolicySpec
-from queues.access import Viewer, visible_endpoints
+from queues.access import Viewer
 from queues.models import Endpoint, check_queue_name
-from switchboard.core import ratelimit, versions
+from switchboard.core import versions
 from switchboard.core.errors import (
     DomainError,
     Forbidden,
     InvalidArgument,
     NotFound,
     PreconditionFailed,
+    RateLimited,
 )
 from switchboard.core.pages import HtmxHttpRequest, console_login_required, identity_key, refusal
 from switchboard.core.times import iso
 from switchboard.core.zones import zone_named, zones
-from switchboard.ledger import chain as ledger
 from switchboard.ledger.models import LedgerEntry, LedgerKind
 
 LEDGER_PAGE = 50
@@ -463,51 +462,19 @@ def filtered_ledger(viewer: Viewer, form: LedgerFilterForm) -> QuerySet[LedgerEn
     )
 
 
-def _chain_badge(viewer: Viewer) -> dict[str, Any]:
-    """The last stored verification (the beat task's, or one asked for): never a full verify
-    per page view."""
-    stored = ledger.last_check()
-    report = stored.report
-    problem = report["chain"]["problem"]
-    detail = ""
-    if problem is not None:
-        detail = f"seq {problem['seq']}: {problem['problem']}. {problem['detail']}"
-    elif report["drift"]:
-        detail = "; ".join(f"{d['policy']}: {d['problem']}" for d in report["drift"][:3])
-    drift = report["drift"]
-    if not viewer.sees_all:
-        # An owner hears of their own budgets' drift, not of the fleet's.
-        mine = {
-            f"endpoint:{slug}/"
-            for slug in visible_endpoints(viewer.actor).values_list("slug", flat=True)
-        }
-        drift = [d for d in drift if any(d["policy"].startswith(prefix) for prefix in mine)]
-    return {
-        "ok": stored.ok if viewer.sees_all else (problem is None and not drift),
-        # The whole ledger's size is the fleet's to know: only for who reads every row.
-        "rows": report["rows"] if viewer.sees_all else None,
-        "chain_ok": problem is None,
-        "drift": len(drift),
-        "checked_at": stored.checked_at,
-        # Owners see whether the chain holds; auditors and superusers also see where it breaks.
-        "detail": detail if viewer.sees_all else "",
-    }
-
-
 @require_POST
 @console_login_required
 def ledger_verify_view(request: HttpRequest) -> HttpResponse:
     """Verify the chain now (it reads every row) and show the ledger with the fresh result. Each
     person may ask so often (``LEDGER_VERIFY_RATE_LIMIT``): a verify reads the whole ledger, so
     a button held down, or a script, would have the web process do nothing else."""
-    rate, burst = settings.LEDGER_VERIFY_RATE_LIMIT
-    allowed, wait = ratelimit.take(f"ledger-verify:{request.user.pk}", rate=rate, burst=burst)
-    if allowed:
-        ledger.check()
-    else:
+    try:
+        services.ledger_verify_now(actor=Viewer.of(request).actor)
+    except RateLimited as exc:
         messages.warning(
             request,
-            f"The chain was verified a moment ago (the badge shows it); verify again in {wait} s.",
+            "The chain was verified a moment ago (the badge shows it); verify again in "
+            f"{exc.details['retry_after']} s.",
         )
     return redirect("ledger")
 
@@ -529,7 +496,7 @@ def ledger_view(request: HtmxHttpRequest) -> HttpResponse:
         "rows": rows,
         "query": query.urlencode(),
         "kinds": LedgerKind.choices,
-        "badge": _chain_badge(viewer),
+        "badge": admission_selectors.chain_badge(viewer.actor),
         "nav": "ledger",
     }
     if request.htmx and request.htmx.target == "ledger-rows":
