@@ -524,18 +524,29 @@ def retryable(todos: QuerySet[Todo]) -> QuerySet[Todo]:
     endpoint (nothing could claim them again), and not holding an idempotency key that another
     todo of the endpoint holds now (live) or would hold (a newer dead letter with the key: of
     two, only the newest comes back), as the live-key index would refuse."""
-    same_key = Todo.objects.filter(
-        endpoint_id=OuterRef("endpoint_id"), idempotency_key=OuterRef("idempotency_key")
-    ).exclude(pk=OuterRef("pk"))
-    taken = Exists(same_key.filter(LIVE_TODO)) | Exists(
-        same_key.filter(
-            state=TodoState.FAILED,
-            next_retry_at__isnull=True,
-            created_at__gt=OuterRef("created_at"),
+    taken = Exists(
+        _key_holders(
+            OuterRef("endpoint_id"),
+            OuterRef("idempotency_key"),
+            OuterRef("pk"),
+            OuterRef("created_at"),
         )
     )
     return todos.exclude(endpoint__state=EndpointState.REVOKED).exclude(
         Q(idempotency_key__isnull=False) & taken
+    )
+
+
+def _key_holders(endpoint_id: Any, key: Any, pk: Any, created_at: Any) -> QuerySet[Todo]:
+    """The other todos of an endpoint that hold this idempotency key now (live) or would once
+    retried (a newer dead letter): values, or OuterRefs in ``retryable``'s subquery."""
+    return (
+        Todo.objects.filter(endpoint_id=endpoint_id, idempotency_key=key)
+        .exclude(pk=pk)
+        .filter(
+            LIVE_TODO
+            | Q(state=TodoState.FAILED, next_retry_at__isnull=True, created_at__gt=created_at)
+        )
     )
 
 
@@ -552,12 +563,7 @@ def retry_refusal(todo: Todo) -> Conflict | None:
     if todo.idempotency_key is None:
         return None
     holder = (
-        Todo.objects.filter(endpoint_id=todo.endpoint_id, idempotency_key=todo.idempotency_key)
-        .exclude(pk=todo.pk)
-        .filter(
-            LIVE_TODO
-            | Q(state=TodoState.FAILED, next_retry_at__isnull=True, created_at__gt=todo.created_at)
-        )
+        _key_holders(todo.endpoint_id, todo.idempotency_key, todo.pk, todo.created_at)
         .values_list("id", "state")
         .first()
     )
