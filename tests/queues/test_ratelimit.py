@@ -12,11 +12,12 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 
 from switchboard.core import counters, ratelimit
-from tests.conftest import database_url
+from tests.conftest import Personas, database_url
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -195,3 +196,37 @@ def test_racing_takes_from_a_bucket_that_never_refills_admit_exactly_its_burst()
     assert race("slow-race", 1, 16, 1) == 1
     assert race("slow-race-leased", 400, 16, 40) == 400
     assert ratelimit.availability.redis_breaker.allow()
+
+
+def test_racing_requests_of_an_endpoint_with_a_burst_alone_admit_exactly_that_burst(
+    personas: Personas, settings: Any
+) -> None:
+    """An endpoint vended with --burst and no --rps of its own is held to that burst at the
+    fleet's rate (it was stored, shown and ignored): sixteen threads at once, three admitted."""
+    from queues import services
+    from queues.auth import check_endpoint_rate
+    from switchboard.core.errors import RateLimited
+    from tests.conftest import FIXTURE
+
+    settings.ENDPOINT_RATE_LIMIT = (1e-6, 40)  # the fleet's: nothing refills during the race
+    endpoint, _ = services.endpoint_vend(
+        actor=FIXTURE, owner=personas.owner, name="Burst alone", queues=["inbox"], burst=3
+    )
+    admitted: list[bool] = []
+    lock = threading.Lock()
+
+    def request() -> None:
+        try:
+            check_endpoint_rate(endpoint)
+            ok = True
+        except RateLimited:
+            ok = False
+        with lock:
+            admitted.append(ok)
+
+    threads = [threading.Thread(target=request) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert (admitted.count(True), admitted.count(False)) == (3, 13)
