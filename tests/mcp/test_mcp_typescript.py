@@ -16,7 +16,7 @@ from typing import Any
 from admission import selectors as admission_selectors
 from admission import services as admission_services
 from admission.limits import services as limit_services
-from queues import services
+from queues import pauses, services
 from queues.models import Todo, TodoState
 from switchboard.ledger.models import LedgerEntry, LedgerKind
 from tests.conftest import FIXTURE, Personas, push, self_budgeting
@@ -74,6 +74,36 @@ def test_a_typescript_agent_works_and_reads_every_refusal(
     assert invalid["text"]["field"] == "title"
     mine = Todo.objects.get(endpoint=tx_personas.agent)
     assert mine.state == TodoState.DONE and mine.result == {"ok": True}
+
+
+def test_the_typescript_sdk_accepts_the_answers_that_say_why_work_waits(
+    tx_personas: Personas, live_url: str, js_clients: Path
+) -> None:
+    """Shapes this session added to tools' structured content, each checked by the SDK against
+    the tool's output schema: an empty claim_next's queue_paused entry (with its pause) and a
+    create's differs."""
+    p = tx_personas
+    push(p, 2, queue="outbox")
+    pauses.queue_pause(actor=p.as_human(p.admin), queue="outbox", reason="draining")
+    calls = [
+        ["claim_next", {"queue": "outbox"}],
+        ["create_todo", {"queue": "inbox", "title": "once", "idempotency_key": "k-ts"}],
+        ["create_todo", {"queue": "inbox", "title": "other", "idempotency_key": "k-ts"}],
+    ]
+    report = run_agent(js_clients, f"{live_url}/mcp/{p.agent.slug}", p.agent_token, calls)
+    for call in report["calls"]:
+        assert "thrown" not in call and call["isError"] is False, call
+    empty, made, reused = (call["structuredContent"] for call in report["calls"])
+    [held] = empty["deferred"]
+    assert empty["empty"] is True
+    assert (held["reason"], held["pending"], held["pause"]["reason"]) == (
+        "queue_paused",
+        2,
+        "draining",
+    )
+    assert made["created"] is True and "differs" not in made
+    assert reused["created"] is False and reused["differs"] == ["title"]
+    assert reused["todo"]["id"] == made["todo"]["id"]
 
 
 def test_a_typescript_agent_lists_and_reads_its_todos_as_resources(
