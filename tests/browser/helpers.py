@@ -11,7 +11,7 @@ from playwright.sync_api import Page
 
 from admission import services as admission_services
 from admission.models import AdmissionPolicy
-from tests.conftest import FIXTURE, Personas, push
+from tests.conftest import FIXTURE, Personas, lapse, push
 
 AXE = Axe()
 BLOCKING = {"critical", "serious"}
@@ -67,16 +67,19 @@ def api_post(base: str, path: str, token: str, body: dict[str, Any] | None = Non
 def small_fleet(p: Personas) -> dict[str, Any]:
     """A fleet with something in every condition, made through the services: pending work,
     a claim in progress (``claimed``, after an ended attempt of its own), a dead letter with a
-    structured error, a paused queue, a budget used up, ledger rows."""
+    structured error, a paused queue, a budget used up, ledger rows; and the todos whose pages
+    say what is not offered and why (a lapsed lease, a paused queue's, a revoked endpoint's)."""
     from queues import pauses, services
 
     inbox = push(p, 4)
-    push(p, 2, queue="outbox")
+    outbox = push(p, 2, queue="outbox")
     push(p, 1, endpoint=p.agent2)
     agent = p.as_agent()
     services.claim(actor=agent, todo_id=inbox[0].id, claimant="worker-0")
     services.release(actor=agent, todo_id=inbox[0].id)
     services.claim(actor=agent, todo_id=inbox[0].id, claimant="worker-1")
+    services.claim(actor=agent, todo_id=inbox[2].id, claimant="worker-3")
+    lapse(inbox[2])
     dead = push(p, 1, queue="outbox", max_attempts=1)[0]
     services.claim(actor=agent, todo_id=dead.id, claimant="worker-2")
     services.fail(
@@ -91,9 +94,16 @@ def small_fleet(p: Personas) -> dict[str, Any]:
     retired, _ = services.endpoint_vend(
         actor=p.as_human(), owner=p.owner, name="Retired", queues=["inbox"], rps=0
     )
-    push(p, 1, endpoint=retired)
+    [orphan] = push(p, 1, endpoint=retired)
     services.endpoint_revoke(actor=p.as_human(), endpoint=retired)
-    return {"todo": inbox[1], "claimed": inbox[0], "dead": dead}
+    return {
+        "todo": inbox[1],
+        "claimed": inbox[0],
+        "dead": dead,
+        "lapsed": inbox[2],
+        "paused": outbox[0],
+        "orphan": orphan,
+    }
 
 
 def console_pages(p: Personas, fleet: dict[str, Any]) -> list[str]:
@@ -105,6 +115,9 @@ def console_pages(p: Personas, fleet: dict[str, Any]) -> list[str]:
         f"/todos/{fleet['todo'].id}",
         f"/todos/{fleet['claimed'].id}",
         f"/todos/{fleet['dead'].id}",
+        f"/todos/{fleet['lapsed'].id}",
+        f"/todos/{fleet['paused'].id}",
+        f"/todos/{fleet['orphan'].id}",
         "/budgets/agent/inbox",
         "/budgets/agent/inbox/clear",
         "/ledger",
