@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 from admission import selectors as admission_selectors
 from admission import services as admission_services
 from admission.limits import services as limit_services
-from queues import pauses, services
+from queues import pauses, selectors, services
 from queues.models import Todo, TodoState
 from switchboard.ledger.models import LedgerEntry, LedgerKind
 from tests.conftest import FIXTURE, Personas, push, self_budgeting
@@ -85,6 +86,9 @@ def test_the_typescript_sdk_accepts_the_answers_that_say_why_work_waits(
     p = tx_personas
     push(p, 2, queue="outbox")
     pauses.queue_pause(actor=p.as_human(p.admin), queue="outbox", reason="draining")
+    # The live server is a process of its own: it learns paused names within the period it
+    # keeps them (queues.selectors.paused_names; a local pause tells only its own process).
+    time.sleep(selectors.PAUSED_NAMES_SECONDS + 0.2)
     calls = [
         ["claim_next", {"queue": "outbox"}],
         ["create_todo", {"queue": "inbox", "title": "once", "idempotency_key": "k-ts"}],
