@@ -8,7 +8,7 @@ happen only after commit.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -36,6 +36,7 @@ from queues.selectors import BULK_ACTIONS, Selection
 from queues.services.endpoints import resolve_lease_ttl
 from switchboard.core import availability, validation
 from switchboard.core.errors import Conflict, InvalidArgument, NotFound
+from switchboard.core.times import iso
 from switchboard.core.tokens import hash_token
 from switchboard.ledger import chain as ledger
 from switchboard.ledger.models import LedgerEntry, LedgerKind
@@ -312,17 +313,22 @@ def complete(
 ) -> Todo:
     validation.check_stored_json(result, "result")
     db = sql.default_connection()  # once for the statement and the counters
-    todo = _transition(
-        actor,
-        todo_id,
-        sql.complete_sql(),
-        {"result": _json_param(result), "summary": _summary(summary)},
-        lease_token,
-        attempt,
-        ends=True,
-        db=db,
-        plain=sql.complete_plain_sql(),
-    )
+    summary = _summary(summary)
+
+    def end() -> Todo:
+        return _transition(
+            actor,
+            todo_id,
+            sql.complete_sql(),
+            {"result": _json_param(result), "summary": summary},
+            lease_token,
+            attempt,
+            ends=True,
+            db=db,
+            plain=sql.complete_plain_sql(),
+        )
+
+    todo = _end(actor, todo_id, LedgerKind.TODO_COMPLETE, end, summary=summary)
     _after_end(todo, "done", db=db)
     return todo
 
@@ -340,16 +346,17 @@ def fail(
     """Fail a claimed attempt. ``rate_limited``: the work met a 429, recorded against the todo's
     rate limit in the same transaction (a todo naming none is refused, nothing changed)."""
     validation.check_stored_json(error, "error")
-    # Only a reported 429 needs a transaction around the one statement.
-    with transaction.atomic() if rate_limited else nullcontext():
-        todo = _transition(
+    summary = _summary(summary)
+
+    def end() -> Todo:
+        return _transition(
             actor,
             todo_id,
             sql.fail_sql(),
             {
                 "result": _json_param({"error": error} if error is not None else None),
                 "error": _json_param(error),
-                "summary": _summary(summary),
+                "summary": summary,
                 "base": BACKOFF_BASE_SECONDS,
                 "cap": BACKOFF_CAP_SECONDS,
             },
@@ -357,6 +364,10 @@ def fail(
             attempt,
             ends=True,
         )
+
+    # Only a reported 429 needs a transaction around the one statement.
+    with transaction.atomic() if rate_limited else nullcontext():
+        todo = _end(actor, todo_id, LedgerKind.TODO_FAIL, end, summary=summary)
         if rate_limited:
             declared.observe_rate_limited(rate_limit=todo.rate_limit, actor=actor, todo_id=todo.id)
     _after_end(todo, "dead_lettered" if todo.dead_letter else "failed")
@@ -366,13 +377,61 @@ def fail(
 def release(
     *, actor: Actor, todo_id: UUID, lease_token: str | None = None, attempt: int | None = None
 ) -> Todo:
-    todo = _transition(
-        actor, todo_id, sql.release_sql(), {"summary": ""}, lease_token, attempt, ends=True
-    )
+    def end() -> Todo:
+        return _transition(
+            actor, todo_id, sql.release_sql(), {"summary": ""}, lease_token, attempt, ends=True
+        )
+
+    todo = _end(actor, todo_id, LedgerKind.TODO_RELEASE, end)
     if todo.state == TodoState.FAILED:
         _after_end(todo, "dead_lettered")
     else:
         _after_end(todo, None, ring="released")
+    return todo
+
+
+def _end(
+    actor: Actor, todo_id: UUID, kind: str, end: Callable[[], Todo], *, summary: str = ""
+) -> Todo:
+    """Run ``end``, the ending's statement. An agent's ending of its own claim is that alone: not
+    a decision, and not ledgered (a limited claim's end row records it).
+
+    A human's ending of a claim (theirs or an agent's: the console's Complete, Fail and
+    Release, the operator API's and the admin's release) is a decision: it appends one chain-0
+    ledger row naming the claim it ended, in the statement's transaction. The claim is read under the todo's lock
+    first (the lock the statement takes anyway), so the row says whose claim it was even when
+    the ending clears the owner."""
+    if not isinstance(actor, HumanActor):
+        return end()
+    with transaction.atomic():
+        held = (
+            Todo.objects.select_for_update()
+            .filter(pk=todo_id)
+            .values("state", "owner", "attempt", "lease_expires_at")
+            .first()
+        )
+        todo = end()
+        assert held is not None  # the statement matched it
+        slug = Endpoint.objects.values_list("slug", flat=True).get(pk=todo.endpoint_id)
+        after: dict[str, Any] = {"state": todo.state, "count": 1, "todos": [str(todo.id)]}
+        if todo.state == TodoState.FAILED:
+            after["dead_letter"] = todo.dead_letter
+            after["next_retry_at"] = iso(todo.next_retry_at)
+        if summary:
+            after["summary"] = summary
+        ledger.append(
+            kind=kind,
+            actor=access.ledger_actor(actor),
+            scope=f"endpoint:{slug}",
+            queue=todo.queue,
+            before={
+                "state": held["state"],
+                "owner": held["owner"],
+                "attempt": held["attempt"],
+                "lease_expires_at": iso(held["lease_expires_at"]),
+            },
+            after=after,
+        )
     return todo
 
 

@@ -36,6 +36,10 @@ class LedgerKind(models.TextChoices):
     TOKEN_REVOKE = "token.revoke"
     TODO_RETRY = "todo.retry"
     TODO_DISCARD = "todo.discard"
+    # A human's ending of a claim (services.todos._human_end); an agent's own is not a decision.
+    TODO_COMPLETE = "todo.complete"
+    TODO_FAIL = "todo.fail"
+    TODO_RELEASE = "todo.release"
 
 
 class LedgerEntry(models.Model):

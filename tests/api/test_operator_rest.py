@@ -14,6 +14,7 @@ from queues import services
 from queues.access import HumanActor
 from queues.models import BASIC_VERBS, Endpoint, EndpointState, Todo, TodoState
 from switchboard.core.errors import Forbidden, NotFound
+from switchboard.ledger.models import LedgerEntry, LedgerKind
 from tests.api.conftest import Api, human_token
 from tests.conftest import FIXTURE, Personas, push
 
@@ -265,3 +266,26 @@ def test_the_todo_services_decide_not_found_before_forbidden_for_an_auditor(
         assert seen.status_code == 403
         assert seen.json()["error"] == "auditors read; they do not change endpoints or todos"
     assert Todo.objects.get(pk=todo.pk).state == TodoState.PENDING
+
+
+def _claimed_by_worker(p: Personas, max_attempts: int) -> Todo:
+    [todo] = push(p, 1, max_attempts=max_attempts)
+    services.claim(actor=p.as_agent(), todo_id=todo.id, claimant="worker-7")
+    return todo
+
+
+def test_the_operator_api_release_is_ledgered_and_the_last_attempt_dead_letters(
+    personas: Personas, owner_api: Api
+) -> None:
+    p = personas
+    again, last = _claimed_by_worker(p, 3), _claimed_by_worker(p, 1)
+    for todo in (again, last):
+        response = owner_api.post(f"/api/v1/todos/{todo.id}/release")
+        assert response.status_code == 200, response.content
+
+    rows = list(LedgerEntry.objects.filter(kind=LedgerKind.TODO_RELEASE).order_by("seq"))
+    assert [(r.after["state"], r.after.get("dead_letter")) for r in rows] == [  # type: ignore[index, union-attr]
+        ("pending", None),
+        ("failed", True),
+    ]
+    assert {r.before["owner"] for r in rows} == {"worker-7"}  # type: ignore[index]
