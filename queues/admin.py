@@ -10,10 +10,12 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.auth import get_permission_codename
 from django.db import models
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from queues import access, pauses, selectors, services
@@ -21,6 +23,7 @@ from queues.access import HumanActor
 from queues.models import (
     BASIC_VERBS,
     GRANTABLE_VERBS,
+    LIVE_TODO,
     MAX_BURST,
     Attempt,
     Endpoint,
@@ -286,7 +289,14 @@ class EndpointAdmin(_PersonFieldAdmin):
         return HttpResponseRedirect(reverse("admin:queues_endpoint_change", args=[obj.pk]))
 
     @admin.action(description="Revoke (dead-letters their live todos)", permissions=["revoke"])
-    def revoke(self, request: HttpRequest, queryset: QuerySet[Endpoint]) -> None:
+    def revoke(self, request: HttpRequest, queryset: QuerySet[Endpoint]) -> HttpResponse | None:
+        """Asks first, as Django's delete does: a revoke cannot be undone and dead-letters the
+        endpoints' live todos, so the page names them with the count each would lose. A selection
+        with nothing active left to revoke goes straight to the summary."""
+        if request.POST.get("post") != "yes":
+            asked = self._revoke_confirmation(request, queryset)
+            if asked is not None:
+                return asked
         revoked, dead, refused = 0, 0, []
         for endpoint in queryset:
             if endpoint.state != EndpointState.ACTIVE:
@@ -306,6 +316,42 @@ class EndpointAdmin(_PersonFieldAdmin):
         if revoked:
             summary += f"; {dead} live todo(s) dead-lettered"
         _summarize(self, request, f"{summary}.", refused)
+        return None
+
+    def _revoke_confirmation(
+        self, request: HttpRequest, queryset: QuerySet[Endpoint]
+    ) -> TemplateResponse | None:
+        endpoints = list(queryset.select_related("owner").order_by("slug"))
+        active = [e for e in endpoints if e.state == EndpointState.ACTIVE]
+        if not active:
+            return None
+        live = dict(
+            Todo.objects.filter(LIVE_TODO, endpoint__in=active)
+            .values("endpoint")
+            .annotate(n=Count("pk"))
+            .values_list("endpoint", "n")
+        )
+        return TemplateResponse(
+            request,
+            "admin/queues/endpoint/revoke_confirmation.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": "Revoke these endpoints?",
+                "opts": self.model._meta,
+                "media": self.media,
+                "queryset": endpoints,
+                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+                "to_revoke": [
+                    {
+                        "endpoint": e,
+                        "owner": e.owner.get_username() if e.owner_id else "",
+                        "live": live.get(e.pk, 0),
+                    }
+                    for e in active
+                ],
+                "left_alone": [e for e in endpoints if e.state != EndpointState.ACTIVE],
+            },
+        )
 
 
 @admin.register(Todo)

@@ -4,6 +4,8 @@ shows one row per shard of a window (admission migration 0007) beside its policy
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from playwright.sync_api import expect
 
@@ -61,3 +63,35 @@ def test_the_admin_pages_have_no_serious_findings_and_the_window_list_sums_shard
     expect(page.locator("#result_list th.column-shard")).to_have_text("Shard")
     used = page.locator("#result_list td.field-used").all_inner_texts()
     assert sum(int(u) for u in used) == 3
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_endpoint_revoke_asks_first_and_its_page_has_no_serious_findings(
+    session: Session, tx_personas: Personas, width: int
+) -> None:
+    p = tx_personas
+    push(p, 2)
+    page = session.page(p.admin, width=width)
+
+    def ask() -> None:
+        page.goto("/admin/queues/endpoint/")
+        page.locator(f'input[name="_selected_action"][value="{p.agent.pk}"]').check()
+        page.locator('select[name="action"]').select_option("revoke")
+        page.locator('button[name="index"]').click()
+        expect(page.locator("h1")).to_have_text("Revoke these endpoints?")
+
+    ask()
+    expect(page.locator("#content tbody tr td").nth(2)).to_have_text("2")
+    assert findings(page) == []
+    # Taking it back changes nothing; confirming revokes.
+    page.get_by_role("link", name="No, take me back").click()
+    expect(page).to_have_url(re.compile(r"/admin/queues/endpoint/$"))
+    p.agent.refresh_from_db()
+    assert p.agent.state == "active"
+    ask()
+    page.get_by_role("button", name="Yes, revoke 1 endpoint").click()
+    expect(page.locator(".messagelist")).to_contain_text(
+        "1 endpoint(s) revoked; 2 live todo(s) dead-lettered."
+    )
+    p.agent.refresh_from_db()
+    assert p.agent.state == "revoked"

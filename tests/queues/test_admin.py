@@ -288,9 +288,10 @@ def test_a_crafted_changelist_lookup_or_selection_is_refused_not_a_500(
             assert shown == ["Nothing done: the selection names no such item."], (url, shown)
     p.agent.refresh_from_db()
     assert p.agent.state == "active" and HumanToken.objects.get().revoked_at is None
-    # A real selection still acts.
+    # A real selection still acts (confirmed: the revoke asks first).
     client.post(
-        "/admin/queues/endpoint/", {"action": "revoke", "_selected_action": [str(p.agent2.pk)]}
+        "/admin/queues/endpoint/",
+        {"action": "revoke", "_selected_action": [str(p.agent2.pk)], "post": "yes"},
     )
     p.agent2.refresh_from_db()
     assert p.agent2.state == "revoked"

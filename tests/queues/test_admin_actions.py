@@ -35,9 +35,12 @@ def _offered(client: Client, url: str) -> list[str]:
 
 
 def _act(client: Client, url: str, action: str, *selected: Any) -> list[tuple[str, str]]:
-    """Post an action on the selection; the messages the list then shows, (level, text)."""
+    """Post an action on the selection, confirmed where the action asks first (``post=yes``,
+    as Django's delete); the messages the list then shows, (level, text)."""
     response = client.post(
-        url, {"action": action, "_selected_action": [str(s) for s in selected]}, follow=True
+        url,
+        {"action": action, "_selected_action": [str(s) for s in selected], "post": "yes"},
+        follow=True,
     )
     assert response.status_code == 200
     return [(m.level_tag, str(m)) for m in response.context["messages"]]
@@ -190,3 +193,54 @@ def test_each_summary_counts_what_was_done_and_warns_of_each_item_left_alone(
     ).content.decode()
     assert f"Left alone: {world['token']}" in page
     assert HumanToken.objects.get().revoked_at is not None
+
+
+def test_a_revoke_asks_first_naming_what_each_endpoint_would_lose(personas: Personas) -> None:
+    # The action revoked at once: one slip of the action menu dead-lettered an agent's work.
+    p = personas
+    live = push(p, 3)
+    services.claim(actor=p.as_agent(), todo_id=live[0].id)
+    services.endpoint_revoke(endpoint=p.agent2, actor=p.as_human(p.admin))
+    rows = audit_rows().count()
+    client = _client(p.admin)
+    selected = [str(p.agent.pk), str(p.agent2.pk)]
+    asked = client.post(
+        "/admin/queues/endpoint/", {"action": "revoke", "_selected_action": selected}
+    )
+    assert asked.status_code == 200
+    html = asked.content.decode()
+    assert "Revoke these endpoints?" in html
+    cells = re.findall(r"<tr><td>(.*?)</td><td>(.*?)</td><td>(.*?)</td></tr>", html)
+    assert cells == [(f"{p.agent.name} ({p.agent.slug})", p.agent.owner.username, "3")]
+    assert f"Left alone (already revoked): {p.agent2.slug}." in html
+    assert sorted(re.findall(r'name="_selected_action" value="([^"]+)"', html)) == sorted(selected)
+    assert 'name="post" value="yes"' in html
+    # Asking changed nothing.
+    assert Endpoint.objects.get(pk=p.agent.pk).state == EndpointState.ACTIVE
+    assert audit_rows().count() == rows
+
+    done = client.post(
+        "/admin/queues/endpoint/",
+        {"action": "revoke", "_selected_action": selected, "post": "yes"},
+        follow=True,
+    )
+    shown = [(m.level_tag, str(m)) for m in done.context["messages"]]
+    assert shown == [
+        ("info", "1 endpoint(s) revoked; 3 live todo(s) dead-lettered."),
+        ("warning", f"Left alone: {p.agent2.slug}: already revoked"),
+    ]
+    assert Endpoint.objects.get(pk=p.agent.pk).state == EndpointState.REVOKED
+
+
+def test_a_revoke_of_nothing_active_does_not_ask(personas: Personas) -> None:
+    p = personas
+    services.endpoint_revoke(endpoint=p.agent2, actor=p.as_human(p.admin))
+    response = _client(p.admin).post(
+        "/admin/queues/endpoint/",
+        {"action": "revoke", "_selected_action": [str(p.agent2.pk)]},
+        follow=True,
+    )
+    assert [(m.level_tag, str(m)) for m in response.context["messages"]] == [
+        ("info", "0 endpoint(s) revoked."),
+        ("warning", f"Left alone: {p.agent2.slug}: already revoked"),
+    ]
