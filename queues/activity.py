@@ -119,7 +119,8 @@ HISTORY_MINUTES = 24 * 60
 
 @dataclass(frozen=True)
 class OccupancyHistory:
-    """One pool's or tag's last 24 hours: claims held per minute, oldest minute first."""
+    """One pool's or tag's last 24 hours: the most claims held at once in each minute, oldest
+    minute first."""
 
     kind: str
     name: str
@@ -137,17 +138,36 @@ def occupancy_history(
     declared: list[tuple[str, str, int, str]], *, now: datetime | None = None
 ) -> list[OccupancyHistory]:
     """Per pool and tag of ``declared`` (kind, name, limit, posture: admission.limits'
-    declarations), the claims naming it held in each minute of the last 24 h (one query over
-    the attempts)."""
+    declarations), the most claims naming it held at once in each minute of the last 24 h (one
+    query over the attempts)."""
     now = now or timezone.now()
     last = now.replace(second=0, microsecond=0)
     minutes = [last - timedelta(minutes=HISTORY_MINUTES - 1 - i) for i in range(HISTORY_MINUTES)]
     with connection.cursor() as cursor:
         cursor.execute(sql.OCCUPANCY_HISTORY_SQL, {"since": minutes[0], "now": now})
-        found = {(kind, name, minute): n for kind, name, minute, n in cursor.fetchall()}
+        found = {(kind, name, minute): (peak, end) for kind, name, minute, peak, end in cursor}
     return [
-        OccupancyHistory(
-            kind, name, limit, posture, minutes, [found.get((kind, name, m), 0) for m in minutes]
-        )
+        OccupancyHistory(kind, name, limit, posture, minutes, _levels(found, kind, name, minutes))
         for kind, name, limit, posture in declared
     ]
+
+
+def _levels(
+    found: dict[tuple[str, str, datetime], tuple[int, int]],
+    kind: str,
+    name: str,
+    minutes: list[datetime],
+) -> list[int]:
+    """The most held at once in each minute: a minute with claims starting or ending in it
+    reached its highest level (or the one it began at); a minute without stayed where the last
+    one ended."""
+    held, level = [], 0
+    for minute in minutes:
+        events = found.get((kind, name, minute))
+        if events is not None:
+            peak, end = events
+            held.append(max(level, peak))
+            level = end
+        else:
+            held.append(level)
+    return held

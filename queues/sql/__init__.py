@@ -1579,9 +1579,12 @@ WHERE t.id = %s AND t.endpoint_id = ANY(%s)
 """
 
 
-# Occupancy history (issue 13): per pool and per tag, per minute since %(since)s, how many claims
-# naming it were held at some moment of that minute. Each attempt that overlaps the window spans
-# the minutes from its claim to its end (or now); attempt_claimed_brin finds recent ones.
+# Occupancy history (issue 13): per pool and per tag, per minute since %(since)s, the most claims
+# naming it held at once in that minute. Each claim that overlaps the window is a +1 at its start
+# (or the window's) and a -1 at its end; their running sum in time order (an end before a start at
+# the same instant: a slot freed and taken again) is the level held. Per minute with events: the
+# highest level reached in it and the level it ends at (``activity.occupancy_history`` carries that
+# into the minutes after, which have no events). attempt_claimed_brin finds recent attempts.
 OCCUPANCY_HISTORY_SQL = """
 WITH held AS (
     SELECT a.todo_id, a.claimed_at, a.ended_at FROM queues_attempt a
@@ -1592,21 +1595,30 @@ WITH held AS (
     WHERE t.state = 'claimed' AND t.claimed_at <= %(now)s
 ),
 spans AS (
-    SELECT t.pool, t.tags,
-           date_trunc('minute', GREATEST(a.claimed_at, %(since)s)) AS first_minute,
-           date_trunc('minute', LEAST(coalesce(a.ended_at, %(now)s), %(now)s)) AS last_minute
+    SELECT t.pool, t.tags, GREATEST(a.claimed_at, %(since)s) AS s,
+           CASE WHEN a.ended_at < %(now)s THEN a.ended_at END AS e
     FROM held a JOIN queues_todo t ON t.id = a.todo_id
     WHERE (t.pool IS NOT NULL OR t.tags <> '{}')
 ),
 named AS (
-    SELECT 'pool' AS kind, s.pool AS name, s.first_minute, s.last_minute
-    FROM spans s WHERE s.pool IS NOT NULL
+    SELECT 'pool' AS kind, s.pool AS name, s.s, s.e FROM spans s WHERE s.pool IS NOT NULL
     UNION ALL
-    SELECT 'tag', g.tag, s.first_minute, s.last_minute
-    FROM spans s CROSS JOIN LATERAL unnest(s.tags) AS g(tag)
+    SELECT 'tag', g.tag, s.s, s.e FROM spans s CROSS JOIN LATERAL unnest(s.tags) AS g(tag)
+),
+events AS (
+    SELECT kind, name, s AS at, 1 AS d FROM named
+    UNION ALL
+    SELECT kind, name, e, -1 FROM named WHERE e IS NOT NULL
+),
+levels AS (
+    SELECT kind, name, at,
+           sum(d) OVER w AS level,
+           row_number() OVER w AS n
+    FROM events
+    WINDOW w AS (PARTITION BY kind, name ORDER BY at, d ROWS UNBOUNDED PRECEDING)
 )
-SELECT n.kind, n.name, m.minute, count(*)
-FROM named n
-CROSS JOIN LATERAL generate_series(n.first_minute, n.last_minute, interval '1 minute') AS m(minute)
+SELECT kind, name, date_trunc('minute', at) AS minute, max(level),
+       (array_agg(level ORDER BY n DESC))[1]
+FROM levels
 GROUP BY 1, 2, 3
 """

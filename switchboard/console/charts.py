@@ -126,7 +126,8 @@ def throughput_chart(data: QueueThroughput, zone: tzinfo) -> Chart:
 
 
 def occupancy_chart(history: OccupancyHistory, zone: tzinfo) -> Chart:
-    """A pool's or tag's claims held per minute over 24 h, with its limit as a gridline."""
+    """A pool's or tag's most claims held at once per minute over 24 h, with its limit as it is
+    now as a gridline (a change during the day is in the ledger, not drawn)."""
     top = nice_ceiling(max(history.peak, history.limit))
     n = len(history.minutes)
     span_x = WIDTH - LEFT - RIGHT
@@ -141,7 +142,7 @@ def occupancy_chart(history: OccupancyHistory, zone: tzinfo) -> Chart:
     peak_i = max(range(n), key=lambda i: history.held[i]) if n else 0
     line = Line(
         kind="held",
-        label="held at the busiest minute",
+        label="held at once at the busiest minute",
         points=" ".join(f"{x(i)},{y(c)}" for i, c in enumerate(history.held)),
         total=history.peak,
         peak=history.peak,
@@ -168,5 +169,5 @@ def occupancy_chart(history: OccupancyHistory, zone: tzinfo) -> Chart:
         plot_right=WIDTH - RIGHT,
         top=top,
         rows=rows,
-        span=f"last 24 hours, limit {history.limit} ({history.posture})",
+        span=f"last 24 hours, limit now {history.limit} ({history.posture})",
     )
