@@ -537,7 +537,8 @@ def chain_badge(actor: HumanActor) -> dict[str, Any]:
     problem = report["chain"]["problem"]
     detail = ""
     if problem is not None:
-        detail = f"seq {problem['seq']}: {problem['problem']}. {problem['detail']}"
+        where = f"seq {problem['seq']}: " if problem["seq"] else ""
+        detail = f"{where}{problem['problem']}. {problem['detail']}"
     elif report["drift"]:
         detail = "; ".join(f"{d['policy']}: {d['problem']}" for d in report["drift"][:3])
     drift = report["drift"]

@@ -23,6 +23,7 @@ from queues import metrics, selectors
 from queues.models import Todo, TodoState
 from queues.selectors import QueueStat
 from switchboard.core import availability, counters
+from switchboard.ledger.models import LedgerCheck, LedgerHead
 
 log = logging.getLogger(__name__)
 OTHER = "__other__"
@@ -77,12 +78,13 @@ class SwitchboardCollector(Collector):
         else:
             yield from self._admission(labels)
             yield from self._limits()
+            yield from self._ledger()
         errors = CounterMetricFamily(
             "switchboard_metrics_collection_errors",
             "Collector failures; the series they would have produced were omitted.",
             labels=["collector"],
         )
-        for name in ("admission", "conditions", "counters", "limits", "queues"):
+        for name in ("admission", "conditions", "counters", "ledger", "limits", "queues"):
             errors.add_metric([name], _errors[name])
         yield errors
 
@@ -234,3 +236,33 @@ class SwitchboardCollector(Collector):
         yield pool_held
         yield tag_held
         yield effective
+
+    def _ledger(self) -> Iterator[GaugeMetricFamily]:
+        """Each chain's signed head position, read live (a scrape history outside the database:
+        a position that ever goes down was rolled back, which the database alone cannot prove),
+        and the last stored check's verdict and time."""
+        try:
+            heads = list(LedgerHead.objects.order_by("id").values_list("id", "chain_pos"))
+            stored = LedgerCheck.objects.filter(pk=1).values_list("ok", "checked_at").first()
+        except Exception:
+            log.exception("ledger collector failed")
+            _errors["ledger"] += 1
+            return
+        position = GaugeMetricFamily(
+            "switchboard_ledger_head_position",
+            "A ledger chain's signed head: its rows. It only ever rises; a fall is a rollback.",
+            labels=["chain"],
+        )
+        for chain, chain_pos in heads:
+            position.add_metric([str(chain)], chain_pos)
+        yield position
+        if stored is not None:
+            ok, checked_at = stored
+            yield GaugeMetricFamily(
+                "switchboard_ledger_check_ok", "The last ledger check: 1 sound, 0 broken.", ok
+            )
+            yield GaugeMetricFamily(
+                "switchboard_ledger_checked_timestamp_seconds",
+                "When the last ledger check ran (Unix time).",
+                checked_at.timestamp(),
+            )

@@ -559,8 +559,11 @@ class VerifyReport:
     drift: list[Any] = field(default_factory=list)
     # Live rows the trails compared with the chain (admission's: its policies).
     policies: int = 0
-    # Per chain: its rows (the last chain_pos its signed head records) and its head's seq.
-    chains: dict[int, dict[str, int]] = field(default_factory=dict)
+    # Per chain: its rows (the last chain_pos its signed head records), its head's seq and hash.
+    chains: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # Per chain, the furthest head any stored check has seen (``check``): a head behind it was
+    # rolled back.
+    high_water: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -577,6 +580,7 @@ class VerifyReport:
                 "problem": self.chain.as_dict() if self.chain else None,
             },
             "chains": {str(c): dict(v) for c, v in sorted(self.chains.items())},
+            "high_water": {str(c): dict(v) for c, v in sorted(self.high_water.items())},
             "drift": [d.as_dict() for d in self.drift],
         }
 
@@ -611,7 +615,10 @@ def _verify(batch: int) -> VerifyReport:
     report = VerifyReport()
     heads = {head.id: head for head in LedgerHead.objects.all()}
     report.head_seq = max((h.seq for h in heads.values()), default=None)
-    report.chains = {c: {"rows": h.chain_pos, "head_seq": h.seq} for c, h in sorted(heads.items())}
+    report.chains = {
+        c: {"rows": h.chain_pos, "head_seq": h.seq, "head_hash": h.entry_hash}
+        for c, h in sorted(heads.items())
+    }
     trails = [factory() for factory in TRAILS]
     states: dict[int, _ChainState] = {}
 
@@ -660,9 +667,10 @@ def _check_head(
     c: int, head: LedgerHead | None, last: _ChainState, rows: int
 ) -> ChainProblem | None:
     if head is None:
+        # With its rows gone too there is no row to point at: seq and position 0 (no place).
         return ChainProblem(
-            last.seq or 1,
-            last.position or rows,
+            last.seq,
+            last.position,
             "deleted",
             f"the signed head of chain {c} is missing: it was deleted"
             + (f" (the chain's rows end at seq {last.seq})" if last.pos else " with its rows"),
@@ -678,22 +686,30 @@ def _check_head(
             c,
         )
     if head.chain_pos > last.pos:
-        # One row missing: the head names its seq. More: they lie after the last row left.
+        # One row missing, or every row: the head names the last one's seq, and the problem
+        # points where it belonged. More after a row left: they lie after that row.
         single = head.chain_pos == last.pos + 1
+        if single or not last.pos:
+            seq, position = head.seq, _place_of(head.seq)
+        else:
+            seq, position = last.seq + 1, last.position + 1
         missing = (
             f"row {head.seq} is missing"
             if single
+            else f"all {head.chain_pos} rows of the chain, up to seq {head.seq}, are missing"
+            if not last.pos
             else f"the {head.chain_pos - last.pos} rows after seq {last.seq} up to seq "
             f"{head.seq} are missing"
         )
         return ChainProblem(
-            head.seq if single else last.seq + 1,
-            last.position + 1,
+            seq,
+            position,
             "deleted",
             _named(
                 c,
-                f"{missing}: the chain ends at seq {last.seq} but its signed head is seq "
-                f"{head.seq} (chain position {head.chain_pos})",
+                f"{missing}: "
+                + (f"the chain ends at seq {last.seq} but " if last.pos else "")
+                + f"its signed head is seq {head.seq} (chain position {head.chain_pos})",
             ),
             c,
         )
@@ -708,14 +724,115 @@ def _check_head(
     return None
 
 
-def check(batch: int = VERIFY_BATCH) -> VerifyReport:
-    """Verify now and keep the result (the beat task, "verify now" and ``ledger verify``)."""
+def _place_of(seq: int) -> int:
+    """The 1-based place in seq order a row of ``seq`` has, or would have."""
+    return LedgerEntry.objects.filter(seq__lt=seq).count() + 1
+
+
+def check(
+    batch: int = VERIFY_BATCH, *, expect: dict[int, dict[str, Any]] | None = None
+) -> VerifyReport:
+    """Verify now and keep the result (the beat task, "verify now" and ``ledger verify``).
+
+    Beyond ``verify``: every chain's head must be at or past the furthest head a stored check
+    has seen (the report's ``high_water``, kept across checks, never lowered). A database writer
+    who saved an earlier signed head can delete the rows after it and put it back: the chain
+    then verifies on its own, and only a record of the later head shows the rollback. The stored
+    check is such a record, in the same database (so a writer who also rolls it back, or deletes
+    it, is not caught here); ``expect`` (``ledger verify --expect``) holds heads recorded
+    outside it, checked the same way.
+    """
+    stored = LedgerCheck.objects.filter(pk=1).values_list("report", flat=True).first()
     report = verify(batch)
-    LedgerCheck.objects.update_or_create(
-        pk=1,
-        defaults={"checked_at": datetime.now(UTC), "ok": report.ok, "report": report.as_dict()},
-    )
+    seen = _high_water(stored)
+    if report.chain is None:
+        report.chain = rolled_back(report, seen) or rolled_back(report, expect or {})
+    with transaction.atomic():
+        # Under the row's lock, with what a check that ran meanwhile stored: a slower check
+        # (an earlier snapshot) never lowers the mark a faster one raised.
+        latest = (
+            LedgerCheck.objects.select_for_update()
+            .filter(pk=1)
+            .values_list("report", flat=True)
+            .first()
+        )
+        report.high_water = _furthest(_furthest(_high_water(latest), seen), report.chains)
+        LedgerCheck.objects.update_or_create(
+            pk=1,
+            defaults={
+                "checked_at": datetime.now(UTC),
+                "ok": report.ok,
+                "report": report.as_dict(),
+            },
+        )
     return report
+
+
+def _high_water(stored: dict[str, Any] | None) -> dict[int, dict[str, Any]]:
+    """The furthest heads a stored report records (a report from before ``high_water`` existed
+    records its own heads, without their hashes)."""
+    if not stored:
+        return {}
+    marks = stored.get("high_water") or stored.get("chains") or {}
+    return {int(c): dict(v) for c, v in marks.items()}
+
+
+def _furthest(
+    seen: dict[int, dict[str, Any]], now: dict[int, dict[str, Any]]
+) -> dict[int, dict[str, Any]]:
+    out = dict(seen)
+    for c, head in now.items():
+        if c not in out or head["rows"] >= out[c]["rows"]:
+            out[c] = dict(head)
+    return out
+
+
+def rolled_back(report: VerifyReport, marks: dict[int, dict[str, Any]]) -> ChainProblem | None:
+    """The first chain that no longer holds a head recorded earlier: ``marks`` is chain ->
+    ``rows`` (a chain position), ``head_seq`` and, when known, ``head_hash``.
+
+    A chain that verifies and whose signed head is at or past the mark still holds the marked
+    row, unless the chain was rolled back and has grown again since: so the row now at the
+    mark's position must be the marked one (its hash; one indexed read per chain). Without
+    the key nothing else can write a row that verifies."""
+    for c, mark in sorted(marks.items()):
+        head = report.chains.get(c)
+        rows = head["rows"] if head else 0
+        marked = mark.get("head_hash")
+        if rows >= mark["rows"]:
+            if not marked or not mark["rows"]:
+                continue
+            now = (
+                LedgerEntry.objects.filter(chain=c, chain_pos=mark["rows"])
+                .values_list("entry_hash", flat=True)
+                .first()
+            )
+            if now == marked:
+                continue
+            found = f"the row at chain position {mark['rows']} is another row ({(now or '')[:12]}…)"
+        else:
+            found = (
+                f"its signed head is at chain position {rows} (seq {head['head_seq']})"
+                if head
+                else "it has no signed head"
+            )
+        # An anchor from outside (``--expect``) past the rows left has no seq to name: 0.
+        seq = mark.get("head_seq") or 0
+        facts = [f"seq {seq}"] if seq else []
+        facts += [f"hash {marked[:12]}…"] if marked else []
+        recorded = f"chain position {mark['rows']}" + (f" ({', '.join(facts)})" if facts else "")
+        return ChainProblem(
+            seq,
+            _place_of(seq) if seq else 0,
+            "deleted",
+            _named(
+                c,
+                f"rolled back: {found}, but {recorded} was recorded before: rows were deleted "
+                "and an earlier signed head put back",
+            ),
+            c,
+        )
+    return None
 
 
 def last_check() -> LedgerCheck:

@@ -139,7 +139,12 @@ def test_deleting_every_row_is_caught_by_the_signed_head(db: None) -> None:
     build_chain(3)
     sql("DELETE FROM admission_ledgerentry")
     chain = ledger.verify().chain
-    assert chain is not None and (chain.problem, chain.seq, chain.position) == ("deleted", 1, 1)
+    # The head names the last row's seq; it belonged first in seq order, nothing being left.
+    assert chain is not None and (chain.problem, chain.seq, chain.position) == ("deleted", 3, 1)
+    assert chain.detail == (
+        "all 3 rows of the chain, up to seq 3, are missing: its signed head is seq 3 "
+        "(chain position 3)"
+    )
 
 
 def test_a_head_rewound_without_the_key_is_caught(db: None) -> None:

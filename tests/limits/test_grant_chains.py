@@ -65,6 +65,15 @@ def position(row: LedgerEntry) -> int:
     return LedgerEntry.objects.filter(seq__lte=row.seq).count()
 
 
+def run_ledger_verify() -> tuple[int, str]:
+    out = StringIO()
+    try:
+        call_command("ledger", "verify", stdout=out)
+    except CommandError as exc:
+        return exc.returncode, out.getvalue()
+    return 0, out.getvalue()
+
+
 def broken() -> chain.ChainProblem:
     report = chain.verify(batch=2)
     assert not report.ok and report.chain is not None
@@ -136,6 +145,19 @@ def test_a_deleted_grant_chain_tail_is_caught_by_its_head(db: None) -> None:
     assert f"chain {rows[0].chain}: row {rows[-1].seq} is missing" in problem.detail
 
 
+def test_a_grant_chain_whose_rows_are_all_deleted_is_located_at_its_heads_row(
+    db: None,
+) -> None:
+    # Every row of a grant chain gone, its head kept: the problem pointed at seq 1, position 1,
+    # a sound row of chain 0.
+    rows = build()
+    LedgerEntry.objects.filter(chain=rows[0].chain).delete()
+    problem = broken()
+    assert (problem.problem, problem.chain, problem.seq) == ("deleted", rows[0].chain, rows[-1].seq)
+    assert problem.position == LedgerEntry.objects.filter(seq__lt=rows[-1].seq).count() + 1
+    assert f"all 5 rows of the chain, up to seq {rows[-1].seq}, are missing" in problem.detail
+
+
 def test_a_deleted_grant_chain_head_is_caught(db: None) -> None:
     rows = build()
     LedgerHead.objects.filter(pk=rows[0].chain).delete()
@@ -150,6 +172,11 @@ def test_a_whole_grant_chain_deleted_with_its_head_is_caught(db: None) -> None:
     LedgerHead.objects.filter(pk=rows[0].chain).delete()
     problem = broken()
     assert problem.problem == "deleted" and problem.chain == rows[0].chain
+    # No row is left to point at (it pointed at seq 1, a sound row of chain 0): no place.
+    assert (problem.seq, problem.position) == (0, 0)
+    code, out = run_ledger_verify()
+    assert code == 2
+    assert f"chain: BROKEN: deleted: the signed head of chain {rows[0].chain} is missing" in out
     # And the next grant on that chain refuses rather than start it again.
     new_transaction_chain()
     with connection.cursor() as cursor:

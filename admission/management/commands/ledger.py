@@ -1,5 +1,11 @@
-"""``manage.py ledger verify [--json]``: recompute the hash chain and check every policy against
-its last audited state. Exit 0 when sound; 2 naming the exact row and what differs."""
+"""``manage.py ledger verify [--json] [--expect CHAIN:POSITION:HASH ...]``: recompute the hash
+chain and check every policy against its last audited state. Exit 0 when sound; 2 naming the exact
+row and what differs.
+
+A sound run prints each chain's head as an anchor (``CHAIN:POSITION:HASH``). Kept outside the
+database, an anchor given back later (``--expect``) proves the ledger still holds that row: a
+database writer who rolls the chain back to an earlier signed head (and the stored check with it)
+is caught there, and only there."""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from switchboard.core.cli import emit, usage
 from switchboard.ledger import chain as ledger
+from switchboard.ledger.models import LedgerEntry
 
 EXIT_TAMPERED = 2
 
@@ -27,13 +34,22 @@ class Command(BaseCommand):
         )
         verify.add_argument("--json", action="store_true", help="print JSON")
         verify.add_argument(
+            "--expect",
+            action="append",
+            type=_anchor,
+            default=[],
+            metavar="CHAIN:POSITION:HASH",
+            help="a head printed by an earlier verify (its anchors line): the ledger must still "
+            "hold that row (repeatable)",
+        )
+        verify.add_argument(
             "--batch", type=_positive, default=ledger.VERIFY_BATCH, help=argparse.SUPPRESS
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options.get("subcommand") != "verify":
             raise usage("name a subcommand: ledger verify [--json]")
-        report = ledger.check(batch=options["batch"])
+        report = ledger.check(batch=options["batch"], expect=dict(options["expect"]))
         emit(self, options, report.as_dict(), _text(report))
         if not report.ok:
             raise CommandError("the ledger does not verify", returncode=EXIT_TAMPERED)
@@ -50,15 +66,43 @@ def _positive(value: str) -> int:
     return n
 
 
+def _anchor(value: str) -> tuple[int, dict[str, Any]]:
+    """``CHAIN:POSITION:HASH``, as a verify's anchors line prints it."""
+    parts = value.split(":")
+    if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
+        raise argparse.ArgumentTypeError("must be CHAIN:POSITION:HASH, as verify prints it")
+    chain, position, entry_hash = int(parts[0]), int(parts[1]), parts[2].lower()
+    if chain not in ledger.CHAINS:
+        raise argparse.ArgumentTypeError(f"chain must be 0 to {max(ledger.CHAINS)}")
+    if len(entry_hash) != 64 or any(ch not in "0123456789abcdef" for ch in entry_hash):
+        raise argparse.ArgumentTypeError("the hash must be the 64 hex digits verify printed")
+    if position < 1:
+        raise argparse.ArgumentTypeError("the position must be at least 1")
+    return chain, {"rows": position, "head_seq": _seq_at(chain, position), "head_hash": entry_hash}
+
+
+def _seq_at(chain: int, position: int) -> int:
+    """The seq of the row at that place now (0 when there is none), for the problem's place."""
+    row = LedgerEntry.objects.filter(chain=chain, chain_pos=position).values_list("seq").first()
+    return row[0] if row else 0
+
+
 def _text(report: ledger.VerifyReport) -> str:
     lines = []
     if report.chain is None:
         lines.append(f"chain: ok ({report.rows} rows, head seq {report.head_seq or 0})")
+        anchors = [
+            f"{c}:{head['rows']}:{head['head_hash']}"
+            for c, head in sorted(report.chains.items())
+            if head["rows"]
+        ]
+        if anchors:
+            lines.append("anchors (keep them elsewhere; --expect checks them later):")
+            lines += [f"  {a}" for a in anchors]
     else:
         c = report.chain
-        lines.append(
-            f"chain: BROKEN at seq {c.seq}, position {c.position}: {c.problem}: {c.detail}"
-        )
+        where = f" at seq {c.seq}, position {c.position}" if c.seq else ""
+        lines.append(f"chain: BROKEN{where}: {c.problem}: {c.detail}")
     if report.drift:
         lines.append(f"policies: {len(report.drift)} of {report.policies} differ from the ledger")
         lines += [f"  {d.scope}/{d.queue}: {d.problem}: {d.detail}" for d in report.drift]

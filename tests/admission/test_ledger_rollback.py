@@ -1,0 +1,150 @@
+"""A rolled-back ledger: a database writer who kept an earlier signed head deletes the rows after
+it and puts that head back. The chain then verifies on its own; the stored check's high-water mark
+(the furthest head any check saw) catches it, also once the chain has grown past the mark again,
+and an anchor printed by ``ledger verify`` and kept elsewhere catches it when the stored check was
+rolled back too. The heads are also Prometheus gauges, a record outside the database."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import Client
+from django.utils import timezone
+
+from switchboard.ledger import chain as ledger
+from switchboard.ledger.models import LedgerCheck, LedgerEntry, LedgerHead
+from tests.admission.test_ledger import build_chain, delete, run_verify
+from tests.conftest import run_threads
+
+
+def saved_head() -> dict[str, Any]:
+    return dict(
+        LedgerHead.objects.filter(pk=0).values("seq", "chain_pos", "entry_hash", "mac").get()
+    )
+
+
+def roll_back(to: dict[str, Any]) -> None:
+    """Delete chain 0's rows after the saved head and put that head back, as its signature is."""
+    for seq in LedgerEntry.objects.filter(chain=0, seq__gt=to["seq"]).values_list("seq", flat=True):
+        delete(seq)
+    LedgerHead.objects.filter(pk=0).update(**to)
+
+
+def test_a_rolled_back_tail_verifies_alone_but_not_against_the_last_check(db: None) -> None:
+    build_chain(3)
+    earlier = saved_head()
+    build_chain(2)
+    assert ledger.check().ok  # the mark: chain position 5
+    lost = LedgerEntry.objects.filter(chain=0).order_by("-seq").values_list("seq", flat=True)[0]
+    roll_back(earlier)
+
+    assert ledger.verify().ok  # the chain alone cannot tell
+    report = ledger.check()
+    assert not report.ok and report.chain is not None
+    assert (report.chain.problem, report.chain.seq, report.chain.position) == ("deleted", lost, 4)
+    assert "rolled back: its signed head is at chain position 3" in report.chain.detail
+    assert "chain position 5" in report.chain.detail
+    # It stays caught: the mark is kept, never lowered by the failing check.
+    assert not ledger.check().ok
+    stored = LedgerCheck.objects.get(pk=1)
+    assert not stored.ok and stored.report["high_water"]["0"]["rows"] == 5
+
+
+def test_a_rollback_the_chain_has_grown_past_since_is_still_caught(db: None) -> None:
+    build_chain(3)
+    earlier = saved_head()
+    build_chain(2)
+    assert ledger.check().ok
+    roll_back(earlier)
+    build_chain(4)  # the app appends on: position 7, past the mark of 5
+    report = ledger.check()
+    assert not report.ok and report.chain is not None
+    assert "the row at chain position 5 is another row" in report.chain.detail
+
+
+def test_checks_while_the_ledger_grows_never_false_alarm(transactional_db: None) -> None:
+    build_chain(1)
+
+    def work(i: int) -> list[bool]:
+        if i < 3:
+            build_chain(8)
+            return []
+        return [ledger.check().ok for _ in range(6)]
+
+    verdicts = [ok for oks in run_threads(5, work) for ok in oks]
+    assert verdicts and all(verdicts)
+    assert ledger.check().ok
+    # The mark is the furthest head any of them saw: the last, whatever order they stored in.
+    assert LedgerCheck.objects.get(pk=1).report["high_water"]["0"]["rows"] == 25
+
+
+def test_a_stored_check_from_before_the_mark_still_guards_the_position(db: None) -> None:
+    # Reports stored before high_water existed record each chain's rows and head seq only.
+    build_chain(3)
+    earlier = saved_head()
+    build_chain(2)
+    report = ledger.verify().as_dict()
+    report.pop("high_water")
+    for head in report["chains"].values():
+        head.pop("head_hash")
+    LedgerCheck.objects.create(pk=1, checked_at=timezone.now(), ok=True, report=report)
+    roll_back(earlier)
+    assert not ledger.check().ok
+
+
+def anchors(text: str) -> list[str]:
+    return re.findall(r"^  (\d+:\d+:[0-9a-f]{64})$", text, re.M)
+
+
+def test_an_anchor_kept_elsewhere_catches_a_rollback_of_the_stored_check_too(db: None) -> None:
+    build_chain(3)
+    earlier = saved_head()
+    build_chain(2)
+    code, out = run_verify()
+    assert code == 0
+    [anchor] = anchors(out)
+    head = saved_head()
+    assert anchor == f"0:5:{head['entry_hash']}"
+    assert run_verify("--expect", anchor)[0] == 0
+
+    roll_back(earlier)
+    LedgerCheck.objects.all().delete()  # the writer rolls the stored check back as well
+    assert run_verify()[0] == 0
+    code, out = run_verify("--expect", anchor)
+    assert code == 2
+    # The row is gone, so no seq is known for it: the problem names the chain position.
+    assert "chain: BROKEN: deleted: rolled back: its signed head is at chain position 3" in out
+    assert f"but chain position 5 (hash {anchor[4:16]}…) was recorded before" in out
+    assert not LedgerCheck.objects.get(pk=1).ok  # the badge says so too
+
+
+@pytest.mark.parametrize(
+    ("anchor", "says"),
+    [
+        ("0:5", "must be CHAIN:POSITION:HASH"),
+        ("x:5:" + "a" * 64, "must be CHAIN:POSITION:HASH"),
+        ("99:5:" + "a" * 64, "chain must be 0 to 8"),
+        ("0:5:abc", "the hash must be the 64 hex digits"),
+        ("0:0:" + "a" * 64, "the position must be at least 1"),
+    ],
+)
+def test_a_malformed_anchor_is_a_usage_error_naming_the_option(
+    db: None, anchor: str, says: str
+) -> None:
+    with pytest.raises(CommandError, match=f"--expect.*{says}"):
+        call_command("ledger", "verify", "--expect", anchor)
+
+
+def test_the_heads_and_the_last_check_are_prometheus_gauges(db: None, settings: Any) -> None:
+    build_chain(4)
+    ledger.check()
+    settings.METRICS_TOKEN = "t-ledger"
+    body = Client().get("/metrics", HTTP_AUTHORIZATION="Bearer t-ledger").content.decode()
+    assert 'switchboard_ledger_head_position{chain="0"} 4.0' in body
+    assert 'switchboard_ledger_head_position{chain="8"} 0.0' in body
+    assert "switchboard_ledger_check_ok 1.0" in body
+    assert "switchboard_ledger_checked_timestamp_seconds " in body
