@@ -6,6 +6,7 @@ summary counts what was done, each refusal a warning of its own."""
 
 from __future__ import annotations
 
+from datetime import UTC
 from typing import Any
 
 from django import forms
@@ -137,6 +138,8 @@ class EndpointChangeForm(ServiceModelForm):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["version"].initial = selectors.endpoint_version(self.instance)
+        # The secret before this save (save_model shows a new one once).
+        self.initial_secret = self.instance.notify_secret
 
     def write(self) -> Endpoint:
         assert self.request is not None
@@ -226,7 +229,7 @@ class EndpointAdmin(_PersonFieldAdmin):
         "revoked_at",
         "version",
     ]
-    actions = ["revoke"]
+    actions = ["revoke", "rotate_hook_secret"]
 
     def has_revoke_permission(self, request: HttpRequest) -> bool:
         # Revoking changes the endpoint: Django's change permission, never an auditor's.
@@ -273,6 +276,11 @@ class EndpointAdmin(_PersonFieldAdmin):
     def save_model(self, request: HttpRequest, obj: Endpoint, form: Any, change: bool) -> None:
         # The form's validation made the change through the services (ServiceModelForm).
         if change:
+            # A hook URL set where there was none made a signing secret: the receiver needs it,
+            # and only this page can say it (the change list's rotation makes a new one).
+            written: Endpoint = form.written
+            if written.notify_secret and written.notify_secret != form.initial_secret:
+                _show_hook_secret(request, written)
             return
         endpoint, token = form.written
         obj.pk = endpoint.pk
@@ -282,6 +290,8 @@ class EndpointAdmin(_PersonFieldAdmin):
             request,
             f"Endpoint {endpoint.slug} vended. Its token, shown only now: {token}",
         )
+        if endpoint.notify_secret:
+            _show_hook_secret(request, endpoint)
 
     def response_add(
         self, request: HttpRequest, obj: Endpoint, post_url_continue: Any = None
@@ -317,6 +327,28 @@ class EndpointAdmin(_PersonFieldAdmin):
             summary += f"; {dead} live todo(s) dead-lettered"
         _summarize(self, request, f"{summary}.", refused)
         return None
+
+    def has_rotate_hook_secret_permission(self, request: HttpRequest) -> bool:
+        return self.has_revoke_permission(request)
+
+    @admin.action(
+        description="Rotate hook secret (the old one signs beside it for a while)",
+        permissions=["rotate_hook_secret"],
+    )
+    def rotate_hook_secret(self, request: HttpRequest, queryset: QuerySet[Endpoint]) -> None:
+        """A new signing secret for each selected endpoint's hooks, shown once; the old one
+        still signs for ``HOOK_SECRET_OVERLAP_SECONDS`` (``endpoint_rotate_hook_secret``)."""
+        rotated, refused = [], []
+        for endpoint in queryset.order_by("slug"):
+            try:
+                services.endpoint_rotate_hook_secret(endpoint=endpoint, actor=_actor(request))
+            except DomainError as exc:
+                refused.append(f"{endpoint.slug}: {exc.message}")
+                continue
+            rotated.append(endpoint)
+        _summarize(self, request, f"{len(rotated)} hook secret(s) rotated.", refused)
+        for endpoint in rotated:
+            _show_hook_secret(request, endpoint)
 
     def _revoke_confirmation(
         self, request: HttpRequest, queryset: QuerySet[Endpoint]
@@ -607,6 +639,17 @@ class HumanTokenAdmin(_PersonFieldAdmin):
             else:
                 refused.append(f"{token}: already revoked")
         _summarize(self, request, f"{n} token(s) revoked.", refused)
+
+
+def _show_hook_secret(request: HttpRequest, endpoint: Endpoint) -> None:
+    """The endpoint's hook signing secret, shown once (it is stored to sign, but no page shows
+    it again), with how long a rotated-out one still signs."""
+    text = f"Endpoint {endpoint.slug}: its hook signing secret, shown only now: "
+    text += endpoint.notify_secret
+    if endpoint.notify_secret_previous and endpoint.notify_secret_previous_until:
+        until = endpoint.notify_secret_previous_until.astimezone(UTC)
+        text += f" (the previous one also signs until {until:%Y-%m-%d %H:%M} UTC)"
+    messages.warning(request, text)
 
 
 def _holds(request: HttpRequest, opts: Any, action: str) -> bool:

@@ -7,6 +7,8 @@ forge one). The hook is really POSTed to a local server by the real Celery task,
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.test import Client
 
 from queues import hooks, services
@@ -59,14 +61,107 @@ def test_the_admins_change_form_gives_a_new_hook_url_its_secret(
     response = client.post(
         f"/admin/queues/endpoint/{endpoint.pk}/change/",
         {"name": "Admin hook", "owner": p.owner.pk, "notify_url": hook_server.url},
+        follow=True,
     )
-    assert response.status_code == 302, response.content.decode()[:2000]
+    assert response.redirect_chain, response.content.decode()[:2000]
 
     endpoint = Endpoint.objects.get(pk=endpoint.pk)
     assert endpoint.notify_url == hook_server.url
     assert endpoint.notify_secret.startswith("whsec_")
+    # The page said the secret once (no page showed it, so no receiver could check a hook).
+    [shown] = _secrets_shown(response)
     push(p, 1, queue="inbox", endpoint=endpoint)
-    assert _signed_with(endpoint.notify_secret, hook_server.posts[0])
+    assert _signed_with(shown, hook_server.posts[0])
+    # A later save that keeps the URL makes no new secret and says none.
+    again = client.post(
+        f"/admin/queues/endpoint/{endpoint.pk}/change/",
+        {"name": "Admin hook renamed", "owner": p.owner.pk, "notify_url": hook_server.url},
+        follow=True,
+    )
+    assert again.redirect_chain and _secrets_shown(again) == []
+
+
+def _secrets_shown(response: Any) -> list[str]:
+    return [
+        m.split("shown only now: ")[1].split(" ")[0]
+        for m in map(str, response.context["messages"])
+        if "hook signing secret" in m
+    ]
+
+
+def test_the_admin_vend_with_a_hook_url_shows_its_secret_once(
+    tx_personas: Personas, hook_server: HookServer, eager_celery: None
+) -> None:
+    p = tx_personas
+    client = Client()
+    client.force_login(p.admin)
+    response = client.post(
+        "/admin/queues/endpoint/add/",
+        {
+            "name": "Vended hook",
+            "owner": p.owner.pk,
+            "queues": "inbox",
+            "verbs": ["claim", "complete"],
+            "notify_url": hook_server.url,
+        },
+        follow=True,
+    )
+    [shown] = _secrets_shown(response)
+    endpoint = Endpoint.objects.get(name="Vended hook")
+    assert shown == endpoint.notify_secret
+    push(p, 1, queue="inbox", endpoint=endpoint)
+    assert _signed_with(shown, hook_server.posts[0])
+
+
+def test_the_admin_rotates_hook_secrets_and_shows_each_once(
+    tx_personas: Personas, hook_server: HookServer, eager_celery: None
+) -> None:
+    p = tx_personas
+    hooked, _ = services.endpoint_vend(
+        actor=FIXTURE,
+        owner=p.owner,
+        name="Hooked",
+        queues=["inbox"],
+        rps=0,
+        notify_url=hook_server.url,
+    )
+    old = hooked.notify_secret
+    client = Client()
+    client.force_login(p.admin)
+    response = client.post(
+        "/admin/queues/endpoint/",
+        {
+            "action": "rotate_hook_secret",
+            "_selected_action": [str(hooked.pk), str(p.agent.pk)],
+        },
+        follow=True,
+    )
+    shown = [(m.level_tag, str(m)) for m in response.context["messages"]]
+    assert shown[:2] == [
+        ("info", "1 hook secret(s) rotated."),
+        (
+            "warning",
+            f"Left alone: {p.agent.slug}: the endpoint has no hook URL, so no hook secret to "
+            "rotate",
+        ),
+    ]
+    [new] = _secrets_shown(response)
+    assert new != old and "the previous one also signs until" in shown[2][1]
+    push(p, 1, queue="inbox", endpoint=hooked)
+    # Both sign during the overlap: a receiver still on the old secret verifies too.
+    assert _signed_with_any(new, hook_server.posts[0])
+    assert _signed_with_any(old, hook_server.posts[0])
+
+
+def _signed_with_any(secret: str, post: dict[str, object]) -> bool:
+    headers = {k.lower(): v for k, v in post["headers"].items()}  # type: ignore[attr-defined]
+    expected = hooks.sign(
+        secret,
+        headers["webhook-id"],
+        int(headers["webhook-timestamp"]),
+        str(post["body"]).encode(),
+    )
+    return expected in headers["webhook-signature"].split(" ")
 
 
 def test_clearing_the_hook_url_clears_its_secret(

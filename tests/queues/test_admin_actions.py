@@ -14,7 +14,7 @@ from queues.models import Endpoint, EndpointState, HumanToken, QueuePause, TodoS
 from tests.conftest import Personas, audit_rows, push
 
 LISTS = {
-    "/admin/queues/endpoint/": ["revoke"],
+    "/admin/queues/endpoint/": ["revoke", "rotate_hook_secret"],
     "/admin/queues/todo/": ["retry", "release"],
     "/admin/queues/queuepause/": ["resume"],
     "/admin/queues/humantoken/": ["revoke"],
