@@ -7,6 +7,7 @@ import secrets
 from collections.abc import Collection
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -399,8 +400,23 @@ def _audited(endpoint: Endpoint) -> dict[str, Any]:
         "default_lease_ttl_seconds": endpoint.default_lease_ttl_seconds,
         "rate_limit_rps": endpoint.rate_limit_rps,
         "rate_limit_burst": endpoint.rate_limit_burst,
-        "notify_url": endpoint.notify_url,
+        **_audited_hook_url(endpoint.notify_url),
         "signed_hooks": bool(endpoint.notify_secret),
+    }
+
+
+def _audited_hook_url(url: str) -> dict[str, str]:
+    """A hook URL as the ledger keeps it: where hooks go (scheme, host and port), never the
+    rest, which may carry a receiver's secret (a token in the path or the query) and could not be
+    taken out of an append-only row; a keyed digest of the whole URL shows every change."""
+    if not url:
+        return {"notify_url": ""}
+    parts = urlsplit(url)
+    origin = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+    rest = url[len(origin) :] if url.startswith(origin) else url
+    return {
+        "notify_url": origin + ("/…" if rest not in ("", "/") else "/"),
+        "notify_url_digest": ledger.keyed_digest("notify_url", url),
     }
 
 

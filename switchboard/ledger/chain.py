@@ -124,6 +124,13 @@ def _mac(message: bytes) -> str:
     return hmac.new(settings.LEDGER_KEY.encode(), message, hashlib.sha256).hexdigest()
 
 
+def keyed_digest(purpose: str, text: str) -> str:
+    """A short digest of a value the ledger must not keep (a hook URL may hold a secret), keyed
+    by the ledger key: rows show that it changed, and nobody without the key can test guesses
+    of it against them. ``purpose`` keeps it apart from every other keyed value."""
+    return _mac(f"digest:{purpose}:".encode() + text.encode())[:16]
+
+
 def compute_hash(row: LedgerEntry) -> str:
     return _mac(canonical(_hashed_fields(row)))
 
