@@ -251,6 +251,11 @@ class PauseInfoOut(Schema):
     at: datetime
 
 
+class DeferredLimitOut(Schema):
+    kind: Literal["pool", "tag", "rate"]
+    name: str
+
+
 class DeferredQueueOut(Schema):
     queue: str
     reason: str | None = Field(
@@ -269,6 +274,11 @@ class DeferredQueueOut(Schema):
     pause: PauseInfoOut | None = Field(
         default=None,
         description="queue_paused: who paused the queue, when and why (it waits for a resume)",
+    )
+    limits: list[DeferredLimitOut] | None = Field(
+        default=None,
+        description="A named limit's reason (pool_full, tag_full, rate_limited, "
+        "limit_quarantined): the limits holding the work",
     )
 
 

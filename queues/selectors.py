@@ -15,7 +15,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
 
-from queues import access, conditions, gates, sql
+from queues import access, conditions, declared, gates, sql
 from queues.access import Actor, AgentActor, HumanActor, todo_scope
 from queues.conditions import Condition
 from queues.gates import GateState
@@ -523,7 +523,8 @@ def retryable(todos: QuerySet[Todo]) -> QuerySet[Todo]:
     """The todos a retry may bring back to pending, of ``todos`` (failed ones): not of a revoked
     endpoint (nothing could claim them again), and not holding an idempotency key that another
     todo of the endpoint holds now (live) or would hold (a newer dead letter with the key: of
-    two, only the newest comes back), as the live-key index would refuse."""
+    two, only the newest comes back), as the live-key index would refuse, and not naming a
+    limit that is not declared now (a deleted pool, tag or rate limit: nothing would hold it)."""
     taken = Exists(
         _key_holders(
             OuterRef("endpoint_id"),
@@ -532,8 +533,10 @@ def retryable(todos: QuerySet[Todo]) -> QuerySet[Todo]:
             OuterRef("created_at"),
         )
     )
-    return todos.exclude(endpoint__state=EndpointState.REVOKED).exclude(
-        Q(idempotency_key__isnull=False) & taken
+    return (
+        todos.exclude(endpoint__state=EndpointState.REVOKED)
+        .exclude(Q(idempotency_key__isnull=False) & taken)
+        .filter(declared.declared())
     )
 
 
@@ -559,6 +562,18 @@ def retry_refusal(todo: Todo) -> Conflict | None:
             "(discard it, or push the work to a live endpoint)",
             state=todo.state,
             reason="endpoint_revoked",
+        )
+    missing = declared.undeclared(declared.of(todo))
+    if missing:
+        field, name = missing[0]
+        kind = declared.KINDS[field]
+        return Conflict(
+            f"this todo names {kind} limit {name!r}, which is not declared now: nothing would "
+            "hold it (declare the limit again, or discard the todo)",
+            state=todo.state,
+            reason=declared.UNDECLARED,
+            kind=kind,
+            name=name,
         )
     if todo.idempotency_key is None:
         return None
@@ -597,7 +612,8 @@ class BulkPreview:
     sample: list[Todo]
     token: str
     # A retry's: failed todos of the selection it leaves out (``retryable``: a revoked
-    # endpoint's, or one whose idempotency key another todo holds).
+    # endpoint's, one whose idempotency key another todo holds, or one naming an undeclared
+    # limit).
     left_out: int = 0
 
 

@@ -6,7 +6,8 @@
 - ``POST /limits/{kind}/{name}/quarantine``: a pool or tag to 0, its claims expired (the manifest);
 - ``PUT /limits/queues/{queue}``: a queue name's priority and aging;
 - ``GET /limits/status``: the ``limits status`` projection; ``GET /limits/verify``: the
-  ``limits verify`` report (``ok`` false naming the bad row or each grant in drift).
+  ``limits verify`` report (``ok`` false naming the bad row or each grant in drift), rationed
+  per person as the console's "Verify now" is.
 
 A limit's ``version`` is its entity tag (the PUT's ``ETag``); PUT and DELETE honour ``If-Match``
 (that version, or ``*``) and PUT ``If-None-Match: *`` (declare only), as the budget API does:
@@ -26,10 +27,10 @@ from pydantic import Field
 
 from admission.limits import selectors, services
 from admission.limits.models import MAX_DECAY_STEP, MAX_DECAY_WINDOW_SECONDS, MAX_LIMIT
-from admission.limits.verify import limits_verify
 from queues.access import HumanActor
 from queues.auth import HumanAuth
 from queues.schemas import Strict
+from switchboard.core.errors import InvalidArgument
 from switchboard.core.http import (
     ErrorOut,
     entity_tag,
@@ -140,10 +141,16 @@ def limits_status(request: HttpRequest) -> dict[str, Any]:
     return selectors.limits_overview()
 
 
-@router.get("/limits/verify", response={200: dict[str, Any], 401: ErrorOut}, summary="Verify")
+@router.get(
+    "/limits/verify",
+    response={200: dict[str, Any], 401: ErrorOut, 429: ErrorOut},
+    summary="Verify",
+)
 def limits_verify_report(request: HttpRequest) -> dict[str, Any]:
-    """The ledger from genesis, then every pool/tag grant against the limit in force."""
-    return limits_verify().as_dict()
+    """The ledger from genesis, then every pool/tag grant against the limit in force. It reads
+    every ledger row, so each person may ask as often as the console's "Verify now"
+    (``LEDGER_VERIFY_RATE_LIMIT``): over it, 429 with Retry-After."""
+    return services.limits_verify_now(actor=_actor(request)).as_dict()
 
 
 @router.put(
@@ -164,7 +171,7 @@ def put_queue_settings(request: HttpRequest, queue: str, payload: QueueSettingsI
 def quarantine(request: HttpRequest, kind: HeldKind, name: str) -> Any:
     """Limit to 0 under enforce and expire every claim naming it, in one transaction."""
     done = services.limit_quarantine(actor=_actor(request), kind=kind, name=name)
-    return {**done, "limit": selectors.limit_out(done["limit"])}
+    return {**done, "limit": selectors.limit_status(done["limit"])}
 
 
 @router.put(
@@ -184,7 +191,7 @@ def put_limit(
     declared: else 412."""
     given = payload.model_dump(exclude_none=True)
     expected = write_preconditions(if_match, if_none_match)
-    out = selectors.limit_out(
+    out = selectors.limit_status(
         services.limit_set(actor=_actor(request), kind=kind, name=name, expected=expected, **given)
     )
     response["ETag"] = entity_tag(out["version"])
@@ -200,7 +207,14 @@ def delete_limit(
     request: HttpRequest, kind: LimitKind, name: str, if_match: str | None = IF_MATCH
 ) -> HttpResponse:
     """Remove a limit no live todo names (the ledger keeps it as ``before``). With If-Match,
-    only that version (or, for *, any): else 412."""
+    only that version (or, for *, any): else 412. If-None-Match means nothing on a delete (there
+    is nothing to create): 400 naming it, nothing deleted."""
+    if "If-None-Match" in request.headers:
+        raise InvalidArgument(
+            "a delete takes If-Match, not If-None-Match (which would only create): nothing was "
+            "deleted",
+            field="If-None-Match",
+        )
     expected = write_preconditions(if_match, None)
     services.limit_delete(actor=_actor(request), kind=kind, name=name, expected=expected)
     return HttpResponse(status=204)

@@ -17,7 +17,7 @@ class LimitsConfig(AppConfig):
         from queues import declared
         from queues import gates as claim_gates
 
-        declared.register(intake.check_declared)
+        declared.register(intake.DECLARATIONS)
         declared.register_rate_observer(rates.observe)
         gates.register()
         claim_gates.register_priority(priority.QueuePriority())

@@ -6,7 +6,8 @@ so every claim takes its locks in one fixed order: policy (10), pool (20), tags 
 rate (40), then the ledger's.
 
 Postures: ``enforce`` refuses (``pool_full`` / ``tag_full`` / ``rate_limited`` with
-``next_eligible_at``),
+``next_eligible_at``; ``limit_quarantined`` for a limit of 0, which only an operator frees;
+``limit_undeclared`` for a rate limit no longer declared),
 ``advise`` admits and appends a waiver to the ledger naming exactly the limits exceeded (ledger
 rows are HMAC-hashed in a signed chain), ``off`` is inert. A limit of 0 is quarantine.
 
@@ -82,12 +83,15 @@ from uuid import UUID
 from django.conf import settings
 from django.db import connection
 from django.db.backends.utils import CursorWrapper
+from django.db.models import Q
 from django.utils import timezone
 
 from admission.limits import locks, rates
 from admission.limits.models import LimitPosture
 from queues import gates, metrics
 from queues.access import append_claim_waiver
+from queues.declared import UNDECLARED
+from queues.models import Todo, TodoState
 from queues.sql import gated
 from switchboard.core.errors import Deferred
 from switchboard.core.times import iso
@@ -96,17 +100,25 @@ from switchboard.ledger.models import LedgerKind
 
 @dataclass(frozen=True)
 class Held:
-    """One limit read under its lock: its occupancy excluding the candidate."""
+    """One limit read under its lock: its occupancy excluding the candidate. ``frees_at``: the
+    lease expiry at which enough of the claims counted have lapsed for occupancy to drop below
+    the limit (the (held - limit + 1)-th earliest; the earliest while held is at most the
+    limit: a limit lowered below what is held needs more than one holder gone)."""
 
     name: str
     limit: int
     posture: str
     held: int
-    earliest_lease: datetime | None
+    frees_at: datetime | None
 
     @property
     def exceeded(self) -> bool:
         return self.posture != LimitPosture.OFF and self.held >= self.limit
+
+    @property
+    def quarantined(self) -> bool:
+        """A limit of 0 under enforce: it admits nothing until an operator raises it."""
+        return self.limit == 0 and self.posture == LimitPosture.ENFORCE
 
 
 @dataclass(frozen=True)
@@ -117,6 +129,10 @@ class LimitRefusal:
     limits: tuple[str, ...]
     exact: bool = False
     pending: int = 1  # the todos of the queue this holds
+
+
+# The reason of a hold by a quarantined limit (0 under enforce): no lease lapsing frees it.
+QUARANTINED = "limit_quarantined"
 
 
 # The limits full now under enforce, each a function (limits migration 0008) called in a
@@ -194,12 +210,30 @@ def _refusal(
 
 
 def _next_eligible(over: list[Held], now: datetime) -> datetime | None:
-    """A unit frees at the latest when the earliest lease lapses and the reaper runs; a
-    quarantined (0) limit never frees one by itself."""
-    leases = [h.earliest_lease for h in over if h.limit > 0 and h.earliest_lease is not None]
+    """A unit frees at the latest when enough leases have lapsed for occupancy to drop below
+    the limit (``Held.frees_at``) and the reaper has run; a quarantined (0) limit never frees
+    one by itself."""
+    leases = [h.frees_at for h in over if h.limit > 0 and h.frees_at is not None]
     if len(leases) < len(over):
         return None
     return max(now, *leases) + timedelta(seconds=settings.SWEEP_INTERVAL_SECONDS)
+
+
+def _reason(gate_reason: str, over: list[Held]) -> str:
+    """A hold's reason: ``limit_quarantined`` when a quarantined limit holds the work (only an
+    operator frees it), else the gate's own (``pool_full``, ``tag_full``)."""
+    return QUARANTINED if any(h.quarantined for h in over) else gate_reason
+
+
+@dataclass(frozen=True)
+class _Hold:
+    """What holds the todos naming one key now: why, until when (None: until an operator acts),
+    the limits over, and whether that instant is certain (``exact``) or an estimate."""
+
+    reason: str
+    at: datetime | None
+    limits: list[str]
+    exact: bool = False
 
 
 def _state_of(held: list[Held]) -> str:
@@ -223,7 +257,7 @@ def _explained(
     return gates.GateState(
         gate=gate,
         state=state,
-        reason=reason if state != "admits" else None,
+        reason=_reason(reason, over) if state != "admits" else None,
         next_eligible_at=_next_eligible(over, now) if state == "holds" else None,
         detail=detail,
         limits=tuple(h.name for h in over),
@@ -269,10 +303,27 @@ class _OccupancyGate:
         cursor.execute(self.lock_sql, [names])
         declared = cursor.fetchall()
         counts = self.counts(cursor, names, todo_id)
-        return [
-            Held(name, limit, posture, *counts.get(name, (0, None)))
-            for name, limit, posture in declared
-        ]
+        out = []
+        for name, limit, posture in declared:
+            held, frees_at = counts.get(name, (0, None))
+            if posture != LimitPosture.OFF and 0 < limit < held:
+                # Lowered below what is held: held - limit + 1 holders must go, not one.
+                frees_at = self.lease_expiry(name, held - limit, todo_id)
+            out.append(Held(name, limit, posture, held, frees_at))
+        return out
+
+    def naming(self, name: str) -> Q:
+        """The todos naming the limit ``name``."""
+        return Q(**{self.name: name})
+
+    def lease_expiry(self, name: str, offset: int, todo_id: UUID | None) -> datetime | None:
+        """The lease expiry of the claims naming ``name`` (leaving out ``todo_id``) with
+        ``offset`` earlier ones before it; asked only of a limit held over its cap."""
+        claims = Todo.objects.filter(self.naming(name), state=TodoState.CLAIMED)
+        if todo_id is not None:
+            claims = claims.exclude(pk=todo_id)
+        leases = claims.order_by("lease_expires_at").values_list("lease_expires_at", flat=True)
+        return next(iter(leases[offset : offset + 1]), None)
 
     def counts(
         self, cursor: Any, names: list[str], todo_id: UUID | None
@@ -318,22 +369,26 @@ class _OccupancyGate:
         return f"{alias}.{self.name} = ANY({names})"
 
     def holding(self, endpoint_id: UUID, queues: list[str]) -> list[gates.Refusal]:
+        """Per queue and reason (a quarantine's work apart from a full limit's: only an
+        operator frees it), the todos held, the limits holding them and the earliest instant
+        one may go (exact only when every group's instant is)."""
         now = timezone.now()
-        found: dict[str, list[tuple[int, datetime | None, list[str]]]] = {}
+        found: dict[tuple[str, str], list[tuple[int, _Hold]]] = {}
         with connection.cursor() as cursor:
             for queue, key, count in self.held_groups(cursor, endpoint_id, queues):
                 hold = self.hold(cursor, key, now)
                 if hold is not None:  # None: freed since the statement passed it over
-                    found.setdefault(queue, []).append((count, *hold))
+                    found.setdefault((queue, hold.reason), []).append((count, hold))
         return [
             LimitRefusal(
                 queue=queue,
-                reason=self.reason,
-                next_eligible_at=_earliest([at for _, at, _ in groups]),
-                limits=tuple(sorted({n for _, _, names in groups for n in names})),
-                pending=sum(count for count, _, _ in groups),
+                reason=reason,
+                next_eligible_at=_earliest([h.at for _, h in groups]),
+                limits=tuple(sorted({n for _, h in groups for n in h.limits})),
+                exact=all(h.exact for _, h in groups),
+                pending=sum(count for count, _ in groups),
             )
-            for queue, groups in found.items()
+            for (queue, reason), groups in found.items()
         ]
 
     def held_groups(
@@ -344,17 +399,17 @@ class _OccupancyGate:
         assert skip is not None
         return gated.claimable_groups(cursor, endpoint_id, queues, key=self.probe("t"), where=skip)
 
-    def hold(
-        self, cursor: Any, key: Any, now: datetime
-    ) -> tuple[datetime | None, list[str]] | None:
-        """When a todo naming ``key`` may be eligible and the limits holding it, or None if none
-        does now (read without locks)."""
+    def hold(self, cursor: Any, key: Any, now: datetime) -> _Hold | None:
+        """What holds a todo naming ``key`` now, or None if nothing does (read without locks).
+        A unit's freeing is an estimate (a holder may end sooner): never exact."""
         over = [
             h
             for h in self.read(cursor, self.names(key), None, False)
             if h.exceeded and h.posture == LimitPosture.ENFORCE
         ]
-        return (_next_eligible(over, now), [h.name for h in over]) if over else None
+        if not over:
+            return None
+        return _Hold(_reason(self.reason, over), _next_eligible(over, now), [h.name for h in over])
 
     def admit(
         self, cursor: CursorWrapper, *, key: Any, todo_id: UUID
@@ -364,7 +419,8 @@ class _OccupancyGate:
         enforced = [h for h in over if h.posture == LimitPosture.ENFORCE]
         if enforced:
             at = _next_eligible(enforced, timezone.now())
-            return _refusal(cursor, todo_id, self.reason, at, [h.name for h in enforced], False)
+            reason = _reason(self.reason, enforced)
+            return _refusal(cursor, todo_id, reason, at, [h.name for h in enforced], False)
         passed = [h for h in held if h.posture != LimitPosture.OFF]
         return _Waived(self.name, over, passed, self.grant_kind)
 
@@ -383,15 +439,23 @@ class _OccupancyGate:
             "pending": refusal.pending,
             "next_eligible_at": refusal.next_eligible_at,
             "exact": refusal.exact,
+            "limits": [{"kind": self.grant_kind, "name": n} for n in refusal.limits],
         }
 
     def deferred_error(self, refusal: gates.Refusal) -> Deferred:
         assert isinstance(refusal, LimitRefusal)
         at = refusal.next_eligible_at
         names = ", ".join(refusal.limits)
+        if refusal.reason == UNDECLARED:
+            said = f"{self.noun} {names} is not declared: an operator must declare it"
+        elif refusal.reason == QUARANTINED:
+            said = f"{self.noun} {names} is quarantined: an operator must raise its limit"
+        else:
+            said = f"{self.noun} {names} is at its limit" + (
+                f"; eligible at {iso(at)}" if at else ""
+            )
         return Deferred(
-            f"{self.noun} {names} is at its limit"
-            + (f"; eligible at {iso(at)}" if at else " (quarantined)"),
+            said,
             queue=refusal.queue,
             reason=refusal.reason,
             next_eligible_at=iso(at),
@@ -483,6 +547,9 @@ class TagGate(_OccupancyGate):
     def matches(self, alias: str, names: str) -> str:
         return f"{alias}.tags && {names}"
 
+    def naming(self, name: str) -> Q:
+        return Q(tags__contains=[name])
+
 
 class RateGate(_OccupancyGate):
     """Claims per minute below the effective limit (``admission.limits.rates``)."""
@@ -514,8 +581,8 @@ class RateGate(_OccupancyGate):
     ) -> gates.Admission | gates.Refusal:
         rates.lock(cursor, key)
         found = rates.read(cursor, key)
-        if found is None:  # declarations are never deleted; fail closed if one is
-            return _refusal(cursor, todo_id, self.reason, None, [key], False)
+        if found is None:  # not declared (a todo from before intake checked it): fail closed
+            return _refusal(cursor, todo_id, UNDECLARED, None, [key], False)
         rate_id, st = found
         held = Held(st.name, st.effective, st.posture, st.used, None)
         over = [held] if st.exceeded else []
@@ -524,20 +591,29 @@ class RateGate(_OccupancyGate):
         passed = [held] if st.posture != LimitPosture.OFF else []
         return _RateCharge(self.name, over, passed, self.grant_kind, rate_id=rate_id, now=st.now)
 
-    def hold(
-        self, cursor: Any, key: Any, now: datetime
-    ) -> tuple[datetime | None, list[str]] | None:
+    def hold(self, cursor: Any, key: Any, now: datetime) -> _Hold | None:
+        """As the claim's refusal says it: until the next minute boundary (exact: the count
+        starts again) or the moment an observation ages out (an estimate)."""
         found = rates.read(cursor, key, now)
         if found is None or not (found[1].exceeded and found[1].posture == LimitPosture.ENFORCE):
             return None
-        return found[1].next_eligible_at, [key]
+        st = found[1]
+        return _Hold(self.reason, st.next_eligible_at, [key], st.exact)
 
     def explain(self, todo: Any) -> gates.GateState | None:
         if not todo.rate_limit:
             return None
         st = rates.state(todo.rate_limit)
         if st is None:
-            return None
+            # As the claim refuses it (``admit``): nothing admits a todo naming no declaration.
+            return gates.GateState(
+                gate=self.name,
+                state="holds",
+                reason=UNDECLARED,
+                next_eligible_at=None,
+                detail=f"rate limit {todo.rate_limit}: not declared",
+                limits=(todo.rate_limit,),
+            )
         held = Held(st.name, st.effective, st.posture, st.used, None)
         detail = (
             f"rate limit {st.name}: {st.used} of {st.effective} claims this minute "

@@ -82,7 +82,10 @@ FROM limits_ratelimit r WHERE r.name = %(name)s
 
 
 def lock(cursor: CursorWrapper, name: str) -> None:
-    cursor.execute("SELECT id FROM limits_ratelimit WHERE name = %s FOR UPDATE", [name])
+    # NO KEY UPDATE: it serialises the claims of a rate limit and its changes (``limit_set``
+    # locks FOR UPDATE) as FOR UPDATE did, without waiting for, or holding up, the intakes that
+    # hold the declaration (``intake``: FOR KEY SHARE) while they write a todo naming it.
+    cursor.execute("SELECT id FROM limits_ratelimit WHERE name = %s FOR NO KEY UPDATE", [name])
 
 
 def read(cursor: Any, name: str, now: datetime | None = None) -> tuple[int, RateState] | None:

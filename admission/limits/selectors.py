@@ -12,13 +12,19 @@ from django.db import connection
 from django.db.models import Count
 
 from admission.limits import rates, services
-from admission.limits.models import Pool, RateLimit, TagLimit
+from admission.limits.models import LimitPosture, Pool, TagLimit
 from queues.sql import gated
 from switchboard.ledger import chain
 from switchboard.ledger.models import LedgerEntry, LedgerKind
 
-_POOLS_SQL = f"SELECT p.name, {gated.claimed_in_pool('p.name')} FROM limits_pool p"
-_TAGS_SQL = f"SELECT l.tag, {gated.claimed_with_tag('l.tag')} FROM limits_taglimit l"
+_POOLS_SQL = (
+    f"SELECT p.name, {gated.claimed_in_pool('p.name')} FROM limits_pool p"
+    " WHERE %(all)s OR p.name = ANY(%(names)s)"
+)
+_TAGS_SQL = (
+    f"SELECT l.tag, {gated.claimed_with_tag('l.tag')} FROM limits_taglimit l"
+    " WHERE %(all)s OR l.tag = ANY(%(names)s)"
+)
 
 
 def limit_out(limit: dict[str, Any]) -> dict[str, Any]:
@@ -30,14 +36,27 @@ def limit_out(limit: dict[str, Any]) -> dict[str, Any]:
 def limits_status() -> list[dict[str, Any]]:
     """Every declared limit in its one shape, with ``held`` (claims naming it now) for pools and
     tags, and for rates the effective limit, the 429s in the window and the claims this minute."""
+    return _with_status(services.limits_list(), every=True)
+
+
+def limit_status(limit: dict[str, Any]) -> dict[str, Any]:
+    """One limit (``services.as_dict``'s shape, as a write answers it) as the list shows it:
+    with its version and how full it is now."""
+    return _with_status([limit], every=False)[0]
+
+
+def _with_status(limits: list[dict[str, Any]], *, every: bool) -> list[dict[str, Any]]:
+    """``limits`` with their versions and occupancy; ``every``: they are every declared one."""
+    held: dict[tuple[str, str], int] = {}
     with connection.cursor() as cursor:
-        cursor.execute(_POOLS_SQL)
-        held = {("pool", name): count for name, count in cursor.fetchall()}
-        cursor.execute(_TAGS_SQL)
-        held |= {("tag", name): count for name, count in cursor.fetchall()}
-    rate_states = {r.name: rates.state(r.name) for r in RateLimit.objects.all()}
+        for kind, sql in (("pool", _POOLS_SQL), ("tag", _TAGS_SQL)):
+            names = [x["name"] for x in limits if x["kind"] == kind]
+            if names:
+                cursor.execute(sql, {"all": every, "names": names})
+                held |= {(kind, name): count for name, count in cursor.fetchall()}
+    rate_states = {x["name"]: rates.state(x["name"]) for x in limits if x["kind"] == "rate"}
     out = []
-    for limit in map(limit_out, services.limits_list()):
+    for limit in map(limit_out, limits):
         key = (limit["kind"], limit["name"])
         if key in held:
             limit["held"] = held[key]
@@ -98,7 +117,10 @@ def limits_overview() -> dict[str, Any]:
             "in_force": [
                 f"{x['kind']}:{x['name']}"
                 for x in limits
-                if x["kind"] in ("pool", "tag") and x.get("slots", x.get("limit")) == 0
+                # Only a quarantine that refuses: a limit of 0 under advise or off admits.
+                if x["kind"] in ("pool", "tag")
+                and x.get("slots", x.get("limit")) == 0
+                and x["posture"] == LimitPosture.ENFORCE
             ],
             "recorded": counts.get(LedgerKind.LIMITS_QUARANTINE, 0),
         },

@@ -13,6 +13,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Model, Q
 from django.utils import timezone
@@ -32,17 +33,19 @@ from admission.limits.models import (
     RateLimit,
     TagLimit,
 )
+from admission.limits.verify import LimitsReport, limits_verify
 from queues import access, metrics, wakes
 from queues.access import Actor, HumanActor, SystemActor, check_actor
 from queues.models import Todo, TodoState, check_limit_name, check_queue_name
 from queues.sql import gated
-from switchboard.core import versions
+from switchboard.core import ratelimit, versions
 from switchboard.core.errors import (
     Conflict,
     Forbidden,
     InvalidArgument,
     NotFound,
     PreconditionFailed,
+    RateLimited,
 )
 from switchboard.ledger import chain as ledger
 from switchboard.ledger.models import LedgerKind
@@ -279,6 +282,11 @@ def limit_delete(
         if row is None:
             raise NotFound(f"no {k.name} limit named {name!r}", field="name")
         _check_expected(k, name, as_dict(k, row), expected)
+        if kind in locks.CLASSES:
+            # The row for update (a rate limit's ``_lock`` took it): an intake or retry holding
+            # the declaration (``admission.limits.intake``: FOR KEY SHARE) commits its todo
+            # first, and the count below, a later statement, sees it.
+            k.model.objects.select_for_update().filter(pk=row.pk).first()  # type: ignore[attr-defined]
         live = Todo.objects.filter(**{k.todo_q: [name] if k.name == "tag" else name}).filter(
             Q(state__in=[TodoState.PENDING, TodoState.CLAIMED])
             | Q(state=TodoState.FAILED, next_retry_at__isnull=False)
@@ -424,6 +432,12 @@ def queue_settings_set(
             f"aging_seconds must be a whole number from 1 to {MAX_DECAY_WINDOW_SECONDS}",
             field="aging_seconds",
         )
+    if aging_seconds is not None and clear_aging:
+        raise InvalidArgument(
+            "aging_seconds and clear_aging: set the aging or clear it, not both",
+            field="clear_aging",
+            fields=["aging_seconds", "clear_aging"],
+        )
     with transaction.atomic():
         row = QueueSettings.objects.select_for_update().filter(queue=queue).first()
         before = _queue_dict(row) if row is not None else None
@@ -448,6 +462,20 @@ def queue_settings_set(
                 after=after,
             )
     return after
+
+
+def limits_verify_now(*, actor: HumanActor) -> LimitsReport:
+    """``limits verify`` for a person (the operator API): it reads every ledger row, so each
+    person may ask as often as ``LEDGER_VERIFY_RATE_LIMIT`` lets them, as the console's "Verify
+    now" (an allowance of its own). Over it: ``rate_limited`` saying when to ask again."""
+    check_actor(actor)
+    rate, burst = settings.LEDGER_VERIFY_RATE_LIMIT
+    allowed, wait = ratelimit.take(f"limits-verify:{actor.user.pk}", rate=rate, burst=burst)
+    if not allowed:
+        raise RateLimited(
+            f"the limits were verified a moment ago; verify again in {wait} s", retry_after=wait
+        )
+    return limits_verify()
 
 
 def queue_settings_list() -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
@@ -113,6 +114,8 @@ def todo_create(
             availability.check_deadline()  # a client that has given up gets no todo
             if _lock_endpoints([endpoint.id]) != {endpoint.id: EndpointState.ACTIVE}:
                 raise Conflict("the endpoint is revoked")
+            # Declared, and kept so until this commits (a racing delete counts this todo).
+            declared.hold(names)
             todo = Todo.objects.create(
                 endpoint=endpoint,
                 queue=queue,
@@ -241,7 +244,20 @@ def _raise_unmatched(
     found = cursor.fetchone()
     if found is None:
         raise NotFound("no such todo", id=str(todo_id))
-    state, current, live, token_hash, earlier_token = found
+    state, current, live, token_hash, earlier_token, quarantined = found
+    if state != TodoState.CLAIMED and quarantined and (attempt is None or attempt == current):
+        # The caller's claim (this attempt) was expired by a quarantine: say which, so the
+        # holder stops the work rather than retry an ending that cannot land.
+        kind, _, name = quarantined.partition(":")
+        raise Conflict(
+            f"this claim was expired by the quarantine of {kind} {name}: the todo is {state}, "
+            "not claimed; stop the work",
+            state=state,
+            reason="limit_quarantined",
+            attempt=current,
+            kind=kind,
+            name=name,
+        )
     if state != TodoState.CLAIMED:
         raise Conflict(f"todo is {state}, not claimed", state=state, attempt=current)
     if (attempt is not None and attempt < current) or (presented != token_hash and earlier_token):
@@ -591,8 +607,33 @@ def todos_bulk(*, actor: HumanActor, action: str, selection: Selection, token: s
                 count=len(locked),
                 selection=current,
             )
+        if action == "retry":
+            _hold_declared([row[0] for row in locked])
         _apply(actor, action, [(i, st, e, q) for i, st, _, e, q in locked], selection=token)
     return BulkDone(action, len(locked), [row[0] for row in locked])
+
+
+def _hold_declared(todo_ids: list[UUID]) -> None:
+    """The limits the todos being retried name, held declared until the retry commits (a
+    limit's delete counts the live todos naming it after that); one deleted since the selection
+    was read refuses the whole retry, nothing changed."""
+    named = (
+        Todo.objects.filter(pk__in=todo_ids)
+        .filter(~Q(pool=None) | ~Q(tags=[]) | ~Q(rate_limit=None))
+        .values_list("pool", "tags", "rate_limit")
+        .distinct()
+    )
+    for pool, tags, rate_limit in named:
+        missing = declared.undeclared(declared.Names(pool, tuple(sorted(tags)), rate_limit))
+        if missing:
+            kind, name = declared.KINDS[missing[0][0]], missing[0][1]
+            raise Conflict(
+                f"{kind} limit {name!r} was deleted since the selection was read: nothing was "
+                "changed",
+                reason=declared.UNDECLARED,
+                kind=kind,
+                name=name,
+            )
 
 
 def _applied(actor: HumanActor, action: str, token: str) -> BulkDone | None:

@@ -1573,7 +1573,15 @@ GROUP BY queue, state
 # whether the token presented was an earlier attempt's of this todo (superseded, not wrong).
 UNMATCHED_SQL = """
 SELECT t.state, t.attempt, t.lease_expires_at > clock_timestamp(), t.lease_token_hash,
-       EXISTS (SELECT 1 FROM queues_attempt a WHERE a.todo_id = t.id AND a.lease_token_hash = %s)
+       EXISTS (SELECT 1 FROM queues_attempt a WHERE a.todo_id = t.id AND a.lease_token_hash = %s),
+       -- Not claimed: the limit whose quarantine expired the claim that ended last, if one did
+       -- ("kind:name", from the error its expiry wrote: queues.sql.gated).
+       CASE WHEN t.state <> 'claimed' THEN
+           (SELECT (a.error ->> 'kind') || ':' || (a.error ->> 'name') FROM queues_attempt a
+            WHERE a.todo_id = t.id AND a.number = t.attempt AND a.outcome = 'expired'
+              AND a.error ->> 'error' = 'quarantined'
+            ORDER BY a.ended_at DESC LIMIT 1)
+       END
 FROM queues_todo t
 WHERE t.id = %s AND t.endpoint_id = ANY(%s)
 """

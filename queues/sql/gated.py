@@ -162,13 +162,16 @@ ORDER BY t.id
 """
 
 
-# A claim a quarantine expired: its attempt, as the reaper's.
-_EXPIRED_ATTEMPTS = ended_attempt(
-    "expired",
-    ended_at="clock_timestamp()",
-    outcome="'expired'",
-    disposition="CASE WHEN h.state = 'pending' THEN 'requeued' ELSE 'dead_lettered' END",
-)
+# A claim a quarantine expired: its attempt, as the reaper's, its error naming the quarantine
+# (the holder's later complete or heartbeat is told so: ``queues.services.todos``).
+def _expired_attempts(kind: str) -> str:
+    return ended_attempt(
+        "expired",
+        ended_at="clock_timestamp()",
+        outcome="'expired'",
+        disposition="CASE WHEN h.state = 'pending' THEN 'requeued' ELSE 'dead_lettered' END",
+        error=f"jsonb_build_object('error', 'quarantined', 'kind', '{kind}', 'name', %(n)s::text)",
+    )
 
 
 def quarantine_expire_sql(kind: str) -> str:
@@ -188,7 +191,7 @@ WITH expired AS (
 ), closed AS (
     -- The clock, not the transaction's start: claims committed while this waited for the
     -- limit's lock started after now(), and the occupancy history reads these instants.
-    {_EXPIRED_ATTEMPTS}
+    {_expired_attempts(kind)}
 )
 SELECT id::text, owner, endpoint_id::text, queue, attempt, state, grant_hash
 FROM expired ORDER BY id

@@ -177,16 +177,20 @@ def test_an_ending_takes_the_locks_shared_and_locks_no_limit_row(
     push_named(personas, 2, pool="gpu", tags=["vendor.a"])
     claimed = services.claim_next(actor=personas.as_agent())  # committed; the other waits
     assert isinstance(claimed, Claimed)
+    xmax = "SELECT xmax::text FROM limits_pool WHERE name = 'gpu'"
     with transaction.atomic():
         assert advisory_locks("pool", "gpu") == []
+        with connection.cursor() as cursor:
+            # The intakes' KEY SHARE locks (committed) left their xmax; the ending adds none.
+            cursor.execute(xmax)
+            before = cursor.fetchone()
         services.complete(actor=personas.as_agent(), todo_id=claimed.todo.id)
         assert advisory_locks("pool", "gpu") == ["ShareLock"]
         assert advisory_locks("tag", "vendor.a") == ["ShareLock"]
         with connection.cursor() as cursor:
-            # A row another transaction locked FOR SHARE/UPDATE could not be locked NOWAIT;
-            # here the rows are free of this transaction's locks: xmax untouched.
-            cursor.execute("SELECT xmax::text FROM limits_pool WHERE name = 'gpu'")
-            assert cursor.fetchone() == ("0",)
+            # A row this transaction locked FOR SHARE/UPDATE would carry its xid: untouched.
+            cursor.execute(xmax)
+            assert cursor.fetchone() == before
 
 
 def test_a_claim_that_waited_on_a_change_decides_on_the_new_limit_exactly(

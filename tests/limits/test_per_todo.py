@@ -88,8 +88,12 @@ def test_an_empty_claim_next_lists_each_limit_holding_work_with_how_many_it_hold
     by_queue = {d["queue"]: d for d in empty.deferred}
     assert by_queue["inbox"]["reason"] == "pool_full" and by_queue["inbox"]["pending"] == 2
     assert by_queue["inbox"]["next_eligible_at"] is not None
-    assert by_queue["outbox"]["reason"] == "tag_full" and by_queue["outbox"]["pending"] == 2
-    assert by_queue["outbox"]["next_eligible_at"] is None  # quarantined: only an operator frees it
+    assert by_queue["inbox"]["limits"] == [{"kind": "pool", "name": "gpu"}]
+    # A limit of 0 is a quarantine: only an operator frees it.
+    assert by_queue["outbox"]["reason"] == "limit_quarantined"
+    assert by_queue["outbox"]["pending"] == 2
+    assert by_queue["outbox"]["next_eligible_at"] is None
+    assert by_queue["outbox"]["limits"] == [{"kind": "tag", "name": "vendor.a"}]
 
 
 def test_an_empty_claim_next_with_no_work_held_lists_nothing(personas: Personas) -> None:

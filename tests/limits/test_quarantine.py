@@ -72,7 +72,7 @@ def test_the_stale_holders_complete_is_a_conflict_and_nothing_is_claimed_after(
         )
     after = services.claim_next(actor=personas.as_agent())
     assert isinstance(after, NothingClaimable)
-    assert [d["reason"] for d in after.deferred] == ["pool_full"]
+    assert [d["reason"] for d in after.deferred] == ["limit_quarantined"]
     assert after.deferred[0]["next_eligible_at"] is None
 
 
@@ -181,4 +181,4 @@ def test_no_claim_racing_a_quarantine_holds_a_slot_after_it_commits(
     assert later and not any(isinstance(r, Claimed) for r in later)
     reasons = {d["reason"] for r in later if isinstance(r, NothingClaimable) for d in r.deferred}
     reasons |= {r.details["reason"] for r in later if isinstance(r, Deferred)}
-    assert reasons == {"pool_full"}
+    assert reasons == {"limit_quarantined"}
