@@ -65,6 +65,10 @@ class ResumeOut(Schema):
     resumed: bool = Field(description="False when the queue was not paused.")
     lifted: PauseInfoOut | None
     woken: list[str] = Field(description="Endpoints rung because they hold pending todos.")
+    held: list[str] = Field(
+        description="Endpoints holding pending todos that were not rung: their budget or a "
+        "named limit still holds them (rung, reason reopened, when it frees)."
+    )
 
 
 ERRORS_READ: dict[int, type[Schema]] = {401: ErrorOut, 403: ErrorOut}
@@ -129,6 +133,7 @@ def resume_queue(request: HttpRequest, queue: str) -> ResumeOut:
         resumed=result.resumed,
         lifted=_pause_out(result.lifted) if result.lifted else None,
         woken=result.woken,
+        held=result.held,
     )
 
 

@@ -75,6 +75,22 @@ def handle_resume(command: BaseCommand, options: dict[str, Any]) -> None:
     if result.lifted is None:
         text = f"{result.queue} was not paused; nothing was lifted"
     else:
-        rung = ", ".join(result.woken) if result.woken else "no endpoint has pending todos"
-        text = f"resumed {result.queue} (paused by {result.lifted.by}: {result.lifted.reason}); rang: {rung}"
+        text = (
+            f"resumed {result.queue} (paused by {result.lifted.by}: {result.lifted.reason}); "
+            + resume_outcome(result)
+        )
     emit(command, options, result.as_dict(), text)
+
+
+def resume_outcome(result: pauses.ResumeResult) -> str:
+    """What a resume handed out, in words: who was rung, and who still waits on a budget or a
+    named limit (nothing of theirs is handed out until it frees)."""
+    parts = []
+    if result.woken:
+        parts.append("rang: " + ", ".join(result.woken))
+    if result.held:
+        parts.append(
+            "still held by a budget or a named limit (rung when it frees): "
+            + ", ".join(result.held)
+        )
+    return "; ".join(parts) if parts else "no endpoint has pending todos"

@@ -68,6 +68,9 @@ class ResumeResult:
     lifted: PauseInfo | None  # None: the queue was not paused and nothing was written
     # The queue identities rung ("<endpoint slug>") because they hold pending todos.
     woken: list[str] = field(default_factory=list)
+    # Those holding pending todos that were not rung: their budget or a named limit holds them
+    # still, so the resume hands nothing out there until it frees (its own ring, ``reopened``).
+    held: list[str] = field(default_factory=list)
 
     @property
     def resumed(self) -> bool:
@@ -79,6 +82,7 @@ class ResumeResult:
             "resumed": self.resumed,
             "lifted": self.lifted.as_dict() if self.lifted else None,
             "woken": self.woken,
+            "held": self.held,
         }
 
 
@@ -214,9 +218,9 @@ def queue_resume(*, actor: HumanActor, queue: str) -> ResumeResult:
             before=lifted.ledger_dict(),
             after=None,
         )
-        woken = _ring(queue)
+        woken, held = _ring(queue)
     selectors.forget_paused_names()
-    return ResumeResult(queue=queue, lifted=lifted, woken=woken)
+    return ResumeResult(queue=queue, lifted=lifted, woken=woken, held=held)
 
 
 def _existing_for_update(queue: str) -> QueuePause | None:
@@ -228,12 +232,14 @@ def _existing_for_update(queue: str) -> QueuePause | None:
     )
 
 
-def _ring(queue: str) -> list[str]:
+def _ring(queue: str) -> tuple[list[str], list[str]]:
+    """Ring each identity of the queue holding pending todos, as its gates allow: (rung, held)."""
     with connection.cursor() as cursor:
         cursor.execute(sql.OLDEST_PENDING_SQL, [queue])
         rows: list[tuple[UUID, str, UUID]] = cursor.fetchall()
-    return [
-        slug
-        for endpoint_id, slug, todo_id in rows
-        if wakes.todo_ready(endpoint_id, queue, todo_id=todo_id, reason=RESUMED)
-    ]
+    woken: list[str] = []
+    held: list[str] = []
+    for endpoint_id, slug, todo_id in rows:
+        rang = wakes.todo_ready(endpoint_id, queue, todo_id=todo_id, reason=RESUMED)
+        (woken if rang else held).append(slug)
+    return woken, held

@@ -240,7 +240,20 @@ def queue_resume_view(request: HttpRequest, name: str) -> HttpResponse:
     except DomainError as exc:
         messages.error(request, exc.message)
         return HttpResponseRedirect(safe_next(request, reverse("queue", args=[name])))
-    if result.resumed:
+    if result.resumed and result.held and not result.woken:
+        messages.warning(
+            request,
+            f"Resumed {name}, but nothing is handed out yet: its pending todos are still held "
+            f"by a budget or a named limit ({', '.join(result.held)}); agents are rung when it "
+            "frees.",
+        )
+    elif result.resumed and result.held:
+        messages.success(
+            request,
+            f"Resumed {name}: its todos are handed out again, except on "
+            f"{', '.join(result.held)}, still held by a budget or a named limit.",
+        )
+    elif result.resumed:
         messages.success(request, f"Resumed {name}: its todos are handed out again.")
     else:
         messages.info(request, f"{name} was not paused.")

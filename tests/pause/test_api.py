@@ -81,7 +81,13 @@ def test_resuming_a_live_queue_answers_that_nothing_was_lifted(personas: Persona
     response = _post(_client(personas.pauser), f"{QUEUES}/inbox/resume")
 
     assert response.status_code == 200
-    assert response.json() == {"queue": "inbox", "resumed": False, "lifted": None, "woken": []}
+    assert response.json() == {
+        "queue": "inbox",
+        "resumed": False,
+        "lifted": None,
+        "woken": [],
+        "held": [],
+    }
 
 
 def test_the_quarantine_queue_cannot_be_paused(personas: Personas) -> None:

@@ -164,7 +164,13 @@ def test_resume_deletes_the_row_and_reports_what_it_lifted(personas: Personas) -
 def test_resuming_a_queue_that_was_never_paused_lifts_nothing(personas: Personas) -> None:
     result = resume(personas.pauser, "inbox")
 
-    assert result.as_dict() == {"queue": "inbox", "resumed": False, "lifted": None, "woken": []}
+    assert result.as_dict() == {
+        "queue": "inbox",
+        "resumed": False,
+        "lifted": None,
+        "woken": [],
+        "held": [],
+    }
     assert not audit_rows().exists()
 
 

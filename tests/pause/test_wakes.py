@@ -16,8 +16,10 @@ from typing import Any
 from django.utils import timezone
 
 from queues import hooks, services
+from queues.cli_pause import resume_outcome
 from queues.models import Endpoint, Todo, TodoState
 from queues.services import Claimed, NothingClaimable
+from tests.admission.conftest import budget
 from tests.conftest import FIXTURE, Personas, push
 from tests.pause.conftest import HookServer
 from tests.pause.helpers import Listener, pause, resume
@@ -155,6 +157,30 @@ def test_resume_of_a_queue_with_nothing_pending_rings_nothing(
     result = resume(p.pauser, "inbox")
 
     assert result.resumed is True
-    assert result.woken == []
+    assert (result.woken, result.held) == ([], [])
     assert listener.drain() == []
     assert hook_server.posts == []
+
+
+def test_a_resume_says_which_identities_a_budget_still_holds_and_rings_none_of_them(
+    tx_personas: Personas, listener: Listener, hook_server: HookServer, eager_celery: None
+) -> None:
+    # The CLI said "rang: no endpoint has pending todos" and the console "its todos are handed
+    # out again" while the budget held every pending todo.
+    p = tx_personas
+    push(p, 2, queue="inbox")
+    push(p, 1, queue="inbox", endpoint=p.agent2)
+    budget(p, "inbox", per="day", limit=0)  # agent's identity admits nothing today
+    pause(p.pauser, "inbox")
+    listener.drain()
+
+    result = resume(p.pauser, "inbox")
+
+    assert result.resumed is True
+    assert (result.woken, result.held) == ([p.agent2.slug], [p.agent.slug])
+    assert listener.drain() == [f"{p.agent2.id}:inbox"]
+    text = resume_outcome(result)
+    assert text == (
+        f"rang: {p.agent2.slug}; still held by a budget or a named limit (rung when it frees): "
+        f"{p.agent.slug}"
+    )

@@ -6,7 +6,7 @@ import re
 
 from queues.models import QueuePause
 from tests.conftest import Personas, push
-from tests.web.conftest import HTMX, signed_in
+from tests.web.conftest import HTMX, budget, signed_in
 
 
 def test_a_pauser_pauses_and_resumes_and_is_sent_back_where_they_were(personas: Personas) -> None:
@@ -167,3 +167,18 @@ def test_the_queue_pages_panel_alone_for_the_live_board(personas: Personas) -> N
     assert html.lstrip().startswith('<div id="queue-pause"')
     assert "hx-swap-oob" not in html and 'id="sections"' not in html
     assert "Paused</strong> by ada" in html
+
+
+def test_a_resume_the_budget_still_holds_says_nothing_is_handed_out_yet(
+    personas: Personas,
+) -> None:
+    # It said "Resumed inbox: its todos are handed out again." while the budget held them all.
+    p = personas
+    push(p, 2)
+    budget(p, "inbox", max_in_flight=0)
+    client = signed_in(p.pauser)
+    client.post("/queues/inbox/pause", {"reason": "upgrade"})
+    page = client.post("/queues/inbox/resume", follow=True).content.decode()
+    assert "Resumed inbox, but nothing is handed out yet" in page
+    assert f"still held by a budget or a named limit ({p.agent.slug})" in page
+    assert "handed out again" not in page
