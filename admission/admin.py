@@ -30,6 +30,9 @@ def _actor(request: HttpRequest) -> HumanActor:
     return HumanActor(request.user, via="admin")
 
 
+WINDOW_COLUMNS = ("window_period", "window_tz", "window_start", "window_weekday")
+
+
 class AdmissionPolicyForm(ServiceModelForm):
     """Validated by ``PolicySpec.clean``, its field-named errors shown beside the field; saved by
     ``policy_set`` (whose refusals, a rate limit say, land on the form the same way).
@@ -63,6 +66,13 @@ class AdmissionPolicyForm(ServiceModelForm):
         super().__init__(*args, **kwargs)
         shown = None if self.instance._state.adding else self.instance
         self.fields["version"].initial = selectors.policy_version(shown)
+
+    def _get_validation_exclusions(self) -> set[str]:
+        # The window's columns are the service's to check (``PolicySpec.clean``, in ``clean``,
+        # naming the field, and defaulting a blank start to 00:00 as every other surface does):
+        # the model's constraints over them (``policy_window_complete``) named no field and
+        # refused a blank start the service accepts.
+        return super()._get_validation_exclusions() | set(WINDOW_COLUMNS)
 
     def clean_extra_windows(self) -> list[Any]:
         windows = self.cleaned_data.get("extra_windows")

@@ -248,6 +248,39 @@ def test_budgets_changed_in_the_admin_go_through_the_service_and_the_ledger(
     assert not AdmissionWindow.objects.exists()
 
 
+def test_the_admin_takes_a_blank_window_start_as_midnight_and_names_a_missing_weekday(
+    personas: Personas,
+) -> None:
+    # A blank start, accepted by every other surface, was refused with "Constraint
+    # “policy_window_complete” is violated." above the form, naming no field; a week without a
+    # weekday showed that line above the weekday's own error.
+    p = personas
+    client = signed_in(p.admin)
+    window = {"max_claims_per_window": "4", "window_period": "day", "window_tz": "Asia/Kathmandu"}
+    week = client.post(
+        "/admin/admission/admissionpolicy/add/",
+        {**admin_budget_form(p), **window, "window_period": "week"},
+    )
+    html = week.content.decode()
+    assert week.status_code == 200 and "policy_window_complete" not in html
+    # One error, beside the weekday field.
+    assert re.findall(r'<ul class="errorlist[^"]*"[^>]*>(.*?)</ul>', html, re.S) == [
+        "<li>a week window needs window.weekday, one of Mon, Tue, Wed, Thu, Fri, Sat, Sun</li>"
+    ]
+    assert 'id="id_window_weekday_error"' in html
+    assert not AdmissionPolicy.objects.exists()
+    response = client.post(
+        "/admin/admission/admissionpolicy/add/", {**admin_budget_form(p), **window}
+    )
+    assert response.status_code == 302, response.content.decode()[:3000]
+    policy = AdmissionPolicy.objects.get()
+    assert (policy.window_period, policy.window_tz, str(policy.window_start)[:5]) == (
+        "day",
+        "Asia/Kathmandu",
+        "00:00",
+    )
+
+
 def test_an_admin_save_over_a_budget_changed_since_the_page_opened_is_refused(
     personas: Personas,
 ) -> None:
