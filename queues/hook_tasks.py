@@ -1,11 +1,18 @@
 """The ready hook's Celery task, apart from the sweeps' tasks (``queues.tasks``) so that the wakes,
-which enqueue it, need not import the services that ring them."""
+which enqueue it, need not import the services that ring them.
+
+It runs on the ``hooks`` queue (``CELERY_TASK_ROUTES``), which ``manage.py serve`` gives a worker
+of its own: the receivers' URLs are the endpoint owners' to choose, so a slow one must never hold
+the worker that reaps and requeues. Each attempt has ``HOOK_TIMEOUT_SECONDS`` in all
+(``hooks.post``); Celery's time limits are the backstop should anything else hang (name
+resolution, the database)."""
 
 from __future__ import annotations
 
 import logging
 
 from celery import Task, shared_task
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 
 from queues import hooks
@@ -18,6 +25,8 @@ log = logging.getLogger(__name__)
     ignore_result=True,
     bind=True,
     max_retries=settings.HOOK_ATTEMPTS - 1,
+    soft_time_limit=settings.HOOK_TASK_SOFT_TIME_LIMIT_SECONDS,
+    time_limit=settings.HOOK_TASK_SOFT_TIME_LIMIT_SECONDS + 5,
 )
 def deliver_ready_hook(
     self: Task, endpoint_id: str, queue: str, todo_id: str | None, reason: str
@@ -26,10 +35,18 @@ def deliver_ready_hook(
     endpoint is marked failed (a ring is a hint: a receiver that is down misses it, and the
     doorbell's reminders ring again later)."""
     try:
-        hooks.deliver_ready(endpoint_id=endpoint_id, queue=queue, todo_id=todo_id, reason=reason)
+        _attempt(endpoint_id=endpoint_id, queue=queue, todo_id=todo_id, reason=reason)
     except hooks.HookDeliveryError as exc:
         if self.request.retries >= self.max_retries:
             log.warning("ready hook for %s gave up: %s", endpoint_id, exc)
             hooks.record_failure(endpoint_id=endpoint_id, error=str(exc))
             return
         raise self.retry(exc=exc, countdown=settings.HOOK_RETRY_SECONDS) from exc
+
+
+def _attempt(*, endpoint_id: str, queue: str, todo_id: str | None, reason: str) -> None:
+    """One delivery attempt; reaching Celery's soft time limit counts as a failed one."""
+    try:
+        hooks.deliver_ready(endpoint_id=endpoint_id, queue=queue, todo_id=todo_id, reason=reason)
+    except SoftTimeLimitExceeded as exc:
+        raise hooks.HookDeliveryError("the delivery exceeded its time limit") from exc

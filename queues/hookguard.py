@@ -4,10 +4,12 @@ An endpoint owner chooses the URL the server POSTs to, so without a guard the se
 into its own network for them (the cloud metadata service, PostgreSQL's host, an admin port on
 loopback). Every address the host name resolves to must be public: loopback, private, link-local
 (which holds the metadata address 169.254.169.254), shared, multicast, reserved and unspecified
-addresses are refused, for IPv4 and IPv6 alike (an IPv4-mapped IPv6 address is judged as the IPv4
-address it carries).
+addresses are refused, for IPv4 and IPv6 alike (an IPv4-mapped IPv6 address and a 6to4 address in
+2002::/16 are each judged as the IPv4 address they carry).
 
-The check runs twice: when the URL is set (``check_url``, a clear error naming ``notify_url``)
+The check runs twice: when the URL is set (``check_url``: an http(s) URL, its scheme in any case and
+stored in lower case, with a host, a port from 1 to 65535 and no user name or password, which the
+hook would not send; the caller's error names ``notify_url``)
 and at connect time (``connect``), on the addresses the connection actually uses, so a name that
 resolved to a public address when it was saved and resolves to 127.0.0.1 now (DNS rebinding) is
 refused too. ``HOOK_ALLOWED_NETWORKS`` lists networks allowed anyway (a receiver inside the
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import time
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
@@ -36,8 +39,10 @@ def _allowed_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
 
 def refusal(address: IPAddress) -> str | None:
     """Why the server may not call ``address`` (None when it may)."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    if isinstance(address, ipaddress.IPv6Address):
+        # Both carry an IPv4 address that a host or a relay may route to (6to4: 2002:7f00:1::
+        # is 127.0.0.1 to a host with a 6to4 interface).
+        address = address.ipv4_mapped or address.sixtofour or address
     if any(address in network for network in _allowed_networks()):
         return None
     for kind in ("loopback", "link_local", "private", "multicast", "reserved", "unspecified"):
@@ -68,28 +73,47 @@ def _check(host: str, addresses: Iterable[IPAddress]) -> None:
             raise UnsafeHookAddress(f"the host {host} is a {reason} address ({address})")
 
 
-def check_url(url: str) -> None:
-    """Refuse a notify URL that is not http(s) or whose host is not public (resolved now)."""
-    parts = urlsplit(url)
+def check_url(url: str) -> str:
+    """Refuse a notify URL that is not http(s), names no host, a port outside 1..65535 or a user
+    name or password (the hook would drop them), or whose host is not public (resolved now).
+    Returns the URL with its scheme in lower case (schemes are case-insensitive)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # an IPv4 address in brackets, say
+        raise UnsafeHookAddress(f"it is not a valid URL ({exc})") from exc
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UnsafeHookAddress("it must be an http(s) URL with a host")
+    if "@" in parts.netloc:
+        raise UnsafeHookAddress("it must not carry a user name or password")
     try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError as exc:
-        raise UnsafeHookAddress("its port is not a number from 1 to 65535") from exc
-    resolve(parts.hostname, port)
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise UnsafeHookAddress("its port is not a number from 1 to 65535")
+    resolve(parts.hostname, port or (443 if parts.scheme == "https" else 80))
+    return parts.scheme + url[len(parts.scheme) :]
 
 
 def connect(
     address: tuple[str, int],
     timeout: float | None = None,
     source_address: tuple[str, int] | None = None,
+    *,
+    deadline: float | None = None,
 ) -> socket.socket:
     """``socket.create_connection`` that connects only to checked addresses (http.client's
-    connection factory: HTTPS still verifies the certificate against the URL's host name)."""
+    connection factory: HTTPS still verifies the certificate against the URL's host name). With
+    ``deadline`` (``time.monotonic()``), no connection is tried past it, and the socket's timeout
+    (which bounds the TLS handshake as a whole) is what is left of it."""
     host, port = address
     error: OSError | None = None
     for ip in resolve(host, port):
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no connection to {host} in time")
+            timeout = left if timeout is None else min(timeout, left)
         try:
             return socket.create_connection((str(ip), port), timeout, source_address)
         except OSError as exc:

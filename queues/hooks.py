@@ -2,8 +2,10 @@
 
 Headers ``webhook-id``, ``webhook-timestamp`` and ``webhook-signature: v1,<base64 HMAC-SHA256 of
 "id.timestamp.body" under the endpoint's secret>`` (the key is the base64 after ``whsec_``; during a
-rotation's overlap a second signature under the previous secret follows, space-separated). Delivered by Celery: ``HOOK_ATTEMPTS`` attempts
-``HOOK_RETRY_SECONDS`` apart, each with a ``HOOK_TIMEOUT_SECONDS`` timeout, through the SSRF guard
+rotation's overlap a second signature under the previous secret follows, space-separated).
+Delivered by Celery on a queue of its own (``hooks``, so the sweeps never wait behind a slow
+receiver): ``HOOK_ATTEMPTS`` attempts ``HOOK_RETRY_SECONDS`` apart, each given
+``HOOK_TIMEOUT_SECONDS`` in all (connect, send and the answer's head), through the SSRF guard
 (``queues.hookguard``); when the last fails the endpoint is marked (``hook_failed_at``,
 ``hook_error``). Checked against pauses and deferral again at delivery time (fail open).
 
@@ -17,11 +19,15 @@ heartbeat: claimable work still waits; no new edge).
 from __future__ import annotations
 
 import base64
+import contextlib
+import functools
 import hashlib
 import hmac
 import http.client
 import json
 import logging
+import socket
+import threading
 import time
 import uuid
 from urllib.parse import urlsplit
@@ -125,18 +131,45 @@ def deliver_ready(*, endpoint_id: str, queue: str, todo_id: str | None, reason: 
 
 def post(url: str, body: bytes, headers: dict[str, str]) -> int:
     """POST ``body`` to ``url`` through the SSRF guard; the response status. No redirects are
-    followed (a redirect could lead anywhere the guard did not see)."""
+    followed (a redirect could lead anywhere the guard did not see).
+
+    The whole attempt (connect, TLS handshake, send, the response's status line and headers) has
+    ``HOOK_TIMEOUT_SECONDS``: http.client's timeout bounds each socket read only, so a receiver
+    answering a byte every few seconds would hold the worker without limit. The connection is
+    made within what is left of the deadline; after it, a timer shuts the socket down under
+    whatever read or write is waiting, and the attempt fails with ``TimeoutError``."""
+    limit = settings.HOOK_TIMEOUT_SECONDS
+    deadline = time.monotonic() + limit
     parts = urlsplit(url)
     cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = cls(parts.hostname or "", parts.port, timeout=settings.HOOK_TIMEOUT_SECONDS)
+    conn = cls(parts.hostname or "", parts.port, timeout=limit)
     # http.client opens its socket through this attribute; HTTPS then wraps it, checking the
     # certificate against the URL's host name.
-    conn._create_connection = hookguard.connect  # type: ignore[attr-defined]
+    conn._create_connection = functools.partial(hookguard.connect, deadline=deadline)  # type: ignore[attr-defined]
+
+    def expire() -> None:
+        if conn.sock is not None:  # None while connecting: the connect has the deadline itself
+            with contextlib.suppress(OSError):
+                # The plain socket's shutdown, for HTTPS too: it wakes the waiting read.
+                socket.socket.shutdown(conn.sock, socket.SHUT_RDWR)
+
+    timer = threading.Timer(limit, expire)
+    timer.daemon = True
+    timer.start()
     try:
+        conn.connect()
+        if time.monotonic() >= deadline:  # it passed as the connection was made
+            raise TimeoutError
         path = parts.path or "/"
         conn.request("POST", f"{path}?{parts.query}" if parts.query else path, body, headers)
         return conn.getresponse().status
+    except (OSError, http.client.HTTPException) as exc:
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"the hook did not answer within {limit} s") from exc
+        raise
     finally:
+        timer.cancel()
+        timer.join()  # so it never shuts down a socket closed below (its number reused)
         conn.close()
 
 

@@ -8,6 +8,7 @@ import zoneinfo
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
+from kombu import Queue
 
 from switchboard import embedded
 
@@ -273,7 +274,11 @@ METRICS_MAX_QUEUES = env_int("METRICS_MAX_QUEUES", 200, minimum=1)
 # a rotated-out signing secret still signs (receivers verify with the old or the new one).
 HOOK_ATTEMPTS = 3
 HOOK_RETRY_SECONDS = env_int("HOOK_RETRY_SECONDS", 5, minimum=0)
+# Each attempt's whole time (connect, send, the answer's head: queues.hooks.post).
 HOOK_TIMEOUT_SECONDS = 5
+# Celery's soft time limit on one attempt of the hook task (the hard limit is 5 s more): a
+# backstop for what the attempt's own deadline does not bound (name resolution, the database).
+HOOK_TASK_SOFT_TIME_LIMIT_SECONDS = HOOK_TIMEOUT_SECONDS + 10
 HOOK_SECRET_OVERLAP_SECONDS = env_int("HOOK_SECRET_OVERLAP_SECONDS", 86400, minimum=0)
 # Networks a notify URL may reach although they are not public (queues/hookguard.py), e.g.
 # "10.0.0.0/8,192.168.1.20": empty by default, so no hook calls into the server's own network.
@@ -295,6 +300,12 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
+# Ready hooks on a queue of their own: their receivers are the endpoint owners' to choose, and a
+# slow one must not hold the worker the sweeps (reap, requeue, reminders, ledger verify) run on.
+# `manage.py serve` runs one worker per queue; a worker started without -Q consumes both.
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+CELERY_TASK_QUEUES = [Queue(name, routing_key=name) for name in ("celery", "hooks")]
+CELERY_TASK_ROUTES = {"queues.tasks.deliver_ready_hook": {"queue": "hooks"}}
 LEDGER_VERIFY_SECONDS = env_int("LEDGER_VERIFY_SECONDS", 300, minimum=10)
 
 CELERY_BEAT_SCHEDULE = {

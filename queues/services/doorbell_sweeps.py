@@ -4,7 +4,8 @@ A ring is a hint: an agent that was down, or whose stream dropped the ring, miss
 **heartbeat** re-rings a pending, claimable todo that has waited ``REMINDER_AFTER[n]`` since it
 last changed (5 min, 20 min, 1 h, 6 h), so with the first ring a todo rings at most five times;
 at most ``PER_ENDPOINT`` reminders per endpoint per sweep (the oldest todos first), so a backlog
-does not flood a fleet. It skips paused queues (the claimable rule) and queue identities a gate
+does not flood a fleet, and ``BATCH`` in all, taken after the cap per endpoint, so one endpoint's
+backlog never crowds the others out of a sweep. It skips paused queues (the claimable rule) and queue identities a gate
 defers now (the same gate every ring passes, failing open).
 
 The **stall sweep** rings the holder's stream with reason ``stalled`` when a claimed todo had no

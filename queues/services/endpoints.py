@@ -288,13 +288,13 @@ def check_notify_url(notify_url: str | None) -> str:
     notify_url = validation.check_text(notify_url or "", "notify_url").strip()
     if not notify_url:
         return ""
-    if len(notify_url) > 500 or not notify_url.startswith(("https://", "http://")):
+    # A scheme in any case (schemes are case-insensitive); kept in lower case.
+    if len(notify_url) > 500 or not notify_url.lower().startswith(("https://", "http://")):
         raise InvalidArgument("notify_url must be an http(s) URL", field="notify_url")
     try:
-        hookguard.check_url(notify_url)
+        return hookguard.check_url(notify_url)
     except hookguard.UnsafeHookAddress as exc:
         raise InvalidArgument(f"notify_url is refused: {exc}", field="notify_url") from exc
-    return notify_url
 
 
 def endpoint_update(

@@ -9,6 +9,7 @@ from django.db import connection, transaction
 from queues import metrics, sql, wakes
 from queues.access import SystemActor, ledger_actor
 from queues.models import TodoState
+from queues.sql.push import FREED_SQL
 
 SWEEP_BATCH = 500
 
@@ -19,9 +20,22 @@ def _reaper_params() -> dict[str, Any]:
     return sql.grant_params(ledger_actor(SystemActor(via="reaper")), "")
 
 
+def _ring_freed(cursor: Any, identities: list[tuple[Any, str]], reason: str) -> None:
+    """One ring per queue identity the sweep returned work to, naming the todo that became
+    claimable: when the sweep freed several of one identity, the oldest of them (the one a claim
+    takes first). Called in the sweep's transaction, before its commit."""
+    if not identities:
+        return
+    cursor.execute(FREED_SQL, {"e": [e for e, _ in identities], "q": [q for _, q in identities]})
+    named = {(e, q): todo_id for e, q, todo_id in cursor.fetchall()}
+    for endpoint_id, queue in identities:
+        wakes.todo_ready(endpoint_id, queue, todo_id=named.get((endpoint_id, queue)), reason=reason)
+
+
 def reap_expired() -> int:
     """Lapsed claims back to pending, or dead-lettered at the cap. Safe to run twice at once:
-    SKIP LOCKED means two sweeps never process the same row."""
+    SKIP LOCKED means two sweeps never process the same row. Each ``reaped`` ring names a todo
+    the batch returned to pending (``_ring_freed``)."""
     total = 0
     while True:
         with transaction.atomic(), connection.cursor() as cursor:
@@ -30,7 +44,7 @@ def reap_expired() -> int:
             n = 0
             # One ring per queue identity for this commit: ``reaped`` for the identities work
             # returned to, ``reopened`` (after commit) for the others a freed limit unit wakes.
-            reaped: set[str] = set()
+            reaped: list[tuple[Any, str]] = []
             reopens: set[str] = set()
             for endpoint_id, queue, state, count, keys in rows:
                 n += count
@@ -39,26 +53,28 @@ def reap_expired() -> int:
                 if state == TodoState.FAILED:
                     metrics.completed(queue, "dead_lettered", count)
                 else:
-                    reaped.add(wakes.payload(endpoint_id, queue))
-                    wakes.todo_ready(endpoint_id, queue, reason="reaped")
-            if reopens - reaped:
-                transaction.on_commit(lambda keys=reopens - reaped: wakes.reopen(keys))  # type: ignore[misc]
+                    reaped.append((endpoint_id, queue))
+            _ring_freed(cursor, reaped, "reaped")
+            reaped_keys = {wakes.payload(endpoint_id, queue) for endpoint_id, queue in reaped}
+            if reopens - reaped_keys:
+                transaction.on_commit(lambda keys=reopens - reaped_keys: wakes.reopen(keys))  # type: ignore[misc]
         total += n
         if n < SWEEP_BATCH:
             return total
 
 
 def requeue_due_retries() -> int:
-    """Failed todos whose backoff elapsed back to pending (a paused queue's wait there)."""
+    """Failed todos whose backoff elapsed back to pending (a paused queue's wait there). Each
+    ``requeued`` ring names a todo the batch requeued (``_ring_freed``)."""
     total = 0
     while True:
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(sql.REQUEUE_SQL, {"batch": SWEEP_BATCH})
             rows = cursor.fetchall()
-            n = 0
-            for endpoint_id, queue, count in rows:
-                n += count
-                wakes.todo_ready(endpoint_id, queue, reason="requeued")
+            n = sum(count for _, _, count in rows)
+            _ring_freed(
+                cursor, [(endpoint_id, queue) for endpoint_id, queue, _ in rows], "requeued"
+            )
         total += n
         if n < SWEEP_BATCH:
             return total

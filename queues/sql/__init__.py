@@ -1467,7 +1467,7 @@ WITH due AS (
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 ), requeued AS (
-    UPDATE queues_todo t SET state = 'pending', next_retry_at = NULL, updated_at = now()
+    UPDATE queues_todo t SET state = 'pending', owner = '', next_retry_at = NULL, updated_at = now()
     FROM due d WHERE t.id = d.id
     RETURNING t.endpoint_id, t.queue
 )

@@ -1,6 +1,7 @@
 """The push path's statements on the todo tables: the doorbell's attach read, its sweeps
-(reminders for work nobody took, stalls told to the holder) and the wakes' gate lookups over a
-queue identity. The gates' probes are folded in by the caller (``queues.gates``).
+(reminders for work nobody took, stalls told to the holder), the todo a sweep's ring names and
+the wakes' gate lookups over a queue identity. The gates' probes are folded in by the caller
+(``queues.gates``).
 """
 
 from __future__ import annotations
@@ -22,19 +23,28 @@ _DUE = f"""
     t.state = 'pending' AND {_RUNG} < %(steps)s
     AND now() >= t.updated_at + make_interval(secs => (%(after)s::int[])[{_RUNG} + 1])
 """
-# The candidates are chosen without locks (oldest first, at most PER_ENDPOINT an endpoint); only
-# those are locked, SKIP LOCKED, and the due test is applied again to the locked row, so a claim
-# meanwhile skips only the rows about to ring and a sweep that raced another rings nothing twice.
+# The candidates are chosen without locks: each active endpoint's oldest due todos, at most
+# PER_ENDPOINT of them (a LATERAL probe of the endpoint's pending todos, todo_pending_idx), then
+# the oldest ``batch`` of those. The cap per endpoint comes first, so one endpoint's backlog
+# cannot fill the batch and leave the others unreminded. Only the candidates are locked, SKIP
+# LOCKED, and the due test is applied again to the locked row, so a claim meanwhile skips only
+# the rows about to ring and a sweep that raced another rings nothing twice.
 DUE_SQL = f"""
 WITH due AS (
-    SELECT t.id, row_number() OVER (PARTITION BY t.endpoint_id ORDER BY t.created_at, t.id) AS n
-    FROM queues_todo t
-    WHERE {CLAIMABLE} AND {_DUE}
-    ORDER BY t.created_at, t.id
+    SELECT d.id, d.created_at
+    FROM queues_endpoint e
+    CROSS JOIN LATERAL (
+        SELECT t.id, t.created_at FROM queues_todo t
+        WHERE t.endpoint_id = e.id AND {CLAIMABLE} AND {_DUE}
+        ORDER BY t.created_at, t.id
+        LIMIT %(per_endpoint)s
+    ) d
+    WHERE e.state = 'active'
+    ORDER BY d.created_at, d.id
     LIMIT %(batch)s
 )
 SELECT t.id, t.endpoint_id, t.queue, {_RUNG}
-FROM queues_todo t JOIN due ON due.id = t.id AND due.n <= %(per_endpoint)s
+FROM queues_todo t JOIN due ON due.id = t.id
 WHERE {_DUE}
 ORDER BY t.created_at, t.id
 FOR UPDATE OF t SKIP LOCKED
@@ -57,6 +67,22 @@ WITH stalled AS (
 UPDATE queues_todo t SET stall_rung_at = now()
 FROM stalled s WHERE t.id = s.id
 RETURNING t.id, t.endpoint_id, t.queue
+"""
+
+# The todo a sweep's ring names for each queue identity it returned work to (``%(e)s``,
+# ``%(q)s``: parallel arrays): of the identity's pending todos, the oldest that the sweep's own
+# transaction made pending (the reaper and the retry sweep set ``updated_at = now()``, the
+# transaction's start), which a claim would take first. Walks todo_pending_idx in created_at
+# order, and work a sweep frees is mostly old.
+FREED_SQL = """
+SELECT k.e, k.q, f.id
+FROM unnest(%(e)s::uuid[], %(q)s::text[]) AS k(e, q)
+CROSS JOIN LATERAL (
+    SELECT t.id FROM queues_todo t
+    WHERE t.endpoint_id = k.e AND t.queue = k.q AND t.state = 'pending' AND t.updated_at = now()
+    ORDER BY t.created_at, t.id
+    LIMIT 1
+) f
 """
 
 # A queue identity as a todo-shaped row, every other column NULL: a gate's probe may name any todo

@@ -1,10 +1,10 @@
 """``manage.py serve``: the launcher behind ``make run``.
 
 It prepares the embedded services when the environment does not name real ones, migrates, seeds
-the demo data on first run, then runs three children and watches them:
+the demo data on first run, then runs four children and watches them:
 
 * uvicorn serving ``switchboard.asgi:application`` on HOST:PORT,
-* one Celery worker (outbound hooks, sweeps),
+* one Celery worker for the sweeps (the ``celery`` queue) and one for the ready hooks (``hooks``),
 * one Celery beat (the sweep schedule, kept in ``<data>/celerybeat-schedule``).
 
 It records the address it serves on in ``<data>/served_url`` first, so the URL every process
@@ -66,7 +66,8 @@ class _Child:
 class Command(BaseCommand):
     help = (
         "Run Switchboard: embedded PostgreSQL and Valkey unless DATABASE_URL / REDIS_URL are set, "
-        "migrations, demo data on first run, then the web server, one Celery worker and one beat."
+        "migrations, demo data on first run, then the web server, two Celery workers (sweeps, hooks) "
+        "and one beat."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -204,7 +205,15 @@ class Command(BaseCommand):
                 "celery worker",
                 [
                     python, "-m", "celery", "-A", "switchboard", "--quiet", "worker",
-                    "--loglevel", "INFO", "--concurrency", "2",
+                    "--loglevel", "INFO", "--concurrency", "2", "-Q", "celery", "-n", "sweeps@%h",
+                ],
+            ),
+            # Ready hooks on a worker of their own: a slow receiver never delays the sweeps.
+            _Child(
+                "hooks worker",
+                [
+                    python, "-m", "celery", "-A", "switchboard", "--quiet", "worker",
+                    "--loglevel", "INFO", "--concurrency", "2", "-Q", "hooks", "-n", "hooks@%h",
                 ],
             ),
             _Child(

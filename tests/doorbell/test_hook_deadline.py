@@ -1,0 +1,162 @@
+"""A slow receiver cannot hold the server: each hook attempt has HOOK_TIMEOUT_SECONDS in all
+(a receiver trickling its answer a byte at a time is cut off), Celery's time limit backs that
+up, and hooks travel on a queue of their own (``hooks``) that the sweeps' worker never takes,
+so a slow hook never delays a reap."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from celery.contrib.testing.worker import start_worker
+from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings as django_settings
+
+from queues import hooks, services, tasks
+from queues.hook_tasks import deliver_ready_hook
+from queues.models import Endpoint, Todo, TodoState
+from switchboard.celery import app
+from tests.conftest import Personas, claim_and_lapse, push
+from tests.doorbell.streams import wait_for
+from tests.pause.conftest import HookServer
+
+ANSWER = b"HTTP/1.1 204 No Content\r\n\r\n"
+
+
+@dataclass
+class TrickleServer:
+    """A receiver that answers one byte at a time, each byte well within the per-read timeout
+    but the whole answer far beyond the attempt's deadline."""
+
+    url: str
+    answers: list[str] = field(default_factory=list)  # per connection: "whole" or "cut off"
+
+
+@pytest.fixture
+def trickle_server(settings: Any) -> Iterator[TrickleServer]:
+    settings.HOOK_ALLOWED_NETWORKS = ["127.0.0.1/32"]
+    listener = socket.create_server(("127.0.0.1", 0))
+    receiver = TrickleServer(url=f"http://127.0.0.1:{listener.getsockname()[1]}/hook")
+    handlers: list[threading.Thread] = []
+
+    def answer(conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.recv(65536)
+                for byte in ANSWER:
+                    conn.sendall(bytes([byte]))
+                    time.sleep(0.25)
+            except OSError:
+                receiver.answers.append("cut off")
+            else:
+                receiver.answers.append("whole")
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            handler = threading.Thread(target=answer, args=(conn,), daemon=True)
+            handlers.append(handler)
+            handler.start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield receiver
+    finally:
+        listener.close()
+        for handler in handlers:
+            handler.join(timeout=15)
+
+
+def test_a_receiver_trickling_its_answer_is_cut_off_at_the_deadline_and_the_endpoint_shows_it(
+    tx_personas: Personas, trickle_server: TrickleServer, celery_worker: Any, settings: Any
+) -> None:
+    p = tx_personas
+    settings.HOOK_TIMEOUT_SECONDS = 1
+    settings.HOOK_RETRY_SECONDS = 0
+    services.endpoint_update(
+        endpoint=p.agent, actor=p.as_human(p.owner), notify_url=trickle_server.url
+    )
+    push(p, 1)
+
+    assert wait_for(lambda: Endpoint.objects.get(pk=p.agent.pk).hook_failed_at is not None)
+    p.agent.refresh_from_db()
+    assert p.agent.hook_error == "the hook did not answer within 1 s"
+    assert wait_for(lambda: len(trickle_server.answers) == django_settings.HOOK_ATTEMPTS)
+    assert trickle_server.answers == ["cut off"] * django_settings.HOOK_ATTEMPTS
+
+
+def test_the_hook_task_gives_up_as_a_failed_delivery_at_celerys_time_limit(
+    tx_personas: Personas,
+    hook_server: HookServer,
+    celery_worker: Any,
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The backstop for what the attempt's own deadline does not bound: the soft limit (above
+    the attempt's deadline, below the hard one) counts as a failed attempt."""
+    p = tx_personas
+    settings.HOOK_RETRY_SECONDS = 0
+    assert (
+        settings.HOOK_TIMEOUT_SECONDS
+        < deliver_ready_hook.soft_time_limit
+        < deliver_ready_hook.time_limit
+    )
+    services.endpoint_update(
+        endpoint=p.agent, actor=p.as_human(p.owner), notify_url=hook_server.url
+    )
+
+    def hangs(*args: Any) -> int:
+        raise SoftTimeLimitExceeded
+
+    monkeypatch.setattr(hooks, "post", hangs)
+    push(p, 1)
+    assert wait_for(lambda: Endpoint.objects.get(pk=p.agent.pk).hook_failed_at is not None)
+    p.agent.refresh_from_db()
+    assert p.agent.hook_error == "the delivery exceeded its time limit"
+
+
+@contextmanager
+def worker_of(queue: str) -> Iterator[Any]:
+    """A real worker on the real broker consuming only ``queue``, as ``manage.py serve`` runs
+    one per queue."""
+    app.conf.broker_url = django_settings.REDIS_URL
+    try:
+        with start_worker(
+            app, pool="solo", perform_ping_check=False, shutdown_timeout=10, queues=[queue]
+        ) as worker:
+            yield worker
+    finally:
+        # The choice is the app's (a worker's -Q selects on it): later workers of this test
+        # process consume every queue again, as a worker started without -Q does.
+        app.amqp.queues._consume_from = None
+
+
+def test_hooks_wait_on_their_own_queue_while_the_sweeps_worker_reaps(
+    tx_personas: Personas, hook_server: HookServer
+) -> None:
+    p = tx_personas
+    services.endpoint_update(
+        endpoint=p.agent, actor=p.as_human(p.owner), notify_url=hook_server.url
+    )
+    waiting, lapsed = push(p, 2)  # two hooks ("created") enqueued before the sweep
+    claim_and_lapse(p, [lapsed])
+    with worker_of("celery"):
+        tasks.reap_expired.delay()
+        assert wait_for(lambda: Todo.objects.get(pk=lapsed.pk).state == TodoState.PENDING)
+    assert hook_server.posts == []  # the sweeps' worker took none of the hooks queued first
+
+    with worker_of("hooks"):
+        assert wait_for(lambda: len(hook_server.posts) == 3)
+    assert sorted((b["reason"], b["todo"]) for b in hook_server.bodies()) == sorted(
+        [("created", str(waiting.id)), ("created", str(lapsed.id)), ("reaped", str(lapsed.id))]
+    )
+    assert Endpoint.objects.get(pk=p.agent.pk).hook_failed_at is None
