@@ -23,8 +23,16 @@ from admission import selectors, services
 from admission.policy import DEFAULT_POSTURE
 from queues.access import HumanActor
 from switchboard.core import versions
-from switchboard.core.cli import acting_human, add_common_options, emit, refused, usage
+from switchboard.core.cli import (
+    acting_human,
+    add_common_options,
+    emit,
+    refused,
+    usage,
+    version_argument,
+)
 from switchboard.core.errors import DomainError
+from switchboard.core.times import iso
 
 PER_FLAGS = (("per_hour", "hour"), ("per_day", "day"), ("per_week", "week"))
 
@@ -92,6 +100,7 @@ def _if_version(parser: argparse.ArgumentParser, more: str) -> None:
     parser.add_argument(
         "--if-version",
         metavar="V",
+        type=version_argument,
         help="write only over this version of the budget (its `version`, as show --json prints "
         "it); if the budget is not as read, nothing is written (exit 1, precondition_failed)"
         + (f"; {more}" if more else ""),
@@ -224,7 +233,7 @@ def _line(row: dict[str, Any]) -> str:
         resets = u["window_resets_at"]
         parts.append(
             f"{used}/{p['max_claims_per_window']} {phrase}"
-            + (f", resets {resets.isoformat()}" if resets else "")
+            + (f", resets {iso(resets)}" if resets else "")
         )
     for w in u["windows"][1:]:
         parts.append(f"{w['used']}/{w['limit']} {w['description'] or w['period']}")
@@ -238,6 +247,6 @@ def _line(row: dict[str, Any]) -> str:
         when = s["next_eligible_at"]
         parts.append(
             f"deferred: {s['reason']}"
-            + (f" until {when.isoformat()}{'' if s['exact'] else ' (estimate)'}" if when else "")
+            + (f" until {iso(when)}{'' if s['exact'] else ' (estimate)'}" if when else "")
         )
     return "  ".join(parts)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, timedelta
+from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
@@ -41,6 +41,7 @@ from switchboard.core.errors import (
     PreconditionFailed,
     RateLimited,
 )
+from switchboard.core.times import iso
 from switchboard.ledger import chain as ledger
 from switchboard.ledger.models import LedgerKind
 
@@ -221,7 +222,7 @@ def _check_expected(
         )
     else:
         who = existing.updated_by.get_username() if existing.updated_by_id else "someone"
-        when = existing.updated_at.astimezone(UTC).isoformat(timespec="seconds")
+        when = iso(existing.updated_at)
         if versions.ABSENT in expected:
             message = f"{identity} has a budget now (set by {who} at {when}): nothing was written"
         else:

@@ -8,6 +8,7 @@ a post redirects (post/redirect/get). Domain refusals are mapped to page message
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -30,7 +31,7 @@ from queues.models import QUARANTINE_QUEUE, TodoState, check_queue_name
 from queues.pauses import MAX_REASON
 from switchboard.console import board, charts, live
 from switchboard.console.board import Filters
-from switchboard.console.templatetags.console import stamp
+from switchboard.console.templatetags.console import at_zone, stamp
 from switchboard.core.errors import DomainError, Forbidden, InvalidArgument, NotFound
 from switchboard.core.pages import (
     TZ_COOKIE,
@@ -409,8 +410,19 @@ def todo_action_view(request: HttpRequest, todo_id: UUID, action: str) -> HttpRe
     except (Forbidden, NotFound) as exc:
         return refusal(request, exc)
     except DomainError as exc:
-        messages.error(request, exc.message)
+        messages.error(request, _in_zone(exc, viewer))
     return HttpResponseRedirect(back)
+
+
+def _in_zone(exc: DomainError, viewer: Viewer) -> str:
+    """A refusal's message as the page says times: its ``next_eligible_at`` (written for
+    machines, UTC) in the viewer's zone, "≈" before it when it is an estimate."""
+    at = exc.details.get("next_eligible_at")
+    if not isinstance(at, str) or at not in exc.message:
+        return exc.message
+    when = datetime.fromisoformat(at.replace("Z", "+00:00"))
+    said = ("" if exc.details.get("exact") else "≈ ") + at_zone(when, viewer.tz)
+    return exc.message.replace(at, said)
 
 
 # --- bulk retry and discard of the board's selection ---------------------------------------------

@@ -16,6 +16,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.management.base import BaseCommand, CommandError
 
+from switchboard.core import versions
 from switchboard.core.errors import DomainError
 from switchboard.core.times import iso
 from switchboard.core.users import user_named
@@ -65,6 +66,15 @@ def refused(command: BaseCommand, options: dict[str, Any], exc: DomainError) -> 
         # longer JSON alone with --json. Exit with the refusal's code, said once.
         raise SystemExit(EXIT_REFUSED)
     raise CommandError(message, returncode=EXIT_REFUSED)
+
+
+def version_argument(value: str) -> str:
+    """``--if-version``'s type: a version as ``show --json`` prints it, or "none"; argparse
+    refuses anything else naming the option (usage error, exit 2)."""
+    try:
+        return versions.spelled(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def usage(message: str) -> CommandError:

@@ -33,6 +33,15 @@ def named(version: str | None) -> tuple[str, ...] | None:
     return (ABSENT if version == NONE_NAMED else version,)
 
 
+def spelled(value: str) -> str:
+    """A version as a person types it (``--if-version``): a version's 20 hex digits, or
+    ``NONE_NAMED``; anything else can never match, and is refused as such (``ValueError``, which
+    argparse reports naming the option) rather than read as a write that came too late."""
+    if value == NONE_NAMED or (len(value) == 20 and all(c in "0123456789abcdef" for c in value)):
+        return value
+    raise ValueError(f"a version is 20 hex digits as show --json prints it, or {NONE_NAMED!r}")
+
+
 def digest(definition: Any) -> str:
     """The version of a definition: its canonical JSON (keys sorted), hashed, 20 hex digits."""
     text = json.dumps(definition, sort_keys=True, separators=(",", ":"), default=str)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from io import StringIO
@@ -298,3 +299,35 @@ def test_set_takes_stacked_windows_and_names_the_wrong_one(personas: Personas) -
     )
     assert code == 1 and json.loads(err)["field"] == "windows[1].tz"
     assert [w["limit"] for w in AdmissionPolicy.objects.get().extra_windows] == [1000, 5000]
+
+
+def test_a_malformed_if_version_is_refused_naming_the_option(personas: Personas) -> None:
+    # "zzz" was sent on as a version and answered precondition_failed, "changed since it was
+    # read… read it again": no version could ever be "zzz".
+    p = personas
+    budget(p, max_in_flight=2)
+    for bad in ("zzz", "0" * 19, "A" * 20, ""):
+        with pytest.raises(CommandError, match="argument --if-version: a version is 20 hex"):
+            call_command(
+                "queue",
+                "budget",
+                "set",
+                p.agent.slug,
+                "inbox",
+                "--max-in-flight",
+                "3",
+                "--if-version",
+                bad,
+                "--as",
+                "olive",
+            )
+    assert AdmissionPolicy.objects.get().max_in_flight == 2
+
+
+def test_show_writes_a_window_reset_as_every_instant_is_written(personas: Personas) -> None:
+    p = personas
+    budget(p, per="hour", limit=5)
+    code, out, _ = run("show", p.agent.slug, "inbox", "--as", "olive")
+    assert code == 0
+    [resets] = re.findall(r"resets (\S+)", out)
+    assert resets.endswith("Z") and "+00:00" not in out

@@ -19,6 +19,7 @@ from admission import selectors, services
 from admission.models import AdmissionPolicy
 from switchboard.core import versions
 from switchboard.core.errors import NotFound, PreconditionFailed
+from switchboard.core.times import iso
 from switchboard.ledger.models import LedgerKind
 from tests.admission.conftest import budget
 from tests.admission.test_api import Api, human, one
@@ -78,6 +79,8 @@ def test_a_write_over_a_version_that_moved_writes_nothing(personas: Personas) ->
     assert refused.value.status == 412 and refused.value.code == "precondition_failed"
     assert refused.value.details["version"] == selectors.policy_version(moved)
     assert "changed since it was read (last changed by olive at " in refused.value.message
+    # The instant as every answer writes one (it wrote +00:00, cut to the second).
+    assert f"at {iso(moved.updated_at)}):" in refused.value.message
     assert current() is not None and current().max_in_flight == 5  # type: ignore[union-attr]
     assert audit_rows().count() == rows
     # The version read now is the one to write over.

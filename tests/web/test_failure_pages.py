@@ -14,7 +14,7 @@ from queues import services
 from queues.models import Todo, TodoState
 from switchboard.ledger.models import LedgerEntry, LedgerKind
 from tests.conftest import Personas, audit_rows, lapse, make_retry_due, push
-from tests.web.conftest import signed_in
+from tests.web.conftest import budget, signed_in
 
 
 def fail(p: Personas, todo: Any, error: Any) -> None:
@@ -303,3 +303,16 @@ def test_the_todo_page_has_one_level_one_heading_and_the_drawer_none(personas: P
         f"/todos/{todo.id}", headers={"HX-Request": "true", "HX-Target": "drawer"}
     ).content.decode()
     assert "<h1" not in drawer and '<h2 id="todo-title">' in drawer
+
+
+def test_a_claim_the_budget_defers_says_when_in_the_viewers_zone(personas: Personas) -> None:
+    # The console showed the machine's instant: "eligible at 2026-12-05T10:21:26.968595Z".
+    p = personas
+    first, second = push(p, 2)
+    budget(p, max_in_flight=1)
+    services.claim(actor=p.as_agent(), todo_id=first.id, lease_ttl_seconds=600)
+    client = signed_in(p.owner)
+    page = htmllib.unescape(client.post(f"/todos/{second.id}/claim", follow=True).content.decode())
+    said = re.search(r"queue 'inbox' is deferred: in_flight_full; eligible at ([^<]*)", page)
+    assert said is not None, page[:3000]
+    assert re.fullmatch(r"≈ \d\d:\d\d UTC", said.group(1).strip()), said.group(0)

@@ -30,7 +30,14 @@ from admission.limits.verify import LimitsReport, limits_verify
 from queues import cli_pause
 from queues.access import HumanActor
 from switchboard.core import versions
-from switchboard.core.cli import acting_human, add_common_options, emit, refused, usage
+from switchboard.core.cli import (
+    acting_human,
+    add_common_options,
+    emit,
+    refused,
+    usage,
+    version_argument,
+)
 from switchboard.core.errors import DomainError
 
 EXIT_TAMPERED = 2
@@ -63,6 +70,7 @@ def _if_version(parser: CommandParser) -> None:
     parser.add_argument(
         "--if-version",
         metavar="V",
+        type=version_argument,
         help="write only over this version of the limit (its `version`, as list --json prints "
         "it; none: only where it is not declared yet); if the limit is not as read, nothing is "
         "written (exit 1, precondition_failed)",
