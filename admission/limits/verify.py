@@ -33,6 +33,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from admission.limits.models import Pool, TagLimit
+from switchboard.core.times import iso
 from switchboard.ledger import chain
 from switchboard.ledger.models import LedgerEntry, LedgerKind
 
@@ -61,7 +62,7 @@ class GrantDrift:
             "grant": self.grant,
             "todo": self.todo,
             "attempt": self.attempt,
-            "at": self.at.isoformat(),
+            "at": iso(self.at),
             "kind": self.kind,
             "name": self.name,
             "limit": self.limit,

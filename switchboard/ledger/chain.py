@@ -349,6 +349,13 @@ class ChainProblem:
             "detail": self.detail,
         }
 
+    @property
+    def said(self) -> str:
+        """The problem in one line, for the commands: where (when there is a row to point at),
+        what and why."""
+        where = f" at seq {self.seq}, position {self.position}" if self.seq else ""
+        return f"BROKEN{where}: {self.problem}: {self.detail}"
+
 
 def _lookup_seq(entry_hash: str) -> LedgerEntry | None:
     return LedgerEntry.objects.filter(entry_hash=entry_hash).first()

@@ -100,9 +100,7 @@ def _text(report: ledger.VerifyReport) -> str:
             lines.append("anchors (keep them elsewhere; --expect checks them later):")
             lines += [f"  {a}" for a in anchors]
     else:
-        c = report.chain
-        where = f" at seq {c.seq}, position {c.position}" if c.seq else ""
-        lines.append(f"chain: BROKEN{where}: {c.problem}: {c.detail}")
+        lines.append(f"chain: {report.chain.said}")
     if report.drift:
         lines.append(f"policies: {len(report.drift)} of {report.policies} differ from the ledger")
         lines += [f"  {d.scope}/{d.queue}: {d.problem}: {d.detail}" for d in report.drift]

@@ -39,6 +39,7 @@ from switchboard.core.cli import (
     version_argument,
 )
 from switchboard.core.errors import DomainError
+from switchboard.core.times import iso
 
 EXIT_TAMPERED = 2
 DEFAULT_PAUSE_REASON = "paused with manage.py limits queue pause"
@@ -106,19 +107,14 @@ def _status_text(status: dict[str, Any]) -> str:
 
 def _verify_text(report: LimitsReport) -> str:
     chain = report.ledger.chain
-    lines = [
-        f"chain: ok ({report.ledger.rows} rows)"
-        if chain is None
-        else f"chain: BROKEN at seq {chain.seq}, position {chain.position}: "
-        f"{chain.problem}: {chain.detail}"
-    ]
+    lines = [f"chain: ok ({report.ledger.rows} rows)" if chain is None else f"chain: {chain.said}"]
     if report.ledger.drift:
         lines.append(f"policies: {len(report.ledger.drift)} differ from the ledger")
     if report.drift:
         lines.append(f"grants: {len(report.drift)} of {report.grants} the limits refuse")
         lines += [
             f"  {d.kind} {d.name}: todo {d.todo} attempt {d.attempt}, grant at row {d.seq} "
-            f"({d.at.isoformat()}): {d.held} held of {d.limit} ({d.posture}): {d.problem}"
+            f"({iso(d.at)}): {d.held} held of {d.limit} ({d.posture}): {d.problem}"
             for d in report.drift
         ]
     else:
