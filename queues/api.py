@@ -32,8 +32,12 @@ from queues.schemas import (
     BulkSelectionIn,
     CreateTodoOut,
     EndpointListOut,
+    EndpointPatchIn,
+    EndpointPatchOut,
     OperatorCreateTodoIn,
     RevokeOut,
+    RotateHookSecretIn,
+    RotateHookSecretOut,
     TodoEnvelope,
     TodoListOut,
     TodoStateFilter,
@@ -48,7 +52,8 @@ from queues.schemas import (
 from queues.selectors import MAX_PAGE
 from switchboard.core import verbs
 from switchboard.core.errors import InvalidArgument, NotFound
-from switchboard.core.http import ErrorOut
+from switchboard.core.http import ErrorOut, entity_tag, if_match_header, write_preconditions
+from switchboard.core.times import iso
 from switchboard.core.users import user_named
 
 # --- agent verbs ------------------------------------------------------------------------------
@@ -124,6 +129,7 @@ endpoints_router = Router(tags=["endpoints"], auth=human_auth)
 todos_router = Router(tags=["todos"], auth=human_auth)
 
 BulkAction = Literal["retry", "discard"]
+IF_MATCH = if_match_header("any version")
 READ_ERRORS = (400, 401, 403, 404)
 WRITE_ERRORS = (400, 401, 403, 404, 409, 413)
 
@@ -168,9 +174,70 @@ def vend(request: HttpRequest, data: VendIn) -> Any:
         rps=data.rps,
         burst=data.burst,
         slug=data.slug,
+        notify_url=data.notify_url or "",
     )
     endpoint = Endpoint.objects.select_related("owner").get(pk=endpoint.pk)
     return Status(201, vend_out(endpoint, token))
+
+
+@endpoints_router.patch(
+    "/{slug}",
+    response={200: EndpointPatchOut, **_errors((*WRITE_ERRORS, 412))},
+    operation_id="endpoints_update",
+    summary="Change what may change after vend (name, lease TTL, rate, burst, hook URL)",
+)
+def update_endpoint(
+    request: HttpRequest,
+    response: HttpResponse,
+    slug: str,
+    data: EndpointPatchIn,
+    if_match: str | None = IF_MATCH,
+) -> Any:
+    """Only the fields sent change; scope never widens (revoke and vend again). With If-Match
+    (the endpoint's ``version``, its ETag) it writes only over that version: else 412 naming who
+    changed it last. Setting a hook URL where there was none answers its signing secret once."""
+    actor: HumanActor = request.auth  # type: ignore[attr-defined]
+    endpoint = _endpoint(actor, slug)
+    before = endpoint.notify_secret
+    changed = services.endpoint_update(
+        endpoint=endpoint,
+        actor=actor,
+        expected=write_preconditions(if_match, None),
+        # Only the fields sent: a null hook URL clears it (and its secret).
+        **{
+            field: (data.notify_url or "") if field == "notify_url" else getattr(data, field)
+            for field in data.model_fields_set
+        },
+    )
+    changed = Endpoint.objects.select_related("owner").get(pk=changed.pk)
+    response["ETag"] = entity_tag(selectors.endpoint_version(changed))
+    made = (
+        changed.notify_secret if changed.notify_secret and changed.notify_secret != before else None
+    )
+    return {"endpoint": endpoint_out(changed), "hook_secret": made}
+
+
+@endpoints_router.post(
+    "/{slug}/rotate-hook-secret",
+    response={200: RotateHookSecretOut, **_errors(WRITE_ERRORS)},
+    operation_id="endpoints_rotate_hook_secret",
+    summary="A new signing secret for the endpoint's ready hooks, shown once",
+)
+def rotate_hook_secret(request: HttpRequest, slug: str, data: RotateHookSecretIn) -> Any:
+    """The old secret still signs beside the new one for ``overlap_seconds`` (default
+    HOOK_SECRET_OVERLAP_SECONDS; 0 drops it at once), so a receiver moved over late verifies
+    every hook. 409 when the endpoint has no hook URL, or is revoked."""
+    actor: HumanActor = request.auth  # type: ignore[attr-defined]
+    endpoint = _endpoint(actor, slug)
+    secret = services.endpoint_rotate_hook_secret(
+        endpoint=endpoint, actor=actor, overlap_seconds=data.overlap_seconds
+    )
+    endpoint = Endpoint.objects.select_related("owner").get(pk=endpoint.pk)
+    return {
+        "endpoint": endpoint_out(endpoint),
+        "hook_secret": secret,
+        "previous_secret_signs_until": iso(endpoint.notify_secret_previous_until),
+    }
 
 
 class EndpointFilter(Schema):

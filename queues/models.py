@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
@@ -117,6 +118,17 @@ GRANTABLE_VERBS: tuple[str, ...] = (
 )
 
 
+def hook_origin(url: str) -> str:
+    """A hook URL's scheme, host and port, the rest shown as ``/…``: a receiver's secret may sit
+    in the path or the query, so pages, answers and the ledger show only where hooks go (""
+    for none)."""
+    if not url:
+        return ""
+    parts = urlsplit(url)
+    origin = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+    return origin + ("/" if url[len(origin) :] in ("", "/") else "/…")
+
+
 class EndpointState(models.TextChoices):
     ACTIVE = "active"
     REVOKED = "revoked"
@@ -198,6 +210,11 @@ class Endpoint(models.Model):
     @property
     def is_active(self) -> bool:
         return self.state == EndpointState.ACTIVE
+
+    @property
+    def hook_origin(self) -> str:
+        """Where ready hooks go, as anyone who reads the endpoint may see it (``hook_origin``)."""
+        return hook_origin(self.notify_url)
 
     def holds(self, verb: str) -> bool:
         """Whether the grant covers a verb; the status reads ride on the drain grant."""

@@ -37,7 +37,7 @@ from queues.models import (
     TodoState,
     Verb,
 )
-from queues.selectors import MAX_PAGE, admission_for, todo_explain
+from queues.selectors import MAX_PAGE, admission_for, endpoint_version, todo_explain
 from switchboard.core import validation
 from switchboard.core.times import iso
 
@@ -444,6 +444,35 @@ class VendIn(Strict):
     owner: str | None = Field(
         default=None, max_length=150, description="Username of the owner (superusers only)"
     )
+    notify_url: str | None = Field(
+        default=None,
+        max_length=500,
+        description="Where to POST a signed ready hook (http(s), a public host); its signing "
+        "secret is answered once, as hook_secret",
+    )
+
+
+class EndpointPatchIn(Strict):
+    """What may change after vend; a field left out is left as it is. ``null`` clears the lease
+    TTL, rate and burst (the fleet's defaults then) and the hook URL (and its secret)."""
+
+    name: str = Field(default="", min_length=1, max_length=200)
+    lease_ttl_seconds: int | None = Field(default=None, ge=1, le=86400)
+    rps: float | None = Field(
+        default=None, ge=0, le=100000, description="Request rate limit; 0 = unlimited"
+    )
+    burst: int | None = Field(default=None, ge=1, le=MAX_BURST)
+    notify_url: str | None = Field(default=None, max_length=500)
+
+
+class RotateHookSecretIn(Strict):
+    overlap_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        le=30 * 86400,
+        description="How long the old secret still signs beside the new one (default "
+        "HOOK_SECRET_OVERLAP_SECONDS; 0 drops it at once)",
+    )
 
 
 class EndpointOut(Schema):
@@ -466,6 +495,13 @@ class EndpointOut(Schema):
         description="When a ready hook last gave up after every attempt (null once one succeeds)"
     )
     hook_error: str = Field(description="Why that hook gave up")
+    hook_url: str = Field(
+        description="Where ready hooks go: the hook URL's scheme, host and port, the rest shown "
+        "as /… (it may carry the receiver's secret); empty when none is set"
+    )
+    version: str = Field(
+        description="What may change after vend, as a version (the PATCH's ETag and If-Match)"
+    )
 
 
 class VerbFamilyOut(Schema):
@@ -477,9 +513,28 @@ class VerbFamilyOut(Schema):
 class VendOut(Schema):
     endpoint: EndpointOut
     token: str = Field(description="Shown once; only its hash is stored")
+    hook_secret: str | None = Field(
+        default=None, description="The hook signing secret when notify_url was given, shown once"
+    )
     mcp_url: str
     mcp_json: dict[str, Any] = Field(description="A ready .mcp.json snippet")
     grantable: list[VerbFamilyOut]
+
+
+class EndpointPatchOut(Schema):
+    endpoint: EndpointOut
+    hook_secret: str | None = Field(
+        description="The hook signing secret, shown once: answered when this change made one "
+        "(a hook URL set where there was none), else null"
+    )
+
+
+class RotateHookSecretOut(Schema):
+    endpoint: EndpointOut
+    hook_secret: str = Field(description="The new signing secret, shown once")
+    previous_secret_signs_until: datetime | None = Field(
+        description="Until when the previous secret also signs (null: it no longer does)"
+    )
 
 
 class EndpointListOut(Schema):
@@ -582,6 +637,8 @@ def endpoint_out(endpoint: Endpoint) -> dict[str, Any]:
         "revoked_at": iso(endpoint.revoked_at),
         "hook_failed_at": iso(endpoint.hook_failed_at),
         "hook_error": endpoint.hook_error,
+        "hook_url": endpoint.hook_origin,
+        "version": endpoint_version(endpoint),
     }
 
 
@@ -590,6 +647,7 @@ def vend_out(endpoint: Endpoint, token: str) -> dict[str, Any]:
     return {
         "endpoint": endpoint_out(endpoint),
         "token": token,
+        "hook_secret": endpoint.notify_secret or None,
         "mcp_url": mcp_url(endpoint),
         "mcp_json": mcp_json(endpoint, token),
         "grantable": verb_families(),

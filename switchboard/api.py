@@ -96,6 +96,7 @@ _VERSIONED = {
     ("/api/v1/admission/{scope}/{queue}", "get"),
     ("/api/v1/admission/{scope}/{queue}", "put"),
     ("/api/v1/limits/{kind}/{name}", "put"),
+    ("/api/v1/endpoints/{slug}", "patch"),
 }
 
 

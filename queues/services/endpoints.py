@@ -7,7 +7,6 @@ import secrets
 from collections.abc import Collection
 from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -25,6 +24,7 @@ from queues.models import (
     HumanToken,
     check_queue_name,
     check_slug,
+    hook_origin,
     looks_like_uuid,
 )
 from switchboard.core import hotsettings, tokens, validation, versions
@@ -406,16 +406,13 @@ def _audited(endpoint: Endpoint) -> dict[str, Any]:
 
 
 def _audited_hook_url(url: str) -> dict[str, str]:
-    """A hook URL as the ledger keeps it: where hooks go (scheme, host and port), never the
+    """A hook URL as the ledger keeps it: where hooks go (``Endpoint.hook_origin``), never the
     rest, which may carry a receiver's secret (a token in the path or the query) and could not be
     taken out of an append-only row; a keyed digest of the whole URL shows every change."""
     if not url:
         return {"notify_url": ""}
-    parts = urlsplit(url)
-    origin = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
-    rest = url[len(origin) :] if url.startswith(origin) else url
     return {
-        "notify_url": origin + ("/…" if rest not in ("", "/") else "/"),
+        "notify_url": hook_origin(url),
         "notify_url_digest": ledger.keyed_digest("notify_url", url),
     }
 

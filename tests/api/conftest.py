@@ -42,6 +42,11 @@ class Api:
             path, json.dumps(body), content_type="application/json", headers=self._headers(headers)
         )
 
+    def patch(self, path: str, body: Any, **headers: str) -> Any:
+        return self.client.patch(
+            path, json.dumps(body), content_type="application/json", headers=self._headers(headers)
+        )
+
     def delete(self, path: str, **headers: str) -> Any:
         return self.client.delete(path, headers=self._headers(headers))
 
