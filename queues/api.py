@@ -199,15 +199,13 @@ def update_endpoint(
     actor: HumanActor = request.auth  # type: ignore[attr-defined]
     endpoint = _endpoint(actor, slug)
     before = endpoint.notify_secret
+    # Only the fields sent: a null hook URL clears it (and its secret).
+    sent: dict[str, Any] = {
+        field: (data.notify_url or "") if field == "notify_url" else getattr(data, field)
+        for field in data.model_fields_set
+    }
     changed = services.endpoint_update(
-        endpoint=endpoint,
-        actor=actor,
-        expected=write_preconditions(if_match, None),
-        # Only the fields sent: a null hook URL clears it (and its secret).
-        **{
-            field: (data.notify_url or "") if field == "notify_url" else getattr(data, field)
-            for field in data.model_fields_set
-        },
+        endpoint=endpoint, actor=actor, expected=write_preconditions(if_match, None), **sent
     )
     changed = Endpoint.objects.select_related("owner").get(pk=changed.pk)
     response["ETag"] = entity_tag(selectors.endpoint_version(changed))

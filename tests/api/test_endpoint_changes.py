@@ -6,6 +6,8 @@ page or answer ever showed the secret, so no receiver could check a signature.""
 
 from __future__ import annotations
 
+from typing import Any
+
 from queues.models import Endpoint
 from switchboard.ledger.models import LedgerEntry, LedgerKind
 from tests.api.conftest import Api
@@ -14,7 +16,7 @@ from tests.conftest import Personas
 HOOK = "https://93.184.216.34/hooks/T01/s3cret?k=abc"
 
 
-def _vend(api: Api, **extra: object) -> dict:  # type: ignore[type-arg]
+def _vend(api: Api, **extra: object) -> dict[str, Any]:
     response = api.post("/api/v1/endpoints", {"name": "Hooked", "queues": ["inbox"], **extra})
     assert response.status_code == 201, response.content
     return response.json()
