@@ -172,6 +172,8 @@ def evaluate(
 ) -> Evaluation:
     """Evaluate a policy at ``now`` given its in-flight count and window counters.
 
+    ``earliest_lease_expiry``: the lease expiry at which in-flight drops below the cap (the
+    earliest one, unless more claims are held than the cap allows: ``frees_at``).
     ``used_in`` maps the first window's starts to its counters; only the current window's is
     read. ``more_used`` maps a stacked window's key to its current counter. ``window`` and
     ``current`` (``all_bounds``), when the caller already computed them, save computing them
@@ -229,7 +231,9 @@ def evaluate(
         ev.exceeded.append("max_in_flight")
     in_flight_hint = None
     if "max_in_flight" in ev.exceeded and earliest_lease_expiry is not None:
-        # A slot frees at the latest when the earliest lease lapses and the reaper runs.
+        # A slot frees at the latest when the lease that brings in-flight below the cap lapses
+        # (``frees_at``: the earliest, or later when the cap was lowered below what is held)
+        # and the reaper runs.
         in_flight_hint = max(now, earliest_lease_expiry) + timedelta(
             seconds=settings.SWEEP_INTERVAL_SECONDS
         )
@@ -324,6 +328,36 @@ _DECIDE_SQL = (
 )
 
 
+# The lease expiry of a queue identity's claims with ``offset`` earlier ones before it (leaving
+# out a takeover's own todo), on todo_claimed_idx: asked only of a cap held over.
+_LEASE_AT_SQL = (
+    "SELECT t.lease_expires_at FROM queues_todo t "
+    "WHERE t.endpoint_id = %s AND t.queue = %s AND t.state = 'claimed' "
+    "AND t.id IS DISTINCT FROM %s "
+    "ORDER BY t.lease_expires_at OFFSET %s LIMIT 1"
+)
+
+
+def frees_at(
+    cursor: CursorWrapper,
+    policy: PolicyRow,
+    *,
+    in_flight: int,
+    earliest: datetime | None,
+    exclude: UUID | None = None,
+) -> datetime | None:
+    """The lease expiry at which enough of the claims counted have lapsed for in-flight to drop
+    below the cap: the (in_flight - cap + 1)-th earliest. That is the earliest (``earliest``,
+    already read with the usage: no statement) unless the cap was lowered below what is held,
+    when in_flight - cap + 1 holders must go, not one (as ``admission.limits.gates.Held``)."""
+    cap = policy.max_in_flight
+    if cap is None or cap <= 0 or in_flight <= cap:
+        return earliest
+    cursor.execute(_LEASE_AT_SQL, [policy.endpoint_id, policy.queue, exclude, in_flight - cap])
+    row = cursor.fetchone()
+    return row[0] if row else None
+
+
 def decide(cursor: CursorWrapper, *, policy: PolicyRow, todo_id: UUID, now: datetime) -> Decision:
     """Count in-flight and the window under the policy lock the caller holds, and decide.
 
@@ -341,7 +375,9 @@ def decide(cursor: CursorWrapper, *, policy: PolicyRow, todo_id: UUID, now: date
         in_flight=in_flight,
         used_in=used_in,
         now=now,
-        earliest_lease_expiry=earliest,
+        earliest_lease_expiry=frees_at(
+            cursor, policy, in_flight=in_flight, earliest=earliest, exclude=todo_id
+        ),
         more_used=more_used(cursor, policy, current),
         current=current,
     )

@@ -43,10 +43,22 @@ _PROBE = (
     "(SELECT p.id FROM admission_admissionpolicy p "
     "WHERE p.endpoint_id = {t}.endpoint_id AND p.queue = {t}.queue)"
 )
-# Whether the todo's queue identity has an in-flight cap: a claim that ends may free a slot.
-_FREES_SLOT = """EXISTS (SELECT 1 FROM admission_admissionpolicy p
-                       WHERE p.endpoint_id = {t}.endpoint_id AND p.queue = {t}.queue
-                         AND p.max_in_flight IS NOT NULL)"""
+# Whether ending the claim of the todo frees a slot its queue identity's enforced in-flight cap
+# was holding: in flight was at the cap counting this claim (its other claims, on
+# todo_claimed_idx, are one fewer), so a claim may have been refused for it. Below the cap
+# nothing waited for the slot; over it (the cap lowered below what is held) one ending frees
+# none. The claims are counted only for a queue identity with such a cap: one indexed lookup on
+# the policy's unique (endpoint_id, queue) otherwise. Read on the ending statement's snapshot:
+# another claim ending meanwhile can make a ring spare (both count each other); a claim that
+# fills the cap and commits meanwhile is not counted, so that ending rings nothing (the reopen
+# sweep and the doorbell's reminders remain).
+_FREES_SLOT = """(SELECT p.max_in_flight = 1 + (
+                      SELECT count(*) FROM queues_todo o
+                      WHERE o.endpoint_id = p.endpoint_id AND o.queue = p.queue
+                        AND o.state = 'claimed' AND o.id <> {t}.id)
+                  FROM admission_admissionpolicy p
+                  WHERE p.endpoint_id = {t}.endpoint_id AND p.queue = {t}.queue
+                    AND p.max_in_flight IS NOT NULL AND p.posture = 'enforce')"""
 
 
 @dataclass
@@ -86,7 +98,9 @@ class BudgetGate:
         return _PROBE.format(t=alias)
 
     def reopens(self, alias: str) -> str:
-        # An in-flight cap limits the claim's own queue identity only.
+        # An in-flight cap limits the claim's own queue identity only; it reopens only when
+        # the ending frees a slot of a full cap (``wakes.reopen`` then rings it only if work
+        # waits and a claim would pass now).
         return (
             f"CASE WHEN {_FREES_SLOT.format(t=alias)} "
             f"THEN ARRAY[{alias}.endpoint_id::text || ':' || {alias}.queue] END"

@@ -111,9 +111,15 @@ def evaluate_rows(
             )
             for (i, key, _), (n,) in zip(more, cursor.fetchall(), strict=True):
                 more_used[i][key] = n
+        # A cap lowered below what is held frees a slot only once enough leases have lapsed
+        # (``engine.frees_at``: a statement for such a row only).
+        freed = [
+            (n, engine.frees_at(cursor, row, in_flight=n, earliest=earliest), used)
+            for row, (n, earliest, used) in zip(rows, usage, strict=True)
+        ]
     out: dict[UUID, engine.Evaluation] = {}
     for row, b, cur, extra, (n, earliest, used) in zip(
-        rows, first, current, more_used, usage, strict=True
+        rows, first, current, more_used, freed, strict=True
     ):
         out[row.id] = engine.evaluate(
             row,

@@ -166,8 +166,9 @@ class TodoOut(Schema):
     )
     admission: TodoAdmissionOut | None = Field(
         default=None,
-        description="Present on a pending todo of a budgeted queue: whether a claim would be "
-        "admitted now, and if not, why and until when.",
+        description="Present on a pending todo of a budgeted queue: the budget's word only, "
+        "whether its limits would admit a claim now, and if not, why and until when. A pause "
+        "or a named limit is in explain (its binding gate).",
     )
     explain: TodoExplainOut | None = Field(
         default=None,

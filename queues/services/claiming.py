@@ -239,7 +239,7 @@ def claim_next(
     return NothingClaimable(
         deferred=[entry for _, entry in entries]
         + _held_entries(endpoint.id, granted_open, passed, last)
-        + _paused_entries(endpoint.id, granted)
+        + _paused_entries(endpoint.id, granted, listed={entry["queue"] for _, entry in entries})
     )
 
 
@@ -420,10 +420,17 @@ def _not_claimable(locked: sql.LockedTodo) -> Conflict:
     return Conflict(f"todo is {locked.state} and cannot be claimed", state=locked.state)
 
 
-def _paused_entries(endpoint_id: UUID, queues: list[str]) -> list[dict[str, Any]]:
+def _paused_entries(
+    endpoint_id: UUID, queues: list[str], *, listed: set[str] | frozenset[str] = frozenset()
+) -> list[dict[str, Any]]:
     """An empty claim_next's deferred items for the paused queues among ``queues`` that hold
     this endpoint's pending work (the claim statement passes a paused queue by): without them,
-    an agent could not tell a pause from an empty queue."""
+    an agent could not tell a pause from an empty queue.
+
+    Each such queue a gate holds as a whole (its budget: ``queues.gates.statuses``) also gets
+    that gate's item after the pause's, with its reason and time, unless ``listed`` (the queues
+    the pre-read already listed) has it: a resume alone does not let that work through, and only
+    the budget's item says until when. Asked only when a granted queue is paused."""
     paused = selectors.paused_names().intersection(queues)
     if not paused:
         return []
@@ -436,18 +443,33 @@ def _paused_entries(endpoint_id: UUID, queues: list[str]) -> list[dict[str, Any]
         .annotate(n=Count("id"))
         .values_list("queue", "n")
     )
-    return [
-        {
-            "queue": queue,
-            "reason": "queue_paused",
-            "pending": pending[queue],
-            "next_eligible_at": None,
-            "exact": False,
-            "pause": pause.as_dict(),
-        }
-        for queue, pause in pauses.items()
-        if pending.get(queue)
-    ]
+    held = [queue for queue in pauses if pending.get(queue)]
+    statuses = gates.statuses((endpoint_id, queue) for queue in held if queue not in listed)
+    out: list[dict[str, Any]] = []
+    for queue in held:
+        out.append(
+            {
+                "queue": queue,
+                "reason": "queue_paused",
+                "pending": pending[queue],
+                "next_eligible_at": None,
+                "exact": False,
+                "pause": pauses[queue].as_dict(),
+            }
+        )
+        status = statuses.get((endpoint_id, queue))
+        if status is not None and status["state"] != "admitted":
+            out.append(
+                {
+                    "queue": queue,
+                    "reason": status["reason"],
+                    "pending": pending[queue],
+                    "next_eligible_at": status["next_eligible_at"],
+                    "exact": status["exact"],
+                    "window": status.get("window"),
+                }
+            )
+    return out
 
 
 def _record_refusals(refusals: list[_Refused]) -> None:

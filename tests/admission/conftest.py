@@ -15,6 +15,7 @@ from queues.models import Attempt, Endpoint
 from queues.selectors import ClaimInProgress
 from switchboard.core import counters
 from tests.conftest import Personas, every_attempt
+from tests.mcp.conftest import js_clients, live_url  # noqa: F401  (for the MCP tests)
 
 
 def budget(
