@@ -24,6 +24,7 @@ from django.db.backends.utils import CursorWrapper
 from admission import windows
 from admission.models import PRIMARY_WINDOW_KEY, DeferralReason, Posture
 from admission.policy import PolicySpec, WindowLimit
+from queues.sql import gated
 
 
 @dataclass(frozen=True)
@@ -328,16 +329,6 @@ _DECIDE_SQL = (
 )
 
 
-# The lease expiry of a queue identity's claims with ``offset`` earlier ones before it (leaving
-# out a takeover's own todo), on todo_claimed_idx: asked only of a cap held over.
-_LEASE_AT_SQL = (
-    "SELECT t.lease_expires_at FROM queues_todo t "
-    "WHERE t.endpoint_id = %s AND t.queue = %s AND t.state = 'claimed' "
-    "AND t.id IS DISTINCT FROM %s "
-    "ORDER BY t.lease_expires_at OFFSET %s LIMIT 1"
-)
-
-
 def frees_at(
     cursor: CursorWrapper,
     policy: PolicyRow,
@@ -353,9 +344,10 @@ def frees_at(
     cap = policy.max_in_flight
     if cap is None or cap <= 0 or in_flight <= cap:
         return earliest
-    cursor.execute(_LEASE_AT_SQL, [policy.endpoint_id, policy.queue, exclude, in_flight - cap])
-    row = cursor.fetchone()
-    return row[0] if row else None
+    at: datetime | None = gated.lease_at(
+        cursor, policy.endpoint_id, policy.queue, in_flight - cap, exclude
+    )
+    return at
 
 
 def decide(cursor: CursorWrapper, *, policy: PolicyRow, todo_id: UUID, now: datetime) -> Decision:

@@ -34,6 +34,7 @@ from admission import engine, selectors
 from admission.models import PRIMARY_WINDOW_KEY, AdmissionPolicy, DeferralReason, Posture
 from queues import gates, metrics
 from queues.access import append_claim_waiver
+from queues.sql import gated
 from switchboard.core.errors import Deferred
 from switchboard.core.times import iso
 from switchboard.ledger.models import LedgerKind
@@ -43,6 +44,8 @@ _PROBE = (
     "(SELECT p.id FROM admission_admissionpolicy p "
     "WHERE p.endpoint_id = {t}.endpoint_id AND p.queue = {t}.queue)"
 )
+
+
 # Whether ending the claim of the todo frees a slot its queue identity's enforced in-flight cap
 # was holding: in flight was at the cap counting this claim (its other claims, on
 # todo_claimed_idx, are one fewer), so a claim may have been refused for it. Below the cap
@@ -52,13 +55,14 @@ _PROBE = (
 # another claim ending meanwhile can make a ring spare (both count each other); a claim that
 # fills the cap and commits meanwhile is not counted, so that ending rings nothing (the reopen
 # sweep and the doorbell's reminders remain).
-_FREES_SLOT = """(SELECT p.max_in_flight = 1 + (
-                      SELECT count(*) FROM queues_todo o
-                      WHERE o.endpoint_id = p.endpoint_id AND o.queue = p.queue
-                        AND o.state = 'claimed' AND o.id <> {t}.id)
-                  FROM admission_admissionpolicy p
-                  WHERE p.endpoint_id = {t}.endpoint_id AND p.queue = {t}.queue
-                    AND p.max_in_flight IS NOT NULL AND p.posture = 'enforce')"""
+def _frees_slot(t: str) -> str:
+    return (
+        "(SELECT p.max_in_flight = 1 + "
+        + gated.claimed_in_identity("p.endpoint_id", "p.queue", excluding=f"{t}.id")
+        + " FROM admission_admissionpolicy p"
+        + f" WHERE p.endpoint_id = {t}.endpoint_id AND p.queue = {t}.queue"
+        + " AND p.max_in_flight IS NOT NULL AND p.posture = 'enforce')"
+    )
 
 
 @dataclass
@@ -102,7 +106,7 @@ class BudgetGate:
         # the ending frees a slot of a full cap (``wakes.reopen`` then rings it only if work
         # waits and a claim would pass now).
         return (
-            f"CASE WHEN {_FREES_SLOT.format(t=alias)} "
+            f"CASE WHEN {_frees_slot(alias)} "
             f"THEN ARRAY[{alias}.endpoint_id::text || ':' || {alias}.queue] END"
         )
 

@@ -34,9 +34,8 @@ import psycopg
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections, connection
 
-from queues import gates, wakes
+from queues import ring_gate, wakes
 from queues.models import Endpoint, EndpointState
-from queues.sql.push import WAITING_SQL
 
 log = logging.getLogger(__name__)
 ATTACH_RINGS = 3
@@ -126,26 +125,10 @@ def revoked_among(endpoint_ids: list[str]) -> list[str]:
 
 def _waiting(endpoint_id: str, since: datetime | None, limit: int) -> list[Ring]:
     close_old_connections()  # an executor thread's connection may have aged or broken
-    with connection.cursor() as cursor:
-        cursor.execute(
-            WAITING_SQL.format(probes=gates.probes("t")), {"e": endpoint_id, "since": since}
-        )
-        rows = cursor.fetchall()
-    rings: list[Ring] = []
-    admits: dict[tuple[Any, ...], bool] = {}
-    for todo_id, queue, *keys in rows:
-        key = tuple(keys)
-        if key not in admits:
-            try:
-                admits[key] = gates.admits_now(key)
-            except Exception:
-                log.exception("attach gate check failed for %s; ringing anyway", endpoint_id)
-                admits[key] = True
-        if admits[key]:
-            rings.append(Ring(todo=todo_id, queue=queue, reason="waiting", id=_event_id()))
-            if len(rings) == limit:
-                break
-    return rings
+    return [
+        Ring(todo=todo_id, queue=queue, reason="waiting", id=_event_id())
+        for todo_id, queue in ring_gate.admitted(endpoint_id, since=since, limit=limit)
+    ]
 
 
 class Doorbell:

@@ -76,7 +76,14 @@ def _check(host: str, addresses: Iterable[IPAddress]) -> None:
 def check_url(url: str) -> str:
     """Refuse a notify URL that is not http(s), names no host, a port outside 1..65535 or a user
     name or password (the hook would drop them), or whose host is not public (resolved now).
-    Returns the URL with its scheme in lower case (schemes are case-insensitive)."""
+    Returns the URL with its scheme in lower case (schemes are case-insensitive). Only ASCII
+    without spaces or control characters: a request line cannot carry anything else (http.client
+    refused every delivery to such a URL), so the rest must be percent-encoded (and a host
+    name in its IDNA form)."""
+    if not url.isascii() or any(c.isspace() or not c.isprintable() for c in url):
+        raise UnsafeHookAddress(
+            "it must be ASCII without spaces or control characters (percent-encode the rest)"
+        )
     try:
         parts = urlsplit(url)
     except ValueError as exc:  # an IPv4 address in brackets, say

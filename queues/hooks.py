@@ -32,6 +32,7 @@ import time
 import uuid
 from urllib.parse import urlsplit
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.utils import timezone
 
@@ -117,7 +118,12 @@ def deliver_ready(*, endpoint_id: str, queue: str, todo_id: str | None, reason: 
     }
     try:
         status = post(endpoint.notify_url, body, headers)
-    except (OSError, http.client.HTTPException, hookguard.UnsafeHookAddress) as exc:
+    except SoftTimeLimitExceeded:
+        raise  # Celery's backstop, said by the task (``hook_tasks``)
+    except Exception as exc:
+        # Whatever ends the attempt (the network, the guard, a URL http.client cannot send,
+        # stored before the checks that refuse it now) is a failed delivery: retried, then
+        # shown on the endpoint, never a task error nobody sees.
         metrics.notify_hook("failed")
         raise HookDeliveryError(str(exc) or type(exc).__name__) from exc
     if status >= 300:
@@ -162,7 +168,12 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> int:
             raise TimeoutError
         path = parts.path or "/"
         conn.request("POST", f"{path}?{parts.query}" if parts.query else path, body, headers)
-        return conn.getresponse().status
+        status = conn.getresponse().status
+        if time.monotonic() >= deadline:
+            # The timer shut the socket under a head still arriving: http.client took the end
+            # of the stream for the end of the headers. Not an answer within the deadline.
+            raise TimeoutError
+        return status
     except (OSError, http.client.HTTPException) as exc:
         if time.monotonic() >= deadline:
             raise TimeoutError(f"the hook did not answer within {limit} s") from exc

@@ -31,7 +31,7 @@ from uuid import UUID
 
 from django.db import OperationalError, connection, transaction
 
-from queues import access, selectors, sql, wakes
+from queues import access, ring_gate, selectors, sql, wakes
 from queues.access import HumanActor
 from queues.models import MAX_PAUSE_REASON, QUARANTINE_QUEUE, QueuePause, check_queue_name
 from queues.selectors import PauseInfo
@@ -233,13 +233,19 @@ def _existing_for_update(queue: str) -> QueuePause | None:
 
 
 def _ring(queue: str) -> tuple[list[str], list[str]]:
-    """Ring each identity of the queue holding pending todos, as its gates allow: (rung, held)."""
+    """Ring each identity of the queue holding pending todos, naming the oldest one every gate
+    admits now, its own named limits included (``ring_gate.admitted``): (rung, held). An
+    identity none of whose todos would pass (its budget, or the pools, tags or rate limits they
+    name, hold them all) is not rung: it is rung ``reopened`` when what holds it frees."""
     with connection.cursor() as cursor:
         cursor.execute(sql.OLDEST_PENDING_SQL, [queue])
         rows: list[tuple[UUID, str, UUID]] = cursor.fetchall()
     woken: list[str] = []
     held: list[str] = []
-    for endpoint_id, slug, todo_id in rows:
-        rang = wakes.todo_ready(endpoint_id, queue, todo_id=todo_id, reason=RESUMED)
+    for endpoint_id, slug, _oldest in rows:
+        first = ring_gate.admitted(endpoint_id, queue=queue, limit=1)
+        rang = bool(first) and wakes.todo_ready(
+            endpoint_id, queue, todo_id=first[0][0], reason=RESUMED
+        )
         (woken if rang else held).append(slug)
     return woken, held

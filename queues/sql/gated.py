@@ -25,6 +25,32 @@ def _claimed(match: str, excluding: str | None) -> str:
     return f"(SELECT count(*) FROM queues_todo o WHERE o.state = 'claimed' AND {match}{skip})"
 
 
+def claimed_in_identity(endpoint_id: str, queue: str, *, excluding: str | None = None) -> str:
+    """How many claimed todos the queue identity (``endpoint_id``, ``queue``: SQL) holds, leaving
+    out the todo whose id is ``excluding`` (SQL) if given (todo_claimed_idx)."""
+    return _claimed(f"o.endpoint_id = {endpoint_id} AND o.queue = {queue}", excluding)
+
+
+# The lease expiry of a queue identity's claims with OFFSET earlier ones before it, leaving out a
+# takeover's own todo (todo_claimed_idx).
+_LEASE_AT_SQL = (
+    "SELECT t.lease_expires_at FROM queues_todo t "
+    "WHERE t.endpoint_id = %s AND t.queue = %s AND t.state = 'claimed' "
+    "AND t.id IS DISTINCT FROM %s "
+    "ORDER BY t.lease_expires_at OFFSET %s LIMIT 1"
+)
+
+
+def lease_at(
+    cursor: CursorWrapper, endpoint_id: UUID, queue: str, offset: int, exclude: UUID | None
+) -> Any:
+    """The lease expiry of the identity's claims with ``offset`` earlier ones before it (None
+    when there are not so many), leaving out the todo ``exclude``."""
+    cursor.execute(_LEASE_AT_SQL, [endpoint_id, queue, exclude, offset])
+    row = cursor.fetchone()
+    return row[0] if row else None
+
+
 def claimed_in_pool(name: str, *, excluding: str | None = None) -> str:
     """How many claimed todos name the pool ``name`` (SQL), leaving out the todo whose id is
     ``excluding`` (SQL) if given."""

@@ -12,6 +12,7 @@ WAITING_SQL = f"""
 SELECT t.id::text, t.queue {{probes}}
 FROM queues_todo t
 WHERE t.endpoint_id = %(e)s AND {CLAIMABLE}
+  AND (%(q)s::text IS NULL OR t.queue = %(q)s::text)
   AND (%(since)s::timestamptz IS NULL OR t.updated_at > %(since)s::timestamptz)
 ORDER BY t.created_at, t.id
 LIMIT 50

@@ -37,8 +37,11 @@ def spelled(value: str) -> str:
     """A version as a person types it (``--if-version``): a version's 20 hex digits, or
     ``NONE_NAMED``; anything else can never match, and is refused as such (``ValueError``, which
     argparse reports naming the option) rather than read as a write that came too late."""
-    if value == NONE_NAMED or (len(value) == 20 and all(c in "0123456789abcdef" for c in value)):
+    if value == NONE_NAMED:
         return value
+    digits = value.lower()  # hex digits in either case; versions are written in lower case
+    if len(digits) == 20 and all(c in "0123456789abcdef" for c in digits):
+        return digits
     raise ValueError(f"a version is 20 hex digits as show --json prints it, or {NONE_NAMED!r}")
 
 

@@ -749,7 +749,9 @@ def check(
     """Verify now and keep the result (the beat task, "verify now" and ``ledger verify``).
 
     Beyond ``verify``: every chain's head must be at or past the furthest head a stored check
-    has seen (the report's ``high_water``, kept across checks, never lowered). A database writer
+    has seen (the report's ``high_water``, kept across checks, never lowered, and moved only by
+    a check that finds the chain sound, so a rollback stays reported until someone resets the
+    mark: ``ledger verify --reset-mark``). A database writer
     who saved an earlier signed head can delete the rows after it and put it back: the chain
     then verifies on its own, and only a record of the later head shows the rollback. The stored
     check is such a record, in the same database (so a writer who also rolls it back, or deletes
@@ -770,7 +772,10 @@ def check(
             .values_list("report", flat=True)
             .first()
         )
-        report.high_water = _furthest(_furthest(_high_water(latest), seen), report.chains)
+        marks = _furthest(_high_water(latest), seen)
+        # Only a sound chain moves the mark: past a rollback found now, the heads are the
+        # rolled-back ones, and taking them as the mark would clear the alarm at the next check.
+        report.high_water = _furthest(marks, report.chains) if report.chain is None else marks
         LedgerCheck.objects.update_or_create(
             pk=1,
             defaults={

@@ -306,7 +306,7 @@ def test_a_malformed_if_version_is_refused_naming_the_option(personas: Personas)
     # read… read it again": no version could ever be "zzz".
     p = personas
     budget(p, max_in_flight=2)
-    for bad in ("zzz", "0" * 19, "A" * 20, ""):
+    for bad in ("zzz", "0" * 19, "G" * 20, ""):
         with pytest.raises(CommandError, match="argument --if-version: a version is 20 hex"):
             call_command(
                 "queue",
@@ -331,3 +331,23 @@ def test_show_writes_a_window_reset_as_every_instant_is_written(personas: Person
     assert code == 0
     [resets] = re.findall(r"resets (\S+)", out)
     assert resets.endswith("Z") and "+00:00" not in out
+
+
+def test_if_version_takes_hex_digits_in_either_case(personas: Personas) -> None:
+    p = personas
+    budget(p, max_in_flight=2)
+    code, out, _ = run("show", p.agent.slug, "inbox", "--json", "--as", "olive")
+    version = json.loads(out)["policies"][0]["policy"]["version"]
+    code, _, err = run(
+        "set",
+        p.agent.slug,
+        "inbox",
+        "--max-in-flight",
+        "3",
+        "--if-version",
+        version.upper(),
+        "--as",
+        "olive",
+    )
+    assert code == 0, err
+    assert AdmissionPolicy.objects.get().max_in_flight == 3

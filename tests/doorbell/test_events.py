@@ -12,6 +12,7 @@ from queues import doorbell, services
 from queues.services import Claimed
 from tests.conftest import FIXTURE, Personas, push
 from tests.doorbell.streams import attached
+from tests.limits.conftest import tag
 from tests.pause.helpers import pause, resume
 
 
@@ -223,3 +224,20 @@ def test_a_revoke_while_nobody_listened_ends_the_stream_at_the_reconnect(
             )
         stream._thread.join(timeout=30)
         assert not stream._thread.is_alive()
+
+
+def test_on_attach_a_todo_carrying_tags_is_rung_as_any_other(
+    tx_personas: Personas, server: str
+) -> None:
+    # The tag gate's key is the todo's tags, an array: used as a dict key it raised
+    # "unhashable type: 'list'" and the attach rang nothing for such an endpoint.
+    p = tx_personas
+    tag("vendor.a", 5)
+    [untagged] = push(p, 1)
+    [tagged] = push(p, 1, tags=["vendor.a"])
+    with attached(server, p.agent_token) as stream:
+        rung = [stream.next() for _ in range(2)]
+    assert [(e["todo"], e["reason"]) for e in rung] == [
+        (str(untagged.id), "waiting"),
+        (str(tagged.id), "waiting"),
+    ]

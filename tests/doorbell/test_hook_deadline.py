@@ -38,8 +38,10 @@ class TrickleServer:
     answers: list[str] = field(default_factory=list)  # per connection: "whole" or "cut off"
 
 
-@pytest.fixture
-def trickle_server(settings: Any) -> Iterator[TrickleServer]:
+@pytest.fixture(params=[(b"", ANSWER)])
+def trickle_server(request: Any, settings: Any) -> Iterator[TrickleServer]:
+    """``request.param``: what is sent at once, then what is sent a byte at a time."""
+    at_once, answer_bytes = request.param
     settings.HOOK_ALLOWED_NETWORKS = ["127.0.0.1/32"]
     listener = socket.create_server(("127.0.0.1", 0))
     receiver = TrickleServer(url=f"http://127.0.0.1:{listener.getsockname()[1]}/hook")
@@ -49,7 +51,8 @@ def trickle_server(settings: Any) -> Iterator[TrickleServer]:
         with conn:
             try:
                 conn.recv(65536)
-                for byte in ANSWER:
+                conn.sendall(at_once)
+                for byte in answer_bytes:
                     conn.sendall(bytes([byte]))
                     time.sleep(0.25)
             except OSError:
@@ -92,6 +95,38 @@ def test_a_receiver_trickling_its_answer_is_cut_off_at_the_deadline_and_the_endp
     assert p.agent.hook_error == "the hook did not answer within 1 s"
     assert wait_for(lambda: len(trickle_server.answers) == django_settings.HOOK_ATTEMPTS)
     assert trickle_server.answers == ["cut off"] * django_settings.HOOK_ATTEMPTS
+
+
+# A status line at once, then header lines slowly and never the blank line ending them.
+HEAD_NEVER_ENDING = (b"HTTP/1.1 204 No Content\r\n", b"X-Slow: 1\r\n" * 40)
+
+
+@pytest.mark.parametrize("trickle_server", [HEAD_NEVER_ENDING], indirect=True)
+def test_a_head_still_arriving_at_the_deadline_is_not_an_answer(
+    trickle_server: TrickleServer, settings: Any
+) -> None:
+    # The timer shut the socket under the headers; http.client took the end of the stream for
+    # their end, and the attempt counted as delivered (204) after the deadline.
+    settings.HOOK_TIMEOUT_SECONDS = 1
+    with pytest.raises(TimeoutError, match="did not answer within 1 s"):
+        hooks.post(trickle_server.url, b"{}", {"content-type": "application/json"})
+
+
+def test_a_url_http_client_cannot_send_is_a_failed_delivery_not_a_task_error(
+    tx_personas: Personas, hook_server: HookServer
+) -> None:
+    # A URL stored before the checks that refuse it now: the attempt raised UnicodeEncodeError,
+    # which nothing caught, so it was never retried and the endpoint never showed it.
+    p = tx_personas
+    services.endpoint_update(
+        endpoint=p.agent, actor=p.as_human(p.owner), notify_url=hook_server.url
+    )
+    Endpoint.objects.filter(pk=p.agent.pk).update(notify_url=hook_server.url + "/hoök")
+    [todo] = push(p, 1)
+    with pytest.raises(hooks.HookDeliveryError, match="ascii"):
+        hooks.deliver_ready(
+            endpoint_id=str(p.agent.pk), queue="inbox", todo_id=str(todo.id), reason="created"
+        )
 
 
 def test_the_hook_task_gives_up_as_a_failed_delivery_at_celerys_time_limit(

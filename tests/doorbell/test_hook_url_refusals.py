@@ -20,6 +20,10 @@ REFUSED = {
     "http://[1.1.1.1]/": "not a valid URL",
     "http://user:pw@1.1.1.1/": "must not carry a user name or password",
     "https://token@1.1.1.1/hook": "must not carry a user name or password",
+    # Accepted once, then every delivery raised UnicodeEncodeError (never retried, never shown).
+    "http://1.1.1.1/hoök": "must be ASCII without spaces",
+    "http://1.1.1.1/a b": "must be ASCII without spaces",
+    "http://1.1.1.1/x?q=ü": "must be ASCII without spaces",
 }
 
 

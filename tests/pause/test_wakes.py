@@ -21,6 +21,7 @@ from queues.models import Endpoint, Todo, TodoState
 from queues.services import Claimed, NothingClaimable
 from tests.admission.conftest import budget
 from tests.conftest import FIXTURE, Personas, push
+from tests.limits.conftest import pool
 from tests.pause.conftest import HookServer
 from tests.pause.helpers import Listener, pause, resume
 
@@ -184,3 +185,23 @@ def test_a_resume_says_which_identities_a_budget_still_holds_and_rings_none_of_t
         f"rang: {p.agent2.slug}; still held by a budget or a named limit (rung when it frees): "
         f"{p.agent.slug}"
     )
+
+
+def test_a_resume_counts_work_its_named_limits_hold_as_held_not_woken(
+    tx_personas: Personas, listener: Listener, hook_server: HookServer, eager_celery: None
+) -> None:
+    # Its pending todos all named a full pool: the resume answered woken and rang "resumed",
+    # and the claim that followed found nothing.
+    p = tx_personas
+    pool("gpu", slots=1)
+    first, _second = push(p, 2, queue="inbox", pool="gpu")
+    services.claim(actor=p.as_agent(), todo_id=first.id)
+    [free] = push(p, 1, queue="inbox", endpoint=p.agent2)
+    pause(p.pauser, "inbox")
+    listener.drain()
+
+    result = resume(p.pauser, "inbox")
+
+    assert (result.woken, result.held) == ([p.agent2.slug], [p.agent.slug])
+    assert listener.drain() == [f"{p.agent2.id}:inbox"]
+    assert free.id

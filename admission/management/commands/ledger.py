@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from switchboard.core.cli import emit, usage
 from switchboard.ledger import chain as ledger
-from switchboard.ledger.models import LedgerEntry
+from switchboard.ledger.models import LedgerCheck, LedgerEntry
 
 EXIT_TAMPERED = 2
 
@@ -43,12 +43,21 @@ class Command(BaseCommand):
             "hold that row (repeatable)",
         )
         verify.add_argument(
+            "--reset-mark",
+            action="store_true",
+            help="forget the furthest heads earlier checks saw (after restoring an older backup, "
+            "or once a reported rollback is dealt with): this check records the heads as they are",
+        )
+        verify.add_argument(
             "--batch", type=_positive, default=ledger.VERIFY_BATCH, help=argparse.SUPPRESS
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options.get("subcommand") != "verify":
             raise usage("name a subcommand: ledger verify [--json]")
+        if options["reset_mark"]:
+            LedgerCheck.objects.filter(pk=1).delete()
+            self.stderr.write("the stored high-water mark was forgotten")
         report = ledger.check(batch=options["batch"], expect=dict(options["expect"]))
         emit(self, options, report.as_dict(), _text(report))
         if not report.ok:
