@@ -196,6 +196,7 @@ class BudgetGate:
             reason=ev.reason if state != "admits" else None,
             next_eligible_at=ev.next_eligible_at if state == "holds" else None,
             detail=detail,
+            exact=ev.exact,
         )
 
     def admits_now(self, key: Any) -> bool:

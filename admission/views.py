@@ -20,7 +20,13 @@ from typing import Any
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseRedirect,
+    QueryDict,
+    StreamingHttpResponse,
+)
 from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -476,7 +482,10 @@ def ledger_verify_view(request: HttpRequest) -> HttpResponse:
             "The chain was verified a moment ago (the badge shows it); verify again in "
             f"{exc.details['retry_after']} s.",
         )
-    return redirect("ledger")
+    # Back to the rows the viewer was reading (the form carries the page's filter): its query
+    # string re-encoded, so nothing but a query follows the page's own path.
+    query = QueryDict(request.POST.get("query", "")).urlencode()
+    return redirect(f"{reverse('ledger')}?{query}" if query else reverse("ledger"))
 
 
 @require_safe

@@ -266,12 +266,23 @@ class EndpointAdmin(_PersonFieldAdmin):
                 "notify_url",
             ]
         if not self.has_change_permission(request, obj):
-            # A page shown read-only saves nothing: no version to carry.
-            return [name for name in self.fields if name != "version"]
+            # A page shown read-only saves nothing: no version to carry. Nor the whole hook URL,
+            # which may carry the receiver's secret: where hooks go, as the API shows it.
+            return [
+                "hook_url" if name == "notify_url" else name
+                for name in self.fields
+                if name != "version"
+            ]
         return self.fields
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        return [] if obj is None else self.readonly_fields
+        return [] if obj is None else [*self.readonly_fields, "hook_url"]
+
+    @admin.display(description="Hook URL")
+    def hook_url(self, obj: Endpoint) -> str:
+        """Where ready hooks go (``Endpoint.hook_origin``): scheme, host and port, the rest
+        ``/…``."""
+        return obj.hook_origin or "-"
 
     def save_model(self, request: HttpRequest, obj: Endpoint, form: Any, change: bool) -> None:
         # The form's validation made the change through the services (ServiceModelForm).

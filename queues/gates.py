@@ -79,6 +79,9 @@ class GateState:
     next_eligible_at: datetime | None
     detail: str
     limits: tuple[str, ...] = ()
+    # Whether ``next_eligible_at`` is certain (a window's reset, a rate limit's minute) or an
+    # estimate (a lease that may end sooner): pages write an estimate with "≈".
+    exact: bool = False
 
     @property
     def holds(self) -> bool:
@@ -92,6 +95,7 @@ class GateState:
             "next_eligible_at": self.next_eligible_at,
             "limits": list(self.limits),
             "detail": self.detail,
+            "exact": self.exact,
         }
 
 

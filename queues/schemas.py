@@ -130,6 +130,11 @@ class GateStateOut(Schema):
     )
     limits: list[str] = Field(default_factory=list, description="The named limits over")
     detail: str
+    exact: bool = Field(
+        default=False,
+        description="next_eligible_at is certain (a window's reset, a rate limit's minute), "
+        "not an estimate (a lease that may end sooner)",
+    )
 
 
 class TodoExplainOut(Schema):

@@ -295,6 +295,11 @@ for _network in HOOK_ALLOWED_NETWORKS:
             f"HOOK_ALLOWED_NETWORKS: {_network!r} is not an address or network"
         ) from _exc
 
+# Messages live in the session (server side), not in a cookie: some say a secret once (a vended
+# token, a hook signing secret), and a cookie would carry it to the browser and back, through
+# every proxy that logs headers.
+MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
+
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True

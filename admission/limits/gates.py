@@ -627,6 +627,7 @@ class RateGate(_OccupancyGate):
             next_eligible_at=st.next_eligible_at if state == "holds" else None,
             detail=detail,
             limits=(st.name,) if state != "admits" else (),
+            exact=st.exact,
         )
 
     def admits_now(self, key: Any) -> bool:

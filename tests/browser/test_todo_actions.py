@@ -11,6 +11,7 @@ from playwright.sync_api import Locator, Page, expect
 from queues.models import Todo, TodoState
 from switchboard.ledger.models import LedgerEntry
 from tests.browser.conftest import Session
+from tests.browser.helpers import findings
 from tests.conftest import Personas, push
 
 
@@ -58,6 +59,9 @@ def test_every_action_on_a_todo_is_carried_out_where_it_is_shown(
     act("Claim as operator:olive", "claimed", "Claimed")
     shown.get_by_label("Summary", exact=True).fill("done by hand")
     act("Complete", "done", "Completed.")
+    # A said message is a list inside a status region (role="status" on the list itself took
+    # its items' list away: axe "listitem", serious).
+    assert findings(page) == []
     expect(shown.locator(".attempts")).to_contain_text("done by hand")
     assert urlsplit(page.url).path == urlsplit(url).path  # stayed where it was shown
 
@@ -70,3 +74,10 @@ def test_every_action_on_a_todo_is_carried_out_where_it_is_shown(
         other.id: TodoState.DISCARDED,
     }
     assert LedgerEntry.objects.filter(kind="todo.discard").count() == 1
+    # The operator's own endings are decisions the ledger keeps (two releases of a claim,
+    # one failure, one completion).
+    assert sorted(
+        LedgerEntry.objects.filter(
+            kind__in=["todo.complete", "todo.fail", "todo.release"]
+        ).values_list("kind", flat=True)
+    ) == ["todo.complete", "todo.fail", "todo.release"]

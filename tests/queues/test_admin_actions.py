@@ -244,3 +244,16 @@ def test_a_revoke_of_nothing_active_does_not_ask(personas: Personas) -> None:
         ("info", "0 endpoint(s) revoked."),
         ("warning", f"Left alone: {p.agent2.slug}: already revoked"),
     ]
+
+
+def test_releasing_a_todo_that_is_not_claimed_says_its_state(personas: Personas) -> None:
+    # A revoked endpoint's dead letters were "Left alone: …: no such todo", though the list
+    # the action ran from showed them.
+    p = personas
+    [todo] = push(p, 1, endpoint=p.agent2)
+    services.endpoint_revoke(endpoint=p.agent2, actor=p.as_human(p.admin))
+    shown = _act(_client(p.admin), "/admin/queues/todo/", "release", todo.pk)
+    assert shown == [
+        ("info", "0 todo(s) released."),
+        ("warning", f"Left alone: \u2068{todo.title}\u2069: todo is failed, not claimed"),
+    ]

@@ -9,6 +9,7 @@ import json
 from django.test import Client
 
 from queues import services
+from queues.models import Endpoint
 from switchboard.ledger import chain
 from switchboard.ledger.models import LedgerEntry, LedgerKind
 from tests.conftest import FIXTURE, Personas
@@ -71,3 +72,47 @@ def test_a_bare_origin_is_kept_whole(personas: Personas) -> None:
     )
     [vend] = _rows(endpoint.slug)
     assert vend.after["notify_url"] == "https://93.184.216.34/"  # type: ignore[index]
+
+
+def test_the_admin_shows_a_reader_only_where_hooks_go(personas: Personas) -> None:
+    # The read-only change page showed an auditor the whole URL, its ?k= secret included.
+    p = personas
+    endpoint, _ = services.endpoint_vend(
+        actor=FIXTURE, owner=p.owner, name="Hooked", queues=["inbox"], notify_url=SECRET_URL
+    )
+    p.auditor.is_staff = True
+    p.auditor.save()
+    reader = Client()
+    reader.force_login(p.auditor)
+    page = reader.get(f"/admin/queues/endpoint/{endpoint.pk}/change/").content.decode()
+    assert "https://93.184.216.34/…" in page
+    assert "supersecret" not in page and "s3cr3t" not in page
+    writer = Client()
+    writer.force_login(p.admin)  # who may change it sees the URL to change
+    assert (
+        SECRET_URL.replace("&", "&amp;")
+        in writer.get(f"/admin/queues/endpoint/{endpoint.pk}/change/").content.decode()
+    )
+
+
+def test_a_secret_said_once_never_travels_in_a_cookie(personas: Personas) -> None:
+    # Messages were Django's cookie-first storage: a vended token and a hook secret went to
+    # the browser in Set-Cookie and back in every request's Cookie header.
+    client = Client()
+    client.force_login(personas.admin)
+    response = client.post(
+        "/admin/queues/endpoint/add/",
+        {
+            "name": "Cookie check",
+            "owner": personas.owner.pk,
+            "queues": "inbox",
+            "verbs": ["claim", "complete"],
+            "notify_url": SECRET_URL,
+        },
+    )
+    assert response.status_code == 302
+    endpoint = Endpoint.objects.get(name="Cookie check")
+    for cookie in response.cookies.values():
+        assert endpoint.notify_secret not in cookie.value and "sbk_" not in cookie.value
+    page = client.get(response["Location"]).content.decode()
+    assert endpoint.notify_secret in page  # said once, on the page

@@ -316,3 +316,20 @@ def test_a_claim_the_budget_defers_says_when_in_the_viewers_zone(personas: Perso
     said = re.search(r"queue 'inbox' is deferred: in_flight_full; eligible at ([^<]*)", page)
     assert said is not None, page[:3000]
     assert re.fullmatch(r"≈ \d\d:\d\d UTC", said.group(1).strip()), said.group(0)
+
+
+def test_the_todo_pages_gate_table_marks_an_estimate_and_not_a_reset(personas: Personas) -> None:
+    # "Held by budget until 10:21 UTC" for a lease's lapse, which may come sooner: the board
+    # wrote "≈", the todo page did not.
+    p = personas
+    first, second = push(p, 2)
+    budget(p, max_claims_per_window=1)
+    services.claim(actor=p.as_agent(), todo_id=first.id, lease_ttl_seconds=600)
+    held = re.compile(r"Held by <strong>budget</strong> until ([^<.]*)\.")
+    page = htmllib.unescape(signed_in(p.owner).get(f"/todos/{second.id}").content.decode())
+    window = held.search(page)
+    assert window is not None and not window.group(1).startswith("≈"), page[:4000]
+    budget(p, max_in_flight=1)  # now the cap holds it: until a lease lapses, an estimate
+    page = htmllib.unescape(signed_in(p.owner).get(f"/todos/{second.id}").content.decode())
+    lease = held.search(page)
+    assert lease is not None and re.fullmatch(r"≈ \d\d:\d\d UTC", lease.group(1)), page[:4000]

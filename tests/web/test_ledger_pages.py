@@ -261,3 +261,14 @@ def test_verify_now_is_rationed_per_person(personas: Personas, settings: Any) ->
     # Another person has their own ration.
     assert signed_in(personas.auditor).post("/ledger/verify").status_code == 302
     assert list(LedgerCheck.objects.values_list("pk", "checked_at")) != checked
+
+
+def test_verify_now_comes_back_to_the_rows_being_read(personas: Personas) -> None:
+    # It came back to the unfiltered ledger.
+    client = signed_in(personas.auditor)
+    page = client.get("/ledger?action=todo.release").content.decode()
+    assert 'name="query" value="action=todo.release"' in page
+    response = client.post("/ledger/verify", {"query": "action=todo.release"})
+    assert response.status_code == 302 and response["Location"] == "/ledger?action=todo.release"
+    crafted = client.post("/ledger/verify", {"query": "x=1\r\nSet-Cookie: a=b"})
+    assert crafted["Location"] == "/ledger?x=1%0D%0ASet-Cookie%3A+a%3Db"
