@@ -9,7 +9,7 @@ from typing import Any
 from admission.limits.models import Pool, RateLimit, TagLimit
 from queues import services
 from tests.conftest import Personas, push
-from tests.mcp.conftest import live_url  # noqa: F401  (a live server, for the MCP tests)
+from tests.mcp.conftest import js_clients, live_url  # noqa: F401  (a live server, the TS SDK)
 from tests.web.conftest import budget
 
 

@@ -7,6 +7,7 @@ holder whose claim a quarantine expired is told so."""
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -23,6 +24,7 @@ from switchboard.core.errors import Conflict, Deferred
 from tests.conftest import Personas, push
 from tests.limits.conftest import clear_of_a_minute_boundary, pool, push_named
 from tests.mcp.test_mcp_sdk import connect
+from tests.mcp.test_mcp_typescript import run_agent
 
 
 def empty_claim(p: Personas) -> NothingClaimable:
@@ -153,3 +155,27 @@ def test_a_holder_whose_claim_a_quarantine_expired_is_told_so(personas: Personas
         assert details["reason"] == "limit_quarantined"
         assert (details["kind"], details["name"]) == ("pool", "gpu")
         assert "quarantine of pool gpu" in refused.value.message
+
+
+def test_the_typescript_sdk_accepts_the_limits_holding_the_work(
+    tx_personas: Personas, live_url: str, js_clients: Path
+) -> None:
+    """Deferred entries gained ``limits`` and the reason ``limit_quarantined``: the TypeScript
+    SDK, which most agent hosts embed, validates claim_next's result against its output schema
+    and throws on a field or value the schema does not allow."""
+    p = tx_personas
+    pool("gpu", slots=1)
+    pool("tpu", slots=1)
+    first, _ = push_named(p, 2, pool="gpu")
+    push_named(p, 1, pool="tpu")
+    services.claim(actor=p.as_agent(), todo_id=first.id, lease_ttl_seconds=60)
+    limit_services.limit_quarantine(actor=p.as_human(p.admin), kind="pool", name="tpu")
+    report = run_agent(
+        js_clients, f"{live_url}/mcp/{p.agent.slug}", p.agent_token, [["claim_next", {}]]
+    )
+    [call] = report["calls"]
+    assert "thrown" not in call and call["isError"] is False, call
+    entries = {e["reason"]: e for e in call["structuredContent"]["deferred"]}
+    assert entries["pool_full"]["limits"] == [{"kind": "pool", "name": "gpu"}]
+    assert entries["limit_quarantined"]["limits"] == [{"kind": "pool", "name": "tpu"}]
+    assert entries["limit_quarantined"]["next_eligible_at"] is None
