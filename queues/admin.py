@@ -14,7 +14,7 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.auth import get_permission_codename
 from django.db import models
-from django.db.models import Count, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -24,7 +24,6 @@ from queues.access import HumanActor
 from queues.models import (
     BASIC_VERBS,
     GRANTABLE_VERBS,
-    LIVE_TODO,
     MAX_BURST,
     Attempt,
     Endpoint,
@@ -368,12 +367,7 @@ class EndpointAdmin(_PersonFieldAdmin):
         active = [e for e in endpoints if e.state == EndpointState.ACTIVE]
         if not active:
             return None
-        live = dict(
-            Todo.objects.filter(LIVE_TODO, endpoint__in=active)
-            .values("endpoint")
-            .annotate(n=Count("pk"))
-            .values_list("endpoint", "n")
-        )
+        live = selectors.live_todo_counts(e.pk for e in active)
         return TemplateResponse(
             request,
             "admin/queues/endpoint/revoke_confirmation.html",

@@ -11,7 +11,7 @@ from typing import Any
 from uuid import UUID
 
 from django.db import connection
-from django.db.models import Exists, OuterRef, Q, QuerySet, TextField
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
 
@@ -501,6 +501,17 @@ def endpoint_version(endpoint: Endpoint) -> str:
     if values["rate_limit_rps"] is not None:  # 5 as given, 5.0 as read back: one version
         values["rate_limit_rps"] = float(values["rate_limit_rps"])
     return versions.digest(values)
+
+
+def live_todo_counts(endpoint_ids: Iterable[UUID]) -> dict[UUID, int]:
+    """How many live todos (pending or claimed: what a revoke dead-letters) each endpoint holds;
+    an endpoint holding none is absent."""
+    return dict(
+        Todo.objects.filter(LIVE_TODO, endpoint_id__in=list(endpoint_ids))
+        .values("endpoint_id")
+        .annotate(n=Count("pk"))
+        .values_list("endpoint_id", "n")
+    )
 
 
 def endpoint_last_change(endpoint: Endpoint) -> str:

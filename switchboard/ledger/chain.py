@@ -806,6 +806,18 @@ def _furthest(
     return out
 
 
+def anchor_mark(chain: int, position: int, entry_hash: str) -> tuple[int, dict[str, Any]]:
+    """An anchor kept outside the database (``CHAIN:POSITION:HASH``, as ``ledger verify``
+    prints a head) as a mark for ``check(expect=...)``: with the seq of the row at that place
+    now, if there is one (0: none, so the problem names no place)."""
+    seq = (
+        LedgerEntry.objects.filter(chain=chain, chain_pos=position)
+        .values_list("seq", flat=True)
+        .first()
+    )
+    return chain, {"rows": position, "head_seq": seq or 0, "head_hash": entry_hash}
+
+
 def rolled_back(report: VerifyReport, marks: dict[int, dict[str, Any]]) -> ChainProblem | None:
     """The first chain that no longer holds a head recorded earlier: ``marks`` is chain ->
     ``rows`` (a chain position), ``head_seq`` and, when known, ``head_hash``.

@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from switchboard.core.cli import emit, usage
 from switchboard.ledger import chain as ledger
-from switchboard.ledger.models import LedgerCheck, LedgerEntry
+from switchboard.ledger.models import LedgerCheck
 
 EXIT_TAMPERED = 2
 
@@ -58,7 +58,8 @@ class Command(BaseCommand):
         if options["reset_mark"]:
             LedgerCheck.objects.filter(pk=1).delete()
             self.stderr.write("the stored high-water mark was forgotten")
-        report = ledger.check(batch=options["batch"], expect=dict(options["expect"]))
+        expect = dict(ledger.anchor_mark(*anchor) for anchor in options["expect"])
+        report = ledger.check(batch=options["batch"], expect=expect)
         emit(self, options, report.as_dict(), _text(report))
         if not report.ok:
             raise CommandError("the ledger does not verify", returncode=EXIT_TAMPERED)
@@ -75,7 +76,7 @@ def _positive(value: str) -> int:
     return n
 
 
-def _anchor(value: str) -> tuple[int, dict[str, Any]]:
+def _anchor(value: str) -> tuple[int, int, str]:
     """``CHAIN:POSITION:HASH``, as a verify's anchors line prints it."""
     parts = value.split(":")
     if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
@@ -87,13 +88,7 @@ def _anchor(value: str) -> tuple[int, dict[str, Any]]:
         raise argparse.ArgumentTypeError("the hash must be the 64 hex digits verify printed")
     if position < 1:
         raise argparse.ArgumentTypeError("the position must be at least 1")
-    return chain, {"rows": position, "head_seq": _seq_at(chain, position), "head_hash": entry_hash}
-
-
-def _seq_at(chain: int, position: int) -> int:
-    """The seq of the row at that place now (0 when there is none), for the problem's place."""
-    row = LedgerEntry.objects.filter(chain=chain, chain_pos=position).values_list("seq").first()
-    return row[0] if row else 0
+    return chain, position, entry_hash
 
 
 def _text(report: ledger.VerifyReport) -> str:
