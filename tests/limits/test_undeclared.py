@@ -20,7 +20,7 @@ from queues import selectors, services
 from queues.models import Todo, TodoState
 from queues.selectors import Selection
 from switchboard.core.errors import Conflict, Deferred, InvalidArgument
-from tests.conftest import Personas, lock_waiters, push
+from tests.conftest import Personas, lock_waiters, push, run_threads
 from tests.limits.conftest import pool, tag
 
 # (kind as the limits API names it, its declaration, what a todo names)
@@ -207,3 +207,46 @@ def test_a_delete_racing_a_create_that_holds_its_pool_counts_the_todo(
     assert isinstance(outcome["delete"], Conflict)
     assert outcome["delete"].details["live_todos"] == 1
     assert Pool.objects.filter(name="gpu").exists()
+
+
+def test_retries_racing_the_delete_of_their_pool_never_leave_a_todo_naming_it(
+    tx_personas: Personas,
+) -> None:
+    """Operator retries (one at a time and in bulk) and the pool's delete, each on a connection of
+    its own, started together, in several rounds: whichever lands first, no pending todo ever
+    names a pool that is not declared (a retry holds the declaration FOR KEY SHARE; the delete
+    counts after locking the row)."""
+    p = tx_personas
+    selection = Selection(state="dead_letter")
+    for round_ in range(6):
+        name = f"gpu{round_}"
+        pool(name, slots=5)
+        one = dead_letter(p, pool=name)
+        for _ in range(3):
+            dead_letter(p, pool=name)
+        token = selectors.bulk_preview(
+            actor=p.as_human(), action="retry", selection=selection
+        ).token
+
+        def act(i: int, one: Todo = one, token: str = token, name: str = name) -> str:
+            try:
+                if i == 0:
+                    services.todo_retry(actor=p.as_human(), todo_id=one.id)
+                elif i == 1:
+                    services.todos_bulk(
+                        actor=p.as_human(), action="retry", selection=selection, token=token
+                    )
+                else:
+                    limit_services.limit_delete(actor=p.as_human(p.admin), kind="pool", name=name)
+            except (Conflict, InvalidArgument) as exc:
+                return exc.code
+            return "done"
+
+        run_threads(3, act)
+        declared = set(Pool.objects.values_list("name", flat=True))
+        live = set(
+            Todo.objects.filter(state__in=[TodoState.PENDING, TodoState.CLAIMED])
+            .exclude(pool=None)
+            .values_list("pool", flat=True)
+        )
+        assert live <= declared, (round_, live, declared)
