@@ -289,7 +289,7 @@ class EndpointAdmin(_PersonFieldAdmin):
             # A hook URL set where there was none made a signing secret: the receiver needs it,
             # and only this page can say it (the change list's rotation makes a new one).
             written: Endpoint = form.written
-            if written.notify_secret and written.notify_secret != form.initial_secret:
+            if services.hook_secret_made(form.initial_secret, written):
                 _show_hook_secret(request, written)
             return
         endpoint, token = form.written

@@ -209,10 +209,10 @@ def update_endpoint(
     )
     changed = Endpoint.objects.select_related("owner").get(pk=changed.pk)
     response["ETag"] = entity_tag(selectors.endpoint_version(changed))
-    made = (
-        changed.notify_secret if changed.notify_secret and changed.notify_secret != before else None
-    )
-    return {"endpoint": endpoint_out(changed), "hook_secret": made}
+    return {
+        "endpoint": endpoint_out(changed),
+        "hook_secret": services.hook_secret_made(before, changed),
+    }
 
 
 @endpoints_router.post(

@@ -297,6 +297,13 @@ def check_notify_url(notify_url: str | None) -> str:
         raise InvalidArgument(f"notify_url is refused: {exc}", field="notify_url") from exc
 
 
+def hook_secret_made(before: str, endpoint: Endpoint) -> str | None:
+    """The signing secret an update made (a hook URL set where there was none), to be shown
+    once, given the secret the endpoint had before it; None when it made none."""
+    made = endpoint.notify_secret
+    return made if made and made != before else None
+
+
 def endpoint_update(
     *,
     endpoint: Endpoint,
