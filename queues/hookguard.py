@@ -14,14 +14,24 @@ and at connect time (``connect``), on the addresses the connection actually uses
 resolved to a public address when it was saved and resolves to 127.0.0.1 now (DNS rebinding) is
 refused too. ``HOOK_ALLOWED_NETWORKS`` lists networks allowed anyway (a receiver inside the
 operator's own network; the tests' local receiver).
+
+Name resolution has a deadline too: ``getaddrinfo`` takes no timeout, and a resolver that does
+not answer would hold the caller (a hook worker; the web request that sets a URL) for as long
+as the system's resolver retries. The lookup runs on a small thread pool of the process's own
+and the caller waits only until its deadline; a lookup past it is abandoned to finish (or
+time out) on its pool thread.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import ipaddress
+import os
 import socket
+import threading
 import time
 from collections.abc import Iterable
+from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -53,12 +63,56 @@ def refusal(address: IPAddress) -> str | None:
     return None
 
 
-def resolve(host: str, port: int) -> list[IPAddress]:
+# Lookups a deadline abandoned keep their thread until the resolver gives up; the pool's size
+# bounds how many threads a resolver that never answers can take.
+RESOLVER_THREADS = 4
+_resolver: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
+_resolver_lock = threading.Lock()
+
+
+def _resolver_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The process's lookup pool, made in the process that uses it (a Celery worker forks from
+    a parent whose pool threads it would not have)."""
+    global _resolver
+    with _resolver_lock:
+        if _resolver is None or _resolver[0] != os.getpid():
+            pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=RESOLVER_THREADS, thread_name_prefix="hook-resolve"
+            )
+            _resolver = (os.getpid(), pool)
+        return _resolver[1]
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _lookup(host: str, port: int, timeout: float | None) -> list[Any]:
+    if timeout is None or _is_address(host):  # an address literal needs no resolver
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    if timeout <= 0:
+        raise TimeoutError(f"no time left to resolve {host}")
+    lookup = _resolver_pool().submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+    try:
+        return lookup.result(timeout=timeout)
+    except concurrent.futures.TimeoutError:
+        lookup.cancel()  # still queued behind lookups that hang: never run it
+        raise TimeoutError(f"the host {host} did not resolve within {timeout:.3g} s") from None
+
+
+def resolve(host: str, port: int, *, timeout: float | None = None) -> list[IPAddress]:
     """Every address ``host`` resolves to, each checked; raises UnsafeHookAddress if any is
     refused (a name with one public and one private address is refused: the connection could
-    take either)."""
+    take either), or if it does not resolve within ``timeout`` seconds (None: the system
+    resolver's own limits)."""
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos = _lookup(host, port, timeout)
+    except TimeoutError as exc:
+        raise UnsafeHookAddress(str(exc)) from exc
     except OSError as exc:
         raise UnsafeHookAddress(f"the host {host} does not resolve") from exc
     addresses = list(dict.fromkeys(ipaddress.ip_address(info[4][0]) for info in infos))
@@ -98,7 +152,11 @@ def check_url(url: str) -> str:
         port = 0
     if port == 0:
         raise UnsafeHookAddress("its port is not a number from 1 to 65535")
-    resolve(parts.hostname, port or (443 if parts.scheme == "https" else 80))
+    resolve(
+        parts.hostname,
+        port or (443 if parts.scheme == "https" else 80),
+        timeout=settings.HOOK_TIMEOUT_SECONDS,
+    )
     return parts.scheme + url[len(parts.scheme) :]
 
 
@@ -112,10 +170,12 @@ def connect(
     """``socket.create_connection`` that connects only to checked addresses (http.client's
     connection factory: HTTPS still verifies the certificate against the URL's host name). With
     ``deadline`` (``time.monotonic()``), no connection is tried past it, and the socket's timeout
-    (which bounds the TLS handshake as a whole) is what is left of it."""
+    (which bounds the TLS handshake as a whole) is what is left of it; the name's lookup has
+    the deadline too."""
     host, port = address
     error: OSError | None = None
-    for ip in resolve(host, port):
+    left = None if deadline is None else deadline - time.monotonic()
+    for ip in resolve(host, port, timeout=left):
         if deadline is not None:
             left = deadline - time.monotonic()
             if left <= 0:

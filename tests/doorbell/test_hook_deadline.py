@@ -18,10 +18,11 @@ from celery.contrib.testing.worker import start_worker
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings as django_settings
 
-from queues import hooks, services, tasks
+from queues import hookguard, hooks, services, tasks
 from queues.hook_tasks import deliver_ready_hook
 from queues.models import Endpoint, Todo, TodoState
 from switchboard.celery import app
+from switchboard.core.errors import InvalidArgument
 from tests.conftest import Personas, claim_and_lapse, push
 from tests.doorbell.streams import wait_for
 from tests.pause.conftest import HookServer
@@ -195,3 +196,71 @@ def test_hooks_wait_on_their_own_queue_while_the_sweeps_worker_reaps(
         [("created", str(waiting.id)), ("created", str(lapsed.id)), ("reaped", str(lapsed.id))]
     )
     assert Endpoint.objects.get(pk=p.agent.pk).hook_failed_at is None
+
+
+@contextmanager
+def resolver_hanging_for(name: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """``name``'s lookups hang until the test sets the event it yields (then answer 1.1.1.1);
+    other names resolve as before. The outside world's resolver, the one thing mocked."""
+    release = threading.Event()
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host == name:
+            release.wait(20)
+            host = "1.1.1.1"
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    try:
+        yield release
+    finally:
+        release.set()
+
+
+def test_a_resolver_that_does_not_answer_cannot_hold_the_attempt_past_its_deadline(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # getaddrinfo takes no timeout: the lookup held the hook worker for as long as the system's
+    # resolver kept retrying, outside the attempt's deadline.
+    settings.HOOK_TIMEOUT_SECONDS = 0.5
+    with resolver_hanging_for("hooks.invalid", monkeypatch) as release:
+        with pytest.raises(hookguard.UnsafeHookAddress, match=r"did not resolve within 0\.5 s"):
+            hooks.post("http://hooks.invalid/hook", b"{}", {"content-type": "application/json"})
+        assert not release.is_set()  # the attempt ended while the lookup still hung
+
+
+def test_a_resolver_that_does_not_answer_cannot_hold_the_request_setting_the_url(
+    personas: Personas, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = personas
+    settings.HOOK_TIMEOUT_SECONDS = 0.5
+    with resolver_hanging_for("hooks.invalid", monkeypatch) as release:
+        with pytest.raises(InvalidArgument) as refused:
+            services.endpoint_update(
+                endpoint=p.agent, actor=p.as_human(p.owner), notify_url="http://hooks.invalid/"
+            )
+        assert not release.is_set()
+    assert refused.value.field == "notify_url"
+    assert "hooks.invalid did not resolve within 0.5 s" in refused.value.message
+    p.agent.refresh_from_db()
+    assert p.agent.notify_url == ""
+
+
+def test_a_lookup_the_deadline_abandoned_does_not_take_the_next_attempts_time(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Lookups that hang fill the pool's threads; a later lookup of a name that answers still
+    # gets through once they do, and an address literal never waits for the pool.
+    settings.HOOK_TIMEOUT_SECONDS = 0.3
+    with resolver_hanging_for("hooks.invalid", monkeypatch) as release:
+        for _ in range(hookguard.RESOLVER_THREADS):
+            with pytest.raises(hookguard.UnsafeHookAddress, match="did not resolve"):
+                hookguard.resolve("hooks.invalid", 80, timeout=0.3)
+        assert hookguard.resolve("1.1.1.1", 80, timeout=0.3) == [
+            hookguard.ipaddress.ip_address("1.1.1.1")
+        ]
+        release.set()
+        assert hookguard.resolve("hooks.invalid", 80, timeout=5) == [
+            hookguard.ipaddress.ip_address("1.1.1.1")
+        ]
