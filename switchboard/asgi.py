@@ -56,7 +56,7 @@ from switchboard import mcp, requestdb  # noqa: E402
 from switchboard import middleware as edge  # noqa: E402
 from switchboard.core import availability, verbs  # noqa: E402
 from switchboard.core.errors import InvalidArgument  # noqa: E402
-from switchboard.core.http import API_BODY_LIMIT, media_type  # noqa: E402
+from switchboard.core.http import API_BODY_LIMIT, FORM_TYPES, media_type  # noqa: E402
 from switchboard.core.validation import check_text  # noqa: E402
 
 ARRIVED = "switchboard.arrived"
@@ -403,7 +403,7 @@ class AgentPath:
         as before (issue 11: making both and reading the answer back cost about a quarter of
         an MCP tool call's CPU, more than the JSON-RPC handling)."""
         meta = _meta(scope)
-        if media_type(meta.get("CONTENT_TYPE", "")) in edge.FORM_TYPES:
+        if media_type(meta.get("CONTENT_TYPE", "")) in FORM_TYPES:
             return None  # the edge check would read its fields
         secure = self._admit(scope, meta)
         if secure is None:

@@ -11,10 +11,12 @@ from collections.abc import Callable
 
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http.multipartparser import MultiPartParserError
 from django.views.defaults import page_not_found
 
 from switchboard.core import availability
 from switchboard.core.errors import DomainError, InvalidArgument, NotFound
+from switchboard.core.http import FORM_TYPES
 from switchboard.core.validation import check_text
 from switchboard.mcp import refusal_response
 
@@ -109,9 +111,6 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpR
     return page_not_found(request, exception)
 
 
-FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
-
-
 def check_request_text(request: HttpRequest) -> None:
     """Refuse a NUL (or a lone surrogate) in the path, a query parameter or a form field."""
     check_text(request.path, "path")
@@ -127,7 +126,15 @@ def check_request_text(request: HttpRequest) -> None:
         except RequestDataTooBig:
             pass
         else:
-            sources.append(request.POST)
+            try:
+                sources.append(request.POST)
+            except MultiPartParserError as exc:
+                # No boundary, say: Django's 400 for it read as a bad Host, with a traceback.
+                # MCP refuses every form by its Content-Type (415): it keeps that answer.
+                if not request.path.startswith("/mcp/"):
+                    raise InvalidArgument(
+                        f"body: is not a readable form ({exc})", field="body"
+                    ) from None
     for source in sources:
         for key, values in source.lists():
             check_text(key, "query")

@@ -220,6 +220,8 @@ def error_response(request: HttpRequest, exc: DomainError) -> HttpResponse:
 # refused it: the refusal is answered when the view reads the body, after authentication, so an
 # agent without the verb still hears 403 first.
 PARSED_BODY = "_switchboard_json"
+# The bodies the API refuses by their type: it reads JSON (a page's form is the middleware's).
+FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 REFUSED_BODY = "_switchboard_json_refused"
 
 
@@ -245,6 +247,14 @@ class EdgeParser(Parser):
             raise refused  # ninja turns it into HttpError(400); the API answers it as is
         if hasattr(request, PARSED_BODY):
             return getattr(request, PARSED_BODY)
+        if request.content_type in FORM_TYPES:
+            # A form is refused whatever its bytes: read as JSON, a form whose bytes happened
+            # to be JSON was taken.
+            refused = InvalidArgument(
+                f"body: the API reads JSON, not a form ({request.content_type})", field="body"
+            )
+            setattr(request, REFUSED_BODY, refused)
+            raise refused
         try:
             return validation.loads(request.body)
         except InvalidArgument as exc:
