@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -61,16 +62,32 @@ class Ring:
         return {"todo": self.todo, "queue": self.queue, "reason": self.reason}
 
 
+_last_event = (0, 0)  # the process's last event id: (milliseconds, sequence)
+_event_lock = threading.Lock()
+
+
 def _event_id() -> str:
-    return str(time.time_ns() // 1_000_000)
+    """An event id no other event of this process has: the millisecond it was made (what
+    ``since_event`` replays from), then ``-N`` for the N-th more in that millisecond. A client
+    that drops an id it has seen (de-duplicating after a reconnect) lost every ring but the
+    first of each millisecond when several shared one (an attach rings three at once). Ids
+    never go back, if the clock does."""
+    global _last_event
+    now = time.time_ns() // 1_000_000
+    with _event_lock:
+        ms, seq = _last_event
+        _last_event = (now, 0) if now > ms else (ms, seq + 1)
+        ms, seq = _last_event
+    return f"{ms}-{seq}" if seq else str(ms)
 
 
 def since_event(last_event_id: str | None) -> datetime | None:
     """The instant a ``Last-Event-ID`` names (None when absent or not one of ours)."""
-    if not last_event_id or not last_event_id.isdigit():
+    ms, dash, seq = (last_event_id or "").partition("-")
+    if not ms.isdigit() or (dash and not seq.isdigit()):
         return None
     try:
-        return datetime.fromtimestamp(int(last_event_id) / 1000, tz=UTC)
+        return datetime.fromtimestamp(int(ms) / 1000, tz=UTC)
     except (OverflowError, OSError, ValueError):
         return None
 

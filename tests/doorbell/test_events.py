@@ -241,3 +241,45 @@ def test_on_attach_a_todo_carrying_tags_is_rung_as_any_other(
         (str(untagged.id), "waiting"),
         (str(tagged.id), "waiting"),
     ]
+
+
+def test_every_event_of_a_stream_has_an_id_of_its_own_and_resumes_from_any(
+    tx_personas: Personas, server: str
+) -> None:
+    """An attach rang three todos in the same millisecond under one id: a client dropping ids
+    it has seen (de-duplicating after a reconnect) lost the second and the third."""
+    p = tx_personas
+    todos = push(p, 3)
+    with attached(server, p.agent_token) as stream:
+        rung = [stream.next() for _ in range(3)]
+    assert [e["todo"] for e in rung] == [str(t.id) for t in todos]
+    ids = [e["id"] for e in rung]
+    assert len(set(ids)) == 3, ids
+    # Any of them resumes the stream as the millisecond it names.
+    (new,) = push(p, 1)
+    with attached(server, p.agent_token, last_event_id=ids[-1]) as again:
+        assert again.next()["todo"] == str(new.id)
+
+
+@pytest.mark.parametrize(
+    ("last", "since"),
+    [
+        ("1796475332296", 1796475332296),
+        ("1796475332296-2", 1796475332296),
+        ("1796475332296-", None),
+        ("1796475332296-x", None),
+        ("-2", None),
+        ("abc", None),
+        ("", None),
+    ],
+)
+def test_a_last_event_id_names_the_millisecond_it_was_made(last: str, since: int | None) -> None:
+    instant = doorbell.since_event(last)
+    assert (None if instant is None else round(instant.timestamp() * 1000)) == since
+
+
+def test_event_ids_never_repeat_or_go_back_within_a_process() -> None:
+    ids = [doorbell._event_id() for _ in range(2000)]
+    keys = [tuple(int(part) for part in i.split("-")) + (0,) * (1 - i.count("-")) for i in ids]
+    assert len(set(ids)) == len(ids)
+    assert keys == sorted(keys)
