@@ -33,7 +33,7 @@ from admission.policy import (
     WINDOW_START_RE,
 )
 from queues.models import QUEUE_NAME_RE
-from switchboard.core import versions
+from switchboard.core import validation, versions
 from switchboard.core.zones import not_a_zone
 
 PostureName = Literal["enforce", "advise", "off"]
@@ -56,7 +56,7 @@ class Strict(Schema):
         cls, values: Any, handler: ModelWrapValidatorHandler[Any], info: ValidationInfo
     ) -> Any:
         """Validated once, as itself (``queues.schemas.Strict`` says why)."""
-        return handler(values)
+        return handler(validation.integral_numbers(cls, values))
 
 
 # --- inputs ---------------------------------------------------------------------------------------

@@ -94,8 +94,9 @@ class Strict(Schema):
         once as itself. ninja's validates a model that forbids extra keys twice, the second
         time through a ``DjangoGetter`` (attribute access for ORM objects), and runs every
         field's own validators twice (a stored JSON's walk and size): issue 11, every verb's
-        input on REST and MCP. The first pass was this one, so the same errors."""
-        return handler(values)
+        input on REST and MCP. The first pass was this one, so the same errors. A number with no fraction is an integer, as in JSON Schema
+        (``validation.integral_numbers``)."""
+        return handler(validation.integral_numbers(cls, values))
 
 
 def TodoId() -> Any:
@@ -462,7 +463,9 @@ class EndpointPatchIn(Strict):
     """What may change after vend; a field left out is left as it is. ``null`` clears the lease
     TTL, rate and burst (the fleet's defaults then) and the hook URL (and its secret)."""
 
-    name: str = Field(default="", min_length=1, max_length=200)
+    # Optional, never defaulted (only the fields sent are read): no default in the schema,
+    # where "" would break its own minLength.
+    name: str = Field(default_factory=str, min_length=1, max_length=200)
     lease_ttl_seconds: int | None = Field(default=None, ge=1, le=86400)
     rps: float | None = Field(
         default=None, ge=0, le=100000, description="Request rate limit; 0 = unlimited"

@@ -23,12 +23,14 @@ so a row written behind the services' back never breaks a listing or a claim.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
 import sys
+import types
 from collections.abc import Iterator
-from typing import Any
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from switchboard.core.errors import InvalidArgument
 
@@ -296,3 +298,48 @@ def validate_text(value: Any) -> None:
 
     if isinstance(value, str) and text_problem(value):
         raise ValidationError(f"this {text_problem(value)}")
+
+
+def integral_numbers(model: Any, values: Any) -> Any:
+    """``values`` (an input object) with each number of an integer-only field that has no
+    fraction as an int: JSON Schema's ``integer``, which the tools' and the OpenAPI's schemas
+    declare, is any number with no fraction, ``2.0`` as well as ``2`` (a client computing a
+    lease in floating point sends one). The strict models refuse a float for an int, and
+    anything else as before: ``2.5``, ``"2"``, ``true``."""
+    if type(values) is not dict:
+        return values
+    names = _integral_fields(model)
+    if not names:
+        return values
+    changed: dict[str, Any] | None = None
+    for name in names:
+        value = values.get(name)
+        if type(value) is float and value.is_integer():
+            if changed is None:
+                changed = dict(values)
+            changed[name] = int(value)
+    return values if changed is None else changed
+
+
+@functools.cache
+def _integral_fields(model: Any) -> tuple[str, ...]:
+    """The fields (by the key a client sends) of a pydantic model that take an int and no
+    other number."""
+    return tuple(
+        info.alias or name
+        for name, info in model.model_fields.items()
+        if _number_types(info.annotation) == {int}
+    )
+
+
+def _number_types(annotation: Any) -> set[type]:
+    """The number types an annotation takes (through unions, ``Optional`` and ``Annotated``)."""
+    if annotation in (int, float):
+        return {annotation}
+    found: set[type] = set()
+    for arg in get_args(annotation) if get_origin(annotation) in _WRAPPERS else ():
+        found |= _number_types(arg)
+    return found
+
+
+_WRAPPERS = (Union, types.UnionType, Annotated)

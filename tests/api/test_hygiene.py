@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import uuid
 from typing import Any
 from urllib.parse import urlsplit
@@ -212,3 +213,37 @@ def test_the_document_states_what_every_operation_may_answer(personas: Personas)
         headers={"Authorization": f"Bearer {human_token(personas.admin)}"},
     )
     assert response.status_code == 400 and response.json()["field"] == "verbose"
+
+
+def _defaults_breaking_their_rules(schemas: dict[str, Any]) -> list[str]:
+    """Each property whose default its own schema refuses (length, bounds, pattern, enum)."""
+    broken = []
+    for name, component in schemas.items():
+        for prop, schema in component.get("properties", {}).items():
+            if "default" not in schema or schema["default"] is None:
+                continue
+            value = schema["default"]
+            if isinstance(value, str):
+                size = len(value)
+                fits = schema.get("minLength", 0) <= size <= schema.get("maxLength", size)
+                if not fits or ("pattern" in schema and not re.search(schema["pattern"], value)):
+                    broken.append(f"{name}.{prop}")
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                low, high = schema.get("minimum", value), schema.get("maximum", value)
+                if not low <= value <= high:
+                    broken.append(f"{name}.{prop}")
+            if "enum" in schema and value not in schema["enum"]:
+                broken.append(f"{name}.{prop}")
+    return broken
+
+
+def test_every_default_the_document_and_the_tools_declare_keeps_its_own_rules() -> None:
+    """``EndpointPatchIn.name`` declared ``default: ""`` beside ``minLength: 1``: a client
+    filling in defaults sent a name the server refuses."""
+    from switchboard.api import api
+    from switchboard.core.verbs import load_verbs
+
+    document = api.get_openapi_schema()
+    assert _defaults_breaking_their_rules(document["components"]["schemas"]) == []
+    tools = {name: spec.input.model_json_schema() for name, spec in load_verbs().items()}
+    assert _defaults_breaking_their_rules(tools) == []
