@@ -137,6 +137,10 @@ class EndpointState(models.TextChoices):
 # The largest request burst an endpoint may have (queues.services.endpoints checks it, naming
 # the field; the API's schema and the admin's input state it).
 MAX_BURST = 1_000_000
+# The most queues an endpoint's scope names, and the longest personal token name (the service
+# checks both, naming the field; the API's schema states the first).
+MAX_SCOPE_QUEUES = 100
+MAX_TOKEN_NAME = 100
 
 
 class Endpoint(models.Model):
@@ -579,7 +583,7 @@ class HumanToken(models.Model):
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
     )
-    name = models.CharField(max_length=100)
+    name = models.CharField(max_length=MAX_TOKEN_NAME)
     token_hash = models.CharField(max_length=64, unique=True, editable=False)
     token_prefix = models.CharField(max_length=16, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -27,6 +27,7 @@ from queues.models import (
     LIMIT_NAME_RE,
     MAX_ATTEMPT_SUMMARY,
     MAX_BURST,
+    MAX_SCOPE_QUEUES,
     MAX_TODO_TAGS,
     POLICY_VERBS,
     QUEUE_NAME_RE,
@@ -436,7 +437,7 @@ class ReleaseIn(Strict):
 
 class VendIn(Strict):
     name: str = Field(min_length=1, max_length=200)
-    queues: list[str] = Field(min_length=1, max_length=100)
+    queues: list[str] = Field(min_length=1, max_length=MAX_SCOPE_QUEUES)
     verbs: list[str] | None = Field(
         default=None,
         description="Default: the basic grant (the todo verbs). Grantable: "

@@ -19,6 +19,8 @@ from queues.models import (
     BASIC_VERBS,
     GRANTABLE_VERBS,
     MAX_BURST,
+    MAX_SCOPE_QUEUES,
+    MAX_TOKEN_NAME,
     Endpoint,
     EndpointState,
     HumanToken,
@@ -90,6 +92,12 @@ def endpoint_vend(
         raise InvalidArgument("name is required (at most 200 characters)", field="name")
     if not queues:
         raise InvalidArgument("queues must name at least one queue", field="queues")
+    if len(queues) > MAX_SCOPE_QUEUES:
+        raise InvalidArgument(
+            f"queues names {len(queues)} queues; the most is {MAX_SCOPE_QUEUES}", field="queues"
+        )
+    if not owner.is_active:
+        raise InvalidArgument(f"owner {owner.get_username()} is deactivated", field="owner")
     for q in queues:
         check_queue_name(q, field_name="queues")
     verbs = list(BASIC_VERBS) if verbs is None else verbs
@@ -256,7 +264,13 @@ def human_token_create(
     access.check_actor(actor)
     if isinstance(actor, HumanActor):
         access.check_acts_for(actor, user, "only a superuser may create a token for someone else")
-    name = (name or "api").strip()[:100]
+    if not user.is_active:  # its token would be refused at every use
+        raise InvalidArgument(f"user {user.get_username()} is deactivated", field="user")
+    name = validation.check_text(name or "", "name").strip() or "api"
+    if len(name) > MAX_TOKEN_NAME:
+        raise InvalidArgument(
+            f"name is {len(name)} characters; the most is {MAX_TOKEN_NAME}", field="name"
+        )
     token = tokens.mint(HUMAN_TOKEN_PREFIX)
     with transaction.atomic():
         obj = HumanToken.objects.create(

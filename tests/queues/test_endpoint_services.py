@@ -150,3 +150,43 @@ def test_racing_updates_over_one_version_land_exactly_one(tx_personas: Personas)
     assert name == f"Writer {outcomes.index('landed')}"
     changes = LedgerEntry.objects.filter(kind=LedgerKind.ENDPOINT_UPDATE, scope="endpoint:agent")
     assert changes.count() == 1
+
+
+def test_every_surface_keeps_the_scopes_and_token_names_bounds(personas: Personas) -> None:
+    """The API's schema bounded a scope at 100 queues and HumanToken's column a name at 100
+    characters; the CLI, through the services alone, vended 500 queues and cut a 300-character
+    token name to 100 without a word."""
+    p = personas
+    before = _kinds()
+    with pytest.raises(InvalidArgument) as many:
+        services.endpoint_vend(
+            actor=FIXTURE, owner=p.owner, name="Wide", queues=[f"q{i}" for i in range(101)]
+        )
+    assert many.value.field == "queues" and "101" in many.value.message
+    with pytest.raises(InvalidArgument) as long:
+        services.human_token_create(actor=FIXTURE, user=p.owner, name="n" * 101)
+    assert long.value.field == "name" and "101" in long.value.message
+    assert _kinds() == before and not Endpoint.objects.filter(name="Wide").exists()
+    services.endpoint_vend(
+        actor=FIXTURE, owner=p.owner, name="Wide", queues=[f"q{i}" for i in range(100)]
+    )
+    token, _ = services.human_token_create(actor=FIXTURE, user=p.owner, name=" " * 3)
+    assert token.name == "api"  # blank is the default, not an empty name
+    token, _ = services.human_token_create(actor=FIXTURE, user=p.owner, name="n" * 100)
+    assert token.name == "n" * 100
+
+
+def test_nothing_new_is_made_for_a_deactivated_person(personas: Personas) -> None:
+    """Their token would be refused at every use, and their endpoint would serve for someone
+    nobody can sign in as."""
+    p = personas
+    p.owner.is_active = False
+    p.owner.save(update_fields=["is_active"])
+    before = (_kinds(), HumanToken.objects.count(), Endpoint.objects.count())
+    with pytest.raises(InvalidArgument) as vend:
+        services.endpoint_vend(actor=FIXTURE, owner=p.owner, name="Ghost", queues=["inbox"])
+    assert vend.value.field == "owner" and "deactivated" in vend.value.message
+    with pytest.raises(InvalidArgument) as token:
+        services.human_token_create(actor=FIXTURE, user=p.owner, name="ghost")
+    assert token.value.field == "user" and "deactivated" in token.value.message
+    assert (_kinds(), HumanToken.objects.count(), Endpoint.objects.count()) == before
