@@ -22,16 +22,18 @@ from django.core.management.base import BaseCommand
 from admission import selectors, services
 from admission.policy import DEFAULT_POSTURE
 from queues.access import HumanActor
+from queues.models import Endpoint
 from switchboard.core import versions
 from switchboard.core.cli import (
     acting_human,
     add_common_options,
     emit,
+    integer,
     refused,
     usage,
     version_argument,
 )
-from switchboard.core.errors import DomainError
+from switchboard.core.errors import DomainError, NotFound
 from switchboard.core.times import iso
 
 PER_FLAGS = (("per_hour", "hour"), ("per_day", "day"), ("per_week", "week"))
@@ -61,9 +63,9 @@ def register(subparsers: Any, parser: argparse.ArgumentParser) -> None:
     set_.add_argument("endpoint", metavar="ENDPOINT", help="an endpoint slug or id")
     set_.add_argument("queue", metavar="QUEUE")
     per = set_.add_mutually_exclusive_group()
-    per.add_argument("--per-hour", type=int, metavar="N", help="at most N claims per hour")
-    per.add_argument("--per-day", type=int, metavar="N", help="at most N claims per day")
-    per.add_argument("--per-week", type=int, metavar="N", help="at most N claims per week")
+    per.add_argument("--per-hour", type=integer, metavar="N", help="at most N claims per hour")
+    per.add_argument("--per-day", type=integer, metavar="N", help="at most N claims per day")
+    per.add_argument("--per-week", type=integer, metavar="N", help="at most N claims per week")
     set_.add_argument("--tz", metavar="ZONE", help="the window's IANA zone (default UTC)")
     set_.add_argument(
         "--start", metavar="HH:MM", help="local boundary time (default 00:00; hour: minutes only)"
@@ -77,7 +79,9 @@ def register(subparsers: Any, parser: argparse.ArgumentParser) -> None:
         "--window 1000/day@Europe/Berlin --window 5000/week@UTC@00:00@Mon "
         "(instead of --per-hour/--per-day/--per-week)",
     )
-    set_.add_argument("--max-in-flight", type=int, metavar="N", help="at most N claimed at once")
+    set_.add_argument(
+        "--max-in-flight", type=integer, metavar="N", help="at most N claimed at once"
+    )
     set_.add_argument(
         "--posture",
         metavar="P",
@@ -126,6 +130,8 @@ def _window(options: dict[str, Any]) -> tuple[int | None, dict[str, Any] | None]
                 )
         return None, None
     flag, period = given[0]
+    if options.get("tz") == "":  # the API refuses "tz": "" too; UTC is said by leaving it out
+        raise usage("--tz: name a zone (it is empty; leave --tz out for UTC)")
     window: dict[str, Any] = {"period": period, "tz": options.get("tz") or "UTC"}
     if options.get("start") is not None:
         window["start"] = options["start"]
@@ -145,14 +151,20 @@ def _windows(options: dict[str, Any]) -> list[dict[str, Any]] | None:
         raise usage("--window replaces --per-*, --tz, --start and --weekday: give one or the other")
     out = []
     for text in given:
-        head, _, rest = text.partition("@")
+        head, *parts = text.split("@")
         limit, slash, period = head.partition("/")
-        if not slash or not limit.strip().isdigit():
+        limit = limit.strip()
+        # Digits 0-9 only: '²' passes isdigit() and int() refuses it; int() reads '١٠' as 10.
+        if not slash or not (limit.isascii() and limit.isdigit()) or len(parts) > 3:
             raise usage(
-                f"--window {text!r}: write N/PERIOD[@ZONE[@HH:MM[@DAY]]], e.g. 100/hour@UTC"
+                f"--window {text!r}: write N/PERIOD[@ZONE[@HH:MM[@DAY]]] with N in digits 0-9, "
+                "e.g. 100/hour@UTC"
             )
-        zone, _, rest = rest.partition("@")
-        start, _, weekday = rest.partition("@")
+        if "" in parts:  # "5/hour@" is not "5/hour": an empty zone is a mistake, never UTC
+            raise usage(
+                f"--window {text!r}: a part after '@' is empty (leave the zone out for UTC)"
+            )
+        zone, start, weekday = (*parts, "", "", "")[:3]
         item: dict[str, Any] = {"limit": int(limit), "period": period.strip(), "tz": zone or "UTC"}
         if start:
             item["start"] = start
@@ -167,7 +179,7 @@ def handle_show(command: BaseCommand, options: dict[str, Any]) -> None:
     try:
         endpoint = None
         if options.get("endpoint") is not None:  # "" names no endpoint: not found, not "all"
-            endpoint = selectors.endpoint_for(actor, options["endpoint"], write=False)
+            endpoint = _endpoint(actor, options["endpoint"])
         rows = selectors.policies_with_status(actor, endpoint=endpoint, queue=options.get("queue"))
         if options.get("queue") and not rows:
             assert endpoint is not None
@@ -177,6 +189,17 @@ def handle_show(command: BaseCommand, options: dict[str, Any]) -> None:
         return
     text = "\n".join(_line(r) for r in rows) if rows else "no budgets"
     emit(command, options, {"policies": rows}, text)
+
+
+def _endpoint(actor: HumanActor, ref: str) -> Endpoint:
+    """The ENDPOINT a read names; not found names the argument and the value, as ``todo push``
+    does."""
+    try:
+        return selectors.endpoint_for(actor, ref, write=False)
+    except NotFound as exc:
+        raise NotFound(
+            f"no endpoint with slug or id {ref!r}", field="endpoint", **exc.details
+        ) from None
 
 
 def handle_set(command: BaseCommand, options: dict[str, Any]) -> None:

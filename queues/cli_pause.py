@@ -11,10 +11,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from queues import pauses
+from queues import pauses, selectors
 from queues.access import HumanActor
 from switchboard.core.cli import acting_human, add_common_options, emit, refused
-from switchboard.core.errors import DomainError
+from switchboard.core.errors import DomainError, NotFound
 from switchboard.core.times import iso
 
 
@@ -35,7 +35,8 @@ def register(subparsers: Any, parser: argparse.ArgumentParser) -> None:
     resume = subparsers.add_parser(
         "resume",
         help="lift a queue's pause and ring its consumers once",
-        description="Resume a paused queue; resuming a live queue changes nothing.",
+        description="Resume a paused queue; resuming a live queue changes nothing. A name "
+        "nothing has used is not found, as pause says of it.",
     )
     resume.add_argument("queue", metavar="NAME", help="the queue name")
     add_common_options(resume)
@@ -69,6 +70,16 @@ def handle_resume(command: BaseCommand, options: dict[str, Any]) -> None:
     actor = HumanActor(acting_human(options.get("as_user")), via="cli")
     try:
         result = pauses.queue_resume(actor=actor, queue=options["queue"])
+        if result.lifted is None and not (
+            options.get("known") or selectors.queue_known(result.queue)
+        ):
+            # Pause refuses a name nothing has used (a typo never pauses a phantom); "was not
+            # paused" would tell the same typo it had checked a real queue.
+            raise NotFound(
+                f"no queue named {result.queue!r} is known, and no pause of it exists",
+                field="queue",
+                queue=result.queue,
+            )
     except DomainError as exc:
         refused(command, options, exc)
         return

@@ -1,4 +1,5 @@
-"""Helpers shared by the management commands: --json output and the exit codes.
+"""Helpers shared by the management commands: their base class, --json output, the exit codes
+and the argument types.
 
 Exit codes: 0 ok, 1 refused (a DomainError; the message on stderr names the field), 2 usage.
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 from datetime import datetime
 from typing import Any
@@ -14,12 +16,13 @@ from uuid import UUID
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from switchboard.core import versions
-from switchboard.core.errors import DomainError
+from switchboard.core.errors import DomainError, Forbidden
 from switchboard.core.times import iso
 from switchboard.core.users import user_named
+from switchboard.core.validation import text_problem
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 
@@ -81,6 +84,82 @@ def usage(message: str) -> CommandError:
     return CommandError(message, returncode=EXIT_USAGE)
 
 
+# ASCII digits only: int() also reads other scripts' digits ('١٠' is 10), and str.isdigit()
+# accepts superscripts ('²') that int() then refuses.
+_INTEGER = re.compile(r"-?[0-9]+")
+_NUMBER = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)")
+
+
+def is_integer(text: str) -> bool:
+    """Whether ``text`` is a whole number written in ASCII digits (and an optional minus)."""
+    return _INTEGER.fullmatch(text) is not None
+
+
+def integer(value: str) -> int:
+    """An integer option's type (argparse names the option in its usage error, exit 2)."""
+    if not is_integer(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number in digits 0-9")
+    return int(value)
+
+
+def number(value: str) -> float:
+    """A decimal option's type: digits 0-9 with an optional fraction; finite."""
+    if _NUMBER.fullmatch(value) is None or not math.isfinite(float(value)):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number in digits 0-9 (e.g. 2.5)")
+    return float(value)
+
+
+def argument_names(parser: argparse.ArgumentParser, options: dict[str, Any]) -> dict[str, str]:
+    """Each destination of the parser and of the subcommands ``options`` chose, as the user
+    types it: ``--as`` for ``as_user``, the metavar (``SLUG``) for a positional. (Two
+    subcommands may give one destination different names: ``QUEUE`` and ``NAME``.)"""
+    names: dict[str, str] = {}
+    parsers = [parser]
+    while parsers:
+        for action in parsers.pop()._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(options.get(action.dest) or "")
+                parsers.extend([chosen] if chosen is not None else action.choices.values())
+            elif action.option_strings:
+                names.setdefault(action.dest, max(action.option_strings, key=len))
+            else:
+                metavar = action.metavar
+                names.setdefault(action.dest, metavar if isinstance(metavar, str) else action.dest)
+    return names
+
+
+def check_arguments(options: dict[str, Any], names: dict[str, str]) -> None:
+    """A usage error naming the first argument that cannot be stored or looked up: a lone
+    surrogate (invalid UTF-8 in argv arrives as one) or a NUL would otherwise reach PostgreSQL
+    in a lookup and end in a traceback."""
+    for dest, value in options.items():
+        for item in value if isinstance(value, list | tuple) else (value,):
+            problem = text_problem(item) if isinstance(item, str) else None
+            if problem:
+                raise usage(f"{names.get(dest, dest)}: {problem}")
+
+
+class SwitchboardCommand(BaseCommand):
+    """The base of every Switchboard command. Before ``handle`` runs, every string argument is
+    checked (:func:`check_arguments`); a refusal that escapes ``handle`` (the ``--as`` user's,
+    say) is reported as :func:`refused` reports one, never as a traceback."""
+
+    _parser: CommandParser | None = None
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        self._parser = super().create_parser(prog_name, subcommand, **kwargs)
+        return self._parser
+
+    def execute(self, *args: Any, **options: Any) -> str | None:
+        names = argument_names(self._parser, options) if self._parser is not None else {}
+        check_arguments(options, names)
+        try:
+            return super().execute(*args, **options)
+        except DomainError as exc:
+            refused(self, options, exc)
+            return None
+
+
 def add_common_options(parser: argparse.ArgumentParser) -> None:
     """--json and --as USER, on every operator subcommand that acts as a human."""
     parser.add_argument("--json", action="store_true", help="print JSON")
@@ -104,9 +183,22 @@ def add_as_option(parser: argparse.ArgumentParser) -> None:
 
 
 def named_user(username: str, flag: str) -> AbstractBaseUser:
+    """The user ``flag`` names; a usage error for an empty name or no such user (an empty
+    ``--owner`` or ``--as`` is a mistake, never "everyone" or "the default")."""
+    if not username:
+        raise usage(f"{flag}: name a user (it is empty)")
     user = user_named(username)
     if user is None:
         raise usage(f"{flag}: no user named {username!r}")
+    return user
+
+
+def as_user(username: str) -> AbstractBaseUser:
+    """The human ``--as`` names. A deactivated account cannot sign in, so it cannot act here
+    either: a refusal (exit 1), or the ledger would name someone who can no longer act."""
+    user = named_user(username, "--as")
+    if not user.is_active:
+        raise Forbidden(f"--as: the user {username!r} is deactivated", field="as")
     return user
 
 
@@ -114,8 +206,8 @@ def acting_human(username: str | None) -> AbstractBaseUser:
     """The --as user, or the only superuser; a usage error when neither settles it."""
     model = get_user_model()
     users = model._default_manager
-    if username:
-        return named_user(username, "--as")
+    if username is not None:
+        return as_user(username)
     supers = list(users.filter(is_superuser=True, is_active=True)[:2])
     if len(supers) != 1:
         raise usage("name the acting human with --as USER (there is not exactly one superuser)")

@@ -2,13 +2,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from admission import services
-from switchboard.core.cli import emit
+from switchboard.core.cli import SwitchboardCommand, emit
 
 
-class Command(BaseCommand):
+class Command(SwitchboardCommand):
     help = (
         "Run the admission reopen sweep once (beat runs it every SWEEP_INTERVAL_SECONDS): one "
         "todo_ready per budgeted queue that became admitted and has work."

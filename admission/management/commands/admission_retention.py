@@ -3,13 +3,13 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from admission import services
-from switchboard.core.cli import emit
+from switchboard.core.cli import SwitchboardCommand, emit
 
 
-class Command(BaseCommand):
+class Command(SwitchboardCommand):
     help = "Prune admission window counters older than WINDOW_RETENTION_DAYS (beat: hourly)."
 
     def add_arguments(self, parser: CommandParser) -> None:

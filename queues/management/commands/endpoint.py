@@ -18,13 +18,23 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from queues import access, services
 from queues.access import HumanActor, SystemActor, human_or_system
 from queues.models import Endpoint
 from queues.schemas import endpoint_out, vend_out
-from switchboard.core.cli import add_as_option, emit, named_user, refused, usage
+from switchboard.core.cli import (
+    SwitchboardCommand,
+    add_as_option,
+    as_user,
+    emit,
+    integer,
+    named_user,
+    number,
+    refused,
+    usage,
+)
 from switchboard.core.errors import DomainError, NotFound
 from switchboard.core.times import iso
 
@@ -39,12 +49,15 @@ def _user(username: str, flag: str) -> Any:
 
 def cli_actor(options: dict[str, Any]) -> HumanActor | SystemActor:
     """The human named by --as, or the system (the shell's operator, recorded as system:cli)."""
-    as_user = options.get("as_user")
-    return human_or_system(named_user(as_user, "--as") if as_user else None, via="cli")
+    username = options.get("as_user")
+    return human_or_system(as_user(username) if username is not None else None, via="cli")
 
 
-class Command(BaseCommand):
-    help = "Vend, list and revoke endpoints (agents' credentials and scopes)."
+class Command(SwitchboardCommand):
+    help = (
+        "Vend, list and revoke endpoints (agents' credentials and scopes), and rotate their "
+        "ready hooks' signing secret."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="subcommand", title="subcommands")
@@ -61,11 +74,11 @@ class Command(BaseCommand):
             default=None,
             help="comma-separated verbs to grant (default: the basic todo verbs)",
         )
-        vend.add_argument("--lease-ttl", type=int, default=None, metavar="S")
+        vend.add_argument("--lease-ttl", type=integer, default=None, metavar="S")
         vend.add_argument(
-            "--rps", type=float, default=None, help="request rate limit (0 = unlimited)"
+            "--rps", type=number, default=None, help="request rate limit (0 = unlimited)"
         )
-        vend.add_argument("--burst", type=int, default=None)
+        vend.add_argument("--burst", type=integer, default=None)
         vend.add_argument("--slug", default=None, help="the URL slug (default: from the name)")
         vend.add_argument("--json", action="store_true", help="print JSON")
         add_as_option(vend)
@@ -92,7 +105,7 @@ class Command(BaseCommand):
         rotate.add_argument("slug", metavar="SLUG")
         rotate.add_argument(
             "--overlap",
-            type=int,
+            type=integer,
             default=None,
             metavar="S",
             help="seconds the old secret still signs (default HOOK_SECRET_OVERLAP_SECONDS)",
@@ -139,7 +152,7 @@ class Command(BaseCommand):
 
     def list(self, options: dict[str, Any]) -> None:
         qs = Endpoint.objects.select_related("owner").order_by("slug")
-        if options["owner"]:
+        if options["owner"] is not None:  # "" is a mistake (a usage error), never "everyone's"
             qs = qs.filter(owner=_user(options["owner"], "--owner"))
         if options["state"]:
             qs = qs.filter(state=options["state"])

@@ -6,14 +6,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
-from switchboard.core.cli import usage
+from switchboard.core.cli import SwitchboardCommand, usage
 
 SUBCOMMAND_MODULES = ("queues.cli_pause", "admission.cli")
 
 
-class Command(BaseCommand):
+class Command(SwitchboardCommand):
     help = "Operate queues: budgets and pauses."
 
     def add_arguments(self, parser: CommandParser) -> None:

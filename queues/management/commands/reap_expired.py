@@ -2,14 +2,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import CommandParser
 
 from queues import services
+from switchboard.core.cli import SwitchboardCommand, emit
 
 
-class Command(BaseCommand):
+class Command(SwitchboardCommand):
     help = "Run the reap_expired sweep once (beat runs it every SWEEP_INTERVAL_SECONDS)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--json", action="store_true", help="print JSON")
 
     def handle(self, *args: Any, **options: Any) -> None:
         n = services.reap_expired()
-        self.stdout.write(f"reap_expired: {n} todo(s)")
+        emit(self, options, {"todos": n}, f"reap_expired: {n} todo(s)")

@@ -10,18 +10,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from queues import services
 from queues.access import HumanActor
 from queues.models import Endpoint, TodoSource
 from queues.schemas import one_todo_out
 from switchboard.core import validation
-from switchboard.core.cli import emit, refused, usage
+from switchboard.core.cli import SwitchboardCommand, emit, integer, refused, usage
 from switchboard.core.errors import DomainError, NotFound
 
 
-class Command(BaseCommand):
+class Command(SwitchboardCommand):
     help = "Put todos on an endpoint's queue."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -33,7 +33,7 @@ class Command(BaseCommand):
         push.add_argument("--payload", default=None, metavar="JSON", help="any JSON value")
         push.add_argument("--key", default=None, help="idempotency key")
         push.add_argument("--kind", default="")
-        push.add_argument("--max-attempts", type=int, default=None, metavar="N")
+        push.add_argument("--max-attempts", type=integer, default=None, metavar="N")
         push.add_argument("--pool", default=None, help="a declared pool")
         push.add_argument(
             "--tag", dest="tags", action="append", default=None, help="a declared tag (repeatable)"

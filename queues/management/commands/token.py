@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from queues import access, services
 from queues.access import HumanActor
@@ -21,7 +21,7 @@ from queues.management.commands.endpoint import cli_actor
 from queues.models import HumanToken
 from queues.schemas import iso
 from switchboard.core import tokens
-from switchboard.core.cli import add_as_option, emit, named_user, refused, usage
+from switchboard.core.cli import SwitchboardCommand, add_as_option, emit, named_user, refused, usage
 from switchboard.core.errors import Conflict, DomainError, NotFound
 
 
@@ -36,7 +36,7 @@ def token_out(row: HumanToken) -> dict[str, Any]:
     }
 
 
-class Command(BaseCommand):
+class Command(SwitchboardCommand):
     help = "Create and revoke personal access tokens (sbh_…) for the API."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -80,7 +80,7 @@ class Command(BaseCommand):
             # Only tokens the acting human may read: another's is not found, as on the API (a
             # forbidden answer would say that a token with that prefix exists).
             rows = rows.filter(access.token_q(actor))
-        if given.isdigit():
+        if given.isascii() and given.isdigit():  # an id: digits 0-9 ('²' passes isdigit)
             matches = list(rows.filter(pk=int(given)))
         elif given.startswith(tokens.HUMAN_TOKEN_PREFIX) and len(given) > 16:
             matches = list(rows.filter(token_hash=tokens.hash_token(given)))

@@ -3,9 +3,11 @@ limits, and set queue priorities.
 
     limits pool create NAME --slots N [--posture P]
     limits tag set TAG --limit N [--posture P]
-    limits rate set NAME --base-limit N [--floor N] [--decay-window S] [--posture P]
+    limits rate set NAME --base-limit N [--floor N] [--decay-window S] [--decay-step N]
+                    [--posture P]
     limits queue create NAME [--priority N] [--aging S]
-    limits queue pause NAME [--resume] [--reason TEXT]
+    limits queue pause NAME [--reason TEXT] [--create]
+    limits queue pause NAME --resume
     limits quarantine pool|tag NAME
     limits status [--json]
     limits verify [--json]
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from admission.limits import selectors, services
 from admission.limits.models import QueueSettings
@@ -31,9 +33,11 @@ from queues import cli_pause
 from queues.access import HumanActor
 from switchboard.core import versions
 from switchboard.core.cli import (
+    SwitchboardCommand,
     acting_human,
     add_common_options,
     emit,
+    integer,
     refused,
     usage,
     version_argument,
@@ -56,7 +60,7 @@ _OPTIONS = {
 _KIND_VERBS = {
     "pool": ("create", ("slots",), "slots"),
     "tag": ("set", ("limit",), "limit"),
-    "rate": ("set", ("base_limit", "floor", "decay_window_seconds"), "base_limit"),
+    "rate": ("set", ("base_limit", "floor", "decay_window_seconds", "decay_step"), "base_limit"),
 }
 
 
@@ -122,7 +126,7 @@ def _verify_text(report: LimitsReport) -> str:
     return "\n".join(lines)
 
 
-class Command(BaseCommand):
+class Command(SwitchboardCommand):
     help = "Declare, quarantine, inspect and verify pools, tag limits and rate limits."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -145,7 +149,7 @@ class Command(BaseCommand):
             add_common_options(p)
             _if_version(p)
         for dest, (flag, text) in _OPTIONS.items():
-            setting.add_argument(flag, dest=dest, type=int, help=text)
+            setting.add_argument(flag, dest=dest, type=integer, help=text)
         setting.add_argument("--posture", choices=["enforce", "advise", "off"])
         for kind, (verb, fields, required) in _KIND_VERBS.items():
             group = sub.add_parser(kind, help=f"{verb} a {kind} limit")
@@ -154,7 +158,7 @@ class Command(BaseCommand):
             p.add_argument("name", metavar="NAME")
             for dest in fields:
                 flag, text = _OPTIONS[dest]
-                p.add_argument(flag, dest=dest, type=int, required=dest == required, help=text)
+                p.add_argument(flag, dest=dest, type=integer, required=dest == required, help=text)
             p.add_argument("--posture", choices=["enforce", "advise", "off"])
             add_common_options(p)
             _if_version(p)
@@ -162,19 +166,23 @@ class Command(BaseCommand):
         qverbs = queue.add_subparsers(dest="verb", title="verbs")
         create = qverbs.add_parser("create", help="set a queue's priority and aging")
         create.add_argument("name", metavar="NAME")
-        create.add_argument("--priority", type=int, help="higher is claimed first (default 0)")
+        create.add_argument("--priority", type=integer, help="higher is claimed first (default 0)")
         aging = create.add_mutually_exclusive_group()  # one or the other, never both
         aging.add_argument(
-            "--aging", dest="aging_seconds", type=int, help="seconds of wait per priority step"
+            "--aging", dest="aging_seconds", type=integer, help="seconds of wait per priority step"
         )
         aging.add_argument("--no-aging", action="store_true", help="remove the aging")
         pause = qverbs.add_parser("pause", help="pause a known queue fleet-wide (or resume it)")
         pause.add_argument("name", metavar="NAME")
-        pause.add_argument("--resume", action="store_true", help="resume it instead")
+        pause.add_argument(
+            "--resume", action="store_true", help="resume it instead (takes no --reason, --create)"
+        )
         pause.add_argument(
             "--create", action="store_true", help="pause a name nothing has used yet"
         )
-        pause.add_argument("--reason", default=DEFAULT_PAUSE_REASON, help="why (shown everywhere)")
+        pause.add_argument(
+            "--reason", help=f"why (shown everywhere; default {DEFAULT_PAUSE_REASON!r})"
+        )
         for p in (create, pause):
             add_common_options(p)
         quarantine = sub.add_parser(
@@ -263,12 +271,21 @@ class Command(BaseCommand):
     def _pause(self, options: dict[str, Any]) -> None:
         """The queue app's own pause and resume (``manage.py queue pause|resume``): the same
         service, output and refusals; a queue declared here counts as known."""
-        options = {**options, "queue": options["name"]}
+        declared = QueueSettings.objects.filter(queue=options["name"]).exists()
         if options.get("resume"):
-            cli_pause.handle_resume(self, options)
+            # A resume lifts a pause: it has no reason to record and creates nothing.
+            if options.get("reason") is not None or options.get("create"):
+                raise usage("--resume takes neither --reason nor --create (they are for a pause)")
+            cli_pause.handle_resume(self, {**options, "queue": options["name"], "known": declared})
             return
-        options["create"] = (
-            bool(options.get("create"))
-            or QueueSettings.objects.filter(queue=options["name"]).exists()
+        cli_pause.handle_pause(
+            self,
+            {
+                **options,
+                "queue": options["name"],
+                "reason": DEFAULT_PAUSE_REASON
+                if options.get("reason") is None
+                else options["reason"],
+                "create": bool(options.get("create")) or declared,
+            },
         )
-        cli_pause.handle_pause(self, options)
