@@ -126,7 +126,25 @@ def test_an_anchor_kept_elsewhere_catches_a_rollback_of_the_stored_check_too(db:
     # The row is gone, so no seq is known for it: the problem names the chain position.
     assert "chain: BROKEN: deleted: rolled back: its signed head is at chain position 3" in out
     assert f"but chain position 5 (hash {anchor[4:16]}…) was recorded before" in out
-    assert not LedgerCheck.objects.get(pk=1).ok  # the badge says so too
+
+
+def test_an_anchor_is_its_holders_evidence_and_never_the_fleets_verdict(
+    db: None, settings: Any
+) -> None:
+    """A mistyped anchor raised everyone's alarm (the stored check, the badge, /metrics) until
+    the next check, without it, cleared it again."""
+    build_chain(3)
+    code, out = run_verify()
+    [anchor] = anchors(out)
+    typo = anchor[:-1] + ("0" if anchor[-1] != "0" else "1")
+    code, out = run_verify("--expect", typo)
+    assert code == 2 and "chain position 3" in out and "another row" in out
+    stored = LedgerCheck.objects.get(pk=1)
+    assert stored.ok and stored.report["chain"]["ok"]
+    settings.METRICS_TOKEN = "metrics-token"
+    metrics = Client().get("/metrics", headers={"Authorization": "Bearer metrics-token"})
+    assert "switchboard_ledger_check_ok 1.0" in metrics.content.decode()
+    assert run_verify("--expect", anchor)[0] == 0
 
 
 @pytest.mark.parametrize(

@@ -12,16 +12,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
-from switchboard.core.cli import emit, usage
+from switchboard.core.cli import SwitchboardCommand, emit, integer, is_integer, usage
 from switchboard.ledger import chain as ledger
 from switchboard.ledger.models import LedgerCheck
 
 EXIT_TAMPERED = 2
 
 
-class Command(BaseCommand):
+class Command(SwitchboardCommand):
     help = "Check the ledger: ledger verify [--json]."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -40,7 +40,8 @@ class Command(BaseCommand):
             default=[],
             metavar="CHAIN:POSITION:HASH",
             help="a head printed by an earlier verify (its anchors line): the ledger must still "
-            "hold that row (repeatable)",
+            "hold that row (repeatable; a mismatch is this run's finding, exit 2, not the stored "
+            "check's verdict)",
         )
         verify.add_argument(
             "--reset-mark",
@@ -70,7 +71,7 @@ MAX_BATCH = 100_000
 
 
 def _positive(value: str) -> int:
-    n = int(value)
+    n = integer(value)
     if not 1 <= n <= MAX_BATCH:
         raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_BATCH}")
     return n
@@ -79,7 +80,7 @@ def _positive(value: str) -> int:
 def _anchor(value: str) -> tuple[int, int, str]:
     """``CHAIN:POSITION:HASH``, as a verify's anchors line prints it."""
     parts = value.split(":")
-    if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
+    if len(parts) != 3 or not all(is_integer(part) for part in parts[:2]):
         raise argparse.ArgumentTypeError("must be CHAIN:POSITION:HASH, as verify prints it")
     chain, position, entry_hash = int(parts[0]), int(parts[1]), parts[2].lower()
     if chain not in ledger.CHAINS:
