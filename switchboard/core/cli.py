@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import re
 from datetime import datetime
@@ -18,7 +19,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from switchboard.core import versions
+from switchboard.core import availability, versions
 from switchboard.core.errors import DomainError, Forbidden
 from switchboard.core.times import iso
 from switchboard.core.users import user_named
@@ -142,7 +143,8 @@ def check_arguments(options: dict[str, Any], names: dict[str, str]) -> None:
 class SwitchboardCommand(BaseCommand):
     """The base of every Switchboard command. Before ``handle`` runs, every string argument is
     checked (:func:`check_arguments`); a refusal that escapes ``handle`` (the ``--as`` user's,
-    say) is reported as :func:`refused` reports one, never as a traceback."""
+    say), or a dependency that did not answer (503 ``unavailable`` on the API), is reported as
+    :func:`refused` reports one, never as a traceback."""
 
     _parser: CommandParser | None = None
 
@@ -153,10 +155,22 @@ class SwitchboardCommand(BaseCommand):
     def execute(self, *args: Any, **options: Any) -> str | None:
         names = argument_names(self._parser, options) if self._parser is not None else {}
         check_arguments(options, names)
+        if options.get("json"):
+            # The pool's warnings while it retries a database that does not answer are text on
+            # stderr, where --json promises the error object alone (without --json they stay:
+            # they name the cause, "connection refused").
+            logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
         try:
             return super().execute(*args, **options)
         except DomainError as exc:
             refused(self, options, exc)
+            return None
+        except Exception as exc:
+            # The database or Valkey not answering (down, a wrong DATABASE_URL): a refusal that
+            # says which, not a hundred lines of pool internals (and JSON alone with --json).
+            if not availability.is_outage(exc):
+                raise
+            refused(self, options, availability.outage(exc))
             return None
 
 

@@ -18,6 +18,7 @@ from django.core.management import CommandError, call_command, load_command_clas
 from admission.limits.models import RateLimit
 from admission.models import AdmissionPolicy
 from queues.models import Endpoint, EndpointState, HumanToken, QueuePause, Todo
+from switchboard.embedded import free_port
 from tests.cli.test_cli import BASE_DIR
 from tests.conftest import Personas, database_url
 
@@ -266,3 +267,35 @@ def test_budget_show_of_an_unknown_endpoint_names_it(personas: Personas) -> None
     error = refusal("queue", "budget", "show", "nowhere")
     assert (error["code"], error["field"]) == ("not_found", "endpoint")
     assert "'nowhere'" in error["error"]
+
+
+# --- a dependency that does not answer ---------------------------------------------------------
+
+
+def test_a_database_that_does_not_answer_is_a_refusal_not_a_traceback() -> None:
+    """A wrong DATABASE_URL (or the database down): 99 lines ending in the pool's
+    OperationalError, and with --json no error object at all."""
+    port = free_port()  # nothing listens there
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"postgresql://nobody:x@127.0.0.1:{port}/nothing",
+        "REDIS_URL": settings.REDIS_URL,
+    }
+    args = ["queue", "pause", "inbox", "--reason", "x", "--as", "operator"]
+    for extra in ([], ["--json"]):
+        done = subprocess.run(
+            [sys.executable, "manage.py", *args, *extra],
+            cwd=BASE_DIR,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 1, done.stderr
+        assert "Traceback" not in done.stderr, done.stderr
+        if extra:
+            error = json.loads(done.stderr)
+            assert (error["code"], error["dependency"]) == ("unavailable", "database")
+        else:  # after the pool's warnings, which name the cause
+            last = done.stderr.strip().splitlines()[-1]
+            assert last.startswith("refused (unavailable): the database did not answer"), last
