@@ -11,6 +11,7 @@ class QueuesConfig(AppConfig):
         from psycopg.types.json import set_json_loads
 
         import queues.agent_verbs  # noqa: F401  (declares this app's agent verbs)
+        import switchboard.core.deploy_checks  # noqa: F401  (registers check --deploy's checks)
         from switchboard.core.validation import stored_json_loads
 
         # The claim statements read jsonb through psycopg's own loader: make it one that never

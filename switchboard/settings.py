@@ -67,6 +67,10 @@ DEBUG = env_bool("SWITCHBOARD_DEBUG", False)
 SECRET_KEY = env("SECRET_KEY") or embedded.dev_secret("secret_key")
 # The ledger's HMAC key. A database writer without it cannot forge a consistent chain.
 LEDGER_KEY = env("LEDGER_KEY") or embedded.dev_secret("ledger_key")
+# Which of these the environment gave (production must: switchboard.core.deploy_checks).
+GIVEN_IN_ENVIRONMENT = frozenset(
+    name for name in ("SECRET_KEY", "LEDGER_KEY", "SWITCHBOARD_PUBLIC_URL") if env(name)
+)
 ALLOWED_HOSTS = [h.strip() for h in env("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h]
 CSRF_TRUSTED_ORIGINS = [o.strip() for o in env("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 PORT = env_int("SWITCHBOARD_PORT", 8000, minimum=1)

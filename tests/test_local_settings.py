@@ -98,3 +98,52 @@ def test_the_thread_pools_are_sized_from_the_environment_and_a_bad_size_is_refus
         refused = _load(tmp_path, THREADS, **LOCAL, **{name: bad})
         assert refused.returncode != 0 and refused.stdout == ""
         assert f"ImproperlyConfigured: {says}" in refused.stderr, refused.stderr
+
+
+def _deploy_check(data_dir: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy"],
+        cwd=BASE_DIR,
+        env=console_env(data_dir, **env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+# The README's Production section, every setting it lists.
+README_PRODUCTION = {
+    **PRODUCTION,
+    "SECRET_KEY": "k7Qp2xVz9LmN4wRt8YbC1dHs6FjA3gEu5iOo0nMlKq-PyTvWxZa",
+    "LEDGER_KEY": "l" * 64,
+    "METRICS_TOKEN": "m" * 32,
+    "ALLOWED_HOSTS": "switchboard.example",
+    "CSRF_TRUSTED_ORIGINS": "https://switchboard.example",
+    "SESSION_COOKIE_SECURE": "true",
+    "SECURE_SSL_REDIRECT": "true",
+    "SECURE_HSTS_SECONDS": "31536000",
+    "SECURE_HSTS_INCLUDE_SUBDOMAINS": "true",
+    "SECURE_HSTS_PRELOAD": "true",
+    "SECURE_PROXY_SSL_HEADER": "true",
+    "SWITCHBOARD_PUBLIC_URL": "https://switchboard.example",
+}
+
+
+def test_production_must_be_given_its_keys_not_generate_them(tmp_path: Path) -> None:
+    """Each host generated its own SECRET_KEY and LEDGER_KEY into its data folder, silently: a
+    second host's ledger rows then read as tampered with on every verify."""
+    bare = _deploy_check(tmp_path, **PRODUCTION)
+    assert bare.returncode != 0
+    for check_id, name in (
+        ("switchboard.E001", "SECRET_KEY"),
+        ("switchboard.E002", "LEDGER_KEY"),
+        ("switchboard.W003", "SWITCHBOARD_PUBLIC_URL"),
+    ):
+        assert f"({check_id}) {name} is not set" in bare.stderr, bare.stderr
+    # Everything the README lists: clean, as it says.
+    given = _deploy_check(tmp_path, **README_PRODUCTION)
+    assert given.returncode == 0, given.stderr
+    assert "System check identified no issues" in given.stdout, given.stdout + given.stderr
+    # A local start generates its own and is not production: none of these.
+    local = _deploy_check(tmp_path, **LOCAL)
+    assert "switchboard." not in local.stderr + local.stdout
