@@ -38,6 +38,11 @@ from switchboard.core.errors import InvalidArgument
 # MAX_JSON_DEPTH - 2 levels inside a verb's arguments). Deep enough for real documents; far below
 # Python's recursion limit and pydantic's serialisation limit (255).
 MAX_JSON_DEPTH = 64
+# A stored JSON field (payload, result, error) nests at most this deep, whichever surface sends
+# it: an MCP tools/call carries it three levels down (message, params, arguments), so any value
+# one surface stores another can carry back (the CLI stored 64 levels, which REST and MCP then
+# refused).
+MAX_STORED_JSON_DEPTH = MAX_JSON_DEPTH - 3
 # One stored JSON field (payload, result, error) serialised; the whole body is bounded at 1 MiB.
 MAX_JSON_BYTES = 256 * 1024
 
@@ -161,7 +166,7 @@ def check_stored_json(value: Any, field: str) -> Any:
     """A JSON field about to be stored (payload, result, error): the bounds in the README."""
     if value is None:  # nothing to walk or measure (most completions send no result)
         return None
-    return check_json(value, field, max_depth=MAX_JSON_DEPTH, max_bytes=MAX_JSON_BYTES)
+    return check_json(value, field, max_depth=MAX_STORED_JSON_DEPTH, max_bytes=MAX_JSON_BYTES)
 
 
 def loads(raw: bytes | str, field: str = "") -> Any:

@@ -133,6 +133,61 @@ def test_json_deeper_than_the_limit_is_refused(agent_api: Api) -> None:
     assert create(agent_api, payload=nested(validation.MAX_JSON_DEPTH - 3)).status_code == 200
 
 
+def test_the_deepest_payload_one_surface_stores_every_surface_carries(
+    personas: Personas, agent_api: Api
+) -> None:
+    """The CLI stored a payload 64 levels deep, which REST (the body is a level) and MCP (three
+    levels of message) then refused: a todo no other surface could make again."""
+    p = personas
+    deepest = nested(validation.MAX_STORED_JSON_DEPTH)
+    deeper = json.dumps(nested(validation.MAX_STORED_JSON_DEPTH + 1))
+    with pytest.raises(CommandError, match=r"payload.*nested deeper than 61 levels"):
+        call_command("todo", "push", p.agent.slug, "inbox", "--title", "t", "--payload", deeper)
+    call_command(
+        "todo",
+        "push",
+        p.agent.slug,
+        "inbox",
+        "--title",
+        "cli",
+        "--payload",
+        json.dumps(deepest),
+        stdout=io.StringIO(),
+    )
+    assert refused_field(
+        agent_api.verb(
+            "create_todo", raw=f'{{"queue": "inbox", "title": "t", "payload": {deeper}}}'
+        )
+    ).startswith("payload.")
+    assert create(agent_api, title="rest", payload=deepest).status_code == 200
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    arguments = {"queue": "inbox", "title": "mcp", "payload": deepest}
+    call = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "create_todo", "arguments": arguments, "_meta": meta},
+    }
+    answer = Client().post(
+        f"/mcp/{p.agent.slug}",
+        json.dumps(call),
+        content_type="application/json",
+        headers={
+            "Authorization": f"Bearer {p.agent_token}",
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2026-07-28",
+            "Mcp-Method": "tools/call",
+            "Mcp-Name": "create_todo",
+        },
+    )
+    assert answer.json()["result"]["isError"] is False, answer.content
+    stored = Todo.objects.filter(title__in=["cli", "rest", "mcp"]).values_list("payload", flat=True)
+    assert list(stored) == [deepest] * 3
+
+
 def test_a_payload_over_the_size_limit_is_refused(agent_api: Api) -> None:
     big = {"blob": "x" * (validation.MAX_JSON_BYTES + 1)}
     response = create(agent_api, payload=big)
