@@ -251,7 +251,7 @@ def _explained(
     over = [h for h in held if h.exceeded and (state == "waives" or h.posture == "enforce")]
     detail = "; ".join(
         f"{noun} {h.name}: {h.held} of {h.limit} held ({h.posture})"
-        + (" (quarantined)" if h.limit == 0 else "")
+        + (" (quarantined)" if h.quarantined else "")
         for h in held
     )
     return gates.GateState(

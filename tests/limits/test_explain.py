@@ -141,3 +141,19 @@ def test_mcp_get_todo_explains_a_held_todo(tx_personas: Personas, live_url: str)
     rest = Api(Client(), tx_personas.agent_token).verb("get_todo", {"id": str(held.id)}).json()
     assert seen["todo"]["todo"]["explain"] == rest["todo"]["explain"]
     assert seen["todo"]["todo"]["explain"]["binding"] == "pool"
+
+
+def test_only_a_limit_of_0_under_enforce_reads_as_quarantined(personas: Personas) -> None:
+    """A tag of 0 whose posture is off (the gate admits its todo) read "(quarantined)"."""
+    tag("off.zero", 0, posture="off")
+    tag("advised.zero", 0, posture="advise")
+    tag("held.zero", 0)
+    [todo] = push(personas, 1, tags=["off.zero", "advised.zero", "held.zero"])
+    explained = selectors.todo_explain(todo)
+    assert explained is not None
+    detail = by_gate(explained)["tags"].detail
+    assert detail.split("; ") == [
+        "tag advised.zero: 0 of 0 held (advise)",
+        "tag held.zero: 0 of 0 held (enforce) (quarantined)",
+        "tag off.zero: 0 of 0 held (off)",
+    ]
