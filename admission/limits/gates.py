@@ -461,6 +461,8 @@ class _OccupancyGate:
             next_eligible_at=iso(at),
             exact=refusal.exact,
             **{self.name: list(refusal.limits)},
+            # As claim_next's deferred entries name them: one shape for every refusal.
+            limits=[{"kind": self.grant_kind, "name": n} for n in refusal.limits],
         )
 
     def statuses(

@@ -66,6 +66,8 @@ def test_a_claim_by_id_over_a_full_pool_is_deferred_and_changes_nothing(
         services.claim(actor=personas.as_agent(), todo_id=second.id)
     assert refused.value.details["reason"] == "pool_full"
     assert refused.value.details["pool"] == ["gpu"]
+    # The shape claim_next's deferred entries use, so an agent reads one (agents6, round 4).
+    assert refused.value.details["limits"] == [{"kind": "pool", "name": "gpu"}]
     assert refused.value.details["next_eligible_at"] is not None
     second.refresh_from_db()
     assert second.state == TodoState.PENDING and second.attempt == 0
@@ -108,6 +110,7 @@ def test_a_todo_is_held_by_the_one_full_tag_among_its_tags(personas: Personas) -
         services.claim(actor=personas.as_agent(), todo_id=both.id)
     assert refused.value.details["reason"] == "tag_full"
     assert refused.value.details["tags"] == ["vendor.b"]
+    assert refused.value.details["limits"] == [{"kind": "tag", "name": "vendor.b"}]
     assert isinstance(services.claim(actor=personas.as_agent(), todo_id=only_a.id), Claimed)
 
 

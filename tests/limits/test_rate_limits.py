@@ -126,6 +126,7 @@ def test_a_claim_by_id_over_a_rate_names_its_gate(personas: Personas) -> None:
         services.claim(actor=personas.as_agent(), todo_id=second.id)
     assert refused.value.details["reason"] == "rate_limited"
     assert refused.value.details["rate_limit"] == ["openai"]
+    assert refused.value.details["limits"] == [{"kind": "rate", "name": "openai"}]
 
 
 def test_report_rate_limited_is_its_own_family(personas: Personas, client: Client) -> None:
