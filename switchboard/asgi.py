@@ -1037,5 +1037,26 @@ handler = OneHopHandler(threads=settings.WEB_THREADS, agent_threads=settings.AGE
 async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """Django, with each request's arrival stamped before it can queue for a worker thread
     (the request deadline counts from here: switchboard.core.availability)."""
+    if scope["type"] == "lifespan":
+        await _lifespan(receive, send)
+        return
     scope[ARRIVED] = time.monotonic()
     await handler(scope, receive, send)
+
+
+async def _lifespan(receive: Any, send: Any) -> None:
+    """The server's start and graceful stop. At the stop, after the last request, this
+    process's buffered counter increments go to Redis: uvicorn ends a process it stopped on
+    SIGTERM by raising that signal again with the default action, so no atexit hook runs and
+    the flusher thread's last quarter second of increments would be lost (the counters would
+    fall behind the database for good)."""
+    from switchboard.core import counters
+
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await asyncio.to_thread(counters.flush)
+            await send({"type": "lifespan.shutdown.complete"})
+            return

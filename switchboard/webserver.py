@@ -30,6 +30,10 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 
 PROTOCOL = "switchboard.webserver:Protocol"  # uvicorn --http
 WORKER = "switchboard.webserver.Worker"  # gunicorn -k
+# How long a graceful stop waits for open responses (event streams never end by themselves)
+# before cancelling them: uvicorn's --timeout-graceful-shutdown in ``make run``, the worker's
+# own bound in production.
+STREAM_GRACE_SECONDS = 5
 
 
 class _OneWrite:
@@ -99,9 +103,27 @@ def __getattr__(name: str) -> Any:
 
     class Worker(UvicornWorker):
         """gunicorn's worker class for the production command: uvicorn with uvloop and
-        ``Protocol`` (uvicorn's own worker class picks httptools itself)."""
+        ``Protocol`` (uvicorn's own worker class picks httptools itself), the ASGI lifespan
+        (its shutdown sends the last counter increments: switchboard.asgi), and a bound on a
+        graceful stop: open event streams are cancelled after ``STREAM_GRACE_SECONDS``, or half
+        of gunicorn's --graceful-timeout if that is shorter (the other half is the lifespan's),
+        instead of holding the worker until the master SIGKILLs it."""
 
-        CONFIG_KWARGS = {"loop": "uvloop", "http": PROTOCOL}
+        CONFIG_KWARGS = {"loop": "uvloop", "http": PROTOCOL, "lifespan": "on"}
+        sockets: list[Any]  # gunicorn's listening sockets (gunicorn has no type hints)
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.config.timeout_graceful_shutdown = min(
+                STREAM_GRACE_SECONDS, self.cfg.graceful_timeout / 2
+            )
+
+        def run(self) -> None:
+            # uvicorn gets the plain sockets, not gunicorn's wrappers: uvloop closes a listening
+            # socket's object after libuv has closed its descriptor, and the wrapper logged
+            # that close's EBADF ("Error while closing socket") at every stop.
+            self.sockets = [getattr(s, "sock", s) for s in self.sockets]
+            super().run()
 
     globals()["Worker"] = Worker
     return Worker

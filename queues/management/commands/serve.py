@@ -7,22 +7,26 @@ the demo data on first run, then runs four children and watches them:
 * one Celery worker for the sweeps (the ``celery`` queue) and one for the ready hooks (``hooks``),
 * one Celery beat (the sweep schedule, kept in ``<data>/celerybeat-schedule``).
 
-It records the address it serves on in ``<data>/served_url`` first, so the URL every process
-tells agents (``endpoint vend``, the API's vend, the demo banner) reaches it, unless
-``SWITCHBOARD_PUBLIC_URL`` says otherwise; and it prints the bearer token of ``/metrics`` (on a
-local start generated once into ``<data>/metrics_token``).
+One launcher runs per data folder (it holds ``<data>/serve.lock``; a second one is refused,
+naming the first one's pid and URL). Once the web server answers it records the address in
+``<data>/served_url``, so the URL every process tells agents (``endpoint vend``, the API's vend,
+the demo banner) reaches it, unless ``SWITCHBOARD_PUBLIC_URL`` says otherwise; and it prints the
+bearer token of ``/metrics`` (on a local start generated once into ``<data>/metrics_token``).
 
 The children get ``DATABASE_URL`` and ``REDIS_URL`` explicitly, so they never start or attach to
 the embedded machinery themselves. Each runs in its own process group: Ctrl-C in a terminal reaches
 only this launcher, which then stops the children in order (SIGTERM, up to ten seconds, then
-SIGKILL to the whole group), stops the Valkey it started and drops its PostgreSQL handle. If a child
-dies on its own, the launcher stops the rest and exits non-zero, naming the child.
+SIGKILL to the whole group), then stops the Valkey it started (or adopted from a launcher that was
+killed) and drops its PostgreSQL handle; both embedded servers run in sessions of their own, so
+Ctrl-C does not stop them under the children. If a child or an embedded server dies on its own,
+the launcher stops the rest and exits non-zero, naming it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import http.client
 import io
 import os
@@ -33,13 +37,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import IO, Any
 
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from switchboard import embedded, webserver
+from switchboard.core.cli import SwitchboardCommand, integer
 
 STOP_TIMEOUT_SECONDS = 10.0
 READY_TIMEOUT_SECONDS = 60.0
@@ -63,7 +68,7 @@ class _Child:
         return self.process.pid
 
 
-class Command(BaseCommand):
+class Command(SwitchboardCommand):
     help = (
         "Run Switchboard: embedded PostgreSQL and Valkey unless DATABASE_URL / REDIS_URL are set, "
         "migrations, demo data on first run, then the web server, two Celery workers (sweeps, hooks) "
@@ -73,7 +78,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--port",
-            type=int,
+            type=integer,
             default=None,
             help="Port for the web server (default: SWITCHBOARD_PORT, else 8000).",
         )
@@ -107,42 +112,43 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         host: str = options["host"]
         port: int = options["port"] or settings.PORT
-        # Recorded before anything starts, so the children and every later manage.py process tell
-        # agents this address (settings.PUBLIC_URL); an explicit SWITCHBOARD_PUBLIC_URL still wins.
         served_url = _served_url(host, port)
-        embedded.record_served_url(served_url)
+        # One launcher per data folder: a second would run a second beat and more workers on
+        # the same database and broker, and record its own address over the first one's.
+        lock = _lock_data_dir(served_url)
         if not os.environ.get("SWITCHBOARD_PUBLIC_URL"):
             settings.PUBLIC_URL = served_url
         previous_handlers = self._install_signal_handlers()
         children: list[_Child] = []
-        valkey: Any = None
+        valkey: embedded.EmbeddedValkey | None = None
         failure: str | None = None
         try:
             database_url = os.environ.get("DATABASE_URL") or embedded.ensure_postgres().url()
+            postgres_pid = None if os.environ.get("DATABASE_URL") else embedded.postgres_pid()
             redis_url = os.environ.get("REDIS_URL") or ""
             if not redis_url:
                 redis_url = embedded.embedded_redis_url()
-                if embedded.valkey_running(redis_url):
-                    self._say(f"Valkey: reusing the server already listening at {redis_url}")
-                else:
-                    valkey = embedded.start_valkey(redis_url)
-                    self._say(f"Valkey: started at {redis_url} (data in {embedded.data_dir()})")
+                valkey = self._embedded_valkey(redis_url)
             if self._stop_signal is None:
                 call_command("migrate", interactive=False, verbosity=1)
             first_run_text = ""
             if self._stop_signal is None:
                 first_run_text = self._seed()
+            watch = _Watched(valkey, postgres_pid)
             if self._stop_signal is None:
                 children = self._start_children(host, port, database_url, redis_url)
             if self._stop_signal is None:
-                failure = self._wait_until_ready(children, host, port)
+                failure = self._wait_until_ready(children, watch, host, port)
             if self._stop_signal is None and failure is None:
+                # Only now: the URL every process tells agents is one that answers.
+                embedded.record_served_url(served_url)
                 self._banner(host, port, first_run_text)
-                failure = self._supervise(children)
+                failure = self._supervise(children, watch)
         except _Interrupted:
             pass
         finally:
             self._shutting_down = True
+            # The children first: they still flush counters to Valkey and leave the broker.
             self._stop_children(children)
             if valkey is not None:
                 with contextlib.suppress(Exception):
@@ -150,9 +156,27 @@ class Command(BaseCommand):
             embedded.stop_postgres()
             for signum, handler in previous_handlers.items():
                 signal.signal(signum, handler)
+            lock.close()
         if failure is not None:
             raise CommandError(failure, returncode=1)
         self._say("Switchboard stopped.")
+
+    def _embedded_valkey(self, redis_url: str) -> embedded.EmbeddedValkey | None:
+        """Start this data folder's Valkey, or adopt the one a killed launcher left running;
+        None when something else answers on its port (it is then neither watched nor stopped)."""
+        if not embedded.valkey_running(redis_url):
+            valkey = embedded.start_valkey(redis_url)
+            self._say(f"Valkey: started at {redis_url} (data in {embedded.data_dir()})")
+            return valkey
+        adopted = embedded.adopt_valkey(redis_url)
+        if adopted is not None:
+            self._say(
+                f"Valkey: adopted the server a stopped launcher left running at {redis_url} "
+                f"(pid {adopted.pid}); it stops with this one"
+            )
+        else:
+            self._say(f"Valkey: reusing the server already listening at {redis_url}")
+        return adopted
 
     # -- steps ---------------------------------------------------------------------------------
 
@@ -177,6 +201,8 @@ class Command(BaseCommand):
             "DJANGO_SETTINGS_MODULE", "switchboard.settings"
         )
         env["PYTHONUNBUFFERED"] = "1"
+        # served_url is recorded only once the web server answers: the children are told now.
+        env["SWITCHBOARD_PUBLIC_URL"] = settings.PUBLIC_URL
         if settings.METRICS_TOKEN and not (
             env.get("METRICS_TOKEN") or env.get("METRICS_TOKEN_FILE")
         ):
@@ -191,16 +217,7 @@ class Command(BaseCommand):
         python = sys.executable
         schedule = embedded.data_dir() / "celerybeat-schedule"
         children = [
-            _Child(
-                "web (uvicorn)",
-                [
-                    python, "-m", "uvicorn", "switchboard.asgi:application",
-                    "--host", host, "--port", str(port), "--lifespan", "off",
-                    "--http", webserver.PROTOCOL, "--loop", "uvloop",
-                    # Open event streams must not hold a shutdown past the stop timeout.
-                    "--timeout-graceful-shutdown", "5",
-                ],
-            ),
+            _Child("web (uvicorn)", web_command(host, port)),
             _Child(
                 "celery worker",
                 [
@@ -242,12 +259,14 @@ class Command(BaseCommand):
                 break
         return started
 
-    def _wait_until_ready(self, children: list[_Child], host: str, port: int) -> str | None:
+    def _wait_until_ready(
+        self, children: list[_Child], watch: _Watched, host: str, port: int
+    ) -> str | None:
         """Poll until the web server answers HTTP. Returns a failure message, or None."""
         probe_host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
         while self._stop_signal is None:
-            dead = self._first_dead(children)
+            dead = self._first_dead(children) or watch.first_dead()
             if dead is not None:
                 return dead
             if _answers_http(probe_host, port):
@@ -260,9 +279,9 @@ class Command(BaseCommand):
             time.sleep(POLL_SECONDS)
         return None
 
-    def _supervise(self, children: list[_Child]) -> str | None:
+    def _supervise(self, children: list[_Child], watch: _Watched) -> str | None:
         while self._stop_signal is None:
-            dead = self._first_dead(children)
+            dead = self._first_dead(children) or watch.first_dead()
             if dead is not None:
                 return dead
             time.sleep(POLL_SECONDS)
@@ -332,6 +351,68 @@ class Command(BaseCommand):
     def _flush(self) -> None:
         self.stdout.flush()
         sys.stdout.flush()
+
+
+@dataclass
+class _Watched:
+    """The embedded servers the children need, watched as the children are: when one dies the
+    launcher says so and stops everything (a restarted Valkey would have lost the broker's
+    queued tasks since its last append, and a server that crashes once usually does again)."""
+
+    valkey: embedded.EmbeddedValkey | None
+    postgres_pid: int | None
+
+    def first_dead(self) -> str | None:
+        if self.valkey is not None and not self.valkey.alive():
+            how = self.valkey.exit_description()
+            return (
+                f"The embedded Valkey (pid {self.valkey.pid}) died unexpectedly ({how}); "
+                "stopped the rest."
+            )
+        if self.postgres_pid is not None and not embedded.postgres_running(self.postgres_pid):
+            return (
+                f"The embedded PostgreSQL (pid {self.postgres_pid}) died unexpectedly; "
+                "stopped the rest."
+            )
+        return None
+
+
+def _lock_data_dir(served_url: str) -> IO[str]:
+    """Hold ``<data>/serve.lock`` for the launcher's life (the kernel drops it if the launcher
+    is killed), with the holder's pid and URL in it; CommandError when another launcher holds it."""
+    path = embedded.data_dir() / "serve.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = path.open("a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().split()
+        lock.close()
+        pid, url = [*holder, "?", "?"][:2]
+        raise CommandError(
+            f"Another launcher (pid {pid}, serving {url}) is running on the data folder "
+            f"{embedded.data_dir()}: stop it first, or give this one another "
+            "SWITCHBOARD_DATA_DIR.",
+            returncode=1,
+        ) from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"{os.getpid()} {served_url}\n")
+    lock.flush()
+    return lock
+
+
+def web_command(host: str, port: int, app: str = "switchboard.asgi:application") -> list[str]:
+    """The web child's command line."""
+    return [
+        sys.executable, "-m", "uvicorn", app, "--host", host, "--port", str(port),
+        # The lifespan's shutdown sends the last counter increments (switchboard.asgi).
+        "--lifespan", "on",
+        "--http", webserver.PROTOCOL, "--loop", "uvloop",
+        # Open event streams must not hold a shutdown past the stop timeout.
+        "--timeout-graceful-shutdown", str(webserver.STREAM_GRACE_SECONDS),
+    ]  # fmt: skip
 
 
 def _served_url(host: str, port: int) -> str:

@@ -1,0 +1,164 @@
+"""``manage.py serve`` (``make run``) and the embedded servers it runs, through what goes wrong:
+a terminal's Ctrl-C, a launcher killed with SIGKILL, a second launcher on the same data folder,
+and the embedded Valkey dying under it. One data folder for the module (its first start
+migrates and seeds); each test starts its own launcher on it and leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.console import Console, console_env, embedded_servers_of, gone, web_port
+
+WAIT_SECONDS = 30.0  # generous: each of these happens within a few seconds
+
+
+@pytest.fixture(scope="module")
+def data_dir() -> Iterator[Path]:
+    # Short, under /tmp: the PostgreSQL socket lives in it (socket paths are limited to ~107 bytes).
+    path = Path(tempfile.mkdtemp(prefix="sb-life-")).resolve()
+    yield path / "data"
+    for process in embedded_servers_of(path / "data"):
+        process.kill()
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _serve(data_dir: Path, port: int | None = None) -> Console:
+    port = port or web_port()
+    argv = [sys.executable, "manage.py", "serve", "--port", str(port)]
+    return Console(argv, data_dir, port, console_env(data_dir))
+
+
+def _valkey(data_dir: Path) -> psutil.Process:
+    found = [p for p in embedded_servers_of(data_dir) if "valkey" in p.name()]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _valkey_port(data_dir: Path) -> int:
+    return int((data_dir / "valkey" / "port").read_text())
+
+
+def _refuses_connections(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return True
+    return False
+
+
+def test_ctrl_c_stops_the_children_first_and_the_embedded_servers_last(data_dir: Path) -> None:
+    serve = _serve(data_dir)
+    try:
+        serve.wait_ready()
+        valkey = _valkey(data_dir)
+        log = data_dir / "valkey" / "valkey.log"
+        logged = log.stat().st_size
+        # A terminal's Ctrl-C: SIGINT to the foreground process group, the launcher's.
+        os.killpg(serve.launcher().pid, signal.SIGINT)
+        assert serve.process.wait(timeout=WAIT_SECONDS) == 0, serve.output
+        assert "Switchboard stopped." in serve.output
+        # Valkey heard of the Ctrl-C from the launcher only (SIGTERM, once the children had
+        # stopped), never from the terminal: in the launcher's group it stopped under them.
+        with log.open("rb") as stopped:
+            stopped.seek(logged)
+            said = stopped.read().decode(errors="replace")
+        assert "Received SIGTERM" in said and "Received SIGINT" not in said, said
+        # The workers left a broker that was still up.
+        assert "Connection to broker lost" not in serve.output, serve.output
+        assert "Traceback" not in serve.output, serve.output
+        psutil.wait_procs([valkey], timeout=WAIT_SECONDS)
+        assert gone(valkey) and not embedded_servers_of(data_dir)
+    finally:
+        serve.kill_everything()
+
+
+def test_a_valkey_left_by_a_killed_launcher_is_adopted_and_stopped_with_the_next(
+    data_dir: Path,
+) -> None:
+    first = _serve(data_dir)
+    second: Console | None = None
+    try:
+        first.wait_ready()
+        valkey = _valkey(data_dir)
+        first.launcher().kill()
+        first.process.wait(timeout=WAIT_SECONDS)
+        # The children follow their launcher (SIGTERM on its death); Valkey stays up.
+        children = [p for p in first.descendants if p.pid != valkey.pid]
+        _, alive = psutil.wait_procs(children, timeout=WAIT_SECONDS)
+        assert not [p for p in alive if not gone(p)] and not gone(valkey)
+
+        second = _serve(data_dir)
+        second.wait_ready()
+        assert "Valkey: adopted" in second.output, second.output
+        assert second.stop() == 0, second.output
+        psutil.wait_procs([valkey], timeout=WAIT_SECONDS)
+        assert gone(valkey), "the adopted Valkey outlived the launcher:\n" + second.output
+        assert _refuses_connections(_valkey_port(data_dir))
+        assert not embedded_servers_of(data_dir)
+    finally:
+        first.kill_everything()
+        if second is not None:
+            second.kill_everything()
+
+
+def test_a_second_launcher_on_the_same_data_folder_is_refused_and_records_nothing(
+    data_dir: Path,
+) -> None:
+    first = _serve(data_dir)
+    second: Console | None = None
+    try:
+        first.wait_ready()
+        served_url = (data_dir / "served_url").read_text()
+        assert served_url == first.url.rstrip("/") + "\n"
+        second = _serve(data_dir)
+        assert second.process.wait(timeout=WAIT_SECONDS) == 1
+        assert f"Another launcher (pid {first.launcher().pid}, serving {served_url.strip()})" in (
+            second.output
+        ), second.output
+        assert (data_dir / "served_url").read_text() == served_url
+        first.assert_up()
+        assert first.stop() == 0, first.output
+    finally:
+        first.kill_everything()
+        if second is not None:
+            second.kill_everything()
+
+
+def test_a_launch_whose_web_server_cannot_listen_records_no_served_url(data_dir: Path) -> None:
+    before = (data_dir / "served_url").read_text()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        serve = _serve(data_dir, taken.getsockname()[1])
+        try:
+            assert serve.process.wait(timeout=120) == 1, serve.output
+            assert "web (uvicorn) child died unexpectedly" in serve.output, serve.output
+            assert (data_dir / "served_url").read_text() == before
+        finally:
+            serve.kill_everything()
+
+
+def test_the_launcher_stops_everything_when_its_valkey_dies(data_dir: Path) -> None:
+    serve = _serve(data_dir)
+    try:
+        serve.wait_ready()
+        valkey = _valkey(data_dir)
+        valkey.kill()
+        assert serve.process.wait(timeout=WAIT_SECONDS) == 1, serve.output
+        assert f"The embedded Valkey (pid {valkey.pid}) died unexpectedly" in serve.output
+        psutil.wait_procs(serve.descendants, timeout=WAIT_SECONDS)
+        assert all(gone(p) for p in serve.descendants)
+        assert not embedded_servers_of(data_dir)
+    finally:
+        serve.kill_everything()
