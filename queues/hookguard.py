@@ -101,7 +101,7 @@ def _lookup(host: str, port: int, timeout: float | None) -> list[Any]:
         return lookup.result(timeout=timeout)
     except concurrent.futures.TimeoutError:
         lookup.cancel()  # still queued behind lookups that hang: never run it
-        raise TimeoutError(f"the host {host} did not resolve within {timeout:.3g} s") from None
+        raise TimeoutError(f"the host {host} did not resolve within {timeout:.2g} s") from None
 
 
 def resolve(host: str, port: int, *, timeout: float | None = None) -> list[IPAddress]:
