@@ -11,10 +11,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from queues import pauses, selectors
+from queues import pauses
 from queues.access import HumanActor
 from switchboard.core.cli import acting_human, add_common_options, emit, refused
-from switchboard.core.errors import DomainError, NotFound
+from switchboard.core.errors import DomainError
 from switchboard.core.times import iso
 
 
@@ -69,17 +69,9 @@ def handle_pause(command: BaseCommand, options: dict[str, Any]) -> None:
 def handle_resume(command: BaseCommand, options: dict[str, Any]) -> None:
     actor = HumanActor(acting_human(options.get("as_user")), via="cli")
     try:
-        result = pauses.queue_resume(actor=actor, queue=options["queue"])
-        if result.lifted is None and not (
-            options.get("known") or selectors.queue_known(result.queue)
-        ):
-            # Pause refuses a name nothing has used (a typo never pauses a phantom); "was not
-            # paused" would tell the same typo it had checked a real queue.
-            raise NotFound(
-                f"no queue named {result.queue!r} is known, and no pause of it exists",
-                field="queue",
-                queue=result.queue,
-            )
+        result = pauses.queue_resume(
+            actor=actor, queue=options["queue"], known=bool(options.get("known"))
+        )
     except DomainError as exc:
         refused(command, options, exc)
         return

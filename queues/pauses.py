@@ -195,18 +195,27 @@ def _insert_pause(actor: HumanActor, queue: str, reason: str) -> PauseResult:
     return PauseResult(queue=queue, changed=True, pause=info)
 
 
-def queue_resume(*, actor: HumanActor, queue: str) -> ResumeResult:
+def queue_resume(*, actor: HumanActor, queue: str, known: bool = False) -> ResumeResult:
     """Lift a pause and ring once, as a creation would, for each endpoint with pending todos.
 
     Resuming a queue that is not paused is not an error: nothing is lifted, nothing rings, no
-    ledger row. The notifications go out at commit (NOTIFY is transactional) and the ready hooks
-    through Celery on commit, so a rolled-back resume rings nothing.
+    ledger row. A name nothing has used is not found, as a pause without ``create`` says of it
+    ("was not paused" would tell a typo it had checked a real queue); ``known``: the caller
+    knows the name otherwise (a queue the limits app declared). The notifications go out at
+    commit (NOTIFY is transactional) and the ready hooks through Celery on commit, so a
+    rolled-back resume rings nothing.
     """
     _check_actor(actor)
     check_queue_name(queue)
     with transaction.atomic():
         pause = _existing_for_update(queue)
         if pause is None:
+            if not known and not selectors.queue_known(queue):
+                raise NotFound(
+                    f"no queue named {queue!r} is known, and no pause of it exists",
+                    field="queue",
+                    queue=queue,
+                )
             return ResumeResult(queue=queue, lifted=None)
         lifted = PauseInfo.of(pause)
         pause.delete()

@@ -109,6 +109,13 @@ def test_an_unknown_name_is_not_found_unless_create_is_asked(personas: Personas)
     assert typo.json()["code"] == "not_found"
     assert created.status_code == 200
     assert list(QueuePause.objects.values_list("queue", flat=True)) == ["night-batch"]
+    # A resume of the typo is not found either ("was not paused" told it a real queue was
+    # checked), while a known queue that is not paused answers resumed: false.
+    resume_typo = _post(client, f"{QUEUES}/inbx/resume", {})
+    assert resume_typo.status_code == 404, resume_typo.content
+    assert resume_typo.json()["field"] == "queue"
+    known = _post(client, f"{QUEUES}/inbox/resume", {})
+    assert known.status_code == 200 and known.json()["resumed"] is False
 
 
 @pytest.mark.parametrize("body", [{}, {"reason": ""}, {"reason": "   "}, {"reason": "x" * 501}])

@@ -174,8 +174,20 @@ def test_resuming_a_queue_that_was_never_paused_lifts_nothing(personas: Personas
     assert not audit_rows().exists()
 
 
-def test_resume_of_an_unknown_name_is_not_an_error_either(personas: Personas) -> None:
-    assert resume(personas.admin, "never-heard-of-it").resumed is False
+def test_resume_of_a_name_nothing_has_used_is_not_found_as_its_pause_is(
+    personas: Personas,
+) -> None:
+    # It answered "was not paused", telling a typo a real queue had been checked (round 4).
+    with pytest.raises(NotFound) as refused:
+        resume(personas.admin, "never-heard-of-it")
+    assert refused.value.details["field"] == "queue"
+    assert not audit_rows().exists()
+    # A known name that is not paused is still no error, nor one the caller knows of.
+    assert resume(personas.admin, "inbox").resumed is False
+    lifted = pauses.queue_resume(
+        actor=HumanActor(personas.admin), queue="declared-elsewhere", known=True
+    )
+    assert lifted.lifted is None
 
 
 def test_nothing_auto_resumes(personas: Personas) -> None:
