@@ -121,7 +121,15 @@ def test_endpoint_list_and_revoke(personas: Personas) -> None:
     assert Endpoint.objects.get(slug="agent").state == EndpointState.ACTIVE
     revoked = run("endpoint", "revoke", "agent")
     assert revoked["dead_lettered"] == 2 and revoked["endpoint"]["state"] == "revoked"
+    assert revoked["changed"] is True
     assert Endpoint.objects.get(slug="agent").state == EndpointState.REVOKED
+    # Again: it said "revoked agent; 0 live todo(s) dead-lettered", as if it had revoked it.
+    again = run("endpoint", "revoke", "agent")
+    assert (again["changed"], again["dead_lettered"]) == (False, 0)
+    out = io.StringIO()
+    call_command("endpoint", "revoke", "agent", stdout=out)
+    assert out.getvalue().startswith("agent was already revoked (at ")
+    assert "nothing changed" in out.getvalue()
     assert [e["slug"] for e in run("endpoint", "list", "--state", "revoked")["endpoints"]] == [
         "agent"
     ]

@@ -22,7 +22,7 @@ from django.core.management.base import CommandParser
 
 from queues import access, services
 from queues.access import HumanActor, SystemActor, human_or_system
-from queues.models import Endpoint
+from queues.models import Endpoint, EndpointState
 from queues.schemas import endpoint_out, vend_out
 from switchboard.core.cli import (
     SwitchboardCommand,
@@ -167,9 +167,20 @@ class Command(SwitchboardCommand):
     def revoke(self, options: dict[str, Any]) -> None:
         actor = cli_actor(options)
         endpoint = _endpoint(options["slug"], actor)
+        was = endpoint.state
         count = services.endpoint_revoke(endpoint=endpoint, actor=actor)
-        data = {"endpoint": endpoint_out(endpoint), "dead_lettered": count}
-        emit(self, options, data, f"revoked {endpoint.slug}; {count} live todo(s) dead-lettered")
+        # The service sets the state it wrote on ``endpoint``; one revoked already (before this
+        # read, or by a revoke that won the race) is left as read.
+        changed = was != EndpointState.REVOKED and endpoint.state == EndpointState.REVOKED
+        endpoint.refresh_from_db()
+        data = {"endpoint": endpoint_out(endpoint), "dead_lettered": count, "changed": changed}
+        text = (
+            f"revoked {endpoint.slug}; {count} live todo(s) dead-lettered"
+            if changed
+            else f"{endpoint.slug} was already revoked (at {iso(endpoint.revoked_at)}); "
+            "nothing changed"
+        )
+        emit(self, options, data, text)
 
     def rotate_hook_secret(self, options: dict[str, Any]) -> None:
         actor = cli_actor(options)
