@@ -125,7 +125,7 @@ def endpoint_vend(
         "scope_queues": list(dict.fromkeys(queues)),
         "scope_verbs": list(dict.fromkeys(verbs)),
         "default_lease_ttl_seconds": lease_ttl_seconds,
-        "rate_limit_rps": rps,
+        "rate_limit_rps": None if rps is None else rps + 0.0,  # -0.0 is 0.0
         "rate_limit_burst": burst,
         "notify_url": notify_url,
         "notify_secret": tokens.hook_secret() if notify_url else "",
@@ -367,7 +367,7 @@ def endpoint_update(
     if rps is not _UNSET:
         if rps is not None and not 0 <= rps <= 100000:
             raise InvalidArgument("rps must be between 0 (unlimited) and 100000", field="rps")
-        changes["rate_limit_rps"] = rps
+        changes["rate_limit_rps"] = None if rps is None else rps + 0.0  # -0.0 is 0.0
     if burst is not _UNSET:
         _check_burst(burst)
         changes["rate_limit_burst"] = burst
