@@ -52,6 +52,7 @@ then every registered trail (admission's compares each live policy with its last
 
 from __future__ import annotations
 
+import decimal
 import functools
 import hashlib
 import hmac
@@ -325,8 +326,14 @@ def _normalise(value: dict[str, Any] | None) -> dict[str, Any] | None:
     return loaded
 
 
-def _jsonb_float(text: str) -> float:
-    return float(text) + 0.0  # -0.0 + 0.0 is 0.0: the one float jsonb cannot keep
+def _jsonb_float(text: str) -> float | int:
+    """A JSON number with a fraction or an exponent, as it reads back from jsonb: numeric
+    writes ``1e+16`` out in digits, which read back as an int, and has no negative zero."""
+    if "e" in text.lower():
+        exact = decimal.Decimal(text)
+        if exact == exact.to_integral_value():
+            return int(exact)
+    return float(text) + 0.0  # -0.0 + 0.0 is 0.0
 
 
 # Rows written before ``_normalise`` dropped negative zeros: a row whose hash matches once some
