@@ -84,7 +84,8 @@ def _event_id() -> str:
 def since_event(last_event_id: str | None) -> datetime | None:
     """The instant a ``Last-Event-ID`` names (None when absent or not one of ours)."""
     ms, dash, seq = (last_event_id or "").partition("-")
-    if not ms.isdigit() or (dash and not seq.isdigit()):
+    # ASCII digits: str.isdigit() takes '²' too.
+    if not (ms.isascii() and ms.isdigit()) or (dash and not (seq.isascii() and seq.isdigit())):
         return None
     try:
         return datetime.fromtimestamp(int(ms) / 1000, tz=UTC)

@@ -136,6 +136,10 @@ def check_arguments(options: dict[str, Any], names: dict[str, str]) -> None:
     for dest, value in options.items():
         for item in value if isinstance(value, list | tuple) else (value,):
             problem = text_problem(item) if isinstance(item, str) else None
+            if problem and "\x00" not in item:
+                # Python hands a byte of argv that is not UTF-8 over as a lone surrogate: what
+                # the person typed was that byte, not a surrogate.
+                problem = "is not valid UTF-8 (check the terminal's or the script's encoding)"
             if problem:
                 raise usage(f"{names.get(dest, dest)}: {problem}")
 

@@ -160,7 +160,7 @@ def test_invalid_utf8_in_an_argument_is_a_usage_error_naming_it(
     personas: Personas, args: tuple[str, ...], name: str
 ) -> None:
     message = usage_error(*args)
-    assert message.startswith(f"{name}: ") and "lone surrogate" in message
+    assert message.startswith(f"{name}: ") and "is not valid UTF-8" in message
     assert not Todo.objects.exists() and not QueuePause.objects.exists()
     assert not HumanToken.objects.exists() and not AdmissionPolicy.objects.exists()
 

@@ -268,6 +268,8 @@ def test_every_event_of_a_stream_has_an_id_of_its_own_and_resumes_from_any(
         ("1796475332296-2", 1796475332296),
         ("1796475332296-", None),
         ("1796475332296-x", None),
+        ("1796475332296-\u00b2", None),  # '²' passes str.isdigit()
+        ("\u0661\u0662", None),
         ("-2", None),
         ("abc", None),
         ("", None),
