@@ -54,6 +54,38 @@ class Api:
         return self.post(f"/api/v1/agent/{name}", body, **kw)
 
 
+MODERN = "2026-07-28"
+
+
+def mcp_tool(slug: str, token: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """One 2026-07-28 (stateless) ``tools/call`` through the test client: its result."""
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    call = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": name, "arguments": arguments, "_meta": meta},
+    }
+    answer = Client().post(
+        f"/mcp/{slug}",
+        json.dumps(call),
+        content_type="application/json",
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": MODERN,
+            "Mcp-Method": "tools/call",
+            "Mcp-Name": name,
+        },
+    )
+    assert answer.status_code == 200, answer.content
+    result: dict[str, Any] = answer.json()["result"]
+    return result
+
+
 @pytest.fixture
 def agent_api(personas: Personas, client: Client) -> Api:
     return Api(client, personas.agent_token)

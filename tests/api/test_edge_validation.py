@@ -18,7 +18,7 @@ from queues.models import Todo
 from switchboard.core import validation
 from switchboard.core.errors import InvalidArgument
 from switchboard.core.verbs import get as verb
-from tests.api.conftest import Api, human_token
+from tests.api.conftest import Api, human_token, mcp_tool
 from tests.conftest import FIXTURE, Personas, push
 
 
@@ -160,30 +160,9 @@ def test_the_deepest_payload_one_surface_stores_every_surface_carries(
         )
     ).startswith("payload.")
     assert create(agent_api, title="rest", payload=deepest).status_code == 200
-    meta = {
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": {},
-    }
     arguments = {"queue": "inbox", "title": "mcp", "payload": deepest}
-    call = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "tools/call",
-        "params": {"name": "create_todo", "arguments": arguments, "_meta": meta},
-    }
-    answer = Client().post(
-        f"/mcp/{p.agent.slug}",
-        json.dumps(call),
-        content_type="application/json",
-        headers={
-            "Authorization": f"Bearer {p.agent_token}",
-            "Accept": "application/json, text/event-stream",
-            "MCP-Protocol-Version": "2026-07-28",
-            "Mcp-Method": "tools/call",
-            "Mcp-Name": "create_todo",
-        },
-    )
-    assert answer.json()["result"]["isError"] is False, answer.content
+    result = mcp_tool(p.agent.slug, p.agent_token, "create_todo", arguments)
+    assert result["isError"] is False, result
     stored = Todo.objects.filter(title__in=["cli", "rest", "mcp"]).values_list("payload", flat=True)
     assert list(stored) == [deepest] * 3
 

@@ -13,10 +13,8 @@ from django.test import Client
 
 from admission.limits.models import Pool
 from admission.models import AdmissionPolicy
-from tests.api.conftest import Api, human_token
+from tests.api.conftest import Api, human_token, mcp_tool
 from tests.conftest import Personas, push
-
-MODERN = "2026-07-28"
 
 
 def test_an_agent_verb_takes_an_integer_written_with_a_fraction_of_zero(
@@ -40,33 +38,7 @@ def test_an_mcp_tool_takes_an_integer_written_with_a_fraction_of_zero(
 ) -> None:
     p = personas
     [todo] = push(p, 1)
-    meta = {
-        "io.modelcontextprotocol/protocolVersion": MODERN,
-        "io.modelcontextprotocol/clientCapabilities": {},
-    }
-    call = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "tools/call",
-        "params": {
-            "name": "claim_next",
-            "arguments": {"lease_ttl_seconds": 60.0},
-            "_meta": meta,
-        },
-    }
-    answer = Client().post(
-        f"/mcp/{p.agent.slug}",
-        json.dumps(call),
-        content_type="application/json",
-        headers={
-            "Authorization": f"Bearer {p.agent_token}",
-            "Accept": "application/json, text/event-stream",
-            "MCP-Protocol-Version": MODERN,
-            "Mcp-Method": "tools/call",
-            "Mcp-Name": "claim_next",
-        },
-    )
-    result = answer.json()["result"]
+    result = mcp_tool(p.agent.slug, p.agent_token, "claim_next", {"lease_ttl_seconds": 60.0})
     assert result["isError"] is False, result
     assert result["structuredContent"]["todo"]["id"] == str(todo.id)
 
