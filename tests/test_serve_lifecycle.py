@@ -6,10 +6,12 @@ migrates and seeds); each test starts its own launcher on it and leaves nothing 
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -18,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from queues.management.commands import serve
 from tests.console import Console, console_env, embedded_servers_of, gone, web_port
 
 WAIT_SECONDS = 30.0  # generous: each of these happens within a few seconds
@@ -162,3 +165,30 @@ def test_the_launcher_stops_everything_when_its_valkey_dies(data_dir: Path) -> N
         assert not embedded_servers_of(data_dir)
     finally:
         serve.kill_everything()
+
+
+class _GoneTerminal(io.StringIO):
+    """A stdout whose reader is gone: a closed terminal, or ``make run | head`` after head."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_launcher_whose_terminal_is_gone_still_stops_everything(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Writing "Stopping: …" raised BrokenPipeError, which ended the launcher before it stopped
+    its children and Valkey: Valkey was left running, its parent gone."""
+    stopped: list[str] = []
+    command = serve.Command(stdout=_GoneTerminal())
+    command._force = False  # as _install_signal_handlers leaves it
+    monkeypatch.setattr(serve, "STOP_TIMEOUT_SECONDS", 5.0)
+    child = serve._Child("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"])
+    child.process = subprocess.Popen(child.argv, start_new_session=True)
+    try:
+        command._stop_children([child])
+        stopped.append("children")
+    finally:
+        if child.process.poll() is None:
+            child.process.kill()
+    assert stopped == ["children"] and child.process.poll() is not None

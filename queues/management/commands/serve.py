@@ -345,8 +345,14 @@ class Command(SwitchboardCommand):
         self._flush()
 
     def _say(self, text: str) -> None:
-        self.stdout.write(f"serve: {text}")
-        self._flush()
+        """Tell the terminal, if it is still there: a terminal closed (or the reader of
+        ``make run | …`` gone) must not stop the stop half-way (a BrokenPipeError here ended the
+        launcher before it stopped Valkey)."""
+        try:
+            self.stdout.write(f"serve: {text}")
+            self._flush()
+        except OSError:
+            pass
 
     def _flush(self) -> None:
         self.stdout.flush()
