@@ -1041,7 +1041,50 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await _lifespan(receive, send)
         return
     scope[ARRIVED] = time.monotonic()
+    if scope["type"] == "http" and (scope["method"] == "GET" or scope["path"].startswith("/mcp/")):
+        await _ending_streams_cleanly(scope, receive, send)  # what may answer with a stream
+        return
     await handler(scope, receive, send)
+
+
+async def _ending_streams_cleanly(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """``handler``, with a stream the server cancels at its stop ended as a stream ends.
+
+    uvicorn cancels what is still running only at a graceful stop, past its bound (an event
+    stream never ends by itself). Cancelled mid-stream, the response lost its closing chunk (a
+    client read a truncated body, not an end) and the log got "Exception in ASGI application"
+    for each stream. Here the last chunk goes out and the cancellation ends the request; the
+    client reconnects, to another process, with Last-Event-ID."""
+    streaming = False
+    task = asyncio.current_task()
+    if task is not None:
+        _STREAMS.add(task)
+
+    async def tracked(message: dict[str, Any]) -> None:
+        nonlocal streaming
+        if message["type"] == "http.response.body":
+            streaming = bool(message.get("more_body"))
+        await send(message)
+
+    try:
+        try:
+            await handler(scope, receive, tracked)
+        except asyncio.CancelledError:
+            if not streaming:
+                raise
+        if streaming:  # cancelled, here or under Django's handler (which may swallow it)
+            with contextlib.suppress(Exception):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+    finally:
+        if task is not None:
+            _STREAMS.discard(task)
+
+
+# The requests running in ``_ending_streams_cleanly``: uvicorn goes on to the lifespan's
+# shutdown right after it cancels them, and the process ends after that, so the shutdown lets
+# them write their last chunk first.
+_STREAMS: set[asyncio.Task[Any]] = set()
+STREAM_END_SECONDS = 1.0
 
 
 async def _lifespan(receive: Any, send: Any) -> None:
@@ -1057,6 +1100,8 @@ async def _lifespan(receive: Any, send: Any) -> None:
         if message["type"] == "lifespan.startup":
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
+            if _STREAMS:
+                await asyncio.wait(set(_STREAMS), timeout=STREAM_END_SECONDS)
             await asyncio.to_thread(counters.flush)
             await send({"type": "lifespan.shutdown.complete"})
             return
