@@ -188,6 +188,17 @@ class _PersonFieldAdmin(ServiceFormAdmin):
             kwargs["queryset"] = people.filter(access.people_q(_actor(request)))
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        form = super().get_form(request, obj, change=change, **kwargs)
+        field = form.base_fields.get(self.person_field)
+        if obj is None and field is not None:
+            # Nothing new is made for a deactivated person (the service refuses it beside the
+            # field): not offered. A change form keeps the person it has.
+            field.queryset = field.queryset.filter(is_active=True)
+        return form
+
 
 @admin.register(Endpoint)
 class EndpointAdmin(_PersonFieldAdmin):

@@ -215,3 +215,28 @@ def test_a_read_only_change_page_shows_no_version(personas: Personas) -> None:
     assert response.status_code == 200
     html = response.content.decode()
     assert "field-name" in html and "field-version" not in html and "Version:" not in html
+
+
+def test_a_deactivated_person_is_not_offered_for_a_new_endpoint_or_token(
+    personas: Personas,
+) -> None:
+    """The service refuses to vend or mint for them; the admin's add forms still listed them."""
+    p = personas
+    gone = p.other_owner
+    gone.is_active = False
+    gone.save(update_fields=["is_active"])
+    client = _client(p.admin)
+    for page, field in (("endpoint", "owner"), ("humantoken", "user")):
+        html = client.get(f"/admin/queues/{page}/add/").content.decode()
+        select = re.search(rf'<select name="{field}".*?</select>', html, re.S)
+        assert select, page
+        assert f'value="{p.owner.pk}"' in select.group(0), page
+        assert f'value="{gone.pk}"' not in select.group(0), page
+    # An endpoint they own still opens, its owner shown.
+    endpoint, _ = services.endpoint_vend(
+        actor=p.as_human(p.admin), owner=p.owner, name="Kept", queues=["inbox"]
+    )
+    Endpoint.objects.filter(pk=endpoint.pk).update(owner=gone)
+    change = client.get(f"/admin/queues/endpoint/{endpoint.pk}/change/")
+    assert change.status_code == 200
+    assert re.search(rf'<option value="{gone.pk}" selected>', change.content.decode())
