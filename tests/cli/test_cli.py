@@ -21,7 +21,9 @@ from tests.conftest import Personas, database_url, push
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
 
-def manage(*args: str) -> subprocess.CompletedProcess[str]:
+def manage(*args: str | bytes) -> subprocess.CompletedProcess[str]:
+    """``manage.py`` in a process of its own, on the tests' database and Valkey (an argument may
+    be bytes that are not UTF-8, as a shell passes them; output that is not is escaped)."""
     env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": settings.REDIS_URL}
     return subprocess.run(
         [sys.executable, "manage.py", *args],
@@ -29,6 +31,7 @@ def manage(*args: str) -> subprocess.CompletedProcess[str]:
         env=env,
         capture_output=True,
         text=True,
+        errors="backslashreplace",
         timeout=120,
     )
 

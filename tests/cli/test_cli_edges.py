@@ -19,8 +19,8 @@ from admission.limits.models import RateLimit
 from admission.models import AdmissionPolicy
 from queues.models import Endpoint, EndpointState, HumanToken, QueuePause, Todo
 from switchboard.embedded import free_port
-from tests.cli.test_cli import BASE_DIR
-from tests.conftest import Personas, database_url
+from tests.cli.test_cli import BASE_DIR, manage
+from tests.conftest import Personas
 
 BAD = "x\udcff"  # what Python makes of the byte 0xff in argv: a lone surrogate
 
@@ -47,19 +47,6 @@ def ok(*args: str) -> str:
     out = io.StringIO()
     call_command(*args, stdout=out, stderr=io.StringIO())
     return out.getvalue()
-
-
-def manage(*args: str | bytes) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": settings.REDIS_URL}
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=BASE_DIR,
-        env=env,
-        capture_output=True,
-        text=True,
-        errors="backslashreplace",
-        timeout=120,
-    )
 
 
 # --- 1. numbers in digits 0-9 ------------------------------------------------------------------
