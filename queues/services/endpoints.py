@@ -153,7 +153,10 @@ def _create_with_free_slug(base: str, chosen: bool, fields: dict[str, Any]) -> E
 
 
 def endpoint_revoke(*, endpoint: Endpoint, actor: HumanActor | SystemActor) -> int:
-    """Revoke an endpoint; its live todos are dead-lettered with result endpoint_revoked."""
+    """Revoke an endpoint; its live todos are dead-lettered with result endpoint_revoked.
+    Returns how many. On the endpoint passed in, the state and ``revoked_at`` become what this
+    call wrote; one already revoked (before it was read, or by a revoke that won the race) is
+    left as the caller read it, which is how a caller tells whether this call revoked it."""
     access.check_actor(actor)
     if isinstance(actor, HumanActor):
         _check_may_change(actor, endpoint)

@@ -169,8 +169,7 @@ class Command(SwitchboardCommand):
         endpoint = _endpoint(options["slug"], actor)
         was = endpoint.state
         count = services.endpoint_revoke(endpoint=endpoint, actor=actor)
-        # The service sets the state it wrote on ``endpoint``; one revoked already (before this
-        # read, or by a revoke that won the race) is left as read.
+        # The service's contract: the state it wrote lands on ``endpoint``, and only then.
         changed = was != EndpointState.REVOKED and endpoint.state == EndpointState.REVOKED
         endpoint.refresh_from_db()
         data = {"endpoint": endpoint_out(endpoint), "dead_lettered": count, "changed": changed}

@@ -27,7 +27,6 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from admission.limits import selectors, services
-from admission.limits.models import QueueSettings
 from admission.limits.verify import LimitsReport, limits_verify
 from queues import cli_pause
 from queues.access import HumanActor
@@ -271,7 +270,7 @@ class Command(SwitchboardCommand):
     def _pause(self, options: dict[str, Any]) -> None:
         """The queue app's own pause and resume (``manage.py queue pause|resume``): the same
         service, output and refusals; a queue declared here counts as known."""
-        declared = QueueSettings.objects.filter(queue=options["name"]).exists()
+        declared = selectors.queue_declared(options["name"])
         if options.get("resume"):
             # A resume lifts a pause: it has no reason to record and creates nothing.
             if options.get("reason") is not None or options.get("create"):
