@@ -12,6 +12,7 @@ from collections.abc import Callable
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
+from django.template.loader import render_to_string
 from django.views.defaults import page_not_found
 
 from switchboard.core import availability
@@ -80,15 +81,45 @@ def outage_refusal(request: HttpRequest, exc: Exception) -> HttpResponse | None:
 
 
 def edge_refusal(request: HttpRequest, exc: DomainError) -> HttpResponse:
-    """A refusal made before any view ran, in the shape the caller's protocol reads: a JSON-RPC
-    error on /mcp (no id: the body was never read), the API's error object everywhere else."""
+    """A refusal made before any view ran (or a dependency that did not answer), in the shape
+    the caller reads: a JSON-RPC error on /mcp (no id: the body was never read), the API's error
+    object on the other paths a machine reads, and a page for a person (a browser shown the
+    error object as text, on the sign-in page in an outage, could not tell what happened)."""
     if request.path.startswith("/mcp/"):
         return refusal_response(exc)
-    return JsonResponse(exc.as_dict(), status=exc.status)
+    if _machine(request):
+        return JsonResponse(exc.as_dict(), status=exc.status)
+    return refusal_page(request, exc)
 
 
-# The paths a machine reads (the API and MCP): a refusal there is never a page.
+# The paths a machine reads (the API and MCP, and the metrics): a refusal there is never a page.
 MACHINE_PREFIXES = ("/mcp/", "/api/")
+MACHINE_PATHS = ("/metrics",)
+
+
+def _machine(request: HttpRequest) -> bool:
+    return request.path.startswith(MACHINE_PREFIXES) or request.path in MACHINE_PATHS
+
+
+def refusal_page(request: HttpRequest, exc: DomainError) -> HttpResponse:
+    """The refusal as a page of its own, rendered without the request's context (no user, no
+    session: the database may be what did not answer). To htmx, the message alone and
+    ``HX-Reswap: none``: the page keeps what it shows (a form what was typed in it) and
+    static/js/console.js says what happened above it."""
+    details = exc.as_dict()
+    context = {
+        "status": exc.status,
+        "message": exc.message,
+        "retry_after": details.get("retry_after"),
+        "again": request.get_full_path() if request.method in ("GET", "HEAD") else None,
+    }
+    if request.headers.get("HX-Request") == "true":
+        response = HttpResponse(
+            render_to_string("refused.html#message", context), status=exc.status
+        )
+        response["HX-Reswap"] = "none"
+        return response
+    return HttpResponse(render_to_string("refused.html", context), status=exc.status)
 
 
 def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
@@ -97,7 +128,7 @@ def bad_request(request: HttpRequest, exception: Exception | None = None) -> Htt
     refusal = InvalidArgument(
         "The request is malformed or names a host this server does not serve.", field="host"
     )
-    if request.path.startswith(MACHINE_PREFIXES):
+    if _machine(request):
         return edge_refusal(request, refusal)
     return HttpResponse(refusal.message, status=400, content_type="text/plain; charset=utf-8")
 
@@ -105,7 +136,7 @@ def bad_request(request: HttpRequest, exception: Exception | None = None) -> Htt
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     """Django's 404 for a path no route serves: the API's error object (a JSON-RPC error on
     /mcp) for an agent or API client, which cannot read a page; the console's page otherwise."""
-    if request.path.startswith(MACHINE_PREFIXES):
+    if _machine(request):
         refusal = NotFound(f"no such path: {request.method} {request.path}", path=request.path)
         return edge_refusal(request, refusal)
     return page_not_found(request, exception)

@@ -8,11 +8,12 @@ Personas: ``owner`` (owns ``agent`` and ``agent2``), ``other_owner`` (owns ``for
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pytest
@@ -20,6 +21,7 @@ import redis
 from django.conf import settings
 from django.contrib.auth.models import Group, Permission, User
 from django.db import connection, connections
+from django.db.backends.postgresql.base import DatabaseWrapper as PostgresWrapper
 from django.db.models import QuerySet
 
 from queues import selectors, services
@@ -321,3 +323,24 @@ def make_retry_due(todo: Any) -> None:
             "UPDATE queues_todo SET next_retry_at = now() - interval '1 second' WHERE id = %s",
             [todo.pk],
         )
+
+
+@contextmanager
+def database_down() -> Iterator[None]:
+    """The database gone, as after its server died: this process's new connections (every
+    thread's: the pool and the settings are shared) go to a port where nothing listens. The pool
+    is closed first, so no connection made before is handed out. A transactional test's."""
+    with socket.socket() as probe:  # a port free now: nothing answers there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    pg = cast(PostgresWrapper, connection)
+    saved = {k: pg.settings_dict[k] for k in ("HOST", "PORT")}
+    pg.close()
+    pg.close_pool()
+    pg.settings_dict.update(HOST="127.0.0.1", PORT=str(port))
+    try:
+        yield
+    finally:
+        pg.close()
+        pg.close_pool()
+        pg.settings_dict.update(saved)

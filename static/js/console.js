@@ -151,6 +151,45 @@
     (control || list).focus();
   });
 
+  // A request of the page's that came back refused without a swap (a 5xx: the database did not
+  // answer; or a refusal made before any view ran, sent with HX-Reswap: none) or that got no
+  // answer at all would otherwise leave the page as it was, without a word: a pause pressed
+  // during an outage would look pressed. Said in the alert above the page (templates/base.html)
+  // until dismissed or a later request succeeds.
+  function requestFailed(text) {
+    var el = document.getElementById("request-failed");
+    if (!el) return;
+    el.hidden = false;
+    el.querySelector("[data-text]").textContent = text;
+  }
+
+  document.addEventListener("htmx:afterRequest", function (event) {
+    var xhr = event.detail && event.detail.xhr;
+    if (!xhr || !xhr.status) return; // no answer: htmx:sendError; cancelled: nothing to say
+    var refused =
+      xhr.status >= 500 || (xhr.status >= 400 && xhr.getResponseHeader("HX-Reswap") === "none");
+    var el = document.getElementById("request-failed");
+    if (!refused) {
+      if (el && xhr.status < 400) el.hidden = true;
+      return;
+    }
+    var said = new DOMParser().parseFromString(xhr.responseText || "", "text/html").body;
+    var text = ((said && said.textContent) || "").replace(/\s+/g, " ").trim();
+    requestFailed(text || "The server refused the request (HTTP " + xhr.status + ").");
+  });
+
+  document.addEventListener("htmx:sendError", function () {
+    requestFailed(
+      "The server did not answer, so what you asked for may not have been done. " +
+        "Load the page again to see where things stand."
+    );
+  });
+
+  document.addEventListener("click", function (event) {
+    var dismiss = event.target.closest && event.target.closest("#request-failed [data-dismiss]");
+    if (dismiss) dismiss.parentNode.hidden = true;
+  });
+
   if (document.readyState === "loading") {
     document.addEventListener("DOMContentLoaded", focusFragment);
   } else {

@@ -1,0 +1,77 @@
+"""A refusal made before any view ran, or a dependency that did not answer, as a person reads
+it: a page naming what happened (503 with Retry-After in an outage), rendered without the
+database; to htmx the message alone with ``HX-Reswap: none``, so the page keeps what it shows.
+A machine's paths keep the error object. (The browser's side: tests/browser/test_request_failures.)"""
+
+from __future__ import annotations
+
+from django.test import Client
+
+from queues.models import QueuePause
+from tests.conftest import Personas, database_down, push
+from tests.web.conftest import signed_in
+
+OUTAGE = "the database did not answer in time; nothing was changed, retry later"
+
+
+def test_a_console_page_in_an_outage_is_a_page_saying_so(tx_personas: Personas) -> None:
+    client = signed_in(tx_personas.owner)
+    with database_down():
+        response = client.get("/queues/inbox?state=pending")
+    assert response.status_code == 503
+    assert response["Content-Type"].startswith("text/html")
+    assert int(response["Retry-After"]) >= 1
+    page = response.content.decode()
+    assert "<h1>Switchboard cannot answer right now</h1>" in page
+    assert f"<p>{OUTAGE}</p>" in page
+    assert '<a href="/queues/inbox?state=pending">load this page again</a>' in page
+    assert '"code"' not in page  # not the error object
+
+
+def test_signing_in_during_an_outage_is_a_page_too(tx_personas: Personas) -> None:
+    client = Client()
+    with database_down():
+        response = client.post("/login/", {"username": "olive", "password": "whatever"})
+    assert response.status_code == 503
+    assert response["Content-Type"].startswith("text/html")
+    assert "Switchboard cannot answer right now" in response.content.decode()
+
+
+def test_a_pause_sent_by_htmx_in_an_outage_is_its_message_and_no_swap(
+    tx_personas: Personas,
+) -> None:
+    push(tx_personas)
+    client = signed_in(tx_personas.pauser)
+    with database_down():
+        response = client.post(
+            "/queues/inbox/pause", {"reason": "upgrading"}, headers={"HX-Request": "true"}
+        )
+    assert response.status_code == 503
+    assert response["HX-Reswap"] == "none"
+    assert response.content.decode() == f"<p>{OUTAGE}</p>"
+    assert not QueuePause.objects.exists()
+
+
+def test_a_nul_in_a_page_form_is_a_page_naming_the_field(personas: Personas) -> None:
+    client = signed_in(personas.pauser)
+    response = client.post("/queues/inbox/pause", {"reason": "up\x00grade"})
+    assert response.status_code == 400
+    assert response["Content-Type"].startswith("text/html")
+    page = response.content.decode()
+    assert "<h1>The request was refused</h1>" in page
+    assert "<p>reason: " in page and "Nothing was changed" in page
+    fragment = client.post(
+        "/queues/inbox/pause", {"reason": "up\x00grade"}, headers={"HX-Request": "true"}
+    )
+    assert fragment.status_code == 400 and fragment["HX-Reswap"] == "none"
+    assert fragment.content.decode().startswith("<p>reason: ")
+    assert not QueuePause.objects.exists()
+
+
+def test_a_machines_paths_keep_the_error_object(personas: Personas) -> None:
+    client = signed_in(personas.owner)
+    for path in ("/api/v1/todos?queue=in%00box", "/metrics?x=%00"):
+        response = client.get(path)
+        assert response.status_code == 400, path
+        assert response["Content-Type"] == "application/json", path
+        assert response.json()["code"] == "invalid_argument", path
