@@ -155,8 +155,10 @@ def claim_next(
                 )
         if isinstance(cand, sql.NoCandidate):
             return NothingClaimable(
-                deferred=_held_entries(endpoint.id, granted, [], cand)
-                + _paused_entries(endpoint.id, granted)
+                deferred=_pause_first(
+                    _held_entries(endpoint.id, granted, [], cand)
+                    + _paused_entries(endpoint.id, granted)
+                )
             )
         if cand.todo is not None:
             report = _fast_report(cand.verdicts) if cand.verdicts else None
@@ -237,9 +239,11 @@ def claim_next(
     # lock in this claim are among it, unless a slot has freed since).
     _record_refusals([r for r, _ in entries])
     return NothingClaimable(
-        deferred=[entry for _, entry in entries]
-        + _held_entries(endpoint.id, granted_open, passed, last)
-        + _paused_entries(endpoint.id, granted, listed={entry["queue"] for _, entry in entries})
+        deferred=_pause_first(
+            [entry for _, entry in entries]
+            + _held_entries(endpoint.id, granted_open, passed, last)
+            + _paused_entries(endpoint.id, granted, listed={entry["queue"] for _, entry in entries})
+        )
     )
 
 
@@ -469,6 +473,27 @@ def _paused_entries(
                     "window": status.get("window"),
                 }
             )
+    return out
+
+
+def _pause_first(deferred: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``deferred`` with each paused queue's other entries right after its pause's: the locked
+    path's pre-read lists a budget's entry before the pause's is added, so the same claim
+    listed the two in either order by the path it took."""
+    paused = {e["queue"] for e in deferred if e["reason"] == "queue_paused"}
+    if not paused:
+        return deferred
+    out: list[dict[str, Any]] = []
+    for entry in deferred:
+        if entry["reason"] == "queue_paused":
+            out.append(entry)
+            out.extend(
+                e
+                for e in deferred
+                if e["queue"] == entry["queue"] and e["reason"] != "queue_paused"
+            )
+        elif entry["queue"] not in paused:
+            out.append(entry)
     return out
 
 

@@ -15,7 +15,7 @@ from django.test import Client
 
 from admission import selectors
 from admission.models import AdmissionPolicy
-from queues import gates, services, wakes
+from queues import gates, services, sql, wakes
 from queues import selectors as queue_selectors
 from queues.models import Todo
 from queues.services import Claimed, NothingClaimable
@@ -213,6 +213,27 @@ def test_an_empty_claim_next_on_a_paused_queue_names_its_spent_window_too(
         assert said["window_exhausted"]["next_eligible_at"] == resets.next_eligible_at
         assert said["window_exhausted"]["pending"] == 2
         assert said["window_exhausted"]["window"]["binding"] is True
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["statement", "locked-path"])
+def test_a_paused_queue_lists_its_pause_before_its_budget_on_either_path(
+    personas: Personas, gated: bool
+) -> None:
+    """The order is the README's whichever path answered: the locked path (taken for a while
+    after a gate said no) listed the budget's entry first, the statement's the pause's, so the
+    same claim_next flipped between the two from one call to the next."""
+    p = personas
+    budget(p, per="day", limit=1, start=far_start())
+    push(p, 3)
+    claim(p, 600)
+    pause(p.pauser, "inbox")
+    for queue in ("inbox", None):
+        if gated:
+            sql.mark_gated(p.agent.id)
+        empty = services.claim_next(actor=p.as_agent(), queue=queue)
+        assert isinstance(empty, NothingClaimable)
+        reasons = [e["reason"] for e in empty.deferred if e["queue"] == "inbox"]
+        assert reasons == ["queue_paused", "window_exhausted"], queue
 
 
 def test_an_empty_claim_next_on_a_paused_queue_names_its_full_cap_too(
