@@ -86,8 +86,12 @@ PORT = env_int("SWITCHBOARD_PORT", 8000, minimum=1)
 PUBLIC_URL = (
     env("SWITCHBOARD_PUBLIC_URL") or embedded.recorded_served_url() or f"http://127.0.0.1:{PORT}"
 ).rstrip("/")
+# The servers the environment names (DATABASE_URL / REDIS_URL, or their _FILE): "" for one to
+# embed. `manage.py serve` starts an embedded server only for what is not named here.
+GIVEN_DATABASE_URL = env("DATABASE_URL")
+GIVEN_REDIS_URL = env("REDIS_URL")
 # Production is when nothing is embedded: DATABASE_URL and REDIS_URL both name real servers.
-PRODUCTION = bool(env("DATABASE_URL") and env("REDIS_URL"))
+PRODUCTION = bool(GIVEN_DATABASE_URL and GIVEN_REDIS_URL)
 # The bearer token of /metrics. A local start generates one into the data folder (as the keys
 # above) and `serve` prints it; production must set METRICS_TOKEN, else /metrics answers 403.
 METRICS_TOKEN = env("METRICS_TOKEN") or ("" if PRODUCTION else embedded.dev_secret("metrics_token"))
@@ -159,7 +163,7 @@ TEMPLATES = [
     }
 ]
 
-DATABASES = {"default": embedded.database_settings(env("DATABASE_URL"))}
+DATABASES = {"default": embedded.database_settings(GIVEN_DATABASE_URL)}
 DATABASES["default"]["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 0)
 # A connection pool per process (psycopg_pool): under ASGI every request runs in a thread of its
 # own, so without it each request would open a new PostgreSQL connection.
@@ -195,7 +199,7 @@ DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = _prepare o
 DATABASES["default"]["TEST"] = {"NAME": env("SWITCHBOARD_TEST_DB", "test_switchboard")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-REDIS_URL = env("REDIS_URL") or embedded.embedded_redis_url()
+REDIS_URL = GIVEN_REDIS_URL or embedded.embedded_redis_url()
 # Redis calls (counters, rate limits) give up after this long; after a failure Redis is skipped
 # for REDIS_BREAKER_OPEN_SECONDS, so a stall costs one request its timeout, not every request.
 REDIS_TIMEOUT_SECONDS = float(env("REDIS_TIMEOUT_SECONDS", "1"))

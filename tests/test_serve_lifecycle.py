@@ -16,11 +16,17 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import psutil
+import psycopg
+import psycopg.conninfo
 import pytest
+import redis
+from django.db import connection
 
 from queues.management.commands import serve
+from switchboard.liveserver import current_database_url
 from tests.console import Console, console_env, embedded_servers_of, gone, web_port
 
 WAIT_SECONDS = 30.0  # generous: each of these happens within a few seconds
@@ -192,3 +198,59 @@ def test_a_launcher_whose_terminal_is_gone_still_stops_everything(
         if child.process.poll() is None:
             child.process.kill()
     assert stopped == ["children"] and child.process.poll() is not None
+
+
+@pytest.fixture
+def named_servers(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """A database of its own on the test run's PostgreSQL, and a Valkey database of its own on
+    the run's Valkey: (database URL, Redis URL)."""
+    s = connection.settings_dict
+    name = f"sb_serve_named_{os.getpid()}"
+    conninfo = psycopg.conninfo.make_conninfo(
+        host=str(s["HOST"]), port=str(s["PORT"]), user=s["USER"], password=s.get("PASSWORD") or ""
+    )
+    with psycopg.connect(conninfo, dbname=s["NAME"], autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.execute(f'CREATE DATABASE "{name}"')
+    redis_url = os.environ["SWITCHBOARD_TEST_REDIS_URL"].rsplit("/", 1)[0] + "/14"
+    try:
+        yield urlsplit(current_database_url())._replace(path=f"/{name}").geturl(), redis_url
+    finally:
+        redis.Redis.from_url(redis_url).flushdb()
+        with psycopg.connect(conninfo, dbname=s["NAME"], autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_servers_named_in_files_are_used_and_none_is_embedded(
+    tmp_path: Path, named_servers: tuple[str, str]
+) -> None:
+    # DATABASE_URL_FILE and REDIS_URL_FILE name the servers as DATABASE_URL and REDIS_URL do
+    # (README, Configuration). The launcher read only the plain variables: it started the
+    # embedded PostgreSQL and Valkey beside the servers its children were told of.
+    database_url, redis_url = named_servers
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "database_url").write_text(database_url + "\n")
+    (secrets / "redis_url").write_text(redis_url + "\n")
+    data = Path(tempfile.mkdtemp(prefix="sb-named-")).resolve() / "data"
+    port = web_port()
+    env = console_env(
+        data,
+        DATABASE_URL_FILE=str(secrets / "database_url"),
+        REDIS_URL_FILE=str(secrets / "redis_url"),
+    )
+    serve = Console([sys.executable, "manage.py", "serve", "--port", str(port)], data, port, env)
+    try:
+        serve.wait_ready()
+        assert embedded_servers_of(data) == []
+        assert not (data / "pg").exists() and not (data / "valkey").exists()
+        # The demo data went to the database named, through the children as well.
+        with psycopg.connect(database_url) as conn:
+            users = conn.execute("SELECT count(*) FROM auth_user").fetchone()
+        assert users is not None and users[0] > 0
+        assert redis.Redis.from_url(redis_url).dbsize() > 0  # the beat's and workers' broker
+        assert serve.stop() == 0, serve.output
+        assert "Traceback" not in serve.output, serve.output
+    finally:
+        serve.kill_everything()
+        shutil.rmtree(data.parent, ignore_errors=True)

@@ -116,16 +116,17 @@ class Command(SwitchboardCommand):
         # One launcher per data folder: a second would run a second beat and more workers on
         # the same database and broker, and record its own address over the first one's.
         lock = _lock_data_dir(served_url)
-        if not os.environ.get("SWITCHBOARD_PUBLIC_URL"):
+        if "SWITCHBOARD_PUBLIC_URL" not in settings.GIVEN_IN_ENVIRONMENT:
             settings.PUBLIC_URL = served_url
         previous_handlers = self._install_signal_handlers()
         children: list[_Child] = []
         valkey: embedded.EmbeddedValkey | None = None
         failure: str | None = None
         try:
-            database_url = os.environ.get("DATABASE_URL") or embedded.ensure_postgres().url()
-            postgres_pid = None if os.environ.get("DATABASE_URL") else embedded.postgres_pid()
-            redis_url = os.environ.get("REDIS_URL") or ""
+            # Given in the environment (or a _FILE), else embedded in the data folder.
+            database_url = settings.GIVEN_DATABASE_URL or embedded.ensure_postgres().url()
+            postgres_pid = None if settings.GIVEN_DATABASE_URL else embedded.postgres_pid()
+            redis_url = settings.GIVEN_REDIS_URL
             if not redis_url:
                 redis_url = embedded.embedded_redis_url()
                 valkey = self._embedded_valkey(redis_url)
