@@ -27,8 +27,8 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from admission import engine, selectors
-from admission.models import AdmissionPolicy, AdmissionWindow, Posture
-from admission.policy import FIELD_OF_CONSTRAINT, PolicySpec
+from admission.models import PRIMARY_WINDOW_KEY, AdmissionPolicy, AdmissionWindow, Posture
+from admission.policy import FIELD_OF_CONSTRAINT, PolicySpec, Window
 from queues import access, wakes
 from queues.access import Actor, AgentActor, HumanActor
 from queues.models import Endpoint, EndpointState, Verb
@@ -170,6 +170,7 @@ def _write(
     was_admitted = selectors.evaluate_policy(existing).admits
     before = selectors.policy_dict(existing)
     version = selectors.policy_version(existing)
+    first_before = _first_window(PolicySpec.of(existing))
     for name, value in spec.columns().items():
         setattr(existing, name, value)
     after = selectors.policy_dict(existing)
@@ -181,6 +182,7 @@ def _write(
     _check_expected(existing, expected, target, spec.queue, version=version)
     existing.updated_by = human
     existing.save()
+    _follow_first_window(existing.id, first_before, _first_window(spec))
     ledger.append(
         kind=LedgerKind.POLICY_UPDATE,
         actor=_ledger_actor(actor, target),
@@ -190,6 +192,56 @@ def _write(
         after=after,
     )
     return existing, was_admitted
+
+
+def _first_window(spec: PolicySpec) -> Window | None:
+    windows = spec.windows
+    return windows[0].window if windows else None
+
+
+# Rows of one counter key moved to another (merged into a row already there: each counted
+# claims charged under the same window definition).
+_MOVE_COUNTERS_SQL = """
+    WITH moved AS (
+        DELETE FROM admission_admissionwindow
+        WHERE policy_id = %(policy)s AND window_key = %(source)s
+        RETURNING window_start, shard, used, refused, claims_limit, updated_at
+    )
+    INSERT INTO admission_admissionwindow
+        (policy_id, window_key, window_start, shard, used, refused, claims_limit, updated_at)
+    SELECT %(policy)s, %(target)s, window_start, shard, used, refused, claims_limit, updated_at
+    FROM moved
+    ON CONFLICT (policy_id, window_key, window_start, shard) DO UPDATE SET
+        used = admission_admissionwindow.used + EXCLUDED.used,
+        refused = admission_admissionwindow.refused + EXCLUDED.refused,
+        updated_at = GREATEST(admission_admissionwindow.updated_at, EXCLUDED.updated_at)
+"""
+
+
+def _follow_first_window(policy_id: UUID, before: Window | None, after: Window | None) -> None:
+    """Keep each window's counter with its definition when the first window changes.
+
+    The first window counts under ``PRIMARY_WINDOW_KEY``, every other under its definition
+    (``Window.key``), so a window's count followed its place in the list: a week window moved
+    behind a new hourly one started again from 0, and moved back found the count it had as the
+    first, admitting 7 claims in a week under a limit of 5 in force throughout; a new first
+    window whose start fell on the old one's took over its count. Here, under the policy row
+    and every shard lock (so no claim charges meanwhile), the old first window's rows go to its
+    definition's key and the new first window's come from theirs. A window's count is then the
+    claims charged while its definition was in force, wherever it stood in the list."""
+    if before == after:
+        return
+    with connection.cursor() as cursor:
+        if before is not None:
+            cursor.execute(
+                _MOVE_COUNTERS_SQL,
+                {"policy": policy_id, "source": PRIMARY_WINDOW_KEY, "target": before.key},
+            )
+        if after is not None:
+            cursor.execute(
+                _MOVE_COUNTERS_SQL,
+                {"policy": policy_id, "source": after.key, "target": PRIMARY_WINDOW_KEY},
+            )
 
 
 def _check_expected(

@@ -21,6 +21,7 @@ from django.db.models import Sum
 from django.utils import timezone
 from psycopg import errors
 
+from admission import services as admission_services
 from admission import windows
 from admission.gate import BudgetGate
 from admission.models import SHARD_LOCK_CLASS, WINDOW_SHARDS, AdmissionPolicy, AdmissionWindow
@@ -361,3 +362,69 @@ def test_a_limit_lowered_mid_run_never_over_admits(
     assert window_total(policy) <= max(after_change, lowered)
     assert window_total(policy) == _charged(policy) == claims
     assert attempt_count(endpoint=p.agent) == claims
+
+
+def test_windows_reordered_mid_run_never_over_admit(
+    tx_personas: Personas, children: list[Child], settings: Any
+) -> None:
+    """A week limit of 20 in force throughout while the list is rewritten under the racers: the
+    week alone, then behind a day window, then behind an hour window, and round again. Its count
+    follows it to every place (admission.services._follow_first_window), so 20 claims in all."""
+    settings.POLICY_WRITE_RATE_LIMIT = (0, 0)
+    p = tx_personas
+    weekday = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")[
+        (timezone.now().astimezone(UTC).weekday() + 3) % 7
+    ]
+    week = {"limit": 20, "period": "week", "tz": "UTC", "start": "00:00", "weekday": weekday}
+    lists = [
+        [week],
+        [{"limit": 1000, "period": "day", "tz": "UTC", "start": far_start()}, week],
+        [{"limit": 1000, "period": "hour", "tz": "UTC", "start": "00:00"}, week],
+    ]
+    actor = p.as_human(p.owner)
+
+    def write(windows_list: list[dict[str, Any]]) -> AdmissionPolicy:
+        policy: AdmissionPolicy = admission_services.policy_set(
+            actor=actor,
+            endpoint=p.agent,
+            queue="inbox",
+            max_in_flight=None,
+            max_claims_per_window=None,
+            window=None,
+            windows=windows_list,
+        )
+        return policy
+
+    policy = write(lists[0])
+    push(p, 120)
+    done = threading.Event()
+    rewrites = 0
+
+    def rewrite() -> None:
+        nonlocal rewrites
+        try:
+            while not done.is_set():
+                write(lists[(rewrites + 1) % len(lists)])
+                rewrites += 1
+                time.sleep(0.005)
+        finally:
+            connection.close()
+
+    writer = threading.Thread(target=rewrite)
+    writer.start()
+    try:
+        _run(children, p.agent.id, threads=8, ops=12, seed="reordered")
+        claims = _claims(children)
+    finally:
+        done.set()
+        writer.join()
+    assert rewrites >= 10, "the list was hardly rewritten during the run"
+    assert claims == attempt_count(endpoint=p.agent) == 20
+    week_key = f"week|UTC|00:00|{weekday}"
+    write(lists[1])  # the week behind another window: its count under its own key
+    assert _charged_under(policy, week_key) == 20
+
+
+def _charged_under(policy: AdmissionPolicy, key: str) -> int:
+    rows = AdmissionWindow.objects.filter(policy=policy, window_key=key)
+    return rows.aggregate(n=Sum("used"))["n"] or 0

@@ -107,6 +107,64 @@ def test_every_window_is_charged_on_one_claim_and_the_tighter_one_refuses(
     assert attempt_count() == 3
 
 
+def _claim(p: Personas, n: int) -> None:
+    for _ in range(n):
+        assert isinstance(queue_services.claim_next(actor=p.as_agent()), Claimed)
+
+
+def _admitted(p: Personas) -> int:
+    """Claims admitted until the first refusal."""
+    n = 0
+    while isinstance(queue_services.claim_next(actor=p.as_agent()), Claimed):
+        n += 1
+    return n
+
+
+def test_a_window_keeps_its_count_wherever_it_stands_in_the_list(personas: Personas) -> None:
+    # The first window counted under its place (""), the others under their definition: a week
+    # window moved behind a new one started again from 0, and moved back to the front found the
+    # count it had there. 7 claims were admitted in a week under a limit of 5 in force throughout.
+    p = personas
+    push(p, 12)
+    policy = stacked(p, week(5))
+    _claim(p, 3)
+    stacked(p, day(100), week(5))
+    assert _admitted(p) == 2
+    stacked(p, week(5))
+    assert _admitted(p) == 0
+    assert attempt_count() == 5
+    week_key = f"week|Europe/Berlin|00:00|{far_weekday()}"
+    day_key = f"day|UTC|{far_start()}|"
+    assert counters(policy) == {"": 5, day_key: 2}
+    assert week_key not in counters(policy)
+
+
+def test_a_new_first_window_does_not_take_over_the_count_of_the_one_it_replaced(
+    personas: Personas,
+) -> None:
+    # Both counted under "" and their start: a week window starting at the very instant the
+    # day window it replaced started read the day's count as its own (and a window of other
+    # bounds that happened to start then, the count of claims outside them).
+    p = personas
+    push(p, 12)
+    began = timezone.now().astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    began += timedelta(hours=12) - timedelta(days=1)  # where day(…)'s current window began
+    same_start = {
+        "limit": 5,
+        "period": "week",
+        "tz": "UTC",
+        "start": far_start(),
+        "weekday": WEEKDAYS[began.weekday()],
+    }
+    policy = stacked(p, day(5))
+    _claim(p, 3)
+    assert windows.window_start(stacked(p, same_start), timezone.now()) == began
+    status = human(p.owner).get("/api/v1/admission").json()["policies"][0]
+    assert [w["used"] for w in status["usage"]["windows"]] == [0]
+    assert _admitted(p) == 5
+    assert counters(policy) == {"": 5, f"day|UTC|{far_start()}|": 3}
+
+
 def test_the_binding_window_is_the_exhausted_one_that_resets_last(personas: Personas) -> None:
     p = personas
     stacked(p, day(2), week(2))
