@@ -77,6 +77,8 @@ CHAINS = tuple(range(GRANT_CHAINS + 1))
 HELD_CHAIN_SETTING = "switchboard.ledger_chain"
 # Rows read per query while verifying: the chain is streamed, never loaded whole.
 VERIFY_BATCH = 2000
+# The problem of a chain that does not hold an anchor given from outside (``--expect``).
+ANCHOR_MISMATCH = "anchor_mismatch"
 # How far back verify follows prev_hash links to tell a moved row from a changed one.
 _REORDER_DEPTH = 16
 
@@ -387,7 +389,7 @@ class ChainProblem:
 
     seq: int
     position: int
-    problem: str  # mutated | deleted | reordered | inserted
+    problem: str  # mutated | deleted | reordered | inserted | anchor_mismatch
     detail: str
     chain: int = 0
 
@@ -403,6 +405,9 @@ class ChainProblem:
     def said(self) -> str:
         """The problem in one line, for the commands: where (when there is a row to point at),
         what and why."""
+        if self.problem == ANCHOR_MISMATCH:
+            # Not a verdict on the chain: the anchor may be the one at fault (its detail says so).
+            return f"MISMATCH: {self.detail}"
         where = f" at seq {self.seq}, position {self.position}" if self.seq else ""
         return f"BROKEN{where}: {self.problem}: {self.detail}"
 
@@ -840,7 +845,7 @@ def check(
             },
         )
     if report.chain is None and expect:
-        report.chain = rolled_back(report, expect)
+        report.chain = rolled_back(report, expect, anchors=True)
     return report
 
 
@@ -875,9 +880,16 @@ def anchor_mark(chain: int, position: int, entry_hash: str) -> tuple[int, dict[s
     return chain, {"rows": position, "head_seq": seq or 0, "head_hash": entry_hash}
 
 
-def rolled_back(report: VerifyReport, marks: dict[int, dict[str, Any]]) -> ChainProblem | None:
+def rolled_back(
+    report: VerifyReport, marks: dict[int, dict[str, Any]], *, anchors: bool = False
+) -> ChainProblem | None:
     """The first chain that no longer holds a head recorded earlier: ``marks`` is chain ->
     ``rows`` (a chain position), ``head_seq`` and, when known, ``head_hash``.
+
+    ``anchors``: the marks are anchors given from outside (``ledger verify --expect``), typed or
+    pasted by a person, so a mismatch may be the anchor's fault as well as the ledger's: the
+    problem is ``anchor_mismatch`` and says both. A mark the stored check kept is the database's
+    own record, so not holding it is a rollback (``deleted``).
 
     A chain that verifies and whose signed head is at or past the mark still holds the marked
     row, unless the chain was rolled back and has grown again since: so the row now at the
@@ -909,6 +921,21 @@ def rolled_back(report: VerifyReport, marks: dict[int, dict[str, Any]]) -> Chain
         facts = [f"seq {seq}"] if seq else []
         facts += [f"hash {marked[:12]}…"] if marked else []
         recorded = f"chain position {mark['rows']}" + (f" ({', '.join(facts)})" if facts else "")
+        if anchors:
+            # The anchor's own seq is not known (it is not part of it): say what it names.
+            anchor = f"chain position {mark['rows']} (hash {(marked or '')[:12]}…)"
+            return ChainProblem(
+                seq,
+                _place_of(seq) if seq else 0,
+                ANCHOR_MISMATCH,
+                _named(
+                    c,
+                    f"the anchor given, {anchor}, does not match this ledger: {found}. Either "
+                    "the anchor was mistyped or taken from another ledger, or rows were deleted "
+                    "and an earlier signed head put back",
+                ),
+                c,
+            )
         return ChainProblem(
             seq,
             _place_of(seq) if seq else 0,

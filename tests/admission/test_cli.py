@@ -261,8 +261,30 @@ def test_ledger_verify_exit_codes_on_the_command_line(tx_personas: Personas) -> 
     assert json.loads(sound.stdout)["ok"] is True
     AdmissionPolicy.objects.update(max_in_flight=50)
     drifted = manage("ledger", "verify")
-    assert drifted.returncode == 2
+    assert drifted.returncode == 3  # a finding: 2 is a usage error
     assert "changed_outside_audit" in drifted.stdout
+
+
+def test_a_cron_job_tells_a_verify_finding_from_a_typo_by_the_exit_code(
+    tx_personas: Personas,
+) -> None:
+    """2 is a usage error, 3 a finding: ``--expect garbage`` and a tampered ledger used to exit
+    2 alike, so a cron job could not tell its own typo from tampering."""
+    budget(tx_personas, max_in_flight=1)
+    typo = manage("ledger", "verify", "--expect", "garbage")
+    assert typo.returncode == 2 and "--expect" in typo.stderr, typo.stderr
+    assert manage("limits", "verify", "--no-such-flag").returncode == 2
+    # A well-formed anchor the ledger does not hold is a finding (the anchor's or the ledger's).
+    stranger = manage("ledger", "verify", "--expect", "0:1:" + "0" * 64)
+    assert stranger.returncode == 3, stranger.stderr
+    assert "the anchor was mistyped or taken from another ledger" in stranger.stdout
+    assert manage("ledger", "verify").returncode == 0
+
+    AdmissionPolicy.objects.update(max_in_flight=50)  # behind the audit's back
+    for command in ("ledger", "limits"):
+        found = manage(command, "verify")
+        assert found.returncode == 3, (command, found.stdout, found.stderr)
+        assert "differ from the ledger" in found.stdout
 
 
 def test_set_takes_stacked_windows_and_names_the_wrong_one(personas: Personas) -> None:

@@ -254,14 +254,14 @@ def test_ledger_verify_exits_zero_when_sound(personas: Personas) -> None:
     assert code == 0 and f"chain: ok ({set_up + 1} rows" in out
 
 
-def test_ledger_verify_exits_two_naming_the_row_and_the_drift(personas: Personas) -> None:
+def test_ledger_verify_exits_three_naming_the_row_and_the_drift(personas: Personas) -> None:
     p = personas
     budget(p, max_in_flight=2)
     build_chain(3)
     mutate(3, "queue")
     AdmissionPolicy.objects.update(max_in_flight=9)
     code, out = run_verify("--json")
-    assert code == 2
+    assert code == 3
     report = json.loads(out)
     assert report["ok"] is False
     assert report["chain"]["problem"] == {
@@ -273,7 +273,7 @@ def test_ledger_verify_exits_two_naming_the_row_and_the_drift(personas: Personas
     assert report["drift"][0]["policy"] == f"endpoint:{p.agent.slug}/inbox"
     assert report["drift"][0]["problem"] == "changed_outside_audit"
     code, text = run_verify()
-    assert code == 2
+    assert code == 3
     assert "BROKEN at seq 3, position 3: mutated" in text
     assert f"endpoint:{p.agent.slug}/inbox: changed_outside_audit" in text
 

@@ -122,10 +122,14 @@ def test_an_anchor_kept_elsewhere_catches_a_rollback_of_the_stored_check_too(db:
     LedgerCheck.objects.all().delete()  # the writer rolls the stored check back as well
     assert run_verify()[0] == 0
     code, out = run_verify("--expect", anchor)
-    assert code == 2
-    # The row is gone, so no seq is known for it: the problem names the chain position.
-    assert "chain: BROKEN: deleted: rolled back: its signed head is at chain position 3" in out
-    assert f"but chain position 5 (hash {anchor[4:16]}…) was recorded before" in out
+    assert code == 3
+    # The row is gone, so no seq is known for it: the problem names the chain position. The
+    # anchor is a person's to type, so both readings are said, not a rollback alone.
+    assert (
+        f"chain: MISMATCH: the anchor given, chain position 5 (hash {anchor[4:16]}…), does not "
+        "match this ledger: its signed head is at chain position 3" in out
+    )
+    assert "Either the anchor was mistyped or taken from another ledger, or rows were " in out
 
 
 def test_an_anchor_is_its_holders_evidence_and_never_the_fleets_verdict(
@@ -138,7 +142,9 @@ def test_an_anchor_is_its_holders_evidence_and_never_the_fleets_verdict(
     [anchor] = anchors(out)
     typo = anchor[:-1] + ("0" if anchor[-1] != "0" else "1")
     code, out = run_verify("--expect", typo)
-    assert code == 2 and "chain position 3" in out and "another row" in out
+    assert code == 3 and "chain position 3" in out and "another row" in out
+    assert "the anchor was mistyped or taken from another ledger" in out
+    assert "BROKEN" not in out and "was recorded before" not in out
     stored = LedgerCheck.objects.get(pk=1)
     assert stored.ok and stored.report["chain"]["ok"]
     settings.METRICS_TOKEN = "metrics-token"

@@ -1,5 +1,5 @@
 """``manage.py limits`` as the seed spells it: pool/tag/rate/queue declarations, queue pause,
-quarantine, status and verify (exit 0 / 2 like ``ledger verify``)."""
+quarantine, status and verify (exit 0 / 3, a finding, like ``ledger verify``)."""
 
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def test_verify_passes_a_sound_ledger_and_fails_closed_at_the_tampered_row(
         )
     code, out, _ = failing("verify", "--json")
     report = json.loads(out)
-    assert code == 2 and report["ok"] is False
+    assert code == 3 and report["ok"] is False
     assert report["ledger"]["chain"]["problem"]["seq"] == row.seq
     assert report["ledger"]["chain"]["problem"]["problem"] == "mutated"
 
@@ -140,7 +140,7 @@ def test_verify_names_a_grant_the_enforced_limit_in_force_would_have_refused(
 
     code, out, _ = failing("verify", "--json")
     report = json.loads(out)
-    assert code == 2 and report["ledger"]["ok"] is True and report["grants"] == 2
+    assert code == 3 and report["ledger"]["ok"] is True and report["grants"] == 2
     [drift] = report["grant_drift"]
     assert (drift["todo"], drift["problem"], drift["limit"], drift["held"]) == (
         str(second.id),
@@ -164,7 +164,7 @@ def test_verify_accepts_an_advise_excess_that_carries_its_waiver(personas: Perso
     LedgerEntry.objects.filter(kind=LedgerKind.LIMITS_WAIVER).update(kind=LedgerKind.LIMITS_SET)
     code, out, _ = failing("verify", "--json")
     problems = {d["problem"] for d in json.loads(out)["grant_drift"]}
-    assert code == 2 and problems == {"unwaived_excess"}
+    assert code == 3 and problems == {"unwaived_excess"}
 
 
 def test_status_counts_the_grants_held_not_the_claims_naming_a_limit(personas: Personas) -> None:

@@ -175,7 +175,7 @@ def test_a_whole_grant_chain_deleted_with_its_head_is_caught(db: None) -> None:
     # No row is left to point at (it pointed at seq 1, a sound row of chain 0): no place.
     assert (problem.seq, problem.position) == (0, 0)
     code, out = run_ledger_verify()
-    assert code == 2
+    assert code == 3
     assert f"chain: BROKEN: deleted: the signed head of chain {rows[0].chain} is missing" in out
     # And the next grant on that chain refuses rather than start it again.
     new_transaction_chain()
@@ -274,7 +274,7 @@ def test_racing_named_claims_and_completions_spread_over_grant_chains_that_all_v
     )
     code, out = run("limits", "verify", "--json")
     report = json.loads(out)
-    assert code == 2 and report["ok"] is False
+    assert code == 3 and report["ok"] is False
     assert report["ledger"]["chain"]["problem"]["seq"] == tampered.seq
     assert report["ledger"]["chain"]["problem"]["problem"] == "mutated"
     assert f"chain {tampered.chain}:" in report["ledger"]["chain"]["problem"]["detail"]

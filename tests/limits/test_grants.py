@@ -250,7 +250,7 @@ def test_verify_fails_at_the_row_of_a_forged_grant_over_an_enforced_pool(
     out = StringIO()
     with pytest.raises(CommandError) as refused:
         call_command("limits", "verify", stdout=out)
-    assert refused.value.returncode == 2 and f"grant at row {row.seq}" in out.getvalue()
+    assert refused.value.returncode == 3 and f"grant at row {row.seq}" in out.getvalue()
 
 
 def test_verify_counts_ended_grants_out_so_a_freed_slot_granted_again_is_no_drift(

@@ -1,6 +1,7 @@
 """``manage.py ledger verify [--json] [--expect CHAIN:POSITION:HASH ...]``: recompute the hash
-chain and check every policy against its last audited state. Exit 0 when sound; 2 naming the exact
-row and what differs.
+chain and check every policy against its last audited state. Exit 0 when sound; 3 (a finding)
+naming the exact row and what differs, or the anchor the ledger does not hold. 2 stays a usage
+error (``--expect garbage``), 1 a refusal, so a cron job tells a typo from a tampered ledger.
 
 A sound run prints each chain's head as an anchor (``CHAIN:POSITION:HASH``). Kept outside the
 database, an anchor given back later (``--expect``) proves the ledger still holds that row: a
@@ -18,7 +19,9 @@ from switchboard.core.cli import SwitchboardCommand, emit, integer, is_integer, 
 from switchboard.ledger import chain as ledger
 from switchboard.ledger.models import LedgerCheck
 
-EXIT_TAMPERED = 2
+# A finding: the chain broken, a policy changed outside the audit, or an anchor not held. Not 2,
+# which is a usage error (switchboard/core/cli.py), nor 1, a refusal.
+EXIT_FINDING = 3
 
 
 class Command(SwitchboardCommand):
@@ -29,8 +32,9 @@ class Command(SwitchboardCommand):
         verify = sub.add_parser(
             "verify",
             help="recompute the chain and compare every live policy with its audit",
-            description="Exit 0 when the ledger is sound; 2 naming the first bad row (seq, "
-            "position) and what differs, and every policy changed outside the audited path.",
+            description="Exit 0 when the ledger is sound; 3 (a finding) naming the first bad row "
+            "(seq, position) and what differs, every policy changed outside the audited path, or "
+            "an --expect anchor the ledger does not hold; 2 a usage error, 1 a refusal.",
         )
         verify.add_argument("--json", action="store_true", help="print JSON")
         verify.add_argument(
@@ -40,7 +44,7 @@ class Command(SwitchboardCommand):
             default=[],
             metavar="CHAIN:POSITION:HASH",
             help="a head printed by an earlier verify (its anchors line): the ledger must still "
-            "hold that row (repeatable; a mismatch is this run's finding, exit 2, not the stored "
+            "hold that row (repeatable; a mismatch is this run's finding, exit 3, not the stored "
             "check's verdict)",
         )
         verify.add_argument(
@@ -63,7 +67,7 @@ class Command(SwitchboardCommand):
         report = ledger.check(batch=options["batch"], expect=expect)
         emit(self, options, report.as_dict(), _text(report))
         if not report.ok:
-            raise CommandError("the ledger does not verify", returncode=EXIT_TAMPERED)
+            raise CommandError("the ledger does not verify", returncode=EXIT_FINDING)
 
 
 # The batch is a LIMIT; past this it only costs memory (and past a bigint, the query fails).

@@ -16,8 +16,8 @@ limits, and set queue priorities.
     limits delete pool|tag|rate NAME
 
 Writes take ``--as USER`` (the acting human; else the only superuser) and ``--json``. Exit codes:
-0 ok, 1 refused (the field is named), 2 usage (switchboard/core/cli.py); ``verify`` exits 2 when
-the ledger or a grant does not verify, as ``ledger verify`` does.
+0 ok, 1 refused (the field is named), 2 usage (switchboard/core/cli.py); ``verify`` exits 3 (a
+finding) when the ledger or a grant does not verify, as ``ledger verify`` does.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from switchboard.core.cli import (
 from switchboard.core.errors import DomainError
 from switchboard.core.times import iso
 
-EXIT_TAMPERED = 2
+EXIT_FINDING = 3  # as ledger verify's: a finding, never 2 (a usage error) or 1 (a refusal)
 DEFAULT_PAUSE_REASON = "paused with manage.py limits queue pause"
 
 _OPTIONS = {
@@ -136,8 +136,9 @@ class Command(SwitchboardCommand):
         verify = sub.add_parser(
             "verify",
             help="recompute the ledger and replay every grant",
-            description="Exit 0 when the ledger chain and every pool/tag grant verify; 2 "
-            "naming the first bad row, or each grant the limits in force would have refused.",
+            description="Exit 0 when the ledger chain and every pool/tag grant verify; 3 (a "
+            "finding) naming the first bad row, or each grant the limits in force would have "
+            "refused; 2 a usage error.",
         )
         verify.add_argument("--json", action="store_true", help="print JSON")
         setting = sub.add_parser("set", help="declare a limit or change the fields given")
@@ -205,7 +206,7 @@ class Command(SwitchboardCommand):
             report = limits_verify()
             emit(self, options, report.as_dict(), _verify_text(report))
             if not report.ok:
-                raise CommandError("the limits do not verify", returncode=EXIT_TAMPERED)
+                raise CommandError("the limits do not verify", returncode=EXIT_FINDING)
             return
         if subcommand not in ("set", "delete", "pool", "tag", "rate", "queue", "quarantine"):
             raise usage(
