@@ -9,7 +9,7 @@
 Each takes ``--json`` and ``--as USER`` (the acting human; by default the only superuser, when
 exactly one exists). ``set`` is a full replace: a limit not given is removed. A window limit's
 zone defaults to UTC and its start to 00:00. Exit codes: 0 ok, 1 refused (the message names the
-field), 2 usage (switchboard/cli.py).
+field), 2 usage (switchboard/core/cli.py).
 """
 
 from __future__ import annotations
@@ -132,6 +132,10 @@ def _window(options: dict[str, Any]) -> tuple[int | None, dict[str, Any] | None]
     flag, period = given[0]
     if options.get("tz") == "":  # the API refuses "tz": "" too; UTC is said by leaving it out
         raise usage("--tz: name a zone (it is empty; leave --tz out for UTC)")
+    if options.get("start") == "":  # as an empty HH:MM in --window: a mistake, never 00:00
+        raise usage("--start: write HH:MM (it is empty; leave --start out for 00:00)")
+    if options.get("weekday") == "":
+        raise usage("--weekday: name a day, Mon to Sun (it is empty)")
     window: dict[str, Any] = {"period": period, "tz": options.get("tz") or "UTC"}
     if options.get("start") is not None:
         window["start"] = options["start"]
@@ -153,25 +157,49 @@ def _windows(options: dict[str, Any]) -> list[dict[str, Any]] | None:
     for text in given:
         head, *parts = text.split("@")
         limit, slash, period = head.partition("/")
-        limit = limit.strip()
+        limit, period = limit.strip(), period.strip()
+        problem = None if not slash or len(parts) > 3 else _empty_window_part(limit, period, parts)
+        if problem:
+            raise usage(f"--window {text!r}: {problem}")
         # Digits 0-9 only: '²' passes isdigit() and int() refuses it; int() reads '١٠' as 10.
         if not slash or not (limit.isascii() and limit.isdigit()) or len(parts) > 3:
             raise usage(
                 f"--window {text!r}: write N/PERIOD[@ZONE[@HH:MM[@DAY]]] with N in digits 0-9, "
                 "e.g. 100/hour@UTC"
             )
-        if "" in parts:  # "5/hour@" is not "5/hour": an empty zone is a mistake, never UTC
-            raise usage(
-                f"--window {text!r}: a part after '@' is empty (leave the zone out for UTC)"
-            )
         zone, start, weekday = (*parts, "", "", "")[:3]
-        item: dict[str, Any] = {"limit": int(limit), "period": period.strip(), "tz": zone or "UTC"}
+        item: dict[str, Any] = {"limit": int(limit), "period": period, "tz": zone or "UTC"}
         if start:
             item["start"] = start
         if weekday:
             item["weekday"] = weekday
         out.append(item)
     return out
+
+
+def _empty_window_part(limit: str, period: str, parts: list[str]) -> str | None:
+    """What is wrong with the first empty part of ``--window N/PERIOD[@ZONE[@HH:MM[@DAY]]]``
+    (``parts``: what follows each '@'), named as the syntax names it; None when none is empty.
+    An empty part is a mistake, never its default ("5/hour@" is not "5/hour"): a default is
+    asked for by leaving the part out with its '@', which only the last part can be."""
+    if not limit:
+        return "N, the claims per window, is empty: write it before '/', e.g. 100/hour"
+    if not period:
+        return "PERIOD is empty: write hour, day or week after '/', e.g. 100/hour"
+    for at, part in enumerate(parts):
+        if part.strip():
+            continue
+        last = at == len(parts) - 1
+        if at == 0:
+            fix = "leave it out with its '@' for UTC" if last else "name it (e.g. UTC) before HH:MM"
+            return f"ZONE is empty: {fix}"
+        if at == 1:
+            fix = "leave it out with its '@' for 00:00" if last else "write it before DAY"
+            return f"HH:MM, the start time, is empty: {fix}"
+        if period == "week":
+            return "DAY, the weekday a week starts on, is empty: write Mon, Tue, ... or Sun"
+        return "DAY is empty: only a week window takes a weekday; leave it out with its '@'"
+    return None
 
 
 def handle_show(command: BaseCommand, options: dict[str, Any]) -> None:
@@ -203,9 +231,10 @@ def _endpoint(actor: HumanActor, ref: str) -> Endpoint:
 
 
 def handle_set(command: BaseCommand, options: dict[str, Any]) -> None:
-    actor = HumanActor(acting_human(options.get("as_user")), via="cli")
+    # The windows first: a usage error in them is said before anything (--as too) is looked up.
     stacked = _windows(options)
     per_window, window = _window(options) if stacked is None else (None, None)
+    actor = HumanActor(acting_human(options.get("as_user")), via="cli")
     try:
         policy = services.policy_set(
             actor=actor,

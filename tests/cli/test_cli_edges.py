@@ -205,6 +205,63 @@ def test_an_empty_zone_is_a_usage_error_not_utc(personas: Personas) -> None:
     assert not AdmissionPolicy.objects.exists()
 
 
+@pytest.mark.parametrize(
+    ("window", "says"),
+    [
+        ("/day", "N, the claims per window, is empty"),
+        (" /day@UTC", "N, the claims per window, is empty"),
+        ("5/", "PERIOD is empty"),
+        ("5/ ", "PERIOD is empty"),
+        ("5/@UTC", "PERIOD is empty"),
+        ("5/@", "PERIOD is empty"),
+        ("5/hour@", "ZONE is empty: leave it out with its '@' for UTC"),
+        ("5/hour@ ", "ZONE is empty: leave it out with its '@' for UTC"),
+        ("5/day@@10:00", "ZONE is empty: name it (e.g. UTC) before HH:MM"),
+        ("5/week@@@", "ZONE is empty: name it (e.g. UTC) before HH:MM"),
+        ("5/day@UTC@", "HH:MM, the start time, is empty: leave it out with its '@' for 00:00"),
+        ("5/week@UTC@@Mon", "HH:MM, the start time, is empty: write it before DAY"),
+        ("5/week@UTC@00:00@", "DAY, the weekday a week starts on, is empty: write Mon"),
+        ("5/day@UTC@00:00@", "DAY is empty: only a week window takes a weekday"),
+        ("", "write N/PERIOD[@ZONE[@HH:MM[@DAY]]]"),
+        ("5", "write N/PERIOD[@ZONE[@HH:MM[@DAY]]]"),
+        ("5/week@UTC@00:00@Mon@", "write N/PERIOD[@ZONE[@HH:MM[@DAY]]]"),
+    ],
+)
+def test_each_empty_part_of_a_window_is_a_usage_error_naming_that_part(
+    personas: Personas, window: str, says: str
+) -> None:
+    """An empty PERIOD was a refusal (exit 1, ``windows[0].period``), and an empty start time
+    was answered with advice about the zone."""
+    message = usage_error(
+        "queue", "budget", "set", personas.agent.slug, "inbox", "--window", window
+    )
+    assert message.startswith(f"--window {window!r}: ") and says in message, message
+    assert not AdmissionPolicy.objects.exists()
+
+
+def test_an_empty_start_or_weekday_flag_is_a_usage_error_as_in_a_window(
+    personas: Personas,
+) -> None:
+    """They were refusals (exit 1, ``window.start``), unlike an empty --tz."""
+    slug = personas.agent.slug
+    for flag, period, says in (
+        ("--start", "--per-day", "--start: write HH:MM (it is empty"),
+        ("--weekday", "--per-week", "--weekday: name a day, Mon to Sun (it is empty)"),
+    ):
+        message = usage_error("queue", "budget", "set", slug, "inbox", period, "5", flag, "")
+        assert message.startswith(says), message
+    assert not AdmissionPolicy.objects.exists()
+
+
+def test_an_empty_period_exits_2_on_the_command_line_before_anything_is_looked_up(
+    db: None,
+) -> None:
+    # Neither the endpoint nor the --as user exists: the window is the first thing checked.
+    done = manage("queue", "budget", "set", "nowhere", "inbox", "--window", "5/", "--as", "nobody")
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "--window '5/': PERIOD is empty" in done.stderr
+
+
 # --- 6. resume of a name nothing has used -------------------------------------------------------
 
 
