@@ -733,11 +733,12 @@ def _apply(
             wakes.todo_ready(endpoint_id, queue, todo_id=one, reason="requeued")
 
 
-def todo_release(*, actor: HumanActor, todo_id: UUID) -> Todo:
-    """Operator release of a claim on an owned endpoint (no lease token needed). A todo the
-    operator may see that is not claimed is refused saying its state (the release statement,
-    which acts only for active endpoints, would call a revoked endpoint's todo "no such todo")."""
+def todo_release(*, actor: HumanActor, todo_id: UUID, attempt: int | None = None) -> Todo:
+    """Operator release of a claim on an owned endpoint (no lease token needed); ``attempt``:
+    only that one (the console sends the attempt its page showed). A todo the operator may see
+    that is not claimed is refused saying its state (the release statement, which acts only for
+    active endpoints, would call a revoked endpoint's todo "no such todo")."""
     todo = access.todo_to_change(actor, todo_id)
     if todo.state != TodoState.CLAIMED:
         raise Conflict(f"todo is {todo.state}, not claimed", state=todo.state, attempt=todo.attempt)
-    return release(actor=actor, todo_id=todo_id)
+    return release(actor=actor, todo_id=todo_id, attempt=attempt)

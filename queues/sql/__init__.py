@@ -1242,7 +1242,8 @@ def claim_locked(
 
 # The caller holds the claim: the todo is claimed (its columns are the attempt in progress), the
 # lease has not lapsed, and the caller names it. A fenced attempt needs its token; a token or an attempt number naming another
-# attempt is a superseded holder. Operators (release from the console) need neither.
+# attempt is a superseded holder. Operators (the console's actions) need neither token nor live
+# lease, but an attempt they name (the one their page showed) must be the one in progress.
 # The todo is found by its primary key: ``COLLATE "C"`` (the same equality: the database's
 # collation is deterministic) keeps the planner from reading every claimed row of the endpoint
 # through todo_claimed_idx, whose predicate a plain ``state = 'claimed'`` matches; with
@@ -1251,9 +1252,9 @@ def claim_locked(
 # tests/queues/test_ending_plan.py).
 HOLDS_CLAIM = """
     t.id = %(id)s AND t.endpoint_id = ANY(%(endpoints)s) AND t.state = 'claimed' COLLATE "C"
+    AND (%(attempt)s::int IS NULL OR t.attempt = %(attempt)s::int)
     AND (%(operator)s OR (
         t.lease_expires_at > clock_timestamp()
-        AND (%(attempt)s::int IS NULL OR t.attempt = %(attempt)s::int)
         AND (t.lease_token_hash IS NOT DISTINCT FROM %(fence)s::text)))
 """
 

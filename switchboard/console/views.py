@@ -372,6 +372,7 @@ def todo_action_view(request: HttpRequest, todo_id: UUID, action: str) -> HttpRe
                 todo_id=todo_id,
                 result=data.get("result"),
                 summary=data.get("summary", ""),
+                attempt=_shown_attempt(request),
             )
             messages.success(request, "Completed.")
         elif action == "fail":
@@ -384,13 +385,16 @@ def todo_action_view(request: HttpRequest, todo_id: UUID, action: str) -> HttpRe
                 todo_id=todo_id,
                 error=fdata.get("error") or None,
                 summary=fdata.get("summary", ""),
+                attempt=_shown_attempt(request),
             )
             messages.success(
                 request,
                 "Failed: dead-lettered." if todo.dead_letter else "Failed: retry scheduled.",
             )
         elif action == "release":
-            released = services.todo_release(actor=actor, todo_id=todo_id)
+            released = services.todo_release(
+                actor=actor, todo_id=todo_id, attempt=_shown_attempt(request)
+            )
             messages.success(
                 request,
                 "Released: it was its last attempt, so it is a dead letter now."
@@ -412,6 +416,18 @@ def todo_action_view(request: HttpRequest, todo_id: UUID, action: str) -> HttpRe
     except DomainError as exc:
         messages.error(request, _in_zone(exc, viewer))
     return HttpResponseRedirect(back)
+
+
+def _shown_attempt(request: HttpRequest) -> int | None:
+    """The attempt the page showed in flight, which a complete, fail or release ends and no
+    other: the agent may have released it and claimed again since the page loaded, and the
+    operator's action would have ended that newer claim. None from a form without it."""
+    raw = request.POST.get("attempt", "")
+    if not raw:
+        return None
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 9) or int(raw) < 1:
+        raise InvalidArgument(f"attempt: {raw!r} is not an attempt number", field="attempt")
+    return int(raw)
 
 
 def _in_zone(exc: DomainError, viewer: Viewer) -> str:

@@ -181,3 +181,46 @@ def test_stored_json_python_cannot_read_shows_as_unreadable_on_every_page(
     client = signed_in(p.owner)
     for todo in (done, failed):  # the payload, and the result or the attempt's error
         assert client.get(f"/todos/{todo.id}").content.decode().count(unreadable) == 2
+
+
+def _shown_attempt(html: str, action: str) -> str:
+    form = html[html.index('action="/todos/') :]
+    form = form[form.index(f"/{action}") :]
+    form = form[: form.index("</form>")]
+    marker = 'name="attempt" value="'
+    start = form.index(marker) + len(marker)
+    return form[start : form.index('"', start)]
+
+
+def test_an_action_ends_the_claim_the_page_showed_never_a_newer_one(personas: Personas) -> None:
+    # The forms carried no attempt: an agent that released and claimed again after the page
+    # loaded had its new claim completed (or failed, or released) by the operator's press.
+    p = personas
+    (todo,) = push(p, 1, max_attempts=5)
+    agent = p.as_agent()
+    services.claim(actor=agent, todo_id=todo.id)
+    client = signed_in(p.owner)
+    page = client.get(f"/todos/{todo.id}").content.decode()
+    shown = {action: _shown_attempt(page, action) for action in ("complete", "fail", "release")}
+    assert shown == {"complete": "1", "fail": "1", "release": "1"}
+    services.release(actor=agent, todo_id=todo.id)
+    services.claim(actor=agent, todo_id=todo.id)  # attempt 2, after the page loaded
+    for action, fields in (
+        ("complete", {"summary": "saw attempt 1"}),
+        ("fail", {"error": "saw attempt 1"}),
+        ("release", {}),
+    ):
+        answer = client.post(
+            f"/todos/{todo.id}/{action}", {**fields, "attempt": shown[action]}, follow=True
+        )
+        assert "this attempt was superseded" in answer.content.decode(), action
+        todo.refresh_from_db()
+        assert (todo.state, todo.attempt) == (TodoState.CLAIMED, 2), action
+    bad = client.post(f"/todos/{todo.id}/complete", {"attempt": "²"}, follow=True)
+    assert "attempt: " in bad.content.decode()
+    todo.refresh_from_db()
+    assert todo.state == TodoState.CLAIMED
+    current = _shown_attempt(client.get(f"/todos/{todo.id}").content.decode(), "complete")
+    client.post(f"/todos/{todo.id}/complete", {"summary": "saw 2", "attempt": current})
+    todo.refresh_from_db()
+    assert (todo.state, todo.attempt) == (TodoState.DONE, 2)
