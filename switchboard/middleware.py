@@ -6,17 +6,24 @@ One middleware, not two: under ASGI each sync-only middleware costs a thread hop
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
+from django.shortcuts import render
 from django.template.loader import render_to_string
-from django.views.defaults import page_not_found
 
 from switchboard.core import availability
-from switchboard.core.errors import DomainError, InvalidArgument, NotFound
+from switchboard.core.errors import (
+    DomainError,
+    Forbidden,
+    InvalidArgument,
+    MethodNotAllowed,
+    NotFound,
+)
 from switchboard.core.http import FORM_TYPES
 from switchboard.core.validation import check_text
 from switchboard.mcp import refusal_response
@@ -53,6 +60,13 @@ class SecurityHeadersMiddleware:
                 response: HttpResponse = edge_refusal(request, exc)
             else:
                 response = self.get_response(request)
+        if (
+            response.status_code == 405
+            and not getattr(response, "streaming", False)
+            and not response.content
+            and not _machine(request)
+        ):
+            response = _method_page(request, response)
         # One policy for every page, the API docs included (ninja's bundled Swagger UI, served
         # under /static/, needs no CDN and no inline script).
         response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
@@ -135,11 +149,66 @@ def bad_request(request: HttpRequest, exception: Exception | None = None) -> Htt
 
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     """Django's 404 for a path no route serves: the API's error object (a JSON-RPC error on
-    /mcp) for an agent or API client, which cannot read a page; the console's page otherwise."""
+    /mcp) for an agent or API client, which cannot read a page; the console's page otherwise
+    (Django's bare "Not Found" before)."""
     if _machine(request):
         refusal = NotFound(f"no such path: {request.method} {request.path}", path=request.path)
         return edge_refusal(request, refusal)
-    return page_not_found(request, exception)
+    return console_error_page(request, 404, f"There is no page at {request.path}.")
+
+
+def forbidden(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """Django's 403 (the admin's PermissionDenied): the console's page, saying what the viewer
+    may do instead, not Django's bare "403 Forbidden"."""
+    if _machine(request):
+        return edge_refusal(request, Forbidden("you may not do this"))
+    return console_error_page(
+        request,
+        403,
+        "Your account may not open this page or do this. Auditors read and do not change; "
+        "ask a superuser for the permission if you need it.",
+    )
+
+
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    """A form whose CSRF token no longer matches (the session changed since the page was
+    loaded: signed in again, or in another tab). Django's page said "CSRF verification failed
+    … More information is available with DEBUG=True", and htmx swapped it over the list the
+    form was in; here it is a refusal page, or to htmx its message with no swap (the page keeps
+    the list and what was typed, and says it above)."""
+    refusal = Forbidden(
+        "This page is out of date: your session changed after it was loaded (you signed in "
+        "again, or signed out in another tab), so what it sent was not accepted and nothing "
+        "changed. Load the page again, then send it again.",
+        reason="csrf",
+    )
+    return edge_refusal(request, refusal)
+
+
+def console_error_page(request: HttpRequest, status: int, message: str) -> HttpResponse:
+    """The console's own error page (templates/error.html: the menu, a way back)."""
+    template = "error.html#message" if request.headers.get("HX-Request") == "true" else "error.html"
+    response = render(request, template, {"error": message, "status": status}, status=status)
+    if template.endswith("#message"):
+        response["HX-Reswap"] = "none"
+    return response
+
+
+def _method_page(request: HttpRequest, response: HttpResponse) -> HttpResponse:
+    """A 405 with no body (``require_POST``) for a person: a page saying what the address is
+    for, keeping ``Allow`` (a bookmark or a reload of a form's address showed a blank page)."""
+    allowed = response.get("Allow", "")
+    page = refusal_page(
+        request,
+        MethodNotAllowed(
+            f"This address is for a form's {allowed or 'POST'}, not for opening in the browser: "
+            "go back to the page the form was on.",
+            method=request.method,
+        ),
+    )
+    if allowed:
+        page["Allow"] = allowed
+    return page
 
 
 def check_request_text(request: HttpRequest) -> None:
@@ -171,3 +240,14 @@ def check_request_text(request: HttpRequest) -> None:
             check_text(key, "query")
             for value in values:
                 check_text(value, key)
+
+
+def refusals_without_tracebacks(record: logging.LogRecord) -> bool:
+    """A logging filter for ``django.request``: a 403 of the admin's (PermissionDenied, an
+    auditor opening an add form) is a refusal like any other, logged in its one line, without
+    the traceback Django attaches (a page of it per refusal in the server's log)."""
+    exc = record.exc_info[1] if record.exc_info else None
+    if isinstance(exc, PermissionDenied):
+        record.exc_info = None
+        record.exc_text = None
+    return True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import zoneinfo
 from pathlib import Path
@@ -229,6 +230,8 @@ WHITENOISE_USE_FINDERS = True
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False
 X_FRAME_OPTIONS = "DENY"
+# A form whose token no longer matches: a page (or, to htmx, a message) saying to load it again.
+CSRF_FAILURE_VIEW = "switchboard.middleware.csrf_failure"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
@@ -342,11 +345,28 @@ CELERY_BEAT_SCHEDULE = {
     "ledger-verify": {"task": "ledger.tasks.verify", "schedule": LEDGER_VERIFY_SECONDS},
 }
 
+
+def _quiet_refusals(record: logging.LogRecord) -> bool:
+    from switchboard.middleware import refusals_without_tracebacks
+
+    return refusals_without_tracebacks(record)
+
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {
+        # A 403 of the admin's is logged in its line, without Django's traceback.
+        "refusals": {"()": "django.utils.log.CallbackFilter", "callback": _quiet_refusals},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["refusals"],
+        }
+    },
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
     "loggers": {
         "django.db.backends": {"level": "INFO"},

@@ -15,6 +15,7 @@ admin.site.login_form = AdminSignInForm
 # A malformed request or a Host outside ALLOWED_HOSTS: JSON (or JSON-RPC) for agents, not a page.
 handler400 = "switchboard.middleware.bad_request"
 # A path no route serves, likewise (the console keeps Django's page).
+handler403 = "switchboard.middleware.forbidden"
 handler404 = "switchboard.middleware.not_found"
 
 urlpatterns = [

@@ -5,6 +5,10 @@ A machine's paths keep the error object. (The browser's side: tests/browser/test
 
 from __future__ import annotations
 
+import logging
+import sys
+
+from django.core.exceptions import PermissionDenied
 from django.test import Client
 
 from queues.models import QueuePause
@@ -75,3 +79,58 @@ def test_a_machines_paths_keep_the_error_object(personas: Personas) -> None:
         assert response.status_code == 400, path
         assert response["Content-Type"] == "application/json", path
         assert response.json()["code"] == "invalid_argument", path
+
+
+def test_a_form_sent_with_a_stale_csrf_token_is_a_page_saying_to_reload(
+    personas: Personas,
+) -> None:
+    # Django's own page ("CSRF verification failed … DEBUG=True"), which htmx swapped over the
+    # queue list the form was in.
+    client = signed_in(personas.pauser, enforce_csrf_checks=True)
+    client.cookies["csrftoken"] = "A" * 32
+    stale = {"reason": "upgrading", "csrfmiddlewaretoken": "B" * 32}
+    page = client.post("/queues/inbox/pause", stale)
+    assert page.status_code == 403 and page["Content-Type"].startswith("text/html")
+    assert "This page is out of date" in page.content.decode()
+    assert "DEBUG" not in page.content.decode()
+    fragment = client.post("/queues/inbox/pause", stale, headers={"HX-Request": "true"})
+    assert fragment.status_code == 403 and fragment["HX-Reswap"] == "none"
+    assert fragment.content.decode().startswith("<p>This page is out of date")
+    assert not QueuePause.objects.exists()
+
+
+def test_an_admin_page_refused_is_the_consoles_page_and_logs_no_traceback(
+    personas: Personas,
+) -> None:
+    auditor = personas.auditor
+    auditor.is_staff = True  # as an auditor who reads the admin is
+    auditor.save()
+    response = signed_in(auditor).get("/admin/queues/endpoint/add/")
+    assert response.status_code == 403
+    page = response.content.decode()
+    assert "<h1>Not allowed</h1>" in page and "Auditors read" in page
+    assert 'href="/"' in page  # the console's menu: a way back
+    # Django logs the refusal with PermissionDenied's traceback; the console's handler drops it.
+    record = logging.LogRecord(
+        "django.request", logging.WARNING, __file__, 1, "Forbidden", (), None
+    )
+    try:
+        raise PermissionDenied
+    except PermissionDenied:
+        record.exc_info = sys.exc_info()
+    (handler,) = [h for h in logging.getLogger().handlers if h.filters]
+    assert handler.filter(record) and record.exc_info is None
+    assert "Traceback" not in handler.format(record)
+
+
+def test_an_unknown_page_and_a_forms_address_opened_are_pages(personas: Personas) -> None:
+    client = signed_in(personas.owner)
+    missing = client.get("/nope")
+    assert missing.status_code == 404
+    assert "There is no page at /nope." in missing.content.decode()
+    assert "<h1>Not found</h1>" in missing.content.decode()
+    opened = client.get("/queues/inbox/pause")  # a reload or a bookmark of a form's address
+    assert opened.status_code == 405 and opened["Allow"] == "POST"
+    assert "This address is for a form&#x27;s POST" in opened.content.decode()
+    api = client.get("/api/v1/nope")
+    assert api.status_code == 404 and api.json()["code"] == "not_found"
