@@ -111,8 +111,8 @@
   }
 
   // The notices of a board that is not live (templates/queues/_live_notices.html): "lost" while
-  // reconnecting takes longer than one retry, "ended" once the stream is refused for good (a
-  // 204 when signed out, or any other refusal: EventSource does not retry those).
+  // reconnecting takes longer than one retry (or the server answers an error while it is away),
+  // "ended" once the stream is refused for good (a 204 when signed out, a 4xx).
   var LOST_AFTER_MS = 6000;
   var lostTimer = null;
   function notice(name, shown) {
@@ -213,20 +213,57 @@
     status("connecting");
     var opened = source;
     opened.addEventListener("open", function () {
+      retryMs = 0;
       status("open");
       live();
     });
     opened.addEventListener("error", function () {
       if (opened !== source) return; // a stream this page has moved on from
       if (opened.readyState === EventSource.CLOSED) {
-        status("closed");
-        live();
-        notice("ended", true);
+        refused(opened, next);
         return;
       }
       status("reconnecting");
       if (lostTimer === null) lostTimer = setTimeout(function () { notice("lost", true); }, LOST_AFTER_MS);
     });
+  }
+
+  // EventSource gives up on any answer but a stream: the 204 of a viewer signed out, and also a
+  // proxy's 502 or the server's 503 while it restarts, after which the board stayed frozen
+  // until reloaded by hand. Which it was is asked once (the stream's own address, dropped at
+  // its head): signed out or refused, the board has ended; else the server is on its way back,
+  // and the stream is opened again, waiting longer each time (1 s, doubling, at most 30 s).
+  var retryMs = 0;
+  var MAX_RETRY_MS = 30000;
+  function refused(opened, address) {
+    var stop = window.AbortController ? new AbortController() : null;
+    window
+      .fetch(address, {
+        credentials: "same-origin",
+        cache: "no-store",
+        headers: { Accept: "text/event-stream" },
+        signal: stop ? stop.signal : undefined,
+      })
+      .then(
+        function (response) {
+          if (stop) stop.abort(); // its head is the answer; the stream is not read
+          return response.status;
+        },
+        function () { return 0; } // no answer at all
+      )
+      .then(function (code) {
+        if (opened !== source) return;
+        if (code === 204 || (code >= 400 && code < 500)) {
+          status("closed");
+          live();
+          notice("ended", true);
+          return;
+        }
+        status("reconnecting");
+        notice("lost", true);
+        retryMs = Math.min(retryMs ? retryMs * 2 : 1000, MAX_RETRY_MS);
+        setTimeout(function () { if (opened === source) connect(address); }, retryMs);
+      });
   }
 
   // What a stream URL subscribes to: everything but "at", the fingerprint it was rendered at.

@@ -507,6 +507,28 @@ def test_a_board_that_cannot_reach_the_server_says_so_until_it_is_back(
     expect(page.locator("[data-live-ended]")).to_be_hidden()
 
 
+@pytest.mark.parametrize("status", [502, 503])
+def test_a_board_whose_stream_is_answered_an_error_keeps_trying_until_the_server_is_back(
+    session: Session, tx_personas: Personas, status: int
+) -> None:
+    # EventSource gives up on any answer but a stream: a proxy's 502 or the server's 503 while
+    # it restarted left the board "stopped updating" for good, frozen until reloaded by hand.
+    p = tx_personas
+    page = session.page(p.owner)
+    # What a proxy in front answers while the server is away.
+    page.route("**/live?*", lambda route: route.fulfill(status=status, body="restarting"))
+    page.goto("/")
+    root = page.locator("[data-live-url]")
+    lost = page.locator("[data-live-lost]")
+    expect(lost).to_be_visible(timeout=LIVE)
+    expect(root).to_have_attribute("data-live", "reconnecting")
+    expect(page.locator("[data-live-ended]")).to_be_hidden()
+    page.unroute("**/live?*")
+    expect(root).to_have_attribute("data-live", "open", timeout=LIVE)
+    expect(lost).to_be_hidden()
+    expect(page.locator("[data-live-ended]")).to_be_hidden()
+
+
 def test_a_session_ended_under_the_board_signs_in_again_and_comes_back(
     session: Session, tx_personas: Personas
 ) -> None:
