@@ -168,8 +168,12 @@ def test_seed_demo_on_an_empty_database_prints_every_secret_once(db: None) -> No
 
 
 def test_seed_demo_force_adds_what_is_missing_and_keeps_what_exists(personas: Personas) -> None:
-    assert "already seeded" in ok("seed_demo")  # users exist: nothing without --force
+    # Users of its own (made before the first start), none of the demo's: nothing without
+    # --force, and no claim that it was seeded.
     assert not User.objects.filter(username="operator").exists()
+    said = ok("seed_demo")
+    assert "Demo data: not seeded, since this database has users of its own" in said
+    assert "already seeded" not in said
     first = ok("seed_demo", "--force")
     assert "Demo login: operator / " in first and "Endpoint triage: token sbk_" in first
     operator = User.objects.get(username="operator")

@@ -59,7 +59,17 @@ class Command(SwitchboardCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         if User.objects.exists() and not options["force"]:
-            self.stdout.write("Demo data: already seeded (logins were printed on the first run).")
+            if User.objects.filter(username=OPERATOR).exists():
+                self.stdout.write(
+                    "Demo data: already seeded (logins were printed on the first run)."
+                )
+            else:
+                # Someone made users before the first start (createsuperuser): no demo data
+                # was ever made here, whatever the first start would have printed.
+                self.stdout.write(
+                    "Demo data: not seeded, since this database has users of its own; "
+                    "`python manage.py seed_demo --force` adds the demo's beside them."
+                )
             return
         with transaction.atomic():
             operator, password = _user(OPERATOR, superuser=True)
