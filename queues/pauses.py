@@ -149,6 +149,7 @@ def queue_pause(*, actor: HumanActor, queue: str, reason: str, create: bool = Fa
         raise NotFound(
             f"no queue named {queue!r} is known; pause it anyway with create "
             "(create: true on the API, --create on the CLI)",
+            field="queue",
             queue=queue,
         )
     try:

@@ -67,6 +67,9 @@ class SecurityHeadersMiddleware:
             and not _machine(request)
         ):
             response = _method_page(request, response)
+        if response.status_code == 204:
+            # No content, so no type: Django's default (text/html) described a body not sent.
+            response.headers.pop("Content-Type", None)
         # One policy for every page, the API docs included (ninja's bundled Swagger UI, served
         # under /static/, needs no CDN and no inline script).
         response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)

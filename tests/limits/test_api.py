@@ -64,7 +64,9 @@ def test_a_superuser_sets_and_deletes_a_limit(personas: Personas) -> None:
     assert refused.status_code == 400 and "decay_step" in json.dumps(refused.json())
     changed = put(personas.admin, "/api/v1/limits/rate/openai", {"posture": "advise"})
     assert changed.json()["base_limit"] == 60 and changed.json()["posture"] == "advise"
-    assert delete(personas.admin, "/api/v1/limits/rate/openai").status_code == 204
+    deleted = delete(personas.admin, "/api/v1/limits/rate/openai")
+    assert deleted.status_code == 204 and not deleted.content
+    assert "Content-Type" not in deleted.headers  # no body, so no type (it said text/html)
 
 
 def test_bad_input_is_refused_naming_the_field(personas: Personas) -> None:

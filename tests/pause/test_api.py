@@ -107,6 +107,7 @@ def test_an_unknown_name_is_not_found_unless_create_is_asked(personas: Personas)
 
     assert typo.status_code == 404
     assert typo.json()["code"] == "not_found"
+    assert typo.json()["field"] == "queue"  # as the resume's is
     assert created.status_code == 200
     assert list(QueuePause.objects.values_list("queue", flat=True)) == ["night-batch"]
     # A resume of the typo is not found either ("was not paused" told it a real queue was
