@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
+from zoneinfo import ZoneInfo
 
 from django.db import connection
 from django.utils.html import escape
 
-from queues import services
+from queues import pauses, services
 from queues.models import TodoState
 from switchboard.core import validation
 from tests.conftest import Personas, push
@@ -224,3 +226,19 @@ def test_an_action_ends_the_claim_the_page_showed_never_a_newer_one(personas: Pe
     client.post(f"/todos/{todo.id}/complete", {"summary": "saw 2", "attempt": current})
     todo.refresh_from_db()
     assert (todo.state, todo.attempt) == (TodoState.DONE, 2)
+
+
+def test_the_gates_detail_says_its_times_in_the_viewers_zone(personas: Personas) -> None:
+    # The pause gate's detail said "since 2026-12-05T15:42:54.221536Z" a line below the same
+    # instant in the viewer's zone.
+    p = personas
+    (todo,) = push(p, 1)
+    pause = pauses.queue_pause(actor=p.as_human(p.admin), queue="inbox", reason="upgrade").pause
+    client = signed_in(p.owner)
+    client.cookies["tz"] = "Asia/Kolkata"
+    html = client.get(f"/todos/{todo.id}").content.decode()
+    gates = html[html.index('aria-labelledby="explain-title"') :]
+    gates = gates[: gates.index("</section>")]
+    local = pause.at.astimezone(ZoneInfo("Asia/Kolkata")).strftime("%Y-%m-%d %H:%M:%S IST")
+    assert f"since {local}: upgrade" in gates
+    assert not re.search(r"\d{4}-\d{2}-\d{2}T\d{2}:", gates)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from datetime import UTC, date, datetime, tzinfo
 from typing import Any
 from urllib.parse import quote
@@ -52,6 +53,25 @@ def stamp(value: datetime | None, zone: tzinfo | None) -> str:
     if value is None:
         return ""
     return value.astimezone(zone or UTC).strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+# A UTC instant as the API writes one (switchboard.core.times.iso), inside a sentence.
+_ISO_INSTANT = re.compile(r"\b\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|\+00:00)")
+
+
+@register.filter
+def times_in_zone(text: str | None, zone: tzinfo | None) -> str:
+    """A sentence written for machines (a gate's detail) with each UTC instant in it shown as
+    ``stamp`` shows times, in the viewer's zone: the todo page said "paused … since
+    2026-12-05T15:42:54.221536Z" a line below "since 2026-12-05 21:12:54 IST"."""
+    if not text:
+        return ""
+
+    def local(found: re.Match[str]) -> str:
+        when = datetime.fromisoformat(found.group(0).replace("Z", "+00:00"))
+        return stamp(when, zone)
+
+    return _ISO_INSTANT.sub(local, text)
 
 
 @register.filter
