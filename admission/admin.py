@@ -20,7 +20,8 @@ from admission import selectors, services
 from admission.models import AdmissionPolicy, AdmissionWindow
 from admission.policy import PolicySpec, arguments_from_columns, place_of_field
 from queues.access import HumanActor, visible_endpoints
-from switchboard.core.admins import ServiceFormAdmin, ServiceModelForm
+from queues.models import EndpointState
+from switchboard.core.admins import ServiceFormAdmin, ServiceModelForm, ViewerZoneAdmin
 from switchboard.core.errors import DomainError, InvalidArgument
 from switchboard.ledger.admin import LedgerEntryAdmin, ReadOnlyAdmin
 from switchboard.ledger.models import LedgerEntry
@@ -161,6 +162,22 @@ class AdmissionPolicyAdmin(ServiceFormAdmin):
             kwargs["queryset"] = visible_endpoints(_actor(request))
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        form = super().get_form(request, obj, change=change, **kwargs)
+        field = form.base_fields.get("endpoint")
+        if obj is None and field is not None:
+            # No budget is set on a revoked endpoint (policy_set refuses it): not offered. One
+            # revoked since the page opened is refused beside the field. A change form keeps the
+            # endpoint it has (read-only there).
+            field.queryset = field.queryset.filter(state=EndpointState.ACTIVE)
+            field.error_messages["invalid_choice"] = (
+                "Select one of the endpoints offered: a revoked endpoint's budgets can only be "
+                "cleared."
+            )
+        return form
+
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         # The identity of a budget never changes: clear it and set another.
         fixed = ["endpoint", "queue"] if obj is not None else []
@@ -223,16 +240,17 @@ class AdmissionPolicyAdmin(ServiceFormAdmin):
 
 
 @admin.register(LedgerEntry)
-class VisibleLedgerEntryAdmin(LedgerEntryAdmin):
+class VisibleLedgerEntryAdmin(ViewerZoneAdmin, LedgerEntryAdmin):
     """The ledger's rows this human may read (``visible_ledger``: the console's page and CSV,
-    the API): every row for auditors and superusers, an owner's own scopes otherwise."""
+    the API): every row for auditors and superusers, an owner's own scopes otherwise; its times
+    in the viewer's zone (the ledger's admin cannot read the console's cookie itself)."""
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[LedgerEntry]:
         return selectors.visible_ledger(_actor(request))
 
 
 @admin.register(AdmissionWindow)
-class AdmissionWindowAdmin(ReadOnlyAdmin):
+class AdmissionWindowAdmin(ViewerZoneAdmin, ReadOnlyAdmin):
     # One row per shard of a window (migration 0007): a window's count is the sum of its rows.
     list_display = [
         "policy",

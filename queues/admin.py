@@ -6,21 +6,26 @@ summary counts what was done, each refusal a warning of its own."""
 
 from __future__ import annotations
 
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.contrib.auth import get_permission_codename
+from django.contrib.admin.views.main import ChangeList
+from django.contrib.auth import admin as auth_admin
+from django.contrib.auth import get_permission_codename, get_user_model
 from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils import formats, timezone
+from django.utils.html import format_html_join
 
 from queues import access, pauses, selectors, services
 from queues.access import HumanActor
+from queues.gates import GateState
 from queues.models import (
     BASIC_VERBS,
     GRANTABLE_VERBS,
@@ -31,11 +36,18 @@ from queues.models import (
     HumanToken,
     QueuePause,
     Todo,
+    TodoState,
     check_queue_name,
 )
 from switchboard.core import versions
-from switchboard.core.admins import ServiceFormAdmin, ServiceModelForm, StrictAdmin
-from switchboard.core.errors import DomainError
+from switchboard.core.admins import (
+    ServiceFormAdmin,
+    ServiceModelForm,
+    StrictAdmin,
+    StrictChangeList,
+    ViewerZoneAdmin,
+)
+from switchboard.core.errors import DomainError, InvalidArgument, NotFound
 from switchboard.core.pages import isolated
 
 # The services' names for the endpoint's fields where the model's differ.
@@ -402,13 +414,69 @@ class EndpointAdmin(_PersonFieldAdmin):
         )
 
 
+# Where todo_explain's answer for a todo shown is kept, read once per todo (TodoChangeList).
+_EXPLAINED = "_switchboard_explained"
+
+
+def _explained(todo: Todo) -> selectors.Explanation | None:
+    """Why the pending todo waits (``selectors.todo_explain``, the console's todo page's read);
+    None for a todo in another state."""
+    if not hasattr(todo, _EXPLAINED):
+        setattr(todo, _EXPLAINED, selectors.todo_explain(todo))
+    found: selectors.Explanation | None = getattr(todo, _EXPLAINED)
+    return found
+
+
+def _when(at: datetime) -> str:
+    """A time as the admin shows its others: the page's zone (the viewer's, named atop it)."""
+    return formats.localize(timezone.localtime(at))
+
+
+def _eligible(gate: GateState) -> str:
+    """When a holding gate lets the todo pass, as the console's todo page says it."""
+    if gate.next_eligible_at is None:
+        return "when an operator acts"
+    return f"{'' if gate.exact else '≈ '}{_when(gate.next_eligible_at)}"
+
+
+def _words(value: str | None) -> str:
+    return (value or "").replace("_", " ")
+
+
+class TodoChangeList(StrictChangeList):
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        # A page of a hundred pending todos would read every gate a hundred times (three
+        # queries a todo). todo_explain reads of a todo only its queue (the pause), its queue
+        # identity (the budget) and the pool, tags and rate limit it names: todos alike in
+        # these wait alike, so each such group is read once.
+        read: dict[tuple[Any, ...], selectors.Explanation | None] = {}
+        for todo in self.result_list:
+            key = (
+                todo.state,
+                todo.endpoint_id,
+                todo.queue,
+                todo.pool,
+                tuple(todo.tags),
+                todo.rate_limit,
+            )
+            if key not in read:
+                read[key] = _explained(todo)
+            setattr(todo, _EXPLAINED, read[key])
+
+
 @admin.register(Todo)
 class TodoAdmin(StrictAdmin):
+    """Todos, read-only; each says what it waits on and when it may run, from the same read as
+    the console's todo page (``selectors.todo_explain``: every gate, and the one that binds)."""
+
     list_display = [
         "title",
         "queue",
         "endpoint",
         "state",
+        "waiting_on",
+        "runs_at",
         "attempt",
         "max_attempts",
         "owner",
@@ -423,6 +491,9 @@ class TodoAdmin(StrictAdmin):
         "endpoint",
         "queue",
         "state",
+        "waiting_on",
+        "runs_at",
+        "gates",
         "owner",
         "lease_expires_at",
         "attempt",
@@ -435,6 +506,52 @@ class TodoAdmin(StrictAdmin):
         "finished_at",
     ]
     actions = ["retry", "release"]
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return TodoChangeList
+
+    @admin.display(description="Waiting on")
+    def waiting_on(self, todo: Todo) -> str:
+        """The gate that holds a pending todo (its reason), or a failed todo's retry delay."""
+        explanation = _explained(todo)
+        if explanation is not None:
+            gate = explanation.binding
+            if gate is None:
+                return "nothing: a claim would pass now"
+            return (
+                f"{_words(gate.gate)} ({_words(gate.reason)})" if gate.reason else _words(gate.gate)
+            )
+        if todo.state == TodoState.FAILED and todo.next_retry_at is not None:
+            return "its retry delay"
+        return "—"
+
+    @admin.display(description="Runs at")
+    def runs_at(self, todo: Todo) -> str:
+        """When a claim may take it: now, when the binding gate lets it pass, or its retry."""
+        explanation = _explained(todo)
+        if explanation is not None:
+            gate = explanation.binding
+            return "now" if gate is None else _eligible(gate)
+        if todo.state == TodoState.FAILED and todo.next_retry_at is not None:
+            return _when(todo.next_retry_at)
+        return "—"
+
+    @admin.display(description="Gates")
+    def gates(self, todo: Todo) -> str:
+        """Every gate a pending todo is subject to, as the console's todo page lists them."""
+        explanation = _explained(todo)
+        if explanation is None:
+            return "—"
+        lines = []
+        for gate in explanation.gates:
+            line = f"{_words(gate.gate)}: {gate.state}"
+            if gate.reason:
+                line += f" ({_words(gate.reason)})"
+            if gate.holds:
+                line += f", eligible {_eligible(gate)}"
+            lines.append((line, gate.detail))
+        # A line each (a list would be indented past the field by the admin's form style).
+        return format_html_join("", '<div class="gate">{} — {}</div>', lines)
 
     def has_act_permission(self, request: HttpRequest) -> bool:
         # Retry and release change a todo: Django's change permission for todos (the form is
@@ -513,10 +630,17 @@ class AttemptAdmin(StrictAdmin):
 
 
 class QueuePauseForm(ServiceModelForm):
-    """Pause a queue: the name, a reason, and whether a name nothing has used may be paused."""
+    """Pause a queue: the name, a reason, and whether a name nothing has used may be paused.
 
+    The name and the reason are the service's to check (``service_checked``): a name it refuses,
+    a reason too long, are refused beside their field in its words, as the API says them, not by
+    the model's constraints above the form."""
+
+    service_checked = frozenset({"queue", "reason"})
     create = forms.BooleanField(
-        required=False, help_text="Pause a queue name nothing has used yet (guards against typos)."
+        label="Create",
+        required=False,
+        help_text="Pause a queue name nothing has used yet (guards against typos).",
     )
 
     class Meta:
@@ -526,12 +650,24 @@ class QueuePauseForm(ServiceModelForm):
     def write(self) -> Any:
         assert self.request is not None
         data = self.cleaned_data
-        return pauses.queue_pause(
-            actor=HumanActor(self.request.user, via="admin"),
-            queue=data.get("queue", ""),
-            reason=data.get("reason", ""),
-            create=bool(data.get("create")),
-        )
+        queue = data.get("queue", "")
+        try:
+            return pauses.queue_pause(
+                actor=HumanActor(self.request.user, via="admin"),
+                queue=queue,
+                reason=data.get("reason", ""),
+                create=bool(data.get("create")),
+            )
+        except NotFound as exc:
+            if exc.details.get("queue") != queue:
+                raise
+            # A name nothing has used: the service's words name the API's and the CLI's way to
+            # pause it anyway; this form's way is its own box.
+            raise InvalidArgument(
+                f"no queue named {queue!r} is known; to pause it anyway, tick "
+                f"“{self.fields['create'].label}”",
+                field="queue",
+            ) from exc
 
     def validate_unique(self) -> None:
         # Pausing a paused queue is not an error: the service answers that nothing changed.
@@ -569,6 +705,14 @@ class QueuePauseAdmin(ServiceFormAdmin):
         obj.pk = result.queue if hasattr(result, "queue") else obj.queue
         if not getattr(result, "changed", True):
             messages.info(request, f"Queue {obj.pk} was already paused; nothing changed.")
+            request._switchboard_unchanged = True  # type: ignore[attr-defined]
+
+    def message_user(self, request: HttpRequest, message: Any, *args: Any, **kwargs: Any) -> None:
+        # An add that found the queue paused added nothing: save_model said so, and the add's
+        # own "was added successfully" (response_add) would say the opposite.
+        if getattr(request, "_switchboard_unchanged", False):
+            return
+        super().message_user(request, message, *args, **kwargs)
 
     def log_addition(self, request: HttpRequest, obj: Any, message: Any) -> Any:
         return None  # the ledger is the record of pauses
@@ -655,6 +799,16 @@ class HumanTokenAdmin(_PersonFieldAdmin):
             else:
                 refused.append(f"{token}: already revoked")
         _summarize(self, request, f"{n} token(s) revoked.", refused)
+
+
+# Django's own user pages (a last login, a date joined) show their times in the viewer's zone too,
+# as every other page here does.
+admin.site.unregister(get_user_model())
+
+
+@admin.register(get_user_model())
+class UserAdmin(ViewerZoneAdmin, auth_admin.UserAdmin):
+    pass
 
 
 def _show_hook_secret(request: HttpRequest, endpoint: Endpoint) -> None:

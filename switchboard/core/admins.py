@@ -4,6 +4,9 @@
 selection whose id is not one) is refused with the admin's own "invalid lookup" page or a message,
 not a 500.
 
+``ViewerZoneAdmin``: the page's times in the viewer's zone, the console's (the ``tz`` cookie), not
+the server's UTC; the page names the zone (templates/admin/base_site.html).
+
 ``ServiceModelForm`` / ``ServiceFormAdmin``: admin forms whose save is a service call. The admin
 saves a form after it is valid, in ``ModelAdmin.save_model``, where a refusal has no page to land
 on: a ``ValidationError`` raised there is a 500. So the write happens in the form instead, last in
@@ -16,6 +19,7 @@ beside its field, not by the model's constraint above the form.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from django import forms
@@ -28,8 +32,13 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
+from django.template.response import SimpleTemplateResponse
+from django.utils import timezone
 
 from switchboard.core.errors import DomainError
+from switchboard.core.pages import TZ_COOKIE
+from switchboard.core.zones import zone_named
 
 
 class StrictChangeList(ChangeList):
@@ -49,7 +58,48 @@ class StrictChangeList(ChangeList):
             raise IncorrectLookupParameters(exc) from exc
 
 
-class StrictAdmin(admin.ModelAdmin):
+def in_viewer_zone(request: HttpRequest, view: Callable[[], HttpResponseBase]) -> HttpResponseBase:
+    """``view``'s answer made and rendered in the viewer's zone (UTC without the cookie), as the
+    console's times are, the page naming it (``viewer_zone``, templates/admin/base_site.html).
+    Rendered here: a template response renders after the view returns, outside any zone the
+    view set, and the admin formats its times as it renders."""
+    name, zone = zone_named(request.COOKIES.get(TZ_COOKIE))
+    with timezone.override(zone):
+        response = view()
+        if isinstance(response, SimpleTemplateResponse):
+            response.context_data = {**(response.context_data or {}), "viewer_zone": name}
+            response.render()
+    return response
+
+
+class ViewerZoneAdmin(admin.ModelAdmin):
+    """A model admin whose pages show times in the viewer's zone (``in_viewer_zone``): the list
+    (its actions' pages too), the add and change forms, the delete confirmation, the history."""
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        view = super().changelist_view
+        return in_viewer_zone(request, lambda: view(request, extra_context))
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: Any = None,
+    ) -> Any:
+        view = super().changeform_view
+        return in_viewer_zone(request, lambda: view(request, object_id, form_url, extra_context))
+
+    def delete_view(self, request: HttpRequest, object_id: str, extra_context: Any = None) -> Any:
+        view = super().delete_view
+        return in_viewer_zone(request, lambda: view(request, object_id, extra_context))
+
+    def history_view(self, request: HttpRequest, object_id: str, extra_context: Any = None) -> Any:
+        view = super().history_view
+        return in_viewer_zone(request, lambda: view(request, object_id, extra_context))
+
+
+class StrictAdmin(ViewerZoneAdmin):
     """The base of every model admin here (see the module's docstring)."""
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
@@ -95,6 +145,9 @@ class ServiceModelForm(forms.ModelForm):
     # CheckConstraint, whose refusal names no field ("Constraint … is violated." above the form),
     # and the form's bounds are the column's (0), not what the service accepts.
     service_ranges: ClassVar[dict[str, tuple[int, int]]] = {}
+    # Fields whose values the service checks, refusing in its words beside the field (as the API
+    # does): the model's constraints over them are left out, for the same reason.
+    service_checked: ClassVar[frozenset[str]] = frozenset()
     # The admin's request (who acts), set on the class ``ModelAdmin.get_form`` makes for it.
     request: HttpRequest | None = None
     written: Any = None
@@ -113,7 +166,7 @@ class ServiceModelForm(forms.ModelForm):
         # ModelForm's hook (private, unchanged since Django 1.x) for the fields the model's
         # validation leaves out (those the form already refused): the service checks these.
         excluded: set[str] = super()._get_validation_exclusions()  # type: ignore[misc]
-        return excluded | set(self.service_ranges)
+        return excluded | set(self.service_ranges) | self.service_checked
 
     def write(self) -> Any:
         """Make the change through its service; the answer is kept as ``written``."""

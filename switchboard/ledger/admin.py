@@ -3,7 +3,9 @@ serves the other apps' audit tables; ``LedgerEntryAdmin`` is registered by admis
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from itertools import zip_longest
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.contrib.admin.options import IncorrectLookupParameters
@@ -11,6 +13,9 @@ from django.contrib.admin.views.main import ChangeList
 from django.http import HttpRequest
 
 from switchboard.ledger.models import LedgerHead
+
+if TYPE_CHECKING:
+    from django.contrib.admin.filters import _ListFilterChoices
 
 
 class _ChangeList(ChangeList):
@@ -44,6 +49,22 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return {}
 
 
+class NamedBlankValuesFilter(admin.AllValuesFieldListFilter):
+    """Django's filter by each value in the column, a blank value named "(none)": Django shows
+    it as a link with no text (axe: link-name, serious), which no one can read or pick."""
+
+    BLANK = "(none)"
+
+    def choices(self, changelist: ChangeList) -> Iterator[_ListFilterChoices]:
+        # The parent's choices: "All", then one per value of lookup_choices but None (whose
+        # choice, if any, comes last and is already named).
+        values = [None, *(str(v) for v in self.lookup_choices if v is not None)]
+        for choice, value in zip_longest(super().choices(changelist), values):
+            if value == "":
+                choice["display"] = f"{self.BLANK}{choice['display']}"
+            yield choice
+
+
 # Registered by admission/admin.py, which narrows it to the rows the access layer lets the
 # viewer read (the ledger depends on no app, so it cannot ask queues.access itself).
 class LedgerEntryAdmin(ReadOnlyAdmin):
@@ -58,7 +79,7 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
         "scope",
         "queue",
     ]
-    list_filter = ["kind", "chain", "scope"]
+    list_filter = ["kind", "chain", ("scope", NamedBlankValuesFilter)]
     search_fields = ["scope", "queue", "actor_human_name", "actor_endpoint_slug", "entry_hash"]
     date_hierarchy = "at"
     ordering = ["-seq"]
