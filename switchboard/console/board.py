@@ -3,7 +3,9 @@
 A section is one queue identity ``(endpoint, queue)``. Everything it shows comes from the shared
 selectors: counts per identity (``identity_counts`` here, the per-identity sibling of
 ``queues.selectors.queue_stats``), cards from ``queues.selectors.todos_for``, the chip of a
-waiting todo from ``queues.selectors.admission_for``, the budget strip from
+waiting todo from ``queues.selectors.admission_for`` (a budget) or from the named limits' claim
+gates (``queues.gates``: their skips say which todos they hold, their ``explain`` why and until
+when, as on the todo's page), the budget strip from
 ``admission.selectors.evaluate_policies`` / ``status`` / ``usage``, the pause from
 ``queues.selectors.pauses_of`` (written only by ``queues.pauses``). The pages
 (``switchboard/console/views.py``) and the live stream (``switchboard/console/live.py``) both
@@ -15,7 +17,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
-from datetime import tzinfo
+from datetime import UTC, datetime, tzinfo
 from typing import Any
 from uuid import UUID
 
@@ -27,10 +29,13 @@ from django.http import QueryDict
 
 from admission import engine
 from admission import selectors as admission_selectors
+from admission.limits.gates import QUARANTINED, PoolGate, RateGate, TagGate
 from admission.models import AdmissionPolicy
-from queues import access, conditions, selectors, sql
+from queues import access, conditions, gates, selectors, sql
 from queues.access import Viewer, visible_endpoints
 from queues.conditions import Condition
+from queues.declared import UNDECLARED
+from queues.gates import GateState
 from queues.models import (
     QUARANTINE_QUEUE,
     QUEUE_NAME_RE,
@@ -72,10 +77,28 @@ STATE_CHOICES: tuple[tuple[str, str], ...] = (
 )
 STATE_VALUES = tuple(v for v, _ in STATE_CHOICES)
 
-# What a refusal reason reads as on a chip and in the strip: the words of queues.conditions.
+# What a refusal reason reads as on a chip and in the strip: the words of queues.conditions; a
+# named limit's (its claim gate's reasons), the condition's "Deferred" and which hold it is.
 REASON_TEXT: dict[str, str] = {
-    reason: condition.label for reason, condition in conditions.BY_REASON.items()
+    **{reason: condition.label for reason, condition in conditions.BY_REASON.items()},
+    PoolGate.reason: "Deferred · pool full",
+    TagGate.reason: "Deferred · tag limit full",
+    RateGate.reason: "Deferred · rate limit reached",
+    QUARANTINED: "Deferred · limit quarantined",
+    UNDECLARED: "Deferred · limit not declared",
 }
+# A named limit's hold in a section's head, after the limit's kind and name.
+HOLD_TEXT: dict[str, str] = {
+    PoolGate.reason: "full",
+    TagGate.reason: "full",
+    RateGate.reason: "used up this minute",
+    QUARANTINED: "quarantined (0): an operator must raise its limit",
+    UNDECLARED: "not declared: an operator must declare it",
+}
+# Forever (a hold only an operator ends) outranks any instant, as in ``Explanation.binding``.
+_FOREVER = datetime.max.replace(tzinfo=UTC)
+# The todo row as the gates' SQL fragments name it in an ORM query over the todos.
+_TODO = Todo._meta.db_table
 MAX_SEARCH = selectors.MAX_SEARCH
 
 
@@ -183,7 +206,44 @@ def identity_counts(endpoint_ids: list[UUID]) -> dict[tuple[UUID, str], Identity
     return out
 
 
+def limit_held(sections: list[Section]) -> set[tuple[UUID, str]]:
+    """The identities among ``sections`` whose pending work named limits hold, every todo of it:
+    none a claim could take now (``queues.sql.waiting_sql``: claimable, and passed over by no
+    per-todo gate's skip, as claim_next passes it over). One query; a paused queue's work waits
+    for its resume, not a limit, and the quarantine queue's for nothing."""
+    keys = {
+        f"{s.endpoint.id}:{s.queue}": (s.endpoint.id, s.queue)
+        for s in sections
+        if s.counts.get(TodoState.PENDING) and s.pause is None and not s.quarantine
+    }
+    if not keys:
+        return set()
+    with connection.cursor() as cursor:
+        cursor.execute(sql.waiting_sql(), {"keys": sorted(keys)})
+        waiting = {key for (key,) in cursor.fetchall()}
+    return {pair for key, pair in keys.items() if key not in waiting}
+
+
 # --- sections ----------------------------------------------------------------------------------
+
+
+@dataclass
+class LimitHold:
+    """A named limit holding some of a section's waiting cards: what the todo's page says of it
+    (``GateState``, the binding gate of each card), and how many of the cards shown it holds."""
+
+    state: GateState
+    noun: str  # the limit's kind as its refusals name it: "pool", "tag", "rate limit"
+    cards: int = 0
+
+    @property
+    def names(self) -> str:
+        return ", ".join(self.state.limits)
+
+    @property
+    def words(self) -> str:
+        reason = self.state.reason or ""
+        return HOLD_TEXT.get(reason, reason.replace("_", " "))
 
 
 @dataclass
@@ -193,11 +253,15 @@ class Section:
     queue: str
     counts: dict[str, int]
     dead_letter: int
+    # Named limits hold every pending todo: nothing here can be claimed now (``limit_held``).
+    limits_hold_all: bool = False
     policy: AdmissionPolicy | None = None
     evaluation: engine.Evaluation | None = None
     pause: selectors.PauseInfo | None = None
     cards: list[Todo] = field(default_factory=list)
     chips: dict[UUID, dict[str, Any]] = field(default_factory=dict)
+    # The named limits holding the cards shown, each once (the head says which, and until when).
+    holds: list[LimitHold] = field(default_factory=list)
     next_cursor: str | None = None
     total: int = 0  # todos the state filter matches (cards show at most a page of them)
     can_write_budget: bool = False
@@ -228,7 +292,7 @@ class Section:
 
     @functools.cached_property
     def conditions(self) -> list[Condition]:
-        return conditions.of(
+        found = conditions.of(
             quarantine=self.quarantine,
             paused=self.pause is not None,
             refusals=[status["reason"]]
@@ -237,6 +301,13 @@ class Section:
             failing=self.failing,
             dead_letter=self.dead_letter,
         )
+        if self.limits_hold_all and Condition.DEFERRED_LIMIT not in found:
+            # As a budget's refusal reads (``conditions.of``), worst first, never "Healthy".
+            found = sorted(
+                [*(c for c in found if c != Condition.HEALTHY), Condition.DEFERRED_LIMIT],
+                key=conditions.RANK.__getitem__,
+            )
+        return found
 
     @property
     def condition(self) -> Condition:
@@ -409,6 +480,9 @@ def _all_sections(viewer: Viewer, filters: Filters) -> tuple[list[Endpoint], lis
         )
         section.total = shown_total(section, filters.state)
         out.append(section)
+    held = limit_held(out)
+    for section in out:
+        section.limits_hold_all = (section.endpoint.id, section.queue) in held
     return endpoints, out
 
 
@@ -497,11 +571,83 @@ def _fill_cards(
             s.cards.sort(key=lambda t: order[t.state])
             if limit < CARD_LIMIT:  # a board of many: a glimpse of each section, not a page
                 del s.cards[limit:]
-    # A waiting card's chip is its section's derived budget status (the API's ``admission``).
+    # A waiting card's chip is its section's derived budget status (the API's ``admission``),
+    # or the named limit that holds it, whichever binds (holds the longer, as the todo's page
+    # says it).
     for s in found:
         status = s.status
         if status is not None:
             s.chips = {t.id: status for t in s.cards if t.state == TodoState.PENDING}
+    _fill_limit_holds(found)
+
+
+def _fill_limit_holds(found: list[Section]) -> None:
+    """The chips of waiting cards a named limit holds, and each section's ``holds``.
+
+    Only waiting cards that name a limit (a pool, tags, a rate limit) are asked, all in one
+    query: each per-todo gate's skip (whether it holds the todo now, as claim_next passes it
+    over) and probe (the limits the todo names). Then each gate's ``explain``, the todo page's
+    read, once per distinct probe of the held ones, not once per card."""
+    waiting = {
+        t.id: (s, t)
+        for s in found
+        if s.pause is None and not s.quarantine
+        for t in s.cards
+        if t.state == TodoState.PENDING and (t.pool or t.tags or t.rate_limit)
+    }
+    per_todo = [(g, skip) for g in gates.gates() if g.per_todo and (skip := g.skip(_TODO))]
+    if not waiting or not per_todo:
+        return
+    # How each kind's refusals name it ("pool gpu is at its limit"; "tag", "rate limit").
+    nouns = {g.name: str(getattr(g, "noun", g.name.replace("_", " "))) for g, _ in per_todo}
+    asked: dict[str, RawSQL] = {}
+    for i, (gate, skip) in enumerate(per_todo):
+        asked[f"key{i}"] = RawSQL(f"({gate.probe(_TODO)})::text", (), models.TextField())
+        asked[f"held{i}"] = RawSQL(skip, (), models.BooleanField())
+    rows = (
+        Todo.objects.filter(id__in=list(waiting))
+        .order_by()
+        .annotate(**asked)
+        .values_list("id", *asked)
+    )
+    said: dict[tuple[int, str], GateState | None] = {}
+    for todo_id, *flags in rows:
+        s, todo = waiting[todo_id]
+        held: list[GateState] = []
+        for i, (gate, _) in enumerate(per_todo):
+            key, skipped = flags[2 * i], flags[2 * i + 1]
+            if not skipped:
+                continue
+            if (i, key) not in said:
+                said[(i, key)] = gate.explain(todo)
+            state = said[(i, key)]
+            if state is not None and state.holds:
+                held.append(state)
+        binding = selectors.Explanation(held).binding
+        if binding is None or not _binds_over(binding, s.chips.get(todo_id)):
+            continue
+        noun = nouns[binding.gate]
+        s.chips[todo_id] = {
+            "state": "deferred",
+            "reason": binding.reason,
+            "next_eligible_at": binding.next_eligible_at,
+            "exact": binding.exact,
+            "limits": [{"kind": noun, "name": name} for name in binding.limits],
+        }
+        hold = next((h for h in s.holds if h.state == binding), None)
+        if hold is None:
+            hold = LimitHold(binding, noun)
+            s.holds.append(hold)
+        hold.cards += 1
+
+
+def _binds_over(hold: GateState, budget: dict[str, Any] | None) -> bool:
+    """Whether a named limit's hold outlasts the budget's deferral of the same todo (the later
+    instant binds; one only an operator ends binds over any; on a tie the budget, first in lock
+    order, as ``Explanation.binding``)."""
+    if budget is None or budget.get("state") != "deferred":
+        return True
+    return (hold.next_eligible_at or _FOREVER) > (budget.get("next_eligible_at") or _FOREVER)
 
 
 def _count_for(section: Section, state: str) -> int:
