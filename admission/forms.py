@@ -7,6 +7,7 @@ form field it names so the error shows beside it.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django import forms
@@ -228,11 +229,13 @@ class PolicyForm(forms.Form):
 
     def add_domain_error(self, field: str | None, message: str) -> None:
         """The service's error beside the field it names, in the page's words: the API's field
-        name that opens the message is dropped (the field's label stands beside it). A stacked
-        window's field (``windows[2].tz``) lands on its row."""
+        name that opens the message is dropped (the field's label stands beside it), and any
+        other it names reads as that field's label here (``labelled``). A stacked window's field
+        (``windows[2].tz``) lands on its row."""
         row, name = place_of_field(field)
         if field and message.startswith(field + " "):
             message = message[len(field) + 1 :]
+        message = labelled(message)
         if row is not None and row < len(self._extra_rows):
             target = self.rows.forms[self._extra_rows[row]]
             if name not in target.errors:
@@ -311,6 +314,47 @@ class PolicyForm(forms.Form):
             if item.get("period") == WindowPeriod.WEEK:
                 trials.append({**base, "windows": [*good[: i + 1], held, *good[i + 2 :]]})
         return trials
+
+
+# The API's names of a budget's fields as the service's messages write them (``max_in_flight``,
+# ``window.weekday``, ``windows[1].tz``, the ``tz`` of "same period, tz, start and weekday").
+_API_NAME_RE = re.compile(
+    r"\bwindows\[(?P<row>\d+)\](?:\.(?P<key>\w+))?"
+    r"|\bwindow\.\w+"
+    r"|\b(?:max_in_flight|max_claims_per_window|tz)\b"
+)
+# What the user typed, quoted in a message (``'europe/berlin' is not a known ...``): kept as
+# typed. (An apostrophe inside a word, as in "queue's", opens no quote.)
+_QUOTED_RE = re.compile(r"""((?<!\w)(?:'[^']*'|"[^"]*")(?!\w))""")
+
+
+def _label_of(match: re.Match[str]) -> str:
+    """One API name as the budget page labels its field: the first window's fields are the
+    policy form's own (``window.weekday``, ``windows[0].weekday``: "Weekday"), a stacked
+    window's are its row's, by the row's number on the page (``windows[1].weekday``: "Window 2's
+    weekday"; ``windows[1]``: "Window 2")."""
+    name = match[0]
+    if name == "tz":
+        return "zone"  # the bare ``tz`` of a window's parts, listed
+    if match["row"] is not None and match["key"] is None:
+        number = int(match["row"]) + 1
+        return f"Window {number}" if number > 1 else "the first window"
+    row, column = place_of_field(name)
+    if row is None:
+        field = PolicyForm.base_fields.get(column or "")
+        return str(field.label) if field else name
+    field = WindowRowForm.base_fields.get(column or "")
+    return f"Window {row + 2}'s {str(field.label).lower()}" if field else name
+
+
+def labelled(message: str) -> str:
+    """A service message (written with the API's field names, as the API answers it) in the
+    budget page's words: each field it names reads as that field's label on the page. What the
+    user typed, quoted in it, is left as typed."""
+    parts = _QUOTED_RE.split(message)
+    return "".join(
+        part if i % 2 else _API_NAME_RE.sub(_label_of, part) for i, part in enumerate(parts)
+    )
 
 
 class LedgerFilterForm(forms.Form):

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import re
+from html import unescape
 from typing import Any
 
+import pytest
 from django.db import connection
 
 from admission import services as admission_services
 from admission.models import AdmissionPolicy
+from admission.policy import PolicySpec
 from queues import services
 from queues.models import EndpointState
+from switchboard.core.errors import InvalidArgument
 from tests.conftest import FIXTURE, Personas, audit_rows, push, run_threads
 from tests.web.conftest import budget, hidden_version, policy_form, previewed, signed_in
 
@@ -340,3 +344,82 @@ def test_two_clears_of_one_budget_at_once_both_land_on_the_board(tx_personas: Pe
     assert [(a.status_code, a["Location"]) for a in answers] == [(302, "/#edit-agent--inbox")] * 2
     assert not AdmissionPolicy.objects.exists()
     assert audit_rows().filter(kind="policy.delete").count() == 1
+
+
+def field_errors(html: str) -> dict[str, str]:
+    """Each error shown beside a field, by the field's id, as the page reads it."""
+    found = re.findall(r'<p id="id_([^"]+)-error" class="error field-error">([^<]*)</p>', html)
+    return {name: unescape(text) for name, text in found}
+
+
+def stacked_form(**row: str) -> dict[str, str]:
+    """The policy form with one stacked window (window 2 on the page)."""
+    fields = {"limit": "3", "period": "day", "tz": "UTC", "start": "00:00", "weekday": ""}
+    fields.update(row)
+    return policy_form(
+        **{"more-TOTAL_FORMS": "1", "more-INITIAL_FORMS": "0", "more-MAX_NUM_FORMS": "3"},
+        **{f"more-0-{k}": v for k, v in fields.items()},
+    )
+
+
+def test_an_error_names_the_fields_by_their_labels_on_the_page(personas: Personas) -> None:
+    client = signed_in(personas.owner)
+    cases = {
+        "window_weekday": (
+            policy_form(window_period="week", window_weekday=""),
+            "a week window needs Weekday, one of Mon, Tue, Wed, Thu, Fri, Sat, Sun",
+        ),
+        "max_in_flight": (
+            policy_form(max_in_flight="", max_claims_per_window="", window_period=""),
+            "a budget needs Max in flight, Max claims per window, or both",
+        ),
+        "more-0-weekday": (
+            stacked_form(period="week"),
+            "a week window needs Window 2's weekday, one of Mon, Tue, Wed, Thu, Fri, Sat, Sun",
+        ),
+        "more-0-period": (
+            stacked_form(tz="Europe/Paris"),
+            "Window 2 repeats an earlier window (same period, zone, start and weekday)",
+        ),
+        # What was typed is quoted as typed, even where it looks like a field's API name.
+        "window_tz": (
+            policy_form(window_tz="window.tz"),
+            "'window.tz' is not a known IANA time zone",
+        ),
+    }
+    for field, (form, message) in cases.items():
+        response = client.post("/budgets/agent/inbox", form)
+        assert response.status_code == 400, field
+        errors = field_errors(response.content.decode())
+        assert errors.get(field) == message, (field, errors)
+
+
+def test_no_error_on_the_page_speaks_the_apis_field_names(personas: Personas) -> None:
+    client = signed_in(personas.owner)
+    api_names = re.compile(r"max_in_flight|max_claims_per_window|windows?\[|window\.|\btz\b")
+    forms = [
+        policy_form(window_period="week", window_weekday=""),
+        policy_form(max_in_flight="", max_claims_per_window="", window_period=""),
+        policy_form(max_in_flight="-1", max_claims_per_window="-1", window_start="25:00"),
+        stacked_form(limit="-3", period="week", tz="Mars/Base", start="99:00"),
+        stacked_form(tz="Europe/Paris"),
+        stacked_form(limit="", tz="Asia/Tokyo"),
+    ]
+    for form in forms:
+        html = client.post("/budgets/agent/inbox", form).content.decode()
+        errors = field_errors(html)
+        assert errors, form
+        for field, text in errors.items():
+            assert not api_names.search(text), (field, text)
+
+
+def test_the_api_keeps_the_services_own_words(personas: Personas) -> None:
+    with pytest.raises(InvalidArgument) as refused:
+        PolicySpec.clean(
+            queue="inbox",
+            max_in_flight=None,
+            max_claims_per_window=5,
+            window={"period": "week", "tz": "UTC", "start": "00:00"},
+        )
+    assert refused.value.field == "window.weekday"
+    assert "a week window needs window.weekday" in refused.value.message
