@@ -292,8 +292,11 @@ def _todo_context(request: HttpRequest, viewer: Viewer, todo_id: UUID) -> dict[s
     retry_refusal = selectors.retry_refusal(todo) if "retry" in actions else None
     if retry_refusal is not None:
         actions.remove("retry")
-    # Nor a claim on a paused queue (the Admission section shows the pause).
-    if pause is not None and "claim" in actions:
+    # Nor a claim on a paused queue (the Admission section shows the pause), nor one a gate
+    # holds now (a budget, a named limit): the claim would be refused, as the page says.
+    explain = selectors.todo_explain(todo)
+    held_by = explain.binding if explain is not None and pause is None else None
+    if (pause is not None or held_by is not None) and "claim" in actions:
         actions.remove("claim")
     back = safe_next(request, reverse("board"))
     return {
@@ -303,7 +306,8 @@ def _todo_context(request: HttpRequest, viewer: Viewer, todo_id: UUID) -> dict[s
         "admission": chips.get(todo.id),
         "policy_status": policy_status,
         "pause": pause,
-        "explain": selectors.todo_explain(todo),
+        "explain": explain,
+        "held_by": held_by,
         "can_act": can_act,
         "actions": actions,
         "retry_refusal": retry_refusal.message if retry_refusal else "",

@@ -242,3 +242,18 @@ def test_the_gates_detail_says_its_times_in_the_viewers_zone(personas: Personas)
     local = pause.at.astimezone(ZoneInfo("Asia/Kolkata")).strftime("%Y-%m-%d %H:%M:%S IST")
     assert f"since {local}: upgrade" in gates
     assert not re.search(r"\d{4}-\d{2}-\d{2}T\d{2}:", gates)
+
+
+def test_a_claim_a_gate_would_refuse_is_not_offered_and_the_page_says_until_when(
+    personas: Personas,
+) -> None:
+    # "Claim as operator" was offered on a todo a budget or a pool held, and then refused.
+    p = personas
+    (todo,) = push(p, 1)
+    client = signed_in(p.owner)
+    assert f"/todos/{todo.id}/claim" in client.get(f"/todos/{todo.id}").content.decode()
+    budget(p, max_in_flight=0)
+    html = client.get(f"/todos/{todo.id}").content.decode()
+    assert f"/todos/{todo.id}/claim" not in html
+    assert "Claim is not offered: budget holds it until an operator acts" in html
+    assert f"/todos/{todo.id}/discard" in html  # the other actions stay
