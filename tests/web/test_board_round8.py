@@ -62,7 +62,7 @@ def test_a_card_a_full_pool_holds_says_so_and_when_it_may_run(personas: Personas
     waiting = a_full_pool(p)
     html = board(p)
     chip = card(html, waiting)
-    assert f"Deferred · pool full · eligible ≈ {eligible(waiting)}</span>" in chip
+    assert f"Deferred · pool full: gpu · eligible ≈ {eligible(waiting)}</span>" in chip
     assert 'class="chip tone-exhausted"' in chip
     top = head(html)
     assert "Held by pool <bdi>gpu</bdi>" in top
@@ -115,10 +115,10 @@ def test_a_rate_limit_hold_is_exact_and_a_quarantine_waits_for_an_operator(
     limit_services.limit_quarantine(actor=p.as_human(p.admin), kind="pool", name="tpu")
     html = board(p, "/?endpoint=agent")
     # A rate limit's minute is certain: no "≈".
-    assert f"Deferred · rate limit reached · eligible {eligible(rated)}<" in card(html, rated)
+    assert f"Deferred · rate limit reached: openai · eligible {eligible(rated)}<" in card(html, rated)
     assert "Held by rate limit <bdi>openai</bdi>" in head(html)
     quarantine_chip = card(html, quarantined, "agent--outbox")
-    assert "Deferred · limit quarantined</span>" in quarantine_chip
+    assert "Deferred · limit quarantined: tpu</span>" in quarantine_chip
     assert "eligible" not in quarantine_chip
     outbox = head(html, "agent--outbox")
     assert "Held by pool <bdi>tpu</bdi>" in outbox and "until an operator acts" in outbox
@@ -134,7 +134,7 @@ def test_a_limit_that_holds_longer_than_the_budget_names_the_chip(personas: Pers
     (waiting,) = push(p, 1, pool="tpu")
     services.claim(actor=p.as_agent(), todo_id=busy.id, lease_ttl_seconds=600)
     limit_services.limit_quarantine(actor=p.as_human(p.admin), kind="pool", name="tpu")
-    assert "Deferred · limit quarantined</span>" in card(board(p), waiting)
+    assert "Deferred · limit quarantined: tpu</span>" in card(board(p), waiting)
     # The pool's limit raised, the budget holds alone again, and its chip is back.
     limit_services.limit_set(actor=p.as_human(p.admin), kind="pool", name="tpu", slots=5)
     assert f"At cap · in flight full · eligible ≈ {eligible(waiting)}</span>" in card(

@@ -238,6 +238,8 @@ def _card(t: Any, s: Any, zone: tzinfo | None, today: date, url: str, nxt: str) 
             chip = '<span class="chip tone-paused">paused · waits for resume</span>\n'
         elif status and status.get("state") == "deferred":
             words = status_text(status)
+            if status.get("limits"):  # a named limit's hold: which (the head names them too)
+                words += ": " + ", ".join(limit["name"] for limit in status["limits"])
             if status.get("next_eligible_at"):
                 words += " · eligible " + ("" if status.get("exact") else "≈ ")
                 words += at_zone(status["next_eligible_at"], zone, today)
