@@ -344,6 +344,8 @@ def fill_conditions(stats: list[QueueStat], endpoint_ids: list[UUID] | None) -> 
     for (_, queue), status in gates.statuses(identities).items():
         if status.get("state") == "deferred":
             reasons.setdefault(queue, []).append(status.get("reason"))
+    for queue in _held_by_limits(stats, identities, reasons):
+        reasons[queue] = [LIMIT_HELD]
     for stat in stats:
         stat.conditions = conditions.of(
             quarantine=stat.queue == QUARANTINE_QUEUE,
@@ -352,6 +354,36 @@ def fill_conditions(stats: list[QueueStat], endpoint_ids: list[UUID] | None) -> 
             failing=stat.counts[TodoState.FAILED] - stat.dead_letter,
             dead_letter=stat.dead_letter,
         )
+
+
+# A queue whose pending work named limits hold, all of it (read as "Deferred · a named limit
+# is full": queues.conditions, whose reasons not a budget's are a limit's).
+LIMIT_HELD = "limit_held"
+
+
+def _held_by_limits(
+    stats: list[QueueStat],
+    identities: set[tuple[UUID, str]],
+    reasons: dict[str, list[str | None]],
+) -> set[str]:
+    """The queues with pending work of which a claim could take none now, with no pause and
+    no budget to say why: named limits hold it (``sql.waiting_sql``, the claim's own skips, as
+    the board asks of its sections). It read "Healthy" before. One query."""
+    asked = {
+        s.queue
+        for s in stats
+        if s.counts[TodoState.PENDING]
+        and s.paused is None
+        and s.queue != QUARANTINE_QUEUE
+        and s.queue not in reasons
+    }
+    keys = sorted(f"{endpoint_id}:{queue}" for endpoint_id, queue in identities if queue in asked)
+    if not keys:
+        return set()
+    with connection.cursor() as cursor:
+        cursor.execute(sql.waiting_sql(), {"keys": keys})
+        waiting = {key.split(":", 1)[1] for (key,) in cursor.fetchall()}
+    return asked - waiting
 
 
 def queue_overview(*, actor: HumanActor) -> list[QueueStat]:

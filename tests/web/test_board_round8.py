@@ -17,6 +17,7 @@ from admission.limits.models import RateLimit
 from queues import selectors, services
 from switchboard.console.templatetags.console import at_zone
 from switchboard.core.zones import zone_named
+from tests.admission.test_api import human
 from tests.conftest import Personas, push
 from tests.limits.conftest import clear_of_a_minute_boundary, pool
 from tests.web.conftest import budget, signed_in
@@ -86,6 +87,17 @@ def test_a_section_whose_pending_work_a_limit_holds_is_not_healthy(personas: Per
     assert re.search(
         r'<span class="n">1</span> <span class="w">Deferred · a named limit is full', summary
     )
+    # The queue list and its API read so too ("Healthy" before).
+    listed = client.get("/queues").content.decode()
+    row = listed[listed.index('href="/queues/inbox"') :]
+    assert "Deferred · a named limit is full" in row[: row.index("</tr>")]
+    overview = {q["queue"]: q for q in human(p.owner).get("/api/v1/queues").json()["queues"]}
+    assert overview["inbox"]["condition"] == "deferred_limit"
+    # Work a claim could take beside it: not held, as a section with a free todo is not.
+    push(p, 1)
+    listed = client.get("/queues").content.decode()
+    row = listed[listed.index('href="/queues/inbox"') :]
+    assert "Deferred · a named limit is full" not in row[: row.index("</tr>")]
 
 
 def test_work_a_limit_holds_only_in_part_leaves_the_section_healthy_but_says_which(
@@ -115,7 +127,9 @@ def test_a_rate_limit_hold_is_exact_and_a_quarantine_waits_for_an_operator(
     limit_services.limit_quarantine(actor=p.as_human(p.admin), kind="pool", name="tpu")
     html = board(p, "/?endpoint=agent")
     # A rate limit's minute is certain: no "≈".
-    assert f"Deferred · rate limit reached: openai · eligible {eligible(rated)}<" in card(html, rated)
+    assert f"Deferred · rate limit reached: openai · eligible {eligible(rated)}<" in card(
+        html, rated
+    )
     assert "Held by rate limit <bdi>openai</bdi>" in head(html)
     quarantine_chip = card(html, quarantined, "agent--outbox")
     assert "Deferred · limit quarantined: tpu</span>" in quarantine_chip
