@@ -792,6 +792,20 @@ def _check_head(
             _named(c, f"row {last.seq} is not the row the signed head records"),
             c,
         )
+    if last.pos and head.chain_pos != last.pos:
+        # Chain 0's signature covers its seq and hash only (as it always did): a position
+        # lowered under it passed, and each append then took a position a row already had.
+        return ChainProblem(
+            last.seq,
+            last.position,
+            "mutated",
+            _named(
+                c,
+                f"the signed head records chain position {head.chain_pos}, but its row "
+                f"(seq {last.seq}) is at position {last.pos}",
+            ),
+            c,
+        )
     return None
 
 
@@ -820,9 +834,9 @@ def check(
     """
     stored = LedgerCheck.objects.filter(pk=1).values_list("report", flat=True).first()
     report = verify(batch)
-    seen = _high_water(stored)
+    seen, unreadable = _high_water(stored)
     if report.chain is None:
-        report.chain = rolled_back(report, seen)
+        report.chain = unreadable or rolled_back(report, seen)
     with transaction.atomic():
         # Under the row's lock, with what a check that ran meanwhile stored: a slower check
         # (an earlier snapshot) never lowers the mark a faster one raised.
@@ -832,7 +846,7 @@ def check(
             .values_list("report", flat=True)
             .first()
         )
-        marks = _furthest(_high_water(latest), seen)
+        marks = _furthest(_high_water(latest)[0], seen)
         # Only a sound chain moves the mark: past a rollback found now, the heads are the
         # rolled-back ones, and taking them as the mark would clear the alarm at the next check.
         report.high_water = _furthest(marks, report.chains) if report.chain is None else marks
@@ -849,13 +863,54 @@ def check(
     return report
 
 
-def _high_water(stored: dict[str, Any] | None) -> dict[int, dict[str, Any]]:
+def _high_water(
+    stored: dict[str, Any] | None,
+) -> tuple[dict[int, dict[str, Any]], ChainProblem | None]:
     """The furthest heads a stored report records (a report from before ``high_water`` existed
-    records its own heads, without their hashes)."""
+    records its own heads, without their hashes), and, when a mark is not one a check writes,
+    the problem that is: only a writer outside Switchboard makes one. Such a mark crashed every
+    check (so ``--expect`` too) and left the verdict as that writer put it; its well-formed
+    marks still count."""
     if not stored:
-        return {}
+        return {}, None
     marks = stored.get("high_water") or stored.get("chains") or {}
-    return {int(c): dict(v) for c, v in marks.items()}
+    if not isinstance(marks, dict):
+        return {}, _unreadable_mark(f"high_water is {type(marks).__name__}, not an object")
+    out: dict[int, dict[str, Any]] = {}
+    bad: list[str] = []
+    for c, mark in marks.items():
+        if _is_mark(c, mark):
+            out[int(c)] = dict(mark)
+        else:
+            bad.append(f"chain {c!r}: {json.dumps(mark)[:80]}")
+    return out, _unreadable_mark("; ".join(bad)) if bad else None
+
+
+def _is_mark(chain: Any, mark: Any) -> bool:
+    def count(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    return (
+        isinstance(chain, str)
+        and chain.isascii()
+        and chain.isdigit()
+        and int(chain) in CHAINS
+        and isinstance(mark, dict)
+        and count(mark.get("rows"))
+        and count(mark.get("head_seq", 0))
+        and isinstance(mark.get("head_hash", ""), str | None)
+    )
+
+
+def _unreadable_mark(what: str) -> ChainProblem:
+    return ChainProblem(
+        0,
+        0,
+        "mutated",
+        f"the stored check's mark of the furthest heads seen is not one a check writes ({what}):"
+        " it was written outside Switchboard, and a rollback it recorded may be hidden; once "
+        "that is dealt with, `ledger verify --reset-mark` records the heads as they are",
+    )
 
 
 def _furthest(

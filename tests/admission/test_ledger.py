@@ -157,6 +157,19 @@ def test_a_head_rewound_without_the_key_is_caught(db: None) -> None:
     assert "signature" in chain.detail
 
 
+def test_a_head_whose_position_was_lowered_is_caught_before_appends_break(db: None) -> None:
+    # Chain 0's head signs its seq and hash, not its position: lowered, it passed verify (and
+    # moved the stored mark to a false anchor), then every append collided with a row already
+    # at the position it took, and the next check called it a rollback.
+    build_chain(5)
+    LedgerHead.objects.filter(id=0).update(chain_pos=3)
+    chain = ledger.verify().chain
+    assert chain is not None and (chain.problem, chain.seq, chain.position) == ("mutated", 5, 5)
+    assert chain.detail == (
+        "the signed head records chain position 3, but its row (seq 5) is at position 5"
+    )
+
+
 def test_a_row_appended_past_the_head_is_caught_as_inserted(db: None) -> None:
     build_chain(3)
     tail = LedgerEntry.objects.get(seq=3)

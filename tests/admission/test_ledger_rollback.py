@@ -132,6 +132,41 @@ def test_an_anchor_kept_elsewhere_catches_a_rollback_of_the_stored_check_too(db:
     assert "Either the anchor was mistyped or taken from another ledger, or rows were " in out
 
 
+@pytest.mark.parametrize(
+    "mark",
+    [
+        {"0": {"rows": "x", "head_seq": 5}},
+        {"0": {}},
+        {"zero": {"rows": 5}},
+        {"0": 5},
+        ["0", 5],
+    ],
+    ids=["rows-text", "no-rows", "chain-word", "not-an-object", "a-list"],
+)
+def test_a_stored_mark_not_written_by_a_check_is_a_finding_not_a_crash(db: None, mark: Any) -> None:
+    # A writer who rolled the ledger back and made the stored mark unreadable: every check
+    # crashed (TypeError, KeyError, ValueError), so --expect could not say the rollback and
+    # "Verify now" was a 500, while the verdict stayed the green the writer left.
+    build_chain(3)
+    earlier = saved_head()
+    build_chain(2)
+    code, out = run_verify()
+    assert code == 0
+    [anchor] = anchors(out)
+    roll_back(earlier)
+    LedgerCheck.objects.filter(pk=1).update(ok=True, report={"high_water": mark})
+    code, out = run_verify("--expect", anchor)
+    assert code == 3
+    assert "the stored check's mark of the furthest heads seen is not one a check writes" in out
+    stored = LedgerCheck.objects.get(pk=1)
+    assert not stored.ok  # the badge and /metrics say so
+    # Dealt with: the mark forgotten, the chain as it is verifies, and the anchor still finds
+    # the rows it names gone.
+    LedgerCheck.objects.all().delete()
+    assert run_verify()[0] == 0
+    assert run_verify("--expect", anchor)[0] == 3
+
+
 def test_an_anchor_is_its_holders_evidence_and_never_the_fleets_verdict(
     db: None, settings: Any
 ) -> None:
