@@ -14,8 +14,13 @@ class LimitsConfig(AppConfig):
     def ready(self) -> None:
         import admission.limits.verbs  # noqa: F401  (declares this app's agent verb)
         from admission.limits import gates, intake, priority, rates
+        from admission.limits.audit import LimitTrail
         from queues import declared
         from queues import gates as claim_gates
+        from switchboard.ledger import chain
+
+        # ledger verify (and limits verify) compare every declaration with its audited state.
+        chain.register_trail(LimitTrail)
 
         declared.register(intake.DECLARATIONS)
         declared.register_rate_observer(rates.observe)

@@ -6,19 +6,34 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from admission.limits import services as limit_services
 from admission.limits.models import Pool, RateLimit, TagLimit
 from queues import services
+from queues.access import SystemActor
 from tests.conftest import Personas, push
 from tests.mcp.conftest import js_clients, live_url  # noqa: F401  (a live server, the TS SDK)
 from tests.web.conftest import budget
 
+# Declared through the service, as every surface declares them: with their ledger row (a
+# declaration the ledger never saw is a finding of ``ledger verify``: admission.limits.audit).
+DECLARER = SystemActor(via="test")
+
 
 def pool(name: str = "gpu", slots: int = 2, posture: str = "enforce") -> Pool:
-    return Pool.objects.create(name=name, slots=slots, posture=posture)
+    limit_services.limit_set(actor=DECLARER, kind="pool", name=name, slots=slots, posture=posture)
+    return Pool.objects.get(name=name)
 
 
 def tag(name: str, limit: int, posture: str = "enforce") -> TagLimit:
-    return TagLimit.objects.create(tag=name, limit=limit, posture=posture)
+    limit_services.limit_set(actor=DECLARER, kind="tag", name=name, limit=limit, posture=posture)
+    return TagLimit.objects.get(tag=name)
+
+
+def rate(name: str, base_limit: int, **fields: Any) -> RateLimit:
+    limit_services.limit_set(
+        actor=DECLARER, kind="rate", name=name, base_limit=base_limit, **fields
+    )
+    return RateLimit.objects.get(name=name)
 
 
 def push_named(p: Personas, n: int = 1, queue: str = "inbox", **names: Any) -> list[Any]:
@@ -45,7 +60,7 @@ def everything_full(p: Personas) -> Any:
     pool("gpu", slots=1)
     tag("vendor.a", 1)
     tag("vendor.b", 1, posture="advise")
-    RateLimit.objects.create(name="openai", base_limit=1)
+    rate("openai", base_limit=1)
     first, second = push(p, 2, **NAMES)
     services.claim(actor=p.as_agent(), todo_id=first.id, lease_ttl_seconds=600)
     return second

@@ -17,6 +17,7 @@ from queues import services
 from queues.models import QueuePause, Todo, TodoState
 from queues.services import Claimed
 from switchboard.ledger.models import LedgerEntry, LedgerKind
+from tests.admission.test_ledger import run_verify
 from tests.conftest import Personas, audit_rows
 from tests.limits.conftest import push_named
 
@@ -140,7 +141,11 @@ def test_verify_names_a_grant_the_enforced_limit_in_force_would_have_refused(
 
     code, out, _ = failing("verify", "--json")
     report = json.loads(out)
-    assert code == 3 and report["ledger"]["ok"] is True and report["grants"] == 2
+    assert code == 3 and report["grants"] == 2
+    # The raise itself is the ledger's finding: the pool differs from its audited state.
+    [changed] = report["ledger"]["drift"]
+    assert (changed["limit"], changed["problem"]) == ("limits/pool gpu", "changed_outside_audit")
+    assert changed["detail"].endswith("slots audited 1, now 2")
     [drift] = report["grant_drift"]
     assert (drift["todo"], drift["problem"], drift["limit"], drift["held"]) == (
         str(second.id),
@@ -179,3 +184,33 @@ def test_status_counts_the_grants_held_not_the_claims_naming_a_limit(personas: P
     assert json.loads(limits("status", "--json"))["grants"] == 1
     services.complete(actor=personas.as_agent(), todo_id=granted.todo.id)
     assert json.loads(limits("status", "--json"))["grants"] == 0
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "UPDATE limits_pool SET posture = 'off' WHERE name = 'gpu'",
+        "UPDATE limits_pool SET slots = 99 WHERE name = 'gpu'",
+        "DELETE FROM limits_pool WHERE name = 'gpu'",
+        """INSERT INTO limits_taglimit (tag, "limit", posture, created_at, updated_at)
+        VALUES ('new', 1, 'enforce', now(), now())""",
+        "UPDATE limits_queuesettings SET priority = 9 WHERE queue = 'inbox'",
+    ],
+    ids=["posture-off", "slots", "deleted", "made", "priority"],
+)
+def test_a_limit_changed_outside_the_audited_path_is_a_finding_of_both_verifies(
+    personas: Personas, change: str
+) -> None:
+    # A pool set to off in the database let claims through with no grant and no finding of
+    # either verify, while the same change to a budget was drift.
+    limits("pool", "create", "gpu", "--slots", "1", "--as", "ada")
+    limits("queue", "create", "inbox", "--priority", "1", "--as", "ada")
+    limits("verify")  # sound
+    with connection.cursor() as cursor:
+        cursor.execute(change)
+    code, out, _ = failing("verify", "--json")
+    assert code == 3
+    [drift] = json.loads(out)["ledger"]["drift"]
+    assert drift["problem"] in {"changed_outside_audit", "deleted_outside_audit", "no_create_row"}
+    ledger_code, ledger_out = run_verify("--json")
+    assert ledger_code == 3 and json.loads(ledger_out)["drift"] == [drift]

@@ -14,7 +14,6 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from django.utils import timezone
 
-from admission.limits.models import RateLimit
 from admission.limits.services import limit_quarantine, limit_set
 from admission.limits.verify import limits_verify, replay_grants
 from queues import services, sql
@@ -26,7 +25,7 @@ from switchboard.ledger import chain
 from switchboard.ledger.models import LedgerEntry, LedgerKind
 from tests.api.conftest import Api, human_token
 from tests.conftest import Personas, lapse, push, run_threads
-from tests.limits.conftest import pool, push_named, tag
+from tests.limits.conftest import pool, push_named, rate, tag
 from tests.web.conftest import signed_in
 
 
@@ -95,7 +94,7 @@ def test_the_locked_path_writes_the_grant_with_occupancy_and_the_waiver_names_it
     personas: Personas,
 ) -> None:
     pool("gpu", slots=1, posture="advise")
-    RateLimit.objects.create(name="openai", base_limit=100)
+    rate("openai", base_limit=100)
     a, b = push_named(personas, 2, pool="gpu", rate_limit="openai")
 
     services.claim(actor=personas.as_agent(), todo_id=a.id)

@@ -110,7 +110,7 @@ def test_of_eight_operators_over_one_version_exactly_one_lands(tx_personas: Pers
     assert sorted(outcomes) == ["refused"] * 7 + ["written"]
     assert slots() == 10 + outcomes.index("written")
     sets = audit_rows().filter(kind=LedgerKind.LIMITS_SET)
-    assert sets.count() == 1  # the winner's (pool() declares through the ORM, no ledger row)
+    assert sets.count() == 2  # pool()'s declaration, and the winner's
 
 
 def test_of_eight_declarers_only_where_none_is_exactly_one_declares(
