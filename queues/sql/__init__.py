@@ -1547,6 +1547,24 @@ GROUP BY 1, 2, 3
 """
 
 
+# The named limits as the live board's snapshot sees them: each declaration's last change and how
+# many claims hold it now. A card a pool holds is freed by a claim ending on another queue (one
+# the board may not show), and only this moves the board's fingerprint for it.
+LIVE_LIMITS_SQL = """
+SELECT 'pool', p.name, p.updated_at,
+       (SELECT count(*) FROM queues_todo t WHERE t.state = 'claimed' AND t.pool = p.name)
+FROM limits_pool p
+UNION ALL
+SELECT 'tag', g.tag, g.updated_at,
+       (SELECT count(*) FROM queues_todo t
+        WHERE t.state = 'claimed' AND t.tags <> '{}' AND t.tags @> ARRAY[g.tag]::varchar[])
+FROM limits_taglimit g
+UNION ALL
+SELECT 'rate', r.name, r.updated_at, NULL FROM limits_ratelimit r
+ORDER BY 1, 2
+"""
+
+
 # Counts by state (and dead letters) per queue identity of the given endpoints (the board).
 IDENTITY_COUNTS_SQL = """
 SELECT endpoint_id, queue, state, count(*),

@@ -108,6 +108,9 @@ class Fleet:
     pauses: tuple[tuple[str, str], ...]
     policies: dict[tuple[str, str], tuple[Any, ...]]
     endpoints: dict[str, tuple[Any, ...]]  # id -> (slug, owner_id, state, scope)
+    # The named limits (kind, name, last change, claims holding it), and the minute while any
+    # rate limit is declared (its holds end at the next): every board's, as a limit is shared.
+    limits: tuple[tuple[Any, ...], ...] = ()
 
 
 _POLICIES_SQL = """
@@ -120,7 +123,7 @@ FROM admission_admissionpolicy p
 
 
 def read_fleet() -> Fleet:
-    """The snapshot every stream of this process hashes (four small queries)."""
+    """The snapshot every stream of this process hashes (five small queries)."""
     now = timezone.now()
     with connection.cursor() as cursor:
         cursor.execute(sql.LIVE_TODOS_SQL)
@@ -156,7 +159,13 @@ def read_fleet() -> Fleet:
             )
         cursor.execute("SELECT id::text, slug, owner_id, state, scope_queues FROM queues_endpoint")
         endpoints = {row[0]: (row[1], row[2], row[3], tuple(row[4])) for row in cursor.fetchall()}
-    return Fleet(todos=todos, pauses=pauses, policies=policies, endpoints=endpoints)
+        cursor.execute(sql.LIVE_LIMITS_SQL)
+        limits: tuple[tuple[Any, ...], ...] = tuple(
+            (kind, name, changed.isoformat(), held) for kind, name, changed, held in cursor
+        )
+    if any(kind == "rate" for kind, *_ in limits):
+        limits += (("minute", now.replace(second=0, microsecond=0).isoformat()),)
+    return Fleet(todos=todos, pauses=pauses, policies=policies, endpoints=endpoints, limits=limits)
 
 
 def _closing(fn: Callable[..., T]) -> Callable[..., T]:
@@ -227,6 +236,7 @@ def fingerprint(fleet: Fleet, viewer: Viewer, filters: Filters) -> str:
         sorted((k, v) for k, v in fleet.todos.items() if wanted(k)),
         sorted((k, v) for k, v in fleet.policies.items() if wanted(k)),
         fleet.pauses,
+        fleet.limits,
     ]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
 

@@ -13,6 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 from django.db import connection
 from django.test import Client, RequestFactory
 
+from admission.limits import services as limit_services
 from queues import pauses, services
 from queues.access import Viewer
 from switchboard.console import live
@@ -55,6 +56,28 @@ def test_the_fingerprint_moves_with_what_the_viewer_sees_and_only_that(personas:
     before_pause = live.fingerprint_now(owner, everything)
     pauses.queue_pause(actor=p.as_human(p.admin), queue="inbox", reason="x")
     assert live.fingerprint_now(owner, everything) != before_pause
+
+
+def test_a_hold_freed_by_a_claim_on_a_queue_the_board_does_not_show_moves_it(
+    personas: Personas,
+) -> None:
+    # Pool gpu's one slot is held by a claim on outbox; inbox's card waits for it. The board
+    # filtered to inbox went on saying "pool full" after the outbox claim ended: its fingerprint
+    # hashed inbox's todos only.
+    p = personas
+    _, owner = _viewer(p.owner)
+    inbox = Filters(queue="inbox")
+    limit_services.limit_set(actor=FIXTURE, kind="pool", name="gpu", slots=1)
+    (holder,) = push(p, 1, queue="outbox", pool="gpu")
+    push(p, 1, queue="inbox", pool="gpu")
+    services.claim(actor=p.as_human(), todo_id=holder.id)
+    held = live.fingerprint_now(owner, inbox)
+    assert live.fingerprint_now(owner, inbox) == held  # nothing moved, nothing sent
+    services.complete(actor=p.as_human(), todo_id=holder.id)
+    freed = live.fingerprint_now(owner, inbox)
+    assert freed != held
+    limit_services.limit_set(actor=FIXTURE, kind="pool", name="gpu", slots=2)
+    assert live.fingerprint_now(owner, inbox) != freed  # a limit changed
 
 
 def test_a_change_sends_only_the_parts_that_changed(personas: Personas) -> None:
