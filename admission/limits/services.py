@@ -142,11 +142,11 @@ def as_dict(kind: Kind, row: Any) -> dict[str, Any]:
     return out
 
 
-def _check_may_change(actor: Actor, kind: Kind) -> None:
+def _check_may_change(actor: Actor | SystemActor, kind: Kind) -> None:
     _check_perm(actor, kind.model._meta.model_name or "")
 
 
-def _check_perm(actor: Actor, model_name: str) -> None:
+def _check_perm(actor: Actor | SystemActor, model_name: str) -> None:
     check_actor(actor)
     if isinstance(actor, SystemActor):
         return  # the machine operator's shell owns the database
@@ -187,7 +187,7 @@ def _values(kind: Kind, given: dict[str, Any], row: Any | None) -> dict[str, Any
     return values
 
 
-def _append(kind: str, actor: Actor, before: Any, after: Any) -> None:
+def _append(kind: str, actor: Actor | SystemActor, before: Any, after: Any) -> None:
     ledger.append(
         kind=kind, actor=access.ledger_actor(actor), scope="limits", before=before, after=after
     )
@@ -225,7 +225,7 @@ def _check_expected(
 
 def limit_set(
     *,
-    actor: Actor,
+    actor: Actor | SystemActor,
     kind: str,
     name: str,
     expected: Collection[str] | None = None,
@@ -269,7 +269,7 @@ def limit_set(
 
 
 def limit_delete(
-    *, actor: Actor, kind: str, name: str, expected: Collection[str] | None = None
+    *, actor: Actor | SystemActor, kind: str, name: str, expected: Collection[str] | None = None
 ) -> dict[str, Any]:
     """Remove a declaration that no live todo names (one ``limits.delete`` row). A limit live
     work still names is refused: without its row the claim would no longer hold that work.
@@ -313,7 +313,7 @@ def limits_list() -> list[dict[str, Any]]:
     ]
 
 
-def limit_quarantine(*, actor: Actor, kind: str, name: str) -> dict[str, Any]:
+def limit_quarantine(*, actor: Actor | SystemActor, kind: str, name: str) -> dict[str, Any]:
     """Quarantine a pool or a tag in one transaction: its limit set to 0 under enforce, every
     claim naming it expired at once, and one ``limits.quarantine`` ledger row whose payload is
     the whole manifest (the expired todos with their holders, the queued todos).
@@ -348,7 +348,7 @@ class _ClaimedMeanwhile(Exception):
 _QUARANTINE_TRIES = 20
 
 
-def _quarantine_once(actor: Actor, k: Kind, kind: str, name: str) -> dict[str, Any]:
+def _quarantine_once(actor: Actor | SystemActor, k: Kind, kind: str, name: str) -> dict[str, Any]:
     with connection.cursor() as cursor:
         cursor.execute(gated.quarantine_lock_sql(kind), {"n": name})
         locked = {todo_id for (todo_id,) in cursor.fetchall()}
@@ -404,7 +404,7 @@ def _queue_dict(row: QueueSettings) -> dict[str, Any]:
 
 def queue_settings_set(
     *,
-    actor: Actor,
+    actor: Actor | SystemActor,
     queue: str,
     priority: int | None = None,
     aging_seconds: int | None = None,
