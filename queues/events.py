@@ -26,6 +26,7 @@ from switchboard.core.errors import DomainError, MethodNotAllowed, Unauthorized
 from switchboard.core.http import error_response, unknown_parameter
 
 KEEPALIVE_SECONDS = 15.0
+KEEPALIVE = ": keepalive\n\n"
 RETRY_MS = 1000
 
 
@@ -55,7 +56,7 @@ async def ring_stream(
             try:
                 ring = await asyncio.wait_for(sub.rings.get(), KEEPALIVE_SECONDS)
             except TimeoutError:
-                yield ": keepalive\n\n"
+                yield KEEPALIVE
                 continue
             if ring is END:
                 yield revoked

@@ -62,6 +62,7 @@ is charged as if sent alone: one over the rate is answered in the batch with a J
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import contextlib
@@ -69,7 +70,8 @@ import functools
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -85,7 +87,7 @@ from django.views.decorators.csrf import csrf_exempt
 from queues.access import AgentActor
 from queues.auth import REVOKED_MESSAGE, authenticate_agent, check_endpoint_rate
 from queues.doorbell import Ring
-from queues.events import release_connection, ring_stream
+from queues.events import KEEPALIVE, KEEPALIVE_SECONDS, release_connection, ring_stream
 from switchboard.core import counters, verbs
 from switchboard.core.availability import is_outage, outage
 from switchboard.core.errors import (
@@ -790,12 +792,33 @@ def _get_stream(request: Incoming, actor: AgentActor) -> Reply | HttpResponseBas
     if _session_get(actor, session_id) is None:
         return _rpc_error(None, RpcError(INVALID_REQUEST, "Session not found"), 404)
     release_connection()
-    return _event_stream(
-        ring_stream(
-            str(actor.endpoint.id), request.headers.get("Last-Event-ID"), render=_notification
-        ),
-        session_id,
+    rings = ring_stream(
+        str(actor.endpoint.id), request.headers.get("Last-Event-ID"), render=_notification
     )
+    return _event_stream(_while_session(rings, _session_key(actor, session_id)), session_id)
+
+
+async def _while_session(rings: AsyncGenerator[str, None], key: str) -> AsyncIterator[str]:
+    """The stream of a handshake session, ended once the session is (a DELETE, from this client
+    or any other, or its expiry): it went on for ever, rings and all, for a session every
+    request of which answered 404. Asked at each keepalive (every 15 s while nothing rings) and
+    at most that often while rings flow; a Valkey that does not answer keeps the stream."""
+    checked = time.monotonic()
+    async with contextlib.aclosing(rings) as source:
+        async for chunk in source:
+            now = time.monotonic()
+            if chunk == KEEPALIVE or now - checked >= KEEPALIVE_SECONDS:
+                checked = now
+                if not await asyncio.to_thread(_session_alive, key):
+                    return
+            yield chunk
+
+
+def _session_alive(key: str) -> bool:
+    try:
+        return bool(counters.client().exists(key))
+    except Exception:  # redis unavailable: the session may well be alive
+        return True
 
 
 def _delete(request: Incoming, actor: AgentActor) -> Reply:

@@ -276,3 +276,30 @@ def test_a_revoke_ends_a_listen_with_the_refusal_and_a_handshake_stream_too(
             ]
             assert _rest(streamed) == []  # the stream ended
         assert http.post(url, json=body, headers=headers).status_code == 401
+
+
+def test_a_deleted_session_ends_its_get_stream(tx_personas: Personas, live_url: str) -> None:
+    # A DELETE ended the session (every request of it answered 404) but its GET stream went on,
+    # keepalives and rings, for as long as the client kept it open. It now ends at the next
+    # keepalive, at most 15 s later.
+    p = tx_personas
+    (waiting,) = push(p, 1)
+    url = f"{live_url}/mcp/{p.agent.slug}"
+    bearer = {"Authorization": f"Bearer {p.agent_token}"}
+    with httpx.Client(timeout=httpx.Timeout(10.0, read=30.0)) as http:
+        opened = http.post(
+            url,
+            json=initialize(),
+            headers={**bearer, "Accept": "application/json, text/event-stream"},
+        )
+        session = {
+            **bearer,
+            "Mcp-Session-Id": opened.headers["Mcp-Session-Id"],
+            "MCP-Protocol-Version": "2025-11-25",
+        }
+        with http.stream("GET", url, headers={**session, "Accept": "text/event-stream"}) as get:
+            streamed = get.iter_lines()
+            assert _ring(next(_data(streamed))["params"])[0] == str(waiting.id)  # attached
+            assert http.delete(url, headers=session).status_code == 204
+            assert _rest(streamed, seconds=25) == []  # the stream ended
+        assert http.get(url, headers={**session, "Accept": "text/event-stream"}).status_code == 404
