@@ -33,7 +33,7 @@ from django.db import transaction
 from django.db.models import Count
 
 from queues import access, gates, metrics, selectors, sql
-from queues.access import Actor, AgentActor, acting_endpoint_ids
+from queues.access import Actor, AgentActor, HumanActor, acting_endpoint_ids
 from queues.models import QUARANTINE_QUEUE, Endpoint, Todo, TodoState, check_queue_name
 from queues.services.endpoints import resolve_lease_ttl
 from switchboard.core import availability, tokens, validation
@@ -41,6 +41,7 @@ from switchboard.core.errors import Conflict, InvalidArgument, NotFound
 from switchboard.core.times import iso
 from switchboard.core.tokens import LEASE_TOKEN_PREFIX, hash_token
 from switchboard.ledger import chain as ledger
+from switchboard.ledger.models import LedgerKind
 
 
 @dataclass
@@ -292,11 +293,38 @@ def claim(
             outcome.lease_token = lease_token
             result = outcome
             metrics.claimed(result.todo.queue, result.attempt, charged=result.admission is not None)
+            if isinstance(actor, HumanActor):
+                _ledger_human_claim(actor, endpoint, locked, result)
     if refused is not None:
         _record_refusals([refused])
         raise refused.gate.deferred_error(refused.refusal)
     assert result is not None
     return result
+
+
+def _ledger_human_claim(
+    actor: HumanActor, endpoint: Endpoint, locked: sql.LockedTodo, claimed: Claimed
+) -> None:
+    """A human's claim takes work an agent would have had: a decision, so one chain-0 row in the
+    claim's transaction, as a human's ending of a claim is (``todos._end``: the same lock
+    order, a grant chain's, if the claim wrote a grant, then chain 0's). An agent's own claim
+    is not ledgered; a limited one's grant row records it."""
+    todo = claimed.todo
+    ledger.append(
+        kind=LedgerKind.TODO_CLAIM,
+        actor=access.ledger_actor(actor),
+        scope=f"endpoint:{endpoint.slug}",
+        queue=todo.queue,
+        before={"state": locked.state, "attempt": locked.attempt},
+        after={
+            "state": todo.state,
+            "owner": todo.owner,
+            "attempt": claimed.attempt,
+            "lease_expires_at": iso(todo.lease_expires_at),
+            "count": 1,
+            "todos": [str(todo.id)],
+        },
+    )
 
 
 def _admit_and_claim(

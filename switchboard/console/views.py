@@ -422,13 +422,19 @@ def todo_action_view(request: HttpRequest, todo_id: UUID, action: str) -> HttpRe
     return HttpResponseRedirect(back)
 
 
-def _shown_attempt(request: HttpRequest) -> int | None:
+def _shown_attempt(request: HttpRequest) -> int:
     """The attempt the page showed in flight, which a complete, fail or release ends and no
     other: the agent may have released it and claimed again since the page loaded, and the
-    operator's action would have ended that newer claim. None from a form without it."""
+    operator's action would have ended that newer claim. Required."""
     raw = request.POST.get("attempt", "")
     if not raw:
-        return None
+        # Every form of the page says it; one that does not (a page from before the field, a
+        # script) would end whichever claim is current, one the operator never saw.
+        raise InvalidArgument(
+            "attempt: the form did not say which attempt it ends; load the page again and "
+            "send it from there",
+            field="attempt",
+        )
     if not (raw.isascii() and raw.isdigit() and len(raw) <= 9) or int(raw) < 1:
         raise InvalidArgument(f"attempt: {raw!r} is not an attempt number", field="attempt")
     return int(raw)

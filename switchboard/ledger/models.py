@@ -34,6 +34,8 @@ class LedgerKind(models.TextChoices):
     ENDPOINT_HOOK_SECRET_ROTATE = "endpoint.hook_secret_rotate"
     TOKEN_CREATE = "token.create"
     TOKEN_REVOKE = "token.revoke"
+    # A human's claim (the console's "Claim as operator"): it takes work an agent would have.
+    TODO_CLAIM = "todo.claim"
     TODO_RETRY = "todo.retry"
     TODO_DISCARD = "todo.discard"
     # A human's ending of a claim (services.todos._human_end); an agent's own is not a decision.

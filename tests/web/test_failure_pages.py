@@ -225,7 +225,7 @@ def test_a_lapsed_lease_reads_lapsed_and_offers_only_its_release(personas: Perso
     assert f'action="/todos/{todo.id}/release"' in page
     for refused in ("complete", "fail"):
         assert f'action="/todos/{todo.id}/{refused}"' not in page
-    client.post(f"/todos/{todo.id}/release")
+    client.post(f"/todos/{todo.id}/release", {"attempt": "1"})
     assert Todo.objects.get(pk=todo.pk).state == TodoState.PENDING
 
 
@@ -238,11 +238,13 @@ def test_a_complete_whose_result_is_refused_changes_nothing_and_says_why(
     services.claim(actor=p.as_human(), todo_id=todo.id)
     client = signed_in(p.owner)
     page = client.post(
-        f"/todos/{todo.id}/complete", {"result": '{"answer": NaN}'}, follow=True
+        f"/todos/{todo.id}/complete", {"result": '{"answer": NaN}', "attempt": "1"}, follow=True
     ).content.decode()
     assert "Not completed: result:" in page and "Nothing was changed" in page
     assert Todo.objects.get(pk=todo.pk).state == TodoState.CLAIMED
-    done = client.post(f"/todos/{todo.id}/complete", {"result": '{"answer": 42}'}, follow=True)
+    done = client.post(
+        f"/todos/{todo.id}/complete", {"result": '{"answer": 42}', "attempt": "1"}, follow=True
+    )
     assert "Completed." in done.content.decode()
     assert Todo.objects.get(pk=todo.pk).result == {"answer": 42}
 
@@ -256,10 +258,10 @@ def test_releasing_a_last_attempt_says_it_is_a_dead_letter_now(personas: Persona
     client = signed_in(p.owner)
     for todo in (last, spare):
         services.claim(actor=p.as_human(), todo_id=todo.id)
-    page = client.post(f"/todos/{last.id}/release", follow=True).content.decode()
+    page = client.post(f"/todos/{last.id}/release", {"attempt": "1"}, follow=True).content.decode()
     assert "it was its last attempt, so it is a dead letter now" in page
     assert Todo.objects.get(pk=last.pk).dead_letter
-    page = client.post(f"/todos/{spare.id}/release", follow=True).content.decode()
+    page = client.post(f"/todos/{spare.id}/release", {"attempt": "1"}, follow=True).content.decode()
     assert "Released: back to pending." in page
 
 

@@ -13,6 +13,8 @@ from django.utils.html import escape
 from queues import pauses, services
 from queues.models import TodoState
 from switchboard.core import validation
+from switchboard.ledger import chain as ledger
+from switchboard.ledger.models import LedgerEntry, LedgerKind
 from tests.conftest import Personas, push
 from tests.web.conftest import HTMX, budget, signed_in
 
@@ -61,20 +63,23 @@ def test_an_operator_claims_completes_fails_releases_and_retries_through_the_ser
     a.refresh_from_db()
     assert a.state == TodoState.CLAIMED and a.owner == "operator:olive"
     assert a.claim_via == "board" and not a.attempts.exists()  # its row: when it ends
-    client.post(f"/todos/{a.id}/complete", {"summary": "by hand", "result": '{"ok": true}'})
+    client.post(
+        f"/todos/{a.id}/complete",
+        {"summary": "by hand", "result": '{"ok": true}', "attempt": "1"},
+    )
     a.refresh_from_db()
     assert (a.state, a.result) == (TodoState.DONE, {"ok": True})
     assert a.attempts.get().via == "board"
 
     client.post(f"/todos/{b.id}/claim")
-    client.post(f"/todos/{b.id}/release")
+    client.post(f"/todos/{b.id}/release", {"attempt": "1"})
     b.refresh_from_db()
     assert b.state == TodoState.FAILED and b.dead_letter  # its only attempt was released
     client.post(f"/todos/{b.id}/retry")
     b.refresh_from_db()
     assert (b.state, b.attempt) == (TodoState.PENDING, 0)
     client.post(f"/todos/{b.id}/claim")
-    followed = client.post(f"/todos/{b.id}/fail", {"error": "nope"}, follow=True)
+    followed = client.post(f"/todos/{b.id}/fail", {"error": "nope", "attempt": "1"}, follow=True)
     assert "Failed: dead-lettered." in followed.content.decode()
     b.refresh_from_db()
     assert b.result == {"error": "nope"}
@@ -84,7 +89,7 @@ def test_a_refused_action_comes_back_as_a_message(personas: Personas) -> None:
     p = personas
     (todo,) = push(p, 1)
     client = signed_in(p.owner)
-    response = client.post(f"/todos/{todo.id}/complete", follow=True)
+    response = client.post(f"/todos/{todo.id}/complete", {"attempt": "1"}, follow=True)
     assert "todo is pending, not claimed" in response.content.decode()
     budget(p, max_in_flight=0)
     refused = client.post(f"/todos/{todo.id}/claim", follow=True)
@@ -220,6 +225,9 @@ def test_an_action_ends_the_claim_the_page_showed_never_a_newer_one(personas: Pe
         assert (todo.state, todo.attempt) == (TodoState.CLAIMED, 2), action
     bad = client.post(f"/todos/{todo.id}/complete", {"attempt": "²"}, follow=True)
     assert "attempt: " in bad.content.decode()
+    # A form that does not say (a page from before the field, a script) ends nothing.
+    unsaid = client.post(f"/todos/{todo.id}/complete", {"summary": "x"}, follow=True)
+    assert "attempt: the form did not say which attempt it ends" in unsaid.content.decode()
     todo.refresh_from_db()
     assert todo.state == TodoState.CLAIMED
     current = _shown_attempt(client.get(f"/todos/{todo.id}").content.decode(), "complete")
@@ -257,3 +265,23 @@ def test_a_claim_a_gate_would_refuse_is_not_offered_and_the_page_says_until_when
     assert f"/todos/{todo.id}/claim" not in html
     assert "Claim is not offered: budget holds it until an operator acts" in html
     assert f"/todos/{todo.id}/discard" in html  # the other actions stay
+
+
+def test_an_operators_claim_is_a_ledger_row_naming_who_took_what(personas: Personas) -> None:
+    # A human's claim takes work an agent would have had; only its ending was ledgered.
+    p = personas
+    (todo,) = push(p, 1)
+    signed_in(p.owner).post(f"/todos/{todo.id}/claim")
+    row = LedgerEntry.objects.get(kind=LedgerKind.TODO_CLAIM)
+    assert (row.actor_human_name, row.scope, row.queue) == ("olive", "endpoint:agent", "inbox")
+    assert row.before == {"state": "pending", "attempt": 0}
+    assert row.after is not None
+    assert (row.after["state"], row.after["owner"], row.after["attempt"]) == (
+        "claimed",
+        "operator:olive",
+        1,
+    )
+    assert row.after["todos"] == [str(todo.id)]
+    services.claim(actor=p.as_agent(), todo_id=push(p, 1)[0].id)  # an agent's: no row
+    assert LedgerEntry.objects.filter(kind=LedgerKind.TODO_CLAIM).count() == 1
+    assert ledger.verify().ok
