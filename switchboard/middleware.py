@@ -10,7 +10,13 @@ import logging
 import time
 from collections.abc import Callable
 
-from django.core.exceptions import PermissionDenied, RequestDataTooBig
+from django.conf import settings
+from django.core.exceptions import (
+    DisallowedHost,
+    PermissionDenied,
+    RequestDataTooBig,
+    TooManyFieldsSent,
+)
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
 from django.shortcuts import render
@@ -142,12 +148,19 @@ def refusal_page(request: HttpRequest, exc: DomainError) -> HttpResponse:
 def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     """Django's 400 (a Host not in ALLOWED_HOSTS, a malformed request): never an HTML page for an
     agent or API client, which cannot read one."""
-    refusal = InvalidArgument(
-        "The request is malformed or names a host this server does not serve.", field="host"
-    )
+    if isinstance(exception, DisallowedHost) or exception is None:
+        refusal = InvalidArgument(
+            "The request is malformed or names a host this server does not serve.", field="host"
+        )
+    else:  # another SuspiciousOperation: nothing to do with the host
+        refusal = InvalidArgument("The request is malformed.", field="request")
     if _machine(request):
         return edge_refusal(request, refusal)
-    return HttpResponse(refusal.message, status=400, content_type="text/plain; charset=utf-8")
+    # The page made without the request's context: a bad Host fails every URL built from it.
+    return HttpResponse(
+        render_to_string("refused.html", {"status": 400, "message": refusal.message}),
+        status=400,
+    )
 
 
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
@@ -217,7 +230,10 @@ def _method_page(request: HttpRequest, response: HttpResponse) -> HttpResponse:
 def check_request_text(request: HttpRequest) -> None:
     """Refuse a NUL (or a lone surrogate) in the path, a query parameter or a form field."""
     check_text(request.path, "path")
-    sources = [request.GET]
+    try:
+        sources = [request.GET]
+    except TooManyFieldsSent:
+        raise _too_many_fields("query") from None
     if request.method == "POST" and request.content_type in FORM_TYPES:
         # Django parses a multipart body from its stream, after which ``request.body`` raises:
         # the API's body bound and parser read it next (a form posted to an operation was a
@@ -231,6 +247,9 @@ def check_request_text(request: HttpRequest) -> None:
         else:
             try:
                 sources.append(request.POST)
+            except TooManyFieldsSent:
+                # Django's 400 for it read as a bad Host, with an ERROR traceback in the log.
+                raise _too_many_fields("body") from None
             except MultiPartParserError as exc:
                 # No boundary, say: Django's 400 for it read as a bad Host, with a traceback.
                 # MCP refuses every form by its Content-Type (415): it keeps that answer.
@@ -243,6 +262,13 @@ def check_request_text(request: HttpRequest) -> None:
             check_text(key, "query")
             for value in values:
                 check_text(value, key)
+
+
+def _too_many_fields(where: str) -> InvalidArgument:
+    most = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
+    return InvalidArgument(
+        f"{where}: more than {most} fields; no form of this site has that many", field=where
+    )
 
 
 def refusals_without_tracebacks(record: logging.LogRecord) -> bool:

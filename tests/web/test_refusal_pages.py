@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 from django.core.exceptions import PermissionDenied
 from django.test import Client
@@ -134,3 +135,21 @@ def test_an_unknown_page_and_a_forms_address_opened_are_pages(personas: Personas
     assert "This address is for a form&#x27;s POST" in opened.content.decode()
     api = client.get("/api/v1/nope")
     assert api.status_code == 404 and api.json()["code"] == "not_found"
+
+
+def test_a_form_of_too_many_fields_is_a_page_naming_the_body_not_the_host(
+    personas: Personas, settings: Any
+) -> None:
+    # Django's TooManyFieldsSent reached its 400 handler: text/plain blaming the Host, and an
+    # ERROR traceback in the log.
+    fields = {f"a{i}": "1" for i in range(settings.DATA_UPLOAD_MAX_NUMBER_FIELDS + 1)}
+    response = Client().post("/login/", fields)
+    assert response.status_code == 400 and response["Content-Type"].startswith("text/html")
+    page = response.content.decode()
+    assert "<h1>The request was refused</h1>" in page
+    assert f"body: more than {settings.DATA_UPLOAD_MAX_NUMBER_FIELDS} fields" in page
+    assert "host" not in page
+    query = Client().get("/login/?" + "&".join(f"q{i}=1" for i in range(1001)))
+    assert query.status_code == 400 and "query: more than" in query.content.decode()
+    api = Client().get("/api/v1/todos?" + "&".join(f"q{i}=1" for i in range(1001)))
+    assert api.status_code == 400 and api.json()["field"] == "query"
