@@ -21,12 +21,17 @@ def env(name: str, default: str = "") -> str:
     file_name = os.environ.get(f"{name}_FILE")
     if file_name:
         try:
-            return Path(file_name).read_text().strip()
+            value = Path(file_name).read_text().strip()
         except (OSError, UnicodeDecodeError) as exc:
             raise ImproperlyConfigured(
                 f"{name}_FILE names {file_name}, which cannot be read ({exc.__class__.__name__}: "
                 f"{getattr(exc, 'strerror', None) or exc})"
             ) from None
+        if not value:
+            # Read as unset, an empty DATABASE_URL_FILE (a secret not yet written) meant the
+            # embedded database, quietly.
+            raise ImproperlyConfigured(f"{name}_FILE names {file_name}, which is empty")
+        return value
     return os.environ.get(name, default)
 
 

@@ -188,3 +188,12 @@ def test_a_command_in_a_data_folder_with_a_space_says_so_and_writes_nothing(
         "one (or DATABASE_URL).\n"
     )
     assert not spaced.exists()
+
+
+def test_an_empty_secret_file_is_refused_not_read_as_unset(tmp_path: Path) -> None:
+    # An empty DATABASE_URL_FILE (a secret not yet written) quietly meant the embedded database.
+    empty = tmp_path / "database_url"
+    empty.write_text("\n")
+    loaded = _load(tmp_path, PROBE, DATABASE_URL_FILE=str(empty))
+    assert loaded.returncode != 0
+    assert f"DATABASE_URL_FILE names {empty}, which is empty" in loaded.stderr
