@@ -923,6 +923,13 @@ def _furthest(
     return out
 
 
+def _apart(shown: str, other: str, least: int = 12) -> str:
+    """``shown`` cut short, but past where it first differs from ``other``: an anchor mistyped in
+    its last digit read "(hash 30eb12a1016d…) … is another row (30eb12a1016d…)"."""
+    same = next((i for i, (a, b) in enumerate(zip(shown, other, strict=False)) if a != b), 0)
+    return shown[: max(least, same + 4)]
+
+
 def anchor_mark(chain: int, position: int, entry_hash: str) -> tuple[int, dict[str, Any]]:
     """An anchor kept outside the database (``CHAIN:POSITION:HASH``, as ``ledger verify``
     prints a head) as a mark for ``check(expect=...)``: with the seq of the row at that place
@@ -954,6 +961,7 @@ def rolled_back(
         head = report.chains.get(c)
         rows = head["rows"] if head else 0
         marked = mark.get("head_hash")
+        now: str | None = None  # the hash at the marked position, when the chain reaches it
         if rows >= mark["rows"]:
             if not marked or not mark["rows"]:
                 continue
@@ -964,7 +972,10 @@ def rolled_back(
             )
             if now == marked:
                 continue
-            found = f"the row at chain position {mark['rows']} is another row ({(now or '')[:12]}…)"
+            found = (
+                f"the row at chain position {mark['rows']} is another row "
+                f"({_apart(now or '', marked)}…)"
+            )
         else:
             found = (
                 f"its signed head is at chain position {rows} (seq {head['head_seq']})"
@@ -978,7 +989,7 @@ def rolled_back(
         recorded = f"chain position {mark['rows']}" + (f" ({', '.join(facts)})" if facts else "")
         if anchors:
             # The anchor's own seq is not known (it is not part of it): say what it names.
-            anchor = f"chain position {mark['rows']} (hash {(marked or '')[:12]}…)"
+            anchor = f"chain position {mark['rows']} (hash {_apart(marked or '', now or '')}…)"
             return ChainProblem(
                 seq,
                 _place_of(seq) if seq else 0,

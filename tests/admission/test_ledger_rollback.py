@@ -188,6 +188,18 @@ def test_an_anchor_is_its_holders_evidence_and_never_the_fleets_verdict(
     assert run_verify("--expect", anchor)[0] == 0
 
 
+def test_an_anchor_off_by_its_last_digit_is_shown_apart_from_the_row(db: None) -> None:
+    # Both hashes were cut to 12 characters: "(hash 30eb12a1016d…) … another row (30eb12a1016d…)".
+    build_chain(3)
+    code, out = run_verify()
+    [anchor] = anchors(out)
+    real = anchor.rsplit(":", 1)[1]
+    typo = real[:-1] + ("0" if real[-1] != "0" else "1")
+    code, out = run_verify("--expect", f"0:3:{typo}")
+    assert code == 3
+    assert f"(hash {typo}…)" in out and f"is another row ({real}…)" in out
+
+
 @pytest.mark.parametrize(
     ("anchor", "says"),
     [
