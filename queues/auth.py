@@ -133,6 +133,13 @@ class _EndpointWatch:
     RETRY_EVERY = 1.0
     # A request waits this long for an answer another request asked for, then asks the database.
     WAIT_AT_MOST = 0.5
+    # While no request asks, a thread of the process asks this often, reading the notifications
+    # that arrived meanwhile. Nothing read them while the process served no agent: they filled
+    # the socket, the listening backend blocked writing to it ("ClientWrite"), and a blocked
+    # listener holds PostgreSQL's whole NOTIFY queue (every channel: todo_ready's too) from
+    # being trimmed, until NOTIFY fails everywhere; it also stalls each DROP DATABASE (its
+    # ProcSignalBarrier), which hung the test run's.
+    DRAIN_EVERY = 5.0
     # The watch's own statement fails (and the connection is dropped) past this (libpq's
     # tcp_user_timeout, milliseconds), so a server that stopped answering holds no request long.
     TCP_USER_TIMEOUT_MS = 2000
@@ -148,6 +155,7 @@ class _EndpointWatch:
         # When the last empty statement answered on this connection was sent: every change
         # committed before then has been applied to the cache.
         self._covered = -math.inf
+        self._drainer_pid = 0  # the process whose drain thread runs (a fork has none)
 
     def ready(self, since: float | None = None) -> bool:
         """Every change committed before ``since`` (a request's arrival, ``time.monotonic()``;
@@ -177,6 +185,7 @@ class _EndpointWatch:
                 self._conn, self._pid = conn, os.getpid()
                 self._covered = -math.inf
                 endpoint_cache.clear()  # what changed while nobody listened is unknown
+                self._start_draining()
             deadline = time.monotonic() + self.WAIT_AT_MOST
             while self._covered <= since:
                 if self._conn is None:
@@ -206,6 +215,25 @@ class _EndpointWatch:
                 if self._conn is conn:
                     self._covered = max(self._covered, sent)
             return True
+
+    def _start_draining(self) -> None:
+        """The drain thread of this process (under the lock), once."""
+        if self._drainer_pid == os.getpid():
+            return
+        self._drainer_pid = os.getpid()
+        threading.Thread(target=self._drain, name="endpoint-watch-drain", daemon=True).start()
+
+    def _drain(self) -> None:
+        """Ask (``ready``: an empty statement, then the notifications it brought) whenever no
+        request has for ``DRAIN_EVERY``, while the connection is up; a lost one is made again
+        by the next request, as before."""
+        while True:
+            time.sleep(self.DRAIN_EVERY)
+            with self._cond:
+                up = self._conn is not None and self._pid == os.getpid()
+                quiet = time.monotonic() - self._asked_at >= self.DRAIN_EVERY
+            if up and quiet:
+                self.ready()
 
     def _ask(self, conn: psycopg.Connection[Any]) -> bool:
         """An empty statement, then the notifications it brought (outside the lock: libpq

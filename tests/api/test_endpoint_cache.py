@@ -215,6 +215,28 @@ def test_a_statement_sent_after_a_request_arrived_answers_for_it(
     assert len(asked) == 50  # each arrived after the last statement was sent: one each
 
 
+def test_a_process_no_agent_asks_still_reads_its_notifications(
+    tx_personas: Personas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only requests read the watch's notifications: in a process serving no agent they filled
+    the socket, and the listening backend blocked writing to it, which holds PostgreSQL's NOTIFY
+    queue (every channel's) from being trimmed and stalled a DROP DATABASE for ever. A thread
+    of the process now reads them when no request has for a while."""
+    monkeypatch.setattr(endpoint_watch, "DRAIN_EVERY", 0.2)
+    token = tx_personas.agent_token
+    assert endpoint_for_token(token) is not None
+    digest = hash_token(token)
+    assert endpoint_cache.get(digest, 60) is not None  # cached, and the watch is up
+    with psycopg.connect(database_url(), autocommit=True) as other:
+        other.execute(
+            "UPDATE queues_endpoint SET name = name || '.' WHERE id = %s", [tx_personas.agent.id]
+        )
+    deadline = time.monotonic() + 10  # the drain thread may be in a sleep begun before
+    while endpoint_cache.get(digest, 60) is not None:  # no request asks meanwhile
+        assert time.monotonic() < deadline, "nothing read the notification"
+        time.sleep(0.05)
+
+
 def test_a_watch_that_lost_its_connection_fails_closed(tx_personas: Personas) -> None:
     """The watch's backend is killed, then the row revoked: nobody announces it to this process,
     which must then ask the database, not its cache."""
