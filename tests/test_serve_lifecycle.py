@@ -6,6 +6,7 @@ migrates and seeds); each test starts its own launcher on it and leaves nothing 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shutil
@@ -21,6 +22,7 @@ from urllib.parse import urlsplit
 import psutil
 import psycopg
 import psycopg.conninfo
+import psycopg.errors
 import pytest
 import redis
 from django.db import connection
@@ -210,7 +212,12 @@ def named_servers(tmp_path: Path) -> Iterator[tuple[str, str]]:
         host=str(s["HOST"]), port=str(s["PORT"]), user=s["USER"], password=s.get("PASSWORD") or ""
     )
     with psycopg.connect(conninfo, dbname=s["NAME"], autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.execute("SET statement_timeout = '30s'")
+        for (left,) in admin.execute(
+            "SELECT datname FROM pg_database WHERE starts_with(datname, 'sb_serve_named_')"
+        ).fetchall():
+            with contextlib.suppress(psycopg.errors.QueryCanceled):
+                admin.execute(f'DROP DATABASE IF EXISTS "{left}" WITH (FORCE)')
         admin.execute(f'CREATE DATABASE "{name}"')
     redis_url = os.environ["SWITCHBOARD_TEST_REDIS_URL"].rsplit("/", 1)[0] + "/14"
     try:
@@ -218,7 +225,12 @@ def named_servers(tmp_path: Path) -> Iterator[tuple[str, str]]:
     finally:
         redis.Redis.from_url(redis_url).flushdb()
         with psycopg.connect(conninfo, dbname=s["NAME"], autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            # A DROP DATABASE waits for every backend of the cluster to take its barrier: one
+            # blocked writing to a client that stopped reading would hold the run for ever. A
+            # database left behind (named by this run's pid) is dropped by the next one.
+            admin.execute("SET statement_timeout = '30s'")
+            with contextlib.suppress(psycopg.errors.QueryCanceled):
+                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def test_servers_named_in_files_are_used_and_none_is_embedded(
