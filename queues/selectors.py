@@ -377,13 +377,22 @@ def _held_by_limits(
         and s.queue != QUARANTINE_QUEUE
         and s.queue not in reasons
     }
-    keys = sorted(f"{endpoint_id}:{queue}" for endpoint_id, queue in identities if queue in asked)
+    waiting = claimable_identities((e, q) for e, q in identities if q in asked)
+    return asked - {queue for _, queue in waiting}
+
+
+def claimable_identities(identities: Iterable[tuple[UUID | str, str]]) -> set[tuple[str, str]]:
+    """Of these queue identities, those holding a todo a claim could take now (as endpoint id
+    text and queue): claimable, and passed over by no per-todo gate's skip, as claim_next
+    passes it over (``sql.waiting_sql``, the reopen ring's check). One query. An identity with
+    pending work missing here has all of it held by its named limits (or its queue paused)."""
+    keys = sorted({f"{endpoint_id}:{queue}" for endpoint_id, queue in identities})
     if not keys:
         return set()
     with connection.cursor() as cursor:
         cursor.execute(sql.waiting_sql(), {"keys": keys})
-        waiting = {key.split(":", 1)[1] for (key,) in cursor.fetchall()}
-    return asked - waiting
+        found = [key for (key,) in cursor.fetchall()]
+    return {(endpoint_id, queue) for endpoint_id, _, queue in (k.partition(":") for k in found)}
 
 
 def queue_overview(*, actor: HumanActor) -> list[QueueStat]:

@@ -21,7 +21,7 @@ from uuid import UUID
 import psycopg
 from django.db import connection, transaction
 
-from queues import hook_tasks, metrics, ring_gate, sql
+from queues import hook_tasks, metrics, ring_gate, selectors
 
 log = logging.getLogger(__name__)
 CHANNEL = "todo_ready"
@@ -153,9 +153,11 @@ def reopen(
         if not wanted:
             return rang
         try:
-            with transaction.atomic(), connection.cursor() as cursor:
-                cursor.execute(sql.waiting_sql(), {"keys": wanted})
-                waiting = [k for (k,) in cursor.fetchall()]
+            with transaction.atomic():
+                found = selectors.claimable_identities(
+                    (e, q) for e, _, q in (key.partition(":") for key in wanted)
+                )
+            waiting = sorted(payload(e, q) for e, q in found)
         except Exception:
             log.exception("reopen check failed for %s; ringing anyway", wanted)
             waiting = wanted

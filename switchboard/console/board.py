@@ -208,20 +208,15 @@ def identity_counts(endpoint_ids: list[UUID]) -> dict[tuple[UUID, str], Identity
 
 def limit_held(sections: list[Section]) -> set[tuple[UUID, str]]:
     """The identities among ``sections`` whose pending work named limits hold, every todo of it:
-    none a claim could take now (``queues.sql.waiting_sql``: claimable, and passed over by no
-    per-todo gate's skip, as claim_next passes it over). One query; a paused queue's work waits
+    none a claim could take now (``queues.selectors.claimable_identities``). One query; a paused queue's work waits
     for its resume, not a limit, and the quarantine queue's for nothing."""
-    keys = {
-        f"{s.endpoint.id}:{s.queue}": (s.endpoint.id, s.queue)
+    asked = {
+        (s.endpoint.id, s.queue)
         for s in sections
         if s.counts.get(TodoState.PENDING) and s.pause is None and not s.quarantine
     }
-    if not keys:
-        return set()
-    with connection.cursor() as cursor:
-        cursor.execute(sql.waiting_sql(), {"keys": sorted(keys)})
-        waiting = {key for (key,) in cursor.fetchall()}
-    return {pair for key, pair in keys.items() if key not in waiting}
+    waiting = selectors.claimable_identities(asked)
+    return {(e, q) for e, q in asked if (str(e), q) not in waiting}
 
 
 # --- sections ----------------------------------------------------------------------------------
