@@ -12,7 +12,7 @@ from typing import Any
 from admission.models import AdmissionPolicy
 from admission.policy import audited_windows
 from admission.selectors import policy_dict
-from switchboard.ledger.chain import VerifyReport
+from switchboard.ledger.chain import VerifyReport, differences
 from switchboard.ledger.models import LedgerEntry, LedgerKind
 
 POLICY_KINDS = (LedgerKind.POLICY_CREATE, LedgerKind.POLICY_UPDATE, LedgerKind.POLICY_DELETE)
@@ -119,7 +119,7 @@ def _drift(trail: PolicyTrail, report: VerifyReport) -> list[PolicyDrift]:
                     "changed_outside_audit",
                     f"the policy on {scope}/{policy.queue} differs from its last audited state "
                     f"(seq {audited.seq}): "
-                    f"{_differences(audited_windows(audited.after) or {}, current)}",
+                    f"{differences(audited_windows(audited.after) or {}, current)}",
                     audited.seq,
                 )
             )
@@ -138,13 +138,3 @@ def _drift(trail: PolicyTrail, report: VerifyReport) -> list[PolicyDrift]:
             )
         )
     return problems
-
-
-def _differences(audited: dict[str, Any], current: dict[str, Any]) -> str:
-    keys = sorted(set(audited) | set(current))
-    parts = [
-        f"{k} audited {audited.get(k)!r}, now {current.get(k)!r}"
-        for k in keys
-        if audited.get(k) != current.get(k)
-    ]
-    return "; ".join(parts)

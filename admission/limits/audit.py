@@ -14,7 +14,7 @@ from typing import Any
 
 from admission.limits.models import QueueSettings
 from admission.limits.services import KINDS, as_dict
-from switchboard.ledger.chain import VerifyReport
+from switchboard.ledger.chain import VerifyReport, differences
 from switchboard.ledger.models import LedgerEntry, LedgerKind
 
 LIMIT_KINDS = (LedgerKind.LIMITS_SET, LedgerKind.LIMITS_DELETE, LedgerKind.LIMITS_QUARANTINE)
@@ -130,7 +130,7 @@ class LimitTrail:
                         what,
                         "changed_outside_audit",
                         f"{what} differs from its last audited state (seq {audited.seq}): "
-                        f"{_differences(audited.state or {}, state)}",
+                        f"{differences(audited.state or {}, state)}",
                         audited.seq,
                     )
                 )
@@ -156,12 +156,3 @@ def _named(key: tuple[str, str]) -> tuple[str, str]:
     if kind == "queue":
         return "queue", name
     return "limits", f"{'rate limit' if kind == 'rate' else kind} {name}"
-
-
-def _differences(audited: dict[str, Any], current: dict[str, Any]) -> str:
-    keys = sorted(set(audited) | set(current))
-    return "; ".join(
-        f"{k} audited {audited.get(k)!r}, now {current.get(k)!r}"
-        for k in keys
-        if audited.get(k) != current.get(k)
-    )

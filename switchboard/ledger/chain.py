@@ -616,6 +616,17 @@ class Trail(Protocol):
 TRAILS: list[Callable[[], Trail]] = []
 
 
+def differences(audited: dict[str, Any], current: dict[str, Any]) -> str:
+    """What a live row's state differs in from its last audited one, field by field (a trail's
+    ``changed_outside_audit`` detail)."""
+    keys = sorted(set(audited) | set(current))
+    return "; ".join(
+        f"{k} audited {audited.get(k)!r}, now {current.get(k)!r}"
+        for k in keys
+        if audited.get(k) != current.get(k)
+    )
+
+
 def register_trail(factory: Callable[[], Trail]) -> None:
     if factory not in TRAILS:
         TRAILS.append(factory)
