@@ -19,10 +19,9 @@ from django.core.exceptions import (
 )
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
-from django.shortcuts import render
 from django.template.loader import render_to_string
 
-from switchboard.core import availability
+from switchboard.core import availability, pages
 from switchboard.core.errors import (
     DomainError,
     Forbidden,
@@ -170,7 +169,7 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpR
     if _machine(request):
         refusal = NotFound(f"no such path: {request.method} {request.path}", path=request.path)
         return edge_refusal(request, refusal)
-    return console_error_page(request, 404, f"There is no page at {request.path}.")
+    return console_error_page(request, NotFound(f"There is no page at {request.path}."))
 
 
 def forbidden(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
@@ -180,9 +179,10 @@ def forbidden(request: HttpRequest, exception: Exception | None = None) -> HttpR
         return edge_refusal(request, Forbidden("you may not do this"))
     return console_error_page(
         request,
-        403,
-        "Your account may not open this page or do this. Auditors read and do not change; "
-        "ask a superuser for the permission if you need it.",
+        Forbidden(
+            "Your account may not open this page or do this. Auditors read and do not change; "
+            "ask a superuser for the permission if you need it."
+        ),
     )
 
 
@@ -201,11 +201,11 @@ def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
     return edge_refusal(request, refusal)
 
 
-def console_error_page(request: HttpRequest, status: int, message: str) -> HttpResponse:
-    """The console's own error page (templates/error.html: the menu, a way back)."""
-    template = "error.html#message" if request.headers.get("HX-Request") == "true" else "error.html"
-    response = render(request, template, {"error": message, "status": status}, status=status)
-    if template.endswith("#message"):
+def console_error_page(request: HttpRequest, exc: DomainError) -> HttpResponse:
+    """The console's own 403 or 404 page (``switchboard.core.pages.refusal``: the menu, a way
+    back); to htmx its message, with no swap: the page keeps what it shows and says it above."""
+    response = pages.refusal(request, exc)
+    if request.headers.get("HX-Request") == "true":
         response["HX-Reswap"] = "none"
     return response
 
