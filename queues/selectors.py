@@ -210,6 +210,29 @@ def todo_explain(todo: Todo) -> Explanation | None:
     return Explanation([_pause_state(todo.queue), *gates.explain(todo)])
 
 
+def todos_explained(todos: Iterable[Todo]) -> dict[UUID, Explanation | None]:
+    """``todo_explain`` of each todo, read once per group of todos that wait alike: what it reads
+    of a todo is its state, its queue (the pause), its queue identity (the budget) and the
+    pool, tags and rate limit it names (the named limits), so todos alike in these share one
+    answer (a list of a hundred pending todos read every gate a hundred times). A gate keyed on
+    anything else of a todo must join the key."""
+    read: dict[tuple[Any, ...], Explanation | None] = {}
+    out: dict[UUID, Explanation | None] = {}
+    for todo in todos:
+        key = (
+            todo.state,
+            todo.endpoint_id,
+            todo.queue,
+            todo.pool,
+            tuple(todo.tags),
+            todo.rate_limit,
+        )
+        if key not in read:
+            read[key] = todo_explain(todo)
+        out[todo.id] = read[key]
+    return out
+
+
 @dataclass(frozen=True)
 class PauseInfo:
     """A pause, the one shape every surface shows: the API (``PauseInfoOut``), the board, the
