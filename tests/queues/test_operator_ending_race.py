@@ -1,0 +1,60 @@
+"""An operator's ending names the attempt their page showed (the console sends it): raced against
+the agent releasing that attempt and claiming the todo again, on real connections, the operator's
+complete lands on the attempt it named or not at all, never on the newer claim."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from queues import services
+from queues.models import Todo, TodoState
+from switchboard.core.errors import DomainError
+from switchboard.ledger.models import LedgerKind
+from tests.conftest import Personas, audit_rows, push, run_threads
+
+PAIRS = 24
+
+
+def test_an_operators_complete_never_lands_on_the_claim_made_after_the_one_it_named(
+    tx_personas: Personas,
+) -> None:
+    p = tx_personas
+    todos = push(p, PAIRS, max_attempts=5)
+    for todo in todos:
+        services.claim(actor=p.as_agent(), todo_id=todo.id)  # attempt 1, the one "on the page"
+    operator, agent = p.as_human(p.owner), p.as_agent()
+
+    def race(i: int) -> str:
+        todo = todos[i // 2]
+        try:
+            if i % 2 == 0:  # the operator presses Complete on the page that showed attempt 1
+                services.complete(actor=operator, todo_id=todo.id, attempt=1, summary="saw 1")
+                return "completed"
+            services.release(actor=agent, todo_id=todo.id, attempt=1)
+            services.claim(actor=agent, todo_id=todo.id)  # attempt 2
+            return "reclaimed"
+        except DomainError as exc:
+            return f"refused: {exc.as_dict().get('reason') or exc.message}"
+
+    outcomes = run_threads(2 * PAIRS, race)
+    by_todo: dict[Any, tuple[str, str]] = {
+        todos[i].id: (outcomes[2 * i], outcomes[2 * i + 1]) for i in range(PAIRS)
+    }
+    completed = 0
+    for todo in Todo.objects.filter(id__in=list(by_todo)):
+        operator_said, agent_said = by_todo[todo.id]
+        if operator_said == "completed":
+            completed += 1
+            # It ended attempt 1; the agent's release then found it done and claimed nothing.
+            assert (todo.state, todo.attempt) == (TodoState.DONE, 1), (todo.id, agent_said)
+            assert agent_said.startswith("refused")
+        else:
+            # The agent released first: the operator's press was refused, and the newer claim
+            # (attempt 2) is the agent's, untouched.
+            assert operator_said.startswith("refused"), operator_said
+            assert agent_said == "reclaimed"
+            assert (todo.state, todo.attempt) == (TodoState.CLAIMED, 2)
+    # Every completion the ledger records is the operator's of attempt 1.
+    rows = list(audit_rows().filter(kind=LedgerKind.TODO_COMPLETE))
+    assert len(rows) == completed
+    assert all(row.before is not None and row.before["attempt"] == 1 for row in rows)
