@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from queues import services
+from admission.limits import services as limit_services
+from queues import pauses, services
 from queues.models import Todo, TodoState
 from switchboard.core.errors import DomainError
+from switchboard.ledger import chain as ledger
 from switchboard.ledger.models import LedgerKind
-from tests.conftest import Personas, audit_rows, push, run_threads
+from tests.conftest import FIXTURE, Personas, audit_rows, push, run_threads
 
 PAIRS = 24
 
@@ -58,3 +60,38 @@ def test_an_operators_complete_never_lands_on_the_claim_made_after_the_one_it_na
     rows = list(audit_rows().filter(kind=LedgerKind.TODO_COMPLETE))
     assert len(rows) == completed
     assert all(row.before is not None and row.before["attempt"] == 1 for row in rows)
+
+
+def test_operators_claims_racing_agents_cycles_and_pauses_all_land_and_the_ledger_verifies(
+    tx_personas: Personas,
+) -> None:
+    """An operator's claim through a named limit takes a grant chain's lock (its grant row),
+    then chain 0's (its ``todo.claim`` row), as a human's ending does; agents' cycles take grant
+    chains only, and pauses chain 0 only. Raced on real connections: every one lands (a lock
+    cycle would be PostgreSQL's deadlock error, surfaced here), each operator claim has its one
+    row, and the chains verify."""
+    p = tx_personas
+    limit_services.limit_set(actor=FIXTURE, kind="pool", name="gpu", slots=100)
+    mine = push(p, 8, pool="gpu")
+    theirs = push(p, 8, pool="gpu")
+    push(p, 1, queue="outbox")  # a queue the pauses take turns on
+    operator, agent = p.as_human(p.owner), p.as_agent()
+
+    def race(i: int) -> None:
+        if i < 8:
+            services.claim(actor=operator, todo_id=mine[i].id)
+        elif i < 16:
+            claimed = services.claim(actor=agent, todo_id=theirs[i - 8].id)
+            services.complete(actor=agent, todo_id=claimed.todo.id)
+        else:
+            for _ in range(3):
+                pauses.queue_pause(actor=p.as_human(p.admin), queue="outbox", reason="r")
+                pauses.queue_resume(actor=p.as_human(p.admin), queue="outbox")
+
+    run_threads(18, race)
+    claims = audit_rows().filter(kind=LedgerKind.TODO_CLAIM)
+    assert sorted(row.after["todos"][0] for row in claims if row.after) == sorted(
+        str(t.id) for t in mine
+    )
+    assert Todo.objects.filter(id__in=[t.id for t in theirs], state=TodoState.DONE).count() == 8
+    assert ledger.verify().ok
