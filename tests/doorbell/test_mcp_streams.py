@@ -217,6 +217,18 @@ def test_the_listen_stream_on_the_wire_acknowledges_first_and_stamps_every_frame
             assert _ring(ring["params"]) == (str(waiting.id), "inbox", "waiting")
 
 
+def _handshake(http: httpx.Client, url: str, bearer: dict[str, str]) -> dict[str, str]:
+    """A handshake session's headers (2025-11-25), for its GET stream and its DELETE."""
+    opened = http.post(
+        url, json=initialize(), headers={**bearer, "Accept": "application/json, text/event-stream"}
+    )
+    return {
+        **bearer,
+        "Mcp-Session-Id": opened.headers["Mcp-Session-Id"],
+        "MCP-Protocol-Version": "2025-11-25",
+    }
+
+
 def _data(lines: Iterator[str]) -> Iterator[Any]:
     return (json.loads(line[5:]) for line in lines if line.startswith("data:"))
 
@@ -243,13 +255,7 @@ def test_a_revoke_ends_a_listen_with_the_refusal_and_a_handshake_stream_too(
     url = f"{live_url}/mcp/{p.agent.slug}"
     bearer = {"Authorization": f"Bearer {p.agent_token}"}
     with httpx.Client(timeout=httpx.Timeout(10.0, read=30.0)) as http:
-        opened = http.post(
-            url,
-            json=initialize(),
-            headers={**bearer, "Accept": "application/json, text/event-stream"},
-        )
-        session = {**bearer, "Mcp-Session-Id": opened.headers["Mcp-Session-Id"]}
-        session["MCP-Protocol-Version"] = "2025-11-25"
+        session = _handshake(http, url, bearer)
         with (
             http.stream("POST", url, json=body, headers=headers) as listen,
             http.stream("GET", url, headers={**session, "Accept": "text/event-stream"}) as get,
@@ -287,16 +293,7 @@ def test_a_deleted_session_ends_its_get_stream(tx_personas: Personas, live_url: 
     url = f"{live_url}/mcp/{p.agent.slug}"
     bearer = {"Authorization": f"Bearer {p.agent_token}"}
     with httpx.Client(timeout=httpx.Timeout(10.0, read=30.0)) as http:
-        opened = http.post(
-            url,
-            json=initialize(),
-            headers={**bearer, "Accept": "application/json, text/event-stream"},
-        )
-        session = {
-            **bearer,
-            "Mcp-Session-Id": opened.headers["Mcp-Session-Id"],
-            "MCP-Protocol-Version": "2025-11-25",
-        }
+        session = _handshake(http, url, bearer)
         with http.stream("GET", url, headers={**session, "Accept": "text/event-stream"}) as get:
             streamed = get.iter_lines()
             assert _ring(next(_data(streamed))["params"])[0] == str(waiting.id)  # attached
