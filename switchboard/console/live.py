@@ -108,9 +108,11 @@ class Fleet:
     pauses: tuple[tuple[str, str], ...]
     policies: dict[tuple[str, str], tuple[Any, ...]]
     endpoints: dict[str, tuple[Any, ...]]  # id -> (slug, owner_id, state, scope)
-    # The named limits (kind, name, last change, claims holding it), and the minute while any
-    # rate limit is declared (its holds end at the next): every board's, as a limit is shared.
+    # The named limits (kind, name, last change, claims holding it): every board's, as a limit
+    # is shared across queues.
     limits: tuple[tuple[Any, ...], ...] = ()
+    # The minute, while any rate limit is declared: its holds end at the next one.
+    rate_minute: str | None = None
 
 
 _POLICIES_SQL = """
@@ -163,9 +165,17 @@ def read_fleet() -> Fleet:
         limits: tuple[tuple[Any, ...], ...] = tuple(
             (kind, name, changed.isoformat(), held) for kind, name, changed, held in cursor
         )
+    minute = None
     if any(kind == "rate" for kind, *_ in limits):
-        limits += (("minute", now.replace(second=0, microsecond=0).isoformat()),)
-    return Fleet(todos=todos, pauses=pauses, policies=policies, endpoints=endpoints, limits=limits)
+        minute = now.replace(second=0, microsecond=0).isoformat()
+    return Fleet(
+        todos=todos,
+        pauses=pauses,
+        policies=policies,
+        endpoints=endpoints,
+        limits=limits,
+        rate_minute=minute,
+    )
 
 
 def _closing(fn: Callable[..., T]) -> Callable[..., T]:
@@ -237,6 +247,7 @@ def fingerprint(fleet: Fleet, viewer: Viewer, filters: Filters) -> str:
         sorted((k, v) for k, v in fleet.policies.items() if wanted(k)),
         fleet.pauses,
         fleet.limits,
+        fleet.rate_minute,
     ]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
 
