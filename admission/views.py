@@ -491,8 +491,14 @@ def ledger_verify_view(request: HttpRequest) -> HttpResponse:
 @require_safe
 @console_login_required
 def ledger_view(request: HtmxHttpRequest) -> HttpResponse:
+    return _ledger_page(request, LedgerFilterForm(request.GET))
+
+
+def _ledger_page(
+    request: HtmxHttpRequest, form: LedgerFilterForm, status: int = 200
+) -> HttpResponse:
+    """The ledger page for ``form``'s filters: a filter it refuses is named above the rows."""
     viewer = Viewer.of(request)
-    form = LedgerFilterForm(request.GET)
     qs = filtered_ledger(viewer, form)
     page = Paginator(qs, LEDGER_PAGE).get_page(request.GET.get("page"))
     query = request.GET.copy()
@@ -509,8 +515,8 @@ def ledger_view(request: HtmxHttpRequest) -> HttpResponse:
         "nav": "ledger",
     }
     if request.htmx and request.htmx.target == "ledger-rows":
-        return render(request, "admission/ledger.html#rows", context)
-    return render(request, "admission/ledger.html", context)
+        return render(request, "admission/ledger.html#rows", context, status=status)
+    return render(request, "admission/ledger.html", context, status=status)
 
 
 CSV_COLUMNS = [
@@ -578,12 +584,14 @@ def _csv_rows(qs: QuerySet[LedgerEntry]) -> Iterator[str]:
 
 @require_GET
 @console_login_required
-def ledger_csv_view(request: HttpRequest) -> HttpResponseBase:
-    """The filtered rows as CSV (times in UTC, ISO 8601), newest first, streamed."""
+def ledger_csv_view(request: HtmxHttpRequest) -> HttpResponseBase:
+    """The filtered rows as CSV (times in UTC, ISO 8601), newest first, streamed. A filter it
+    refuses gives the ledger page (400) naming it, with no export offered: a browser that
+    followed the link sees why, not a text file."""
     viewer = Viewer.of(request)
     form = LedgerFilterForm(request.GET)
     if not form.is_valid():
-        return HttpResponse("bad filters: " + form.errors.as_text(), status=400)
+        return _ledger_page(request, form, status=400)
     qs = filtered_ledger(viewer, form)
     response = StreamingHttpResponse(_csv_rows(qs), content_type="text/csv; charset=utf-8")
     stamp = timezone.now().strftime("%Y%m%d-%H%M%S")

@@ -217,6 +217,18 @@ def test_an_invalid_filter_names_the_fields_by_their_labels_and_offers_no_export
     assert "Export CSV" in client.get("/ledger?since=2026-12-01").content.decode()
 
 
+def test_an_export_with_a_refused_filter_is_the_ledger_page_naming_it(personas: Personas) -> None:
+    """A crafted or stale export link: the page saying which filter is wrong, not a text file."""
+    response = signed_in(personas.auditor).get("/ledger.csv?since=yesterday&kind=pause")
+    assert response.status_code == 400
+    assert response["Content-Type"].startswith("text/html")
+    assert "Content-Disposition" not in response
+    html = response.content.decode()
+    error = html[html.index('<p class="error" role="alert">') :].split("</p>", 1)[0]
+    assert "From: Enter a valid date." in error
+    assert "Export CSV" not in html
+
+
 def test_an_owner_hears_of_their_own_budgets_drift_not_the_fleets(personas: Personas) -> None:
     """The badge showed an owner the fleet's count of drifted budgets."""
     from admission import services as admission_services
