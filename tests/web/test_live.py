@@ -6,7 +6,9 @@ import asyncio
 import json
 import re
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
 from html import unescape
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -78,6 +80,36 @@ def test_a_hold_freed_by_a_claim_on_a_queue_the_board_does_not_show_moves_it(
     assert freed != held
     limit_services.limit_set(actor=FIXTURE, kind="pool", name="gpu", slots=2)
     assert live.fingerprint_now(owner, inbox) != freed  # a limit changed
+
+
+def test_a_rate_limits_holds_move_the_board_at_each_minute_and_only_while_one_is_declared(
+    personas: Personas, monkeypatch: Any
+) -> None:
+    # A rate limit's holds end at the next minute with no row changing: the board must redraw
+    # then ("eligible ≈ 14:05" becomes claimable), and must not every minute when none exists.
+    p = personas
+    _, owner = _viewer(p.owner)
+    everything = Filters()
+    clock = {"now": datetime(2026, 12, 5, 14, 4, 10, tzinfo=UTC)}
+    monkeypatch.setattr(live, "timezone", SimpleNamespace(now=lambda: clock["now"]))
+    push(p, 1, queue="inbox")
+
+    def a_minute_on(seconds: int) -> str:
+        clock["now"] += timedelta(seconds=seconds)
+        return live.fingerprint_now(owner, everything)
+
+    quiet = a_minute_on(0)
+    assert a_minute_on(60) == quiet  # no rate limit: the minute is not hashed
+    limit_services.limit_set(actor=FIXTURE, kind="rate", name="api", base_limit=5)
+    declared = a_minute_on(0)
+    assert declared != quiet
+    assert a_minute_on(30) == declared  # 14:05:40, the same minute
+    next_minute = a_minute_on(30)  # 14:06:10
+    assert next_minute != declared
+    assert live.read_fleet().rate_minute == "2026-12-05T14:06:00+00:00"
+    limit_services.limit_delete(actor=FIXTURE, kind="rate", name="api")
+    gone = a_minute_on(0)
+    assert a_minute_on(60) == gone
 
 
 def test_a_change_sends_only_the_parts_that_changed(personas: Personas) -> None:
