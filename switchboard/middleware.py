@@ -15,6 +15,7 @@ from django.core.exceptions import (
     DisallowedHost,
     PermissionDenied,
     RequestDataTooBig,
+    SuspiciousOperation,
     TooManyFieldsSent,
 )
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -272,11 +273,16 @@ def _too_many_fields(where: str) -> InvalidArgument:
 
 
 def refusals_without_tracebacks(record: logging.LogRecord) -> bool:
-    """A logging filter for ``django.request``: a 403 of the admin's (PermissionDenied, an
-    auditor opening an add form) is a refusal like any other, logged in its one line, without
-    the traceback Django attaches (a page of it per refusal in the server's log)."""
+    """A logging filter for ``django.request`` and ``django.security``: a 403 of the admin's
+    (PermissionDenied, an auditor opening an add form) is a refusal like any other, logged in
+    its one line, without the traceback Django attaches (a page of it per refusal in the
+    server's log). So is a request Django finds suspicious (a Host not in ALLOWED_HOSTS, a
+    malformed cookie or multipart body): the client's fault, answered 400, so a WARNING, not an
+    ERROR with the server's stack, which a scanner could fill the log with."""
     exc = record.exc_info[1] if record.exc_info else None
-    if isinstance(exc, PermissionDenied):
+    if isinstance(exc, PermissionDenied | SuspiciousOperation):
         record.exc_info = None
         record.exc_text = None
+    if isinstance(exc, SuspiciousOperation) and record.levelno > logging.WARNING:
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
     return True

@@ -124,6 +124,23 @@ def test_an_admin_page_refused_is_the_consoles_page_and_logs_no_traceback(
     assert "Traceback" not in handler.format(record)
 
 
+def test_a_host_not_allowed_is_refused_in_one_warning_line_without_a_traceback(
+    personas: Personas, caplog: Any
+) -> None:
+    # Django logs a bad Host as an ERROR of django.security with its stack: a scanner sending
+    # one per request filled the server's log with tracebacks of a client's mistake.
+    (handler,) = [h for h in logging.getLogger().handlers if h.filters]
+    for path in ("/mcp/any-endpoint", "/api/v1/agent/claim_next", "/queues"):
+        caplog.clear()
+        response = Client(HTTP_HOST="evil.example.com").post(path, "{}", "application/json")
+        assert response.status_code == 400, path
+        (record,) = [r for r in caplog.records if r.name.startswith("django.security")]
+        assert handler.filter(record)
+        line = handler.format(record)
+        assert "Traceback" not in line and "\n" not in line, line
+        assert record.levelname == "WARNING" and "evil.example.com" in line
+
+
 def test_an_unknown_page_and_a_forms_address_opened_are_pages(personas: Personas) -> None:
     client = signed_in(personas.owner)
     missing = client.get("/nope")
