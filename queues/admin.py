@@ -563,7 +563,9 @@ class TodoAdmin(StrictAdmin):
         # A todo's history (attempts, the ledger's waivers) outlives it: never deleted here.
         return False
 
-    @admin.action(description="Retry (failed → pending, attempt reset)", permissions=["act"])
+    @admin.action(
+        description="Retry (failed → pending, a fresh round of attempts)", permissions=["act"]
+    )
     def retry(self, request: HttpRequest, queryset: QuerySet[Todo]) -> None:
         self._each(request, queryset, services.todo_retry, "retried")
 

@@ -396,7 +396,7 @@ def get_todo(request: HttpRequest, id: UUID) -> Any:
     "/{id}/retry",
     response={200: TodoEnvelope, **_errors(WRITE_ERRORS)},
     operation_id="todos_retry",
-    summary="A failed todo (waiting or dead-lettered) back to pending, attempts reset",
+    summary="A failed todo (waiting or dead-lettered) back to pending, with a fresh round of attempts",
 )
 def retry(request: HttpRequest, id: UUID) -> Any:
     actor: HumanActor = request.auth  # type: ignore[attr-defined]

@@ -270,10 +270,17 @@ class Todo(models.Model):
     # Who holds the claim: the claimant the agent named, or the endpoint slug / operator.
     owner = models.CharField(max_length=200, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # The claim's number: it never goes back, an operator's retry included, so an agent's
+    # ``attempt`` names one claim only (HOLDS_CLAIM: a claim ended before a retry cannot end
+    # the claim made after it).
     attempt = models.PositiveIntegerField(default=0)
-    # An IntegerField: todo_max_attempts_range (1..100) is its rule, and a PositiveIntegerField's
-    # own CHECK (>= 0) would be one more parsed and planned in every write of the row (issue 12).
+    # The attempt number at which a failure is final. An operator's retry gives the todo a
+    # fresh round of the attempts it was pushed with: ``retried_after`` becomes the attempt it
+    # stopped at and ``max_attempts`` that plus the round (todo_max_attempts_range: the round is
+    # 1..100). IntegerFields: their rules are the triggers', and a PositiveIntegerField's own
+    # CHECK (>= 0) would be one more parsed and planned in every write of the row (issue 12).
     max_attempts = models.IntegerField(default=5)
+    retried_after = models.IntegerField(default=0, db_default=0, editable=False)
     next_retry_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(
         null=True, blank=True, decoder=SafeJSONDecoder, validators=[validate_stored_json]
@@ -314,8 +321,9 @@ class Todo(models.Model):
         # same name, rule and error. PostgreSQL parses and plans every CHECK of a table again in
         # each statement that writes a row, and the claim and its ending update it twice per
         # cycle (issue 12); a PL/pgSQL function keeps its plans. The seven on fields no
-        # transition changes (pool, rate_limit, tags, queue, title, max_attempts; queues
-        # migration 0013) run when a write sets those fields (todo_fields_check); the others, and
+        # claim changes (pool, rate_limit, tags, queue, title, max_attempts with retried_after,
+        # which only a retry sets; queues migrations 0013, 0024) run when a write sets those
+        # fields (todo_fields_check); the others, and
         # the >= 0 rules of ``attempt`` and ``rings`` (queues_todo_attempt_check,
         # queues_todo_rings_check), on every insert and every update that sets a column they
         # read (todo_state_check, queues migration 0016). Django's state keeps all of them here,
@@ -352,7 +360,14 @@ class Todo(models.Model):
             models.CheckConstraint(name="todo_title_nonempty", condition=~Q(title="")),
             models.CheckConstraint(
                 name="todo_max_attempts_range",
-                condition=Q(max_attempts__gte=1, max_attempts__lte=100),
+                condition=Q(
+                    max_attempts__gte=models.F("retried_after") + 1,
+                    max_attempts__lte=models.F("retried_after") + 100,
+                ),
+            ),
+            models.CheckConstraint(
+                name="todo_retried_after_an_attempt",
+                condition=Q(retried_after__gte=0, retried_after__lte=models.F("attempt")),
             ),
             models.CheckConstraint(
                 name="todo_attempt_within_max", condition=Q(attempt__lte=models.F("max_attempts"))

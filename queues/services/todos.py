@@ -17,7 +17,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
@@ -479,7 +479,8 @@ def _after_end(todo: Todo, outcome: str | None, *, ring: str | None = None, db: 
 
 
 def todo_retry(*, actor: HumanActor, todo_id: UUID) -> Todo:
-    """Operator retry: a failed todo (waiting or dead-lettered) back to pending, attempt reset."""
+    """Operator retry: a failed todo (waiting or dead-lettered) back to pending with a fresh
+    round of attempts; its attempt number goes on (``_apply``)."""
     return _todo_act(actor, todo_id, "retry", seen_state=None)
 
 
@@ -674,9 +675,12 @@ def _apply(
     if action == "retry":
         try:
             with transaction.atomic():
+                # A fresh round of the attempts the todo was pushed with; the attempt number
+                # goes on, so no claim after the retry has the number of one before it.
                 changed = Todo.objects.filter(pk__in=ids, state=TodoState.FAILED).update(
                     state=TodoState.PENDING,
-                    attempt=0,
+                    max_attempts=F("attempt") + F("max_attempts") - F("retried_after"),
+                    retried_after=F("attempt"),
                     next_retry_at=None,
                     finished_at=None,
                     owner="",

@@ -60,6 +60,7 @@ _UNANSWERED = frozenset(
         "stall_rung_at",
         "lease_token_hash",
         "claim_via",
+        "retried_after",
     }
 )
 _TODO_FIELDS = [f for f in Todo._meta.concrete_fields if f.attname not in _UNANSWERED]
@@ -1355,7 +1356,7 @@ _FAIL = (
     """state = 'failed', result = %(result)s, lease_expires_at = NULL,
        next_retry_at = CASE WHEN t.attempt < t.max_attempts
            THEN clock_timestamp() + make_interval(
-               secs => LEAST(%(base)s * power(2, t.attempt - 1), %(cap)s))
+               secs => LEAST(%(base)s * power(2, t.attempt - t.retried_after - 1), %(cap)s))
            ELSE NULL END,
        finished_at = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE clock_timestamp() END""",
     "'failed'",

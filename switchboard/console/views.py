@@ -407,7 +407,7 @@ def todo_action_view(request: HttpRequest, todo_id: UUID, action: str) -> HttpRe
             )
         elif action == "retry":
             services.todo_retry(actor=actor, todo_id=todo_id)
-            messages.success(request, "Retried: back to pending with its attempts reset.")
+            messages.success(request, "Retried: back to pending with a fresh round of attempts.")
         elif action == "discard":
             services.todo_discard(
                 actor=actor, todo_id=todo_id, seen_state=request.POST.get("seen_state") or None
@@ -457,7 +457,7 @@ BULK_WORDS = {
     "retry": (
         "Retry",
         "retried",
-        "failed todos (waiting or dead) go back to pending, attempts reset",
+        "failed todos (waiting or dead) go back to pending, with a fresh round of attempts",
     ),
     "discard": ("Discard", "discarded", "pending and failed todos are discarded for good"),
 }

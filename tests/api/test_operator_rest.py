@@ -187,7 +187,8 @@ def test_an_operator_retries_a_failed_todo_and_releases_a_claim(
     services.fail(actor=actor, todo_id=first.id, error="boom")
     retried = owner_api.post(f"/api/v1/todos/{first.id}/retry")
     assert retried.status_code == 200, retried.content
-    assert retried.json()["todo"]["state"] == "pending" and retried.json()["todo"]["attempt"] == 0
+    answered = retried.json()["todo"]
+    assert (answered["state"], answered["attempt"], answered["max_attempts"]) == ("pending", 1, 6)
 
     services.claim(actor=actor, todo_id=second.id, require_fence=True)
     released = owner_api.post(f"/api/v1/todos/{second.id}/release")

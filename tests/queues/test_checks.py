@@ -41,6 +41,8 @@ REFUSED: list[tuple[str, str, str]] = [
     ("todo_title_nonempty", "title", "''"),
     ("todo_max_attempts_range", "max_attempts", "101"),
     ("todo_max_attempts_range", "max_attempts", "0"),
+    ("todo_retried_after_an_attempt", "retried_after", "1"),  # after an attempt not made
+    ("todo_retried_after_an_attempt", "retried_after", "-1"),
     ("todo_state_valid", "state", "'nonsense'"),
     # todo_state_check (migration 0016), on a pending todo with max_attempts 5.
     ("todo_attempt_within_max", "attempt", "6"),
@@ -60,6 +62,7 @@ ACCEPTED: list[tuple[str, str]] = [
     ("tags", "'{a,NULL}'"),  # as NOT '' = ANY(tags) did: NULL, which a CHECK passes
     ("queue", "'Inbox:2.x-y'"),
     ("max_attempts", "100"),
+    ("retried_after", "0"),
     ("state", "'discarded'"),
     ("attempt", "5"),
     ("rings", "3"),
@@ -109,6 +112,23 @@ def test_each_rule_refuses_an_insert_and_an_update_under_its_name(
     update = f"UPDATE queues_todo SET {column} = {value} WHERE id = %s"
     assert _refused_by(update, [todo.id]) == rule
     assert Todo.objects.count() == 1
+
+
+def test_after_a_retry_the_round_not_max_attempts_is_1_to_100(personas: Personas) -> None:
+    """An operator's retry raises max_attempts by the todo's round (migration 0024): 3 attempts
+    made and retried, a round of 100 is max_attempts 103."""
+    retried = {**ROW, "attempt": "3", "retried_after": "3"}
+
+    def insert(max_attempts: str) -> str:
+        row = {**retried, "max_attempts": max_attempts}
+        return f"INSERT INTO queues_todo ({', '.join(row)}) VALUES ({', '.join(row.values())})"
+
+    for refused in ("104", "3"):
+        assert _refused_by(insert(refused), [personas.agent.id]) == "todo_max_attempts_range"
+    with connection.cursor() as cur:
+        cur.execute(insert("103"), [personas.agent.id])
+        cur.execute(insert("4"), [personas.agent.id])
+    assert Todo.objects.filter(retried_after=3).count() == 2
 
 
 def test_a_row_breaking_two_rules_names_the_one_it_named_before(personas: Personas) -> None:
@@ -200,11 +220,14 @@ def test_no_claim_cycle_write_pays_for_a_rule_it_cannot_break(db: None) -> None:
     # tgtype bits: 1 row, 2 before, 16 update.
     assert [n for n, (kind, _, _) in triggers.items() if kind & 1 and kind & 2 and kind & 16] == []
     fields = triggers["todo_fields_check_update"][1]
-    assert "AFTER UPDATE OF queue, title, pool, tags, rate_limit, max_attempts" in fields
+    assert (
+        "AFTER UPDATE OF queue, title, pool, tags, rate_limit, max_attempts, retried_after"
+        in fields
+    )
     rules = triggers["todo_checks_update"][1]
     assert (
-        "AFTER UPDATE OF state, attempt, max_attempts, lease_expires_at, next_retry_at, rings"
-        in rules
+        "AFTER UPDATE OF state, attempt, max_attempts, lease_expires_at, next_retry_at, rings,"
+        " retried_after" in rules
     )
     # Each rules function tests the rules as one boolean before the CASE that names the broken
     # one (queues migration 0019): the CASE's set-up is per call otherwise.
@@ -220,7 +243,15 @@ def test_no_claim_cycle_write_pays_for_a_rule_it_cannot_break(db: None) -> None:
         assert body.startswith("IF NOT (coalesce("), (name, body[:80])
     for statement in (sql.claim_next_sql(bare=True), sql.complete_sql()):
         assigned = statement.split("SET", 1)[1]
-        for column in ("queue =", "title =", "pool =", "tags =", "rate_limit =", "max_attempts ="):
+        for column in (
+            "queue =",
+            "title =",
+            "pool =",
+            "tags =",
+            "rate_limit =",
+            "max_attempts =",
+            "retried_after =",
+        ):
             assert f" {column}" not in assigned.split("RETURNING")[0], (column, statement[:60])
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -171,18 +172,73 @@ def test_release_returns_to_pending_with_the_attempt_unchanged(personas: Persona
     assert isinstance(again, Claimed) and again.attempt == 2
 
 
-def test_operator_retry_resets_the_attempt(personas: Personas) -> None:
-    (todo,) = push(personas, 1, max_attempts=1)
-    services.claim_next(actor=personas.as_agent())
-    services.fail(actor=personas.as_agent(), todo_id=todo.id)
+# A retry's due time before the test's transaction began (its now()).
+DUE = timezone.make_aware(datetime(2026, 1, 1))
+
+
+def test_an_operator_retry_gives_a_fresh_round_and_the_attempt_number_goes_on(
+    personas: Personas,
+) -> None:
+    (todo,) = push(personas, 1, max_attempts=2)
+    agent = personas.as_agent()
+    for _ in range(2):
+        services.claim_next(actor=agent)
+        failed = services.fail(actor=agent, todo_id=todo.id)
+        if failed.next_retry_at is not None:
+            Todo.objects.filter(pk=todo.pk).update(next_retry_at=DUE)
+    assert (failed.state, failed.attempt, failed.next_retry_at) == (TodoState.FAILED, 2, None)
     retried = services.todo_retry(actor=personas.as_human(), todo_id=todo.id)
-    assert retried.state == TodoState.PENDING and retried.attempt == 0
-    claimed = services.claim_next(actor=personas.as_agent())
-    assert isinstance(claimed, Claimed) and claimed.attempt == 1
-    # The history keeps both attempts numbered 1.
-    assert [a.number for a in attempts_of(todo)] == [1, 1]
+    assert (retried.state, retried.attempt, retried.max_attempts) == (TodoState.PENDING, 2, 4)
+    assert retried.retried_after == 2
+    claimed = services.claim_next(actor=agent)
+    assert isinstance(claimed, Claimed) and claimed.attempt == 3
+    # The backoff counts the attempt's place in its round: the first of the new one waits 30 s
+    # (2^(3-1) x 30 s, 120 s, counted from the number).
+    again = services.fail(actor=agent, todo_id=todo.id)
+    assert again.next_retry_at is not None
+    assert 25 < (again.next_retry_at - timezone.now()).total_seconds() <= 30
+    Todo.objects.filter(pk=todo.pk).update(next_retry_at=DUE)
+    services.claim_next(actor=agent)
+    last = services.fail(actor=agent, todo_id=todo.id)
+    assert (last.state, last.attempt, last.max_attempts, last.next_retry_at) == (
+        TodoState.FAILED,
+        4,
+        4,
+        None,
+    )  # the new round's two attempts spent: a dead letter again
+    # The history numbers every claim once.
+    assert [a.number for a in attempts_of(todo)] == [1, 2, 3, 4]
     with pytest.raises(NotFound):
         services.todo_retry(actor=personas.as_human(personas.other_owner), todo_id=todo.id)
+
+
+def test_a_claim_ended_before_a_retry_never_ends_the_claim_made_after_it(
+    personas: Personas,
+) -> None:
+    # Round 8: a retry set the attempt back to 0, so the next claim was attempt 1 again, and a
+    # worker whose attempt 1 had lapsed and been taken over completed it with its stale number.
+    (todo,) = push(personas, 1, max_attempts=2)
+    agent, operator = personas.as_agent(), personas.as_human()
+    services.claim_next(actor=agent, claimant="worker-a")  # attempt 1
+    lapse(todo)
+    services.claim_next(actor=agent, claimant="worker-b")  # attempt 2, a takeover
+    services.fail(actor=agent, todo_id=todo.id, attempt=2)  # the last attempt: a dead letter
+    services.todo_retry(actor=operator, todo_id=todo.id)
+    claimed = services.claim_next(actor=agent, claimant="worker-c")
+    assert isinstance(claimed, Claimed) and claimed.attempt == 3
+    for stale in (1, 2):
+        for end in (services.complete, services.fail, services.release, services.heartbeat):
+            with pytest.raises(Conflict) as refused:
+                end(actor=agent, todo_id=todo.id, attempt=stale)
+            assert refused.value.details["reason"] == "superseded", (end, stale)
+        # The console's Complete, Fail and Release send the attempt the page showed.
+        with pytest.raises(Conflict) as refused:
+            services.release(actor=operator, todo_id=todo.id, attempt=stale)
+        assert refused.value.details["reason"] == "superseded"
+    todo.refresh_from_db()
+    assert (todo.state, todo.owner, todo.attempt) == (TodoState.CLAIMED, "worker-c", 3)
+    done = services.complete(actor=agent, todo_id=todo.id, attempt=3, result={"by": "c"})
+    assert (done.state, done.result) == (TodoState.DONE, {"by": "c"})
 
 
 def test_heartbeat_extends_a_live_lease(personas: Personas) -> None:

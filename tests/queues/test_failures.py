@@ -142,7 +142,9 @@ def test_a_bulk_retry_changes_exactly_what_its_preview_showed(personas: Personas
 
     assert sorted(done.todo_ids) == sorted(t.id for t in dead)
     for todo in Todo.objects.filter(pk__in=done.todo_ids):
-        assert (todo.state, todo.attempt, todo.next_retry_at) == (TodoState.PENDING, 0, None)
+        # A fresh round of one attempt after the one spent; the number goes on.
+        assert (todo.state, todo.next_retry_at) == (TodoState.PENDING, None)
+        assert (todo.attempt, todo.max_attempts, todo.retried_after) == (1, 2, 1)
     [row] = LedgerEntry.objects.filter(kind=LedgerKind.TODO_RETRY)
     assert (row.scope, row.queue, (row.after or {})["count"]) == ("endpoint:agent", "inbox", 3)
     assert Todo.objects.filter(queue="outbox", state=TodoState.FAILED).count() == 1

@@ -101,7 +101,7 @@ def test_a_claimed_todo_is_the_row_the_orm_would_load(personas: Personas) -> Non
     # The answered fields as stored; the others deferred (as ``.only()`` leaves them), read from
     # the database as stored when asked.
     unanswered = {"idempotency_key", "source", "claimed_at", "finished_at", "rings"}
-    unanswered |= {"rung_since", "stall_rung_at", "lease_token_hash", "claim_via"}
+    unanswered |= {"rung_since", "stall_rung_at", "lease_token_hash", "claim_via", "retried_after"}
     assert built.get_deferred_fields() == unanswered
     fields = [f.attname for f in Todo._meta.concrete_fields]
     answered = [f for f in fields if f not in unanswered]

@@ -4,6 +4,8 @@ complete lands on the attempt it named or not at all, never on the newer claim."
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 from admission.limits import services as limit_services
@@ -95,3 +97,48 @@ def test_operators_claims_racing_agents_cycles_and_pauses_all_land_and_the_ledge
     )
     assert Todo.objects.filter(id__in=[t.id for t in theirs], state=TodoState.DONE).count() == 8
     assert ledger.verify().ok
+
+
+def test_workers_whose_claims_ended_before_a_retry_never_end_the_claims_after_it(
+    tx_personas: Personas,
+) -> None:
+    """Round 8: a retry set the attempt back to 0, so the claim after it was attempt 1 again and
+    a worker still holding attempt 1's number ended it. Raced on real connections: per todo, a
+    stale worker keeps completing with its ended attempt while an operator retries and a fresh
+    worker claims; none of the stale completions lands, every fresh claim stands."""
+    p = tx_personas
+    todos = push(p, PAIRS, max_attempts=1)
+    agent, operator = p.as_agent(), p.as_human(p.owner)
+    for todo in todos:
+        services.claim(actor=agent, todo_id=todo.id, claimant="stale")  # attempt 1
+        services.fail(actor=agent, todo_id=todo.id, attempt=1)  # its last: a dead letter
+    fresh = [threading.Event() for _ in todos]
+
+    def race(i: int) -> list[str]:
+        todo, claimed = todos[i // 2], fresh[i // 2]
+        if i % 2 == 1:  # the operator retries, a fresh worker claims
+            services.todo_retry(actor=operator, todo_id=todo.id)
+            services.claim(actor=agent, todo_id=todo.id, claimant="fresh")
+            claimed.set()
+            return ["claimed"]
+        said = []
+        tries_after = 0
+        while tries_after < 5:  # until well after the fresh claim
+            tries_after += claimed.is_set()
+            try:
+                services.complete(actor=agent, todo_id=todo.id, attempt=1, result={"by": "stale"})
+                said.append("completed")
+            except DomainError as exc:
+                said.append(str(exc.as_dict().get("reason") or exc.code))
+            time.sleep(0.002)
+        return said
+
+    outcomes = run_threads(2 * PAIRS, race)
+    stale = [said for i, said in enumerate(outcomes) if i % 2 == 0]
+    assert not [said for said in stale if "completed" in said], stale
+    assert all(said[-1] == "superseded" for said in stale), stale
+    for todo in Todo.objects.filter(id__in=[t.id for t in todos]):
+        assert (todo.state, todo.owner, todo.attempt) == (TodoState.CLAIMED, "fresh", 2)
+    for todo in todos:
+        services.complete(actor=agent, todo_id=todo.id, attempt=2, result={"by": "fresh"})
+    assert set(Todo.objects.values_list("state", flat=True)) == {TodoState.DONE}

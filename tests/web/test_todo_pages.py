@@ -77,9 +77,12 @@ def test_an_operator_claims_completes_fails_releases_and_retries_through_the_ser
     assert b.state == TodoState.FAILED and b.dead_letter  # its only attempt was released
     client.post(f"/todos/{b.id}/retry")
     b.refresh_from_db()
-    assert (b.state, b.attempt) == (TodoState.PENDING, 0)
+    # A fresh round: the attempt number goes on, so the page of attempt 1 ends nothing now.
+    assert (b.state, b.attempt, b.max_attempts) == (TodoState.PENDING, 1, 2)
     client.post(f"/todos/{b.id}/claim")
-    followed = client.post(f"/todos/{b.id}/fail", {"error": "nope", "attempt": "1"}, follow=True)
+    stale = client.post(f"/todos/{b.id}/fail", {"error": "old page", "attempt": "1"}, follow=True)
+    assert "this attempt was superseded: the todo was claimed again since" in stale.content.decode()
+    followed = client.post(f"/todos/{b.id}/fail", {"error": "nope", "attempt": "2"}, follow=True)
     assert "Failed: dead-lettered." in followed.content.decode()
     b.refresh_from_db()
     assert b.result == {"error": "nope"}
