@@ -381,9 +381,8 @@ class AgentPath:
         key = (content_type, secure, private)
         parts = self._plain_heads.get(key)
         if parts is None:
-            headers = self._finish(
-                {"content-type": ("Content-Type", content_type)}, 0, secure, private=private
-            )
+            typed = {"content-type": ("Content-Type", content_type)} if content_type else {}
+            headers = self._finish(typed, 0, secure, private=private)
             at = [name for name, _ in headers].index("Content-Length")
             encoded = _encoded(headers)
             parts = (encoded[:at], encoded[at + 1 :])
@@ -453,7 +452,11 @@ class AgentPath:
             self.request.finished(mirrored)  # as response.close()
             return _Answer(answer.status, encoded, answer.content)
         if isinstance(answer, mcp.Reply) and answer.status < 400:
-            headers = {"content-type": ("Content-Type", answer.content_type)}
+            headers = (
+                {"content-type": ("Content-Type", answer.content_type)}
+                if answer.content_type
+                else {}
+            )
             for name, value in answer.headers:
                 headers[name.lower()] = (name, value)
             finished = self._finish(

@@ -48,7 +48,10 @@ headers and carry the API's error object (``{"error", "code", ...}``) as ``error
 unknown or revoked token, 403 a token of another endpoint or a foreign ``Origin``, 413 a body
 over 1 MiB, 406/415 wrong media types, 429 over the endpoint's request rate (with
 ``Retry-After``), 503 ``unavailable`` when PostgreSQL or Redis does not answer (with
-``Retry-After``), 405 for a ``GET`` without a session. A method that fails unexpectedly is -32603 in its response
+``Retry-After``), 405 for a ``GET`` without a session or a method not served
+(``method_not_allowed``), 400 a handshake request without ``Mcp-Session-Id`` and 404 one naming
+a session that ended or expired (``invalid_argument``, ``not_found``, each naming the header as
+``field``). A method that fails unexpectedly is -32603 in its response
 (HTTP 200, as the SDKs' servers answer); a failure outside any method is -32603 with HTTP 500.
 Never Django's HTML error page.
 
@@ -94,6 +97,7 @@ from switchboard.core.errors import (
     DomainError,
     Forbidden,
     InvalidArgument,
+    MethodNotAllowed,
     NotFound,
     RateLimited,
     Unauthorized,
@@ -204,8 +208,9 @@ class Reply:
     headers: list[tuple[str, str]]
 
 
-# HttpResponse's Content-Type when it is given none (an empty 202, 204).
-_EMPTY_TYPE = "text/html; charset=utf-8"
+# An empty answer's (202, 204) Content-Type: none, as there is no content to describe (it was
+# HttpResponse's default, text/html).
+_EMPTY_TYPE = ""
 
 
 def as_response(answer: Reply | HttpResponseBase) -> HttpResponseBase:
@@ -214,6 +219,8 @@ def as_response(answer: Reply | HttpResponseBase) -> HttpResponseBase:
 
 def _http(reply: Reply) -> HttpResponse:
     response = HttpResponse(reply.content, status=reply.status, content_type=reply.content_type)
+    if not reply.content_type:
+        del response["Content-Type"]
     for name, value in reply.headers:
         response[name] = value
     return response
@@ -253,6 +260,21 @@ def _refusal(exc: DomainError, id_: Id = None) -> Reply:
         headers["WWW-Authenticate"] = 'Bearer realm="switchboard"'
     body = {"jsonrpc": "2.0", "id": id_, "error": error.as_dict()}
     return _json(body, status=exc.status, headers=headers)
+
+
+def _transport(
+    id_: Id, code: int, exc: DomainError, headers: dict[str, str] | None = None
+) -> Reply:
+    """A refusal of the transport's (405, a session missing or unknown) with its HTTP status
+    and JSON-RPC ``code``, carrying the API's error object as ``data`` as every other does."""
+    return _rpc_error(id_, RpcError(code, exc.message, exc.as_dict()), exc.status, headers)
+
+
+SESSION = "Mcp-Session-Id"
+
+
+def _no_session() -> NotFound:
+    return NotFound("Session not found; it ended or expired: initialize again", field=SESSION)
 
 
 def _rpc_error(
@@ -298,8 +320,10 @@ def mcp_view(request: HttpRequest, slug: str) -> HttpResponseBase:
 def respond(request: Incoming, slug: str) -> Reply | HttpResponseBase:
     """The answer to an MCP request: a ``Reply``, or a response (an event stream)."""
     if request.method not in ("GET", "POST", "DELETE"):
-        error = RpcError(SERVER_ERROR, f"{request.method} is not served here; POST JSON-RPC")
-        return _rpc_error(None, error, 405, headers={"Allow": "GET, POST, DELETE"})
+        refused = MethodNotAllowed(
+            f"{request.method} is not served here; POST JSON-RPC", method=request.method
+        )
+        return _transport(None, SERVER_ERROR, refused, headers={"Allow": "GET, POST, DELETE"})
     try:
         try:
             check_body_size(request, API_BODY_LIMIT)
@@ -559,6 +583,10 @@ def _modern(
             return _rpc_error(None, _unsupported(header_version), 400)
         return _empty(202)
     try:
+        if isinstance(message, list):
+            raise RpcError(
+                INVALID_REQUEST, f"JSON-RPC batches are not part of protocol {MODERN_VERSIONS[0]}"
+            )
         parsed = _parse_message(message)
         if parsed is None or parsed.is_notification:
             raise RpcError(
@@ -787,10 +815,12 @@ def _get_stream(request: Incoming, actor: AgentActor) -> Reply | HttpResponseBas
     session_id = request.headers.get("Mcp-Session-Id")
     if not session_id:
         # The 2026-07-28 revision has no GET stream: its clients listen by request instead.
-        error = RpcError(SERVER_ERROR, "GET needs the Mcp-Session-Id of a handshake session")
-        return _rpc_error(None, error, 405, headers={"Allow": "POST, DELETE"})
+        refused = MethodNotAllowed(
+            "GET needs the Mcp-Session-Id of a handshake session", method="GET", field=SESSION
+        )
+        return _transport(None, SERVER_ERROR, refused, headers={"Allow": "POST, DELETE"})
     if _session_get(actor, session_id) is None:
-        return _rpc_error(None, RpcError(INVALID_REQUEST, "Session not found"), 404)
+        return _transport(None, INVALID_REQUEST, _no_session())
     release_connection()
     rings = ring_stream(
         str(actor.endpoint.id), request.headers.get("Last-Event-ID"), render=_notification
@@ -822,12 +852,13 @@ def _session_alive(key: str) -> bool:
 
 
 def _delete(request: Incoming, actor: AgentActor) -> Reply:
-    session_id = _header(request, "Mcp-Session-Id")
+    session_id = _header(request, SESSION)
     if not session_id:
-        return _rpc_error(None, RpcError(INVALID_REQUEST, "Mcp-Session-Id header is required"), 400)
+        missing = InvalidArgument("Mcp-Session-Id header is required", field=SESSION)
+        return _transport(None, INVALID_REQUEST, missing)
     removed = counters.client().delete(_session_key(actor, session_id))
     if not removed:
-        return _rpc_error(None, RpcError(INVALID_REQUEST, "Session not found"), 404)
+        return _transport(None, INVALID_REQUEST, _no_session())
     return _empty(204)
 
 
@@ -835,17 +866,19 @@ def _legacy(request: Incoming, actor: AgentActor, message: Any) -> Reply:
     try:
         if isinstance(message, dict) and message.get("method") == "initialize":
             return _initialize(actor, message)
-        session_id = _header(request, "Mcp-Session-Id")
+        session_id = _header(request, SESSION)
         if not session_id:
-            raise _Transport(400, "Mcp-Session-Id header is required; send initialize first")
+            raise InvalidArgument(
+                "Mcp-Session-Id header is required; send initialize first", field=SESSION
+            )
         record = _session_get(actor, session_id)
         if record is None:
-            raise _Transport(404, "Session not found; it ended or expired: initialize again")
+            raise _no_session()
         # The header, when sent, is one of HANDSHAKE_VERSIONS (others are routed to _modern and
         # refused there); the spec answers by it even when it is not the negotiated one.
         version: str = _header(request, "MCP-Protocol-Version") or record["version"]
-    except _Transport as exc:
-        return _rpc_error(_request_id(message), RpcError(INVALID_REQUEST, exc.message), exc.status)
+    except (InvalidArgument, NotFound) as exc:
+        return _transport(_request_id(message), INVALID_REQUEST, exc)
 
     def handle(req: Request) -> dict[str, Any] | None:
         return _legacy_dispatch(
@@ -886,13 +919,6 @@ def _legacy(request: Incoming, actor: AgentActor, message: Any) -> Reply:
         return _empty(202)
     answer = _answer(message, handle)
     return _json(answer)
-
-
-class _Transport(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 def _initialized(actor: AgentActor, session_id: str, record: dict[str, Any]) -> None:
@@ -938,7 +964,8 @@ def _initialize(actor: AgentActor, message: dict[str, Any]) -> Reply:
         )
     requested = parsed.params.get("protocolVersion")
     if not isinstance(requested, str):
-        return _rpc_error(id_, RpcError(INVALID_PARAMS, "params.protocolVersion is required"), 200)
+        said = "is required" if requested is None else "must be a string, e.g. 2025-11-25"
+        return _rpc_error(id_, RpcError(INVALID_PARAMS, f"params.protocolVersion {said}"), 200)
     if not isinstance(parsed.params.get("capabilities", {}), dict):
         return _rpc_error(
             id_, RpcError(INVALID_PARAMS, "params.capabilities must be an object"), 200

@@ -148,7 +148,11 @@ def test_initialize_answers_the_latest_version_to_an_unknown_one(agent: Mcp) -> 
 def test_initialize_without_a_protocol_version_is_invalid_params(agent: Mcp) -> None:
     response = agent.rpc("initialize", {"capabilities": {}})
     assert response.json()["error"]["code"] == -32602
+    assert response.json()["error"]["message"] == "params.protocolVersion is required"
     assert "Mcp-Session-Id" not in response
+    wrong = agent.rpc("initialize", {"protocolVersion": 5, "capabilities": {}})
+    assert wrong.json()["error"]["code"] == -32602
+    assert "params.protocolVersion must be a string" in wrong.json()["error"]["message"]
 
 
 def test_ping_and_tools_within_a_session(personas: Personas, agent: Mcp) -> None:
@@ -221,17 +225,28 @@ def self_budgeting_everything(client: Client) -> tuple[Any, str]:
 def test_a_request_without_a_session_is_400_and_an_unknown_one_404(agent: Mcp) -> None:
     missing = agent.rpc("tools/list")
     assert missing.status_code == 400 and missing.json()["error"]["code"] == -32600
+    # As every transport refusal: the API's error object as data, naming the header (sdk10).
+    data = missing.json()["error"]["data"]
+    assert (data["code"], data["field"]) == ("invalid_argument", "Mcp-Session-Id")
     agent.session = "not-a-session"
     unknown = agent.rpc("tools/list")
     assert unknown.status_code == 404
+    data = unknown.json()["error"]["data"]
+    assert (data["code"], data["field"]) == ("not_found", "Mcp-Session-Id")
+    assert "initialize again" in data["error"]
 
 
 def test_delete_ends_the_session(agent: Mcp) -> None:
     agent.initialize()
     deleted = agent.client.delete(agent.path, headers=agent.headers())
-    assert deleted.status_code == 204
+    assert deleted.status_code == 204 and "Content-Type" not in deleted
     assert agent.rpc("ping").status_code == 404
-    assert agent.client.delete(agent.path, headers=agent.headers()).status_code == 404
+    again = agent.client.delete(agent.path, headers=agent.headers())
+    assert again.status_code == 404 and again.json()["error"]["data"]["code"] == "not_found"
+    agent.session = None
+    unnamed = agent.client.delete(agent.path, headers=agent.headers())
+    assert unnamed.status_code == 400
+    assert unnamed.json()["error"]["data"]["field"] == "Mcp-Session-Id"
 
 
 def test_a_session_belongs_to_its_endpoint(personas: Personas, agent: Mcp, client: Client) -> None:
@@ -514,6 +529,7 @@ def test_a_client_response_is_accepted_without_an_answer(agent: Mcp) -> None:
     agent.initialize()
     response = agent.post({"jsonrpc": "2.0", "id": 9, "result": {}})
     assert response.status_code == 202 and response.content == b""
+    assert "Content-Type" not in response  # no content to describe (it said text/html)
 
 
 # --- transport refusals -------------------------------------------------------------------------
@@ -523,12 +539,14 @@ def test_get_without_a_session_is_not_allowed(agent: Mcp) -> None:
     response = agent.client.get(agent.path, headers=agent.headers())
     assert response.status_code == 405
     assert response["Allow"] == "POST, DELETE"
+    assert response.json()["error"]["data"]["code"] == "method_not_allowed"
 
 
 def test_the_get_stream_needs_a_known_session_and_an_event_stream_accept(agent: Mcp) -> None:
     agent.initialize()
     unknown = agent.client.get(agent.path, headers=agent.headers(**{"Mcp-Session-Id": "nope"}))
     assert unknown.status_code == 404
+    assert unknown.json()["error"]["data"]["field"] == "Mcp-Session-Id"
     json_only = agent.client.get(agent.path, headers=agent.headers(Accept="application/json"))
     assert json_only.status_code == 406
     assert json_only.json()["error"]["data"]["field"] == "Accept"
@@ -538,6 +556,8 @@ def test_other_methods_are_not_allowed(agent: Mcp) -> None:
     response = agent.client.put(agent.path, headers=agent.headers())
     assert response.status_code == 405
     assert response["Allow"] == "GET, POST, DELETE"
+    data = response.json()["error"]["data"]
+    assert (data["code"], data["method"]) == ("method_not_allowed", "PUT")
 
 
 def test_an_unknown_or_missing_token_is_401(personas: Personas, client: Client) -> None:
@@ -795,8 +815,9 @@ def test_modern_batches_are_invalid_and_notifications_accepted(agent: Mcp) -> No
     headers = {"MCP-Protocol-Version": MODERN}
     batch = agent.post([{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}], **headers)
     assert batch.status_code == 400 and batch.json()["error"]["code"] == -32600
+    assert "batches are not part of protocol 2026-07-28" in batch.json()["error"]["message"]
     note = agent.post({"jsonrpc": "2.0", "method": "notifications/cancelled"}, **headers)
-    assert note.status_code == 202
+    assert note.status_code == 202 and "Content-Type" not in note
 
 
 # --- failures nobody planned for ------------------------------------------------------------------
@@ -863,6 +884,27 @@ def test_a_redis_that_does_not_answer_is_a_503_json_rpc_error_with_retry_after(
 def test_get_answers_405_as_json_rpc(agent: Mcp) -> None:
     response = agent.client.get(agent.path, headers=agent.headers())
     assert response.status_code == 405 and response.json()["error"]["code"] == -32000
+
+
+def test_the_servers_empty_answers_carry_no_content_type(
+    tx_personas: Personas, live_url: str
+) -> None:
+    """Through the web server's own answer path (not Django's): a 202 and a 204 said
+    ``Content-Type: text/html`` of an empty body (sdk10)."""
+    url = f"{live_url}/mcp/{tx_personas.agent.slug}"
+    headers = {"Authorization": f"Bearer {tx_personas.agent_token}", "Accept": ACCEPT}
+    opened = httpx.post(url, json=initialize(), headers=headers, timeout=30)
+    headers["Mcp-Session-Id"] = opened.headers["Mcp-Session-Id"]
+    headers["MCP-Protocol-Version"] = opened.json()["result"]["protocolVersion"]
+    note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    accepted = httpx.post(url, json=note, headers=headers, timeout=30)
+    assert accepted.status_code == 202 and accepted.content == b""
+    assert "content-type" not in accepted.headers
+    assert accepted.headers["X-Content-Type-Options"] == "nosniff"  # the rest still sent
+    ended = httpx.delete(url, headers=headers, timeout=30)
+    assert ended.status_code == 204 and "content-type" not in ended.headers
+    gone = httpx.delete(url, headers=headers, timeout=30)
+    assert gone.status_code == 404 and gone.json()["error"]["data"]["code"] == "not_found"
 
 
 def test_a_chunked_body_over_one_mebibyte_is_a_413_json_rpc_error(
