@@ -34,8 +34,13 @@ def deliver_ready_hook(
     """At most ``HOOK_ATTEMPTS`` attempts, ``HOOK_RETRY_SECONDS`` apart; after the last the
     endpoint is marked failed (a ring is a hint: a receiver that is down misses it, and the
     doorbell's reminders ring again later)."""
+    # A retry is the same task (its id kept): every attempt of a delivery is one message.
+    task_id = self.request.id
+    msg_id = f"msg_{str(task_id).replace('-', '')}" if task_id else None
     try:
-        _attempt(endpoint_id=endpoint_id, queue=queue, todo_id=todo_id, reason=reason)
+        _attempt(
+            endpoint_id=endpoint_id, queue=queue, todo_id=todo_id, reason=reason, msg_id=msg_id
+        )
     except hooks.HookDeliveryError as exc:
         if self.request.retries >= self.max_retries:
             log.warning("ready hook for %s gave up: %s", endpoint_id, exc)
@@ -44,9 +49,13 @@ def deliver_ready_hook(
         raise self.retry(exc=exc, countdown=settings.HOOK_RETRY_SECONDS) from exc
 
 
-def _attempt(*, endpoint_id: str, queue: str, todo_id: str | None, reason: str) -> None:
+def _attempt(
+    *, endpoint_id: str, queue: str, todo_id: str | None, reason: str, msg_id: str | None
+) -> None:
     """One delivery attempt; reaching Celery's soft time limit counts as a failed one."""
     try:
-        hooks.deliver_ready(endpoint_id=endpoint_id, queue=queue, todo_id=todo_id, reason=reason)
+        hooks.deliver_ready(
+            endpoint_id=endpoint_id, queue=queue, todo_id=todo_id, reason=reason, msg_id=msg_id
+        )
     except SoftTimeLimitExceeded as exc:
         raise hooks.HookDeliveryError("the delivery exceeded its time limit") from exc

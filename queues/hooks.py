@@ -95,8 +95,12 @@ def _todo_named(endpoint: Endpoint, queue: str, todo_id: str | None, reason: str
     return todo
 
 
-def deliver_ready(*, endpoint_id: str, queue: str, todo_id: str | None, reason: str) -> bool:
-    """One delivery attempt; raises HookDeliveryError for Celery to retry."""
+def deliver_ready(
+    *, endpoint_id: str, queue: str, todo_id: str | None, reason: str, msg_id: str | None = None
+) -> bool:
+    """One delivery attempt; raises HookDeliveryError for Celery to retry. ``msg_id``: the
+    delivery's ``webhook-id``, the same in each of its attempts (Standard Webhooks: a receiver
+    drops a resent message by it); a new one when not given."""
     endpoint = Endpoint.objects.filter(pk=endpoint_id, state=EndpointState.ACTIVE).first()
     if endpoint is None or not endpoint.notify_url:
         return False
@@ -108,7 +112,7 @@ def deliver_ready(*, endpoint_id: str, queue: str, todo_id: str | None, reason: 
     if todo is None:
         return False
     body = json.dumps(ready_body(endpoint, queue, todo, reason)).encode()
-    msg_id = f"msg_{uuid.uuid4().hex}"
+    msg_id = msg_id or f"msg_{uuid.uuid4().hex}"
     ts = int(time.time())
     headers = {
         "content-type": "application/json",

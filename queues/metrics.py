@@ -27,7 +27,12 @@ WAIVERS = "switchboard_waivers_total"
 COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     CREATED: ("Todos created.", ("queue", "source")),
     CLAIMED: ("Claims committed, retries and takeovers included.", ("queue",)),
-    COMPLETED: ("Todos that left a claim for good, by outcome.", ("queue", "outcome")),
+    COMPLETED: (
+        "Todos by how a claim or a revoke ended them: done; failed (a fail with attempts left,"
+        " retried later); dead_lettered (a fail or release of the last attempt, the reaper at"
+        " the last attempt, a revoke's live todos).",
+        ("queue", "outcome"),
+    ),
     LEASES_EXPIRED: ("Claims whose lease lapsed and were reaped.", ("queue",)),
     ATTEMPTS: ("Claims by the attempt number they started.", ("queue", "attempt_bucket")),
     CHARGED: ("Claims charged to an admission policy.", ("queue",)),

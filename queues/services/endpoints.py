@@ -388,6 +388,9 @@ def endpoint_update(
                 version=selectors.endpoint_version(locked),
             )
         before = _audited(locked)
+        if "notify_url" in changes and changes["notify_url"] != locked.notify_url:
+            # The failure shown was the old URL's: the new one has not failed (hooks10).
+            changes["hook_failed_at"], changes["hook_error"] = None, ""
         for field_name, value in changes.items():
             setattr(locked, field_name, value)
         if not locked.notify_url:

@@ -125,6 +125,10 @@ def test_a_failing_receiver_gets_three_attempts_five_seconds_apart_then_the_endp
     assert len(hook_server.posts) == 3
     at = [post["at"] for post in hook_server.posts]
     assert all(later - earlier >= 4.5 for earlier, later in itertools.pairwise(at))
+    # One message resent: the same webhook-id in each attempt, each signed (hooks10).
+    ids = {post["headers"]["webhook-id"] for post in hook_server.posts}
+    assert len(ids) == 1 and ids.pop().startswith("msg_")
+    assert all(verifies(p.agent.notify_secret, post) for post in hook_server.posts)
     counters.flush()
     assert (
         counters.value("switchboard_notify_hooks_total", {"outcome": "gave_up"})
@@ -140,5 +144,31 @@ def test_a_failing_receiver_gets_three_attempts_five_seconds_apart_then_the_endp
     push(p, 1)
     assert wait_for(lambda: Endpoint.objects.get(pk=p.agent.pk).hook_failed_at is None)
     assert len(hook_server.posts) == 4
+    assert (
+        hook_server.posts[3]["headers"]["webhook-id"]
+        != hook_server.posts[0]["headers"]["webhook-id"]
+    )  # another message
     p.agent.refresh_from_db()
     assert p.agent.hook_error == ""
+
+
+def test_a_new_hook_url_forgets_the_old_ones_failure(
+    personas: Personas, hook_server: HookServer
+) -> None:
+    p = personas
+    _hooked(p, hook_server)
+    failed = {"hook_failed_at": timezone.now(), "hook_error": "hook answered 302"}
+    Endpoint.objects.filter(pk=p.agent.pk).update(**failed)
+    services.endpoint_update(endpoint=p.agent, actor=p.as_human(p.owner), name="Other")
+    kept = Endpoint.objects.get(pk=p.agent.pk)
+    assert endpoint_out(kept)["hook_error"] == "hook answered 302"  # the same URL: kept
+    services.endpoint_update(
+        endpoint=p.agent, actor=p.as_human(p.owner), notify_url=hook_server.url
+    )
+    assert Endpoint.objects.get(pk=p.agent.pk).hook_failed_at is not None  # unchanged: kept
+    moved = services.endpoint_update(
+        endpoint=p.agent, actor=p.as_human(p.owner), notify_url=hook_server.url + "/fixed"
+    )
+    assert (moved.hook_failed_at, moved.hook_error) == (None, "")
+    stored = Endpoint.objects.get(pk=p.agent.pk)
+    assert (stored.hook_failed_at, stored.hook_error) == (None, "")
