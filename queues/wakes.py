@@ -19,6 +19,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+from django.conf import settings
 from django.db import connection, transaction
 
 from queues import hook_tasks, metrics, ring_gate, selectors
@@ -170,12 +171,28 @@ def reopen(
 def _enqueue_hook(
     endpoint_id: UUID | str, queue: str, todo_id: UUID | str | None, reason: str
 ) -> None:
+    """Hand the hook to the broker within the request's bound on Redis (``REDIS_TIMEOUT_SECONDS``
+    to connect and for each socket operation), once, with no retry: Celery's own publish waits
+    for ever on a broker that holds the connection open and does not answer (a frozen Valkey),
+    and held every agent thread of the process with it (chaos10). A hook not handed over is
+    logged and dropped: it is a hint, and the doorbell's reminders ring again for work that
+    still waits."""
+    bound = settings.REDIS_TIMEOUT_SECONDS
+    task = hook_tasks.deliver_ready_hook
+    options = {"socket_timeout": bound, "socket_connect_timeout": bound, "max_retries": 0}
     try:
-        hook_tasks.deliver_ready_hook.delay(
-            str(endpoint_id), queue, str(todo_id) if todo_id else None, reason
+        with task.app.connection_for_write(
+            connect_timeout=bound, transport_options=options
+        ) as broker:
+            task.apply_async(
+                (str(endpoint_id), queue, str(todo_id) if todo_id else None, reason),
+                connection=broker,
+                retry=False,
+            )
+    except Exception as exc:
+        log.warning(
+            "could not hand the ready hook for %s:%s to the broker: %s", endpoint_id, queue, exc
         )
-    except Exception:
-        log.exception("could not enqueue the ready hook for %s:%s", endpoint_id, queue)
 
 
 def listen(timeout: float, *, channel: str = CHANNEL) -> list[Any]:

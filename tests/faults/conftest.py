@@ -150,7 +150,9 @@ class Stack:
 
 
 # Two agents; the load agent's queue has a budget (so its claims take the admission path, and
-# the ledger has rows to verify) that is wide enough never to refuse.
+# the ledger has rows to verify) that is wide enough never to refuse, and a ready hook (so every
+# create hands one to the broker, which the Valkey freeze must not hold: chaos10). No worker
+# runs here: the hooks wait in Valkey, undelivered.
 SETUP = """
 from django.contrib.auth.models import User
 from admission import services as admission
@@ -161,7 +163,8 @@ owner = User.objects.create_user("faults", password="pw-faults-123")
 for name in ("load", "doomed"):
     endpoint, token = services.endpoint_vend(
         actor=FIXTURE,
-        owner=owner, name=name, queues=["work"], rps=100000, burst=100000
+        owner=owner, name=name, queues=["work"], rps=100000, burst=100000,
+        notify_url="http://127.0.0.1:9/ready" if name == "load" else "",
     )
     print(name, token)
     if name == "load":
@@ -187,6 +190,7 @@ def stack() -> Iterator[Stack]:
         "REQUEST_DEADLINE_SECONDS": "1.5",
         "DATABASE_POOL_MAX": "12",
         "LOG_LEVEL": "ERROR",
+        "HOOK_ALLOWED_NETWORKS": "127.0.0.0/8",
     }
     try:
         made = subprocess.run(
