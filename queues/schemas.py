@@ -352,7 +352,13 @@ class ClaimIn(Strict):
     require_fence: bool = Field(
         default=False, description="Issue a lease_token that every later transition must carry"
     )
-    claimant: str | None = Field(default=None, min_length=1, max_length=200)
+    claimant: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="who holds the claim (the endpoint's slug if not given); not starting "
+        "with 'operator:', which names a person's claim",
+    )
 
 
 class ClaimNextIn(Strict):
@@ -364,7 +370,13 @@ class ClaimNextIn(Strict):
     )
     lease_ttl_seconds: int | None = LeaseTtl()
     require_fence: bool = False
-    claimant: str | None = Field(default=None, min_length=1, max_length=200)
+    claimant: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="who holds the claim (the endpoint's slug if not given); not starting "
+        "with 'operator:', which names a person's claim",
+    )
 
 
 class ClaimOut(Schema):

@@ -543,5 +543,15 @@ def _claimant(actor: Actor, claimant: str | None) -> str:
         claimant = validation.check_text(claimant, "claimant").strip()
         if not claimant or len(claimant) > 200:
             raise InvalidArgument("claimant must be 1-200 characters", field="claimant")
+        if claimant.casefold().startswith(HUMAN_PREFIX) and not isinstance(actor, HumanActor):
+            # A person's claim is held as operator:<username> (HumanActor.label): an agent
+            # naming itself so read as a person on every page (round 8).
+            raise InvalidArgument(
+                f"claimant may not start with {HUMAN_PREFIX!r}: it names a person's claim",
+                field="claimant",
+            )
         return claimant
     return actor.label
+
+
+HUMAN_PREFIX = "operator:"

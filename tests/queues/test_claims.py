@@ -771,3 +771,23 @@ def test_a_claim_by_id_refused_says_why_and_until_when(personas: Personas) -> No
     assert body["reason"] == "last_attempt" and "2 of 2" in body["error"]
     assert "its lease lapsed at" in body["error"]  # not "until" a time gone by
     assert body["lease_expires_at"] == iso(Todo.objects.get(pk=last.pk).lease_expires_at)
+
+
+def test_an_agent_cannot_name_itself_as_a_person(personas: Personas) -> None:
+    # Round 8: an agent's claimant "operator:operator" read as a person's claim on every page.
+    (todo,) = push(personas, 1)
+    agent = personas.as_agent()
+    for claimant in ("operator:operator", "OPERATOR:olive", " operator:x"):
+        with pytest.raises(InvalidArgument) as refused:
+            services.claim_next(actor=agent, claimant=claimant)
+        assert refused.value.field == "claimant"
+        with pytest.raises(InvalidArgument):
+            services.claim(actor=agent, todo_id=todo.id, claimant=claimant)
+    todo.refresh_from_db()
+    assert (todo.state, todo.attempt) == (TodoState.PENDING, 0)
+    claimed = services.claim_next(actor=agent, claimant="operations-bot")
+    assert isinstance(claimed, Claimed) and claimed.todo.owner == "operations-bot"
+    services.release(actor=agent, todo_id=todo.id)
+    services.claim(actor=personas.as_human(), todo_id=todo.id)
+    todo.refresh_from_db()
+    assert todo.owner == f"operator:{personas.owner.get_username()}"
