@@ -55,8 +55,9 @@ import contextlib
 import functools
 import hashlib
 import json
+import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -79,9 +80,11 @@ from queues.access import Viewer
 from queues.doorbell import doorbell
 from switchboard.console import board
 from switchboard.console.board import Filters, Section
+from switchboard.core.availability import is_outage, outage
 from switchboard.core.users import still_signed_in
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 # Measured by `make bench` (bench/console_bench.py): commit to browser under a second at p50.
 # 0.3 s each (was 0.5 and 0.4): a change is noticed 0.3 s sooner on average, for a fleet
 # snapshot (four grouped reads) at most every 0.3 s per web process while a board is open.
@@ -435,6 +438,30 @@ async def stream(
     seen: str,
     csrf_token: str,
 ) -> AsyncIterator[str]:
+    """The board's events; a dependency that stops answering (PostgreSQL down) ends the stream
+    as a stream ends, in one log line: the page's reconnect meets the outage's 503 and retries
+    until it passes (static/js/live.js). It was an unhandled exception of the server's, and the
+    browser's read failed half-way (chaos10)."""
+    try:
+        async with contextlib.aclosing(
+            _stream(request, viewer, filters, here, seen, csrf_token)
+        ) as events:
+            async for event in events:
+                yield event
+    except Exception as exc:
+        if not is_outage(exc):
+            raise
+        log.warning("the live board's stream ended: %s", outage(exc).message)
+
+
+async def _stream(
+    request: HttpRequest,
+    viewer: Viewer,
+    filters: Filters,
+    here: str,
+    seen: str,
+    csrf_token: str,
+) -> AsyncGenerator[str, None]:
     yield f"retry: {RETRY_MS}\n\n"
     # The page was rendered at fingerprint ``seen``: render now as the baseline, and send it only
     # if the board moved between the page load and this connection, or during this render: a

@@ -21,7 +21,7 @@ from queues.access import Viewer
 from switchboard.console import live
 from switchboard.console.board import Filters
 from switchboard.core.users import still_signed_in
-from tests.conftest import FIXTURE, Personas, push
+from tests.conftest import FIXTURE, Personas, database_down, push
 from tests.web.conftest import budget, signed_in
 
 
@@ -278,6 +278,28 @@ def test_the_stream_pushes_a_change_made_elsewhere(tx_personas: Personas) -> Non
 
     events = asyncio.run(watch())
     assert ("announce", {"text": "agent / inbox: Paused"}) in events
+
+
+def test_a_database_that_stops_answering_ends_the_stream_as_a_stream_ends(
+    tx_personas: Personas, caplog: Any
+) -> None:
+    """chaos10: PostgreSQL stopped under an open board was an unhandled exception of the
+    server's and a chunked read the browser saw fail half-way."""
+    p = tx_personas
+    push(p, 1)
+    request, viewer = _viewer(p.owner)
+    filters = Filters()
+    connection.close()
+
+    async def watch() -> list[str]:
+        source: AsyncIterator[str] = live.stream(request, viewer, filters, "/", "", "token")
+        return [chunk async for chunk in source]
+
+    with database_down():
+        sent = asyncio.run(asyncio.wait_for(watch(), timeout=60))
+    assert len(sent) == 1 and sent[0].startswith("retry:")  # then the end, not an exception
+    (ended,) = [r for r in caplog.records if r.name == "switchboard.console.live"]
+    assert ended.levelname == "WARNING" and "database did not answer" in ended.getMessage()
 
 
 def test_a_change_committed_while_the_stream_renders_its_baseline_is_sent(
