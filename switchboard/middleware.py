@@ -14,6 +14,7 @@ from django.conf import settings
 from django.core.exceptions import (
     DisallowedHost,
     PermissionDenied,
+    RequestAborted,
     RequestDataTooBig,
     SuspiciousOperation,
     TooManyFieldsSent,
@@ -270,6 +271,25 @@ def _too_many_fields(where: str) -> InvalidArgument:
     return InvalidArgument(
         f"{where}: more than {most} fields; no form of this site has that many", field=where
     )
+
+
+def stop_without_alarms(record: logging.LogRecord) -> bool:
+    """A logging filter for ``uvicorn.error`` and ``asyncio``: at a graceful stop uvicorn cancels
+    the event streams still open past its bound, as designed (they never end by themselves;
+    ``switchboard.asgi`` ends each as a stream ends and the client reconnects elsewhere), and
+    said so as an ERROR, with asyncio's traceback of Django's disconnect listener for each
+    stream after it: an alarm on every deploy for nothing wrong (chaos10, hooks10). Both are one
+    INFO line now."""
+    if record.name == "uvicorn.error" and "timeout graceful shutdown exceeded" in str(record.msg):
+        record.levelno, record.levelname = logging.INFO, "INFO"
+        record.msg = f"{record.msg} (open event streams, ended as streams end)"
+    exc = record.exc_info[1] if record.exc_info else None
+    if record.name == "asyncio" and isinstance(exc, RequestAborted):
+        record.levelno, record.levelname = logging.INFO, "INFO"
+        record.msg, record.args = "a request ended by the server's stop: its client was let go", ()
+        record.exc_info = None
+        record.exc_text = None
+    return True
 
 
 def refusals_without_tracebacks(record: logging.LogRecord) -> bool:

