@@ -143,13 +143,14 @@ def limits_status(request: HttpRequest) -> dict[str, Any]:
 
 @router.get(
     "/limits/verify",
-    response={200: dict[str, Any], 401: ErrorOut, 429: ErrorOut},
+    response={200: dict[str, Any], 401: ErrorOut, 403: ErrorOut, 429: ErrorOut},
     summary="Verify",
 )
 def limits_verify_report(request: HttpRequest) -> dict[str, Any]:
     """The ledger from genesis, then every pool/tag grant against the limit in force. It reads
     every ledger row, so each person may ask as often as the console's "Verify now"
-    (``LEDGER_VERIFY_RATE_LIMIT``): over it, 429 with Retry-After."""
+    (``LEDGER_VERIFY_RATE_LIMIT``): over it, 429 with Retry-After. Auditors and superusers
+    only (403): it is the fleet's."""
     return services.limits_verify_now(actor=_actor(request)).as_dict()
 
 

@@ -467,8 +467,16 @@ def queue_settings_set(
 def limits_verify_now(*, actor: HumanActor) -> LimitsReport:
     """``limits verify`` for a person (the operator API): it reads every ledger row, so each
     person may ask as often as ``LEDGER_VERIFY_RATE_LIMIT`` lets them, as the console's "Verify
-    now" (an allowance of its own). Over it: ``rate_limited`` saying when to ask again."""
+    now" (an allowance of its own). Over it: ``rate_limited`` saying when to ask again. The
+    report is the fleet's (every chain's rows and head, every grant): only for who reads every
+    ledger row, as the console's badge counts rows only for them (round 8: an owner without
+    staff read the fleet's figures here)."""
     check_actor(actor)
+    if not actor.sees_all:
+        raise Forbidden(
+            "the limits verify report is the whole fleet's ledger: auditors and superusers "
+            "read it (the ledger page's badge says whether the chain holds)"
+        )
     rate, burst = settings.LEDGER_VERIFY_RATE_LIMIT
     allowed, wait = ratelimit.take(f"limits-verify:{actor.user.pk}", rate=rate, burst=burst)
     if not allowed:

@@ -70,3 +70,13 @@ def test_verify_is_rationed_per_person(personas: Personas, settings: Any) -> Non
     assert int(answers[2]["Retry-After"]) > 0
     # Another person's allowance is their own.
     assert call(p.admin, "get", "/api/v1/limits/verify").status_code == 200
+
+
+def test_verify_is_the_fleets_report_for_who_reads_every_ledger_row(personas: Personas) -> None:
+    # Round 8: an owner without staff read every chain's row count and head, and the fleet's
+    # grants and policies, which the ledger page's badge counts only for readers of all.
+    p = personas
+    refused = call(p.owner, "get", "/api/v1/limits/verify")
+    assert refused.status_code == 403 and refused.json()["code"] == "forbidden"
+    assert "rows" not in refused.content.decode()
+    assert call(p.auditor, "get", "/api/v1/limits/verify").json()["ok"] is True
