@@ -177,7 +177,13 @@ def _values(kind: Kind, given: dict[str, Any], row: Any | None) -> dict[str, Any
             )
         values[field] = value
     if kind.name == "rate" and values["floor"] > values["base_limit"]:
-        raise InvalidArgument("floor must not exceed base_limit", field="floor")
+        # Named by what the request sent: a base_limit lowered under the floor in force is the
+        # base_limit's fault (round 8: it named floor, which the request had not sent).
+        blamed = "base_limit" if "base_limit" in given and given.get("floor") is None else "floor"
+        raise InvalidArgument(
+            f"floor must not exceed base_limit ({values['floor']} > {values['base_limit']})",
+            field=blamed,
+        )
     posture = given.get("posture") or (row.posture if row is not None else LimitPosture.ENFORCE)
     if posture not in LimitPosture.values:
         raise InvalidArgument(

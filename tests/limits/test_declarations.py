@@ -13,12 +13,13 @@ from django.core.management import CommandError, call_command
 from django.db import IntegrityError, connection, transaction
 from django.test import Client
 
+from admission.limits import services as limit_services
 from admission.limits.models import Pool, QueueSettings, RateLimit, TagLimit
 from queues import services
 from queues.models import Todo
 from switchboard.core.errors import InvalidArgument
 from tests.api.conftest import Api, human_token
-from tests.conftest import Personas
+from tests.conftest import FIXTURE, Personas
 from tests.mcp.test_mcp_sdk import connect, error_of
 
 
@@ -183,3 +184,18 @@ def test_an_agent_names_limits_over_mcp(tx_personas: Personas, live_url: str) ->
     is_error, content = seen["refused"]
     assert is_error is True and content["field"] == "pool"
     assert Todo.objects.count() == 1
+
+
+def test_a_rate_limit_under_its_floor_is_refused_naming_what_the_request_sent(db: None) -> None:
+    # Round 8: lowering base_limit under the floor in force named `floor`, not sent.
+    limit_services.limit_set(actor=FIXTURE, kind="rate", name="api", base_limit=8, floor=3)
+    for given, blamed in (
+        ({"base_limit": 2}, "base_limit"),
+        ({"floor": 9}, "floor"),
+        ({"base_limit": 2, "floor": 5}, "floor"),
+    ):
+        with pytest.raises(InvalidArgument) as refused:
+            limit_services.limit_set(actor=FIXTURE, kind="rate", name="api", **given)
+        assert refused.value.field == blamed, given
+        assert "floor must not exceed base_limit" in refused.value.message
+    assert (RateLimit.objects.get(name="api").base_limit, RateLimit.objects.get().floor) == (8, 3)
