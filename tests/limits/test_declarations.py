@@ -189,11 +189,12 @@ def test_an_agent_names_limits_over_mcp(tx_personas: Personas, live_url: str) ->
 def test_a_rate_limit_under_its_floor_is_refused_naming_what_the_request_sent(db: None) -> None:
     # Round 8: lowering base_limit under the floor in force named `floor`, not sent.
     limit_services.limit_set(actor=FIXTURE, kind="rate", name="api", base_limit=8, floor=3)
-    for given, blamed in (
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"base_limit": 2}, "base_limit"),
         ({"floor": 9}, "floor"),
         ({"base_limit": 2, "floor": 5}, "floor"),
-    ):
+    ]
+    for given, blamed in cases:
         with pytest.raises(InvalidArgument) as refused:
             limit_services.limit_set(actor=FIXTURE, kind="rate", name="api", **given)
         assert refused.value.field == blamed, given
