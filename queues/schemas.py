@@ -65,6 +65,16 @@ def LeaseTtl() -> Any:
     return Field(default=None, ge=1, le=86400, description="Lease length; default per endpoint")
 
 
+def Claimant() -> Any:
+    return Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="who holds the claim (the endpoint's slug if not given); not starting "
+        "with 'operator:', which names a person's claim",
+    )
+
+
 TodoStateFilter = Literal["pending", "claimed", "done", "failed", "dead_letter", "discarded"]
 
 
@@ -352,13 +362,7 @@ class ClaimIn(Strict):
     require_fence: bool = Field(
         default=False, description="Issue a lease_token that every later transition must carry"
     )
-    claimant: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=200,
-        description="who holds the claim (the endpoint's slug if not given); not starting "
-        "with 'operator:', which names a person's claim",
-    )
+    claimant: str | None = Claimant()
 
 
 class ClaimNextIn(Strict):
@@ -370,13 +374,7 @@ class ClaimNextIn(Strict):
     )
     lease_ttl_seconds: int | None = LeaseTtl()
     require_fence: bool = False
-    claimant: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=200,
-        description="who holds the claim (the endpoint's slug if not given); not starting "
-        "with 'operator:', which names a person's claim",
-    )
+    claimant: str | None = Claimant()
 
 
 class ClaimOut(Schema):
