@@ -171,9 +171,12 @@ def todo_create(
 
 
 def _differs(todo: Todo, **asked: Any) -> list[str]:
-    """The fields in which a live todo is not what a create asked for (tags as a set)."""
+    """The fields in which a live todo is not what a create asked for (tags as a set;
+    ``max_attempts`` as the round it was pushed with, which an operator's retry moves on by the
+    attempts spent: the same request repeated after a retry is still the same)."""
     held = {name: getattr(todo, name) for name in asked}
     held["tags"] = sorted(held["tags"] or [])
+    held["max_attempts"] = todo.max_attempts - todo.retried_after
     return [name for name, value in asked.items() if held[name] != value]
 
 

@@ -302,6 +302,33 @@ def test_a_foreign_todo_is_not_found_and_an_own_wrong_state_is_a_conflict(
     assert Todo.objects.get(pk=theirs.pk).state == TodoState.PENDING
 
 
+def test_the_same_create_after_an_operator_retry_is_still_the_same_request(
+    personas: Personas,
+) -> None:
+    # Round 9: a retry raises max_attempts by the round, and the repeated request was then told
+    # it differed in max_attempts (a value it could not even send: over 100).
+    actor = personas.as_agent()
+
+    def create(max_attempts: int) -> services.TodoCreated:
+        return services.todo_create(
+            actor=actor,
+            endpoint=personas.agent,
+            queue="inbox",
+            title="a",
+            idempotency_key="k",
+            max_attempts=max_attempts,
+        )
+
+    todo = create(3).todo
+    services.claim(actor=actor, todo_id=todo.id)
+    services.fail(actor=actor, todo_id=todo.id)
+    retried = services.todo_retry(actor=personas.as_human(), todo_id=todo.id)
+    assert (retried.attempt, retried.max_attempts) == (1, 4)
+    again = create(3)
+    assert (again.created, again.todo.id, again.differs) == (False, todo.id, [])
+    assert create(4).differs == ["max_attempts"]
+
+
 def test_idempotency_returns_the_live_todo_and_frees_the_key_when_done(
     personas: Personas,
 ) -> None:
