@@ -25,6 +25,7 @@ limits) are asked in their lock order and never named here.
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -543,7 +544,16 @@ def _claimant(actor: Actor, claimant: str | None) -> str:
         claimant = validation.check_text(claimant, "claimant").strip()
         if not claimant or len(claimant) > 200:
             raise InvalidArgument("claimant must be 1-200 characters", field="claimant")
-        if claimant.casefold().startswith(HUMAN_PREFIX) and not isinstance(actor, HumanActor):
+        if any(unicodedata.category(c) == "Cf" for c in claimant):
+            # Invisible (zero-width, direction marks, a soft hyphen): a name that reads as
+            # another, "\u200boperator:…" as a person's above all (round 9).
+            raise InvalidArgument(
+                "claimant may not hold invisible formatting characters (zero-width spaces, "
+                "direction marks, soft hyphens)",
+                field="claimant",
+            )
+        person = unicodedata.normalize("NFKC", claimant).casefold().startswith(HUMAN_PREFIX)
+        if person and not isinstance(actor, HumanActor):
             # A person's claim is held as operator:<username> (HumanActor.label): an agent
             # naming itself so read as a person on every page (round 8).
             raise InvalidArgument(

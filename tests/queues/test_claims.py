@@ -804,7 +804,14 @@ def test_an_agent_cannot_name_itself_as_a_person(personas: Personas) -> None:
     # Round 8: an agent's claimant "operator:operator" read as a person's claim on every page.
     (todo,) = push(personas, 1)
     agent = personas.as_agent()
-    for claimant in ("operator:operator", "OPERATOR:olive", " operator:x"):
+    disguised = ["\u200boperator:o", "\u2060operator:o", "\ufeffoperator:o", "operator\u00ad:o"]
+    for claimant in (
+        "operator:operator",
+        "OPERATOR:olive",
+        " operator:x",
+        "ｏｐｅｒａｔｏｒ:x",
+        *disguised,
+    ):
         with pytest.raises(InvalidArgument) as refused:
             services.claim_next(actor=agent, claimant=claimant)
         assert refused.value.field == "claimant"
