@@ -39,23 +39,41 @@ def deliver_ready_hook(
     msg_id = f"msg_{str(task_id).replace('-', '')}" if task_id else None
     try:
         _attempt(
-            endpoint_id=endpoint_id, queue=queue, todo_id=todo_id, reason=reason, msg_id=msg_id
+            endpoint_id=endpoint_id,
+            queue=queue,
+            todo_id=todo_id,
+            reason=reason,
+            msg_id=msg_id,
+            resent=self.request.retries > 0,
         )
     except hooks.HookDeliveryError as exc:
         if self.request.retries >= self.max_retries:
             log.warning("ready hook for %s gave up: %s", endpoint_id, exc)
             hooks.record_failure(endpoint_id=endpoint_id, error=str(exc))
             return
-        raise self.retry(exc=exc, countdown=settings.HOOK_RETRY_SECONDS) from exc
+        # The retry names the todo this attempt's body named: one message, one body.
+        again = (endpoint_id, queue, exc.todo_id or todo_id, reason)
+        raise self.retry(args=again, exc=exc, countdown=settings.HOOK_RETRY_SECONDS) from exc
 
 
 def _attempt(
-    *, endpoint_id: str, queue: str, todo_id: str | None, reason: str, msg_id: str | None
+    *,
+    endpoint_id: str,
+    queue: str,
+    todo_id: str | None,
+    reason: str,
+    msg_id: str | None,
+    resent: bool,
 ) -> None:
     """One delivery attempt; reaching Celery's soft time limit counts as a failed one."""
     try:
         hooks.deliver_ready(
-            endpoint_id=endpoint_id, queue=queue, todo_id=todo_id, reason=reason, msg_id=msg_id
+            endpoint_id=endpoint_id,
+            queue=queue,
+            todo_id=todo_id,
+            reason=reason,
+            msg_id=msg_id,
+            resent=resent,
         )
     except SoftTimeLimitExceeded as exc:
         raise hooks.HookDeliveryError("the delivery exceeded its time limit") from exc

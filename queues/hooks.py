@@ -9,7 +9,7 @@ receiver): ``HOOK_ATTEMPTS`` attempts ``HOOK_RETRY_SECONDS`` apart, each given
 (``queues.hookguard``); when the last fails the endpoint is marked (``hook_failed_at``,
 ``hook_error``). Checked against pauses and deferral again at delivery time (fail open).
 
-The body (``ready_body``): ``{"type": "todo.ready", "endpoint": slug, "queue", "todo": id or null,
+The body (``ready_body``): ``{"type": "todo.ready", "endpoint": slug, "queue", "todo": id,
 "title", "reason"}``, ``reason`` one of ``wakes.REASONS``: ``created``, ``requeued``,
 ``released``, ``reaped``, ``reopened``, ``resumed`` (work became claimable), ``stalled`` (a claim
 the endpoint holds went quiet for half its lease) or ``waiting`` (a reminder from the doorbell
@@ -43,7 +43,10 @@ log = logging.getLogger(__name__)
 
 
 class HookDeliveryError(Exception):
-    pass
+    """A failed attempt; ``todo_id``: the todo its body named, for the retries to name again
+    (one message, one body: a reminder's todo is chosen once, not at each attempt)."""
+
+    todo_id: str | None = None
 
 
 def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
@@ -78,15 +81,19 @@ def ready_body(endpoint: Endpoint, queue: str, todo: Todo | None, reason: str) -
     }
 
 
-def _todo_named(endpoint: Endpoint, queue: str, todo_id: str | None, reason: str) -> Todo | None:
+def _todo_named(
+    endpoint: Endpoint, queue: str, todo_id: str | None, reason: str, *, resent: bool = False
+) -> Todo | None:
     """The todo the hook names: for ``stalled`` the claimed todo, still claimed; else the given
-    todo while pending, or the queue identity's oldest pending todo."""
+    todo while pending, or the queue identity's oldest pending todo. ``resent``: a retry of a
+    message that named ``todo_id``, which names that todo or nothing (the work was taken: no
+    message), never another under the same ``webhook-id``."""
     if reason == "stalled":
         return Todo.objects.filter(pk=todo_id, state=TodoState.CLAIMED).first() if todo_id else None
     todo = None
     if todo_id:
         todo = Todo.objects.filter(pk=todo_id, state=TodoState.PENDING).first()
-    if todo is None:
+    if todo is None and not (resent and todo_id):
         todo = (
             Todo.objects.filter(endpoint=endpoint, queue=queue, state=TodoState.PENDING)
             .order_by("created_at", "id")
@@ -96,11 +103,18 @@ def _todo_named(endpoint: Endpoint, queue: str, todo_id: str | None, reason: str
 
 
 def deliver_ready(
-    *, endpoint_id: str, queue: str, todo_id: str | None, reason: str, msg_id: str | None = None
+    *,
+    endpoint_id: str,
+    queue: str,
+    todo_id: str | None,
+    reason: str,
+    msg_id: str | None = None,
+    resent: bool = False,
 ) -> bool:
     """One delivery attempt; raises HookDeliveryError for Celery to retry. ``msg_id``: the
     delivery's ``webhook-id``, the same in each of its attempts (Standard Webhooks: a receiver
-    drops a resent message by it); a new one when not given."""
+    drops a resent message by it); a new one when not given. ``resent``: a later attempt, whose
+    ``todo_id`` is the one the first named (``_todo_named``)."""
     endpoint = Endpoint.objects.filter(pk=endpoint_id, state=EndpointState.ACTIVE).first()
     if endpoint is None or not endpoint.notify_url:
         return False
@@ -108,7 +122,7 @@ def deliver_ready(
         may_ring, _, _ = ring_gate.check(endpoint.id, queue)
         if not may_ring:
             return False
-    todo = _todo_named(endpoint, queue, todo_id, reason)
+    todo = _todo_named(endpoint, queue, todo_id, reason, resent=resent)
     if todo is None:
         return False
     body = json.dumps(ready_body(endpoint, queue, todo, reason)).encode()
@@ -129,10 +143,14 @@ def deliver_ready(
         # stored before the checks that refuse it now) is a failed delivery: retried, then
         # shown on the endpoint, never a task error nobody sees.
         metrics.notify_hook("failed")
-        raise HookDeliveryError(str(exc) or type(exc).__name__) from exc
+        failed = HookDeliveryError(str(exc) or type(exc).__name__)
+        failed.todo_id = str(todo.id)
+        raise failed from exc
     if status >= 300:
         metrics.notify_hook("failed")
-        raise HookDeliveryError(f"hook answered {status}")
+        failed = HookDeliveryError(f"hook answered {status}")
+        failed.todo_id = str(todo.id)
+        raise failed
     metrics.notify_hook("delivered")
     if endpoint.hook_failed_at is not None:
         Endpoint.objects.filter(pk=endpoint.pk).update(hook_failed_at=None, hook_error="")

@@ -4,16 +4,20 @@ with at most three attempts five seconds apart, after which the endpoint shows t
 from __future__ import annotations
 
 import itertools
+import json
+import time
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.test import Client
 from django.utils import timezone
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from queues import services
 from queues.access import HumanActor
+from queues.hook_tasks import deliver_ready_hook
 from queues.models import Endpoint
 from queues.schemas import endpoint_out
 from switchboard.core import counters
@@ -172,3 +176,21 @@ def test_a_new_hook_url_forgets_the_old_ones_failure(
     assert (moved.hook_failed_at, moved.hook_error) == (None, "")
     stored = Endpoint.objects.get(pk=p.agent.pk)
     assert (stored.hook_failed_at, stored.hook_error) == (None, "")
+
+
+def test_a_resent_hook_names_the_todo_it_first_named_or_is_not_sent(
+    tx_personas: Personas, hook_server: HookServer, celery_worker: Any
+) -> None:
+    """One webhook-id, one body (regress9a): a reminder names the oldest waiting todo; taken
+    before the retry, the retry named the next one under the same id. Now it sends nothing."""
+    p = tx_personas
+    older, _newer = push(p, 2)  # before the hook URL: no hooks of their own
+    _hooked(p, hook_server)
+    hook_server.status = 500
+    deliver_ready_hook.delay(str(p.agent.id), "inbox", None, "waiting")
+    assert wait_for(lambda: len(hook_server.posts) == 1, 20)
+    assert json.loads(hook_server.posts[0]["body"])["todo"] == str(older.id)
+    services.claim(actor=p.as_agent(), todo_id=older.id)  # the work is taken
+    time.sleep(settings.HOOK_RETRY_SECONDS * 2 + 2)  # past both retries' times
+    assert len(hook_server.posts) == 1, [post["body"] for post in hook_server.posts]
+    assert Endpoint.objects.get(pk=p.agent.pk).hook_failed_at is None  # nothing gave up
