@@ -23,6 +23,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from queues import hook_tasks, metrics, ring_gate, selectors
+from switchboard.core import availability
 
 log = logging.getLogger(__name__)
 CHANNEL = "todo_ready"
@@ -176,7 +177,17 @@ def _enqueue_hook(
     for ever on a broker that holds the connection open and does not answer (a frozen Valkey),
     and held every agent thread of the process with it (chaos10). A hook not handed over is
     logged and dropped: it is a hint, and the doorbell's reminders ring again for work that
-    still waits."""
+    still waits. After a hand-off fails, the broker is not tried for
+    ``REDIS_BREAKER_OPEN_SECONDS`` (``broker_breaker``), as the counters skip Redis: each hooked
+    write held its agent thread for the bound, and under many writers every claim waited behind
+    them (regress9b)."""
+    if not broker_breaker.allow():
+        log.warning(
+            "did not hand the ready hook for %s:%s to the broker: it did not answer a moment ago",
+            endpoint_id,
+            queue,
+        )
+        return
     bound = settings.REDIS_TIMEOUT_SECONDS
     task = hook_tasks.deliver_ready_hook
     options = {"socket_timeout": bound, "socket_connect_timeout": bound, "max_retries": 0}
@@ -190,9 +201,14 @@ def _enqueue_hook(
                 retry=False,
             )
     except Exception as exc:
+        broker_breaker.failed()
         log.warning(
             "could not hand the ready hook for %s:%s to the broker: %s", endpoint_id, queue, exc
         )
+
+
+# The broker's own breaker (it may be another server than the counters' Redis).
+broker_breaker = availability.Breaker()
 
 
 def listen(timeout: float, *, channel: str = CHANNEL) -> list[Any]:

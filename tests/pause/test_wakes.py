@@ -10,12 +10,15 @@ separate worker is not exercised here.
 
 from __future__ import annotations
 
+import socket
+import time
+import uuid
 from datetime import timedelta
 from typing import Any
 
 from django.utils import timezone
 
-from queues import hooks, services
+from queues import hook_tasks, hooks, services, wakes
 from queues.cli_pause import resume_outcome
 from queues.models import Endpoint, Todo, TodoState
 from queues.services import Claimed, NothingClaimable
@@ -205,3 +208,32 @@ def test_a_resume_counts_work_its_named_limits_hold_as_held_not_woken(
     assert (result.woken, result.held) == ([p.agent2.slug], [p.agent.slug])
     assert listener.drain() == [f"{p.agent2.id}:inbox"]
     assert free.id
+
+
+def test_a_broker_that_does_not_answer_costs_one_hand_off_its_bound_then_none(
+    db: None, settings: Any, monkeypatch: Any
+) -> None:
+    """A frozen broker (it holds the connection and never answers): the first hooked write
+    pays the Redis bound, the ones after it within the breaker's open period nothing
+    (regress9b: each paid the bound, and under many writers every claim waited behind them)."""
+    with socket.socket() as frozen:
+        frozen.bind(("127.0.0.1", 0))
+        frozen.listen(16)  # the kernel accepts; nobody reads or answers
+        conf = hook_tasks.deliver_ready_hook.app.conf
+        monkeypatch.setitem(conf, "broker_url", f"redis://127.0.0.1:{frozen.getsockname()[1]}/0")
+        monkeypatch.setitem(conf, "broker_write_url", None)
+        settings.REDIS_TIMEOUT_SECONDS = 0.5
+        settings.REDIS_BREAKER_OPEN_SECONDS = 30
+        wakes.broker_breaker.reset()
+        try:
+            started = time.monotonic()
+            wakes._enqueue_hook(uuid.uuid4(), "inbox", None, "created")
+            first = time.monotonic() - started
+            started = time.monotonic()
+            for _ in range(20):
+                wakes._enqueue_hook(uuid.uuid4(), "inbox", None, "created")
+            rest = time.monotonic() - started
+        finally:
+            wakes.broker_breaker.reset()
+    assert 0.4 < first < 3, first
+    assert rest < 0.2, rest
