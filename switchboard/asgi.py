@@ -1105,6 +1105,6 @@ async def _lifespan(receive: Any, send: Any) -> None:
         elif message["type"] == "lifespan.shutdown":
             if _STREAMS:
                 await asyncio.wait(set(_STREAMS), timeout=STREAM_END_SECONDS)
-            await asyncio.to_thread(counters.flush)
+            await asyncio.to_thread(counters.flush_at_exit)
             await send({"type": "lifespan.shutdown.complete"})
             return

@@ -104,3 +104,28 @@ def test_a_flush_resent_after_its_answer_was_lost_is_applied_once(db: None) -> N
     counters._unacknowledged.append(("flush-2", batch.copy()))
     counters.flush()
     assert counters.value(metrics.CREATED, {"queue": "inbox", "source": "api"}) == 6
+
+
+def test_the_last_flush_at_a_stop_tries_redis_though_a_stall_opened_the_breaker(
+    db: None,
+) -> None:
+    # regress9b: a stop moments after a stall kept the increments and exited without a word.
+    key = counters.label_key({"queue": "inbox", "source": "api"})
+    counters._unacknowledged.append(("flush-stop", Counter({(metrics.CREATED, key): 4})))
+    availability.redis_breaker.failed()  # Redis stalled a moment ago; it answers now
+    counters.flush()
+    assert counters._unacknowledged  # an ordinary flush skips Redis while the breaker is open
+    assert counters.flush_at_exit() == 0
+    assert counters.value(metrics.CREATED, {"queue": "inbox", "source": "api"}) == 4
+
+
+def test_increments_a_stop_cannot_send_are_said_lost(stalled_redis: None, monkeypatch: Any) -> None:
+    said: list[str] = []
+    monkeypatch.setattr(counters.log, "warning", lambda msg, *args: said.append(msg % args))
+    key = counters.label_key({"queue": "inbox", "source": "api"})
+    counters._unacknowledged.append(("flush-lost", Counter({(metrics.CREATED, key): 5})))
+    try:
+        assert counters.flush_at_exit() == 5
+    finally:
+        counters._unacknowledged.clear()  # not to be sent to the next test's Redis
+    assert said[-1].startswith("5 counter increments lost at exit: Redis did not answer")
