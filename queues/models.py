@@ -592,6 +592,31 @@ class QueuePause(models.Model):
         return f"{self.queue} (paused)"
 
 
+# The beat's sweeps of todos (queues.tasks), each every SWEEP_INTERVAL_SECONDS.
+SWEEPS = ["reap_expired", "requeue_due_retries", "remind_waiting", "ring_stalled"]
+
+
+class SweepRun(models.Model):
+    """When each beat sweep last finished (one row per sweep, written at its end): a worker or
+    beat that stopped shows as a sweep that has not run, on the board and in /metrics, instead
+    of a board saying "at cap" over leases nobody reaps (chaos10)."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    finished_at = models.DateTimeField()
+    # What the run did: the todos it reaped, requeued or rang for.
+    count = models.IntegerField(default=0)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(name="sweep_run_name_known", condition=Q(name__in=SWEEPS)),
+            models.CheckConstraint(name="sweep_run_count_not_negative", condition=Q(count__gte=0)),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} at {self.finished_at:%Y-%m-%d %H:%M:%S}"
+
+
 class HumanToken(models.Model):
     """A personal access token (sbh_…) for a human using the API; stored as a SHA-256 hash."""
 

@@ -6,10 +6,11 @@ import hashlib
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet, TextField
 from django.db.models.functions import Cast
@@ -27,6 +28,7 @@ from queues.models import (
     Endpoint,
     EndpointState,
     QueuePause,
+    SweepRun,
     Todo,
     TodoState,
 )
@@ -701,3 +703,29 @@ def bulk_preview(*, actor: HumanActor, action: str, selection: Selection) -> Bul
     if action == "retry":
         left_out = bulk_rows(actor, action, selection, retryable_only=False).count() - len(seen)
     return BulkPreview(action, len(seen), sample, selection_token(seen), left_out)
+
+
+# A sweep is late once this many of its intervals passed with no run: the beat or the worker has
+# stopped (one missed tick is a busy worker; three are not).
+SWEEP_LATE_INTERVALS = 3
+
+
+@dataclass(frozen=True)
+class LateSweep:
+    name: str
+    finished_at: datetime
+
+
+def late_sweeps(now: datetime | None = None) -> list[LateSweep]:
+    """The sweeps that ran once and not for ``SWEEP_LATE_INTERVALS`` intervals since: what the
+    board says above the fleet (leases are not reaped, retries not requeued). One that never
+    ran is not late: a fresh start, whose beat has not ticked yet, cannot be told from one
+    never started, and the README's commands start the beat."""
+    now = now or timezone.now()
+    late_after = now - timedelta(seconds=settings.SWEEP_INTERVAL_SECONDS * SWEEP_LATE_INTERVALS)
+    return [
+        LateSweep(name, finished_at)
+        for name, finished_at in SweepRun.objects.filter(finished_at__lt=late_after)
+        .order_by("finished_at", "name")
+        .values_list("name", "finished_at")
+    ]

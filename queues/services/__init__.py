@@ -26,7 +26,7 @@ from queues.services.endpoints import (
     resolve_lease_ttl,
     touch_endpoint,
 )
-from queues.services.sweeps import reap_expired, requeue_due_retries
+from queues.services.sweeps import reap_expired, record_sweep_run, requeue_due_retries
 from queues.services.todos import (
     BulkDone,
     TodoCreated,
@@ -63,6 +63,7 @@ __all__ = [
     "human_token_create",
     "human_token_revoke",
     "reap_expired",
+    "record_sweep_run",
     "release",
     "remind_waiting",
     "requeue_due_retries",

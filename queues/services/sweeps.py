@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import connection, transaction
+from django.utils import timezone
 
 from queues import metrics, sql, wakes
 from queues.access import SystemActor, ledger_actor
-from queues.models import TodoState
+from queues.models import SweepRun, TodoState
 from queues.sql.push import FREED_SQL
 
 SWEEP_BATCH = 500
@@ -78,3 +79,11 @@ def requeue_due_retries() -> int:
         total += n
         if n < SWEEP_BATCH:
             return total
+
+
+def record_sweep_run(name: str, count: int) -> None:
+    """A sweep finished now (``SweepRun``), having done ``count``: what the board and /metrics
+    read to tell a stopped worker or beat from a quiet fleet."""
+    SweepRun.objects.update_or_create(
+        name=name, defaults={"finished_at": timezone.now(), "count": max(count, 0)}
+    )

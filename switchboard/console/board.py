@@ -390,6 +390,8 @@ class BoardView:
     queue_names: list[str] | None = None
     # Every visible endpoint, when the endpoint filter did not narrow them (the filter's choices).
     endpoints: list[Endpoint] | None = None
+    # The beat's sweeps that stopped running (a worker or beat down): said above the fleet.
+    late_sweeps: list[selectors.LateSweep] = field(default_factory=list)
 
 
 def board_view(viewer: Viewer, filters: Filters, *, cards: bool = True) -> BoardView:
@@ -422,6 +424,7 @@ def board_view(viewer: Viewer, filters: Filters, *, cards: bool = True) -> Board
         any_condition_query=filters.query(condition=""),
         queue_names=None if filters.endpoint or filters.queue else sorted({s.queue for s in every}),
         endpoints=None if filters.endpoint else endpoints,
+        late_sweeps=selectors.late_sweeps(),
     )
 
 

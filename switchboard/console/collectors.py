@@ -20,7 +20,7 @@ from admission import selectors as admission_selectors
 from admission.limits import selectors as limits_selectors
 from admission.models import AdmissionPolicy, DeferralReason
 from queues import metrics, selectors
-from queues.models import Todo, TodoState
+from queues.models import SweepRun, Todo, TodoState
 from queues.selectors import QueueStat
 from switchboard.core import availability, counters
 from switchboard.ledger.models import LedgerCheck, LedgerHead
@@ -79,12 +79,13 @@ class SwitchboardCollector(Collector):
             yield from self._admission(labels)
             yield from self._limits()
             yield from self._ledger()
+            yield from self._sweeps()
         errors = CounterMetricFamily(
             "switchboard_metrics_collection_errors",
             "Collector failures; the series they would have produced were omitted.",
             labels=["collector"],
         )
-        for name in ("admission", "conditions", "counters", "ledger", "limits", "queues"):
+        for name in ("admission", "conditions", "counters", "ledger", "limits", "queues", "sweeps"):
             errors.add_metric([name], _errors[name])
         yield errors
 
@@ -236,6 +237,24 @@ class SwitchboardCollector(Collector):
         yield pool_held
         yield tag_held
         yield effective
+
+    def _sweeps(self) -> Iterator[GaugeMetricFamily]:
+        """When each beat sweep last finished: a worker or beat that stopped is a timestamp
+        that stops moving (alert on ``time() - it > 3 * SWEEP_INTERVAL_SECONDS``)."""
+        try:
+            runs = list(SweepRun.objects.values_list("name", "finished_at"))
+        except Exception:
+            log.exception("sweep collector failed")
+            _errors["sweeps"] += 1
+            return
+        finished = GaugeMetricFamily(
+            "switchboard_sweep_finished_timestamp_seconds",
+            "When a beat sweep last finished (Unix time).",
+            labels=["sweep"],
+        )
+        for name, at in runs:
+            finished.add_metric([name], at.timestamp())
+        yield finished
 
     def _ledger(self) -> Iterator[GaugeMetricFamily]:
         """Each chain's signed head position, read live (a scrape history outside the database:

@@ -75,7 +75,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from admission import windows
-from queues import sql
+from queues import selectors, sql
 from queues.access import Viewer
 from queues.doorbell import doorbell
 from switchboard.console import board
@@ -116,6 +116,8 @@ class Fleet:
     limits: tuple[tuple[Any, ...], ...] = ()
     # The minute, while any rate limit is declared: its holds end at the next one.
     rate_minute: str | None = None
+    # The beat's sweeps that stopped running (``selectors.late_sweeps``): the board says so.
+    late_sweeps: tuple[str, ...] = ()
 
 
 _POLICIES_SQL = """
@@ -128,7 +130,7 @@ FROM admission_admissionpolicy p
 
 
 def read_fleet() -> Fleet:
-    """The snapshot every stream of this process hashes (five small queries)."""
+    """The snapshot every stream of this process hashes (six small queries)."""
     now = timezone.now()
     with connection.cursor() as cursor:
         cursor.execute(sql.LIVE_TODOS_SQL)
@@ -178,6 +180,7 @@ def read_fleet() -> Fleet:
         endpoints=endpoints,
         limits=limits,
         rate_minute=minute,
+        late_sweeps=tuple(late.name for late in selectors.late_sweeps(now)),
     )
 
 
@@ -251,6 +254,7 @@ def fingerprint(fleet: Fleet, viewer: Viewer, filters: Filters) -> str:
         fleet.pauses,
         fleet.limits,
         fleet.rate_minute,
+        fleet.late_sweeps,
     ]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
 
