@@ -162,6 +162,10 @@ def flush_at_exit() -> int:
     flush()
     with _flush_lock, _buffer_lock:
         lost = sum(_buffer.values()) + sum(sum(b.values()) for _, b in _unacknowledged)
+        # Gone with the process: a second exit hook (the lifespan's, then atexit's) neither
+        # waits on Redis again nor says it twice.
+        _buffer.clear()
+        _unacknowledged.clear()
     if lost:
         log.warning(
             "%d counter increments lost at exit: Redis did not answer; /metrics stays behind "
@@ -204,7 +208,7 @@ def _flush_locked() -> None:
             client().eval(_APPLY_ONCE, 1, FLUSH_KEY_PREFIX + flush_id, *args)
         except redis.RedisError:
             availability.redis_breaker.failed()
-            log.warning("could not record %d counter increments; keeping them", len(batch))
+            log.warning("could not record %d counter increments; keeping them", sum(batch.values()))
             return
         _unacknowledged.pop(0)
 
