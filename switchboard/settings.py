@@ -69,7 +69,9 @@ def env_seconds(name: str, default: float, *, zero: bool = False) -> float:
         value = float(raw)
     except ValueError as exc:
         raise ImproperlyConfigured(f"{name} must be a number of seconds, not {raw!r}") from exc
-    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+    if not math.isfinite(value):
+        raise ImproperlyConfigured(f"{name} must be a finite number of seconds, not {raw!r}")
+    if value < 0 or (value == 0 and not zero):
         least = "0 or more" if zero else "more than 0"
         raise ImproperlyConfigured(f"{name} must be {least} seconds, not {raw!r}")
     return value

@@ -207,9 +207,9 @@ def test_a_setting_no_process_could_run_with_is_refused_naming_it(tmp_path: Path
         ("REQUEST_DEADLINE_SECONDS", "abc", "must be a number of seconds, not 'abc'"),
         ("REQUEST_DEADLINE_SECONDS", "0", "must be more than 0 seconds, not '0'"),
         ("REDIS_TIMEOUT_SECONDS", "-1", "must be more than 0 seconds, not '-1'"),
-        ("REDIS_TIMEOUT_SECONDS", "nan", "must be more than 0 seconds, not 'nan'"),
+        ("REDIS_TIMEOUT_SECONDS", "nan", "must be a finite number of seconds, not 'nan'"),
         ("ENDPOINT_CACHE_SECONDS", "xyz", "must be a number of seconds, not 'xyz'"),
-        ("REDIS_BREAKER_OPEN_SECONDS", "inf", "must be 0 or more seconds, not 'inf'"),
+        ("REDIS_BREAKER_OPEN_SECONDS", "inf", "must be a finite number of seconds, not 'inf'"),
         ("LOG_LEVEL", "LOUD", "must be DEBUG, INFO, WARNING, ERROR or CRITICAL, not 'LOUD'"),
         (
             "DATABASE_POOL_MIN",
