@@ -305,4 +305,9 @@ def refusals_without_tracebacks(record: logging.LogRecord) -> bool:
         record.exc_text = None
     if isinstance(exc, SuspiciousOperation) and record.levelno > logging.WARNING:
         record.levelno, record.levelname = logging.WARNING, "WARNING"
+    if getattr(record, "status_code", None) == 503 and record.levelno > logging.WARNING:
+        # An outage answered as designed (503 unavailable, Retry-After, nothing changed): the
+        # outage is the news, not each request it refused, which Django logs as an ERROR apiece
+        # (regress9b: one per create and per board reconnect while a dependency was down).
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
     return True

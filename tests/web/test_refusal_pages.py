@@ -33,6 +33,18 @@ def test_a_console_page_in_an_outage_is_a_page_saying_so(tx_personas: Personas) 
     assert '"code"' not in page  # not the error object
 
 
+def test_each_request_an_outage_refuses_is_a_warning_not_an_error(
+    tx_personas: Personas, caplog: Any
+) -> None:
+    (handler,) = [h for h in logging.getLogger().handlers if h.filters]
+    client = signed_in(tx_personas.owner)
+    with database_down():
+        assert client.get("/queues/inbox").status_code == 503
+    (record,) = [r for r in caplog.records if r.name == "django.request"]
+    assert handler.filter(record)
+    assert record.levelname == "WARNING" and "Service Unavailable" in handler.format(record)
+
+
 def test_signing_in_during_an_outage_is_a_page_too(tx_personas: Personas) -> None:
     client = Client()
     with database_down():
