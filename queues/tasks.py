@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 from celery import shared_task
 
@@ -15,32 +14,21 @@ from queues.hook_tasks import deliver_ready_hook as deliver_ready_hook
 log = logging.getLogger(__name__)
 
 
-def _recorded(name: str, sweep: Callable[[], int]) -> int:
-    """Run a sweep and record that it finished (``services.record_sweep_run``): a record that
-    fails is logged, never the sweep's failure."""
-    done = sweep()
-    try:
-        services.record_sweep_run(name, done)
-    except Exception:
-        log.warning("could not record that the %s sweep ran", name, exc_info=True)
-    return done
-
-
 @shared_task(name="queues.tasks.reap_expired", ignore_result=True)
 def reap_expired() -> int:
-    return _recorded("reap_expired", services.reap_expired)
+    return services.swept("reap_expired", services.reap_expired)
 
 
 @shared_task(name="queues.tasks.requeue_due_retries", ignore_result=True)
 def requeue_due_retries() -> int:
-    return _recorded("requeue_due_retries", services.requeue_due_retries)
+    return services.swept("requeue_due_retries", services.requeue_due_retries)
 
 
 @shared_task(name="queues.tasks.remind_waiting", ignore_result=True)
 def remind_waiting() -> int:
-    return _recorded("remind_waiting", services.remind_waiting)
+    return services.swept("remind_waiting", services.remind_waiting)
 
 
 @shared_task(name="queues.tasks.ring_stalled", ignore_result=True)
 def ring_stalled() -> int:
-    return _recorded("ring_stalled", services.ring_stalled)
+    return services.swept("ring_stalled", services.ring_stalled)

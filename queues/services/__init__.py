@@ -26,7 +26,7 @@ from queues.services.endpoints import (
     resolve_lease_ttl,
     touch_endpoint,
 )
-from queues.services.sweeps import reap_expired, record_sweep_run, requeue_due_retries
+from queues.services.sweeps import reap_expired, record_sweep_run, requeue_due_retries, swept
 from queues.services.todos import (
     BulkDone,
     TodoCreated,
@@ -69,6 +69,7 @@ __all__ = [
     "requeue_due_retries",
     "resolve_lease_ttl",
     "ring_stalled",
+    "swept",
     "todo_create",
     "todo_discard",
     "todo_release",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Any
 
 from django.db import connection, transaction
@@ -13,6 +15,7 @@ from queues.models import SweepRun, TodoState
 from queues.sql.push import FREED_SQL
 
 SWEEP_BATCH = 500
+log = logging.getLogger(__name__)
 
 
 def _reaper_params() -> dict[str, Any]:
@@ -79,6 +82,17 @@ def requeue_due_retries() -> int:
         total += n
         if n < SWEEP_BATCH:
             return total
+
+
+def swept(name: str, sweep: Callable[[], int]) -> int:
+    """Run a beat sweep and record that it finished (``record_sweep_run``): a record that fails
+    is logged, never the sweep's failure."""
+    done = sweep()
+    try:
+        record_sweep_run(name, done)
+    except Exception:
+        log.warning("could not record that the %s sweep ran", name, exc_info=True)
+    return done
 
 
 def record_sweep_run(name: str, count: int) -> None:
