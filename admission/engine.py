@@ -376,38 +376,57 @@ def decide(cursor: CursorWrapper, *, policy: PolicyRow, todo_id: UUID, now: date
     return Decision(evaluation=ev, admitted=ev.admits)
 
 
+# One unit of every current window, on shard 0's counter row, in one statement.
+_CHARGE_SQL = """
+    INSERT INTO admission_admissionwindow
+        (policy_id, window_key, window_start, shard, used, refused, claims_limit, updated_at)
+    SELECT %s, k.key, k.ws, 0, 1, 0, k.lim, now()
+    FROM unnest(%s::text[], %s::timestamptz[], %s::integer[]) AS k(key, ws, lim)
+    ON CONFLICT (policy_id, window_key, window_start, shard)
+    DO UPDATE SET used = admission_admissionwindow.used + 1,
+                  claims_limit = EXCLUDED.claims_limit, updated_at = now()
+"""
+
+
 def charge(cursor: CursorWrapper, decision: Decision) -> None:
-    """Spend one unit of every current window; the claimed row's own update already happened."""
-    _count(cursor, decision.evaluation, "used")
-
-
-def record_refusal(cursor: CursorWrapper, evaluation: Evaluation) -> None:
-    """Count a refusal in every window's history (outside any policy lock; see services)."""
-    _count(cursor, evaluation, "refused")
-
-
-def _count(cursor: CursorWrapper, evaluation: Evaluation, column: str) -> None:
-    """One unit of ``column`` in every current window, on shard 0's counter row: a charge here
-    holds every shard (``lock_policy``); a refusal holds none and only waits, briefly, for a
-    claimer charging shard 0's row."""
-    uses = evaluation.windows
+    """Spend one unit of every current window; the claimed row's own update already happened.
+    All windows in one statement: the charge holds every shard (``lock_policy``), so no policy
+    write moves the counters meanwhile."""
+    uses = decision.evaluation.windows
     if not uses:
         return
-    assert column in ("used", "refused")
     cursor.execute(
-        f"""
-        INSERT INTO admission_admissionwindow
-            (policy_id, window_key, window_start, shard, used, refused, claims_limit, updated_at)
-        SELECT %s, k.key, k.ws, 0, {"1, 0" if column == "used" else "0, 1"}, k.lim, now()
-        FROM unnest(%s::text[], %s::timestamptz[], %s::integer[]) AS k(key, ws, lim)
-        ON CONFLICT (policy_id, window_key, window_start, shard)
-        DO UPDATE SET {column} = admission_admissionwindow.{column} + 1,
-                      claims_limit = EXCLUDED.claims_limit, updated_at = now()
-        """,
+        _CHARGE_SQL,
         [
-            evaluation.policy.id,
+            decision.evaluation.policy.id,
             [u.key for u in uses],
             [u.window_start for u in uses],
             [u.limit for u in uses],
         ],
     )
+
+
+# One window's refusal, on shard 0's counter row.
+_REFUSED_SQL = """
+    INSERT INTO admission_admissionwindow
+        (policy_id, window_key, window_start, shard, used, refused, claims_limit, updated_at)
+    VALUES (%s, %s, %s, 0, 0, 1, %s, now())
+    ON CONFLICT (policy_id, window_key, window_start, shard)
+    DO UPDATE SET refused = admission_admissionwindow.refused + 1,
+                  claims_limit = EXCLUDED.claims_limit, updated_at = now()
+"""
+
+
+def record_refusal(cursor: CursorWrapper, evaluation: Evaluation) -> None:
+    """Count a refusal in every window's history, outside any policy lock, one window per
+    statement: called in autocommit (after the claim's transaction), each is its own transaction.
+
+    Never one statement or transaction for all of them: a refusal holding one counter row while
+    it waits for another deadlocked with a policy write moving the counters when the first
+    window changes (``services._follow_first_window``: the first window's rows from
+    ``PRIMARY_WINDOW_KEY`` to its definition's key, then the new first window's back). The
+    refusal, evaluated under the list before, had updated the first window's row and waited for
+    the stacked window's row the write had just inserted; the write, deleting the first window's
+    rows, waited for the refusal's row. One row at a time, a refusal waits holding nothing."""
+    for use in evaluation.windows:
+        cursor.execute(_REFUSED_SQL, [evaluation.policy.id, use.key, use.window_start, use.limit])

@@ -26,7 +26,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from django.db import connection, transaction
+from django.db import connection
 from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
@@ -134,7 +134,7 @@ class BudgetGate:
         for ev in refusals:
             assert isinstance(ev, engine.Evaluation)
             metrics.refused(ev.policy.queue, ev.reason or "")
-            with transaction.atomic(), connection.cursor() as cursor:
+            with connection.cursor() as cursor:  # no atomic block: see engine.record_refusal
                 engine.record_refusal(cursor, ev)
 
     def deferred_entry(self, refusal: gates.Refusal, endpoint_id: UUID) -> dict[str, Any]:

@@ -21,17 +21,31 @@ from django.db.models import Sum
 from django.utils import timezone
 from psycopg import errors
 
+from admission import selectors as admission_selectors
 from admission import services as admission_services
 from admission import windows
 from admission.gate import BudgetGate
-from admission.models import SHARD_LOCK_CLASS, WINDOW_SHARDS, AdmissionPolicy, AdmissionWindow
+from admission.models import (
+    PRIMARY_WINDOW_KEY,
+    SHARD_LOCK_CLASS,
+    WINDOW_SHARDS,
+    AdmissionPolicy,
+    AdmissionWindow,
+)
 from queues import services
 from queues.models import Attempt, Todo, TodoState
 from queues.services import Claimed
 from tests.admission.conftest import budget, over_cap, window_total
 from tests.children import Child
 from tests.children import children as started
-from tests.conftest import Personas, attempt_count, database_url, every_attempt, push
+from tests.conftest import (
+    Personas,
+    attempt_count,
+    database_url,
+    every_attempt,
+    lock_waiters,
+    push,
+)
 
 K = WINDOW_SHARDS
 
@@ -399,6 +413,7 @@ def test_windows_reordered_mid_run_never_over_admit(
     push(p, 120)
     done = threading.Event()
     rewrites = 0
+    write_errors: list[BaseException] = []
 
     def rewrite() -> None:
         nonlocal rewrites
@@ -407,22 +422,98 @@ def test_windows_reordered_mid_run_never_over_admit(
                 write(lists[(rewrites + 1) % len(lists)])
                 rewrites += 1
                 time.sleep(0.005)
+        except BaseException as exc:  # reported to the test
+            write_errors.append(exc)
         finally:
             connection.close()
 
     writer = threading.Thread(target=rewrite)
     writer.start()
+    claims = rounds = 0
     try:
-        _run(children, p.agent.id, threads=8, ops=12, seed="reordered")
-        claims = _claims(children)
+        # Rounds until the list has been rewritten often under the racers (a round of 16 x 12
+        # claims can take fewer than 10 rewrites' time on a quick machine).
+        while rounds == 0 or (rewrites < 10 and rounds < 10):
+            _run(children, p.agent.id, threads=8, ops=12, seed=f"reordered-{rounds}")
+            claims += _claims(children)
+            rounds += 1
     finally:
         done.set()
         writer.join()
+    assert write_errors == []  # no write refused (a deadlock's other victim)
     assert rewrites >= 10, "the list was hardly rewritten during the run"
     assert claims == attempt_count(endpoint=p.agent) == 20
+    # Claims were refused meanwhile, their refusals counted racing the writes that move the
+    # counters (engine.record_refusal), and none failed (_claims: no racer reported an error;
+    # one refusal's deadlock with a write was, in about one run in three).
+    assert AdmissionWindow.objects.filter(policy=policy).aggregate(n=Sum("refused"))["n"]
     week_key = f"week|UTC|00:00|{weekday}"
     write(lists[1])  # the week behind another window: its count under its own key
     assert _charged_under(policy, week_key) == 20
+
+
+def test_a_refusal_waits_for_a_counter_row_holding_none(tx_personas: Personas) -> None:
+    """A refusal counted in two windows, the first's row there and the stacked one's inserted
+    by a write not yet committed (as ``_follow_first_window`` holds it part-way): the refusal
+    waits for the write holding no row, so the write can go on to the first window's row. In
+    one statement for both windows it held that row while it waited: a deadlock."""
+    p = tx_personas
+    week = {"limit": 20, "period": "week", "tz": "UTC", "start": "00:00", "weekday": "Mon"}
+    hour = {"limit": 1000, "period": "hour", "tz": "UTC", "start": "00:00"}
+    policy = admission_services.policy_set(
+        actor=p.as_human(p.owner),
+        endpoint=p.agent,
+        queue="inbox",
+        max_in_flight=None,
+        max_claims_per_window=None,
+        window=None,
+        windows=[hour, week],
+    )
+    refusal = admission_selectors.evaluate_policy(policy)
+    first, stacked = refusal.windows
+    assert (first.key, stacked.key) == (PRIMARY_WINDOW_KEY, "week|UTC|00:00|Mon")
+    AdmissionWindow.objects.create(
+        policy=policy, window_key=first.key, window_start=first.window_start, shard=0
+    )
+    errors: list[BaseException] = []
+
+    def refuse() -> None:
+        try:
+            BudgetGate().refused([refusal])
+        except BaseException as exc:  # reported to the test
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    writer = connect()
+    refuser = threading.Thread(target=refuse)
+    try:
+        writer.execute(
+            "INSERT INTO admission_admissionwindow (policy_id, window_key, window_start, shard, "
+            "used, refused, claims_limit, updated_at) VALUES (%s, %s, %s, 0, 0, 0, 20, now())",
+            [policy.id, stacked.key, stacked.window_start],
+        )
+        refuser.start()
+        deadline = time.monotonic() + 10
+        while not lock_waiters("%INSERT INTO admission_admissionwindow%"):
+            assert time.monotonic() < deadline, "the refusal never waited for the write"
+            time.sleep(0.01)
+        # Well inside the refusal's lock_timeout (2 s): the first window's row is free.
+        row = writer.execute(
+            "SELECT refused FROM admission_admissionwindow WHERE policy_id = %s "
+            "AND window_key = %s FOR UPDATE NOWAIT",
+            [policy.id, first.key],
+        ).fetchone()
+        assert row == (1,)  # the refusal's count there already committed
+        writer.commit()
+    finally:
+        writer.close()
+        refuser.join()
+    assert errors == []
+    counted = dict(
+        AdmissionWindow.objects.filter(policy=policy).values_list("window_key", "refused")
+    )
+    assert counted == {first.key: 1, stacked.key: 1}
 
 
 def _charged_under(policy: AdmissionPolicy, key: str) -> int:
