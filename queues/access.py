@@ -41,6 +41,11 @@ class AgentActor:
         return self.endpoint.slug
 
 
+# A person's claim is held as operator:<username> (HumanActor.label); no agent's claimant may
+# read so (queues.services.claiming).
+HUMAN_PREFIX = "operator:"
+
+
 @dataclass(frozen=True)
 class HumanActor:
     user: AbstractBaseUser | AnonymousUser
@@ -48,7 +53,7 @@ class HumanActor:
 
     @property
     def label(self) -> str:
-        return f"operator:{self.user.get_username()}"
+        return f"{HUMAN_PREFIX}{self.user.get_username()}"
 
     @property
     def is_superuser(self) -> bool:

@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from queues.access import HUMAN_PREFIX
 from queues.models import (
     BASIC_VERBS,
     GRANTABLE_VERBS,
@@ -71,7 +72,7 @@ def Claimant() -> Any:
         min_length=1,
         max_length=200,
         description="who holds the claim (the endpoint's slug if not given); not starting "
-        "with 'operator:', which names a person's claim",
+        f"with {HUMAN_PREFIX!r}, which names a person's claim",
     )
 
 

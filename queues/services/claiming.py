@@ -34,7 +34,7 @@ from django.db import transaction
 from django.db.models import Count
 
 from queues import access, gates, metrics, selectors, sql
-from queues.access import Actor, AgentActor, HumanActor, acting_endpoint_ids
+from queues.access import HUMAN_PREFIX, Actor, AgentActor, HumanActor, acting_endpoint_ids
 from queues.models import QUARANTINE_QUEUE, Endpoint, Todo, TodoState, check_queue_name
 from queues.services.endpoints import resolve_lease_ttl
 from switchboard.core import availability, tokens, validation
@@ -558,6 +558,3 @@ def _claimant(actor: Actor, claimant: str | None) -> str:
             )
         return claimant
     return actor.label
-
-
-HUMAN_PREFIX = "operator:"
