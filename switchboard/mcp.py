@@ -72,6 +72,7 @@ import contextlib
 import functools
 import json
 import logging
+import re
 import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -543,15 +544,26 @@ def _tools_call(actor: AgentActor, params: dict[str, Any], version: str) -> Tool
     return ToolResult(text, is_error, version in STRUCTURED_VERSIONS and not is_error)
 
 
+# A number pydantic writes otherwise than json: a float below 1e-4 in its exponent form
+# (``1.5e-7``) or written out (``0.00001``), as a number token begins in compact JSON (after a
+# colon, a comma or a bracket, maybe negative). Text may hold the same characters: then the
+# answer is only written again, as it needs not be.
+_SMALL_FLOAT = re.compile(rb"[:,\[]-?(?:[0-9.]+e-|0\.0000)")
+
+
 def _as_dumped(content: bytes) -> str:
     """A verb's answer as ``verbs.call_json`` writes it (pydantic's encoder, in one pass from
     the checked model), as ``_dumps`` writes the same answer: MCP's replies keep json's
     spelling. The two write every value alike (ASCII only, compact) but a float below 1e-4
     (json: ``1.5e-07``, ``1e-05``; pydantic: ``1.5e-7``, ``0.00001``) and DEL (json escapes it):
-    an answer that may hold one (its bytes hold ``e-``, ``0.0000`` or DEL, in a number or
-    anywhere else) is read back and written by ``_dumps``. Issue 11: encoding the answer's
-    dict with json cost a tool call more than this."""
-    if b"e-" in content or b"0.0000" in content or b"\x7f" in content:
+    an answer that may hold one (DEL anywhere, or a number of that form: ``_SMALL_FLOAT``) is
+    read back and written by ``_dumps``. Issue 11: encoding the answer's dict with json cost a
+    tool call more than this. The cheap looks for ``e-`` and ``0.0000`` go first: a todo id
+    holds ``e-`` in about one in four (a hex digit before a hyphen), and its answer need not
+    be written again for that."""
+    if b"\x7f" in content or (
+        (b"e-" in content or b"0.0000" in content) and _SMALL_FLOAT.search(content)
+    ):
         return _dumps(json.loads(content))
     return content.decode("ascii")
 
