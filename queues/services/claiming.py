@@ -264,7 +264,10 @@ def claim(
     """
     access.check_actor(actor)
     access.check_writes(actor, "auditors read; they do not claim")
-    lease_token, fence_hash = _fence(require_fence)
+    # A person's claim is always fenced, with a token no agent has: an agent's ending without
+    # one (complete with the todo id alone, which matches any unfenced claim of its endpoint)
+    # does not end it. The person's own endings, as every operator's, need no token.
+    lease_token, fence_hash = _fence(require_fence or isinstance(actor, HumanActor))
     who = _claimant(actor, claimant)
     refused: _Refused | None = None
     result: Claimed | None = None

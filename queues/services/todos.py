@@ -22,7 +22,7 @@ from django.utils import timezone
 from psycopg.types.json import Jsonb
 
 from queues import access, declared, metrics, selectors, sql, wakes
-from queues.access import Actor, AgentActor, HumanActor, acting_endpoint_ids
+from queues.access import HUMAN_PREFIX, Actor, AgentActor, HumanActor, acting_endpoint_ids
 from queues.models import (
     LIVE_TODO,
     MAX_ATTEMPT_SUMMARY,
@@ -247,7 +247,7 @@ def _raise_unmatched(
     found = cursor.fetchone()
     if found is None:
         raise NotFound("no such todo", id=str(todo_id))
-    state, current, live, token_hash, earlier_token, quarantined = found
+    state, current, live, token_hash, owner, earlier_token, quarantined = found
     if state != TodoState.CLAIMED and quarantined and (attempt is None or attempt == current):
         # The caller's claim (this attempt) was expired by a quarantine: say which, so the
         # holder stops the work rather than retry an ending that cannot land.
@@ -274,6 +274,16 @@ def _raise_unmatched(
         raise Conflict("the lease has lapsed", state=state, reason="lease_lapsed", attempt=current)
     if attempt is not None and attempt > current:
         message = f"attempt {attempt} has not been made: this claim is attempt {current}"
+    elif presented is None and token_hash is not None and owner.startswith(HUMAN_PREFIX):
+        # A person's claim (always fenced: claiming.claim): no agent's to end.
+        raise Conflict(
+            f"a person holds this claim ({owner}, through the console or the API): it is "
+            "theirs to end; leave the todo",
+            state=state,
+            reason="held_by_person",
+            attempt=current,
+            owner=owner,
+        )
     elif presented is None and token_hash is not None:
         message = "this claim was made with require_fence: present its lease_token"
     elif presented is not None and token_hash is None:

@@ -1593,6 +1593,7 @@ GROUP BY queue, state
 # whether the token presented was an earlier attempt's of this todo (superseded, not wrong).
 UNMATCHED_SQL = """
 SELECT t.state, t.attempt, t.lease_expires_at > clock_timestamp(), t.lease_token_hash,
+       t.owner,
        EXISTS (SELECT 1 FROM queues_attempt a WHERE a.todo_id = t.id AND a.lease_token_hash = %s),
        -- Not claimed: the limit whose quarantine expired the claim that ended last, if one did
        -- ("kind:name", from the error its expiry wrote: queues.sql.gated).

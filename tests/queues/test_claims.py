@@ -479,6 +479,31 @@ def test_the_operator_board_claim_is_scoped_to_owned_endpoints(personas: Persona
         services.claim(actor=personas.as_human(personas.auditor), todo_id=theirs.id)
 
 
+def test_an_agent_cannot_end_or_extend_a_persons_claim(personas: Personas) -> None:
+    """Round 8 (gen11): an agent's ``complete`` with the todo id alone ended the claim an
+    operator had taken through the board (200, and no ledger row said who ended it). A person's
+    claim is fenced with a token no agent holds; the person ends it with none."""
+    (todo,) = push(personas, 1)
+    board = personas.as_human(via="board")
+    claimed = services.claim(actor=board, todo_id=todo.id)
+    assert claimed.lease_token is not None  # fenced, though the board asked for no fence
+    agent = personas.as_agent()
+    for verb in (services.complete, services.fail, services.release, services.heartbeat):
+        for attempt in (None, claimed.attempt):
+            with pytest.raises(Conflict) as refused:
+                verb(actor=agent, todo_id=todo.id, attempt=attempt)
+            body = refused.value.as_dict()
+            assert (body["reason"], body["owner"]) == ("held_by_person", "operator:olive")
+            assert "theirs to end" in body["error"]
+    todo.refresh_from_db()
+    assert (todo.state, todo.attempt, todo.owner) == (TodoState.CLAIMED, 1, "operator:olive")
+    assert todo.lease_expires_at == claimed.todo.lease_expires_at  # no heartbeat landed
+    with pytest.raises(Conflict) as refused:  # a token that is not the claim's says so
+        services.complete(actor=agent, todo_id=todo.id, lease_token="sbl_not-this-claims")
+    assert refused.value.as_dict()["reason"] == "fence_mismatch"
+    assert services.complete(actor=board, todo_id=todo.id).state == TodoState.DONE
+
+
 def test_revoking_an_endpoint_dead_letters_its_live_todos(personas: Personas) -> None:
     a, b, c = push(personas, 3)
     services.claim(actor=personas.as_agent(), todo_id=b.id)
