@@ -546,8 +546,8 @@ def _tools_call(actor: AgentActor, params: dict[str, Any], version: str) -> Tool
 
 # A number pydantic writes otherwise than json: a float below 1e-4 in its exponent form
 # (``1.5e-7``) or written out (``0.00001``), as a number token begins in compact JSON (after a
-# colon, a comma or a bracket, maybe negative). Text may hold the same characters: then the
-# answer is only written again, as it needs not be.
+# colon, a comma or a bracket, maybe negative). Text may hold the same characters: the answer
+# is then written again when it need not be, never the other way round.
 _SMALL_FLOAT = re.compile(rb"[:,\[]-?(?:[0-9.]+e-|0\.0000)")
 
 
