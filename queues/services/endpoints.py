@@ -152,6 +152,22 @@ def _create_with_free_slug(base: str, chosen: bool, fields: dict[str, Any]) -> E
     raise Conflict("could not find a free slug; name the endpoint differently")
 
 
+def _lock(endpoint: Endpoint) -> Endpoint:
+    """The endpoint's row for a change that keeps its key: ``FOR NO KEY UPDATE`` of that row
+    alone, read by itself (its owner is read when asked for, unlocked).
+
+    Not the owner's ``auth_user`` row, which ``select_related("owner")`` with a plain
+    ``select_for_update`` locked too (``FOR UPDATE``): a write holding the ledger's chain
+    checks its foreign key to that user at commit (``FOR KEY SHARE``) and waited for this one,
+    which waited for the chain (an endpoint PATCH racing a pause, a resume or a priority
+    change: a deadlock, and a 503 on either side). Nor a join at all: a locked row that
+    another write changed meanwhile is checked again against the joined rows as first read,
+    and a join that no longer matches drops it (as the budget's lock did). ``no_key``: a
+    todo's insert checks its key to the endpoint at commit too, and need not wait for this."""
+    locked: Endpoint = Endpoint.objects.select_for_update(no_key=True).get(pk=endpoint.pk)
+    return locked
+
+
 def endpoint_revoke(*, endpoint: Endpoint, actor: HumanActor | SystemActor) -> int:
     """Revoke an endpoint; its live todos are dead-lettered with result endpoint_revoked.
     Returns how many. On the endpoint passed in, the state and ``revoked_at`` become what this
@@ -220,7 +236,7 @@ def endpoint_rotate_hook_secret(
             "overlap_seconds must be between 0 and 2592000 (30 days)", field="overlap_seconds"
         )
     with transaction.atomic():
-        locked = Endpoint.objects.select_for_update().select_related("owner").get(pk=endpoint.pk)
+        locked = _lock(endpoint)
         if locked.state != EndpointState.ACTIVE:
             raise Conflict("the endpoint is revoked")
         if not locked.notify_url:
@@ -375,7 +391,7 @@ def endpoint_update(
         _check_burst(burst)
         changes["rate_limit_burst"] = burst
     with transaction.atomic():
-        locked = Endpoint.objects.select_for_update().select_related("owner").get(pk=endpoint.pk)
+        locked = _lock(endpoint)
         if locked.state != EndpointState.ACTIVE:
             raise Conflict("the endpoint is revoked")
         if not versions.holds(expected, selectors.endpoint_version(locked)):
