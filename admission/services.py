@@ -140,8 +140,17 @@ def _write(
 ) -> tuple[AdmissionPolicy, bool]:
     """Step 4 of policy_set: lock (or create) the row, change it, append the ledger row."""
     existing = _lock(target, spec.queue)
-    if existing is None:
+    creates = 0
+    while existing is None:
         _check_expected(None, expected, target, spec.queue)
+        if creates == _CREATE_TRIES:
+            raise Conflict(
+                f"the budget on endpoint:{target.slug}/{spec.queue} was set and removed again "
+                "by others while this write ran: nothing was written; try again",
+                scope=f"endpoint:{target.slug}",
+                queue=spec.queue,
+            )
+        creates += 1
         try:
             with transaction.atomic():
                 policy = AdmissionPolicy.objects.create(
@@ -154,9 +163,9 @@ def _write(
         except IntegrityError as exc:
             if _constraint_name(exc) != "admission_policy_identity":
                 raise
-            # Another writer created it first; its row is committed now, so lock and update it.
+            # Another writer created it first; its row is committed now, so lock and update it,
+            # unless a third removed it again meanwhile: then create it once more.
             existing = _lock(target, spec.queue)
-            assert existing is not None
         else:
             ledger.append(
                 kind=LedgerKind.POLICY_CREATE,
@@ -290,18 +299,28 @@ def _check_expected(
     )
 
 
+# Creations of a budget another writer's create beat and a third's clear removed again, before
+# this write gives up (each such round is two other writes of the same budget: a rare race).
+_CREATE_TRIES = 5
+
+
 def _lock(endpoint: Endpoint, queue: str) -> AdmissionPolicy | None:
     """The policy row, locked, then all of its shard locks: a claim on the fast path holds a
     shard (never the row) from its usage read to its commit. ``no_key``: a claim's window row
     insert checks its foreign key (``FOR KEY SHARE`` of this row) at commit, holding its shard
-    (``engine.lock_policy`` says why that must not wait for this lock)."""
+    (``engine.lock_policy`` says why that must not wait for this lock).
+
+    The row is read alone, with no join: a locked row another write changed meanwhile is
+    checked again against the joined rows as first read, and with ``updated_by`` joined, a
+    budget last written by another person dropped out (races11: a clear answered 404 "no
+    budget" for a budget that was there, and a set took the create path and failed)."""
     policy = (
-        AdmissionPolicy.objects.select_for_update(of=("self",), no_key=True)
-        .select_related("endpoint", "updated_by")
+        AdmissionPolicy.objects.select_for_update(no_key=True)
         .filter(endpoint=endpoint, queue=queue)
         .first()
     )
     if policy is not None:
+        policy.endpoint = endpoint  # the caller's, as the join gave it; the editor is read lazily
         with connection.cursor() as cursor:
             engine.lock_shards(cursor, policy.id)
     return policy
