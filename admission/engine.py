@@ -13,12 +13,14 @@ arithmetic, read without locks, answers "why is this queue waiting" for every re
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 from django.conf import settings
+from django.db import IntegrityError, connection, transaction
 from django.db.backends.utils import CursorWrapper
 
 from admission import windows
@@ -406,11 +408,19 @@ def charge(cursor: CursorWrapper, decision: Decision) -> None:
     )
 
 
-# One window's refusal, on shard 0's counter row.
+# One window's refusal, on shard 0's counter row, while the budget is there and, for the first
+# window (PRIMARY_WINDOW_KEY), while its first window is still the one the refusal was decided
+# under: a write that changed it moved that key's rows to the old window's own key, and a
+# refusal counted there after it would sit in another window's history (races11).
 _REFUSED_SQL = """
     INSERT INTO admission_admissionwindow
         (policy_id, window_key, window_start, shard, used, refused, claims_limit, updated_at)
-    VALUES (%s, %s, %s, 0, 0, 1, %s, now())
+    SELECT p.id, %(key)s, %(ws)s, 0, 0, 1, %(lim)s, now()
+    FROM admission_admissionpolicy p
+    WHERE p.id = %(policy)s
+      AND (NOT %(first)s OR (p.window_period, p.window_tz, p.window_start, p.window_weekday)
+           IS NOT DISTINCT FROM (%(period)s::text, %(tz)s::text, %(start)s::text,
+                                 %(weekday)s::text))
     ON CONFLICT (policy_id, window_key, window_start, shard)
     DO UPDATE SET refused = admission_admissionwindow.refused + 1,
                   claims_limit = EXCLUDED.claims_limit, updated_at = now()
@@ -427,6 +437,28 @@ def record_refusal(cursor: CursorWrapper, evaluation: Evaluation) -> None:
     ``PRIMARY_WINDOW_KEY`` to its definition's key, then the new first window's back). The
     refusal, evaluated under the list before, had updated the first window's row and waited for
     the stacked window's row the write had just inserted; the write, deleting the first window's
-    rows, waited for the refusal's row. One row at a time, a refusal waits holding nothing."""
+    rows, waited for the refusal's row. One row at a time, a refusal waits holding nothing.
+
+    A budget cleared since the refusal was decided takes its history with it: nothing is counted
+    (the statement finds no policy, or, cleared between its read and its foreign key's check,
+    is refused by that key: ``IntegrityError``, caught here)."""
+    policy = evaluation.policy
     for use in evaluation.windows:
-        cursor.execute(_REFUSED_SQL, [evaluation.policy.id, use.key, use.window_start, use.limit])
+        params: dict[str, Any] = {
+            "policy": policy.id,
+            "key": use.key,
+            "first": use.key == PRIMARY_WINDOW_KEY,
+            "ws": use.window_start,
+            "lim": use.limit,
+            "period": policy.window_period,
+            "tz": policy.window_tz,
+            "start": policy.window_start,
+            "weekday": policy.window_weekday,
+        }
+        try:
+            # In a caller's transaction (a test's), a savepoint, so a refusal refused leaves it
+            # usable; in autocommit, the statement alone.
+            with transaction.atomic() if connection.in_atomic_block else nullcontext():
+                cursor.execute(_REFUSED_SQL, params)
+        except IntegrityError:
+            return  # the budget is gone, and every counter row of it

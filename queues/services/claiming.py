@@ -25,12 +25,13 @@ limits) are asked in their lock order and never named here.
 
 from __future__ import annotations
 
+import logging
 import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Count
 
 from queues import access, gates, metrics, selectors, sql
@@ -43,6 +44,8 @@ from switchboard.core.times import iso
 from switchboard.core.tokens import LEASE_TOKEN_PREFIX, hash_token
 from switchboard.ledger import chain as ledger
 from switchboard.ledger.models import LedgerKind
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -530,9 +533,17 @@ def _pause_first(deferred: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _record_refusals(refusals: list[_Refused]) -> None:
-    """After the claim transaction, holding no gate lock (no lock-order cycle)."""
+    """After the claim transaction, holding no gate lock (no lock-order cycle).
+
+    A refusal's count is history: one that cannot be written is logged and dropped, never the
+    request's failure. claim_next records them after a claim of another queue has committed,
+    and its answer is that claim (races11: a budget cleared meanwhile refused the count, and the
+    agent heard a 500 for a claim it then held without knowing)."""
     for r in refusals:
-        r.gate.refused([r.refusal])
+        try:
+            r.gate.refused([r.refusal])
+        except DatabaseError:
+            log.warning("could not count a refusal of queue %s", r.refusal.queue, exc_info=True)
 
 
 def _fence(require_fence: bool) -> tuple[str | None, str | None]:

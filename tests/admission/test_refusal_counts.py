@@ -1,0 +1,147 @@
+"""A refusal's count in its windows' history, written after the claim (engine.record_refusal),
+racing the budget's writes (races11, an outside tester): a budget cleared or changed since the
+refusal was decided. The count is history: it is dropped when its budget or its window is gone,
+and never fails the claim that the agent is answered with."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection
+
+from admission import engine
+from admission import selectors as admission_selectors
+from admission import services as admission_services
+from admission.gate import BudgetGate
+from admission.models import PRIMARY_WINDOW_KEY, AdmissionPolicy, AdmissionWindow
+from queues import services
+from queues.services import Claimed
+from tests.admission.conftest import budget
+from tests.conftest import Personas, database_url, lock_waiters, push
+
+HOUR = {"limit": 1000, "period": "hour", "tz": "UTC", "start": "00:00"}
+WEEK = {"limit": 20, "period": "week", "tz": "UTC", "start": "00:00", "weekday": "Mon"}
+
+
+def _set(p: Personas, windows: list[dict[str, Any]]) -> AdmissionPolicy:
+    policy: AdmissionPolicy = admission_services.policy_set(
+        actor=p.as_human(p.owner),
+        endpoint=p.agent,
+        queue="inbox",
+        max_in_flight=None,
+        max_claims_per_window=None,
+        window=None,
+        windows=windows,
+    )
+    return policy
+
+
+@pytest.fixture(autouse=True)
+def _unlimited_writes(settings: Any) -> None:
+    settings.POLICY_WRITE_RATE_LIMIT = (0, 0)
+
+
+def test_a_refusal_of_a_budget_cleared_since_counts_nothing_and_fails_nothing(
+    personas: Personas,
+) -> None:
+    policy = _set(personas, [HOUR, WEEK])
+    refusal = admission_selectors.evaluate_policy(policy)
+    admission_services.policy_clear(
+        actor=personas.as_human(personas.owner), endpoint=personas.agent, queue="inbox"
+    )
+    BudgetGate().refused([refusal])  # a foreign key's refusal, a 500 to the agent, before
+    assert not AdmissionWindow.objects.filter(policy_id=policy.id).exists()
+
+
+def test_a_refusal_racing_the_budgets_clear_to_its_commit_counts_nothing(
+    tx_personas: Personas,
+) -> None:
+    """The clear's delete is not committed when the refusal's statement reads the budget: the
+    statement writes its row, then waits for the clear at its foreign key's check, which the
+    clear's commit fails. The refusal is dropped; no error reaches the claim."""
+    p = tx_personas
+    policy = _set(p, [HOUR])
+    refusal = admission_selectors.evaluate_policy(policy)
+    errors: list[BaseException] = []
+
+    def refuse() -> None:
+        try:
+            BudgetGate().refused([refusal])
+        except BaseException as exc:  # reported to the test
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    with psycopg.connect(database_url()) as clear:
+        clear.execute("DELETE FROM admission_admissionwindow WHERE policy_id = %s", [policy.id])
+        clear.execute("DELETE FROM admission_admissionpolicy WHERE id = %s", [policy.id])
+        refuser = threading.Thread(target=refuse)
+        refuser.start()
+        deadline = time.monotonic() + 30
+        while not lock_waiters():
+            assert time.monotonic() < deadline, "the refusal never waited for the clear"
+            time.sleep(0.01)
+        clear.commit()
+    refuser.join(timeout=60)
+    assert errors == []
+    assert not AdmissionWindow.objects.filter(policy_id=policy.id).exists()
+
+
+def test_a_refusal_decided_under_another_first_window_is_not_counted_in_the_new_ones(
+    personas: Personas,
+) -> None:
+    """Decided under [hour, week]; the list is [week] when it is counted. The first window's
+    key now names the week: the hour's refusal is not put in the week's history."""
+    policy = _set(personas, [HOUR, WEEK])
+    refusal = admission_selectors.evaluate_policy(policy)
+    hour_start = refusal.windows[0].window_start
+    _set(personas, [WEEK])
+    BudgetGate().refused([refusal])
+    first = AdmissionWindow.objects.filter(policy=policy, window_key=PRIMARY_WINDOW_KEY)
+    assert not first.filter(window_start=hour_start).exists()
+    # Under the list it was decided under, a refusal counts in every window.
+    _set(personas, [HOUR, WEEK])
+    again = admission_selectors.evaluate_policy(policy)
+    BudgetGate().refused([again])
+    counted = AdmissionWindow.objects.filter(policy=policy, refused__gt=0)
+    assert {(r.window_key, r.window_start) for r in counted} >= {
+        (PRIMARY_WINDOW_KEY, hour_start),
+        (again.windows[1].key, again.windows[1].window_start),
+    }
+
+
+def test_a_claim_is_answered_though_a_refusal_beside_it_could_not_be_counted(
+    personas: Personas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """claim_next claims in one queue and counts another queue's refusal after its commit. A
+    count the database refuses is logged and dropped: the agent is answered with its claim,
+    not a 500 for a claim it would then hold without knowing (races11: 86 such claims)."""
+    p = personas
+    budget(p, "inbox", per="day", limit=0)
+    push(p, 1, queue="inbox")
+    (free,) = push(p, 1, queue="outbox")
+
+    def refused_by_the_database(cursor: Any, evaluation: Any) -> None:
+        cursor.execute("SELECT 1 / 0")  # PostgreSQL's own error (division_by_zero)
+
+    monkeypatch.setattr(engine, "record_refusal", refused_by_the_database)
+    seen: list[logging.LogRecord] = []
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    handler = Seen()
+    logger = logging.getLogger("queues.services.claiming")
+    logger.addHandler(handler)
+    try:
+        claimed = services.claim_next(actor=p.as_agent())
+    finally:
+        logger.removeHandler(handler)
+    assert isinstance(claimed, Claimed) and claimed.todo.id == free.id
+    assert [r.getMessage() for r in seen] == ["could not count a refusal of queue inbox"]
