@@ -21,6 +21,14 @@ connections to check exactly that.
 
 A resume takes no such lock: a claim that read the pause a statement too early merely hands
 out nothing, which is the safe direction.
+
+Lock order: the pause table, then ledger chain 0's append lock. A pause locks the table and then
+appends; a resume locks its row (a lock on the table) and then appends and rings; a person's
+claim reads the table in its claim statement and then appends. So no transaction may take chain
+0 and only then touch the pause table, as a ring's gate does (``queues.ring_gate``): it would
+wait for a pause's lock while the pause waits for chain 0. A write that appends to chain 0
+without having touched the table rings after its commit (an operator's release and retry,
+``queues.services.todos``).
 """
 
 from __future__ import annotations

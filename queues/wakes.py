@@ -98,7 +98,9 @@ def todo_ready(
     reason: str = "created",
 ) -> bool:
     """Ring for a queue identity in the current transaction (delivered at commit). Returns
-    whether it rang."""
+    whether it rang. The gate reads the pause table: not after an append to ledger chain 0 in a
+    transaction that had not touched that table (lock order: ``queues.pauses``); ring on its
+    commit instead."""
     may_ring, url, oldest = ring_gate.check(endpoint_id, queue)
     if not may_ring:
         metrics.notify_suppressed(reason)

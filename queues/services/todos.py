@@ -727,6 +727,7 @@ def _apply(
         groups[(endpoint_id, queue)].append((todo_id, state))
     slugs = dict(Endpoint.objects.filter(pk__in={e for e, _ in groups}).values_list("id", "slug"))
     kind = _BULK_KINDS[action]
+    requeued: list[tuple[UUID, str, UUID | None]] = []
     for (endpoint_id, queue), todos in sorted(
         groups.items(), key=lambda g: (str(g[0][0]), g[0][1])
     ):
@@ -746,8 +747,23 @@ def _apply(
         # A discard is counted by the todos gauge (state "discarded") and the ledger, not by
         # the completed counter, which counts todos leaving a claim.
         if action == "retry":
-            one = todos[0][0] if len(todos) == 1 else None
-            wakes.todo_ready(endpoint_id, queue, todo_id=one, reason="requeued")
+            requeued.append((endpoint_id, queue, todos[0][0] if len(todos) == 1 else None))
+    if requeued:
+        # Rung after the commit, never in this transaction. Lock order: the pause table, then
+        # ledger chain 0 (a pause: ACCESS EXCLUSIVE, then its ledger row; a resume and a
+        # person's claim alike). This transaction holds chain 0 from its first append to its
+        # commit, and a ring's gate reads the pause table: rung here, a retry held chain 0 and
+        # waited for a pause's table lock while the pause waited for chain 0, a deadlock
+        # (tests/pause/test_pause_ledger_deadlock.py). As a release's ring (``_after_end``).
+        transaction.on_commit(lambda: _ring_requeued(requeued))
+
+
+def _ring_requeued(requeued: list[tuple[UUID, str, UUID | None]]) -> None:
+    """After a retry's commit: ring ``requeued`` for each queue identity it gave work back to,
+    naming the todo when it was one, in a transaction of its own (each ring passes the gate)."""
+    with transaction.atomic():
+        for endpoint_id, queue, todo_id in requeued:
+            wakes.todo_ready(endpoint_id, queue, todo_id=todo_id, reason="requeued")
 
 
 def todo_release(*, actor: HumanActor, todo_id: UUID, attempt: int | None = None) -> Todo:
