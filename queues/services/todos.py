@@ -223,7 +223,9 @@ def _transition(
             cursor.execute(statement, params)
             row = cursor.fetchone()
         if row is None:
-            _raise_unmatched(cursor, todo_id, endpoint_ids, lease_token, attempt)
+            _raise_unmatched(
+                cursor, todo_id, endpoint_ids, lease_token, attempt, agent=not params["operator"]
+            )
     assert row is not None
     # Sliced, not star-unpacked (which builds a list item by item): once per ending.
     todo = sql.todo_from_row(row[: sql.NFIELDS])
@@ -237,11 +239,13 @@ def _raise_unmatched(
     endpoint_ids: list[UUID],
     lease_token: str | None,
     attempt: int | None = None,
+    *,
+    agent: bool = True,
 ) -> None:
     """A transition that matched nothing: conflict in scope, not_found outside it. Every verb
     names the same reasons, in the same order: not claimed, superseded (an earlier attempt's
-    number or lease token), lapsed, then a fence that names no claim of this todo (a wrong or
-    missing token, an attempt not made yet)."""
+    number or lease token), lapsed, then, to an agent, a claim a person holds, then a fence that
+    names no claim of this todo (a wrong or missing token, an attempt not made yet)."""
     presented = hash_token(lease_token) if lease_token else None
     cursor.execute(sql.UNMATCHED_SQL, [presented, todo_id, endpoint_ids])
     found = cursor.fetchone()
@@ -272,18 +276,20 @@ def _raise_unmatched(
         )
     if not live:
         raise Conflict("the lease has lapsed", state=state, reason="lease_lapsed", attempt=current)
-    if attempt is not None and attempt > current:
-        message = f"attempt {attempt} has not been made: this claim is attempt {current}"
-    elif presented is None and token_hash is not None and owner.startswith(HUMAN_PREFIX):
-        # A person's claim (always fenced: claiming.claim): no agent's to end.
+    if agent and token_hash is not None and owner.startswith(HUMAN_PREFIX):
+        # A person's claim (always fenced: claiming.claim): no agent's to end, whatever token
+        # or attempt it names (persons11: a made-up token or a later attempt read as a fence
+        # mismatch, which tells a holder to keep working).
         raise Conflict(
-            f"a person holds this claim ({owner}, through the console or the API): it is "
-            "theirs to end; leave the todo",
+            f"a person holds this claim ({owner}, taken in the console): it is theirs to end; "
+            "leave the todo",
             state=state,
             reason="held_by_person",
             attempt=current,
             owner=owner,
         )
+    if attempt is not None and attempt > current:
+        message = f"attempt {attempt} has not been made: this claim is attempt {current}"
     elif presented is None and token_hash is not None:
         message = "this claim was made with require_fence: present its lease_token"
     elif presented is not None and token_hash is None:

@@ -498,8 +498,14 @@ def test_an_agent_cannot_end_or_extend_a_persons_claim(personas: Personas) -> No
     todo.refresh_from_db()
     assert (todo.state, todo.attempt, todo.owner) == (TodoState.CLAIMED, 1, "operator:olive")
     assert todo.lease_expires_at == claimed.todo.lease_expires_at  # no heartbeat landed
-    with pytest.raises(Conflict) as refused:  # a token that is not the claim's says so
-        services.complete(actor=agent, todo_id=todo.id, lease_token="sbl_not-this-claims")
+    # Whatever token or attempt the agent names (persons11: these said fence_mismatch, which
+    # tells a holder to keep working).
+    for named in ({"lease_token": "sbl_not-this-claims"}, {"attempt": claimed.attempt + 1}):
+        with pytest.raises(Conflict) as refused:
+            services.complete(actor=agent, todo_id=todo.id, **named)
+        assert refused.value.as_dict()["reason"] == "held_by_person"
+    with pytest.raises(Conflict) as refused:  # a person's stale attempt: still as it was
+        services.complete(actor=board, todo_id=todo.id, attempt=claimed.attempt + 1)
     assert refused.value.as_dict()["reason"] == "fence_mismatch"
     assert services.complete(actor=board, todo_id=todo.id).state == TodoState.DONE
 
