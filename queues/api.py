@@ -403,15 +403,27 @@ def retry(request: HttpRequest, id: UUID) -> Any:
     return {"todo": one_todo_out(services.todo_retry(actor=actor, todo_id=id))}
 
 
+class ReleaseOptions(Schema):
+    model_config = ConfigDict(extra="forbid")
+    attempt: int | None = Field(
+        default=None,
+        ge=1,
+        le=2**31 - 1,
+        description="Release only this attempt (the one you saw): a claim taken over since is "
+        "refused as superseded, not released",
+    )
+
+
 @todos_router.post(
     "/{id}/release",
     response={200: TodoEnvelope, **_errors(WRITE_ERRORS)},
     operation_id="todos_release",
     summary="Release a claim on an owned endpoint's todo (no lease token needed)",
 )
-def release(request: HttpRequest, id: UUID) -> Any:
+def release(request: HttpRequest, id: UUID, options: Query[ReleaseOptions]) -> Any:
     actor: HumanActor = request.auth  # type: ignore[attr-defined]
-    return {"todo": one_todo_out(services.todo_release(actor=actor, todo_id=id))}
+    released = services.todo_release(actor=actor, todo_id=id, attempt=options.attempt)
+    return {"todo": one_todo_out(released)}
 
 
 @todos_router.post(

@@ -16,7 +16,7 @@ from queues.models import BASIC_VERBS, Endpoint, EndpointState, Todo, TodoState
 from switchboard.core.errors import Forbidden, NotFound
 from switchboard.ledger.models import LedgerEntry, LedgerKind
 from tests.api.conftest import Api, human_token
-from tests.conftest import FIXTURE, Personas, push
+from tests.conftest import FIXTURE, Personas, lapse, push
 
 
 def test_an_owner_vends_an_endpoint_and_its_token_works_once_shown(
@@ -196,6 +196,27 @@ def test_an_operator_retries_a_failed_todo_and_releases_a_claim(
 
     not_failed = owner_api.post(f"/api/v1/todos/{second.id}/retry")
     assert not_failed.status_code == 409 and not_failed.json()["code"] == "conflict"
+
+
+def test_an_operators_release_naming_an_attempt_releases_only_that_claim(
+    personas: Personas, owner_api: Api
+) -> None:
+    """persons11: a person's release of the claim they saw, sent after an agent took the todo
+    over, released the agent's newer claim (the body's attempt was not read). ``?attempt=``
+    names the claim, as the console's Release sends it."""
+    (todo,) = push(personas, 1)
+    agent = personas.as_agent()
+    services.claim(actor=agent, todo_id=todo.id)
+    lapse(todo)
+    services.claim(actor=agent, todo_id=todo.id)  # the takeover: attempt 2
+    stale = owner_api.post(f"/api/v1/todos/{todo.id}/release?attempt=1")
+    assert stale.status_code == 409 and stale.json()["reason"] == "superseded", stale.content
+    assert Todo.objects.get(pk=todo.pk).state == TodoState.CLAIMED
+    for bad in ("0", "x", "1.5"):
+        refused = owner_api.post(f"/api/v1/todos/{todo.id}/release?attempt={bad}")
+        assert refused.status_code == 400 and refused.json()["field"] == "attempt", bad
+    released = owner_api.post(f"/api/v1/todos/{todo.id}/release?attempt=2")
+    assert released.status_code == 200 and released.json()["todo"]["state"] == "pending"
 
 
 def test_auditors_read_every_todo_and_change_none(personas: Personas, auditor_api: Api) -> None:
