@@ -546,6 +546,39 @@ def _record_refusals(refusals: list[_Refused]) -> None:
             log.warning("could not count a refusal of queue %s", r.refusal.queue, exc_info=True)
 
 
+# Characters that draw nothing (Unicode puts them in letter or symbol categories): Hangul
+# fillers, the braille blank, the combining grapheme joiner.
+_BLANK = frozenset("\u115f\u1160\u3164\uffa0\u2800\u034f")
+# Letters and colons drawn as those of "operator:" (a few of Unicode's confusables, TR 39: the
+# Cyrillic and Greek look-alikes of its letters, and colon-like signs NFKC leaves alone).
+_LOOKALIKE = str.maketrans(
+    {
+        "\u0430": "a", "\u0435": "e", "\u043e": "o", "\u0440": "p", "\u0442": "t",
+        "\u03b1": "a", "\u03b5": "e", "\u03bf": "o", "\u03c1": "p", "\u03c4": "t",
+        "\u0585": "o", "\u2236": ":", "\ua789": ":", "\u02d0": ":", "\u02f8": ":",
+        "\u0589": ":", "\u05c3": ":", "\u2806": ":",
+    }
+)  # fmt: skip
+
+
+def _reads_as_a_person(claimant: str) -> bool:
+    """Whether ``claimant`` reads as a person's claim (``operator:<username>``, HumanActor.label)
+    on a page: what draws nothing left out (format characters such as zero-width spaces and
+    direction marks, "\u200boperator:…" in round 9; combining marks, fillers and blanks, spaces
+    and line breaks, which persons11 put in and around the prefix), compatibility forms folded
+    (NFKC: full-width letters), and look-alike letters and colons read as the prefix's own.
+    Elsewhere a name may hold any of them: pages isolate it (<bdi>)."""
+    drawn = "".join(
+        c
+        for c in claimant
+        if c not in _BLANK
+        and unicodedata.category(c)[0] not in "CZ"
+        and unicodedata.category(c) not in ("Mn", "Me")
+    )
+    read = unicodedata.normalize("NFKC", drawn).casefold().translate(_LOOKALIKE)
+    return read.startswith(HUMAN_PREFIX)
+
+
 def _fence(require_fence: bool) -> tuple[str | None, str | None]:
     if not require_fence:
         return None, None
@@ -558,12 +591,7 @@ def _claimant(actor: Actor, claimant: str | None) -> str:
         claimant = validation.check_text(claimant, "claimant").strip()
         if not claimant or len(claimant) > 200:
             raise InvalidArgument("claimant must be 1-200 characters", field="claimant")
-        # As it reads: invisible formatting characters (zero-width, direction marks, a soft
-        # hyphen) left out, "\u200boperator:…" above all (round 9), and compatibility forms
-        # folded (full-width letters). Elsewhere a name may hold them: pages isolate it (<bdi>).
-        visible = "".join(c for c in claimant if unicodedata.category(c) != "Cf")
-        read = unicodedata.normalize("NFKC", visible).casefold().strip()
-        if read.startswith(HUMAN_PREFIX) and not isinstance(actor, HumanActor):
+        if _reads_as_a_person(claimant) and not isinstance(actor, HumanActor):
             # A person's claim is held as operator:<username> (HumanActor.label): an agent
             # naming itself so read as a person on every page (round 8).
             raise InvalidArgument(

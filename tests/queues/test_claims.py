@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from queues import services, sql
 from queues.models import Attempt, AttemptOutcome, Todo, TodoState
-from queues.services import Claimed, NothingClaimable
+from queues.services import Claimed, NothingClaimable, claiming
 from switchboard.core.errors import Conflict, Forbidden, InvalidArgument, NotFound
 from switchboard.core.times import iso
 from tests.conftest import (
@@ -836,12 +836,27 @@ def test_an_agent_cannot_name_itself_as_a_person(personas: Personas) -> None:
     (todo,) = push(personas, 1)
     agent = personas.as_agent()
     disguised = ["\u200boperator:o", "\u2060operator:o", "\ufeffoperator:o", "operator\u00ad:o"]
+    # persons11: what draws nothing beside format characters, look-alike letters and colons.
+    drawn_alike = [
+        "\u034foperator:o",  # the combining grapheme joiner
+        "operator\ufe0f:o",  # a variation selector
+        "\u3164operator:o",  # a Hangul filler
+        "\u115foperator:o",
+        "\u2800operator:o",  # the braille blank
+        "\u043eperator:o",  # Cyrillic o
+        "\u03bfperator:o",  # Greek omicron
+        "operator\u2236o",  # the ratio sign
+        "operator\ua789o",  # the modifier letter colon
+        "operator :o",
+        "oper\nator:o",
+    ]
     for claimant in (
         "operator:operator",
         "OPERATOR:olive",
         " operator:x",
         "ｏｐｅｒａｔｏｒ:x",
         *disguised,
+        *drawn_alike,
     ):
         with pytest.raises(InvalidArgument) as refused:
             services.claim_next(actor=agent, claimant=claimant)
@@ -850,6 +865,8 @@ def test_an_agent_cannot_name_itself_as_a_person(personas: Personas) -> None:
             services.claim(actor=agent, todo_id=todo.id, claimant=claimant)
     todo.refresh_from_db()
     assert (todo.state, todo.attempt) == (TodoState.PENDING, 0)
+    for fine in ("operations-bot", "José\u0301", "ops: operator", "\u043eps"):
+        assert claiming._reads_as_a_person(fine) is False, fine
     claimed = services.claim_next(actor=agent, claimant="operations-bot")
     assert isinstance(claimed, Claimed) and claimed.todo.owner == "operations-bot"
     services.release(actor=agent, todo_id=todo.id)
