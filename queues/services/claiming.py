@@ -418,7 +418,9 @@ def _not_claimable(locked: sql.LockedTodo) -> Conflict:
             f"todo is {locked.state} and cannot be claimed (quarantine is never delivered)",
             state=locked.state,
         )
-    todo = Todo.objects.only("state", "next_retry_at", "lease_expires_at").get(pk=locked.id)
+    todo = Todo.objects.only("state", "next_retry_at", "lease_expires_at", "owner").get(
+        pk=locked.id
+    )
     if locked.state == TodoState.FAILED and todo.next_retry_at is not None:
         return Conflict(
             f"todo is failed; its retry is due at {iso(todo.next_retry_at)}",
@@ -447,14 +449,17 @@ def _not_claimable(locked: sql.LockedTodo) -> Conflict:
             state=locked.state,
             reason="last_attempt",
             lease_expires_at=iso(todo.lease_expires_at),
+            owner=todo.owner,
         )
     if locked.state == TodoState.CLAIMED:
+        # Who holds it, as an ending refused for a person's claim names them (held_by_person).
         return Conflict(
-            f"todo is claimed (attempt {locked.attempt}), its lease until "
+            f"todo is claimed (attempt {locked.attempt}) by {todo.owner}, its lease until "
             f"{iso(todo.lease_expires_at)}",
             state=locked.state,
             reason="held",
             lease_expires_at=iso(todo.lease_expires_at),
+            owner=todo.owner,
         )
     return Conflict(f"todo is {locked.state} and cannot be claimed", state=locked.state)
 

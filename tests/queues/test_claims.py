@@ -495,6 +495,12 @@ def test_an_agent_cannot_end_or_extend_a_persons_claim(personas: Personas) -> No
             body = refused.value.as_dict()
             assert (body["reason"], body["owner"]) == ("held_by_person", "operator:olive")
             assert "theirs to end" in body["error"]
+    with pytest.raises(Conflict) as refused:  # nor take it while it lives, and says whose
+        services.claim(actor=agent, todo_id=todo.id)
+    assert (refused.value.as_dict()["reason"], refused.value.as_dict()["owner"]) == (
+        "held",
+        "operator:olive",
+    )
     todo.refresh_from_db()
     assert (todo.state, todo.attempt, todo.owner) == (TodoState.CLAIMED, 1, "operator:olive")
     assert todo.lease_expires_at == claimed.todo.lease_expires_at  # no heartbeat landed
