@@ -364,6 +364,15 @@ def policy_clear(
         was_admitted = selectors.evaluate_policy(existing).admits
         before = selectors.policy_dict(existing)
         policy_id = existing.id
+        with connection.cursor() as cursor:
+            # FOR UPDATE, which a counter row's foreign key check (FOR KEY SHARE) waits for: a
+            # refusal counted after this transaction's delete of the counter rows, before its
+            # delete of the policy, failed this commit on that key (regress11: 500 to the
+            # operator). Once held, a refusal's count waits for the commit and is dropped
+            # (engine.record_refusal). Every shard is held already: no claim waits for it.
+            cursor.execute(
+                "SELECT 1 FROM admission_admissionpolicy WHERE id = %s FOR UPDATE", [policy_id]
+            )
         existing.delete()
         ledger.append(
             kind=LedgerKind.POLICY_DELETE,

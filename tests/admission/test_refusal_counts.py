@@ -145,3 +145,48 @@ def test_a_claim_is_answered_though_a_refusal_beside_it_could_not_be_counted(
         logger.removeHandler(handler)
     assert isinstance(claimed, Claimed) and claimed.todo.id == free.id
     assert [r.getMessage() for r in seen] == ["could not count a refusal of queue inbox"]
+
+
+def test_a_clear_waits_for_a_count_in_progress_and_takes_its_row_with_it(
+    tx_personas: Personas,
+) -> None:
+    """A refusal's count has passed its foreign key check (``FOR KEY SHARE`` of the budget) and
+    not committed when the budget is cleared: the clear waits for it, then removes its row with
+    the rest. The clear deleted the counter rows first, the count committed its row, and the
+    clear's commit failed on the key (regress11: 500 to the operator)."""
+    p = tx_personas
+    policy = _set(p, [HOUR])
+    outcome: list[Any] = []
+
+    def clear() -> None:
+        try:
+            outcome.append(
+                admission_services.policy_clear(
+                    actor=p.as_human(p.owner), endpoint=p.agent, queue="inbox"
+                )
+            )
+        except BaseException as exc:  # reported to the test
+            outcome.append(exc)
+        finally:
+            connection.close()
+
+    with psycopg.connect(database_url()) as count:
+        count.execute(
+            "SELECT 1 FROM admission_admissionpolicy WHERE id = %s FOR KEY SHARE", [policy.id]
+        )
+        clearer = threading.Thread(target=clear)
+        clearer.start()
+        deadline = time.monotonic() + 30
+        while not lock_waiters():
+            assert time.monotonic() < deadline, "the clear never waited for the count"
+            time.sleep(0.01)
+        count.execute(
+            "INSERT INTO admission_admissionwindow (policy_id, window_key, window_start, shard, "
+            "used, refused, claims_limit, updated_at) VALUES (%s, '', now(), 0, 0, 1, 1000, now())",
+            [policy.id],
+        )
+        count.commit()
+    clearer.join(timeout=60)
+    assert len(outcome) == 1 and isinstance(outcome[0], dict), outcome
+    assert not AdmissionPolicy.objects.filter(pk=policy.pk).exists()
+    assert not AdmissionWindow.objects.filter(policy_id=policy.id).exists()
