@@ -554,14 +554,19 @@ def _record_refusals(refusals: list[_Refused]) -> None:
 # Characters that draw nothing (Unicode puts them in letter or symbol categories): Hangul
 # fillers, the braille blank, the combining grapheme joiner.
 _BLANK = frozenset("\u115f\u1160\u3164\uffa0\u2800\u034f")
-# Letters and colons drawn as those of "operator:" (a few of Unicode's confusables, TR 39: the
-# Cyrillic and Greek look-alikes of its letters, and colon-like signs NFKC leaves alone).
+# Letters and colons drawn as those of "operator:" (some of Unicode's confusables, TR 39: the
+# Cyrillic, Greek, Coptic and Latin look-alikes of its letters, and colon-like signs NFKC leaves
+# alone; two outside testers' finds among them). Not the whole list: a page tells a person's
+# claim by its "via board" as well.
 _LOOKALIKE = str.maketrans(
     {
         "\u0430": "a", "\u0435": "e", "\u043e": "o", "\u0440": "p", "\u0442": "t",
         "\u03b1": "a", "\u03b5": "e", "\u03bf": "o", "\u03c1": "p", "\u03c4": "t",
-        "\u0585": "o", "\u2236": ":", "\ua789": ":", "\u02d0": ":", "\u02f8": ":",
-        "\u0589": ":", "\u05c3": ":", "\u2806": ":",
+        "\u0585": "o", "\u1d0f": "o", "\u2c9f": "o", "\u2ca3": "p", "\u04bd": "e",
+        "\u0433": "r", "\u0251": "a",
+        "\u2236": ":", "\ua789": ":", "\u02d0": ":", "\u02f8": ":", "\u0589": ":",
+        "\u05c3": ":", "\u2806": ":", "\ua4fd": ":", "\u0903": ":", "\u1804": ":",
+        "\u205a": ":", "\u0704": ":", "\ufe30": ":",
     }
 )  # fmt: skip
 
@@ -580,7 +585,9 @@ def _reads_as_a_person(claimant: str) -> bool:
         and unicodedata.category(c)[0] not in "CZ"
         and unicodedata.category(c) not in ("Mn", "Me")
     )
-    read = unicodedata.normalize("NFKC", drawn).casefold().translate(_LOOKALIKE)
+    # Before NFKC too: it spells some look-alikes otherwise (U+FE30, a vertical colon, as "..").
+    folded = unicodedata.normalize("NFKC", drawn.translate(_LOOKALIKE)).casefold()
+    read = folded.translate(_LOOKALIKE)
     return read.startswith(HUMAN_PREFIX)
 
 
