@@ -409,22 +409,15 @@ def charge(cursor: CursorWrapper, decision: Decision) -> None:
 
 
 # One window's refusal, on shard 0's counter row, while the budget is there and, for the first
-# window (PRIMARY_WINDOW_KEY), while its first window is still the one the refusal was decided
-# under: a write that changed it moved that key's rows to the old window's own key, and a
-# refusal counted there after it would sit in another window's history (races11).
-_REFUSED_SQL = """
-    INSERT INTO admission_admissionwindow
-        (policy_id, window_key, window_start, shard, used, refused, claims_limit, updated_at)
-    SELECT p.id, %(key)s, %(ws)s, 0, 0, 1, %(lim)s, now()
-    FROM admission_admissionpolicy p
-    WHERE p.id = %(policy)s
-      AND (NOT %(first)s OR (p.window_period, p.window_tz, p.window_start, p.window_weekday)
-           IS NOT DISTINCT FROM (%(period)s::text, %(tz)s::text, %(start)s::text,
-                                 %(weekday)s::text))
-    ON CONFLICT (policy_id, window_key, window_start, shard)
-    DO UPDATE SET refused = admission_admissionwindow.refused + 1,
-                  claims_limit = EXCLUDED.claims_limit, updated_at = now()
-"""
+# window (PRIMARY_WINDOW_KEY), once a write of the budget in progress has committed and while
+# its first window is still the one the refusal was decided under: a write that changed it
+# moved that key's rows to the old window's own key, and a refusal counted there after it sat
+# in another window's history (races11, regress11). admission_count_refusal, migration 0012.
+_REFUSED_SQL = (
+    "SELECT admission_count_refusal(%(policy)s::uuid, %(key)s::text, %(ws)s::timestamptz, "
+    "%(lim)s::integer, %(first)s::boolean, %(period)s::text, %(tz)s::text, %(start)s::text, "
+    "%(weekday)s::text)"
+)
 
 
 def record_refusal(cursor: CursorWrapper, evaluation: Evaluation) -> None:
@@ -437,7 +430,9 @@ def record_refusal(cursor: CursorWrapper, evaluation: Evaluation) -> None:
     ``PRIMARY_WINDOW_KEY`` to its definition's key, then the new first window's back). The
     refusal, evaluated under the list before, had updated the first window's row and waited for
     the stacked window's row the write had just inserted; the write, deleting the first window's
-    rows, waited for the refusal's row. One row at a time, a refusal waits holding nothing.
+    rows, waited for the refusal's row. One row at a time, a refusal waits holding no counter
+    row (the first window's count holds shard 0's lock shared, which only writes and claims
+    holding that shard exclude, and none of those waits for a refusal's row).
 
     A budget cleared since the refusal was decided takes its history with it: nothing is counted
     (the statement finds no policy, or, cleared between its read and its foreign key's check,

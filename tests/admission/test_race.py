@@ -308,7 +308,7 @@ def test_a_refused_budgeted_claim_takes_the_locked_path(tx_personas: Personas) -
     assert isinstance(result, NothingClaimable)
     assert result.deferred and result.deferred[0]["reason"] == "window_exhausted"
     assert "admission_admit" in sqls[0]
-    assert any("INSERT INTO admission_admissionwindow" in s for s in sqls)  # the refusal
+    assert any("admission_count_refusal" in s for s in sqls)  # the refusal's count
     assert not any(s.startswith("INSERT INTO admission_ledgerentry") for s in sqls)
 
 

@@ -190,3 +190,44 @@ def test_a_clear_waits_for_a_count_in_progress_and_takes_its_row_with_it(
     assert len(outcome) == 1 and isinstance(outcome[0], dict), outcome
     assert not AdmissionPolicy.objects.filter(pk=policy.pk).exists()
     assert not AdmissionWindow.objects.filter(policy_id=policy.id).exists()
+
+
+def test_a_refusal_waits_for_a_write_of_its_first_window_in_progress(
+    tx_personas: Personas,
+) -> None:
+    """Decided under [hour, week]; a write putting the week first holds the budget's shards,
+    uncommitted, when the refusal is counted. The count waits for the write, then finds the
+    first window changed and leaves the hour's refusal out of the week's history. It read the
+    definition before the write committed and counted it there (regress11: 31 of 49 rows)."""
+    p = tx_personas
+    policy = _set(p, [HOUR, WEEK])
+    refusal = admission_selectors.evaluate_policy(policy)
+    hour_start = refusal.windows[0].window_start
+    errors: list[BaseException] = []
+
+    def refuse() -> None:
+        try:
+            BudgetGate().refused([refusal])
+        except BaseException as exc:  # reported to the test
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    with psycopg.connect(database_url()) as write:
+        write.execute("SELECT admission_shards_lock(%s)", [policy.id])
+        write.execute(
+            "UPDATE admission_admissionpolicy SET window_period = 'week', window_weekday = 'Mon', "
+            "extra_windows = '[]'::jsonb WHERE id = %s",
+            [policy.id],
+        )
+        refuser = threading.Thread(target=refuse)
+        refuser.start()
+        deadline = time.monotonic() + 30
+        while not lock_waiters():
+            assert time.monotonic() < deadline, "the count never waited for the write"
+            time.sleep(0.01)
+        write.commit()
+    refuser.join(timeout=60)
+    assert errors == []
+    first = AdmissionWindow.objects.filter(policy=policy, window_key=PRIMARY_WINDOW_KEY)
+    assert not first.filter(window_start=hour_start).exists()
