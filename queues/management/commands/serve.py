@@ -36,6 +36,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
@@ -47,6 +48,7 @@ from switchboard import embedded, webserver
 from switchboard.core.cli import SwitchboardCommand, integer
 
 STOP_TIMEOUT_SECONDS = 10.0
+BEAT_SETTLE_SECONDS = 20.0  # at most, a just-started beat's wait to set its scheduler up
 READY_TIMEOUT_SECONDS = 60.0
 POLL_SECONDS = 0.2
 FIRST_RUN_MARKER = "Demo login:"
@@ -61,11 +63,22 @@ class _Child:
     name: str
     argv: list[str]
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    started_at: float = 0.0  # time.monotonic() when started
 
     @property
     def pid(self) -> int:
         assert self.process is not None
         return self.process.pid
+
+
+def _beat_set_up(child: _Child) -> bool:
+    """Whether the beat ``child`` has written its schedule file since it started (its scheduler
+    is then set up: ``--schedule PATH`` writes PATH.dir, PATH.dat or PATH.db)."""
+    path = Path(child.argv[child.argv.index("--schedule") + 1])
+    since = time.time() - (time.monotonic() - child.started_at)
+    return any(
+        f.stat().st_mtime >= since - 0.01 for f in path.parent.glob(path.name + "*") if f.is_file()
+    )
 
 
 class Command(SwitchboardCommand):
@@ -255,6 +268,7 @@ class Command(SwitchboardCommand):
                 process_group=0,
                 preexec_fn=_die_with_parent(),
             )
+            child.started_at = time.monotonic()
             started.append(child)
             if self._stop_signal is not None:
                 break
@@ -302,7 +316,19 @@ class Command(SwitchboardCommand):
         running = [c for c in children if c.process is not None and c.process.poll() is None]
         if running:
             self._say("Stopping: " + ", ".join(c.name for c in running) + " ...")
-        for child in running:
+        # A beat signalled while it still imports its scheduler prints Celery's traceback (its
+        # stop handler imports it again: a circular import), as a Ctrl-C 0.1 s after the banner
+        # did (ci106, ci107). Its scheduler has been set up once it has written its schedule
+        # file (PersistentScheduler.setup_schedule syncs it): a beat that has not is signalled
+        # last, once it has, or after BEAT_SETTLE_SECONDS, or at once if the stop is forced.
+        young = [c for c in running if c.name == "celery beat" and not _beat_set_up(c)]
+        for child in [c for c in running if c not in young]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGTERM)
+        for child in young:
+            settle = child.started_at + BEAT_SETTLE_SECONDS
+            while not (_beat_set_up(child) or self._force or time.monotonic() > settle):
+                time.sleep(0.1)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child.pid, signal.SIGTERM)
         deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
