@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, cast
@@ -228,6 +230,33 @@ def run_threads(n: int, target: Callable[[int], Any]) -> list[Any]:
     if errors:
         raise errors[0]
     return results
+
+
+def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, Future[Any]]:
+    """Run fn on a thread with its own database connection (closed when it ends); its result or
+    its exception in the future."""
+    future: Future[Any] = Future()
+
+    def body() -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as exc:
+            future.set_exception(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread, future
+
+
+def until_a_lock_waits(what: str, statement_like: str | None = None, timeout: float = 30) -> None:
+    """Return once a backend of the test database waits for a lock (``lock_waiters``); fail
+    saying ``what`` never waited."""
+    deadline = time.monotonic() + timeout
+    while not lock_waiters(statement_like):
+        assert time.monotonic() < deadline, f"{what} never waited"
+        time.sleep(0.01)
 
 
 def database_url() -> str:

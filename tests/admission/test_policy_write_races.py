@@ -4,16 +4,14 @@ or is refused for what it found, never "no budget" for a budget that is there, n
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import psycopg
 import pytest
-from django.db import connection
 
 from admission import services as admission_services
 from admission.models import AdmissionPolicy
-from tests.conftest import Personas, database_url, lock_waiters
+from tests.conftest import Personas, database_url, in_thread, until_a_lock_waits
 
 WINDOW = {"limit": 5, "period": "day", "tz": "UTC", "start": "00:00"}
 
@@ -45,36 +43,22 @@ def test_a_clear_waiting_for_another_persons_write_clears_the_budget(
     "no budget"."""
     p = tx_personas
     policy = _set(p, p.owner)
-    outcome: list[Any] = []
-
-    def clear() -> None:
-        try:
-            outcome.append(
-                admission_services.policy_clear(
-                    actor=p.as_human(p.owner), endpoint=p.agent, queue="inbox"
-                )
-            )
-        except BaseException as exc:  # reported to the test
-            outcome.append(exc)
-        finally:
-            connection.close()
-
     with psycopg.connect(database_url()) as admin_write:
         admin_write.execute(
             "UPDATE admission_admissionpolicy SET updated_by_id = %s, max_in_flight = 6 "
             "WHERE id = %s",
             [p.admin.pk, policy.pk],
         )
-        clearer = threading.Thread(target=clear)
-        clearer.start()
-        deadline = time.monotonic() + 30
-        while not lock_waiters("%admission_admissionpolicy%"):
-            assert time.monotonic() < deadline, "the clear never waited for the admin's write"
-            time.sleep(0.01)
+        clearer, cleared = in_thread(
+            lambda: admission_services.policy_clear(
+                actor=p.as_human(p.owner), endpoint=p.agent, queue="inbox"
+            )
+        )
+        until_a_lock_waits("the clear", "%admission_admissionpolicy%")  # for the admin's write
         admin_write.commit()
     clearer.join(timeout=60)
-    assert len(outcome) == 1 and isinstance(outcome[0], dict), outcome
-    assert outcome[0]["max_in_flight"] == 6  # what it removed: the admin's budget
+    assert cleared.exception(timeout=60) is None and isinstance(cleared.result(), dict)
+    assert cleared.result()["max_in_flight"] == 6  # what it removed: the admin's budget
     assert not AdmissionPolicy.objects.filter(pk=policy.pk).exists()
 
 
@@ -88,16 +72,8 @@ def test_a_set_whose_create_lost_to_a_budget_cleared_again_creates_it(
     real_lock = admission_services._lock
     looks: list[bool] = []
 
-    def in_thread(call: Any) -> None:
-        def run() -> None:
-            try:
-                call()
-            finally:
-                connection.close()
-
-        other = threading.Thread(target=run)
-        other.start()
-        other.join(timeout=60)
+    def in_thread_of_its_own(call: Any) -> None:
+        in_thread(call)[1].result(timeout=60)
 
     owner_thread = threading.current_thread()
 
@@ -106,14 +82,14 @@ def test_a_set_whose_create_lost_to_a_budget_cleared_again_creates_it(
             return real_lock(endpoint, queue)
         looks.append(True)
         if len(looks) == 2:  # after the owner's create failed: the admin clears the budget
-            in_thread(
+            in_thread_of_its_own(
                 lambda: admission_services.policy_clear(
                     actor=p.as_human(p.admin), endpoint=p.agent, queue="inbox"
                 )
             )
         found = real_lock(endpoint, queue)
         if len(looks) == 1:  # none yet: the admin's create lands before the owner's
-            in_thread(lambda: _set(p, p.admin, limit=9))
+            in_thread_of_its_own(lambda: _set(p, p.admin, limit=9))
         return found
 
     monkeypatch.setattr(admission_services, "_lock", interleaved)

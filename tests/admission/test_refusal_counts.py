@@ -6,13 +6,10 @@ and never fails the claim that the agent is answered with."""
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from typing import Any
 
 import psycopg
 import pytest
-from django.db import connection
 
 from admission import engine
 from admission import selectors as admission_selectors
@@ -22,7 +19,7 @@ from admission.models import PRIMARY_WINDOW_KEY, AdmissionPolicy, AdmissionWindo
 from queues import services
 from queues.services import Claimed
 from tests.admission.conftest import budget
-from tests.conftest import Personas, database_url, lock_waiters, push
+from tests.conftest import Personas, database_url, in_thread, push, until_a_lock_waits
 
 HOUR = {"limit": 1000, "period": "hour", "tz": "UTC", "start": "00:00"}
 WEEK = {"limit": 20, "period": "week", "tz": "UTC", "start": "00:00", "weekday": "Mon"}
@@ -67,28 +64,14 @@ def test_a_refusal_racing_the_budgets_clear_to_its_commit_counts_nothing(
     p = tx_personas
     policy = _set(p, [HOUR])
     refusal = admission_selectors.evaluate_policy(policy)
-    errors: list[BaseException] = []
-
-    def refuse() -> None:
-        try:
-            BudgetGate().refused([refusal])
-        except BaseException as exc:  # reported to the test
-            errors.append(exc)
-        finally:
-            connection.close()
-
     with psycopg.connect(database_url()) as clear:
         clear.execute("DELETE FROM admission_admissionwindow WHERE policy_id = %s", [policy.id])
         clear.execute("DELETE FROM admission_admissionpolicy WHERE id = %s", [policy.id])
-        refuser = threading.Thread(target=refuse)
-        refuser.start()
-        deadline = time.monotonic() + 30
-        while not lock_waiters():
-            assert time.monotonic() < deadline, "the refusal never waited for the clear"
-            time.sleep(0.01)
+        refuser, refused = in_thread(lambda: BudgetGate().refused([refusal]))
+        until_a_lock_waits("the refusal")  # for the clear
         clear.commit()
     refuser.join(timeout=60)
-    assert errors == []
+    assert refused.exception(timeout=60) is None
     assert not AdmissionWindow.objects.filter(policy_id=policy.id).exists()
 
 
@@ -156,30 +139,16 @@ def test_a_clear_waits_for_a_count_in_progress_and_takes_its_row_with_it(
     clear's commit failed on the key (regress11: 500 to the operator)."""
     p = tx_personas
     policy = _set(p, [HOUR])
-    outcome: list[Any] = []
-
-    def clear() -> None:
-        try:
-            outcome.append(
-                admission_services.policy_clear(
-                    actor=p.as_human(p.owner), endpoint=p.agent, queue="inbox"
-                )
-            )
-        except BaseException as exc:  # reported to the test
-            outcome.append(exc)
-        finally:
-            connection.close()
-
     with psycopg.connect(database_url()) as count:
         count.execute(
             "SELECT 1 FROM admission_admissionpolicy WHERE id = %s FOR KEY SHARE", [policy.id]
         )
-        clearer = threading.Thread(target=clear)
-        clearer.start()
-        deadline = time.monotonic() + 30
-        while not lock_waiters():
-            assert time.monotonic() < deadline, "the clear never waited for the count"
-            time.sleep(0.01)
+        clearer, cleared = in_thread(
+            lambda: admission_services.policy_clear(
+                actor=p.as_human(p.owner), endpoint=p.agent, queue="inbox"
+            )
+        )
+        until_a_lock_waits("the clear")  # for the count
         count.execute(
             "INSERT INTO admission_admissionwindow (policy_id, window_key, window_start, shard, "
             "used, refused, claims_limit, updated_at) VALUES (%s, '', now(), 0, 0, 1, 1000, now())",
@@ -187,7 +156,7 @@ def test_a_clear_waits_for_a_count_in_progress_and_takes_its_row_with_it(
         )
         count.commit()
     clearer.join(timeout=60)
-    assert len(outcome) == 1 and isinstance(outcome[0], dict), outcome
+    assert cleared.exception(timeout=60) is None and isinstance(cleared.result(), dict)
     assert not AdmissionPolicy.objects.filter(pk=policy.pk).exists()
     assert not AdmissionWindow.objects.filter(policy_id=policy.id).exists()
 
@@ -203,16 +172,6 @@ def test_a_refusal_waits_for_a_write_of_its_first_window_in_progress(
     policy = _set(p, [HOUR, WEEK])
     refusal = admission_selectors.evaluate_policy(policy)
     hour_start = refusal.windows[0].window_start
-    errors: list[BaseException] = []
-
-    def refuse() -> None:
-        try:
-            BudgetGate().refused([refusal])
-        except BaseException as exc:  # reported to the test
-            errors.append(exc)
-        finally:
-            connection.close()
-
     with psycopg.connect(database_url()) as write:
         write.execute("SELECT admission_shards_lock(%s)", [policy.id])
         write.execute(
@@ -220,14 +179,10 @@ def test_a_refusal_waits_for_a_write_of_its_first_window_in_progress(
             "extra_windows = '[]'::jsonb WHERE id = %s",
             [policy.id],
         )
-        refuser = threading.Thread(target=refuse)
-        refuser.start()
-        deadline = time.monotonic() + 30
-        while not lock_waiters():
-            assert time.monotonic() < deadline, "the count never waited for the write"
-            time.sleep(0.01)
+        refuser, refused = in_thread(lambda: BudgetGate().refused([refusal]))
+        until_a_lock_waits("the count")  # for the write
         write.commit()
     refuser.join(timeout=60)
-    assert errors == []
+    assert refused.exception(timeout=60) is None
     first = AdmissionWindow.objects.filter(policy=policy, window_key=PRIMARY_WINDOW_KEY)
     assert not first.filter(window_start=hour_start).exists()

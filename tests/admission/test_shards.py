@@ -43,8 +43,9 @@ from tests.conftest import (
     attempt_count,
     database_url,
     every_attempt,
-    lock_waiters,
+    in_thread,
     push,
+    until_a_lock_waits,
 )
 
 K = WINDOW_SHARDS
@@ -475,31 +476,22 @@ def test_a_refusal_waits_for_a_counter_row_holding_none(tx_personas: Personas) -
     AdmissionWindow.objects.create(
         policy=policy, window_key=first.key, window_start=first.window_start, shard=0
     )
-    errors: list[BaseException] = []
 
     def refuse() -> None:
-        try:
-            with connection.cursor() as cursor:  # a loaded machine's slow look below: no timeout
-                cursor.execute("SET lock_timeout = '60s'")
-            BudgetGate().refused([refusal])
-        except BaseException as exc:  # reported to the test
-            errors.append(exc)
-        finally:
-            connection.close()
+        with connection.cursor() as cursor:  # a loaded machine's slow look below: no timeout
+            cursor.execute("SET lock_timeout = '60s'")
+        BudgetGate().refused([refusal])
 
     writer = connect()
-    refuser = threading.Thread(target=refuse)
+    refuser: threading.Thread | None = None
     try:
         writer.execute(
             "INSERT INTO admission_admissionwindow (policy_id, window_key, window_start, shard, "
             "used, refused, claims_limit, updated_at) VALUES (%s, %s, %s, 0, 0, 0, 20, now())",
             [policy.id, stacked.key, stacked.window_start],
         )
-        refuser.start()
-        deadline = time.monotonic() + 10
-        while not lock_waiters():
-            assert time.monotonic() < deadline, "the refusal never waited for the write"
-            time.sleep(0.01)
+        refuser, refused = in_thread(refuse)
+        until_a_lock_waits("the refusal", timeout=10)  # for the write
         # While the refusal waits, the first window's row is free.
         row = writer.execute(
             "SELECT refused FROM admission_admissionwindow WHERE policy_id = %s "
@@ -510,8 +502,9 @@ def test_a_refusal_waits_for_a_counter_row_holding_none(tx_personas: Personas) -
         writer.commit()
     finally:
         writer.close()
-        refuser.join()
-    assert errors == []
+        if refuser is not None:
+            refuser.join(timeout=60)
+    assert refused.exception(timeout=60) is None
     counted = dict(
         AdmissionWindow.objects.filter(policy=policy).values_list("window_key", "refused")
     )

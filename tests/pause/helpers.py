@@ -3,18 +3,17 @@ silence, and threads with their own database connections that can be held mid-tr
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any
 
 import psycopg
-from django.db import connection, connections
+from django.db import connection
 
 from queues import pauses, wakes
 from queues.access import HumanActor
+from tests.conftest import in_thread as in_thread  # shared; the pause tests import it here
 
 
 def pause(user: Any, queue: str = "inbox", reason: str = "upgrade", **kw: Any) -> Any:
@@ -52,23 +51,6 @@ class Listener:
 
     def close(self) -> None:
         self.conn.close()
-
-
-def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, Future[Any]]:
-    """Run fn on a thread with its own database connection (closed when it ends)."""
-    future: Future[Any] = Future()
-
-    def body() -> None:
-        try:
-            future.set_result(fn())
-        except BaseException as exc:
-            future.set_exception(exc)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=body, daemon=True)
-    thread.start()
-    return thread, future
 
 
 def waiting_locks(table: str = "queues_queuepause") -> list[str]:

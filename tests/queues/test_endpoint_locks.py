@@ -5,44 +5,30 @@ ledger's chain and checks its key to that user at commit, deadlocked with it."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
-from django.db import connection
 
 from queues import services
 from queues.models import Endpoint
-from tests.conftest import Personas, database_url, lock_waiters
+from tests.conftest import Personas, database_url, in_thread, lock_waiters
 
 
 def _runs_without_waiting(change: Callable[[], Any]) -> None:
     """``change`` in a thread of its own finishes, never waiting for a lock."""
-    errors: list[BaseException] = []
-    done = threading.Event()
-
-    def run() -> None:
-        try:
-            change()
-        except BaseException as exc:  # reported to the test
-            errors.append(exc)
-        finally:
-            done.set()
-            connection.close()
-
-    worker = threading.Thread(target=run)
-    worker.start()
+    worker, changed = in_thread(change)
     try:
         deadline = time.monotonic() + 30
-        while not done.wait(0.01):
+        while not changed.done():
             assert not lock_waiters(), "the endpoint's change waited for a lock"
             assert time.monotonic() < deadline
+            time.sleep(0.01)
     finally:
         worker.join(timeout=60)
-    assert errors == []
+    assert changed.exception(timeout=60) is None
 
 
 @pytest.mark.parametrize(
