@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 from uuid import UUID
 
@@ -88,6 +88,23 @@ def identity(raw: str) -> str:
     """``<endpoint_id>:<queue>`` of a NOTIFY payload (the raw text if it is not a ring)."""
     body = parse(raw)
     return payload(body["e"], body["q"]) if body else raw
+
+
+def after_commit(ring: Callable[[], object]) -> None:
+    """Run ``ring`` once the current transaction commits (at once outside one). A ring that
+    fails then is logged and dropped, never raised: the change it announces has committed, and
+    its caller must hear that it did. Raised, it made an agent's ending or an operator's retry
+    answer 503 "nothing changed" (or a sweep fail) for a change that had been made, when the
+    database went away between the commit and the ring. A wake is a hint: work that still waits
+    is found by the next claim, and the doorbell's reminders ring for it again."""
+
+    def run() -> None:
+        try:
+            ring()
+        except Exception:
+            log.exception("a ring after a commit failed; the change it announces stands")
+
+    transaction.on_commit(run)
 
 
 def todo_ready(

@@ -270,7 +270,7 @@ def limit_set(
         # every claim naming the limit holds to admit and every ending claim holds (shared) to
         # decide its own reopen ring.
         if held_before and not _holds(k, name):
-            transaction.on_commit(lambda: _ring_reopened(k, name))
+            wakes.after_commit(lambda: _ring_reopened(k, name))
     return after
 
 

@@ -200,7 +200,7 @@ def endpoint_revoke(*, endpoint: Endpoint, actor: HumanActor | SystemActor) -> i
         # The dead-lettered claims free the pool and tag units they held: other endpoints' work
         # waiting on them rings ``reopened``, once per identity, after commit.
         if reopens:
-            transaction.on_commit(lambda: wakes.reopen(reopens))
+            wakes.after_commit(lambda: wakes.reopen(reopens))
         _append(
             LedgerKind.ENDPOINT_REVOKE,
             actor,

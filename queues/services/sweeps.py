@@ -61,7 +61,7 @@ def reap_expired() -> int:
             _ring_freed(cursor, reaped, "reaped")
             reaped_keys = {wakes.payload(endpoint_id, queue) for endpoint_id, queue in reaped}
             if reopens - reaped_keys:
-                transaction.on_commit(lambda keys=reopens - reaped_keys: wakes.reopen(keys))  # type: ignore[misc]
+                wakes.after_commit(lambda keys=reopens - reaped_keys: wakes.reopen(keys))  # type: ignore[misc]
         total += n
         if n < SWEEP_BATCH:
             return total

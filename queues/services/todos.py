@@ -487,7 +487,7 @@ def _after_end(todo: Todo, outcome: str | None, *, ring: str | None = None, db: 
         metrics.completed(todo.queue, outcome, connection=db)
     keys: list[str] = getattr(todo, "_reopens", [])
     if keys or ring:
-        transaction.on_commit(
+        wakes.after_commit(
             lambda: wakes.reopen(
                 keys, own=(todo.endpoint_id, todo.queue), reason=ring, todo_id=todo.id
             )
@@ -761,7 +761,7 @@ def _apply(
         # commit, and a ring's gate reads the pause table: rung here, a retry held chain 0 and
         # waited for a pause's table lock while the pause waited for chain 0, a deadlock
         # (tests/pause/test_pause_ledger_deadlock.py). As a release's ring (``_after_end``).
-        transaction.on_commit(lambda: _ring_requeued(requeued))
+        wakes.after_commit(lambda: _ring_requeued(requeued))
 
 
 def _ring_requeued(requeued: list[tuple[UUID, str, UUID | None]]) -> None:
