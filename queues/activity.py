@@ -15,6 +15,7 @@ from django.db import connection
 from django.utils import timezone
 
 from queues import sql
+from queues.access import HUMAN_PREFIX
 from queues.models import Endpoint, EndpointState, Todo
 from queues.sql.activity import HELD_SQL, HOLDING_SQL, THROUGHPUT_SQL
 
@@ -82,6 +83,7 @@ class AgentView:
     endpoint: Endpoint
     held: list[Todo] = field(default_factory=list)
     holding: int = 0
+    by_people: int = 0  # of ``holding``, the claims a person took in the console
 
     @property
     def queues_held(self) -> list[str]:
@@ -89,14 +91,17 @@ class AgentView:
 
 
 def agents(endpoints: Iterable[Endpoint]) -> list[AgentView]:
-    """Each endpoint with its claimed todos (the first few, oldest claim first) and how many it
-    holds; most recently seen first. Three queries (todo_claimed_idx serves both counts)."""
+    """Each endpoint with its claimed todos (the first few, oldest claim first), how many it
+    holds and how many of those a person holds (an operator's claim in the console, on the
+    endpoint's todo but not the agent's doing); most recently seen first. Three queries
+    (todo_claimed_idx serves both counts)."""
     views = {e.id: AgentView(e) for e in endpoints}
-    params: dict[str, Any] = {"endpoints": list(views), "shown": HELD_SHOWN}
+    params: dict[str, Any] = {"endpoints": list(views), "shown": HELD_SHOWN, "person": HUMAN_PREFIX}
     with connection.cursor() as cursor:
         cursor.execute(HOLDING_SQL, params)
-        for endpoint_id, count in cursor.fetchall():
+        for endpoint_id, count, by_people in cursor.fetchall():
             views[endpoint_id].holding = count
+            views[endpoint_id].by_people = by_people
         cursor.execute(HELD_SQL, params)
         ids = [row[0] for row in cursor.fetchall()]
     for todo in Todo.objects.filter(pk__in=ids).order_by("claimed_at", "id"):

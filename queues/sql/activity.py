@@ -35,8 +35,11 @@ SELECT id FROM (
 ) ranked WHERE n <= %(shown)s
 """
 
+# Per endpoint, its claimed todos, and how many of them a person holds (claimed in the console:
+# their owner is ``queues.access.HUMAN_PREFIX`` and a name, given as ``person``).
 HOLDING_SQL = """
-SELECT endpoint_id, count(*) FROM queues_todo
+SELECT endpoint_id, count(*), count(*) FILTER (WHERE starts_with(owner, %(person)s))
+FROM queues_todo
 WHERE state = 'claimed' AND endpoint_id = ANY(%(endpoints)s)
 GROUP BY endpoint_id
 """

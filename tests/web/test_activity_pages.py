@@ -13,6 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from queues import activity, services
+from queues.access import HUMAN_PREFIX
 from tests.conftest import FIXTURE, Personas, push
 from tests.web.conftest import signed_in
 
@@ -130,6 +131,34 @@ def test_the_agents_view_shows_when_each_was_seen_and_what_it_holds(personas: Pe
     assert 'href="/?endpoint=agent&amp;state=claimed"' in page
     assert p.foreign.slug not in page
     assert p.foreign.slug in signed_in(p.auditor).get("/agents").content.decode()
+
+
+def test_the_agents_view_tells_a_persons_claims_from_the_agents(personas: Personas) -> None:
+    """An operator's claim in the console is on the endpoint's todo, so the endpoint holds it,
+    but the agent did not take it: the count says how many of its claims are people's."""
+    p = personas
+    work(p, "inbox", done=0, failed=0, held=2)
+    person = p.as_human(p.owner, via="console")
+    (taken,) = push(p, 1)
+    services.claim(actor=person, todo_id=taken.id)
+    client = signed_in(p.owner)
+    agent_line = re.compile(r"agent-seen.*?</p>", re.S)
+
+    def line() -> str:
+        page = client.get("/agents").content.decode()
+        return " ".join(agent_line.findall(page)[0].split())
+
+    assert "holds 3 todos</strong> (1 claimed in the console, not by the agent)" in line()
+    for todo in activity.agents([p.agent])[0].held:
+        if not todo.owner.startswith(HUMAN_PREFIX):
+            services.complete(actor=p.as_agent(), todo_id=todo.id)
+    assert "holds 1 todo</strong> (claimed in the console, not by the agent)" in line()
+    (second,) = push(p, 1)
+    services.claim(actor=person, todo_id=second.id)
+    assert "holds 2 todos</strong> (all claimed in the console, not by the agent)" in line()
+    services.release(actor=person, todo_id=taken.id)
+    services.release(actor=person, todo_id=second.id)
+    assert "holds nothing</strong> ·" in line()
 
 
 def test_the_agents_view_costs_the_same_queries_for_three_endpoints_or_thirteen(
