@@ -28,7 +28,9 @@ claim reads the table in its claim statement and then appends. So no transaction
 0 and only then touch the pause table, as a ring's gate does (``queues.ring_gate``): it would
 wait for a pause's lock while the pause waits for chain 0. A write that appends to chain 0
 without having touched the table rings after its commit (an operator's release and retry,
-``queues.services.todos``).
+``queues.services.todos``). The grant chains likewise: a claim naming a limit reads the table
+and then takes a grant chain, so the sweeps, whose statements take one for their ``limits.end``
+rows, ring after their commit (``queues.services.sweeps``).
 """
 
 from __future__ import annotations
