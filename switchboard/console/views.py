@@ -440,15 +440,25 @@ def _shown_attempt(request: HttpRequest) -> int:
     return int(raw)
 
 
+# The instants a refusal's details may carry (written for machines: ISO 8601, UTC) that its
+# message repeats; only an eligibility may be an estimate.
+_INSTANTS = ("next_eligible_at", "lease_expires_at", "next_retry_at")
+
+
 def _in_zone(exc: DomainError, viewer: Viewer) -> str:
-    """A refusal's message as the page says times: its ``next_eligible_at`` (written for
-    machines, UTC) in the viewer's zone, "≈" before it when it is an estimate."""
-    at = exc.details.get("next_eligible_at")
-    if not isinstance(at, str) or at not in exc.message:
-        return exc.message
-    when = datetime.fromisoformat(at.replace("Z", "+00:00"))
-    said = ("" if exc.details.get("exact") else "≈ ") + at_zone(when, viewer.tz)
-    return exc.message.replace(at, said)
+    """A refusal's message as the page says times: each instant of its details the message
+    names (``_INSTANTS``) in the viewer's zone, "≈" before an eligibility that is an estimate.
+    A claim refused because someone holds the todo said "its lease until
+    2026-12-05T22:41:07.512806Z"."""
+    message = exc.message
+    for key in _INSTANTS:
+        at = exc.details.get(key)
+        if not isinstance(at, str) or at not in message:
+            continue
+        when = datetime.fromisoformat(at.replace("Z", "+00:00"))
+        estimate = key == "next_eligible_at" and not exc.details.get("exact")
+        message = message.replace(at, ("≈ " if estimate else "") + at_zone(when, viewer.tz))
+    return message
 
 
 # --- bulk retry and discard of the board's selection ---------------------------------------------

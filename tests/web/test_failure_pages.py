@@ -7,6 +7,7 @@ from __future__ import annotations
 import html as htmllib
 import re
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from django.test import Client
 
@@ -323,6 +324,26 @@ def test_a_claim_the_budget_defers_says_when_in_the_viewers_zone(personas: Perso
     said = re.search(r"queue 'inbox' is deferred: in_flight_full; eligible at ([^<]*)", page)
     assert said is not None, page[:3000]
     assert re.fullmatch(ESTIMATE_AT, said.group(1).strip()), said.group(0)
+
+
+def test_a_claim_refused_for_a_held_todo_says_its_lease_in_the_viewers_zone(
+    personas: Personas,
+) -> None:
+    # "todo is claimed (attempt 1) by agent, its lease until 2026-12-05T22:41:07.512806Z".
+    p = personas
+    (todo,) = push(p, 1)
+    services.claim(actor=p.as_agent(), todo_id=todo.id, lease_ttl_seconds=600)
+    client = signed_in(p.owner)
+    client.cookies["tz"] = "Asia/Kolkata"
+    page = htmllib.unescape(client.post(f"/todos/{todo.id}/claim", follow=True).content.decode())
+    said = re.search(r"todo is claimed \(attempt 1\) by agent, its lease until ([^<]*)", page)
+    assert said is not None, page[:3000]
+    todo.refresh_from_db()
+    assert todo.lease_expires_at is not None
+    local = todo.lease_expires_at.astimezone(ZoneInfo("Asia/Kolkata"))
+    assert local.strftime("%H:%M") in said.group(1) and "IST" in said.group(1), said.group(0)
+    assert not re.search(r"\d{4}-\d{2}-\d{2}T\d{2}:", said.group(0))
+    assert "≈" not in said.group(0)  # a lease's end is a fact, not an estimate
 
 
 def test_the_todo_pages_gate_table_marks_an_estimate_and_not_a_reset(personas: Personas) -> None:
