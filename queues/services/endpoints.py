@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import unicodedata
 from collections.abc import Collection
 from datetime import datetime, timedelta
 from typing import Any
@@ -51,7 +52,11 @@ def resolve_lease_ttl(requested: int | None, endpoint: Endpoint) -> int:
 
 
 def _slugify(name: str) -> str:
-    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:50] or "endpoint"
+    """A slug from ``name``'s letters and digits, accents dropped (NFKD: "Café" composed or
+    decomposed, and "ｃａｆé", all give ``cafe``; before, a composed é cut the word, ``caf``, and
+    a decomposed one kept it, so two names that read the same got different slugs)."""
+    plain = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode("ascii")
+    slug = re.sub(r"[^a-z0-9]+", "-", plain.lower()).strip("-")[:50] or "endpoint"
     if looks_like_uuid(slug):
         return "endpoint-" + slug[:40]  # slugs never have the shape of an id
     if not slug[0].isalnum():
@@ -148,7 +153,9 @@ def _create_with_free_slug(base: str, chosen: bool, fields: dict[str, Any]) -> E
                 return Endpoint.objects.create(slug=candidate, **fields)
         except IntegrityError:
             if chosen or Endpoint.objects.filter(slug=candidate).exists() is False:
-                raise InvalidArgument(f"slug {candidate!r} is taken", field="slug") from None
+                # The request is well formed; the name is another endpoint's: a conflict with
+                # what exists (409), naming the field.
+                raise Conflict(f"slug {candidate!r} is taken", field="slug") from None
     raise Conflict("could not find a free slug; name the endpoint differently")
 
 

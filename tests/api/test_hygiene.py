@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import unicodedata
 import uuid
 from typing import Any
 from urllib.parse import urlsplit
@@ -18,7 +19,7 @@ from django.test import Client, override_settings
 from admission.models import AdmissionPolicy
 from admission.views import csv_cell
 from queues import services
-from queues.models import looks_like_uuid
+from queues.models import Endpoint, looks_like_uuid
 from switchboard.core.errors import InvalidArgument
 from tests.api.conftest import Api, human_token
 from tests.conftest import FIXTURE, Personas
@@ -45,6 +46,39 @@ def test_a_name_shaped_like_an_id_gets_a_slug_that_is_not(personas: Personas) ->
         actor=FIXTURE, owner=personas.owner, name=str(uuid.uuid4()), queues=["inbox"]
     )
     assert not looks_like_uuid(endpoint.slug)
+
+
+def test_a_taken_slug_is_a_conflict_naming_the_field(personas: Personas) -> None:
+    api = Api(Client(), human_token(personas.owner))
+    body = {"name": "Night shift", "queues": ["inbox"], "slug": "night"}
+    assert api.post("/api/v1/endpoints", body).status_code == 201
+    again = api.post("/api/v1/endpoints", {**body, "name": "Other"})
+    assert again.status_code == 409, again.content
+    assert (again.json()["code"], again.json()["field"]) == ("conflict", "slug")
+    assert "slug 'night' is taken" in again.json()["error"]
+    assert Endpoint.objects.filter(name="Other").count() == 0
+    # Unchosen, a taken slug is made free with a suffix, as before.
+    unchosen = api.post("/api/v1/endpoints", {"name": "Night", "queues": ["inbox"]})
+    assert unchosen.status_code == 201
+    assert re.fullmatch(r"night-[0-9a-f]{6}", unchosen.json()["endpoint"]["slug"])
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        unicodedata.normalize("NFC", "Café Crème"),
+        unicodedata.normalize("NFD", "Café Crème"),
+        "ＣＡＦÉ crème",  # fullwidth
+    ],
+    ids=["composed", "decomposed", "fullwidth"],
+)
+def test_names_that_read_the_same_get_the_same_slug(personas: Personas, name: str) -> None:
+    # A composed é cut the word ("caf-cr-me"), a decomposed one kept it ("cafe-creme").
+    endpoint, _ = services.endpoint_vend(
+        actor=FIXTURE, owner=personas.owner, name=name, queues=["inbox"]
+    )
+    assert endpoint.slug == "cafe-creme"
+    assert endpoint.name == name  # the name itself is kept as given
 
 
 def test_an_id_shaped_reference_resolves_by_id(personas: Personas) -> None:
