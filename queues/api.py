@@ -142,10 +142,12 @@ def _visible_endpoints(actor: HumanActor) -> Any:
     return access.visible_endpoints(actor)
 
 
-def _endpoint(actor: HumanActor, slug: str) -> Endpoint:
+def _endpoint(actor: HumanActor, slug: str, *, field: str | None = None) -> Endpoint:
+    """The endpoint ``slug`` names, as ``actor`` may see it; else 404, naming ``field`` when the
+    slug came in a body or a query (not the path: there it is the resource itself)."""
     endpoint = access.visible_endpoint(actor, slug)
     if endpoint is None:
-        raise NotFound("no such endpoint", slug=slug)
+        raise NotFound("no such endpoint", slug=slug, **({"field": field} if field else {}))
     return endpoint
 
 
@@ -282,7 +284,7 @@ def revoke(request: HttpRequest, slug: str) -> Any:
 )
 def create_todo(request: HttpRequest, data: OperatorCreateTodoIn) -> Any:
     actor: HumanActor = request.auth  # type: ignore[attr-defined]
-    endpoint = _endpoint(actor, data.endpoint)
+    endpoint = _endpoint(actor, data.endpoint, field="endpoint")
     made = services.todo_create(
         actor=actor,
         endpoint=endpoint,
@@ -320,7 +322,7 @@ class TodoFilter(Schema):
 )
 def list_todos(request: HttpRequest, filters: Query[TodoFilter]) -> Any:
     actor: HumanActor = request.auth  # type: ignore[attr-defined]
-    endpoint = _endpoint(actor, filters.endpoint) if filters.endpoint else None
+    endpoint = _endpoint(actor, filters.endpoint, field="endpoint") if filters.endpoint else None
     todos, next_cursor = selectors.todos_for(
         actor=actor,
         endpoint=endpoint,

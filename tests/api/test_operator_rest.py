@@ -175,6 +175,12 @@ def test_a_foreign_todo_is_not_found_for_an_owner(personas: Personas, owner_api:
         "/api/v1/todos", {"endpoint": "foreign", "queue": "inbox", "title": "sneaky"}
     )
     assert created.status_code == 404
+    # The slug came in the body: the refusal names its field, as every other refusal does.
+    assert (created.json()["code"], created.json()["field"]) == ("not_found", "endpoint")
+    listed = owner_api.get("/api/v1/todos", endpoint="foreign")
+    assert (listed.status_code, listed.json()["field"]) == (404, "endpoint")
+    # In the path the slug is the resource itself: no field.
+    assert "field" not in owner_api.get("/api/v1/endpoints/foreign").json()
     assert Todo.objects.filter(endpoint=personas.foreign).count() == 1
 
 
