@@ -71,10 +71,51 @@ class _SwitchboardAPI(NinjaAPI):
     """The document states what every operation may answer besides its own (``answers_of_all``)."""
 
     def get_openapi_schema(self, *args: Any, **kwargs: Any) -> Any:
-        return answers_of_all(super().get_openapi_schema(*args, **kwargs))
+        schema = super().get_openapi_schema(*args, **kwargs)
+        schema.setdefault("paths", {})[EVENTS_PATH] = {"get": _EVENTS_OPERATION}
+        return answers_of_all(schema)
 
 
 _ERROR = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}}
+# The agents' event stream (``queues.events.agent_events``): a Django view, not a ninja route,
+# since it streams; written into the document by hand so a client generated from it knows it.
+EVENTS_PATH = "/api/v1/agent/events"
+EVENT_STREAM = "text/event-stream"
+_EVENTS_OPERATION: dict[str, Any] = {
+    "operationId": "agent_events",
+    "summary": "The doorbell as server-sent events: a ring when work may be claimable",
+    "description": (
+        "A stream that stays open: each ring is one event, `id` (the point to resume from), "
+        "`event: todo_ready` and `data` a JSON object naming the `todo` (its id), its `queue` "
+        "and the `reason` it rang. On connect it rings for up to three claimable todos already "
+        "waiting; with `Last-Event-ID`, only for those that changed since that event. A comment "
+        "line comes every 15 seconds while nothing rings. A ring is a hint: claim with "
+        "claim_next. Opening the stream costs one request of the endpoint's rate; HEAD answers "
+        "its head without opening it. A revoke of the endpoint ends the stream."
+    ),
+    "tags": ["agent"],
+    "security": [{"VerbAuth": []}],
+    "parameters": [
+        {
+            "name": "Last-Event-ID",
+            "in": "header",
+            "required": False,
+            "description": "The `id` of the last event received, to resume after it",
+            "schema": {"type": "string"},
+        }
+    ],
+    "responses": {
+        "200": {
+            "description": "The stream (it does not end on its own)",
+            "content": {EVENT_STREAM: {"schema": {"type": "string"}}},
+        },
+        "401": {
+            "description": "a bearer token is required, or it is unknown or revoked",
+            "content": _ERROR,
+        },
+        "429": {"description": "the endpoint's request rate is spent", "content": _ERROR},
+    },
+}
 _RETRY_AFTER = {
     "Retry-After": {
         "description": "Seconds to wait before trying again",
