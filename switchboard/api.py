@@ -12,6 +12,7 @@ writes) wraps its view itself, and its ``BodyTooLarge`` maps to the same 413.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 from datetime import datetime
@@ -72,7 +73,7 @@ class _SwitchboardAPI(NinjaAPI):
 
     def get_openapi_schema(self, *args: Any, **kwargs: Any) -> Any:
         schema = super().get_openapi_schema(*args, **kwargs)
-        schema.setdefault("paths", {})[EVENTS_PATH] = {"get": _EVENTS_OPERATION}
+        schema.setdefault("paths", {})[EVENTS_PATH] = {"get": copy.deepcopy(_EVENTS_OPERATION)}
         return answers_of_all(schema)
 
 
