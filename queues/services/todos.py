@@ -266,7 +266,11 @@ def _raise_unmatched(
             name=name,
         )
     if state != TodoState.CLAIMED:
-        raise Conflict(f"todo is {state}, not claimed", state=state, attempt=current)
+        # Ended or released since (by an operator, the reaper, a takeover's end): a reason an
+        # agent can branch on, as every other refusal of an ending has.
+        raise Conflict(
+            f"todo is {state}, not claimed", state=state, reason="not_claimed", attempt=current
+        )
     if (attempt is not None and attempt < current) or (presented != token_hash and earlier_token):
         raise Conflict(
             "this attempt was superseded: the todo was claimed again since",

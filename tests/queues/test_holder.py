@@ -123,6 +123,26 @@ def test_a_lapsed_lease_is_refused_alike_by_every_verb(
     assert Todo.objects.get(pk=todo.pk).state == "claimed"
 
 
+@pytest.mark.parametrize("verb", VERBS, ids=lambda v: v.__name__.strip("_"))
+def test_a_claim_an_operator_ended_is_refused_as_not_claimed(
+    personas: Personas, verb: Verb
+) -> None:
+    """An operator released the claim: the holder's ending says so with a reason it can branch
+    on (it had none, only the words "todo is pending, not claimed")."""
+    todo = push(personas)[0]
+    agent = personas.as_agent()
+    held = services.claim(actor=agent, todo_id=todo.id)
+    services.todo_release(actor=personas.as_human(), todo_id=todo.id, attempt=held.attempt)
+    body = refusal(verb, actor=agent, todo_id=todo.id, attempt=held.attempt)
+    assert (body["code"], body["reason"], body["state"], body["attempt"]) == (
+        "conflict",
+        "not_claimed",
+        "pending",
+        1,
+    )
+    assert Todo.objects.get(pk=todo.pk).state == "pending"
+
+
 def test_an_operator_may_still_release_a_lapsed_claim(personas: Personas) -> None:
     todo = push(personas)[0]
     services.claim(actor=personas.as_agent(), todo_id=todo.id, require_fence=True)
