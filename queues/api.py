@@ -334,7 +334,11 @@ def list_todos(request: HttpRequest, filters: Query[TodoFilter]) -> Any:
     return {"todos": todos_out(todos), "next_cursor": next_cursor}
 
 
-def _selection(data: BulkSelectionIn) -> selectors.Selection:
+def _selection(actor: HumanActor, data: BulkSelectionIn) -> selectors.Selection:
+    """The selection ``data`` names; an endpoint the actor cannot see is 404 naming the field,
+    as in a list or a create (a mistyped slug selected nothing: "0 to discard")."""
+    if data.endpoint:
+        _endpoint(actor, data.endpoint, field="endpoint")
     return selectors.Selection(
         endpoint=data.endpoint or "", queue=data.queue or "", state=data.state or "", q=data.q or ""
     )
@@ -350,7 +354,7 @@ def _selection(data: BulkSelectionIn) -> selectors.Selection:
 def bulk_preview(request: HttpRequest, action: BulkAction, data: BulkSelectionIn) -> Any:
     actor: HumanActor = request.auth  # type: ignore[attr-defined]
     _refuse_auditor(actor)
-    preview = selectors.bulk_preview(actor=actor, action=action, selection=_selection(data))
+    preview = selectors.bulk_preview(actor=actor, action=action, selection=_selection(actor, data))
     return {
         "action": action,
         "count": preview.count,
@@ -372,7 +376,7 @@ def bulk(request: HttpRequest, action: BulkAction, data: BulkConfirmIn) -> Any:
     actor: HumanActor = request.auth  # type: ignore[attr-defined]
     _refuse_auditor(actor)
     done = services.todos_bulk(
-        actor=actor, action=action, selection=_selection(data), token=data.selection
+        actor=actor, action=action, selection=_selection(actor, data), token=data.selection
     )
     return {
         "action": action,

@@ -91,6 +91,26 @@ def test_bad_bulk_input_names_the_field_and_changes_nothing(
     assert Todo.objects.get().state == TodoState.FAILED
 
 
+def test_an_unknown_endpoint_in_a_selection_is_404_naming_the_field(
+    personas: Personas, owner_api: Api
+) -> None:
+    # A mistyped slug selected nothing: "count": 0, as if there were nothing to retry.
+    dead_letters(personas, 1)
+    for path, body in [
+        ("/api/v1/todos/bulk/retry/preview", {"endpoint": "nope-zz"}),
+        ("/api/v1/todos/bulk/retry", {"endpoint": "nope-zz", "selection": "x"}),
+        ("/api/v1/todos/bulk/discard/preview", {"endpoint": "foreign"}),  # not the owner's
+    ]:
+        response = owner_api.post(path, body)
+        assert response.status_code == 404, (path, response.content)
+        assert (response.json()["code"], response.json()["field"]) == ("not_found", "endpoint")
+    assert (
+        owner_api.post("/api/v1/todos/bulk/retry/preview", {"endpoint": "agent"}).json()["count"]
+        == 1
+    )
+    assert Todo.objects.get().state == TodoState.FAILED
+
+
 def test_auditors_preview_and_confirm_nothing(personas: Personas, auditor_api: Api) -> None:
     dead_letters(personas, 1)
     assert auditor_api.post("/api/v1/todos/bulk/retry/preview", {}).status_code == 403
