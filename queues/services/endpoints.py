@@ -51,12 +51,20 @@ def resolve_lease_ttl(requested: int | None, endpoint: Endpoint) -> int:
     return int(min(ttl, longest))
 
 
+# Latin letters with no accent to drop, spelled as their languages write them without it.
+_SPELLED = str.maketrans(
+    {"ß": "ss", "æ": "ae", "ø": "o", "œ": "oe", "đ": "d", "ð": "d", "þ": "th", "ł": "l", "ı": "i"}
+)
+
+
 def _slugify(name: str) -> str:
-    """A slug from ``name``'s letters and digits, accents dropped (NFKD: "Café" composed or
-    decomposed, and "ｃａｆé", all give ``cafe``; before, a composed é cut the word, ``caf``, and
-    a decomposed one kept it, so two names that read the same got different slugs)."""
-    plain = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode("ascii")
-    slug = re.sub(r"[^a-z0-9]+", "-", plain.lower()).strip("-")[:50] or "endpoint"
+    """A slug from ``name``'s letters and digits, accents dropped: "Café" composed or
+    decomposed, and "ＣＡＦÉ", all give ``cafe`` (before, a composed é cut the word, ``caf``,
+    and a decomposed one kept it, so names that read the same got different slugs); "Straße"
+    gives ``strasse``, "Øst" ``ost``. Anything else not in a-z and 0-9 separates words."""
+    decomposed = unicodedata.normalize("NFKD", name.lower().translate(_SPELLED))
+    plain = "".join(c for c in decomposed if not unicodedata.combining(c))
+    slug = re.sub(r"[^a-z0-9]+", "-", plain).strip("-")[:50] or "endpoint"
     if looks_like_uuid(slug):
         return "endpoint-" + slug[:40]  # slugs never have the shape of an id
     if not slug[0].isalnum():

@@ -81,6 +81,20 @@ def test_names_that_read_the_same_get_the_same_slug(personas: Personas, name: st
     assert endpoint.name == name  # the name itself is kept as given
 
 
+@pytest.mark.parametrize(
+    ("name", "slug"),
+    [("Straße Nord", "strasse-nord"), ("Øst side", "ost-side"), ("Œuvre/Æther", "oeuvre-aether")],
+)
+def test_letters_with_no_accent_to_drop_are_spelled_out(
+    personas: Personas, name: str, slug: str
+) -> None:
+    # NFKD alone dropped them: "Straße" gave "strae", "Øst" gave "st".
+    endpoint, _ = services.endpoint_vend(
+        actor=FIXTURE, owner=personas.owner, name=name, queues=["inbox"]
+    )
+    assert endpoint.slug == slug
+
+
 def test_an_id_shaped_reference_resolves_by_id(personas: Personas) -> None:
     # A row from before the rule: Alice's endpoint slug spells Bob's endpoint id.
     alice, bob = personas.agent, personas.foreign
