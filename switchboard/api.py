@@ -89,10 +89,11 @@ _EVENTS_OPERATION: dict[str, Any] = {
         "A stream that stays open: each ring is one event, `id` (the point to resume from), "
         "`event: todo_ready` and `data` a JSON object naming the `todo` (its id), its `queue` "
         "and the `reason` it rang. On connect it rings for up to three claimable todos already "
-        "waiting; with `Last-Event-ID`, only for those that changed since that event. A comment "
-        "line comes every 15 seconds while nothing rings. A ring is a hint: claim with "
-        "claim_next. Opening the stream costs one request of the endpoint's rate; HEAD answers "
-        "its head without opening it. A revoke of the endpoint ends the stream."
+        "waiting; with `Last-Event-ID`, only for those that changed since that event, and when "
+        "none did but work waits, once for the oldest (`waiting`). A comment line comes every "
+        "15 seconds while nothing rings. A ring is a hint: claim with claim_next. Opening the "
+        "stream costs one request of the endpoint's rate, as does HEAD, which answers its head "
+        "without opening it. A revoke of the endpoint ends the stream."
     ),
     "tags": ["agent"],
     "security": [{"VerbAuth": []}],
