@@ -266,8 +266,8 @@ def _raise_unmatched(
             name=name,
         )
     if state != TodoState.CLAIMED:
-        # Ended or released since (by an operator, the reaper, a takeover's end): a reason an
-        # agent can branch on, as every other refusal of an ending has.
+        # Ended or released since (by an operator, the reaper): a reason an agent can branch
+        # on, as every other refusal of an ending has.
         raise Conflict(
             f"todo is {state}, not claimed", state=state, reason="not_claimed", attempt=current
         )
