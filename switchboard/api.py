@@ -35,6 +35,7 @@ from queues.access import AgentActor
 from queues.api import build_agent_router, endpoints_router, todos_router
 from queues.api_queues import router as queues_router
 from queues.auth import authenticate_agent
+from queues.models import LIMIT_NAME_RE, QUEUE_NAME_RE
 from switchboard.core import availability, validation, verbs
 from switchboard.core.errors import DomainError, InvalidArgument, MethodNotAllowed
 from switchboard.core.http import (
@@ -143,12 +144,28 @@ _VERSIONED = {
 }
 
 
+# Path parameters the services check against a pattern (400 naming the field otherwise): the
+# document says the pattern, from the same constant (s43: schemathesis sent "schema-valid" names
+# the server refused, since the document allowed any string).
+_PATH_PATTERNS = {"queue": QUEUE_NAME_RE}
+_LIMITS_PATH = "/api/v1/limits/{kind}/{name}"
+
+
 def answers_of_all(schema: Any) -> Any:
     """Each operation's answers, with those every operation may give (``_EVERY``), 413 where it
     takes a body, and the headers that come with them: Retry-After on 429 and 503, ETag where
-    an answer shows a version."""
+    an answer shows a version; and the pattern of each path parameter the services check
+    (``_PATH_PATTERNS``, a limit's name)."""
     for path, operations in schema.get("paths", {}).items():
         for method, operation in operations.items():
+            for parameter in operation.get("parameters", []):
+                if parameter.get("in") != "path":
+                    continue
+                pattern = _PATH_PATTERNS.get(parameter["name"])
+                if parameter["name"] == "name" and path.startswith(_LIMITS_PATH):
+                    pattern = LIMIT_NAME_RE
+                if pattern is not None:
+                    parameter.setdefault("schema", {})["pattern"] = pattern
             responses = operation.setdefault("responses", {})
             codes = {str(code) for code in responses}
             extra = dict(_EVERY)

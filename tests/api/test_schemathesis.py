@@ -8,6 +8,7 @@ invalid requests must be refused (4xx). Bounded by a fixed number of examples pe
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import httpx
@@ -25,7 +26,9 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from queues import services
+from queues.models import LIMIT_NAME_RE, QUEUE_NAME_RE, check_limit_name, check_queue_name
 from switchboard.api import EVENT_STREAM, EVENTS_PATH
+from switchboard.core.errors import InvalidArgument
 from tests.api.conftest import human_token
 from tests.conftest import Personas, push
 
@@ -124,6 +127,31 @@ def test_the_event_stream_is_as_the_document_says(tx_personas: Personas, live_ur
         assert opened.headers["content-type"].startswith(EVENT_STREAM)
         first = next(opened.iter_text())
         assert first.startswith("retry: ")
+
+
+def test_the_document_gives_the_pattern_of_each_checked_path_parameter(client: Any) -> None:
+    """A queue or a limit name in a path is checked against a pattern (400 naming the field);
+    the document allowed any string, so schemathesis's "valid" names were refused (s43)."""
+    document = client.get("/api/v1/openapi.json").json()
+    found: dict[str, list[str]] = {"queue": [], "name": []}
+    for operations in document["paths"].values():
+        for operation in operations.values():
+            for parameter in operation.get("parameters", []):
+                if parameter["in"] == "path" and parameter["name"] in found:
+                    found[parameter["name"]].append(parameter["schema"].get("pattern", ""))
+    assert len(found["queue"]) >= 6 and set(found["queue"]) == {QUEUE_NAME_RE}
+    assert len(found["name"]) >= 3 and set(found["name"]) == {LIMIT_NAME_RE}
+    # The patterns as the services apply them: what one refuses, the other does.
+    for name, ok in [("gpu", True), ("vendor.a", True), ("GPU", False), ("-x", False)]:
+        assert bool(re.fullmatch(LIMIT_NAME_RE, name)) is ok
+        if not ok:
+            with pytest.raises(InvalidArgument):
+                check_limit_name(name, field_name="name")
+    for queue, ok in [("inbox", True), ("Batch:2", True), ("bad name", False), (".x", False)]:
+        assert bool(re.fullmatch(QUEUE_NAME_RE, queue)) is ok
+        if not ok:
+            with pytest.raises(InvalidArgument):
+                check_queue_name(queue)
 
 
 def _app_models() -> dict[str, list[type[BaseModel]]]:
