@@ -250,6 +250,18 @@ def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, Future[Any]]:
     return thread, future
 
 
+def patient(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` on a connection that waits for locks as long as a test does (the default
+    lock_timeout is 2 s, which a loaded machine's polling for the wait could outlast)."""
+
+    def run() -> Any:
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '60s'")
+        return fn()
+
+    return run
+
+
 def until_a_lock_waits(what: str, statement_like: str | None = None, timeout: float = 30) -> None:
     """Return once a backend of the test database waits for a lock (``lock_waiters``); fail
     saying ``what`` never waited."""

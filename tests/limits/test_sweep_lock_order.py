@@ -16,24 +16,20 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from django.db import connection
 
 from queues import services
 from queues.models import TodoState
 from queues.services import sweeps
-from tests.conftest import Personas, database_url, in_thread, lapse, until_a_lock_waits
+from tests.conftest import (
+    Personas,
+    database_url,
+    in_thread,
+    lapse,
+    make_retry_due,
+    patient,
+    until_a_lock_waits,
+)
 from tests.limits.conftest import pool, push_named
-
-
-def _patient(fn: Callable[[], Any]) -> Callable[[], Any]:
-    """``fn`` on a connection that waits for locks as long as the test does."""
-
-    def run() -> Any:
-        with connection.cursor() as cursor:
-            cursor.execute("SET lock_timeout = '60s'")
-        return fn()
-
-    return run
 
 
 def _waiting_on_the_pause_table(
@@ -55,27 +51,35 @@ def _waiting_on_the_pause_table(
     ).fetchall()
 
 
+def _swept_behind_a_pause(sweep: Callable[[], int], todo_id: Any) -> tuple[int, str]:
+    """Run ``sweep`` while a pause holds the pause table part-way (locked, its row and ledger
+    append next) until the sweep waits for it; then the advisory locks the waiting session
+    holds and the todo's committed state at that moment. The pause then gives up and the sweep
+    must have swept one todo."""
+    with (
+        psycopg.connect(database_url()) as pause,
+        psycopg.connect(database_url(), autocommit=True) as watcher,
+    ):
+        pause.execute("LOCK TABLE queues_queuepause IN ACCESS EXCLUSIVE MODE")
+        thread, swept = in_thread(patient(sweep))
+        until_a_lock_waits(f"{sweep.__name__}'s ring")
+        (waiter,) = _waiting_on_the_pause_table(watcher, todo_id)
+        pause.rollback()
+        assert swept.result(timeout=30) == 1
+        thread.join(timeout=30)
+    _, advisory_locks, state = waiter
+    return advisory_locks, state
+
+
 def test_the_reaper_waits_for_a_pause_holding_no_grant_chain(tx_personas: Personas) -> None:
     p = tx_personas
     pool("gpu", slots=1)
     (todo,) = push_named(p, 1, pool="gpu")
     services.claim(actor=p.as_agent(), todo_id=todo.id)
     lapse(todo)
-    with (
-        psycopg.connect(database_url()) as pause,
-        psycopg.connect(database_url(), autocommit=True) as watcher,
-    ):
-        # A pause part-way: the table locked, its row and ledger append next.
-        pause.execute("LOCK TABLE queues_queuepause IN ACCESS EXCLUSIVE MODE")
-        thread, reaped = in_thread(_patient(sweeps.reap_expired))
-        until_a_lock_waits("the reaper's ring")
-        (waiter,) = _waiting_on_the_pause_table(watcher, todo.id)
-        _, advisory_locks, state = waiter
-        assert advisory_locks == 0, "the reaper waits for the pause holding a grant chain"
-        assert state == TodoState.PENDING, "the lapsed claim is not swept until the pause ends"
-        pause.rollback()
-        assert reaped.result(timeout=30) == 1
-        thread.join(timeout=30)
+    advisory_locks, state = _swept_behind_a_pause(sweeps.reap_expired, todo.id)
+    assert advisory_locks == 0, "the reaper waits for the pause holding a grant chain"
+    assert state == TodoState.PENDING, "the lapsed claim is not swept until the pause ends"
     todo.refresh_from_db()
     assert todo.state == TodoState.PENDING and todo.attempt == 1
 
@@ -87,20 +91,6 @@ def test_the_retry_sweep_rings_after_its_commit(tx_personas: Personas) -> None:
     (todo,) = push_named(p, 1, max_attempts=3)
     claimed = services.claim(actor=p.as_agent(), todo_id=todo.id)
     services.fail(actor=p.as_agent(), todo_id=todo.id, error="boom", attempt=claimed.attempt)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE queues_todo SET next_retry_at = now() - interval '1 second' WHERE id = %s",
-            [todo.id],
-        )
-    with (
-        psycopg.connect(database_url()) as pause,
-        psycopg.connect(database_url(), autocommit=True) as watcher,
-    ):
-        pause.execute("LOCK TABLE queues_queuepause IN ACCESS EXCLUSIVE MODE")
-        thread, requeued = in_thread(_patient(sweeps.requeue_due_retries))
-        until_a_lock_waits("the retry sweep's ring")
-        (waiter,) = _waiting_on_the_pause_table(watcher, todo.id)
-        assert waiter[2] == TodoState.PENDING, "the retry is not committed until the pause ends"
-        pause.rollback()
-        assert requeued.result(timeout=30) == 1
-        thread.join(timeout=30)
+    make_retry_due(todo)
+    _, state = _swept_behind_a_pause(sweeps.requeue_due_retries, todo.id)
+    assert state == TodoState.PENDING, "the retry is not committed until the pause ends"

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
 
 import psycopg
-from django.db import OperationalError, connection
+from django.db import OperationalError
 
 from queues import services, wakes
 from queues.models import Todo, TodoState
@@ -24,7 +22,7 @@ from queues.services import Claimed
 from switchboard.core.errors import Conflict, DomainError
 from switchboard.ledger.chain import APPEND_LOCK_KEY
 from switchboard.ledger.models import LedgerEntry, LedgerKind
-from tests.conftest import Personas, database_url, push, run_threads
+from tests.conftest import Personas, database_url, patient, push, run_threads
 from tests.pause.helpers import Listener, in_thread, pause, resume, wait_until, waiting_locks
 
 RACE_SECONDS = 5.0
@@ -38,18 +36,6 @@ def _dead_letter(p: Personas, queue: str = "inbox") -> Todo:
     todo.refresh_from_db()
     assert todo.state == TodoState.FAILED and todo.dead_letter
     return todo
-
-
-def _patient(fn: Callable[[], Any]) -> Callable[[], Any]:
-    """``fn`` on a connection that waits for locks as long as the test does (the default
-    lock_timeout is 2 s, which a loaded machine's polling below could outlast)."""
-
-    def run() -> Any:
-        with connection.cursor() as cursor:
-            cursor.execute("SET lock_timeout = '60s'")
-        return fn()
-
-    return run
 
 
 def _chain_zero_waiters() -> int:
@@ -79,7 +65,7 @@ def test_a_retry_waiting_for_a_pause_holds_no_ledger_lock(
     p = tx_personas
     todo = _dead_letter(p)
     listener.drain()
-    retry = _patient(lambda: services.todo_retry(actor=p.as_human(p.owner), todo_id=todo.id))
+    retry = patient(lambda: services.todo_retry(actor=p.as_human(p.owner), todo_id=todo.id))
     pauser = psycopg.connect(database_url(), autocommit=False)
     thread = None
     try:
@@ -107,7 +93,7 @@ def test_a_retry_and_a_pause_queued_on_the_ledger_both_go_through(
     p = tx_personas
     todo = _dead_letter(p)
     listener.drain()
-    retry = _patient(lambda: services.todo_retry(actor=p.as_human(p.owner), todo_id=todo.id))
+    retry = patient(lambda: services.todo_retry(actor=p.as_human(p.owner), todo_id=todo.id))
     holder = psycopg.connect(database_url(), autocommit=False)
     threads = []
     try:
