@@ -73,6 +73,8 @@ def test_a_typescript_agent_works_and_reads_every_refusal(
         assert "thrown" not in refused, refused
         assert refused["isError"] is True and refused["text"]["code"] == code, refused
     assert invalid["text"]["field"] == "title"
+    # The second complete: the claim had ended, said with a reason the agent can branch on.
+    assert (again["text"]["reason"], again["text"]["state"]) == ("not_claimed", "done")
     mine = Todo.objects.get(endpoint=tx_personas.agent)
     assert mine.state == TodoState.DONE and mine.result == {"ok": True}
 
