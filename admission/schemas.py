@@ -91,8 +91,9 @@ class WindowLimitIn(WindowIn):
 class PolicyIn(Strict):
     """A whole budget (a PUT replaces everything; an absent limit is no limit).
 
-    Window limits come either as ``windows`` (stacked: every one charged and enforced on each
-    claim) or as the single ``max_claims_per_window`` per ``window`` (a one-item list)."""
+    It names at least one limit: ``max_in_flight``, window limits, or both. Window limits come
+    either as ``windows`` (stacked: every one charged and enforced on each claim) or as the
+    single ``max_claims_per_window`` per ``window`` (a one-item list), not both."""
 
     max_in_flight: int | None = Field(default=None, ge=0, le=MAX_IN_FLIGHT, strict=True)
     max_claims_per_window: int | None = Field(

@@ -315,6 +315,10 @@ def policy_status_out(policy: AdmissionPolicy, ev: engine.Evaluation) -> dict[st
 # --- who may read and change which budgets ------------------------------------------------------
 
 
+# What ``parse_scope`` takes, as a pattern (the OpenAPI document's, for the path's scope).
+SCOPE_RE = r"^endpoint:[^\x00]+$"
+
+
 def parse_scope(scope: str) -> str:
     """The endpoint reference in ``endpoint:<slug-or-id>``."""
     kind, sep, ref = (scope or "").partition(":")

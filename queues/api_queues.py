@@ -15,7 +15,7 @@ from queues import pauses, selectors
 from queues.access import HumanActor
 from queues.auth import HumanAuth
 from queues.conditions import Condition
-from queues.schemas import PauseInfoOut, Strict
+from queues.schemas import NOT_BLANK, PauseInfoOut, Strict
 from switchboard.core.http import ErrorOut
 
 router = Router(tags=["queues"], auth=HumanAuth())
@@ -47,7 +47,7 @@ class QueueListOut(Schema):
 
 
 class PauseIn(Strict):
-    reason: str = Field(min_length=1, max_length=pauses.MAX_REASON)
+    reason: str = Field(min_length=1, max_length=pauses.MAX_REASON, json_schema_extra=NOT_BLANK)
     create: bool = Field(
         default=False, description="Pause a name no todo, policy or endpoint has used yet."
     )

@@ -66,10 +66,16 @@ def LeaseTtl() -> Any:
     return Field(default=None, ge=1, le=86400, description="Lease length; default per endpoint")
 
 
+# A text the services keep stripped is not blank (said in the document only: the services' own
+# answer names the rule).
+NOT_BLANK: dict[str, Any] = {"pattern": validation.NOT_BLANK_RE}
+
+
 def Claimant() -> Any:
     return Field(
         default=None,
         min_length=1,
+        json_schema_extra=NOT_BLANK,
         max_length=200,
         description="who holds the claim (the endpoint's slug if not given); not starting "
         f"with {HUMAN_PREFIX!r}, which names a person's claim",
@@ -306,7 +312,7 @@ class DeferredQueueOut(Schema):
 
 class CreateTodoIn(Strict):
     queue: str = QueueName()
-    title: str = Field(min_length=1, max_length=500)
+    title: str = Field(min_length=1, max_length=500, json_schema_extra=NOT_BLANK)
     kind: str = Field(default="", max_length=100)
     payload: JsonValue = StoredJson("Any JSON; an object by convention (limits in the README)")
     idempotency_key: str | None = Field(
@@ -446,10 +452,22 @@ class ReleaseIn(Strict):
 # --- operators --------------------------------------------------------------------------------
 
 
+# What the services check and say in their own words (``endpoints.vend``), stated in the document
+# only (``json_schema_extra``), so the answer keeps naming the rule rather than a pattern.
+_SCOPE_QUEUE = Annotated[str, Field(json_schema_extra={"pattern": QUEUE_NAME_RE})]
+_GRANTED_VERB = Annotated[str, Field(json_schema_extra={"enum": list(GRANTABLE_VERBS)})]
+# A hook URL is kept stripped: http(s) in printable ASCII (``hookguard.check_url``), or blank
+# (no hook).
+_HOOK_URL = Annotated[
+    str, Field(json_schema_extra={"pattern": r"^\s*(?:[hH][tT][tT][pP][sS]?://[!-~]+)?\s*$"})
+]
+_GRANTED_VERBS = Annotated[list[_GRANTED_VERB], Field(json_schema_extra={"minItems": 1})]
+
+
 class VendIn(Strict):
-    name: str = Field(min_length=1, max_length=200)
-    queues: list[str] = Field(min_length=1, max_length=MAX_SCOPE_QUEUES)
-    verbs: list[str] | None = Field(
+    name: str = Field(min_length=1, max_length=200, json_schema_extra=NOT_BLANK)
+    queues: list[_SCOPE_QUEUE] = Field(min_length=1, max_length=MAX_SCOPE_QUEUES)
+    verbs: _GRANTED_VERBS | None = Field(
         default=None,
         description="Default: the basic grant (the todo verbs). Grantable: "
         + ", ".join(GRANTABLE_VERBS),
@@ -463,7 +481,7 @@ class VendIn(Strict):
     owner: str | None = Field(
         default=None, max_length=150, description="Username of the owner (superusers only)"
     )
-    notify_url: str | None = Field(
+    notify_url: _HOOK_URL | None = Field(
         default=None,
         max_length=500,
         description="Where to POST a signed ready hook (http(s), a public host); its signing "
@@ -477,13 +495,15 @@ class EndpointPatchIn(Strict):
 
     # Optional, never defaulted (only the fields sent are read): no default in the schema,
     # where "" would break its own minLength.
-    name: str = Field(default_factory=str, min_length=1, max_length=200)
+    name: str = Field(
+        default_factory=str, min_length=1, max_length=200, json_schema_extra=NOT_BLANK
+    )
     lease_ttl_seconds: int | None = Field(default=None, ge=1, le=86400)
     rps: float | None = Field(
         default=None, ge=0, le=100000, description="Request rate limit; 0 = unlimited"
     )
     burst: int | None = Field(default=None, ge=1, le=MAX_BURST)
-    notify_url: str | None = Field(default=None, max_length=500)
+    notify_url: _HOOK_URL | None = Field(default=None, max_length=500)
 
 
 class RotateHookSecretIn(Strict):

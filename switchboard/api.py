@@ -31,6 +31,7 @@ from pydantic import BaseModel, ValidationError
 
 from admission.api import router as admission_router
 from admission.limits.api import router as limits_router
+from admission.selectors import SCOPE_RE
 from queues.access import AgentActor
 from queues.api import build_agent_router, endpoints_router, todos_router
 from queues.api_queues import router as queues_router
@@ -40,6 +41,8 @@ from switchboard.core import availability, validation, verbs
 from switchboard.core.errors import DomainError, InvalidArgument, MethodNotAllowed
 from switchboard.core.http import (
     API_BODY_LIMIT,
+    IF_MATCH_RE,
+    IF_NONE_MATCH_RE,
     REFUSED_BODY,
     BodyTooLarge,
     EdgeParser,
@@ -50,6 +53,7 @@ from switchboard.core.http import (
     unknown_parameter,
 )
 from switchboard.core.times import iso
+from switchboard.core.zones import zones
 
 log = logging.getLogger(__name__)
 
@@ -144,28 +148,35 @@ _VERSIONED = {
 }
 
 
-# Path parameters the services check against a pattern (400 naming the field otherwise): the
+# Parameters the services check against a pattern (400 naming the field otherwise): the
 # document says the pattern, from the same constant (s43: schemathesis sent "schema-valid" names
 # the server refused, since the document allowed any string).
-_PATH_PATTERNS = {"queue": QUEUE_NAME_RE}
+_PARAMETER_PATTERNS = {
+    ("path", "queue"): QUEUE_NAME_RE,
+    ("path", "scope"): SCOPE_RE,
+    ("header", "If-Match"): IF_MATCH_RE,
+    ("header", "If-None-Match"): IF_NONE_MATCH_RE,
+}
 _LIMITS_PATH = "/api/v1/limits/{kind}/{name}"
 
 
 def answers_of_all(schema: Any) -> Any:
     """Each operation's answers, with those every operation may give (``_EVERY``), 413 where it
     takes a body, and the headers that come with them: Retry-After on 429 and 503, ETag where
-    an answer shows a version; and the pattern of each path parameter the services check
-    (``_PATH_PATTERNS``, a limit's name)."""
+    an answer shows a version; the pattern of each parameter the services check
+    (``_PARAMETER_PATTERNS``, a limit's name); a window's zones by name; and no NUL in any other
+    string (``_no_nul``)."""
     for path, operations in schema.get("paths", {}).items():
         for method, operation in operations.items():
             for parameter in operation.get("parameters", []):
-                if parameter.get("in") != "path":
-                    continue
-                pattern = _PATH_PATTERNS.get(parameter["name"])
+                pattern = _PARAMETER_PATTERNS.get((parameter.get("in"), parameter["name"]))
                 if parameter["name"] == "name" and path.startswith(_LIMITS_PATH):
                     pattern = LIMIT_NAME_RE
+                if parameter.get("in") in ("path", "header"):
+                    parameter["schema"] = _never_null(parameter.get("schema", {}))
                 if pattern is not None:
-                    parameter.setdefault("schema", {})["pattern"] = pattern
+                    parameter["schema"]["pattern"] = pattern
+                _no_nul(parameter.get("schema"))
             responses = operation.setdefault("responses", {})
             codes = {str(code) for code in responses}
             extra = dict(_EVERY)
@@ -179,7 +190,48 @@ def answers_of_all(schema: Any) -> Any:
                     answer.setdefault("headers", {}).update(_RETRY_AFTER)
                 if (path, method) in _VERSIONED and str(code) == "200":
                     answer.setdefault("headers", {}).update(_ETAG)
+    for name, component in schema.get("components", {}).get("schemas", {}).items():
+        zone = component.get("properties", {}).get("tz")
+        if name.endswith("In") and zone is not None and zone.get("type") == "string":
+            # Said here, not in the model, so MCP's tool schemas (an agent's model reads them)
+            # do not carry some 600 names.
+            zone["enum"] = zones()
+        _no_nul(component)
     return schema
+
+
+def _never_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """A header's or a path's schema without the ``null`` its optional Python type gave it: a
+    header is sent or not, never null (schemathesis sent the text "null")."""
+    branches = [b for b in schema.get("anyOf", []) if b.get("type") != "null"]
+    if len(branches) != 1 or len(schema["anyOf"]) == 1:
+        return schema
+    rest = {key: value for key, value in schema.items() if key != "anyOf"}
+    return {**branches[0], **rest}
+
+
+# Where a schema nests others (a JSON value of any shape, ``{}``, is not walked into: its strings'
+# rule is said in words where it is stored, ``validation``).
+_NESTED_ONE = ("items", "additionalProperties")
+_NESTED_MANY = ("anyOf", "allOf", "oneOf")
+_OWN_RULE = frozenset({"pattern", "enum", "format", "const"})
+
+
+def _no_nul(schema: Any) -> None:
+    """Every plain string in ``schema`` refuses a NUL character, as ``validation.text_problem``
+    does for every string a client sends (PostgreSQL stores none): the document says so with a
+    pattern, on strings that have none of their own (nor an enum or a format, which exclude it)."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        if node.get("type") == "string" and not node.keys() & _OWN_RULE:
+            node["pattern"] = validation.NO_NUL_RE
+        stack.extend(node.get("properties", {}).values())
+        stack.extend(node.get(key) for key in _NESTED_ONE)
+        for key in _NESTED_MANY:
+            stack.extend(node.get(key, []))
 
 
 api = _SwitchboardAPI(

@@ -63,6 +63,12 @@ API_BODY_LIMIT = 1024 * 1024
 # One member of an entity-tag list: an optional weak mark, then the quoted tag.
 _ENTITY_TAG = re.compile(r'[ \t]*(W/)?"([\x21\x23-\x7e\x80-\xff]*)"[ \t]*(?:,|$)')
 _LIST_GAP = re.compile(r"[ \t]*,")
+# The same grammar as one pattern, for the OpenAPI document (``switchboard.api``), so the headers
+# it calls valid are those ``write_preconditions`` takes: ``*``, or a list of quoted tags (empty
+# members allowed, at least one tag). A test holds the two to each other.
+_TAG = r'[ \t]*(?:W/)?"[\x21\x23-\x7e\x80-\xff]*"[ \t]*'
+IF_MATCH_RE = rf"^(?:[ \t]*\*[ \t]*|(?:[ \t]*,)*(?:{_TAG}(?:,(?:[ \t]*,)*|$))+)$"
+IF_NONE_MATCH_RE = r"^[ \t]*\*[ \t]*$"
 
 
 def entity_tag(version: str) -> str:

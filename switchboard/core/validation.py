@@ -56,6 +56,12 @@ class Refused(ValueError):
         self.reason = reason
 
 
+# The NUL rule as a pattern, for the OpenAPI document's strings (``switchboard.api``); and with
+# it, for a text the services keep stripped (a name, a title, a reason), not blank either.
+NO_NUL_RE = r"^[^\x00]*$"
+NOT_BLANK_RE = r"^[^\x00]*[^\s\x00][^\x00]*$"
+
+
 def text_problem(value: str) -> str | None:
     """Why this string cannot be stored, or None."""
     if "\x00" in value:
