@@ -155,9 +155,18 @@ def deferred_among(endpoint_id: UUID, queues: list[str]) -> list[engine.Evaluati
     A full in-flight cap is left to the claim under the lock, because taking over a lapsed claim
     of the same queue is admitted. Read without locks, so it may be a moment stale; the claim
     under the policy lock remains the decision, and excluded queues are read again on every
-    call."""
-    policies = AdmissionPolicy.objects.filter(endpoint_id=endpoint_id, queue__in=queues)
-    evaluations = evaluate_policies(policies)
+    call.
+
+    Read with SQL of its own, not the ORM: an agent polling a spent budget runs this on every
+    claim_next, and compiling the ORM's query cost more CPU than PostgreSQL spent answering it."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {engine.POLICY_COLUMNS} FROM admission_admissionpolicy "
+            "WHERE endpoint_id = %s AND queue = ANY(%s) ORDER BY queue",
+            [endpoint_id, queues],
+        )
+        rows = [engine.PolicyRow(*row) for row in cursor.fetchall()]
+    evaluations = evaluate_rows(rows)
     return [
         ev
         for ev in evaluations.values()
@@ -228,10 +237,16 @@ def usage(ev: engine.Evaluation) -> dict[str, Any]:
 
 
 def pending_count(endpoint_id: UUID, queue: str) -> int:
-
-    return Todo.objects.filter(
-        endpoint_id=endpoint_id, queue=queue, state=TodoState.PENDING
-    ).count()
+    """How many todos wait in a queue identity (a deferral's ``pending``; SQL of its own, as
+    ``deferred_among``: a refused claim_next asks it each time)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT count(*) FROM {Todo._meta.db_table} "
+            "WHERE endpoint_id = %s AND queue = %s AND state = %s",
+            [endpoint_id, queue, TodoState.PENDING.value],
+        )
+        (count,) = cursor.fetchone()
+    return int(count)
 
 
 def deferred_entry(ev: engine.Evaluation, endpoint_id: UUID) -> dict[str, Any]:
