@@ -11,7 +11,9 @@ Targets (issues 4 and 12): budgeted ≥ 0.6× unbudgeted at 8 claimers; budgeted
 budgeted at 8; ten budgeted queues of one endpoint ≥ 0.8× ten unbudgeted ones at 8. A further
 point, ``3_windows_at_8``, is reported without a target: the hot queue under three stacked windows
 (hour, day, week; limits never reached) beside its own unbudgeted phase, to read against the
-single-window budgeted ratio at 8 of the same run. Each point
+single-window budgeted ratio at 8 of the same run. And ``refused``, without a target: agents
+polling a queue whose budget is spent (a day window of 1, used, with work waiting), claim_next
+calls per second at 1 and 8 claimers, each refused with its deferral. Each point
 is measured ``repeats`` times and judged on the median ratio; every run is kept in the JSON with
 the dead tuples and index pages per cycle of its phase (to tell churn bloat from lock waits).
 """
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from bench.common import MODES, ProcessPool, summary, timed_pool
@@ -128,7 +132,50 @@ def _measure(
     }
 
 
-SCENARIOS = (*(str(n) for n in CONCURRENCY), f"{MANY_QUEUES}_queues_at_8", STACKED_POINT)
+# Agents polling a spent budget: claim_next alone, refused each time (the pre-read, the deferral's
+# figures and the refusal's count in each window), at these claimers.
+REFUSED_POINT = "refused"
+REFUSED_CLAIMERS = (1, 8)
+SPENT = [{"limit": 1, "period": "day", "tz": "UTC", "start": "00:00"}]
+SCENARIOS = (
+    *(str(n) for n in CONCURRENCY),
+    f"{MANY_QUEUES}_queues_at_8",
+    STACKED_POINT,
+    REFUSED_POINT,
+)
+
+
+@contextmanager
+def refusal_loop(i: int, endpoint_id: Any) -> Iterator[Callable[[], bool]]:
+    """An agent polling a spent budget: claim_next, refused with a deferral."""
+    from queues import services
+    from queues.access import AgentActor
+    from queues.models import Endpoint
+
+    actor = AgentActor(Endpoint.objects.get(pk=endpoint_id), via="api")  # connects before the clock
+
+    def cycle() -> bool:
+        got = services.claim_next(actor=actor, claimant=f"bench-{i}")
+        # Once a day the window turns and one claim is admitted, as it should be.
+        if not isinstance(got, services.Claimed) and not got.deferred:
+            raise AssertionError(f"a claim on a spent budget was neither refused nor made: {got}")
+        return True
+
+    yield cycle
+
+
+def _measure_refused(
+    endpoint: Any, claimers: int, duration_s: float, processes: ProcessPool | None
+) -> dict[str, Any]:
+    measure = processes.run if processes is not None else timed_pool
+    phase = measure(claimers, duration_s, "bench.admission_bench:refusal_loop", endpoint.pk)
+    return {
+        "rate": phase["cycles_per_s"],
+        "p99_ms": phase["p99_ms"],
+        "load": phase["load"],
+        "host_busy_share": phase["host_busy_share"],
+        "host_cpu_us_per_cycle": phase["host_cpu_us_per_cycle"],
+    }
 
 
 def run(
@@ -137,7 +184,8 @@ def run(
     modes: tuple[str, ...] = MODES,
     points: tuple[str, ...] = SCENARIOS,
 ) -> dict[str, Any]:
-    """Measure every point (of ``points``: "1", "8", "32", "10_queues_at_8", "3_windows_at_8")
+    """Measure every point (of ``points``: "1", "8", "32", "10_queues_at_8", "3_windows_at_8",
+    "refused")
     ``repeats`` times
     in each of ``modes`` (threads, processes), budgeted right after unbudgeted each time so each
     ratio compares two phases of one moment; report medians and spreads (min, max, every run)."""
@@ -146,7 +194,7 @@ def run(
 
     from admission import services as admission_services
     from queues import services
-    from queues.access import HumanActor, SystemActor
+    from queues.access import AgentActor, HumanActor, SystemActor
     from queues.models import Endpoint
 
     unknown = sorted(set(points) - set(SCENARIOS)) or sorted(set(modes) - set(MODES))
@@ -164,11 +212,12 @@ def run(
 
     plain, budgeted = vend("bench plain", [QUEUE]), vend("bench budgeted", [QUEUE])
     plain_many, budgeted_many = vend("bench plain many", many), vend("bench budgeted many", many)
-    stacked = vend("bench stacked", [QUEUE])
+    stacked, spent = vend("bench stacked", [QUEUE]), vend("bench spent", [QUEUE])
     scenarios = [(str(n), n, plain, budgeted, [QUEUE]) for n in CONCURRENCY]
     scenarios.append((f"{MANY_QUEUES}_queues_at_8", 8, plain_many, budgeted_many, many))
     scenarios.append((STACKED_POINT, 8, plain, stacked, [QUEUE]))
     scenarios = [s for s in scenarios if s[0] in points]
+    refused: dict[str, dict[str, list[dict[str, Any]]]] = {mode: {} for mode in modes}
     # mode -> label -> point -> runs
     measured: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {
         mode: {"unbudgeted": {}, "budgeted": {}} for mode in modes
@@ -200,8 +249,23 @@ def run(
             windows=STACKED,
             posture="enforce",
         )
+        if REFUSED_POINT in points:
+            admission_services.policy_set(
+                actor=actor,
+                endpoint=spent,
+                queue=QUEUE,
+                max_in_flight=None,
+                max_claims_per_window=None,
+                window=None,
+                windows=SPENT,
+                posture="enforce",
+            )
+            _make_todos(spent, 1000, [QUEUE])
+            agent = AgentActor(spent, via="api")
+            if not isinstance(services.claim_next(actor=agent), services.Claimed):
+                raise RuntimeError("the spent budget's one claim was refused")
         if "processes" in modes:
-            pool = ProcessPool(max(s[1] for s in scenarios))
+            pool = ProcessPool(max([*(s[1] for s in scenarios), *REFUSED_CLAIMERS]))
         guess = _INITIAL_RATE_GUESS
         for _ in range(repeats):
             for mode in modes:
@@ -217,6 +281,10 @@ def run(
                         ratios_of.setdefault(f"budgeted_vs_unbudgeted_at_{key}", []).append(
                             bud["rate"] / unb["rate"]
                         )
+                if REFUSED_POINT in points:
+                    for claimers in REFUSED_CLAIMERS:
+                        point = _measure_refused(spent, claimers, duration_s, in_pool)
+                        refused[mode].setdefault(str(claimers), []).append(point)
                 b = got["budgeted"]
                 if "8" in b and STACKED_POINT in b:
                     ratios_of.setdefault("stacked_vs_single_window_at_8", []).append(
@@ -231,14 +299,15 @@ def run(
     finally:
         if pool is not None:
             pool.close()
-        for endpoint, queues in ((budgeted, [QUEUE]), (budgeted_many, many), (stacked, [QUEUE])):
+        budgets = ((budgeted, [QUEUE]), (budgeted_many, many), (stacked, [QUEUE]), (spent, [QUEUE]))
+        for endpoint, queues in budgets:
             for queue in queues:
                 try:
                     admission_services.policy_clear(actor=actor, endpoint=endpoint, queue=queue)
                 except Exception:
                     pass
         Endpoint.objects.filter(
-            pk__in=[plain.pk, budgeted.pk, plain_many.pk, budgeted_many.pk, stacked.pk]
+            pk__in=[plain.pk, budgeted.pk, plain_many.pk, budgeted_many.pk, stacked.pk, spent.pk]
         ).delete()
         user.delete()
         settings.POLICY_WRITE_RATE_LIMIT = limit_before
@@ -271,6 +340,14 @@ def run(
             "collapses": _collapses(measured[mode]),
             "points": measured[mode],
         }
+        if refused[mode]:
+            result[mode]["refused"] = {
+                "unit": "claim_next calls per second, each refused (a spent budget)",
+                "rates": {
+                    n: summary([p["rate"] for p in runs]) for n, runs in refused[mode].items()
+                },
+                "points": refused[mode],
+            }
     result["met"] = {mode: result[mode]["met"] for mode in modes}
     return result
 
