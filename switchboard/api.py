@@ -164,8 +164,8 @@ def answers_of_all(schema: Any) -> Any:
     """Each operation's answers, with those every operation may give (``_EVERY``), 413 where it
     takes a body, and the headers that come with them: Retry-After on 429 and 503, ETag where
     an answer shows a version; the pattern of each parameter the services check
-    (``_PARAMETER_PATTERNS``, a limit's name); a window's zones by name; and no NUL in any other
-    string (``_no_nul``)."""
+    (``_PARAMETER_PATTERNS``, a limit's name); a window's zones by name and when it takes a
+    weekday; and no NUL in any other string (``_no_nul``)."""
     for path, operations in schema.get("paths", {}).items():
         for method, operation in operations.items():
             for parameter in operation.get("parameters", []):
@@ -196,8 +196,18 @@ def answers_of_all(schema: Any) -> Any:
             # Said here, not in the model, so MCP's tool schemas (an agent's model reads them)
             # do not carry some 600 names.
             zone["enum"] = zones()
+            if "weekday" in component["properties"]:
+                component.update(_WEEKDAY_ONLY_FOR_A_WEEK)
         _no_nul(component)
     return schema
+
+
+# A window's weekday: required for a week window, and only for one (``admission.policy``).
+_WEEKDAY_ONLY_FOR_A_WEEK = {
+    "if": {"properties": {"period": {"const": "week"}}},
+    "then": {"required": ["weekday"], "properties": {"weekday": {"type": "string"}}},
+    "else": {"properties": {"weekday": {"type": "null"}}},
+}
 
 
 def _never_null(schema: dict[str, Any]) -> dict[str, Any]:
