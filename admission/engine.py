@@ -266,6 +266,14 @@ class Decision:
         return self.admitted and ev.over_limit and ev.policy.posture == Posture.ADVISE
 
 
+def policy_rows(cursor: CursorWrapper, where: str, params: list[Any]) -> list[PolicyRow]:
+    """The policies ``where`` selects, read without a lock as the rows the engine evaluates
+    (SQL of their own: the hot reads, a refused claim's pre-read and the fast path's windows,
+    cost less than compiling an ORM query)."""
+    cursor.execute(f"SELECT {POLICY_COLUMNS} FROM admission_admissionpolicy WHERE {where}", params)
+    return [PolicyRow(*row) for row in cursor.fetchall()]
+
+
 def lock_policy(cursor: CursorWrapper, policy_id: UUID) -> PolicyRow | None:
     """The locked path's lock: the policy row, then all of its shard locks (``lock_shards``).
 

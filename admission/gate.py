@@ -279,12 +279,9 @@ def _windows_for(endpoint_id: UUID) -> str:
         if time.monotonic() < expires and (resets is None or now < resets):
             return text
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT {engine.POLICY_COLUMNS} FROM admission_admissionpolicy "
-            "WHERE endpoint_id = %s AND max_claims_per_window IS NOT NULL",
-            [endpoint_id],
+        policies = engine.policy_rows(
+            cursor, "endpoint_id = %s AND max_claims_per_window IS NOT NULL", [endpoint_id]
         )
-        policies = [engine.PolicyRow(*row) for row in cursor.fetchall()]
     found: dict[str, dict[str, str]] = {}
     earliest: datetime | None = None
     for policy in policies:

@@ -160,12 +160,9 @@ def deferred_among(endpoint_id: UUID, queues: list[str]) -> list[engine.Evaluati
     Read with SQL of its own, not the ORM: an agent polling a spent budget runs this on every
     claim_next, and compiling the ORM's query cost more CPU than PostgreSQL spent answering it."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT {engine.POLICY_COLUMNS} FROM admission_admissionpolicy "
-            "WHERE endpoint_id = %s AND queue = ANY(%s) ORDER BY queue",
-            [endpoint_id, queues],
+        rows = engine.policy_rows(
+            cursor, "endpoint_id = %s AND queue = ANY(%s) ORDER BY queue", [endpoint_id, queues]
         )
-        rows = [engine.PolicyRow(*row) for row in cursor.fetchall()]
     evaluations = evaluate_rows(rows)
     return [
         ev
