@@ -210,6 +210,19 @@ def run(
             actor=SystemActor(via="bench"), owner=user, name=f"{name} {tag}", queues=queues, rps=0
         )[0]
 
+    def windowed(endpoint: Any, windows: list[dict[str, Any]]) -> None:
+        """A budget of stacked window limits only, on the hot queue."""
+        admission_services.policy_set(
+            actor=actor,
+            endpoint=endpoint,
+            queue=QUEUE,
+            max_in_flight=None,
+            max_claims_per_window=None,
+            window=None,
+            windows=windows,
+            posture="enforce",
+        )
+
     plain, budgeted = vend("bench plain", [QUEUE]), vend("bench budgeted", [QUEUE])
     plain_many, budgeted_many = vend("bench plain many", many), vend("bench budgeted many", many)
     stacked, spent = vend("bench stacked", [QUEUE]), vend("bench spent", [QUEUE])
@@ -239,27 +252,9 @@ def run(
             admission_services.policy_set(
                 actor=actor, endpoint=budgeted_many, queue=queue, **budget
             )
-        admission_services.policy_set(
-            actor=actor,
-            endpoint=stacked,
-            queue=QUEUE,
-            max_in_flight=None,
-            max_claims_per_window=None,
-            window=None,
-            windows=STACKED,
-            posture="enforce",
-        )
+        windowed(stacked, STACKED)
         if REFUSED_POINT in points:
-            admission_services.policy_set(
-                actor=actor,
-                endpoint=spent,
-                queue=QUEUE,
-                max_in_flight=None,
-                max_claims_per_window=None,
-                window=None,
-                windows=SPENT,
-                posture="enforce",
-            )
+            windowed(spent, SPENT)
             _make_todos(spent, 1000, [QUEUE])
             agent = AgentActor(spent, via="api")
             if not isinstance(services.claim_next(actor=agent), services.Claimed):
