@@ -7,6 +7,7 @@ Personas: ``owner`` (owns ``agent`` and ``agent2``), ``other_owner`` (owns ``for
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -17,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, cast
 
+import celery
 import psycopg
 import pytest
 import redis
@@ -26,11 +28,12 @@ from django.db import connection, connections
 from django.db.backends.postgresql.base import DatabaseWrapper as PostgresWrapper
 from django.db.models import QuerySet
 
-from queues import selectors, services
+from queues import selectors, services, wakes
 from queues.access import AUDITORS_GROUP, AgentActor, HumanActor, SystemActor
 from queues.auth import endpoint_cache, endpoint_watch
 from queues.models import Attempt, Endpoint, Todo, TodoState
 from switchboard import embedded, liveserver
+from switchboard.celery import app as celery_app
 from switchboard.core import availability, counters
 from switchboard.ledger.models import LedgerEntry
 from tests import flush
@@ -106,13 +109,49 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def _clean_redis(settings: Any) -> Iterator[None]:
     settings.METRICS_TOKEN = "test-metrics-token"
     # Increments buffered by the previous test must not land in this one, and a Redis failure
-    # a previous test provoked must not keep Redis skipped in this one.
+    # a previous test provoked must not keep Redis (or the broker the hooks go through) skipped
+    # in this one.
     availability.redis_breaker.reset()
+    wakes.broker_breaker.reset()
     counters.flush()
     counters.client().flushdb()
     # Endpoint rows cached by an earlier test were rolled back with it (no change announced).
     endpoint_cache.clear()
     yield
+
+
+@pytest.fixture(autouse=True)
+def _process_state_kept() -> Iterator[None]:
+    """A test leaves its process as the next test there expects it (pytest-xdist runs each
+    worker's files in an order no single process would, so a leak shows up in another file).
+
+    The database pool is given back the connections a race or a live server grew it by (idle,
+    they would count against the server's max_connections beside the other workers' racers).
+    A test that changed what no fixture puts back fails here, naming it, and the next test
+    starts without it: another Celery app made current (the hooks' shared task follows it to
+    that app's broker), or the root logger's level.
+    """
+    root = logging.getLogger()
+    level = root.level
+    yield
+    pg = cast(PostgresWrapper, connection)
+    # The pool as it is, if there is one: ``pg.pool`` would make one, on the database the
+    # settings name now (before the test database exists, the console's).
+    pool = getattr(type(pg), "_connection_pools", {}).get(pg.alias)
+    if pool is not None and not pg.in_atomic_block:
+        stats = pool.get_stats()
+        if stats["pool_size"] > stats["pool_min"]:
+            pg.close()
+            pg.close_pool()
+    left: list[str] = []
+    if celery.current_app._get_current_object() is not celery_app:
+        left.append(f"Celery's current app is {celery.current_app!r}")
+        celery_app.set_current()
+    if root.level != level:
+        left.append(f"the root logger's level is {logging.getLevelName(root.level)}")
+        root.setLevel(level)
+    if left:
+        pytest.fail(f"the test left its process changed: {'; '.join(left)}")
 
 
 @dataclass

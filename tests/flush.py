@@ -10,12 +10,18 @@ hold rows (DELETE: a handful of rows, no new files), keeps the content types and
 they are exactly what the migrations made (``post_migrate`` still runs, and finds nothing to
 make), and falls back to Django's own reset for anything else (those two tables changed, or a
 constraint that cannot wait for the commit).
+
+Either way the rows the data migrations wrote (the auditors group and its view permissions) are
+there again after it, as on a fresh deployment. Django's reset loses them; so did this one until
+the suite ran on several workers, where a test reading them can follow a transactional test.
 """
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import Any
 
+from django.apps import apps as django_apps
 from django.core.management.sql import emit_post_migrate_signal
 from django.db import DatabaseError, connections, transaction
 from django.test import TransactionTestCase
@@ -28,6 +34,12 @@ REFILLED = ("django_content_type", "auth_permission")
 _djangos_reset: Any = getattr(TransactionTestCase, "_fixture_teardown")  # noqa: B009
 _baseline: dict[str, str] = {}
 
+# The data migrations, run again after Django's reset, which empties what they wrote. Between
+# resets their rows are kept when unchanged and put back when a test changed them (_migrated).
+DATA_MIGRATIONS = (("switchboard.console.migrations.0001_auditors_group", "create_auditors"),)
+# Table: (digest, columns, rows) of a table holding rows once the migrations ran.
+_migrated: dict[str, tuple[str, list[str], list[tuple[Any, ...]]]] = {}
+
 
 def _digest(cursor: Any, table: str) -> str:
     cursor.execute(
@@ -37,10 +49,39 @@ def _digest(cursor: Any, table: str) -> str:
 
 
 def remember_refilled(alias: str = "default") -> None:
-    """Take the digest of the post_migrate tables, once the migrations have run."""
-    with connections[alias].cursor() as cursor:
+    """Take the digest of the post_migrate tables, and the rows of the tables the data
+    migrations filled, once the migrations have run."""
+    connection = connections[alias]
+    tables = connection.introspection.django_table_names(only_existing=True, include_views=False)
+    _migrated.clear()
+    with connection.cursor() as cursor:
         for table in REFILLED:
             _baseline[table] = _digest(cursor, table)
+        for table in _holding(cursor, connection, tables):
+            cursor.execute(f"SELECT * FROM {connection.ops.quote_name(table)} ORDER BY id")
+            columns = [column.name for column in cursor.description]
+            rows = cursor.fetchall()
+            _migrated[table] = (_digest(cursor, table), columns, rows)
+
+
+def _holding(cursor: Any, connection: Any, tables: list[str]) -> list[str]:
+    """Which of ``tables`` (the post_migrate ones left out) hold a row: one statement."""
+    tables = [t for t in tables if t not in REFILLED]
+    qn = connection.ops.quote_name
+    cursor.execute(
+        " UNION ALL ".join(f"SELECT %s WHERE EXISTS (SELECT 1 FROM {qn(t)})" for t in tables),
+        tables,
+    )
+    return [row[0] for row in cursor.fetchall()]
+
+
+def _put_back(cursor: Any, connection: Any, table: str) -> None:
+    """The rows ``table`` held once the migrations ran, with their ids (into an empty table)."""
+    _, columns, rows = _migrated[table]
+    qn = connection.ops.quote_name
+    names = ", ".join(qn(c) for c in columns)
+    marks = ", ".join(["%s"] * len(columns))
+    cursor.executemany(f"INSERT INTO {qn(table)} ({names}) VALUES ({marks})", rows)
 
 
 def _reset(alias: str) -> bool:
@@ -52,18 +93,21 @@ def _reset(alias: str) -> bool:
         for table in REFILLED:
             if table not in _baseline or _digest(cursor, table) != _baseline[table]:
                 return False
-        probes = " UNION ALL ".join(
-            f"SELECT %s WHERE EXISTS (SELECT 1 FROM {qn(t)})" for t in tables if t not in REFILLED
-        )
-        cursor.execute(probes, [t for t in tables if t not in REFILLED])
-        holding = [row[0] for row in cursor.fetchall()]
-    if holding:
+        holding = _holding(cursor, connection, tables)
+        # A table the data migrations filled is left alone while it holds exactly their rows.
+        changed = [
+            t for t in _migrated if t not in holding or _digest(cursor, t) != _migrated[t][0]
+        ]
+    emptied = [t for t in holding if t not in _migrated or t in changed]
+    if emptied or changed:
         try:
             # One transaction: Django's foreign keys are checked at its commit, so the order of
-            # the deletes does not matter.
+            # the deletes and inserts does not matter.
             with transaction.atomic(using=alias), connection.cursor() as cursor:
-                for table in holding:
+                for table in emptied:
                     cursor.execute(f"DELETE FROM {qn(table)}")
+                for table in changed:
+                    _put_back(cursor, connection, table)
         except DatabaseError:
             return False
     return True
@@ -79,10 +123,18 @@ def fixture_teardown(self: TransactionTestCase) -> None:
     if not all(_reset(alias) for alias in aliases):
         _djangos_reset(self)  # the full reset: TRUNCATE everything, refill through post_migrate
         for alias in aliases:
+            _run_data_migrations(alias)
             remember_refilled(alias)  # the refilled rows have new ids
         return
     for alias in aliases:
         emit_post_migrate_signal(verbosity=0, interactive=False, db=alias)
+
+
+def _run_data_migrations(alias: str) -> None:
+    """Write again what the data migrations wrote (their permissions now have new ids)."""
+    for module, function in DATA_MIGRATIONS:
+        with transaction.atomic(using=alias):
+            getattr(import_module(module), function)(django_apps, None)
 
 
 def install() -> None:

@@ -326,7 +326,7 @@ def test_a_sweep_sent_through_the_broker_runs_on_its_worker_and_beat_sends_sweep
 
     valkey_port = int((console.data_dir / "valkey" / "port").read_text())
     task_id = f"clean-install-{uuid.uuid4()}"
-    sender = Celery("sender", broker=f"redis://127.0.0.1:{valkey_port}/0")
+    sender = Celery("sender", broker=f"redis://127.0.0.1:{valkey_port}/0", set_as_current=False)
     sender.send_task("queues.tasks.reap_expired", task_id=task_id)
     wait_for_line(console, rf"queues\.tasks\.reap_expired\[{task_id}\] succeeded in \S+: \d+")
 

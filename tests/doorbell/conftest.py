@@ -7,10 +7,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from celery.contrib.testing.worker import start_worker
-from django.conf import settings
 
-from switchboard.celery import app
+from tests.celery_worker import real_worker
 from tests.mcp.conftest import js_clients, live_url
 from tests.pause.conftest import _fast_password_hashing, eager_celery, hook_server, listener
 
@@ -28,6 +26,5 @@ __all__ = [
 def celery_worker(tx_personas: Any) -> Iterator[Any]:
     """A real worker on the real broker (retries and their countdowns are the broker's and the
     worker's, not an eager shortcut)."""
-    app.conf.broker_url = settings.REDIS_URL
-    with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10) as worker:
+    with real_worker() as worker:
         yield worker

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from celery.contrib.testing.worker import start_worker
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings as django_settings
 
@@ -23,6 +22,7 @@ from queues.hook_tasks import deliver_ready_hook
 from queues.models import Endpoint, Todo, TodoState
 from switchboard.celery import app
 from switchboard.core.errors import InvalidArgument
+from tests.celery_worker import real_worker
 from tests.conftest import Personas, claim_and_lapse, push
 from tests.doorbell.streams import wait_for
 from tests.pause.conftest import HookServer
@@ -164,11 +164,8 @@ def test_the_hook_task_gives_up_as_a_failed_delivery_at_celerys_time_limit(
 def worker_of(queue: str) -> Iterator[Any]:
     """A real worker on the real broker consuming only ``queue``, as ``manage.py serve`` runs
     one per queue."""
-    app.conf.broker_url = django_settings.REDIS_URL
     try:
-        with start_worker(
-            app, pool="solo", perform_ping_check=False, shutdown_timeout=10, queues=[queue]
-        ) as worker:
+        with real_worker(queues=[queue]) as worker:
             yield worker
     finally:
         # The choice is the app's (a worker's -Q selects on it): later workers of this test

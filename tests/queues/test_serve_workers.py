@@ -28,7 +28,9 @@ def data_dir() -> Iterator[Path]:
 
 def queues_by_worker(broker_url: str, expected: int, timeout: float = 60.0) -> dict[str, set[str]]:
     """Each worker's node name and the queues it consumes, once ``expected`` workers answer."""
-    control = Celery(broker=broker_url)
+    # Not the current app: the hooks' shared task would follow it to this broker, which stops
+    # with the test (tests/conftest.py _process_state_kept).
+    control = Celery(broker=broker_url, set_as_current=False)
     answered: dict[str, Any] = {}
     try:
         deadline = time.monotonic() + timeout

@@ -8,19 +8,18 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from celery.contrib.testing.worker import start_worker
 from django.conf import settings
 
 from queues import services, tasks
 from queues.models import Todo, TodoState
 from switchboard.celery import app
+from tests.celery_worker import real_worker
 from tests.conftest import Personas, claim_and_lapse, make_retry_due, push
 
 
 @pytest.fixture
 def celery_worker(tx_personas: Personas) -> Iterator[Any]:
-    app.conf.broker_url = settings.REDIS_URL
-    with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10) as worker:
+    with real_worker() as worker:
         yield worker
 
 

@@ -1,0 +1,92 @@
+"""The test harness leaves each test the world a fresh deployment has, whatever ran before it
+in the same process (the suite runs on several pytest-xdist workers, each taking whole files
+in an order no single process would)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.contrib.auth.models import Group, Permission
+from django.test import TransactionTestCase
+
+from queues import wakes
+from queues.access import AUDITORS_GROUP
+from switchboard.core import availability
+from tests.celery_worker import real_worker
+
+# switchboard/console/migrations/0001_auditors_group.py: the admin's view pages they read.
+AUDITORS_VIEW = {
+    "view_endpoint",
+    "view_todo",
+    "view_attempt",
+    "view_queuepause",
+    "view_admissionpolicy",
+    "view_admissionwindow",
+    "view_ledgerentry",
+    "view_ledgerhead",
+}
+
+
+def _auditors_view() -> set[str]:
+    group = Group.objects.get(name=AUDITORS_GROUP)
+    return set(group.permissions.values_list("codename", flat=True))
+
+
+def _reset_as_after_a_test() -> None:
+    """What pytest-django runs after a ``transactional_db`` test (tests/flush.py's reset)."""
+    getattr(TransactionTestCase(), "_fixture_teardown")()  # noqa: B009
+
+
+def test_a_reset_puts_back_the_auditors_group_a_test_changed(transactional_db: None) -> None:
+    assert _auditors_view() == AUDITORS_VIEW
+    Group.objects.get(name=AUDITORS_GROUP).permissions.clear()
+    Group.objects.create(name="made by a test")
+    _reset_as_after_a_test()
+    assert _auditors_view() == AUDITORS_VIEW
+    assert list(Group.objects.values_list("name", flat=True)) == [AUDITORS_GROUP]
+
+
+def test_a_reset_puts_back_the_auditors_group_a_test_deleted(transactional_db: None) -> None:
+    Group.objects.filter(name=AUDITORS_GROUP).delete()
+    _reset_as_after_a_test()
+    assert _auditors_view() == AUDITORS_VIEW
+
+
+def test_djangos_full_reset_is_followed_by_the_auditors_group(transactional_db: None) -> None:
+    # A changed permission sends the reset to Django's own (TRUNCATE, refill through
+    # post_migrate), which gives the permissions new ids and loses the group.
+    Permission.objects.filter(codename="view_todo").update(name="changed by a test")
+    _reset_as_after_a_test()
+    assert Permission.objects.get(codename="view_todo").name == "Can view todo"
+    assert _auditors_view() == AUDITORS_VIEW
+    # And the reset after it keeps what it finds unchanged.
+    _reset_as_after_a_test()
+    assert _auditors_view() == AUDITORS_VIEW
+
+
+def test_a_real_worker_leaves_the_root_loggers_level_as_it_found_it() -> None:
+    root = logging.getLogger()
+    level = root.level
+    with real_worker():
+        # Celery's embedded worker sets its own level (ERROR) when it sets up logging, which it
+        # does once per process; whatever it or the block leaves is put back.
+        root.setLevel(logging.CRITICAL)
+    assert root.level == level
+    assert logging.getLogger("queues.services.claiming").isEnabledFor(logging.WARNING)
+
+
+# The two tests below run in this order in one process (a file is never split between workers).
+
+
+def test_breakers_opened_by_a_test(settings: Any) -> None:
+    settings.REDIS_BREAKER_OPEN_SECONDS = 3600  # open until long after this file has run
+    availability.redis_breaker.failed()
+    wakes.broker_breaker.failed()
+    assert not availability.redis_breaker.allow()
+    assert not wakes.broker_breaker.allow()
+
+
+def test_are_closed_for_the_next() -> None:
+    assert availability.redis_breaker.allow()
+    assert wakes.broker_breaker.allow()
