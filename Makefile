@@ -17,11 +17,15 @@ ifneq ($(origin PORT),command line)
 PORT := $(or $(SWITCHBOARD_PORT),8000)
 endif
 
+# pytest-xdist workers `make test` runs the suite on (each with its own test database and Valkey;
+# tests/conftest.py says how files are shared out). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
+
 .PHONY: help run test bench lint fmt clean-data
 
 help:
 	@echo "make run [PORT=8000]  start Switchboard (embedded PostgreSQL and Valkey unless DATABASE_URL / REDIS_URL are set)"
-	@echo "make test             make lint, then pytest, as CI runs them"
+	@echo "make test             make lint, then pytest, as CI runs them (TEST_WORKERS=2 processes; 0: one)"
 	@echo "make bench            run the benchmarks (threads and processes, medians of repeats); results go to bench/results/"
 	@echo "                       BENCH_ARGS='--only admission --points 8,32 --repeats 20' picks benches, points, modes"
 	@echo "make lint             ruff check, ruff format --check, mypy, deptry (every import pinned), the import contract"
@@ -51,7 +55,7 @@ run: $(VENV)/.stamp-run
 
 test: lint
 	bash .ci/install-browser
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n $(TEST_WORKERS)
 
 bench: $(VENV)/.stamp-dev
 	$(PY) -m bench $(BENCH_ARGS)

@@ -52,11 +52,62 @@ TEST_REDIS_DB = int(os.environ.get("SWITCHBOARD_TEST_REDIS_DB", "15"))
 _valkey: Any = None
 
 
+def _xdist_controller(config: pytest.Config) -> bool:
+    """True in the process that hands tests to pytest-xdist's workers and runs none itself."""
+    return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+
+
+# Files whose tests open many PostgreSQL connections at once: racers on threads and in
+# processes, several server processes. ``make test`` runs the suite on two pytest-xdist workers
+# (TEST_WORKERS), each taking whole files; these files are one unit of work, run one after
+# another on one worker, so two of them never race at the same time and the run stays under the
+# server's max_connections (100: a race of 50 opens 50). A file whose tests open more than
+# about 25 connections at once belongs here.
+MANY_CONNECTIONS = frozenset(
+    {
+        "tests/admission/test_budget_holds.py",
+        "tests/admission/test_policy_write_races.py",
+        "tests/admission/test_race.py",
+        "tests/admission/test_racer.py",
+        "tests/admission/test_shards.py",
+        "tests/admission/test_stacked_windows.py",
+        "tests/admission/test_trials.py",
+        "tests/api/test_endpoint_cache.py",
+        "tests/limits/test_headroom.py",
+        "tests/limits/test_per_todo.py",
+        "tests/limits/test_race.py",
+        "tests/limits/test_state_machine.py",
+        "tests/limits/test_sweep_lock_order.py",
+        "tests/limits/test_takeover_races.py",
+        "tests/mcp/test_mcp_processes.py",
+        "tests/pause/test_pause_ledger_deadlock.py",
+        "tests/queues/test_endpoint_locks.py",
+        "tests/queues/test_operator_ending_race.py",
+        "tests/web/test_processes.py",
+        "tests/web/test_thread_pools.py",
+    }
+)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist's ``--dist loadfile``, with the MANY_CONNECTIONS files as one unit."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduler(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "many connections" if path in MANY_CONNECTIONS else path
+
+    return Scheduler(config, log)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Use REDIS_URL when set; otherwise start a Valkey of the run's own on a free port (not the
     console's), so concurrent runs and a running console never share or stop each other's."""
     global _valkey
-    base = os.environ.get("REDIS_URL", "")
+    if _xdist_controller(config):
+        return  # each worker (a process of its own) starts its own Valkey and test database
+    base = given = os.environ.get("REDIS_URL", "")
     if not base:
         import tempfile
 
@@ -68,7 +119,10 @@ def pytest_configure(config: pytest.Config) -> None:
         )
         _valkey.start()
         base = f"redis://127.0.0.1:{port}/0"
-    settings.REDIS_URL = f"{base.rsplit('/', 1)[0]}/{TEST_REDIS_DB}"
+    # A given Redis is shared by the run's xdist workers: each takes a database number of its own.
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    number = TEST_REDIS_DB - int(worker.removeprefix("gw")) if base == given else TEST_REDIS_DB
+    settings.REDIS_URL = f"{base.rsplit('/', 1)[0]}/{number}"
     # Personas are made per test; the production password hasher would cost seconds each.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     os.environ["SWITCHBOARD_TEST_REDIS_URL"] = settings.REDIS_URL

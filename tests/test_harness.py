@@ -5,6 +5,7 @@ in an order no single process would)."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from django.contrib.auth.models import Group, Permission
@@ -14,6 +15,7 @@ from queues import wakes
 from queues.access import AUDITORS_GROUP
 from switchboard.core import availability
 from tests.celery_worker import real_worker
+from tests.conftest import MANY_CONNECTIONS
 
 # switchboard/console/migrations/0001_auditors_group.py: the admin's view pages they read.
 AUDITORS_VIEW = {
@@ -90,3 +92,11 @@ def test_breakers_opened_by_a_test(settings: Any) -> None:
 def test_are_closed_for_the_next() -> None:
     assert availability.redis_breaker.allow()
     assert wakes.broker_breaker.allow()
+
+
+def test_every_file_listed_as_opening_many_connections_is_there() -> None:
+    # A file renamed or moved would drop out of the unit they run in, one after another, and
+    # race beside another such file on the other worker.
+    root = Path(__file__).resolve().parent.parent
+    assert MANY_CONNECTIONS
+    assert [f for f in sorted(MANY_CONNECTIONS) if not (root / f).is_file()] == []

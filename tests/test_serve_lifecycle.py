@@ -220,7 +220,10 @@ def named_servers(tmp_path: Path) -> Iterator[tuple[str, str]]:
             with contextlib.suppress(psycopg.errors.QueryCanceled):
                 admin.execute(f'DROP DATABASE IF EXISTS "{left}" WITH (FORCE)')
         admin.execute(f'CREATE DATABASE "{name}"')
-    redis_url = os.environ["SWITCHBOARD_TEST_REDIS_URL"].rsplit("/", 1)[0] + "/14"
+    # A database number of its own, eight below the test run's (a given REDIS_URL is shared by
+    # the xdist workers, which take 15, 14, … : tests/conftest.py).
+    base, number = os.environ["SWITCHBOARD_TEST_REDIS_URL"].rsplit("/", 1)
+    redis_url = f"{base}/{int(number) - 8}"
     try:
         yield urlsplit(current_database_url())._replace(path=f"/{name}").geturl(), redis_url
     finally:
