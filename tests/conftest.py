@@ -189,9 +189,9 @@ def _process_state_kept() -> Iterator[None]:
     level = root.level
     yield
     pg = cast(PostgresWrapper, connection)
-    # The pool as it is, if there is one: ``pg.pool`` would make one, on the database the
-    # settings name now (before the test database exists, the console's).
-    pool = getattr(type(pg), "_connection_pools", {}).get(pg.alias)
+    # The pool if one was made (``pg.pool`` would make one, on the database the settings name
+    # now: before the test database exists, the console's). Without DATABASE_POOL, none.
+    pool = getattr(pg, "existing_pool", None)
     if pool is not None and not pg.in_atomic_block:
         stats = pool.get_stats()
         if stats["pool_size"] > stats["pool_min"]:

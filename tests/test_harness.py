@@ -5,17 +5,19 @@ in an order no single process would)."""
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from django.contrib.auth.models import Group, Permission
+from django.db import connection
 from django.test import TransactionTestCase
 
 from queues import wakes
 from queues.access import AUDITORS_GROUP
 from switchboard.core import availability
 from tests.celery_worker import real_worker
-from tests.conftest import MANY_CONNECTIONS
+from tests.conftest import MANY_CONNECTIONS, run_threads
 
 # switchboard/console/migrations/0001_auditors_group.py: the admin's view pages they read.
 AUDITORS_VIEW = {
@@ -100,3 +102,25 @@ def test_every_file_listed_as_opening_many_connections_is_there() -> None:
     root = Path(__file__).resolve().parent.parent
     assert MANY_CONNECTIONS
     assert [f for f in sorted(MANY_CONNECTIONS) if not (root / f).is_file()] == []
+
+
+# As are these two.
+
+
+def test_a_race_grows_the_pool(transactional_db: None) -> None:
+    barrier = threading.Barrier(8)
+
+    def hold(i: int) -> int:
+        with connection.cursor() as cursor:  # each thread takes a pooled connection
+            cursor.execute("SELECT 1")
+        barrier.wait(timeout=30)  # all eight held at once
+        return i
+
+    run_threads(8, hold)
+    pool = cast(Any, connection).existing_pool
+    assert pool is not None and pool.get_stats()["pool_size"] >= 8
+
+
+def test_gives_the_next_test_its_connections_back() -> None:
+    pool = cast(Any, connection).existing_pool
+    assert pool is None or pool.get_stats()["pool_size"] <= pool.get_stats()["pool_min"]

@@ -62,10 +62,18 @@ class LifoConnectionPool(ConnectionPool):
 
 class DatabaseWrapper(base.DatabaseWrapper):
     @property
-    def pool(self) -> ConnectionPool | None:
+    def existing_pool(self) -> ConnectionPool | None:
+        """This process's pool of this alias if one was made, never making one (``pool`` makes
+        one on first read, for the database the settings name at that moment)."""
         pools: dict[str, ConnectionPool] = self._connection_pools  # type: ignore[attr-defined]
-        if self.alias in pools:  # read on every connect: kept cheap
-            return pools[self.alias]
+        return pools.get(self.alias)
+
+    @property
+    def pool(self) -> ConnectionPool | None:
+        made = self.existing_pool
+        if made is not None:  # read on every connect: kept cheap
+            return made
+        pools: dict[str, ConnectionPool] = self._connection_pools  # type: ignore[attr-defined]
         options = self.settings_dict["OPTIONS"].get("pool")
         if (
             options
