@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, cast
 
@@ -16,6 +17,7 @@ from django.test import TransactionTestCase
 from queues import wakes
 from queues.access import AUDITORS_GROUP
 from switchboard.core import availability
+from tests import flush
 from tests.celery_worker import real_worker
 from tests.conftest import MANY_CONNECTIONS, run_threads
 
@@ -35,6 +37,15 @@ AUDITORS_VIEW = {
 def _auditors_view() -> set[str]:
     group = Group.objects.get(name=AUDITORS_GROUP)
     return set(group.permissions.values_list("codename", flat=True))
+
+
+def _rows_per_table(tables: Iterable[str]) -> dict[str, int]:
+    with connection.cursor() as cursor:
+        counts = {}
+        for table in tables:
+            cursor.execute(f"SELECT count(*) FROM {connection.ops.quote_name(table)}")
+            counts[table] = cursor.fetchone()[0]
+    return counts
 
 
 def _reset_as_after_a_test() -> None:
@@ -60,10 +71,15 @@ def test_a_reset_puts_back_the_auditors_group_a_test_deleted(transactional_db: N
 def test_djangos_full_reset_is_followed_by_the_auditors_group(transactional_db: None) -> None:
     # A changed permission sends the reset to Django's own (TRUNCATE, refill through
     # post_migrate), which gives the permissions new ids and loses the group.
+    migrated = _rows_per_table(flush._migrated)
+    assert migrated  # the auditors group and its permissions, at least
     Permission.objects.filter(codename="view_todo").update(name="changed by a test")
     _reset_as_after_a_test()
     assert Permission.objects.get(codename="view_todo").name == "Can view todo"
     assert _auditors_view() == AUDITORS_VIEW
+    # Every table a data migration filled is filled again: one not in flush.DATA_MIGRATIONS
+    # would be empty here.
+    assert _rows_per_table(migrated) == migrated
     # And the reset after it keeps what it finds unchanged.
     _reset_as_after_a_test()
     assert _auditors_view() == AUDITORS_VIEW
