@@ -203,6 +203,51 @@ def test_a_launcher_whose_terminal_is_gone_still_stops_everything(
     assert stopped == ["children"] and child.process.poll() is not None
 
 
+def test_a_stop_reaches_a_just_started_beat_only_once_its_scheduler_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI on 72fa9cd: a Ctrl-C right after the banner, on a first run. The stop waited for the beat's
+    schedule file, but a new store's file is written when it is opened, before the scheduler
+    is set up. Signalled then, Celery's stop handler made and closed a second scheduler and
+    exited from inside the first, whose store the interpreter closed on its way out:
+    "Exception ignored … LookupError: unknown encoding: Latin-1". Here the scheduler holds for
+    3 s with its store open (tests/slow_beat.py), and a ready file left by an earlier run is
+    there; the launcher's stop must wait for this beat to say its scheduler is made."""
+    monkeypatch.setattr(serve, "STOP_TIMEOUT_SECONDS", 20.0)
+    record = tmp_path / "record"
+    record.touch()
+    child = serve.beat_child(sys.executable, tmp_path)
+    child.argv += ["--scheduler", "tests.slow_beat:SlowScheduler"]
+    assert child.ready_file is not None
+    child.ready_file.touch()  # an earlier run's
+    command = serve.Command()
+    command._force = False  # as _install_signal_handlers leaves it
+    env = command._child_env(8000, current_database_url(), os.environ["SWITCHBOARD_TEST_REDIS_URL"])
+    env["SLOW_BEAT_RECORD"] = str(record)
+    output = tmp_path / "output"
+    with output.open("wb") as out:
+        serve.start_child(child, env, output=out)
+    assert child.process is not None
+    try:
+        deadline = time.monotonic() + WAIT_SECONDS
+        while "opened" not in record.read_text():  # the store's file is written; not yet set up
+            assert child.process.poll() is None, output.read_text()
+            assert time.monotonic() < deadline, "the beat never opened its store"
+            time.sleep(0.05)
+        command._stop_children([child])
+    finally:
+        if child.process.poll() is None:
+            child.process.kill()
+    said = output.read_text()
+    assert child.process.returncode == 0, said
+    # One store, opened and closed by the beat (its stop handler and its own exit both close
+    # it): no second scheduler made by the stop handler.
+    events = record.read_text().split()
+    assert events.count("opened") == 1 and events[-1] == "closed", (events, said)
+    assert "Traceback" not in said and "Exception ignored" not in said, said
+    assert "beat: Starting..." in said, said
+
+
 @pytest.fixture
 def named_servers(tmp_path: Path) -> Iterator[tuple[str, str]]:
     """A database of its own on the test run's PostgreSQL, and a Valkey database of its own on

@@ -45,6 +45,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError, CommandParser
 
 from switchboard import embedded, webserver
+from switchboard.celery import BEAT_READY_FILE_ENV
 from switchboard.core.cli import SwitchboardCommand, integer
 
 STOP_TIMEOUT_SECONDS = 10.0
@@ -64,6 +65,9 @@ class _Child:
     argv: list[str]
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     started_at: float = 0.0  # time.monotonic() when started
+    # A beat's: the file it writes once its scheduler is made (switchboard.celery), removed
+    # before it starts. None for the other children.
+    ready_file: Path | None = None
 
     @property
     def pid(self) -> int:
@@ -71,14 +75,45 @@ class _Child:
         return self.process.pid
 
 
-def _beat_set_up(child: _Child) -> bool:
-    """Whether the beat ``child`` has written its schedule file since it started (its scheduler
-    is then set up: ``--schedule PATH`` writes PATH.dir, PATH.dat or PATH.db)."""
-    path = Path(child.argv[child.argv.index("--schedule") + 1])
-    since = time.time() - (time.monotonic() - child.started_at)
-    return any(
-        f.stat().st_mtime >= since - 0.01 for f in path.parent.glob(path.name + "*") if f.is_file()
+def beat_child(python: str, data_dir: Path) -> _Child:
+    """The Celery beat, its schedule kept in ``<data>/celerybeat-schedule``."""
+    return _Child(
+        "celery beat",
+        [
+            python, "-m", "celery", "-A", "switchboard", "--quiet", "beat",
+            "--loglevel", "INFO", "--schedule", str(data_dir / "celerybeat-schedule"),
+        ],
+        ready_file=data_dir / "beat-ready",
+    )  # fmt: skip
+
+
+def start_child(child: _Child, env: dict[str, str], output: IO[bytes] | None = None) -> None:
+    """Start ``child`` with ``env`` and the launcher's output (or ``output``)."""
+    if child.ready_file is not None:
+        child.ready_file.unlink(missing_ok=True)  # a beat's from an earlier run
+        env = {**env, BEAT_READY_FILE_ENV: str(child.ready_file)}
+    child.process = subprocess.Popen(
+        child.argv,
+        env=env,
+        cwd=str(settings.BASE_DIR),
+        stdin=subprocess.DEVNULL,
+        stdout=output,
+        stderr=None if output is None else subprocess.STDOUT,
+        # Its own process group: a terminal's Ctrl-C reaches only this launcher, and a stuck
+        # child can be killed together with everything it started.
+        process_group=0,
+        preexec_fn=_die_with_parent(),
     )
+    child.started_at = time.monotonic()
+
+
+def _beat_set_up(child: _Child) -> bool:
+    """Whether the beat ``child`` has made its scheduler (its store open and set up, and known
+    to its stop handler), which it says by writing its ready file (Celery's ``beat_init``).
+    Not the schedule file's time: a new store's file is written when it is opened, before the
+    scheduler is set up (CI on 72fa9cd: a stop in between left the store to the interpreter's
+    exit, which printed a traceback)."""
+    return child.ready_file is not None and child.ready_file.exists()
 
 
 class Command(SwitchboardCommand):
@@ -229,7 +264,6 @@ class Command(SwitchboardCommand):
         self, host: str, port: int, database_url: str, redis_url: str
     ) -> list[_Child]:
         python = sys.executable
-        schedule = embedded.data_dir() / "celerybeat-schedule"
         children = [
             _Child("web (uvicorn)", web_command(host, port)),
             _Child(
@@ -247,28 +281,12 @@ class Command(SwitchboardCommand):
                     "--loglevel", "INFO", "--concurrency", "2", "-Q", "hooks", "-n", "hooks@%h",
                 ],
             ),
-            _Child(
-                "celery beat",
-                [
-                    python, "-m", "celery", "-A", "switchboard", "--quiet", "beat",
-                    "--loglevel", "INFO", "--schedule", str(schedule),
-                ],
-            ),
+            beat_child(python, embedded.data_dir()),
         ]  # fmt: skip
         env = self._child_env(port, database_url, redis_url)
         started: list[_Child] = []
         for child in children:
-            child.process = subprocess.Popen(
-                child.argv,
-                env=env,
-                cwd=str(settings.BASE_DIR),
-                stdin=subprocess.DEVNULL,
-                # Its own process group: a terminal's Ctrl-C reaches only this launcher, and a
-                # stuck child can be killed together with everything it started.
-                process_group=0,
-                preexec_fn=_die_with_parent(),
-            )
-            child.started_at = time.monotonic()
+            start_child(child, env)
             started.append(child)
             if self._stop_signal is not None:
                 break
@@ -316,12 +334,12 @@ class Command(SwitchboardCommand):
         running = [c for c in children if c.process is not None and c.process.poll() is None]
         if running:
             self._say("Stopping: " + ", ".join(c.name for c in running) + " ...")
-        # A beat signalled while it still imports its scheduler prints Celery's traceback (its
-        # stop handler imports it again: a circular import), as a Ctrl-C 0.1 s after the banner
-        # did (ci106, ci107). Its scheduler has been set up once it has written its schedule
-        # file (PersistentScheduler.setup_schedule syncs it): a beat that has not is signalled
-        # last, once it has, or after BEAT_SETTLE_SECONDS, or at once if the stop is forced.
-        young = [c for c in running if c.name == "celery beat" and not _beat_set_up(c)]
+        # A beat signalled before its scheduler is made prints a traceback: Celery's stop handler
+        # makes a second scheduler (while the first still imports: a circular import, ci106,
+        # ci107) and exits from inside the first, whose store is left open (CI on 72fa9cd). A
+        # beat that has not said it is set up is signalled last, once it has, or after
+        # BEAT_SETTLE_SECONDS, or at once if the stop is forced.
+        young = [c for c in running if c.ready_file is not None and not _beat_set_up(c)]
         for child in [c for c in running if c not in young]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child.pid, signal.SIGTERM)
