@@ -248,6 +248,22 @@ def test_a_stop_reaches_a_just_started_beat_only_once_its_scheduler_is_made(
     assert "beat: Starting..." in said, said
 
 
+def _run_still_going(database: str) -> bool:
+    """Whether the test process whose pid names ``database`` (``sb_serve_named_<pid>``) is
+    another process still running. This process's own is dropped: it is a leftover."""
+    pid = database.removeprefix("sb_serve_named_")
+    return pid.isdigit() and int(pid) != os.getpid() and psutil.pid_exists(int(pid))
+
+
+def test_a_database_left_by_a_run_still_going_is_not_dropped() -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    assert _run_still_going(f"sb_serve_named_{os.getppid()}")  # a process still running
+    assert not _run_still_going(f"sb_serve_named_{os.getpid()}")  # this run's own leftover
+    assert not _run_still_going(f"sb_serve_named_{dead.pid}")
+    assert not _run_still_going("sb_serve_named_x")
+
+
 @pytest.fixture
 def named_servers(tmp_path: Path) -> Iterator[tuple[str, str]]:
     """A database of its own on the test run's PostgreSQL, and a Valkey database of its own on
@@ -262,6 +278,8 @@ def named_servers(tmp_path: Path) -> Iterator[tuple[str, str]]:
         for (left,) in admin.execute(
             "SELECT datname FROM pg_database WHERE starts_with(datname, 'sb_serve_named_')"
         ).fetchall():
+            if _run_still_going(left):
+                continue  # another test run's, on the same PostgreSQL
             with contextlib.suppress(psycopg.errors.QueryCanceled):
                 admin.execute(f'DROP DATABASE IF EXISTS "{left}" WITH (FORCE)')
         admin.execute(f'CREATE DATABASE "{name}"')
