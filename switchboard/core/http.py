@@ -60,13 +60,15 @@ API_BODY_LIMIT = 1024 * 1024
 
 # --- conditional writes (RFC 9110 section 13.1: If-Match, If-None-Match) ------------------------
 
+# An entity tag's characters (RFC 9110's etagc: visible ASCII but the quote, and obs-text).
+_ETAGC = r"[\x21\x23-\x7e\x80-\xff]"
 # One member of an entity-tag list: an optional weak mark, then the quoted tag.
-_ENTITY_TAG = re.compile(r'[ \t]*(W/)?"([\x21\x23-\x7e\x80-\xff]*)"[ \t]*(?:,|$)')
+_ENTITY_TAG = re.compile(rf'[ \t]*(W/)?"({_ETAGC}*)"[ \t]*(?:,|$)')
 _LIST_GAP = re.compile(r"[ \t]*,")
 # The same grammar as one pattern, for the OpenAPI document (``switchboard.api``), so the headers
 # it calls valid are those ``write_preconditions`` takes: ``*``, or a list of quoted tags (empty
 # members allowed, at least one tag). A test holds the two to each other.
-_TAG = r'[ \t]*(?:W/)?"[\x21\x23-\x7e\x80-\xff]*"[ \t]*'
+_TAG = rf'[ \t]*(?:W/)?"{_ETAGC}*"[ \t]*'
 IF_MATCH_RE = rf"^(?:[ \t]*\*[ \t]*|(?:[ \t]*,)*(?:{_TAG}(?:,(?:[ \t]*,)*|$))+)$"
 IF_NONE_MATCH_RE = r"^[ \t]*\*[ \t]*$"
 
