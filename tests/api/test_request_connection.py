@@ -208,7 +208,16 @@ def test_a_urlconf_set_in_the_thread_is_reset_at_the_requests_end(
 
 
 def test_an_idle_worker_gives_its_kept_connection_back(tx_personas: Personas) -> None:
-    workers = _Workers(1, "test-idle", on_idle=requestdb.give_back, idle_after=0.1)
+    # The idle thread gives its connection back once the test has seen it kept: read right
+    # after the request, 0.1 s idle could already have passed on a busy machine (ci127: 3 ==
+    # 3 + 1, on two test workers).
+    seen_kept = threading.Event()
+
+    def on_idle() -> None:
+        seen_kept.wait(timeout=30)
+        requestdb.give_back()
+
+    workers = _Workers(1, "test-idle", on_idle=on_idle, idle_after=0.1)
     request = requestdb.AgentRequest(OneHopHandler)
     before = checked_out()
 
@@ -221,6 +230,7 @@ def test_an_idle_worker_gives_its_kept_connection_back(tx_personas: Personas) ->
 
     assert asyncio.run(workers.run(serve))  # kept by the worker thread
     assert checked_out() == before + 1
+    seen_kept.set()
     assert settle(lambda: checked_out() == before, timeout=5)
 
 
