@@ -138,11 +138,14 @@ def test_a_kept_connection_idle_a_while_is_checked_by_the_pool_first(
 
 
 def test_a_connection_that_broke_in_use_is_not_kept(
-    tx_personas: Personas, handler: OneHopHandler
+    tx_personas: Personas, handler: OneHopHandler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Within the idle window a dead server is found by the request itself (as with the pool:
     a connection handed out a moment ago is not checked), and the broken connection is not
     kept: the next request gets a working one."""
+    # A window a busy machine cannot outlast between the two requests (1 s by default).
+    monkeypatch.setattr(requestdb, "IDLE_CHECK_SECONDS", 60.0)
+    monkeypatch.setattr(pgpool, "IDLE_CHECK_SECONDS", 60.0)
     p = tx_personas
     push(p, 2)
     status, _ = _claim(handler, p.agent_token)
