@@ -206,12 +206,12 @@ def test_a_launcher_whose_terminal_is_gone_still_stops_everything(
 def test_a_stop_reaches_a_just_started_beat_only_once_its_scheduler_is_made(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """CI on 72fa9cd: a Ctrl-C right after the banner, on a first run. The stop waited for the beat's
-    schedule file, but a new store's file is written when it is opened, before the scheduler
-    is set up. Signalled then, Celery's stop handler made and closed a second scheduler and
-    exited from inside the first, whose store the interpreter closed on its way out:
-    "Exception ignored … LookupError: unknown encoding: Latin-1". Here the scheduler holds for
-    3 s with its store open (tests/slow_beat.py), and a ready file left by an earlier run is
+    """CI on 72fa9cd: a Ctrl-C right after the banner, on a first run. The stop waited for the
+    beat's schedule file, but a new store's file is written when it is opened, before the
+    scheduler is set up. Signalled then, Celery's stop handler made and closed a second
+    scheduler and exited from inside the first, whose store the interpreter closed on its way
+    out: "Exception ignored … LookupError: unknown encoding: Latin-1". Here the scheduler holds
+    for 3 s with its store open (tests/slow_beat.py), and a ready file left by an earlier run is
     there; the launcher's stop must wait for this beat to say its scheduler is made."""
     monkeypatch.setattr(serve, "STOP_TIMEOUT_SECONDS", 20.0)
     record = tmp_path / "record"
