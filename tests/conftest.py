@@ -37,6 +37,7 @@ from switchboard.celery import app as celery_app
 from switchboard.core import availability, counters
 from switchboard.ledger.models import LedgerEntry
 from tests import flush
+from tests.summary_last import pytest_terminal_summary  # noqa: F401  (a hook: named last)
 
 # Who sets up a test's world when no human of the test acts (personas' endpoints, tokens): every
 # service takes an actor, so set-up lands in the ledger too, under "system:fixture".

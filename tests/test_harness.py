@@ -5,6 +5,9 @@ in an order no single process would)."""
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -140,3 +143,34 @@ def test_a_race_grows_the_pool(transactional_db: None) -> None:
 def test_gives_the_next_test_its_connections_back() -> None:
     pool = cast(Any, connection).existing_pool
     assert pool is None or pool.get_stats()["pool_size"] <= pool.get_stats()["pool_min"]
+
+
+def test_a_ci_log_ends_by_naming_each_failed_test(tmp_path: Path) -> None:
+    """On CI pytest prints each failure's message whole in its short summary; the log's last
+    lines name the failed tests all the same (tests/summary_last.py)."""
+    (tmp_path / "test_example.py").write_text(
+        "import pytest\n"
+        "def test_passes(): pass\n"
+        "def test_fails(): assert False, 'a console said:\\n' * 200\n"
+        "@pytest.fixture\n"
+        "def broken(): raise RuntimeError('no setup')\n"
+        "def test_in_error(broken): pass\n"
+    )
+    env = {**os.environ, "CI": "true", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    plugins = ["-p", "tests.summary_last", "-p", "no:cacheprovider", "-p", "no:django"]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", *plugins, "-p", "no:xdist", "test_example.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 1, run.stdout + run.stderr
+    tail = run.stdout.strip().splitlines()[-4:]
+    assert tail[0].strip("= ") == "2 failed or in error, named again", run.stdout
+    assert tail[1:3] == [
+        "FAILED test_example.py::test_fails",
+        "ERROR test_example.py::test_in_error",
+    ], run.stdout
+    assert "1 failed, 1 passed, 1 error" in tail[3], run.stdout
