@@ -59,8 +59,8 @@ def _xdist_controller(config: pytest.Config) -> bool:
 
 
 # Files whose tests open many PostgreSQL connections at once: racers on threads and in
-# processes, several server processes. ``make test TEST_WORKERS=2`` runs the suite on two
-# pytest-xdist workers, each taking whole files; these files are one unit of work, run one after
+# processes, several server processes. ``make test`` runs the suite on two pytest-xdist workers
+# (TEST_WORKERS), each taking whole files; these files are one unit of work, run one after
 # another on one worker, so two of them never race at the same time and the run stays under the
 # server's max_connections (100: a race of 50 opens 50). A file whose tests open more than
 # about 25 connections at once belongs here.

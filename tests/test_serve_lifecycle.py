@@ -294,7 +294,8 @@ def named_servers(tmp_path: Path) -> Iterator[tuple[str, str]]:
         with psycopg.connect(conninfo, dbname=s["NAME"], autocommit=True) as admin:
             # A DROP DATABASE waits for every backend of the cluster to take its barrier: one
             # blocked writing to a client that stopped reading would hold the run for ever. A
-            # database left behind (named by this run's pid) is dropped by the next one.
+            # database left behind (named by this run's pid) is dropped by the next run once
+            # this process has ended (_run_still_going).
             admin.execute("SET statement_timeout = '30s'")
             with contextlib.suppress(psycopg.errors.QueryCanceled):
                 admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
