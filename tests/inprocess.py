@@ -69,6 +69,19 @@ def checked_out() -> int:
     return int(stats["pool_size"]) - int(stats["pool_available"])
 
 
+def idle_in_pool(raw: Any) -> bool:
+    """Whether ``raw``, a connection of this process's pool, is back in the pool and idle.
+
+    This reads one connection where ``checked_out`` counts them all: another thread of the test
+    process (an earlier test's worker thread, which gives its kept connection back once idle)
+    can take or give back one of its own at any moment, which moves the count (ci133: 2 ==
+    3 + 1)."""
+    pool = connection.pool  # type: ignore[attr-defined]
+    assert pool is not None, "the tests run with DATABASE_POOL on (the default)"
+    with pool._lock:  # psycopg_pool's lock over its deque of idle connections
+        return any(idle is raw for idle in pool._pool)
+
+
 def settle(condition: Callable[[], bool], timeout: float = 15.0) -> bool:
     """Poll ``condition`` until it holds (the server finishes on its own threads)."""
     deadline = time.monotonic() + timeout

@@ -27,7 +27,7 @@ from switchboard import mcp, requestdb
 from switchboard.asgi import OneHopHandler, _Answer
 from switchboard.core import verbs
 from tests.conftest import FIXTURE, Personas, push
-from tests.inprocess import agent_scope, checked_out
+from tests.inprocess import agent_scope, idle_in_pool
 
 
 def _body(value: Any) -> bytes:
@@ -342,7 +342,6 @@ def test_an_mcp_tool_call_keeps_the_threads_clean_connection(
     p = tx_personas
     push(p, 2)
     connection.close()
-    before = checked_out()  # what the process's other threads hold, counted from here
     kept = None
     for _ in range(2):
         answer = _mcp_lean(
@@ -353,14 +352,14 @@ def test_an_mcp_tool_call_keeps_the_threads_clean_connection(
         assert kept is None or connection.connection is kept  # no putconn, getconn, connect
         kept = connection.connection
         assert kept.info.transaction_status == TransactionStatus.IDLE
-        assert checked_out() == before + 1
+        assert not idle_in_pool(kept)  # kept by this thread, not given back
     # Another endpoint's token: 403, made and closed as Django's response (request_finished).
     refused = _mcp_lean(
         handler, *_mcp_scope(p.agent.slug, p.foreign_token, _tool("claim_next", {}))
     )
     assert isinstance(refused, _Answer) and refused.status == 403
     assert connection.connection is None
-    assert checked_out() == before
+    assert kept is not None and idle_in_pool(kept)  # given back
 
 
 def test_mcp_posts_are_the_same_on_the_wire(tx_personas: Personas, handler: OneHopHandler) -> None:
