@@ -14,11 +14,12 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from django.db import connection
 
 from switchboard.asgi import OneHopHandler
 from switchboard.liveserver import live_server
 from tests.conftest import Personas, database_url, lock_waiters, push
-from tests.inprocess import agent_scope, checked_out, settle
+from tests.inprocess import agent_scope, idle_in_pool, settle
 
 
 def test_agents_waiting_on_a_lock_hold_only_their_threads_and_the_console_still_answers(
@@ -71,7 +72,6 @@ def test_an_agent_request_is_served_while_every_console_thread_is_held(
     release = threading.Event()
     body = b"{}"
     push(tx_personas, 1)
-    before = checked_out()
 
     async def scenario() -> list[dict[str, Any]]:
         holding = asyncio.ensure_future(handler.workers.run(release.wait, 30))
@@ -91,13 +91,22 @@ def test_an_agent_request_is_served_while_every_console_thread_is_held(
         assert not holding.done()  # served while the console's thread was still held
         release.set()
         assert await holding is True
+        # The connection the agent thread (the only one) kept, read on that thread.
+        kept.append(await handler.agent_workers.run(lambda: connection.connection))
         return sent
 
+    kept: list[Any] = []
     sent = asyncio.run(scenario())
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
     assert json.loads(sent[1]["body"])["todo"]["state"] == "claimed"
     # AgentPath writes its answer compactly; Django's path as ninja renders it.
     compact = content_type == b"application/json"
     assert (b'"todo":{' in sent[1]["body"]) == compact, sent[1]["body"][:80]
-    # The agent thread gives the connection it kept back once idle: nothing outlives the test.
-    assert settle(lambda: checked_out() == before, timeout=5)
+    # Nothing outlives the test: Django's path gives the thread's connection back at the
+    # request's end; the agent path keeps it, and the thread gives it back once idle (followed
+    # by identity: other threads of the test process move the pool's count, ci133).
+    if not compact:
+        assert kept == [None]
+    else:
+        assert kept[0] is not None
+        assert settle(lambda: idle_in_pool(kept[0]), timeout=5)
