@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from typing import Any
 
@@ -15,6 +16,21 @@ from tests.conftest import FIXTURE, Personas, lapse, push
 
 AXE = Axe()
 BLOCKING = {"critical", "serious"}
+# ms: how long the live board may take to show a change before a test fails. The expectations
+# wait on the page's state and return as soon as it shows; the bound only ends a wait that will
+# never succeed. Six seconds was too short on a loaded CI machine (a snapshot read, a render
+# and an event through a server thread competing with the browser and the test for 2 cores).
+LIVE = 30_000
+
+
+def until(page: Page, predicate: str, message: str = "") -> None:
+    """Wait until ``predicate`` (a function, run in the page) is true, at most ``LIVE``. Polled
+    with evaluate: the console's Content-Security-Policy forbids the eval that
+    wait_for_function uses."""
+    deadline = time.monotonic() + LIVE / 1000
+    while not page.evaluate(predicate):
+        assert time.monotonic() < deadline, message or f"never true: {predicate}"
+        page.wait_for_timeout(20)
 
 
 def findings(page: Page) -> list[str]:

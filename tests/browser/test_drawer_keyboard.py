@@ -7,10 +7,9 @@ import pytest
 from playwright.sync_api import Locator, Page, expect
 
 from tests.browser.conftest import WIDTHS, Session
-from tests.browser.helpers import findings
+from tests.browser.helpers import LIVE, findings
 from tests.conftest import Personas, push
 
-LIVE = 30_000  # ms: the bound on a wait for the live board (as in test_with_javascript)
 IN_DRAWER = "document.getElementById('drawer').contains(document.activeElement)"
 
 

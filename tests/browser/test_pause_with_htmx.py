@@ -4,17 +4,17 @@ viewer was."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
-from playwright.sync_api import Page, Request, Route, expect
+from playwright.sync_api import Page, Route, expect
 
 from queues import pauses, services
 from queues.models import QueuePause
 from tests.browser.conftest import WIDTHS, Session
+from tests.browser.helpers import LIVE, until
 from tests.conftest import FIXTURE, Personas, push
-
-LIVE = 30_000  # ms: the bound on a wait for the live board (as in test_with_javascript)
 
 
 def _loaded(page: Page) -> None:
@@ -152,18 +152,10 @@ def test_a_refused_pause_keeps_focus_in_its_reason(session: Session, tx_personas
     assert not QueuePause.objects.exists()
 
 
-def _answered_late(page: Page, seconds: float) -> list[str]:
+def _answered_late(page: Page, seconds: float) -> None:
     """The pause's answer reaches the page ``seconds`` after the server gave it. Meanwhile the
     stream's list that follows the pause arrives while the pause's request is still open: live.js
-    holds it, drops it for the pause's own list, and subscribes the stream again from that list.
-    Returns the board streams the page opens (their URLs), in order."""
-    streams: list[str] = []
-
-    def sent(request: Request) -> None:
-        if "/live?" in request.url:
-            streams.append(request.url)
-
-    page.on("request", sent)
+    holds it, drops it for the pause's own list, and subscribes the stream again from that list."""
 
     def late(route: Route) -> None:
         answer = route.fetch()
@@ -171,7 +163,6 @@ def _answered_late(page: Page, seconds: float) -> list[str]:
         route.fulfill(response=answer)
 
     page.route("**/queues/inbox/pause", late)
-    return streams
 
 
 @pytest.mark.parametrize("held", [False, True], ids=["stream-after", "stream-held"])
@@ -188,7 +179,8 @@ def test_the_boards_word_on_a_pause_outlasts_the_live_list_that_follows(
     p = tx_personas
     push(p, 1)
     page = session.page(p.admin)
-    streams = _answered_late(page, 3.0) if held else []
+    if held:
+        _answered_late(page, 3.0)
     page.goto("/")
     # Every list put in from here on is counted: the pause's answer, then the stream's.
     page.evaluate(
@@ -201,31 +193,23 @@ def test_the_boards_word_on_a_pause_outlasts_the_live_list_that_follows(
             }).observe(document.body, { childList: true, subtree: true });
         }"""
     )
-    opened = len(streams)
     page.fill("#pause-agent--inbox-reason", "upgrading the consumer")
-    page.locator("#pause-agent--inbox").get_by_role("button", name="Pause").click()
-    said = page.locator("#sections > .messages")
-    expect(said).to_contain_text("Paused inbox")
-    _settled(page)
+    # Held: the stream is subscribed again after the pause (a new request for it).
+    again = page.expect_request("**/live?*") if held else contextlib.nullcontext()
+    with again:
+        page.locator("#pause-agent--inbox").get_by_role("button", name="Pause").click()
+        said = page.locator("#sections > .messages")
+        expect(said).to_contain_text("Paused inbox")
+        _settled(page)
     if held:
         # The stream's list was held and dropped, and the stream subscribed again from the
         # pause's list; once it has read the board there, it has nothing to send.
         assert page.evaluate("() => window.__lists") == 1
-        for _ in range(50):  # the page's request events reach this thread as it waits
-            if len(streams) > opened:
-                break
-            page.wait_for_timeout(100)
-        assert len(streams) > opened, streams
         expect(page.locator("[data-live-url]")).to_have_attribute("data-live", "open")
         page.wait_for_timeout(1000)
     three, _ = services.endpoint_vend(
         actor=FIXTURE, owner=p.owner, name="Agent three", queues=["inbox"]
     )
-    both = "() => window.__lists >= 2"
-    for _ in range(LIVE // 100):  # (wait_for_function evaluates a string: the CSP forbids it)
-        if page.evaluate(both):
-            break
-        page.wait_for_timeout(100)
-    assert page.evaluate(both), "the live board sent no list after the pause's"
+    until(page, "() => window.__lists >= 2", "the live board sent no list after the pause's")
     expect(page.locator(f"#head-{three.slug}--inbox")).to_be_attached()
     expect(said).to_contain_text("Paused inbox")

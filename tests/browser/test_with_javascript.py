@@ -17,14 +17,8 @@ from queues.models import QueuePause, Todo, TodoState
 from switchboard.console import live
 from switchboard.ledger.models import LedgerEntry
 from tests.browser.conftest import DESKTOP, WIDTHS, Session, screenshot
-from tests.browser.helpers import api_post, budget, findings
+from tests.browser.helpers import LIVE, api_post, budget, findings, until
 from tests.conftest import Personas, audit_rows, push
-
-# ms: how long the live board may take to show a change before the test fails. The expectations
-# wait on the page's state and return as soon as it shows; the bound only ends a wait that will
-# never succeed. Six seconds was too short on a loaded CI machine (a snapshot read, a render
-# and an event through a server thread competing with the browser and the test for 2 cores).
-LIVE = 30_000
 
 
 def test_an_owner_edits_a_budget_through_a_preview_and_sees_a_bad_zone_refused_inline(
@@ -235,21 +229,12 @@ def _search_page(session: Session, p: Personas, width: int = DESKTOP) -> tuple[A
     return page, cards, unfiltered
 
 
-def _until(page: Any, predicate: str) -> None:
-    """Wait until ``predicate`` (a function, run in the page) is true. Polled with evaluate:
-    the console's Content-Security-Policy forbids the eval that wait_for_function uses."""
-    deadline = time.monotonic() + LIVE / 1000
-    while not page.evaluate(predicate):
-        assert time.monotonic() < deadline, f"never true: {predicate}"
-        page.wait_for_timeout(20)
-
-
 def _follows_the_search(page: Any, cards: Any) -> None:
     """The search's one card shows and stays, the stream of the unfiltered board is closed and
     one for the search is open."""
     page.wait_for_url(re.compile(r"[?&]q=INV-4242"))
     expect(cards).to_have_count(1)
-    _until(
+    until(
         page,
         "() => window.__streams.length === 2 && window.__streams[0].readyState === 2"
         " && /[?&]q=INV-4242/.test(window.__streams[1].url)",
@@ -370,7 +355,7 @@ def test_a_list_sent_by_the_stream_being_left_after_the_search_loaded_is_not_sho
         unfiltered,
     )
     page.get_by_role("button", name="Filter").click()
-    _until(page, "() => window.__staleSent === true")
+    until(page, "() => window.__staleSent === true")
     _follows_the_search(page, cards)
 
 
@@ -392,7 +377,7 @@ def test_a_list_sent_while_a_pause_loads_gives_way_to_the_paused_list_and_the_st
         lambda route: route.continue_(),
     )
     expect(head.locator(".badge")).to_have_text("Paused")
-    _until(page, "() => window.__streams.length === 2 && window.__streams[0].readyState === 2")
+    until(page, "() => window.__streams.length === 2 && window.__streams[0].readyState === 2")
     first, second = page.evaluate("window.__streams.map((s) => s.url)")
     assert _subject(first) == _subject(second)  # the same filters, from the new list's fingerprint
     assert first != second
@@ -439,7 +424,7 @@ def test_a_resume_whose_form_the_stream_replaced_while_it_loaded_still_frees_the
         lambda route: route.continue_(),
     )
     expect(head.locator(".badge")).to_have_text("Healthy")
-    _until(page, "() => window.__streams.length === 2 && window.__streams[0].readyState === 2")
+    until(page, "() => window.__streams.length === 2 && window.__streams[0].readyState === 2")
     resumed = page.evaluate("document.getElementById('sections').outerHTML")
     changed = resumed.replace(">todo 0<", ">todo 0 (changed)<", 1)
     assert changed != resumed
