@@ -1,7 +1,8 @@
 """A real web server in the test process: uvicorn (httptools, uvloop, as ``make run``) serving
 ``switchboard.asgi.application`` on a free port, in a thread. Being in-process, a test can read
 what the server holds: its open request tasks, the doorbell's attached streams and watchers (on
-the server's loop), and the database pool's checked-out connections (one pool per process).
+the server's loop), and the database connections its threads took from the pool (one pool per
+process).
 
 What a test writes must be committed (``transactional_db``) for the server to see it.
 """
@@ -61,25 +62,44 @@ class Served:
         return self.on_loop(count)
 
 
-def checked_out() -> int:
-    """Database connections taken from this process's pool and not given back."""
-    pool = connection.pool  # type: ignore[attr-defined]
-    assert pool is not None, "the tests run with DATABASE_POOL on (the default)"
-    stats = pool.get_stats()
-    return int(stats["pool_size"]) - int(stats["pool_available"])
-
-
 def idle_in_pool(raw: Any) -> bool:
     """Whether ``raw``, a connection of this process's pool, is back in the pool and idle.
 
-    This reads one connection where ``checked_out`` counts them all: another thread of the test
-    process (an earlier test's worker thread, which gives its kept connection back once idle)
-    can take or give back one of its own at any moment, which moves the count (ci133: 2 ==
-    3 + 1)."""
+    This reads one connection where the pool's statistics count them all: another thread of the
+    test process (an earlier test's worker thread, which gives its kept connection back once
+    idle) can take or give back one of its own at any moment, which moves the count (ci133:
+    2 == 3 + 1)."""
     pool = connection.pool  # type: ignore[attr-defined]
     assert pool is not None, "the tests run with DATABASE_POOL on (the default)"
     with pool._lock:  # psycopg_pool's lock over its deque of idle connections
         return any(idle is raw for idle in pool._pool)
+
+
+@contextmanager
+def handed_out(thread_prefix: str) -> Iterator[list[Any]]:
+    """The connections this process's pool hands out, inside the block, to threads whose name
+    starts with ``thread_prefix`` (the in-process server's console threads are ``django_<n>``,
+    its agents' ``agent_<n>``), in order.
+
+    A test follows those connections (``idle_in_pool``) where the pool's statistics count every
+    thread's: an agent thread of an earlier test gives its kept connection back once idle, at a
+    moment of its own."""
+    pool = connection.pool  # type: ignore[attr-defined]
+    assert pool is not None, "the tests run with DATABASE_POOL on (the default)"
+    taken: list[Any] = []
+    real = pool.getconn
+
+    def getconn(timeout: float | None = None) -> Any:
+        conn = real(timeout)
+        if threading.current_thread().name.startswith(thread_prefix):
+            taken.append(conn)
+        return conn
+
+    pool.getconn = getconn  # the instance's, over the class's: what Django's connect() calls
+    try:
+        yield taken
+    finally:
+        del pool.getconn
 
 
 def settle(condition: Callable[[], bool], timeout: float = 15.0) -> bool:

@@ -2,7 +2,7 @@
 
 A real uvicorn in this process (tests/inprocess.py) serves real HTTP clients; the tests read the
 server's own state: its open request tasks, the doorbell's attached streams and watchers, and the
-database connections checked out of the pool.
+database connections its threads took from the pool.
 
 - Every stream (the agent event stream, MCP's GET stream and ``subscriptions/listen``, the
   console's ``/live``) ends with its client: uvicorn drops what is sent after a disconnect
@@ -23,9 +23,9 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from switchboard import mcp
+from switchboard import asgi, mcp
 from tests.conftest import Personas, push
-from tests.inprocess import Served, checked_out, serving, settle
+from tests.inprocess import Served, handed_out, idle_in_pool, serving, settle
 from tests.mcp.conftest import initialize
 from tests.web.conftest import signed_in
 
@@ -186,38 +186,56 @@ def _auditor_cookies(p: Personas) -> dict[str, str]:
     return {"sessionid": client.cookies["sessionid"].value}
 
 
+@pytest.fixture
+def idle_hook_late(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's console threads run their idle hook, which gives back any connection the
+    thread still holds, a minute after their next request rather than a second: a response that
+    never gave its connection back would otherwise pass, given back by the hook."""
+    monkeypatch.setattr(asgi.handler.workers, "_idle_after", 60.0)
+
+
+def _given_back(taken: list[Any]) -> None:
+    """Every connection the export's request took went back to the pool (or was closed, as the
+    pool closes one that broke)."""
+    assert taken, "the export took no connection from the pool"
+    assert settle(lambda: all(raw.closed or idle_in_pool(raw) for raw in taken)), [
+        (raw.closed, idle_in_pool(raw)) for raw in taken
+    ]
+
+
 def test_the_ledger_csv_streams_the_same_bytes_and_gives_its_connection_back(
-    tx_personas: Personas, served: Served
+    tx_personas: Personas, served: Served, idle_hook_late: None
 ) -> None:
     p = tx_personas
     _ledger_rows(5000)  # more than a batch of the export's cursor (2,000)
     client = Client()
     client.force_login(p.auditor)
     expected = b"".join(client.get("/ledger.csv").streaming_content)  # type: ignore[attr-defined]
-    connection.close()  # this thread's own, so the pool counts only the server's
-    before = checked_out()
-    response = httpx.get(f"{served.base}/ledger.csv", cookies=_auditor_cookies(p), timeout=30)
-    connection.close()
+    cookies = _auditor_cookies(p)
+    with handed_out("django_") as taken:  # the server's console threads
+        response = httpx.get(f"{served.base}/ledger.csv", cookies=cookies, timeout=30)
+        assert settle(lambda: served.requests() == 0)
     assert response.status_code == 200
     assert response.headers["content-type"] == "text/csv; charset=utf-8"
     assert response.content == expected  # what Django's own handler streams
     assert len(response.content.splitlines()) > 5000
-    assert settle(lambda: served.requests() == 0)
-    assert settle(lambda: checked_out() == before), (checked_out(), before)
+    _given_back(taken)
 
 
 def test_a_ledger_csv_download_left_half_way_stops_and_gives_its_connection_back(
-    tx_personas: Personas, served: Served
+    tx_personas: Personas, served: Served, idle_hook_late: None
 ) -> None:
     p = tx_personas
     _ledger_rows(60_000)  # megabytes: far more than the socket buffers hold
     cookies = _auditor_cookies(p)
-    connection.close()
-    before = checked_out()
-    with _opened("GET", f"{served.base}/ledger.csv", first="seq,", cookies=cookies):
-        assert served.requests() == 1
-    assert settle(lambda: served.requests() == 0, timeout=10), served.requests()
-    assert settle(lambda: checked_out() == before), (checked_out(), before)
+    with handed_out("django_") as taken:
+        with _opened("GET", f"{served.base}/ledger.csv", first="seq,", cookies=cookies):
+            assert served.requests() == 1
+            # The view gave its connection back as it returned; the body's producer took one
+            # again (the last taken), and holds it while it sends.
+            assert taken and not idle_in_pool(taken[-1])
+        assert settle(lambda: served.requests() == 0, timeout=10), served.requests()
+    _given_back(taken)
 
 
 def test_the_live_stream_takes_get_only(personas: Personas) -> None:
