@@ -58,6 +58,7 @@ from switchboard.core import availability, verbs  # noqa: E402
 from switchboard.core.errors import InvalidArgument  # noqa: E402
 from switchboard.core.http import API_BODY_LIMIT, FORM_TYPES, media_type  # noqa: E402
 from switchboard.core.validation import check_text  # noqa: E402
+from switchboard.pgpool import base as pgpool  # noqa: E402
 
 ARRIVED = "switchboard.arrived"
 
@@ -714,7 +715,7 @@ class OneHopHandler(ASGIHandler):
         # connection it kept once idle (switchboard/requestdb.py).
         def pool(n: int, name: str) -> _Workers:
             return _Workers(
-                n, name, on_idle=requestdb.give_back, idle_after=requestdb.IDLE_CHECK_SECONDS
+                n, name, on_idle=requestdb.give_back, idle_after=pgpool.IDLE_CHECK_SECONDS
             )
 
         self.workers = pool(threads, "django")

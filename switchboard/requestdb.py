@@ -48,7 +48,9 @@ from django.urls.base import _urlconfs  # type: ignore[attr-defined]
 from django.utils.module_loading import import_string
 from psycopg.pq import TransactionStatus
 
-from switchboard.pgpool.base import IDLE_CHECK_SECONDS
+# The window is the pool's (``pgpool.IDLE_CHECK_SECONDS``), read where it is used: one name, so
+# nothing can set the pool's and leave a copy here behind.
+from switchboard.pgpool import base as pgpool
 
 # A connection kept by its thread goes back to the pool after this long, busy or not.
 KEEP_AT_MOST_SECONDS = 30.0
@@ -181,14 +183,15 @@ def _urlconf_set() -> bool:
 
 
 def _fresh(conn: BaseDatabaseWrapper, now: float) -> bool:
-    """The connection this thread kept, used less than IDLE_CHECK_SECONDS ago and clean."""
+    """The connection this thread kept, used less than the pool's ``IDLE_CHECK_SECONDS`` ago and
+    clean."""
     kept = getattr(conn, _KEPT, None)
     raw = conn.connection
     return (
         raw is not None
         and kept is not None
         and kept[0] is raw
-        and now - kept[2] < IDLE_CHECK_SECONDS
+        and now - kept[2] < pgpool.IDLE_CHECK_SECONDS
         and now - kept[1] < KEEP_AT_MOST_SECONDS
         and _clean(conn)
     )
@@ -218,7 +221,7 @@ def _keep(conn: BaseDatabaseWrapper, now: float) -> bool:
     # Kept since ``first`` if the last request kept this very connection (the pool hands the
     # same psycopg connection out again after a Django request gave it back: a new keeping).
     first = now
-    if kept is not None and kept[0] is raw and now - kept[2] < IDLE_CHECK_SECONDS:
+    if kept is not None and kept[0] is raw and now - kept[2] < pgpool.IDLE_CHECK_SECONDS:
         first = kept[1]
     if now - first >= KEEP_AT_MOST_SECONDS:
         return False

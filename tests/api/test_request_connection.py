@@ -43,13 +43,6 @@ def _claim(handler: OneHopHandler, token: str) -> tuple[int, dict[str, Any]]:
     return answer.status, json.loads(answer.body)
 
 
-def _idle_window(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
-    """The idle window of both the pool's check and a thread's kept connection (requestdb
-    imports the pool's value: one window, two names)."""
-    monkeypatch.setattr(requestdb, "IDLE_CHECK_SECONDS", seconds)
-    monkeypatch.setattr(pgpool, "IDLE_CHECK_SECONDS", seconds)
-
-
 @pytest.fixture
 def handler() -> Iterator[OneHopHandler]:
     yield OneHopHandler(threads=0, agent_threads=0)
@@ -125,7 +118,9 @@ def test_a_kept_connection_idle_a_while_is_checked_by_the_pool_first(
 ) -> None:
     """A kept connection whose server went away while it sat idle: given back before the next
     request starts, so the pool's idle check finds it dead and the request gets a new one."""
-    _idle_window(monkeypatch, 0.05)
+    # The idle window of both the pool's check and a thread's kept connection (requestdb reads
+    # the pool's).
+    monkeypatch.setattr(pgpool, "IDLE_CHECK_SECONDS", 0.05)
     p = tx_personas
     push(p, 2)
     status, _ = _claim(handler, p.agent_token)
@@ -148,7 +143,7 @@ def test_a_connection_that_broke_in_use_is_not_kept(
     a connection handed out a moment ago is not checked), and the broken connection is not
     kept: the next request gets a working one."""
     # A window a busy machine cannot outlast between the two requests (1 s by default).
-    _idle_window(monkeypatch, 60.0)
+    monkeypatch.setattr(pgpool, "IDLE_CHECK_SECONDS", 60.0)
     p = tx_personas
     push(p, 2)
     status, _ = _claim(handler, p.agent_token)
