@@ -63,7 +63,10 @@ def _xdist_controller(config: pytest.Config) -> bool:
 # (TEST_WORKERS), each taking whole files; these files are one unit of work, run one after
 # another on one worker, so two of them never race at the same time and the run stays under the
 # server's max_connections (100: a race of 50 opens 50). A file whose tests open more than
-# about 25 connections at once belongs here.
+# about 25 (ONE_FILE_CONNECTIONS) connections at once belongs here. ``run_threads`` and the
+# two-process ``race`` (tests/admission/racer.py) refuse to open more than that for a test of a
+# file not listed; the connections of server processes and other children are not counted.
+ONE_FILE_CONNECTIONS = 25
 MANY_CONNECTIONS = frozenset(
     {
         "tests/admission/test_budget_holds.py",
@@ -301,8 +304,21 @@ def self_budgeting(p: Personas, name: str = "Self-budgeting") -> tuple[Endpoint,
     )
 
 
+def many_connections_listed(n: int) -> None:
+    """Refuse (before any is opened) n connections at once, past ONE_FILE_CONNECTIONS, for a
+    test whose file is not in MANY_CONNECTIONS: unlisted, it could race another such file on the
+    other worker past the server's max_connections."""
+    current = os.environ.get("PYTEST_CURRENT_TEST", "").split("::", 1)[0]
+    if n > ONE_FILE_CONNECTIONS and current not in MANY_CONNECTIONS:
+        raise AssertionError(
+            f"{current or 'this test'} opens {n} database connections at once (more than "
+            f"{ONE_FILE_CONNECTIONS}): list its file in MANY_CONNECTIONS (tests/conftest.py)"
+        )
+
+
 def run_threads(n: int, target: Callable[[int], Any]) -> list[Any]:
     """Run ``target(i)`` on n threads, each with its own database connection; re-raise errors."""
+    many_connections_listed(n)
     results: list[Any] = [None] * n
     errors: list[BaseException] = []
     barrier = threading.Barrier(n)

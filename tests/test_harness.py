@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
 from django.contrib.auth.models import Group, Permission
 from django.db import connection
 from django.test import TransactionTestCase
@@ -21,8 +22,9 @@ from queues import wakes
 from queues.access import AUDITORS_GROUP
 from switchboard.core import availability
 from tests import flush
+from tests.admission.racer import race
 from tests.celery_worker import real_worker
-from tests.conftest import MANY_CONNECTIONS, run_threads
+from tests.conftest import MANY_CONNECTIONS, ONE_FILE_CONNECTIONS, run_threads
 
 # switchboard/console/migrations/0001_auditors_group.py: the admin's view pages they read.
 AUDITORS_VIEW = {
@@ -121,6 +123,24 @@ def test_every_file_listed_as_opening_many_connections_is_there() -> None:
     root = Path(__file__).resolve().parent.parent
     assert MANY_CONNECTIONS
     assert [f for f in sorted(MANY_CONNECTIONS) if not (root / f).is_file()] == []
+
+
+def test_a_file_not_listed_may_not_open_many_connections_at_once(tmp_path: Path) -> None:
+    # This file is not listed: past the bound, run_threads refuses before any thread starts, and
+    # the two-process race (two children of n threads each) before any child starts.
+    assert "tests/test_harness.py" not in MANY_CONNECTIONS
+    started: list[int] = []
+    with pytest.raises(
+        AssertionError, match=rf"tests/test_harness\.py opens {ONE_FILE_CONNECTIONS + 1} database"
+    ):
+        run_threads(ONE_FILE_CONNECTIONS + 1, started.append)
+    assert started == []
+    assert run_threads(ONE_FILE_CONNECTIONS, started.append) == [None] * ONE_FILE_CONNECTIONS
+    assert sorted(started) == list(range(ONE_FILE_CONNECTIONS))
+    threads = ONE_FILE_CONNECTIONS // 2 + 1
+    with pytest.raises(AssertionError, match=rf"opens {2 * threads} database connections"):
+        race("not-an-endpoint", threads, tmp_path, "postgresql://nowhere", "redis://nowhere")
+    assert list(tmp_path.iterdir()) == []
 
 
 # As are these two.

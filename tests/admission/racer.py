@@ -119,6 +119,9 @@ def race(
 ) -> list[dict[str, Any]]:
     """Two child processes of ``threads`` claimers each, released at once; their reports.
     ``start_timeout``: how long a child waits for its threads' connections, then for "go"."""
+    from tests.conftest import many_connections_listed  # the pytest process's; not the child's
+
+    many_connections_listed(2 * threads)
     env = {
         **os.environ,
         "DATABASE_URL": database_url,
