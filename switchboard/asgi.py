@@ -77,7 +77,9 @@ class _Workers:
     The thread that became idle last is woken first (a stack), and a thread that finishes while
     work waits takes it without sleeping: at N requests at once the same N threads serve, so
     their kept database connections (and PostgreSQL's backends behind them) stay few and warm.
-    A thread idle ``idle_after`` seconds calls ``on_idle`` (gives its kept connection back).
+    A thread idle ``idle_after()`` seconds calls ``on_idle`` (gives its kept connection back):
+    asked each time a thread becomes idle, so a window set later (the pool's, which the server's
+    threads follow) holds from the next wait on.
     """
 
     def __init__(
@@ -86,7 +88,7 @@ class _Workers:
         name: str,
         *,
         on_idle: Callable[[], None] | None = None,
-        idle_after: float = 1.0,
+        idle_after: Callable[[], float] = lambda: 1.0,
     ) -> None:
         self._lock = threading.Lock()
         self._jobs: collections.deque[Any] = collections.deque()
@@ -140,7 +142,7 @@ class _Workers:
                 self._idle.append(worker)
         if not wait:
             return None
-        if not worker.wake.acquire(timeout=self._idle_after):
+        if not worker.wake.acquire(timeout=self._idle_after()):
             if self._on_idle is not None:
                 try:
                     self._on_idle()
@@ -712,10 +714,11 @@ class OneHopHandler(ASGIHandler):
 
         # Apart, so that neither the console's load nor the agents' takes the other's threads,
         # and the agents' few (settings.AGENT_THREADS says why). Each thread gives back the
-        # connection it kept once idle (switchboard/requestdb.py).
+        # connection it kept once idle (switchboard/requestdb.py) for the pool's idle window,
+        # read as it is then: one window for the hook, the kept connection and the pool's check.
         def pool(n: int, name: str) -> _Workers:
             return _Workers(
-                n, name, on_idle=requestdb.give_back, idle_after=pgpool.IDLE_CHECK_SECONDS
+                n, name, on_idle=requestdb.give_back, idle_after=lambda: pgpool.IDLE_CHECK_SECONDS
             )
 
         self.workers = pool(threads, "django")

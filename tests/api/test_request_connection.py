@@ -11,7 +11,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -219,8 +219,16 @@ def test_an_idle_worker_gives_its_kept_connection_back(tx_personas: Personas) ->
         seen_kept.wait(timeout=30)
         requestdb.give_back()
 
-    workers = _Workers(1, "test-idle", on_idle=on_idle, idle_after=0.1)
-    request = requestdb.AgentRequest(OneHopHandler)
+    workers = _Workers(1, "test-idle", on_idle=on_idle, idle_after=lambda: 0.1)
+    kept = asyncio.run(workers.run(_keeping(requestdb.AgentRequest(OneHopHandler))))
+    assert kept is not None and not kept.closed and not idle_in_pool(kept)  # the thread kept it
+    seen_kept.set()
+    assert settle(lambda: idle_in_pool(kept), timeout=5)
+
+
+def _keeping(request: requestdb.AgentRequest) -> Callable[[], Any]:
+    """An agent request's connection work on the thread that runs it (a statement between its
+    start and finish): the thread keeps the connection, which this returns."""
 
     def serve() -> Any:
         mirrored = request.started({})
@@ -229,9 +237,22 @@ def test_an_idle_worker_gives_its_kept_connection_back(tx_personas: Personas) ->
         request.finished(mirrored)
         return connection.connection
 
-    kept = asyncio.run(workers.run(serve))
-    assert kept is not None and not kept.closed and not idle_in_pool(kept)  # the thread kept it
-    seen_kept.set()
+    return serve
+
+
+def test_a_servers_threads_wait_the_pools_idle_window_as_it_is_when_they_become_idle(
+    tx_personas: Personas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One window for the pool's check, a kept connection and the threads' idle hook, read when
+    a thread becomes idle: a window set after the server started holds from the next wait on."""
+    server = OneHopHandler(threads=0, agent_threads=1)
+    monkeypatch.setattr(pgpool, "IDLE_CHECK_SECONDS", 60.0)  # after the threads started
+    kept = asyncio.run(server.agent_workers.run(_keeping(requestdb.AgentRequest(OneHopHandler))))
+    assert kept is not None and not kept.closed
+    # With the window the threads started with (1 s), the hook would have given it back by now.
+    assert not settle(lambda: idle_in_pool(kept), timeout=3)
+    monkeypatch.setattr(pgpool, "IDLE_CHECK_SECONDS", 0.05)
+    asyncio.run(server.agent_workers.run(lambda: None))  # its next wait: the window as it is now
     assert settle(lambda: idle_in_pool(kept), timeout=5)
 
 

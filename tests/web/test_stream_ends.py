@@ -23,7 +23,8 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from switchboard import asgi, mcp
+from switchboard import mcp
+from switchboard.pgpool import base as pgpool
 from tests.conftest import Personas, push
 from tests.inprocess import Served, handed_out, idle_in_pool, serving, settle
 from tests.mcp.conftest import initialize
@@ -189,9 +190,10 @@ def _auditor_cookies(p: Personas) -> dict[str, str]:
 @pytest.fixture
 def idle_hook_late(monkeypatch: pytest.MonkeyPatch) -> None:
     """The server's console threads run their idle hook, which gives back any connection the
-    thread still holds, a minute after their next request rather than a second: a response that
-    never gave its connection back would otherwise pass, given back by the hook."""
-    monkeypatch.setattr(asgi.handler.workers, "_idle_after", 60.0)
+    thread still holds, a minute after their next request rather than a second (the pool's idle
+    window, which they read each time they become idle): a response that never gave its
+    connection back would otherwise pass, given back by the hook."""
+    monkeypatch.setattr(pgpool, "IDLE_CHECK_SECONDS", 60.0)
 
 
 def _given_back(taken: list[Any]) -> None:
