@@ -114,8 +114,9 @@ def place_of_field(field: str | None) -> tuple[int | None, str | None]:
     return index - 1, key if key in _FIRST_WINDOW_COLUMN else None
 
 
-class PolicyColumns(Protocol):
-    """Anything that carries a policy's columns: the model, the engine's row (read-only)."""
+class PolicyColumns(windows.WindowSpec, Protocol):
+    """Anything that carries a policy's columns: the model, the engine's row (read-only). Its
+    first window's four columns are a ``WindowSpec``'s."""
 
     @property
     def queue(self) -> str: ...
@@ -125,18 +126,6 @@ class PolicyColumns(Protocol):
 
     @property
     def max_claims_per_window(self) -> int | None: ...
-
-    @property
-    def window_period(self) -> str | None: ...
-
-    @property
-    def window_tz(self) -> str | None: ...
-
-    @property
-    def window_start(self) -> str | None: ...
-
-    @property
-    def window_weekday(self) -> str | None: ...
 
     @property
     def posture(self) -> str: ...
