@@ -318,6 +318,8 @@ def test_servers_named_in_files_are_used_and_none_is_embedded(
         data,
         DATABASE_URL_FILE=str(secrets / "database_url"),
         REDIS_URL_FILE=str(secrets / "redis_url"),
+        # The beat's first tick comes one interval after it starts: 30 s at the default, 3 here.
+        SWEEP_INTERVAL_SECONDS="3",
     )
     serve = Console([sys.executable, "manage.py", "serve", "--port", str(port)], data, port, env)
     try:
