@@ -459,7 +459,13 @@ _GRANTED_VERB = Annotated[str, Field(json_schema_extra={"enum": list(GRANTABLE_V
 # A hook URL is kept stripped: http(s) in printable ASCII (``hookguard.check_url``), or blank
 # (no hook).
 _HOOK_URL = Annotated[
-    str, Field(json_schema_extra={"pattern": r"^\s*(?:[hH][tT][tT][pP][sS]?://[!-~]+)?\s*$"})
+    str,
+    Field(
+        json_schema_extra={
+            "pattern": rf"^[{validation.SPACE_CLASS}]*(?:[hH][tT][tT][pP][sS]?://[!-~]+)?"
+            rf"[{validation.SPACE_CLASS}]*$"
+        }
+    ),
 ]
 _GRANTED_VERBS = Annotated[list[_GRANTED_VERB], Field(json_schema_extra={"minItems": 1})]
 

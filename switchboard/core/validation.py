@@ -56,10 +56,17 @@ class Refused(ValueError):
         self.reason = reason
 
 
+# The characters ``str.strip()`` takes off (those ``str.isspace()`` calls whitespace), spelled
+# out as a class for the document's patterns. Not ``\s``: a JSON Schema pattern is an ECMA-262
+# expression, whose ``\s`` leaves out U+001C-U+001F and U+0085, which strip() takes off, and
+# takes in U+FEFF, which strip() keeps (a claimant of "\x1f" was valid by the document and
+# refused as blank).
+SPACE_CLASS = r"\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+
 # The NUL rule as a pattern, for the OpenAPI document's strings (``switchboard.api``); and with
 # it, for a text the services keep stripped (a name, a title, a reason), not blank either.
 NO_NUL_RE = r"^[^\x00]*$"
-NOT_BLANK_RE = r"^[^\x00]*[^\s\x00][^\x00]*$"
+NOT_BLANK_RE = rf"^[^\x00]*[^{SPACE_CLASS}\x00][^\x00]*$"
 
 
 def text_problem(value: str) -> str | None:

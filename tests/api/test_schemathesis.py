@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from typing import Any
 
 import httpx
@@ -33,12 +35,14 @@ from admission.selectors import SCOPE_RE, parse_scope
 from queues import services
 from queues.models import LIMIT_NAME_RE, QUEUE_NAME_RE, check_limit_name, check_queue_name
 from switchboard.api import EVENT_STREAM, EVENTS_PATH
+from switchboard.core import verbs
 from switchboard.core.errors import InvalidArgument
 from switchboard.core.http import IF_MATCH_RE, IF_NONE_MATCH_RE, write_preconditions
-from switchboard.core.validation import NO_NUL_RE, NOT_BLANK_RE
+from switchboard.core.validation import NO_NUL_RE, NOT_BLANK_RE, SPACE_CLASS
 from switchboard.core.zones import zone_exists, zones
 from tests.api.conftest import human_token
 from tests.conftest import Personas, push
+from tests.mcp.conftest import NODE
 
 CHECKS = [
     not_a_server_error,
@@ -285,7 +289,7 @@ def test_the_documents_precondition_patterns_take_what_the_server_takes(value: s
 
 
 @settings(max_examples=300, deadline=None, derandomize=True, database=None)
-@given(value=st.text(alphabet=" \t\n\u3000\x00aé:", max_size=8))
+@given(value=st.text(alphabet=" \t\n\u3000\x1f\x85\ufeff\x00aé:", max_size=8))
 def test_the_documents_text_patterns_take_what_the_services_take(value: str) -> None:
     """Not blank (a name, a title, a reason, kept stripped), no NUL anywhere, and a budget's
     ``endpoint:<slug-or-id>`` scope: each pattern as the services check it."""
@@ -293,6 +297,85 @@ def test_the_documents_text_patterns_take_what_the_services_take(value: str) -> 
     assert bool(re.search(NO_NUL_RE, value)) is ("\x00" not in value)
     for scoped in (value, f"endpoint:{value}", f"endpoints:{value}"):
         assert bool(re.search(SCOPE_RE, scoped)) is _takes(parse_scope, scoped), scoped
+
+
+def test_the_space_class_is_what_strip_takes_off() -> None:
+    """The document's patterns spell whitespace as SPACE_CLASS: exactly the characters
+    ``str.strip()`` takes off, over every code point."""
+    space = re.compile(f"[{SPACE_CLASS}]")
+    differ = [
+        hex(c)
+        for c in range(sys.maxunicode + 1)
+        if bool(space.fullmatch(chr(c))) is not chr(c).isspace()
+    ]
+    assert not differ, differ
+
+
+def _patterns(node: Any) -> set[str]:
+    if isinstance(node, dict):
+        found = {node["pattern"]} if isinstance(node.get("pattern"), str) else set()
+        return found.union(*(_patterns(v) for k, v in node.items() if k != "pattern"))
+    if isinstance(node, list):
+        return set().union(*(_patterns(v) for v in node))
+    return set()
+
+
+def _every_pattern(client: Any) -> set[str]:
+    """Every pattern the REST document and the MCP tools' schemas give."""
+    found = _patterns(client.get("/api/v1/openapi.json").json())
+    for spec in verbs.load_verbs().values():
+        found |= _patterns(spec.input_schema()) | _patterns(spec.output_schema())
+    return found
+
+
+# Where ECMA-262 (a JSON Schema pattern's dialect) and Python's re part: whitespace (U+001C-U+001F
+# and U+0085 are Python's, U+FEFF is ECMA's), digits and word characters beyond ASCII (Python's).
+_PARTING = ["\x1c", "\x1f", "\x85", "\ufeff", "\xa0", "\u3000", "\u0663", "é", "\u200b"]
+_PROBES = [
+    "",
+    *_PARTING,
+    *(f"a{c}" for c in _PARTING),
+    *(f"{c}a{c}" for c in _PARTING),
+    *(f"{c}https://example.com/x{c}" for c in _PARTING),
+    *(f"endpoint:{c}" for c in _PARTING),
+    "a",
+    " a ",
+    "0",
+    "12:30",
+]
+
+
+def test_every_pattern_of_the_documents_means_in_javascript_what_it_means_here(client: Any) -> None:
+    """A client reads the document's patterns as ECMA-262 expressions (JSON Schema's dialect;
+    the TypeScript SDK's validator among them), the server's checks as Python's re (the tests
+    above). ``\\s`` parted them: "\\x1f" was a valid claimant by the document and refused as
+    blank. Each pattern is run in Node, with and without the ``u`` flag, on text where the two
+    dialects part, and must match what re matches; none uses a class escape they read apart."""
+    patterns = sorted(_every_pattern(client))
+    assert NOT_BLANK_RE in patterns and len(patterns) >= 10, patterns
+    apart = [p for p in patterns if re.search(r"(?<!\\)(?:\\\\)*\\[sSdDwWbB]", p)]
+    assert not apart, apart
+    script = (
+        "const [patterns, probes] = JSON.parse(require('fs').readFileSync(0, 'utf8'));"
+        "console.log(JSON.stringify(patterns.map((p) => ['', 'u'].map((flags) =>"
+        " probes.map((x) => new RegExp(p, flags).test(x))))));"
+    )
+    ran = subprocess.run(
+        [NODE, "-e", script],
+        input=json.dumps([patterns, _PROBES]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    differ = [
+        (pattern, flags, probe)
+        for pattern, by_flags in zip(patterns, json.loads(ran.stdout), strict=True)
+        for flags, matched in zip(["", "u"], by_flags, strict=True)
+        for probe, js in zip(_PROBES, matched, strict=True)
+        if js is not bool(re.search(pattern, probe))
+    ]
+    assert not differ, differ
 
 
 def test_the_document_names_the_zones_a_window_takes(client: Any) -> None:
