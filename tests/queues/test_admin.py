@@ -298,6 +298,32 @@ def test_a_crafted_changelist_lookup_or_selection_is_refused_not_a_500(
     assert p.agent2.state == "revoked"
 
 
+def test_a_list_is_not_filtered_through_a_relation_it_does_not_offer(personas: Personas) -> None:
+    # Django 5.2.19 let a changelist's query string follow a reverse relation one step
+    # (CVE-2026-127929): a staff member who may only view people learned from
+    # "?endpoints=<id>" who owns an endpoint they cannot see, and from "?api_tokens=<id>"
+    # whose a token is. 5.2.20 refuses such a lookup.
+    p = personas
+    token, _ = services.human_token_create(user=p.other_owner, name="t", actor=p.as_human(p.admin))
+    client = Client()
+    client.force_login(_staff(["view_user"]))
+    # What the list offers still filters.
+    offered = client.get("/admin/auth/user/?is_superuser__exact=1")
+    assert offered.status_code == 200
+    assert [u.username for u in offered.context["cl"].result_list] == [p.admin.username]
+    for lookup in (
+        f"endpoints={p.foreign.pk}",
+        f"endpoints__exact={p.foreign.pk}",
+        f"endpoints__id={p.foreign.pk}",
+        f"api_tokens={token.pk}",
+    ):
+        # Refused as Django refuses every lookup a list does not offer: a bad request, on the
+        # console's page for one.
+        response = client.get(f"/admin/auth/user/?{lookup}")
+        assert response.status_code == 400, lookup
+        assert "The request is malformed." in response.content.decode(), lookup
+
+
 def test_the_owner_and_user_fields_offer_only_oneself_unless_superuser(personas: Personas) -> None:
     # The vend and token forms listed every user to a staff owner, who may name only themselves.
     stan = _staff(["view_endpoint", "add_endpoint", "view_humantoken", "add_humantoken"])
