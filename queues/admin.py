@@ -170,6 +170,8 @@ class EndpointChangeForm(ServiceModelForm):
 
 class AttemptInline(admin.TabularInline):
     model = Attempt
+    # A read-only table with a header on every column (Django's tabular form leaves two blank).
+    template = "admin/queues/todo/attempts_inline.html"
     extra = 0
     can_delete = False
     fields = ("number", "claimant", "via", "claimed_at", "lease_expires_at", "ended_at", "outcome")

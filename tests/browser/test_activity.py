@@ -1,6 +1,6 @@
 """Throughput and agents in Chromium at 1440 and 390 px, JavaScript on and off: the chart is an
 image with its words (and a table behind a disclosure that opens without JavaScript), the agents
-view lists what each endpoint holds; axe finds nothing serious, nothing scrolls sideways."""
+view lists what each endpoint holds; axe finds nothing, nothing scrolls sideways."""
 
 from __future__ import annotations
 

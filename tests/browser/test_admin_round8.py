@@ -1,7 +1,7 @@
 """The admin (round 8) in Chromium: a todo's list and page say what it waits on and when it runs,
 in the viewer's zone, which the page names (the browser's own on a first visit); the pause and
 budget forms refuse beside the field; pausing a paused queue says only that; the ledger's scope
-filter names a blank scope. axe finds nothing critical or serious on any of them."""
+filter names a blank scope. axe finds nothing, at any impact, on any of them."""
 
 from __future__ import annotations
 

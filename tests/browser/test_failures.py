@@ -1,6 +1,6 @@
 """Failures acted on in Chromium, at 1440 and 390 px, with JavaScript on and off: a dead letter's
 page shows every attempt's error with its traceback as code, and the board's selection is
-retried or discarded through a confirmation page. axe finds nothing serious on either page."""
+retried or discarded through a confirmation page. axe finds nothing on either page."""
 
 from __future__ import annotations
 

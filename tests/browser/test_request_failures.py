@@ -68,7 +68,7 @@ def test_a_page_loaded_while_the_database_is_down_says_so_and_when_to_try_again(
     session: Session, tx_personas: Personas, width: int
 ) -> None:
     """The page made without the database (templates/refused.html), as a phone and a laptop
-    show it: readable, nothing sideways, a way to load it again; axe finds nothing serious."""
+    show it: readable, nothing sideways, a way to load it again; axe finds nothing."""
     p = tx_personas
     page = session.page(p.owner, width=width)
     with database_down():

@@ -63,7 +63,7 @@ def test_the_board_shows_every_stacked_window_within_a_phone_and_passes_axe(
     session: Session, tx_personas: Personas, relaxed_policy_writes: Any, width: int
 ) -> None:
     """Three windows, one in a long zone name, the binding one marked: each has its gauge on the
-    board's strip, nothing scrolls sideways at 390 px, and axe finds nothing serious."""
+    board's strip, nothing scrolls sideways at 390 px, and axe finds nothing."""
     p = tx_personas
     stacked(p, day(5), week(2), {**day(9), "tz": "America/Argentina/Buenos_Aires"})
     push(p, 3)

@@ -1,5 +1,5 @@
 """The board's word that the beat's sweeps stopped, as a laptop and a phone show it: read in full,
-nothing sideways, axe finds nothing serious; and gone once they run again, live."""
+nothing sideways, axe finds nothing; and gone once they run again, live."""
 
 from __future__ import annotations
 

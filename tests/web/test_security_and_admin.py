@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import Permission
 from django.test import Client
 
@@ -44,6 +46,37 @@ def test_every_page_carries_the_security_headers(personas: Personas) -> None:
         assert response["X-Frame-Options"] == "DENY", url
         assert response["X-Content-Type-Options"] == "nosniff", url
         assert response["Referrer-Policy"] == "same-origin", url
+
+
+def test_no_template_comment_spans_lines() -> None:
+    # Django's {# #} comment ends on the line it opens; one carried over lines is not a comment
+    # but text, and the page shows it (the todo page showed _explain.html's note to its readers).
+    templates = Path(settings.BASE_DIR) / "templates"
+    spans = [
+        f"{path.relative_to(templates)}:{number}"
+        for path in sorted(templates.rglob("*.html"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"\{#(?!.*#\})", line)
+    ]
+    assert len(list(templates.rglob("*.html"))) > 20
+    assert spans == []
+
+
+def test_no_page_shows_template_syntax(personas: Personas) -> None:
+    p = personas
+    client = signed_in(p.owner)
+    (pending,) = push(p, 1)
+    pages = [*_pages(p), "/throughput", "/agents", "/limits/occupancy", "/todos/bulk/discard"]
+    bodies = {url: client.get(url).content.decode() for url in pages if url != "/ledger.csv"}
+    # The todo's drawer on the board, and its page: each with its gates (_explain.html).
+    drawer = {"HX-Request": "true", "HX-Target": "drawer"}
+    bodies["drawer"] = client.get(f"/todos/{pending.id}", headers=drawer).content.decode()
+    bodies["page"] = client.get(f"/todos/{pending.id}").content.decode()
+    assert 'id="explain-title"' in bodies["drawer"] and 'id="explain-title"' in bodies["page"]
+    assert "<h1" not in bodies["drawer"] and "<h1" in bodies["page"]
+    for url, body in bodies.items():
+        shown = [mark for mark in ("{#", "#}", "{%", "%}", "{{", "}}") if mark in body]
+        assert shown == [], (url, shown)
 
 
 def test_every_page_answers_head_as_its_get_without_a_body(personas: Personas) -> None:
