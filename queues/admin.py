@@ -800,7 +800,10 @@ admin.site.unregister(get_user_model())
 
 @admin.register(get_user_model())
 class UserAdmin(ViewerZoneAdmin, auth_admin.UserAdmin):
-    pass
+    # When someone last signed in and joined are facts the server records, not values to type:
+    # shown, not offered as Django's split date and time inputs (whose second input has no label
+    # a screen reader can read: axe "label", critical).
+    readonly_fields = ("last_login", "date_joined")
 
 
 def _show_hook_secret(request: HttpRequest, endpoint: Endpoint) -> None:
