@@ -208,6 +208,9 @@ def test_the_api_docs_load_no_cdn_and_no_inline_script(client: Client) -> None:
     assert "cdn." not in html and "jsdelivr" not in html
     assert "unsafe-inline" not in page["Content-Security-Policy"]
     assert "/static/ninja/swagger-ui-bundle.js" in html
+    # Our copy of ninja's page (templates/ninja/swagger.html): its language, and the document
+    # Swagger UI renders inside the page's main landmark.
+    assert '<html lang="en">' in html and '<main><div id="swagger-ui"></div></main>' in html
     asset = client.get("/static/ninja/swagger-ui-init.js")
     asset.close()  # a file response: closing closes its file
     assert asset.status_code == 200
