@@ -22,7 +22,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.http.response import HttpResponseBase
 from django.urls import URLPattern, URLResolver
-from ninja import NinjaAPI
+from ninja import NinjaAPI, Swagger
 from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 from ninja.renderers import JSONRenderer
@@ -251,6 +251,10 @@ api = _SwitchboardAPI(
     version="1",
     urls_namespace="api",
     docs_url="/docs",
+    # Without deep links: each operation's path was a link inside the button that opens it, two
+    # controls in one that a keyboard and a screen reader cannot tell apart (axe:
+    # nested-interactive, serious). templates/ninja/swagger.html is the page.
+    docs=Swagger(settings={"deepLinking": False}),
     description=(
         "Admission control and operations for work queues that AI agents drain. Agents use "
         "/agent/… with `Authorization: Bearer sbk_…`; operators use the rest with a session or "
