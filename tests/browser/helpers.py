@@ -32,6 +32,13 @@ def until(page: Page, predicate: str, message: str = "") -> None:
         page.wait_for_timeout(20)
 
 
+def sideways_overflow(page: Page) -> int:
+    """How many pixels the page is wider than the window (0 when it does not scroll sideways)."""
+    return int(
+        page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    )
+
+
 def findings(page: Page) -> list[str]:
     """Every axe violation on the page, whatever its impact, one line each (rule, impact,
     where). Only critical and serious ones counted once; the moderate and minor ones this let

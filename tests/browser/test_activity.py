@@ -11,9 +11,8 @@ from playwright.sync_api import expect
 
 from queues import services
 from tests.browser.conftest import PHONE, WIDTHS, Session, screenshot
-from tests.browser.test_accessibility import findings
+from tests.browser.helpers import findings, sideways_overflow
 from tests.browser.test_failures import mode, open_page
-from tests.browser.test_phones import sideways_overflow
 from tests.conftest import Personas, push
 from tests.limits.conftest import pool, tag
 

@@ -1,6 +1,7 @@
 """The admin's pages (admission, queues, the ledger, people and groups) in Chromium at 1440 and
-390 px: axe finds nothing at any impact, and nothing scrolls sideways on the page itself. The window list
-shows one row per shard of a window (admission migration 0007) beside its policy."""
+390 px: axe finds nothing at any impact, and nothing scrolls sideways on the page itself. The
+window list shows one row per shard of a window (admission migration 0007) beside its policy;
+a person is granted pause_queue through the two-list picker at phone width."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from admission.models import AdmissionWindow
 from queues import services
 from queues.models import Attempt
 from switchboard.ledger.models import LedgerEntry
-from tests.browser.conftest import WIDTHS, Session
-from tests.browser.helpers import budget, findings
+from tests.browser.conftest import PHONE, WIDTHS, Session
+from tests.browser.helpers import budget, findings, sideways_overflow
 from tests.conftest import Personas, push
 
 
@@ -46,9 +47,7 @@ def test_the_admin_pages_have_no_findings_and_the_window_list_sums_shards(
         response = page.goto(url)
         assert response is not None and response.status == 200, url
         found[url] = findings(page)
-        overflow = page.evaluate(
-            "document.documentElement.scrollWidth - document.documentElement.clientWidth"
-        )
+        overflow = sideways_overflow(page)
         if overflow > 0:
             found[url].append(f"scrolls sideways by {overflow} px")
     # A refusal shown on the form (the service's, beside its field).
@@ -149,9 +148,32 @@ def test_every_other_admin_page_has_no_findings(
                 "role", "img"
             )
         found[url] = findings(page)
-        overflow = page.evaluate(
-            "document.documentElement.scrollWidth - document.documentElement.clientWidth"
-        )
+        overflow = sideways_overflow(page)
         if overflow > 0:
             found[url].append(f"scrolls sideways by {overflow} px")
     assert {url: f for url, f in found.items() if f} == {}
+
+
+def test_a_person_is_granted_pause_queue_through_the_picker_at_phone_width(
+    session: Session, tx_personas: Personas
+) -> None:
+    # The user page as queues.admin.UserAdmin changed it: its sign-in and join times shown, not
+    # inputs (so the form saves without them), and the picker's icons named by static/js/admin.js.
+    p = tx_personas
+    assert not p.owner.has_perm("queues.pause_queue")
+    joined = p.owner.date_joined
+    page = session.page(p.admin, width=PHONE)
+    page.goto(f"/admin/auth/user/{p.owner.pk}/change/")
+    page.locator("#id_user_permissions_input").fill("pause and resume")
+    option = page.locator("#id_user_permissions_from option", has_text="Can pause and resume")
+    expect(option).to_have_count(1)
+    page.locator("#id_user_permissions_from").select_option(option.get_attribute("value"))
+    page.locator("#id_user_permissions_add").click()
+    expect(page.locator("#id_user_permissions_to option")).to_have_count(1)
+    assert findings(page) == []
+    assert sideways_overflow(page) == 0
+    page.locator('input[name="_save"]').click()
+    expect(page.locator(".messagelist")).to_contain_text("was changed successfully")
+    owner = type(p.owner).objects.get(pk=p.owner.pk)
+    assert owner.has_perm("queues.pause_queue")
+    assert owner.date_joined == joined and owner.last_login is None

@@ -13,8 +13,7 @@ from playwright.sync_api import Page, expect
 from queues import services
 from queues.models import Todo, TodoState
 from tests.browser.conftest import WIDTHS, Session, screenshot
-from tests.browser.test_accessibility import findings
-from tests.browser.test_phones import sideways_overflow
+from tests.browser.helpers import findings, sideways_overflow
 from tests.conftest import Personas, make_retry_due, push
 
 TRACE = 'Traceback (most recent call last):\n  File "agent.py", line 3, in run\nTimeoutError: upstream took 30 s'

@@ -4,7 +4,7 @@ folds into a menu (a <details>, so JavaScript is not needed), the drawer is a fu
 from __future__ import annotations
 
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import expect
 
 from admission.models import AdmissionPolicy
 from tests.browser.conftest import DESKTOP, PHONE, WIDTHS, Session, screenshot
@@ -14,16 +14,10 @@ from tests.browser.helpers import (
     console_pages,
     long_fleet,
     long_pages,
+    sideways_overflow,
     small_fleet,
 )
 from tests.conftest import Personas
-
-
-def sideways_overflow(page: Page) -> int:
-    """How many pixels the page is wider than the window (0 when it does not scroll sideways)."""
-    return int(
-        page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
-    )
 
 
 @pytest.mark.parametrize("javascript", [True, False], ids=["js", "nojs"])

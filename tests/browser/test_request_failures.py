@@ -10,8 +10,7 @@ from playwright.sync_api import expect
 
 from queues.models import QueuePause
 from tests.browser.conftest import WIDTHS, Session
-from tests.browser.helpers import findings
-from tests.browser.test_phones import sideways_overflow
+from tests.browser.helpers import findings, sideways_overflow
 from tests.conftest import Personas, database_down, push
 
 

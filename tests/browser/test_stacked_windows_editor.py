@@ -14,8 +14,7 @@ from admission.models import AdmissionPolicy
 from queues import services
 from tests.admission.test_stacked_windows import day, stacked, week
 from tests.browser.conftest import WIDTHS, Session
-from tests.browser.helpers import findings
-from tests.browser.test_phones import sideways_overflow
+from tests.browser.helpers import findings, sideways_overflow
 from tests.conftest import Personas, push
 
 

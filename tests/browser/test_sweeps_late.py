@@ -12,8 +12,7 @@ from playwright.sync_api import expect
 from queues import tasks
 from queues.models import SweepRun
 from tests.browser.conftest import WIDTHS, Session
-from tests.browser.helpers import findings
-from tests.browser.test_phones import sideways_overflow
+from tests.browser.helpers import findings, sideways_overflow
 from tests.conftest import Personas, push
 
 

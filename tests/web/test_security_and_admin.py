@@ -16,7 +16,7 @@ from queues import services
 from queues.models import QueuePause, Todo, TodoState
 from switchboard.core.versions import ABSENT as NO_BUDGET
 from tests.conftest import Personas, audit_rows, push
-from tests.web.conftest import budget, hidden_version, policy_form, signed_in
+from tests.web.conftest import HTMX, budget, hidden_version, policy_form, signed_in
 
 
 def _pages(p: Personas) -> list[str]:
@@ -34,6 +34,11 @@ def _pages(p: Personas) -> list[str]:
         "/prefs/tz",
         "/login/",
     ]
+
+
+def _every_page(p: Personas) -> list[str]:
+    """``_pages`` and the pages reached from the top bar and the bulk actions."""
+    return [*_pages(p), "/throughput", "/agents", "/limits/occupancy", "/todos/bulk/discard"]
 
 
 def test_every_page_carries_the_security_headers(personas: Personas) -> None:
@@ -66,10 +71,11 @@ def test_no_page_shows_template_syntax(personas: Personas) -> None:
     p = personas
     client = signed_in(p.owner)
     (pending,) = push(p, 1)
-    pages = [*_pages(p), "/throughput", "/agents", "/limits/occupancy", "/todos/bulk/discard"]
-    bodies = {url: client.get(url).content.decode() for url in pages if url != "/ledger.csv"}
+    bodies = {
+        url: client.get(url).content.decode() for url in _every_page(p) if url != "/ledger.csv"
+    }
     # The todo's drawer on the board, and its page: each with its gates (_explain.html).
-    drawer = {"HX-Request": "true", "HX-Target": "drawer"}
+    drawer = {**HTMX, "HX-Target": "drawer"}
     bodies["drawer"] = client.get(f"/todos/{pending.id}", headers=drawer).content.decode()
     bodies["page"] = client.get(f"/todos/{pending.id}").content.decode()
     assert 'id="explain-title"' in bodies["drawer"] and 'id="explain-title"' in bodies["page"]
@@ -84,8 +90,7 @@ def test_every_page_answers_head_as_its_get_without_a_body(personas: Personas) -
     # (a streamed read of the whole ledger) stays GET-only.
     p = personas
     client = signed_in(p.owner)
-    pages = [*_pages(p), "/throughput", "/agents", "/limits/occupancy", "/todos/bulk/discard"]
-    for url in pages:
+    for url in _every_page(p):
         got = client.get(url)
         head = client.head(url)
         if url == "/ledger.csv":
