@@ -367,6 +367,8 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
+# Celery's own scheduler, stopped between its steps (switchboard/celery.py: SweepScheduler).
+CELERY_BEAT_SCHEDULER = "switchboard.celery:SweepScheduler"
 # Ready hooks on a queue of their own: their receivers are the endpoint owners' to choose, and a
 # slow one must not hold the worker the sweeps (reap, requeue, reminders, ledger verify) run on.
 # `manage.py serve` runs one worker per queue; a worker started without -Q consumes both.

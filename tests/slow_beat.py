@@ -1,6 +1,6 @@
-"""A Celery beat scheduler for tests: Celery's own (``PersistentScheduler``), held for a while
-once its store is open, before it sets the schedule up. A new store's file is written when it is
-opened, so for that while the beat's schedule file is there but its scheduler is half made.
+"""A Celery beat scheduler for tests: ours (``SweepScheduler``), held for a while once its store
+is open, before it sets the schedule up. A new store's file is written when it is opened, so for
+that while the beat's schedule file is there but its scheduler is half made.
 Each opening and closing of a store is appended to the file ``SLOW_BEAT_RECORD`` names."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import shelve
 import time
 from typing import Any
 
-from celery.beat import PersistentScheduler
+from switchboard.celery import SweepScheduler
 
 HOLD_SECONDS = 3.0
 
@@ -20,7 +20,7 @@ def _record(event: str) -> None:
         record.write(event + "\n")
 
 
-class SlowScheduler(PersistentScheduler):
+class SlowScheduler(SweepScheduler):
     def _open_schedule(self) -> shelve.Shelf[Any]:
         store: shelve.Shelf[Any] = super()._open_schedule()
         _record("opened")

@@ -108,8 +108,9 @@ def start_child(child: _Child, env: dict[str, str], output: IO[bytes] | None = N
 
 
 def _beat_set_up(child: _Child) -> bool:
-    """Whether the beat ``child`` has made its scheduler (its store open and set up, and known
-    to its stop handler), which it says by writing its ready file (Celery's ``beat_init``).
+    """Whether the beat ``child`` has made its scheduler (its store open and set up, and its
+    own stop handler in place of Celery's: switchboard.celery.stop_between_ticks), which it says
+    by writing its ready file (Celery's ``beat_init``).
     Not the schedule file's time: a new store's file is written when it is opened, before the
     scheduler is set up (CI on 72fa9cd: a stop in between left the store to the interpreter's
     exit, which printed a traceback)."""
