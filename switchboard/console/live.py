@@ -17,7 +17,10 @@ sections with the same partials the page uses (``queues/_section.html``) and sen
 whose HTML changed, as ``swap`` events (``{"target": id, "html": ...}``), plus an ``announce``
 event when a section's condition changes (exhausted, paused, unavailable, admitted), which
 static/js/live.js puts in the page's ``aria-live="polite"`` region. A change in which sections
-exist sends the whole list once. Worst case from a commit to the browser: ``HUB_MAX_AGE`` +
+exist sends the whole list once. The render reads the database after the snapshot it answers, so
+it may show a later change; a snapshot begun after the render (shared, like the others) says
+whether it still matches, and if not the next snapshot renders again whatever its hash: else a
+change undone in between (a pause, then its resume) left the page showing it. Worst case from a commit to the browser: ``HUB_MAX_AGE`` +
 ``INTERVAL`` + a render, about a second.
 
 Rings too (issue 14, item 2): with ``LIVE_BOARD_RINGS`` each stream also watches this process's
@@ -214,15 +217,20 @@ class Hub:
         self._lock: asyncio.Lock | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def snapshot(self, *, rung_at: float | None = None) -> Fleet:
-        """The shared snapshot; ``rung_at`` (a ring's arrival): one read after that instant."""
+    async def snapshot(
+        self, *, rung_at: float | None = None, read_after: float | None = None
+    ) -> Fleet:
+        """The shared snapshot; ``rung_at`` (a ring's arrival): one read after that instant, at
+        most one per ``RING_MIN_GAP``; ``read_after``: one read begun after that instant."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop or self._lock is None:
             self._loop, self._lock = loop, asyncio.Lock()
         async with self._lock:
             age = time.monotonic() - self._at
-            stale = age >= self.max_age or (
-                rung_at is not None and self._at < rung_at and age >= RING_MIN_GAP
+            stale = (
+                age >= self.max_age
+                or (rung_at is not None and self._at < rung_at and age >= RING_MIN_GAP)
+                or (read_after is not None and self._at <= read_after)
             )
             if self._snapshot is None or stale:
                 self._at = time.monotonic()
@@ -471,18 +479,21 @@ async def _stream(
     # if the board moved between the page load and this connection, or during this render: a
     # change committed between the read and the render is in ``shown`` but not on the page, and
     # no later difference from ``shown`` would send it. Sent under the fingerprint read before
-    # the render, so the loop renders again at the next snapshot that differs from it.
+    # the render. What ``shown`` shows is then known only if the fleet read after the render
+    # still has that fingerprint; if not, ``last_fp`` is unknown (""), and the loop renders at
+    # its first snapshot. Taken as the one read before the render, a change undone before that
+    # snapshot (a pause and its resume) matched it, and the page kept the change (CI on e83eca4).
     fleet = await _off_loop(read_fleet)
     last_fp = fingerprint(fleet, viewer, filters)
     shown = await _off_loop(
         functools.partial(render_board, at=last_fp), request, viewer, filters, here, csrf_token
     )
-    moved = last_fp != seen
-    if not moved:
-        moved = fingerprint(await _off_loop(read_fleet), viewer, filters) != last_fp
-    if moved:
+    held = fingerprint(await _off_loop(read_fleet), viewer, filters) == last_fp
+    if last_fp != seen or not held:
         for name, data in changes(None, shown):
             yield _event(name, data, last_fp)
+    if not held:
+        last_fp = ""
     deadline = time.monotonic() + STREAM_SECONDS
     quiet_since = checked_at = time.monotonic()
     session_key = getattr(getattr(request, "session", None), "session_key", None)
@@ -507,10 +518,15 @@ async def _stream(
                     csrf_token,
                     shown,
                 )
+                # As for the baseline: the render read the database after the snapshot, so it
+                # may show a change the snapshot lacks; known to show ``fp`` only if a snapshot
+                # begun after the render still has it (one read for the streams that rendered).
+                after = await hub.snapshot(read_after=time.monotonic())
                 for name, data in changes(shown, now_shown):
                     yield _event(name, data, fp)
                     quiet_since = time.monotonic()
-                shown, last_fp = now_shown, fp
+                shown = now_shown
+                last_fp = fp if fingerprint(after, viewer, filters) == fp else ""
             if time.monotonic() - quiet_since > KEEPALIVE_SECONDS:
                 yield f": keepalive {datetime.now().isoformat()}\n\n"
                 quiet_since = time.monotonic()

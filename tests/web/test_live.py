@@ -341,6 +341,120 @@ def test_a_change_committed_while_the_stream_renders_its_baseline_is_sent(
     assert data["html"].count('<li class="card ') == 3
 
 
+def _pause_inbox(p: Personas) -> None:
+    pauses.queue_pause(actor=p.as_human(p.admin), queue="inbox", reason="upgrading")
+
+
+def _resume_inbox(p: Personas) -> Any:
+    """The resume, from another connection (a thread of its own, its connection closed after)."""
+
+    def run() -> None:
+        try:
+            pauses.queue_resume(actor=p.as_human(p.admin), queue="inbox")
+        finally:
+            connection.close()
+
+    return asyncio.get_running_loop().run_in_executor(None, run)
+
+
+async def _head_of_inbox(source: AsyncIterator[str], *, paused: bool) -> str:
+    """The first html the stream sends for the agent's inbox head (a part, or the whole list)
+    that says the queue is paused, or (``paused`` false) that does not."""
+    while True:
+        for name, data in _events(await asyncio.wait_for(anext(source), timeout=10)):
+            if name == "swap" and data["target"] in ("head-agent--inbox", "sections"):
+                html = str(data["html"])
+                if ('data-tone="paused"' in html) == paused:
+                    return html
+
+
+def test_a_change_the_baseline_showed_and_then_undone_is_sent_undone(
+    tx_personas: Personas, monkeypatch: Any
+) -> None:
+    """CI on e83eca4 (tests/browser/test_pause_with_htmx.py, a pause and a resume made
+    elsewhere). A pause committed while the stream rendered its baseline went to the page, sent
+    under the fingerprint read before the render, which the stream kept. The resume brought the
+    fleet back to that fingerprint, so the loop saw nothing to send and the page said "Paused"
+    until some other change."""
+    p = tx_personas
+    push(p, 1)
+    request, viewer = _viewer(p.owner)
+    filters = Filters(endpoint="agent", queue="inbox")
+    seen = live.fingerprint_now(viewer, filters)
+    connection.close()
+    render = live.render_board
+    renders: list[int] = []
+
+    def render_after_a_pause(*args: Any, **kwargs: Any) -> live.Rendered:
+        if not renders:  # the baseline: the pause commits between the stream's read and render
+            _pause_inbox(p)
+        renders.append(1)
+        return render(*args, **kwargs)
+
+    monkeypatch.setattr(live, "render_board", render_after_a_pause)
+
+    async def heads() -> tuple[str, str]:
+        source: AsyncIterator[str] = live.stream(request, viewer, filters, "/", seen, "token")
+        assert (await anext(source)).startswith("retry:")
+        paused = await _head_of_inbox(source, paused=True)
+        await _resume_inbox(p)
+        resumed = await _head_of_inbox(source, paused=False)
+        await source.aclose()  # type: ignore[attr-defined]
+        return paused, resumed
+
+    paused, resumed = asyncio.run(heads())
+    assert "<strong>Paused</strong>" in paused
+    assert "<strong>Paused</strong>" not in resumed and 'data-tone="paused"' not in resumed
+
+
+def test_a_change_a_render_showed_and_then_undone_is_sent_undone(
+    tx_personas: Personas, monkeypatch: Any
+) -> None:
+    """The same in the stream's loop: a todo arrives (the snapshot moves), the pause commits
+    while that is rendered, and is lifted before the next snapshot, which then has the very
+    fingerprint the render was made for."""
+    p = tx_personas
+    push(p, 1)
+    request, viewer = _viewer(p.owner)
+    filters = Filters(endpoint="agent", queue="inbox")
+    seen = live.fingerprint_now(viewer, filters)
+    connection.close()
+    render = live.render_board
+    renders: list[int] = []
+
+    def render_after_a_pause(*args: Any, **kwargs: Any) -> live.Rendered:
+        if len(renders) == 1:  # the loop's first render, for the todo pushed below
+            _pause_inbox(p)
+        renders.append(1)
+        return render(*args, **kwargs)
+
+    monkeypatch.setattr(live, "render_board", render_after_a_pause)
+
+    async def heads() -> tuple[str, str]:
+        source: AsyncIterator[str] = live.stream(request, viewer, filters, "/", seen, "token")
+        assert (await anext(source)).startswith("retry:")
+        first = asyncio.ensure_future(_head_of_inbox(source, paused=True))  # drives the stream
+        while not renders:  # the baseline is rendered (nothing moved: nothing is sent)
+            await asyncio.sleep(0.01)
+        await asyncio.get_running_loop().run_in_executor(None, _push_and_close, p)
+        paused = await first
+        await _resume_inbox(p)
+        resumed = await _head_of_inbox(source, paused=False)
+        await source.aclose()  # type: ignore[attr-defined]
+        return paused, resumed
+
+    paused, resumed = asyncio.run(heads())
+    assert "<strong>Paused</strong>" in paused
+    assert "<strong>Paused</strong>" not in resumed and 'data-tone="paused"' not in resumed
+
+
+def _push_and_close(p: Personas) -> None:
+    try:
+        push(p, 1)
+    finally:
+        connection.close()
+
+
 def test_a_change_within_sections_renders_only_their_parts(personas: Personas) -> None:
     p = personas
     request, viewer = _viewer(p.owner)
