@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.test import Client
 
 from admission import services as admission_services
@@ -76,3 +78,16 @@ def hidden_version(html: str) -> str:
     match = re.search(r'name="version" value="([^"]+)"', html)
     assert match, "the page carries no version"
     return match.group(1)
+
+
+def in_thread(fn: Any) -> Any:
+    """``fn`` on another thread (another connection, as another process would), its connection
+    closed after: awaitable from a test's event loop, where the ORM may not run."""
+
+    def run() -> Any:
+        try:
+            return fn()
+        finally:
+            connection.close()
+
+    return asyncio.get_running_loop().run_in_executor(None, run)

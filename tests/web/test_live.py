@@ -22,7 +22,7 @@ from switchboard.console import live
 from switchboard.console.board import Filters
 from switchboard.core.users import still_signed_in
 from tests.conftest import FIXTURE, Personas, database_down, push
-from tests.web.conftest import budget, signed_in
+from tests.web.conftest import budget, in_thread, signed_in
 
 
 def _viewer(user: Any) -> tuple[Any, Viewer]:
@@ -306,6 +306,29 @@ def test_a_database_that_stops_answering_ends_the_stream_as_a_stream_ends(
     assert "database did not answer" in ended
 
 
+def _agent_inbox_stream(
+    p: Personas, monkeypatch: Any, *, at_render: int, change: Callable[[], Any]
+) -> tuple[Any, Viewer, Filters, str, list[int]]:
+    """The owner's stream of the agent's inbox as its page was rendered (request, viewer,
+    filters, ``seen``), with ``change`` committed by the render thread just before the
+    ``at_render``-th render (0: the baseline) reads the database. Returns the renders so far."""
+    request, viewer = _viewer(p.owner)
+    filters = Filters(endpoint="agent", queue="inbox")
+    seen = live.fingerprint_now(viewer, filters)
+    connection.close()
+    render = live.render_board
+    renders: list[int] = []
+
+    def render_after_a_change(*args: Any, **kwargs: Any) -> live.Rendered:
+        if len(renders) == at_render:
+            change()
+        renders.append(1)
+        return render(*args, **kwargs)
+
+    monkeypatch.setattr(live, "render_board", render_after_a_change)
+    return request, viewer, filters, seen, renders
+
+
 def test_a_change_committed_while_the_stream_renders_its_baseline_is_sent(
     tx_personas: Personas, monkeypatch: Any
 ) -> None:
@@ -314,20 +337,10 @@ def test_a_change_committed_while_the_stream_renders_its_baseline_is_sent(
     and no later difference from the baseline would bring it: the whole board must go now."""
     p = tx_personas
     push(p, 2)
-    request, viewer = _viewer(p.owner)
-    filters = Filters(endpoint="agent", queue="inbox")
-    seen = live.fingerprint_now(viewer, filters)
-    connection.close()
-    render = live.render_board
-    renders: list[int] = []
-
-    def render_after_a_push(*args: Any, **kwargs: Any) -> live.Rendered:
-        if not renders:  # the baseline: a todo arrives between the stream's read and its render
-            push(p, 1)
-        renders.append(1)
-        return render(*args, **kwargs)
-
-    monkeypatch.setattr(live, "render_board", render_after_a_push)
+    # The baseline: a todo arrives between the stream's read and its render.
+    request, viewer, filters, seen, _ = _agent_inbox_stream(
+        p, monkeypatch, at_render=0, change=lambda: push(p, 1)
+    )
 
     async def first_events() -> list[tuple[str, dict[str, Any]]]:
         source: AsyncIterator[str] = live.stream(request, viewer, filters, "/", seen, "token")
@@ -343,18 +356,6 @@ def test_a_change_committed_while_the_stream_renders_its_baseline_is_sent(
 
 def _pause_inbox(p: Personas) -> None:
     pauses.queue_pause(actor=p.as_human(p.admin), queue="inbox", reason="upgrading")
-
-
-def _resume_inbox(p: Personas) -> Any:
-    """The resume, from another connection (a thread of its own, its connection closed after)."""
-
-    def run() -> None:
-        try:
-            pauses.queue_resume(actor=p.as_human(p.admin), queue="inbox")
-        finally:
-            connection.close()
-
-    return asyncio.get_running_loop().run_in_executor(None, run)
 
 
 async def _head_of_inbox(source: AsyncIterator[str], *, paused: bool) -> str:
@@ -378,26 +379,16 @@ def test_a_change_the_baseline_showed_and_then_undone_is_sent_undone(
     until some other change."""
     p = tx_personas
     push(p, 1)
-    request, viewer = _viewer(p.owner)
-    filters = Filters(endpoint="agent", queue="inbox")
-    seen = live.fingerprint_now(viewer, filters)
-    connection.close()
-    render = live.render_board
-    renders: list[int] = []
-
-    def render_after_a_pause(*args: Any, **kwargs: Any) -> live.Rendered:
-        if not renders:  # the baseline: the pause commits between the stream's read and render
-            _pause_inbox(p)
-        renders.append(1)
-        return render(*args, **kwargs)
-
-    monkeypatch.setattr(live, "render_board", render_after_a_pause)
+    # The baseline: the pause commits between the stream's read and its render.
+    request, viewer, filters, seen, _ = _agent_inbox_stream(
+        p, monkeypatch, at_render=0, change=lambda: _pause_inbox(p)
+    )
 
     async def heads() -> tuple[str, str]:
         source: AsyncIterator[str] = live.stream(request, viewer, filters, "/", seen, "token")
         assert (await anext(source)).startswith("retry:")
         paused = await _head_of_inbox(source, paused=True)
-        await _resume_inbox(p)
+        await in_thread(lambda: pauses.queue_resume(actor=p.as_human(p.admin), queue="inbox"))
         resumed = await _head_of_inbox(source, paused=False)
         await source.aclose()  # type: ignore[attr-defined]
         return paused, resumed
@@ -415,20 +406,10 @@ def test_a_change_a_render_showed_and_then_undone_is_sent_undone(
     fingerprint the render was made for."""
     p = tx_personas
     push(p, 1)
-    request, viewer = _viewer(p.owner)
-    filters = Filters(endpoint="agent", queue="inbox")
-    seen = live.fingerprint_now(viewer, filters)
-    connection.close()
-    render = live.render_board
-    renders: list[int] = []
-
-    def render_after_a_pause(*args: Any, **kwargs: Any) -> live.Rendered:
-        if len(renders) == 1:  # the loop's first render, for the todo pushed below
-            _pause_inbox(p)
-        renders.append(1)
-        return render(*args, **kwargs)
-
-    monkeypatch.setattr(live, "render_board", render_after_a_pause)
+    # The loop's first render, for the todo pushed below.
+    request, viewer, filters, seen, renders = _agent_inbox_stream(
+        p, monkeypatch, at_render=1, change=lambda: _pause_inbox(p)
+    )
 
     async def heads() -> tuple[str, str]:
         source: AsyncIterator[str] = live.stream(request, viewer, filters, "/", seen, "token")
@@ -436,9 +417,9 @@ def test_a_change_a_render_showed_and_then_undone_is_sent_undone(
         first = asyncio.ensure_future(_head_of_inbox(source, paused=True))  # drives the stream
         while not renders:  # the baseline is rendered (nothing moved: nothing is sent)
             await asyncio.sleep(0.01)
-        await asyncio.get_running_loop().run_in_executor(None, _push_and_close, p)
+        await in_thread(lambda: push(p, 1))
         paused = await first
-        await _resume_inbox(p)
+        await in_thread(lambda: pauses.queue_resume(actor=p.as_human(p.admin), queue="inbox"))
         resumed = await _head_of_inbox(source, paused=False)
         await source.aclose()  # type: ignore[attr-defined]
         return paused, resumed
@@ -446,13 +427,6 @@ def test_a_change_a_render_showed_and_then_undone_is_sent_undone(
     paused, resumed = asyncio.run(heads())
     assert "<strong>Paused</strong>" in paused
     assert "<strong>Paused</strong>" not in resumed and 'data-tone="paused"' not in resumed
-
-
-def _push_and_close(p: Personas) -> None:
-    try:
-        push(p, 1)
-    finally:
-        connection.close()
 
 
 def test_a_change_within_sections_renders_only_their_parts(personas: Personas) -> None:

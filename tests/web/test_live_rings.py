@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 from django.db import connection
@@ -19,6 +18,7 @@ from queues.doorbell import doorbell
 from switchboard.console import live
 from switchboard.console.board import Filters
 from tests.conftest import Personas, push
+from tests.web.conftest import in_thread
 
 PENDING_THREE = "<div><dt>pending</dt><dd>3</dd></div>"
 CLAIMED_ONE = "<div><dt>claimed</dt><dd>1</dd></div>"
@@ -35,16 +35,6 @@ def _html(raw: str) -> str:
 async def _until(source: AsyncIterator[str], text: str) -> None:
     while text not in _html(await asyncio.wait_for(anext(source), timeout=20)):
         pass
-
-
-def _in_thread(fn: Any) -> Any:
-    def run() -> Any:
-        try:
-            return fn()
-        finally:
-            connection.close()
-
-    return asyncio.get_running_loop().run_in_executor(None, run)
 
 
 @override_settings(LIVE_BOARD_RINGS=True)
@@ -67,7 +57,7 @@ def test_a_ring_refreshes_the_board_at_once_and_the_poll_still_carries_claims(
         assert (await anext(source)).startswith("retry:")
         stream = asyncio.ensure_future(_until(source, PENDING_THREE))
         await asyncio.wait_for(doorbell().listening.wait(), 20)
-        await _in_thread(lambda: push(p, 1))
+        await in_thread(lambda: push(p, 1))
         await stream
         await source.aclose()  # type: ignore[attr-defined]
 
@@ -92,7 +82,7 @@ def test_with_rings_a_claim_which_rings_nothing_still_reaches_the_board_by_the_p
         assert (await anext(source)).startswith("retry:")
         stream = asyncio.ensure_future(_until(source, CLAIMED_ONE))
         await asyncio.wait_for(doorbell().listening.wait(), 20)
-        await _in_thread(lambda: services.claim_next(actor=p.as_agent()))
+        await in_thread(lambda: services.claim_next(actor=p.as_agent()))
         await stream
         await source.aclose()  # type: ignore[attr-defined]
 
