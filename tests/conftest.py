@@ -316,9 +316,30 @@ def many_connections_listed(n: int) -> None:
         )
 
 
+def _pool_grown_to(n: int) -> None:
+    """Open the database pool's connections for n threads (as many as it may hand out) before
+    they start: grown under the race, its last connections came one at a time while the racers
+    ran, and on a loaded machine a thread could wait out DATABASE_POOL_TIMEOUT for one. They
+    stay in the pool, idle, for the threads; ``_process_state_kept`` closes them after the test."""
+    pool = cast(PostgresWrapper, connection).pool  # None without DATABASE_POOL
+    if pool is None:
+        return
+    pool.open()  # as Django does before its first connection; a no-op once open
+    stats = pool.get_stats()
+    handed_out = stats["pool_size"] - stats["pool_available"]  # this thread's, if it has one
+    held = [pool.getconn(timeout=60) for _ in range(min(n, pool.max_size - handed_out))]
+    for conn in held:
+        pool.putconn(conn)
+
+
+# How long run_threads waits for all its threads together before it fails the test.
+RUN_THREADS_TIMEOUT = 300.0
+
+
 def run_threads(n: int, target: Callable[[int], Any]) -> list[Any]:
     """Run ``target(i)`` on n threads, each with its own database connection; re-raise errors."""
     many_connections_listed(n)
+    _pool_grown_to(n)
     results: list[Any] = [None] * n
     errors: list[BaseException] = []
     barrier = threading.Barrier(n)
@@ -332,13 +353,16 @@ def run_threads(n: int, target: Callable[[int], Any]) -> list[Any]:
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
+    threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(n)]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + RUN_THREADS_TIMEOUT  # for them all, not for each
     for t in threads:
-        t.join(timeout=300)
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
     if errors:
         raise errors[0]
+    stuck = [i for i, t in enumerate(threads) if t.is_alive()]
+    assert not stuck, f"threads {stuck} still running after {RUN_THREADS_TIMEOUT} s"
     return results
 
 

@@ -8,6 +8,8 @@ import threading
 import time
 from typing import Any
 
+from django.conf import settings
+
 from admission.limits import services as limit_services
 from queues import pauses, services
 from queues.models import Todo, TodoState
@@ -17,6 +19,7 @@ from switchboard.ledger.models import LedgerKind
 from tests.conftest import FIXTURE, Personas, audit_rows, push, run_threads
 
 PAIRS = 24
+RETRY_PAIRS = 16
 
 
 def test_an_operators_complete_never_lands_on_the_claim_made_after_the_one_it_named(
@@ -107,23 +110,36 @@ def test_workers_whose_claims_ended_before_a_retry_never_end_the_claims_after_it
     stale worker keeps completing with its ended attempt while an operator retries and a fresh
     worker claims; none of the stale completions lands, every fresh claim stands."""
     p = tx_personas
-    todos = push(p, PAIRS, max_attempts=1)
+    # A stale worker holds its connection until after its partner's claim: both sides of every
+    # pair hold one at once, within the pool (a partner left waiting for one would wait out
+    # DATABASE_POOL_TIMEOUT while the stale workers spin).
+    pool = settings.DATABASES["default"]["OPTIONS"].get("pool")  # none: a connection each
+    assert pool is None or pool["max_size"] >= 2 * RETRY_PAIRS
+    todos = push(p, RETRY_PAIRS, max_attempts=1)
     agent, operator = p.as_agent(), p.as_human(p.owner)
     for todo in todos:
         services.claim(actor=agent, todo_id=todo.id, claimant="stale")  # attempt 1
         services.fail(actor=agent, todo_id=todo.id, attempt=1)  # its last: a dead letter
     fresh = [threading.Event() for _ in todos]
+    # Set when the operator's side ends, claimed or not: a stale worker whose partner raised
+    # stops, so the partner's error is what the test reports (it would otherwise wait forever).
+    ended = [threading.Event() for _ in todos]
 
     def race(i: int) -> list[str]:
         todo, claimed = todos[i // 2], fresh[i // 2]
         if i % 2 == 1:  # the operator retries, a fresh worker claims
-            services.todo_retry(actor=operator, todo_id=todo.id)
-            services.claim(actor=agent, todo_id=todo.id, claimant="fresh")
-            claimed.set()
+            try:
+                services.todo_retry(actor=operator, todo_id=todo.id)
+                services.claim(actor=agent, todo_id=todo.id, claimant="fresh")
+                claimed.set()
+            finally:
+                ended[i // 2].set()
             return ["claimed"]
-        said = []
+        said: list[str] = []
         tries_after = 0
         while tries_after < 5:  # until well after the fresh claim
+            if ended[i // 2].is_set() and not claimed.is_set():
+                return said
             tries_after += claimed.is_set()
             try:
                 services.complete(actor=agent, todo_id=todo.id, attempt=1, result={"by": "stale"})
@@ -133,7 +149,7 @@ def test_workers_whose_claims_ended_before_a_retry_never_end_the_claims_after_it
             time.sleep(0.002)
         return said
 
-    outcomes = run_threads(2 * PAIRS, race)
+    outcomes = run_threads(2 * RETRY_PAIRS, race)
     stale = [said for i, said in enumerate(outcomes) if i % 2 == 0]
     assert not [said for said in stale if "completed" in said], stale
     assert all(said[-1] == "superseded" for said in stale), stale
