@@ -327,9 +327,13 @@ def _pool_grown_to(n: int) -> None:
     pool.open()  # as Django does before its first connection; a no-op once open
     stats = pool.get_stats()
     handed_out = stats["pool_size"] - stats["pool_available"]  # this thread's, if it has one
-    held = [pool.getconn(timeout=60) for _ in range(min(n, pool.max_size - handed_out))]
-    for conn in held:
-        pool.putconn(conn)
+    held: list[Any] = []
+    try:
+        for _ in range(min(n, pool.max_size - handed_out)):
+            held.append(pool.getconn(timeout=60))
+    finally:
+        for conn in held:
+            pool.putconn(conn)
 
 
 # How long run_threads waits for all its threads together before it fails the test.
