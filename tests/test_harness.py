@@ -165,6 +165,21 @@ def test_gives_the_next_test_its_connections_back() -> None:
     assert pool is None or pool.get_stats()["pool_size"] <= pool.get_stats()["pool_min"]
 
 
+def _pytest_example(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """pytest on tmp_path's test_example.py in a child process, without Django or xdist."""
+    plugins = ["-p", "no:cacheprovider", "-p", "no:django", "-p", "no:xdist"]
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", *plugins, *args, "test_example.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def test_a_ci_log_ends_by_naming_each_failed_test(tmp_path: Path) -> None:
     """On CI pytest prints each failure's message whole in its short summary; the log's last
     lines name the failed tests all the same (tests/summary_last.py)."""
@@ -177,15 +192,7 @@ def test_a_ci_log_ends_by_naming_each_failed_test(tmp_path: Path) -> None:
         "def test_in_error(broken): pass\n"
     )
     env = {**os.environ, "CI": "true", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    plugins = ["-p", "tests.summary_last", "-p", "no:cacheprovider", "-p", "no:django"]
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", *plugins, "-p", "no:xdist", "test_example.py"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = _pytest_example(tmp_path, "-p", "tests.summary_last", env=env)
     assert run.returncode == 1, run.stdout + run.stderr
     tail = run.stdout.strip().splitlines()[-4:]
     assert tail[0].strip("= ") == "2 failed or in error, named again", run.stdout
@@ -194,3 +201,24 @@ def test_a_ci_log_ends_by_naming_each_failed_test(tmp_path: Path) -> None:
         "ERROR test_example.py::test_in_error",
     ], run.stdout
     assert "1 failed, 1 passed, 1 error" in tail[3], run.stdout
+
+
+def test_a_hung_test_fails_with_every_threads_stack_and_the_run_goes_on(
+    tmp_path: Path, pytestconfig: pytest.Config
+) -> None:
+    """pytest-timeout (pyproject.toml's ``timeout``): a test waiting on a thread that never ends
+    fails, naming where each thread was, and the tests after it run."""
+    assert 120 <= float(pytestconfig.getini("timeout")) <= 900
+    (tmp_path / "test_example.py").write_text(
+        "import threading\n"
+        "def test_hangs():\n"
+        "    def spin_for_ever(): threading.Event().wait()\n"
+        "    t = threading.Thread(target=spin_for_ever, daemon=True)\n"
+        "    t.start()\n"
+        "    t.join()\n"
+        "def test_after(): pass\n"
+    )
+    run = _pytest_example(tmp_path, "-o", "timeout=2")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "Timeout" in run.stdout and "spin_for_ever" in run.stdout, run.stdout
+    assert "1 failed, 1 passed" in run.stdout, run.stdout
