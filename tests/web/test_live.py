@@ -329,6 +329,13 @@ def _agent_inbox_stream(
     return request, viewer, filters, seen, renders
 
 
+async def _opened(request: Any, viewer: Viewer, filters: Filters, seen: str) -> AsyncIterator[str]:
+    """The stream of a page that shows the board at ``seen``, past its ``retry:`` line."""
+    source: AsyncIterator[str] = live.stream(request, viewer, filters, "/", seen, "token")
+    assert (await anext(source)).startswith("retry:")
+    return source
+
+
 def test_a_change_committed_while_the_stream_renders_its_baseline_is_sent(
     tx_personas: Personas, monkeypatch: Any
 ) -> None:
@@ -343,8 +350,7 @@ def test_a_change_committed_while_the_stream_renders_its_baseline_is_sent(
     )
 
     async def first_events() -> list[tuple[str, dict[str, Any]]]:
-        source: AsyncIterator[str] = live.stream(request, viewer, filters, "/", seen, "token")
-        assert (await anext(source)).startswith("retry:")
+        source = await _opened(request, viewer, filters, seen)
         events = _events(await asyncio.wait_for(anext(source), timeout=10))
         await source.aclose()  # type: ignore[attr-defined]
         return events
@@ -385,8 +391,7 @@ def test_a_change_the_baseline_showed_and_then_undone_is_sent_undone(
     )
 
     async def heads() -> tuple[str, str]:
-        source: AsyncIterator[str] = live.stream(request, viewer, filters, "/", seen, "token")
-        assert (await anext(source)).startswith("retry:")
+        source = await _opened(request, viewer, filters, seen)
         paused = await _head_of_inbox(source, paused=True)
         await in_thread(lambda: pauses.queue_resume(actor=p.as_human(p.admin), queue="inbox"))
         resumed = await _head_of_inbox(source, paused=False)
@@ -412,8 +417,7 @@ def test_a_change_a_render_showed_and_then_undone_is_sent_undone(
     )
 
     async def heads() -> tuple[str, str]:
-        source: AsyncIterator[str] = live.stream(request, viewer, filters, "/", seen, "token")
-        assert (await anext(source)).startswith("retry:")
+        source = await _opened(request, viewer, filters, seen)
         first = asyncio.ensure_future(_head_of_inbox(source, paused=True))  # drives the stream
         while not renders:  # the baseline is rendered (nothing moved: nothing is sent)
             await asyncio.sleep(0.01)
