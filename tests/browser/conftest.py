@@ -18,7 +18,7 @@ import pytest
 import uvicorn
 from django.conf import settings
 from django.test import Client
-from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
 
 from tests.inprocess import uvicorn_thread
 
@@ -37,6 +37,11 @@ VIEWER_ZONE = "America/New_York"
 DESKTOP = 1440
 PHONE = 390
 WIDTHS = (DESKTOP, PHONE)
+# ms: how long a page's action or an ``expect`` waits before it fails. Playwright's expect waits 5 s
+# by default, half its actions' bound; on a loaded CI machine a focus that moved after an htmx
+# swap took longer than that (a run on three workers). A live board's updates wait ``LIVE``.
+PAGE_TIMEOUT = 10_000
+expect.set_options(timeout=PAGE_TIMEOUT)
 
 
 # The running servers by URL, so a test's teardown can wait for its server to go quiet.
@@ -147,7 +152,7 @@ class Session:
         if tz is not None:
             cookies.append({"name": "tz", "value": tz, "url": self.base})
         context.add_cookies(cookies)
-        context.set_default_timeout(10_000)
+        context.set_default_timeout(PAGE_TIMEOUT)
         self.contexts.append(context)
         return context
 
