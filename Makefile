@@ -20,8 +20,9 @@ endif
 # pytest-xdist workers for `make test` (each with its own test database and Valkey;
 # tests/conftest.py says how files are shared out): two, one per core of the CI machine.
 # TEST_WORKERS=0 runs the suite in one process (1,180 to 1,400 s of pytest against 750 to 860 s
-# on two cores, in fresh-clone runs). Three on two cores ran no faster (1,158 s against 978 to
-# 1,153 s for two, one host, 2026-12-07): the suite keeps both cores busy, Chromium most of all.
+# on two cores of a fast host, in fresh-clone runs; 1,150 to 1,570 s on a slow one). Three on two
+# cores ran no faster (1,158 s against 978 to 1,153 s for two, one host, 2026-12-07): the suite
+# keeps both cores busy, Chromium most of all.
 TEST_WORKERS ?= 2
 
 .PHONY: help run test bench lint fmt clean-data
