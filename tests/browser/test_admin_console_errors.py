@@ -23,7 +23,7 @@ class _Watched:
     def __init__(self, page: Page) -> None:
         self.page = page
         self.troubles: list[str] = []
-        self.in_flight: dict[Request, str] = {}
+        self.in_flight: set[Request] = set()
         page.on("request", self._asked)
         page.on("requestfinished", self._answered)
         page.on("requestfailed", self._answered)
@@ -34,10 +34,10 @@ class _Watched:
         page.on("console", lambda m: self.troubles.append(m.text) if m.type == "error" else None)
 
     def _asked(self, request: Request) -> None:
-        self.in_flight[request] = request.url
+        self.in_flight.add(request)
 
     def _answered(self, request: Request) -> None:
-        self.in_flight.pop(request, None)
+        self.in_flight.discard(request)
 
     def settled(self, bound_ms: float = LIVE) -> None:
         """Wait until the page has asked for nothing for QUIET seconds, at most ``bound_ms``.
@@ -57,7 +57,7 @@ class _Watched:
                 return
             assert now < deadline, (
                 f"{self.page.url}: still loading after {bound_ms / 1000:.0f} s: "
-                f"{sorted(self.in_flight.values())}"
+                f"{sorted(r.url for r in self.in_flight)}"
             )
             self.page.wait_for_timeout(50)  # Playwright delivers the page's events meanwhile
 
