@@ -51,6 +51,7 @@ from switchboard.core.http import (
     error_response,
     field_name,
     unknown_parameter,
+    unwanted_body,
 )
 from switchboard.core.times import iso
 from switchboard.core.zones import zones
@@ -130,11 +131,12 @@ _RETRY_AFTER = {
     }
 }
 # Answers any operation may give, whatever it does: a query parameter it does not take (or a
-# body it cannot read) is 400; PostgreSQL or Redis not answering is 503 (``When a dependency is
-# down`` in the README); an operation with a body refuses one over 1 MiB (413).
+# body it cannot read, or any body where it takes none) is 400; PostgreSQL or Redis not
+# answering is 503 (``When a dependency is down`` in the README); an operation with a body
+# refuses one over 1 MiB (413).
 _EVERY = {
-    "400": "invalid_argument, naming the field (a query parameter the operation does not take "
-    "included)",
+    "400": "invalid_argument, naming the field (a query parameter the operation does not take, "
+    "or a body sent to an operation that takes none, included)",
     "503": "unavailable: PostgreSQL or Redis did not answer in time; nothing was changed",
 }
 _WITH_BODY = {"413": "the request body is over 1 MiB"}
@@ -375,19 +377,26 @@ def on_unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
     )
 
 
-# --- query parameters an operation does not take, or takes once ---------------------------------
+# --- query parameters an operation does not take, or takes once; a body it does not take -----
 
-# Where ``_query_check`` leaves its refusal of a request; ``_query_refusal`` raises it once ninja
-# has authenticated the request and validated the parameters the operation declares, as the
-# body's edge refusal is answered (an agent without the verb still hears 403 first).
+# Where ``_query_check`` leaves its refusal of a request (of its query, or of a body the
+# operation does not take); ``_query_refusal`` raises it once ninja has authenticated the request
+# and validated the parameters the operation declares, as the body's edge refusal is answered
+# (an agent without the verb still hears 403 first).
 REFUSED_QUERY = "_switchboard_query_refused"
+
+
+# Where ninja reads an operation's body from: an operation with none of these takes no body.
+_BODY_SOURCES = frozenset({"body", "form", "file"})
 
 
 def _query_check(run: Any) -> Any:
     """ninja's ``view`` decorator of every operation: notes the first query parameter the
     operation does not declare, or a declared one of a single value given more than once
     (ninja reads the declared ones, the last of repeated values, and ignores the rest, so a
-    mistyped filter, ``?stat=revoked``, would answer as if there were none)."""
+    mistyped filter, ``?stat=revoked``, would answer as if there were none); else, for an
+    operation that takes no body, a body that says anything (ninja would not read it, so
+    ``{"attempt": 2}`` sent to a release would release whichever attempt holds the claim)."""
     if getattr(run, "query_checked", False):
         return run  # a nested router's operations inherit the API's decorators once more
     operation = inspect.unwrap(run).__self__
@@ -395,11 +404,12 @@ def _query_check(run: Any) -> Any:
     names = frozenset(name for model in queries for name in model.__ninja_flatten_map__)
     lists = frozenset(name for model in queries for name in model.__ninja_collection_fields__)
     takes = ", ".join(sorted(names)) or "none"
+    takes_body = any(m.__ninja_param_source__ in _BODY_SOURCES for m in operation.models)
 
     @wraps(run)
     def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        refusal = None
         for name, values in request.GET.lists():
-            refusal = None
             if name not in names:
                 refusal = unknown_parameter(name, takes)
             elif len(values) > 1 and name not in lists:  # ninja would take the last one
@@ -407,8 +417,11 @@ def _query_check(run: Any) -> Any:
                     f"{name}: given {len(values)} times; it takes one value", field=name
                 )
             if refusal is not None:
-                setattr(request, REFUSED_QUERY, refusal)
                 break
+        if refusal is None and not takes_body:
+            refusal = unwanted_body(request.body, names)
+        if refusal is not None:
+            setattr(request, REFUSED_QUERY, refusal)
         return run(request, *args, **kwargs)
 
     checked.query_checked = True  # type: ignore[attr-defined]

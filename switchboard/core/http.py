@@ -11,7 +11,7 @@ import functools
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from datetime import datetime
 from functools import wraps
 from typing import Any, Protocol
@@ -212,6 +212,27 @@ def unknown_parameter(name: str, takes: str) -> InvalidArgument:
     return InvalidArgument(
         f"{name}: not a query parameter of this operation (it takes {takes})", field=name
     )
+
+
+def unwanted_body(body: bytes, query: Collection[str]) -> InvalidArgument | None:
+    """The refusal of a body sent to an operation that takes none (``query``: the parameters it
+    takes instead), or None for no body: nothing, white space or an empty JSON object, which
+    say nothing (clients that always send a JSON body send ``{}``)."""
+    text = body.strip()
+    if not text or text == b"{}":
+        return None
+    try:
+        value = validation.json_loads(text)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        value = None
+    if isinstance(value, dict) and value:
+        key = next(iter(value))
+        name = "body" if not key or validation.text_problem(key) else key
+        where = f"; give it in the query, ?{name}=" if name in query else ""
+        return InvalidArgument(f"{name}: this operation takes no body{where}", field=name)
+    if isinstance(value, dict):  # {} spelt with white space inside
+        return None
+    return InvalidArgument("body: this operation takes no body", field="body")
 
 
 def error_response(request: HttpRequest, exc: DomainError) -> HttpResponse:

@@ -19,7 +19,7 @@ from switchboard.core import validation
 from switchboard.core.errors import InvalidArgument
 from switchboard.core.verbs import get as verb
 from tests.api.conftest import Api, human_token, mcp_tool
-from tests.conftest import FIXTURE, Personas, push
+from tests.conftest import FIXTURE, Personas, audit_rows, push
 
 
 def nested(depth: int) -> Any:
@@ -261,6 +261,72 @@ def test_a_write_with_a_parameter_it_does_not_take_changes_nothing(
     personas.agent.refresh_from_db()
     todo.refresh_from_db()
     assert personas.agent.state == "active" and todo.state == "pending" and todo.attempt == 0
+
+
+def test_every_write_that_takes_no_body_refuses_one_and_changes_nothing(
+    personas: Personas, owner_api: Api
+) -> None:
+    """ninja reads no body where an operation declares none: a retry, a discard or a resume
+    sent ``{"dry_run": true}`` acted, and a release sent ``{"attempt": 99}`` released whichever
+    attempt held the claim. Every operation of the document without a request body, so one
+    added later is held to it too; refused after the path's own checks, before the view."""
+    todo = push(personas, 1)[0]
+    values = {
+        "id": str(todo.id),
+        "slug": "agent",
+        "queue": "inbox",
+        "scope": "endpoint:agent",
+        "kind": "pool",
+        "name": "gpu",
+    }
+    document = owner_api.get("/api/v1/openapi.json").json()
+    ledger = audit_rows().count()
+    checked = []
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            if method in ("get", "head") or "requestBody" in operation:
+                continue
+            url = re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], path)
+            send = getattr(owner_api.client, method)
+            for body, field in [('{"dry_run": true}', "dry_run"), ("not json {", "body")]:
+                response = send(
+                    url, body, content_type="application/json", headers=owner_api._headers()
+                )
+                assert refused_field(response) == field, (method, url, response.content)
+                assert response.json()["error"] == f"{field}: this operation takes no body"
+            checked.append(f"{method} {path}")
+    assert len(checked) >= 7, checked
+    assert "post /api/v1/todos/{id}/release" in checked
+    assert "delete /api/v1/admission/{scope}/{queue}" in checked
+    todo.refresh_from_db()
+    personas.agent.refresh_from_db()
+    assert todo.state == "pending" and personas.agent.state == "active"
+    assert audit_rows().count() == ledger
+
+
+def test_a_fence_sent_in_a_body_is_refused_pointing_at_the_query(
+    personas: Personas, owner_api: Api, agent_api: Api
+) -> None:
+    todo = push(personas, 1)[0]
+    assert agent_api.verb("claim", {"id": str(todo.id)}).status_code == 200
+    url = f"/api/v1/todos/{todo.id}/release"
+    fenced = owner_api.post(url, {"attempt": 99})
+    assert refused_field(fenced) == "attempt"
+    assert fenced.json()["error"] == (
+        "attempt: this operation takes no body; give it in the query, ?attempt="
+    )
+    todo.refresh_from_db()
+    assert todo.state == "claimed" and todo.attempt == 1
+    # In the query, where the operation takes it, the fence holds.
+    stale = owner_api.post(f"{url}?attempt=99")
+    assert stale.status_code == 409 and stale.json()["reason"] == "fence_mismatch"
+    # A body that says nothing (no body, white space, an empty object) is no body.
+    for empty in ["", " \n", "{}", "{ }"]:
+        assert agent_api.verb("claim", {"id": str(todo.id)}).status_code in (200, 409)
+        attempt = Todo.objects.get(id=todo.id).attempt
+        released = owner_api.post(f"{url}?attempt={attempt}", raw=empty)
+        assert released.status_code == 200, (empty, released.content)
+        assert released.json()["todo"]["state"] == "pending"
 
 
 def test_who_asks_and_the_declared_parameters_are_answered_first(
