@@ -13,13 +13,14 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import Client
 
+from admission.models import AdmissionPolicy
 from queues import services
 from queues.models import Todo
 from switchboard.core import validation
 from switchboard.core.errors import InvalidArgument
 from switchboard.core.verbs import get as verb
 from tests.api.conftest import Api, human_token, mcp_tool
-from tests.conftest import FIXTURE, Personas, audit_rows, push
+from tests.conftest import FIXTURE, Personas, audit_rows, push, self_budgeting
 
 
 def nested(depth: int) -> Any:
@@ -57,6 +58,34 @@ def test_a_nul_or_lone_surrogate_inside_json_is_refused_with_its_path(agent_api:
     raw = '{"queue": "inbox", "title": "t", "payload": {"\\u0000": 1}}'
     assert refused_field(agent_api.verb("create_todo", raw=raw)).startswith("payload.")
     assert not Todo.objects.exists()
+
+
+def test_a_budgets_window_is_named_in_brackets_whatever_refuses_it(
+    personas: Personas, owner_api: Api, agent_api: Api
+) -> None:
+    """The services name a budget's windows ``windows[1].tz``; the edge's walk of the JSON named
+    what it refused (a NUL, a lone surrogate, a number past a double) ``windows.0.start``."""
+    budgeter = Api(Client(), self_budgeting(personas)[1])
+    url = "/api/v1/admission/endpoint:agent/inbox"
+    window = '{"period": "hour", "tz": "UTC", "limit": 10, "start": "00:00"}'
+    for bad, field in [
+        (window.replace('"00:00"', '"\\u0000"'), "windows[0].start"),
+        (window.replace('"00:00"', '"\\ud800"'), "windows[0].start"),
+        (window.replace('"UTC"', '"UTC\\u0000"'), "windows[0].tz"),
+        (window.replace("10", "1e999"), "windows[0].limit"),
+    ]:
+        body = f'{{"windows": [{window}, {bad}]}}'
+        response = owner_api.client.put(
+            url, body, content_type="application/json", headers=owner_api._headers()
+        )
+        assert refused_field(response) == field.replace("[0]", "[1]"), body
+        policy = f'{{"queue": "inbox", "policy": {{"windows": [{bad}]}}}}'
+        refused = budgeter.verb("set_admission_policy", raw=policy)
+        assert refused_field(refused) == f"policy.{field}", policy
+    # Inside a stored field a list keeps its dotted index, whatever its key is called.
+    payload = {"windows": [{"start": "\x00"}]}
+    assert refused_field(create(agent_api, payload=payload)) == "payload.windows.0.start"
+    assert not AdmissionPolicy.objects.exists() and not Todo.objects.exists()
 
 
 def test_a_nul_in_the_query_or_path_is_a_json_400(personas: Personas) -> None:
