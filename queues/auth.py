@@ -34,7 +34,12 @@ from queues.services import touch_endpoint
 from queues.sql import hot_cursor
 from switchboard.core import availability, ratelimit
 from switchboard.core.errors import Forbidden, RateLimited, Unauthorized
-from switchboard.core.tokens import ENDPOINT_TOKEN_PREFIX, HUMAN_TOKEN_PREFIX, hash_token
+from switchboard.core.tokens import (
+    ENDPOINT_TOKEN_PREFIX,
+    HUMAN_TOKEN_PREFIX,
+    bearer_token,
+    hash_token,
+)
 
 # What an unknown or revoked token is told (a revoked endpoint's open streams end with it too).
 REVOKED_MESSAGE = "the bearer token is unknown or revoked"
@@ -424,6 +429,11 @@ class AgentAuth(HttpBearer):
 
     openapi_scheme = "bearer"
 
+    def __call__(self, request: HttpRequest) -> AgentActor | None:
+        # ninja's reading kept the spaces after the first (``Bearer  sbk_…`` was unknown).
+        token = bearer_token(request.headers.get("Authorization", ""))
+        return None if token is None else self.authenticate(request, token)
+
     def authenticate(self, request: HttpRequest, token: str) -> AgentActor | None:
         return authenticate_agent(request, token, via="api")
 
@@ -435,9 +445,9 @@ class HumanAuth(AuthBase):
     openapi_scheme = "bearer"
 
     def __call__(self, request: HttpRequest) -> HumanActor | None:
-        header = request.headers.get("Authorization", "")
-        if header.lower().startswith("bearer "):
-            user = human_for_token(header[7:].strip())
+        token = bearer_token(request.headers.get("Authorization", ""))
+        if token is not None:
+            user = human_for_token(token)
             if user is None:
                 raise Unauthorized(REVOKED_MESSAGE)
             return HumanActor(user=user, via="api")

@@ -24,6 +24,7 @@ from queues.auth import authenticate_agent
 from queues.doorbell import END, Ring, doorbell, since_event
 from switchboard.core.errors import DomainError, MethodNotAllowed, Unauthorized
 from switchboard.core.http import error_response, unknown_parameter
+from switchboard.core.tokens import bearer_token
 
 KEEPALIVE_SECONDS = 15.0
 KEEPALIVE = ": keepalive\n\n"
@@ -88,11 +89,11 @@ def agent_events(request: HttpRequest) -> HttpResponseBase:
         answer = _refused(request, refusal)
         answer["Allow"] = "GET, HEAD"
         return answer
-    header = request.headers.get("Authorization", "")
+    token = bearer_token(request.headers.get("Authorization", ""))
     try:
-        if not header.lower().startswith("bearer "):
+        if token is None:
             raise Unauthorized("a bearer token is required")
-        actor = authenticate_agent(request, header[7:].strip(), via="api")
+        actor = authenticate_agent(request, token, via="api")
         for name in request.GET:
             raise unknown_parameter(name, "none")
     except DomainError as exc:

@@ -54,6 +54,7 @@ from switchboard.core.http import (
     unwanted_body,
 )
 from switchboard.core.times import iso
+from switchboard.core.tokens import bearer_token
 from switchboard.core.zones import zones
 
 log = logging.getLogger(__name__)
@@ -528,15 +529,6 @@ def agent_verb_direct(request: HttpRequest, spec: verbs.VerbSpec) -> HttpRespons
         return HttpResponse(verbs.call_json(actor, spec, data), content_type="application/json")
     except Exception as exc:
         return api.on_exception(request, exc)
-
-
-def bearer_token(header: str) -> str | None:
-    """The token of an ``Authorization: Bearer <token>`` header as ninja's HttpBearer reads it,
-    or None (anything else is left to ninja)."""
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token:
-        return None
-    return token
 
 
 def agent_for_verb(token: str, spec: verbs.VerbSpec) -> AgentActor:

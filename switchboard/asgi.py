@@ -57,6 +57,7 @@ from switchboard import middleware as edge  # noqa: E402
 from switchboard.core import availability, verbs  # noqa: E402
 from switchboard.core.errors import InvalidArgument  # noqa: E402
 from switchboard.core.http import API_BODY_LIMIT, FORM_TYPES, media_type  # noqa: E402
+from switchboard.core.tokens import bearer_token  # noqa: E402
 from switchboard.core.validation import check_text  # noqa: E402
 from switchboard.pgpool import base as pgpool  # noqa: E402
 
@@ -347,7 +348,7 @@ class AgentPath:
     def serve(self, scope: dict[str, Any], body: bytes, spec: verbs.VerbSpec) -> _Answer | None:
         """In a pool thread: the verb's answer, or None for Django's path (nothing done)."""
         meta = _meta(scope)
-        token = agent_api.bearer_token(meta.get("HTTP_AUTHORIZATION", ""))
+        token = bearer_token(meta.get("HTTP_AUTHORIZATION", ""))
         if token is None or len(body) > API_BODY_LIMIT:
             return None
         kind = media_type(meta.get("CONTENT_TYPE", ""))

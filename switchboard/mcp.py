@@ -111,6 +111,7 @@ from switchboard.core.http import (
     media_type,
     retry_after_seconds,
 )
+from switchboard.core.tokens import bearer_token
 from switchboard.core.validation import json_loads, not_json
 
 log = logging.getLogger(__name__)
@@ -376,12 +377,11 @@ def _body_id(request: Incoming) -> Id:
 
 
 def _authenticate(request: Incoming, slug: str) -> AgentActor:
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    token = bearer_token(request.headers.get("Authorization", ""))
+    if token is None:
         raise Unauthorized("send Authorization: Bearer sbk_… (the endpoint's token)")
     # The rate is charged per tool call (in _post), not per request: see the module docstring.
-    actor = authenticate_agent(None, token.strip(), via="mcp", charge_rate=False)
+    actor = authenticate_agent(None, token, via="mcp", charge_rate=False)
     if actor.endpoint.slug != slug:
         raise Forbidden("this token belongs to another endpoint's MCP URL")
     return actor

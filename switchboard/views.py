@@ -8,16 +8,18 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from switchboard.core.tokens import bearer_token
+
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
     expected = settings.METRICS_TOKEN
-    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    given = bearer_token(request.headers.get("Authorization", ""))
     if not expected:
         return HttpResponse("metrics are off: METRICS_TOKEN is unset\n", status=403)
     # The scheme is case-insensitive (RFC 9110 11.1): "bearer" is as good as "Bearer".
-    if scheme.lower() != "bearer" or not given.strip():
+    if given is None:
         return _unauthorized("a bearer token is required (METRICS_TOKEN)", "")
-    if not hmac.compare_digest(given.strip().encode(), expected.encode()):
+    if not hmac.compare_digest(given.encode(), expected.encode()):
         return _unauthorized(
             "this bearer token is not the metrics token", ', error="invalid_token"'
         )

@@ -12,6 +12,18 @@ LEASE_TOKEN_PREFIX = "sbl_"
 HOOK_SECRET_PREFIX = "whsec_"
 
 
+def bearer_token(header: str) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header, or None for any other header.
+    One reading for every surface (the REST API, MCP, the agents' event stream, /metrics): the
+    scheme in any case (RFC 9110 11.1), one or more spaces after it (``1*SP``), white space
+    around the token ignored (an agent's REST requests refused two spaces MCP took)."""
+    scheme, _, token = header.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return None
+    return token
+
+
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 

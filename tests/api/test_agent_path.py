@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from django.db import connection
 from django.http.response import HttpResponseBase
-from django.test import override_settings
+from django.test import Client, override_settings
 from psycopg.pq import TransactionStatus
 
 from queues import services
@@ -102,6 +102,52 @@ def test_reads_and_refusals_are_the_same_on_the_wire(
     assert got["todo"]["state"] == "claimed"
     listed = _same(handler, "list_todos", token, {})
     assert [t["id"] for t in listed["todos"]] == [str(todo.id)]
+
+
+def test_every_surface_reads_a_bearer_header_alike(
+    tx_personas: Personas, handler: OneHopHandler
+) -> None:
+    """The scheme in any case, one or more spaces after it, white space around the token: the
+    agents' REST path refused ``Bearer  sbk_…`` (two spaces) that MCP, the operator API and
+    /metrics took. Each surface here, each header both ways it can be served."""
+    p = tx_personas
+    human = services.human_token_create(actor=FIXTURE, user=p.owner, name="t")[1]
+    mcp_call = json.dumps(
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": META}}
+    )
+    mcp_headers = {
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": MODERN,
+        "Mcp-Method": "tools/list",
+    }
+    client = Client()
+
+    def answers(header: str, token: str) -> list[int]:
+        spelt = header.format(token)
+        wire = [(b"authorization", spelt.encode())]
+        lean = _lean(handler, *_pair("list_todos", None, {}, extra=wire))
+        django = _django(handler, *_pair("list_todos", None, {}, extra=wire))
+        auth = {"Authorization": spelt}
+        human_spelt = {"Authorization": header.format(human)}
+        metrics = {"Authorization": header.format("test-metrics-token")}
+        return [
+            lean.status if lean is not None else django.status_code,
+            django.status_code,
+            client.head("/api/v1/agent/events", headers=auth).status_code,
+            client.post(
+                "/mcp/agent",
+                mcp_call,
+                content_type="application/json",
+                headers={**auth, **mcp_headers},
+            ).status_code,
+            client.get("/api/v1/todos", headers=human_spelt).status_code,
+            client.get("/metrics", headers=metrics).status_code,
+        ]
+
+    for header in ["Bearer {}", "bearer {}", "BEARER  {}", "Bearer {}  ", "Bearer \t{} "]:
+        assert answers(header, p.agent_token) == [200] * 6, header
+    for header in ["Bearer", "Bearer  ", "Basic {}", "Bearer{}", "Bearer {}x"]:
+        assert 200 not in answers(header, p.agent_token), header
 
 
 def _pair(verb: str, token: str | None, value: Any, **kw: Any) -> tuple[dict[str, Any], bytes]:
