@@ -137,15 +137,31 @@ def todos_for(
     if len(rows) > limit:
         rows = rows[:limit]
         last = rows[-1]
-        next_cursor = f"{last.created_at.isoformat()}|{last.id}"
+        next_cursor = _encode_cursor(last.created_at, last.id)
     return rows, next_cursor
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _encode_cursor(created_at: datetime, todo_id: UUID) -> str:
+    """Where a page ends, URL-safe (digits, ``_`` and hex) so a client can put it in a query
+    string as it is: the ISO form's ``+`` (``+00:00``) arrived as a space and was refused as a
+    cursor this server never gave out."""
+    return f"{(created_at - _EPOCH) // _MICROSECOND}_{todo_id.hex}"
 
 
 def _decode_cursor(cursor: str) -> tuple[datetime, UUID]:
     try:
-        created, _, ident = cursor.partition("|")
-        return datetime.fromisoformat(created), UUID(ident)
-    except ValueError as exc:
+        if "|" in cursor:  # as servers before 2026-12-07 gave them out: "<ISO instant>|<id>"
+            created, _, ident = cursor.partition("|")
+            return datetime.fromisoformat(created), UUID(ident)
+        micros, sep, ident = cursor.partition("_")
+        if not sep or not micros.isascii() or not micros.isdigit() or len(ident) != 32:
+            raise ValueError(cursor)
+        return _EPOCH + int(micros) * _MICROSECOND, UUID(hex=ident)
+    except (ValueError, OverflowError) as exc:
         raise InvalidArgument("cursor is not one this server gave out", field="cursor") from exc
 
 
