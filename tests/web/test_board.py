@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from django.db import connection
 from django.test import Client
 
@@ -117,6 +119,23 @@ def test_a_paused_queue_shows_who_why_since_and_drain_progress(personas: Persona
         )
     html = client.get("/?endpoint=agent&queue=inbox").content.decode()
     assert "Drain: drained" in html
+
+
+def test_a_paused_queues_budget_gives_no_time_it_will_not_keep(personas: Personas) -> None:
+    """The budget's status read "Paused · eligible ≈ <the lease's end>": a paused queue's work
+    waits for a resume whatever its budget says (README: no time)."""
+    p = personas
+    budget(p, max_in_flight=1)
+    push(p, 2)
+    services.claim_next(actor=p.as_agent())
+    client = signed_in(p.owner)
+    status = re.compile(r"<dt>status</dt><dd>([^<]*)</dd>")
+    (running,) = status.findall(client.get("/?endpoint=agent&queue=inbox").content.decode())
+    assert running.startswith("At cap") and "· eligible" in running, running
+    pauses.queue_pause(actor=p.as_human(p.pauser), queue="inbox", reason="upgrading")
+    for url in ("/?endpoint=agent&queue=inbox", "/queues/inbox"):
+        (paused,) = status.findall(client.get(url).content.decode())
+        assert paused == "Paused · waits for resume", (url, paused)
 
 
 def test_a_budget_that_cannot_be_evaluated_shows_as_unavailable(personas: Personas) -> None:
