@@ -41,6 +41,7 @@ from switchboard.core.pages import (
     refusal,
     safe_next,
 )
+from switchboard.core.validation import MAX_JSON_BYTES
 from switchboard.core.zones import not_a_zone, zone_exists, zones
 
 TZ_COOKIE_AGE = 365 * 24 * 3600
@@ -48,6 +49,12 @@ TZ_COOKIE_AGE = 365 * 24 * 3600
 # typed is kept up to KEPT_REASON characters (twice the most a reason may have).
 PAUSE_REFUSED = "console.pause_refused"
 KEPT_REASON = 2 * MAX_REASON
+# The same for a todo's Complete or Fail refused (by the form or the service): what was typed in
+# each field, up to KEPT_TEXT characters (twice the most a stored JSON field may take), and
+# the refusal beside the field it names, until the todo's page or drawer shows them.
+TODO_REFUSED = "console.todo_refused"
+KEPT_TEXT = 2 * MAX_JSON_BYTES
+TYPED = {"complete": ("summary", "result"), "fail": ("error",)}
 TODO_ACTIONS = ("claim", "complete", "fail", "release", "retry", "discard")
 
 
@@ -314,17 +321,40 @@ def _todo_context(request: HttpRequest, viewer: Viewer, todo_id: UUID) -> dict[s
         "here": back,
         # Actions come back here (the drawer with htmx, the page without), keeping the way back.
         "self_url": reverse("todo", args=[todo.id]) + "?" + urlencode({"next": back}),
+        "kept": _kept_typing(request, todo.id),
     }
 
 
-def _not_done(request: HttpRequest, back: str, what: str, form: forms.Form) -> HttpResponse:
-    """A todo action whose form the edge refuses: nothing is done; the message names each field
-    and what is wrong with it."""
-    problems = "; ".join(
-        f"{field}: {' '.join(str(e) for e in errors)}" for field, errors in form.errors.items()
-    )
+def _not_done(
+    request: HttpRequest, todo_id: UUID, action: str, back: str, errors: dict[str, str]
+) -> HttpResponse:
+    """A Complete or Fail refused: nothing is done; the page's message names each field and
+    what is wrong with it, and the form comes back with what was typed and each error beside
+    its field (``_kept_typing``)."""
+    what = "Not completed" if action == "complete" else "Not failed"
+    problems = "; ".join(f"{field}: {error}" for field, error in errors.items())
     messages.error(request, f"{what}: {problems}. Nothing was changed.")
+    request.session[TODO_REFUSED] = {
+        "todo": str(todo_id),
+        "action": action,
+        "typed": {f: request.POST.get(f, "")[:KEPT_TEXT] for f in TYPED[action]},
+        "errors": {f: e for f, e in errors.items() if f in TYPED[action]},
+    }
     return HttpResponseRedirect(back)
+
+
+def _form_errors(form: forms.Form) -> dict[str, str]:
+    return {field: " ".join(str(e) for e in errs) for field, errs in form.errors.items()}
+
+
+def _kept_typing(request: HttpRequest, todo_id: UUID) -> dict[str, Any]:
+    """What a refused Complete or Fail of this todo left for its page, shown once: per action,
+    the text typed per field and the errors beside them."""
+    refused = request.session.get(TODO_REFUSED)
+    if not isinstance(refused, dict) or refused.get("todo") != str(todo_id):
+        return {}
+    del request.session[TODO_REFUSED]
+    return {str(refused.get("action")): refused}
 
 
 def _actions_for(state: str, dead_letter: bool) -> list[str]:
@@ -369,7 +399,7 @@ def todo_action_view(request: HttpRequest, todo_id: UUID, action: str) -> HttpRe
             if not form.is_valid():
                 # A result the edge refuses (NaN, too deep, a lone surrogate) was dropped and the
                 # todo completed without it: nothing is done, and the message names the field.
-                return _not_done(request, back, "Not completed", form)
+                return _not_done(request, todo_id, action, back, _form_errors(form))
             data = form.cleaned_data
             services.complete(
                 actor=actor,
@@ -382,7 +412,7 @@ def todo_action_view(request: HttpRequest, todo_id: UUID, action: str) -> HttpRe
         elif action == "fail":
             fail_form = TodoFailForm(request.POST)
             if not fail_form.is_valid():
-                return _not_done(request, back, "Not failed", fail_form)
+                return _not_done(request, todo_id, action, back, _form_errors(fail_form))
             fdata = fail_form.cleaned_data
             todo = services.fail(
                 actor=actor,
@@ -417,6 +447,11 @@ def todo_action_view(request: HttpRequest, todo_id: UUID, action: str) -> HttpRe
             return refusal(request, NotFound(f"no todo action {action!r}"))
     except (Forbidden, NotFound) as exc:
         return refusal(request, exc)
+    except InvalidArgument as exc:
+        typed = exc.field.split(".", 1)[0]  # result.a: the result's field
+        if typed in TYPED.get(action, ()):  # what was typed: kept, as when the form refuses it
+            return _not_done(request, todo_id, action, back, {typed: exc.message})
+        messages.error(request, _in_zone(exc, viewer))
     except DomainError as exc:
         messages.error(request, _in_zone(exc, viewer))
     return HttpResponseRedirect(back)

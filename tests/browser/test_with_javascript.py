@@ -550,6 +550,15 @@ def test_an_operator_claims_and_completes_a_todo_in_the_drawer(
     expect(drawer).to_contain_text("Claimed")
     expect(drawer.locator(".todo-head .state-label")).to_have_text("claimed")
     drawer.locator("#complete-summary").fill("done by hand")
+    # A result the edge refuses: the drawer comes back with both fields as typed, the
+    # refusal beside the result, the todo still claimed.
+    drawer.locator("#complete-result").fill('{"a": NaN}')
+    drawer.get_by_role("button", name="Complete").click()
+    expect(drawer.locator("#complete-result-error")).to_contain_text("finite number")
+    expect(drawer.locator("#complete-summary")).to_have_value("done by hand")
+    expect(drawer.locator("#complete-result")).to_have_value('{"a": NaN}')
+    expect(drawer.locator(".todo-head .state-label")).to_have_text("claimed")
+    drawer.locator("#complete-result").fill("")
     drawer.get_by_role("button", name="Complete").click()
     expect(drawer.locator(".todo-head .state-label")).to_have_text("done")
     expect(drawer.locator(".attempts")).to_contain_text("done by hand")

@@ -250,6 +250,51 @@ def test_a_complete_whose_result_is_refused_changes_nothing_and_says_why(
     assert Todo.objects.get(pk=todo.pk).result == {"answer": 42}
 
 
+def _field(page: str, name: str) -> tuple[str, str]:
+    """What a todo form's field holds and the error beside it, as the page shows them."""
+    tag = re.search(rf'<(input|textarea) id="{name}"[^>]*>', page)
+    assert tag is not None, name
+    if tag.group(1) == "input":
+        found = re.search(r'value="([^"]*)"', tag.group(0))
+        value = found.group(1) if found else ""
+    else:
+        value = page[tag.end() : page.index("</textarea>", tag.end())]
+    error = re.search(rf'<p class="error field-error" id="{name}-error">([^<]*)</p>', page)
+    return htmllib.unescape(value), htmllib.unescape(error.group(1)) if error else ""
+
+
+def test_a_refused_complete_or_fail_gives_back_what_was_typed(personas: Personas) -> None:
+    """The message named the field, but the page came back with every field empty: a long
+    summary or result typed by hand was lost. Refused by the form (a result that is not storable
+    JSON) or by the service (a summary too long, an error too large), the text comes back in
+    its field, the refusal beside it, once; nothing is changed."""
+    p = personas
+    [todo] = push(p, 1)
+    services.claim(actor=p.as_human(), todo_id=todo.id)
+    client = signed_in(p.owner)
+    url = f"/todos/{todo.id}"
+    long_summary = "s" * 10_001
+    big_error = "e" * 300_000
+    cases = [
+        ("complete", {"summary": "kept <b>", "result": '{"a": 1e309}'}, "complete-result"),
+        ("complete", {"summary": long_summary, "result": "[1, 2]"}, "complete-summary"),
+        ("fail", {"error": big_error}, "fail-error"),
+    ]
+    for action, typed, refused in cases:
+        page = client.post(
+            f"{url}/{action}", {**typed, "attempt": "1", "next": url}, follow=True
+        ).content.decode()
+        assert "Nothing was changed" in page, action
+        for name, text in typed.items():
+            value, error = _field(page, f"{action}-{name}")
+            assert value == text, (action, name, len(value))
+            assert bool(error) == (f"{action}-{name}" == refused), (action, name, error)
+        # Shown once: the page loaded again has empty forms.
+        assert _field(client.get(url).content.decode(), refused) == ("", "")
+    assert Todo.objects.get(pk=todo.pk).state == TodoState.CLAIMED
+    assert not audit_rows().filter(kind__in=[LedgerKind.TODO_COMPLETE, LedgerKind.TODO_FAIL])
+
+
 def test_releasing_a_last_attempt_says_it_is_a_dead_letter_now(personas: Personas) -> None:
     """A release of the last attempt dead-letters it; the page said "back to pending"."""
     p = personas
