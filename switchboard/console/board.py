@@ -148,6 +148,15 @@ class Filters:
             q=query.get("q", "").strip()[:MAX_SEARCH],
         )
 
+    @property
+    def retry_query(self) -> str:
+        """The bulk retry's selection: the failed todos of what these filters select. A state
+        that holds none (live, the default) sent "Retry the failed ones…" to a page with nothing
+        to retry while the section counted failed todos."""
+        if self.state in (TodoState.FAILED, "dead_letter"):
+            return self.query()
+        return self.query(state=TodoState.FAILED)
+
     def query(self, **changes: str) -> str:
         values = {
             "endpoint": self.endpoint,

@@ -112,6 +112,16 @@ def test_the_board_offers_bulk_actions_on_a_filtered_selection(personas: Persona
     board = client.get("/?state=dead_letter").content.decode()
     assert 'href="/todos/bulk/retry?state=dead_letter"' in board
     assert 'href="/todos/bulk/discard?state=dead_letter"' in board
+    # Filtered by anything but state, the retry takes the failed ones of the selection: under
+    # the default live filter it went to a page with nothing to retry.
+    for url in ("/queues/inbox", "/?queue=inbox", "/?queue=inbox&state=pending"):
+        page = client.get(url).content.decode()
+        assert 'href="/todos/bulk/retry?queue=inbox&amp;state=failed"' in page, url
+        assert 'href="/todos/bulk/discard?queue=inbox' in page, url
+    assert (
+        "Retry 2 todos?"
+        in client.get("/todos/bulk/retry?queue=inbox&state=failed").content.decode()
+    )
     auditor = signed_in(p.auditor).get("/?state=dead_letter").content.decode()
     assert "/todos/bulk/" not in auditor
 
