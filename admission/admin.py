@@ -178,10 +178,10 @@ class AdmissionPolicyAdmin(ServiceFormAdmin):
             )
         return form
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[Any]:
         # The identity of a budget never changes: clear it and set another.
         fixed = ["endpoint", "queue"] if obj is not None else []
-        return [*fixed, *self.readonly_fields]
+        return [*self.unlinked(request, fixed), *super().get_readonly_fields(request, obj)]
 
     def save_model(
         self, request: HttpRequest, obj: AdmissionPolicy, form: Any, change: bool

@@ -300,7 +300,7 @@ class EndpointAdmin(_PersonFieldAdmin):
         return self.fields
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        return [] if obj is None else [*self.readonly_fields, "hook_url"]
+        return [] if obj is None else [*super().get_readonly_fields(request, obj), "hook_url"]
 
     @admin.display(description="Hook URL")
     def hook_url(self, obj: Endpoint) -> str:

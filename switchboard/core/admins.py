@@ -58,6 +58,18 @@ class StrictChangeList(ChangeList):
             raise IncorrectLookupParameters(exc) from exc
 
 
+def _as_text(name: str, label: str) -> Callable[[Any], str]:
+    """A read-only field showing the object a foreign key names by its name, not as a link."""
+
+    def shown(obj: Any) -> str:
+        value = getattr(obj, name, None)
+        return "-" if value is None else str(value)
+
+    shown.__name__ = name  # the row's class (field-owner), as the field's own would be
+    shown.short_description = label  # type: ignore[attr-defined]
+    return shown
+
+
 def in_viewer_zone(request: HttpRequest, view: Callable[[], HttpResponseBase]) -> HttpResponseBase:
     """``view``'s answer made and rendered in the viewer's zone (UTC without the cookie), as the
     console's times are, the page naming it (``viewer_zone``, templates/admin/base_site.html).
@@ -74,7 +86,61 @@ def in_viewer_zone(request: HttpRequest, view: Callable[[], HttpResponseBase]) -
 
 class ViewerZoneAdmin(admin.ModelAdmin):
     """A model admin whose pages show times in the viewer's zone (``in_viewer_zone``): the list
-    (its actions' pages too), the add and change forms, the delete confirmation, the history."""
+    (its actions' pages too), the add and change forms, the delete confirmation, the history.
+
+    A read-only foreign key is shown as the admin shows it, a link to what it names, only to a
+    viewer who may open that page; to anyone else as its name alone (``_unlinked``): Django
+    links it whatever the viewer may see, and an auditor reading an endpoint was one click from
+    a 403 on its owner's user page."""
+
+    _shown_as_text: dict[str, Callable[[Any], str]]
+
+    def _unlinked(self, request: HttpRequest) -> dict[str, Callable[[Any], str]]:
+        """The foreign keys whose page this viewer may not open: each with its plain display."""
+        if "_shown_as_text" not in self.__dict__:
+            self._shown_as_text = {}
+        unlinked = {}
+        for field in self.model._meta.get_fields():
+            if not (field.many_to_one or field.one_to_one) or field.auto_created:
+                continue
+            target = self.admin_site._registry.get(field.related_model)
+            if target is None or target.has_view_or_change_permission(request):
+                continue
+            if field.name not in self._shown_as_text:
+                self._shown_as_text[field.name] = _as_text(field.name, str(field.verbose_name))
+            unlinked[field.name] = self._shown_as_text[field.name]
+        return unlinked
+
+    def unlinked(self, request: HttpRequest, names: Any) -> list[Any]:
+        """Read-only ``names`` with each foreign key this viewer may not open as its name alone
+        (an override of ``get_readonly_fields`` passes what it adds through this)."""
+        unlinked = self._unlinked(request)
+        return [unlinked.get(f, f) if isinstance(f, str) else f for f in names]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return self.unlinked(request, super().get_readonly_fields(request, obj))
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        fieldsets = super().get_fieldsets(request, obj)
+        unlinked = self._unlinked(request)
+        if not unlinked:
+            return fieldsets
+        if obj is not None and not self.has_change_permission(request, obj):
+            swapped = unlinked  # a page to view: every field read-only, none in the form
+        else:
+            # Those the form leaves out as read-only: an override of get_readonly_fields that
+            # does not call this one's keeps its links (swapped here, the form would want them).
+            readonly = self.get_readonly_fields(request, obj)
+            swapped = {name: shown for name, shown in unlinked.items() if shown in readonly}
+
+        def swap(names: Any) -> Any:
+            if isinstance(names, list | tuple):
+                return type(names)(swap(n) for n in names)
+            return swapped.get(names, names) if isinstance(names, str) else names
+
+        return [
+            (name, {**options, "fields": swap(options["fields"])}) for name, options in fieldsets
+        ]
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
         view = super().changelist_view

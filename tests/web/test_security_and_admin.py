@@ -6,13 +6,14 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 from django.conf import settings
 from django.contrib.auth.models import Permission
 from django.test import Client
 
 from admission import selectors
 from admission.models import AdmissionPolicy, AdmissionWindow
-from queues import services
+from queues import pauses, services
 from queues.models import QueuePause, Todo, TodoState
 from switchboard.core.versions import ABSENT as NO_BUDGET
 from tests.conftest import Personas, audit_rows, push
@@ -202,6 +203,49 @@ def test_a_write_an_auditor_forges_by_hand_is_refused_and_changes_nothing(
     claimed.refresh_from_db()
     assert (pending.state, claimed.state) == (TodoState.PENDING, TodoState.CLAIMED)
     assert AdmissionPolicy.objects.get().max_in_flight == 2
+
+
+@pytest.mark.parametrize("who", ["auditor", "owner"])
+def test_every_admin_link_a_viewer_is_shown_opens(personas: Personas, who: str) -> None:
+    """A read-only foreign key (an endpoint's owner, a pause's author, a budget's last editor)
+    linked to the user's change page, which an auditor (reading) or an owner (changing their
+    budget) may not open: a 403 one click from a page they may read. Every admin page each opens
+    from the index, lists and change pages alike, and every admin link on each, in turn."""
+    p = personas
+    viewer = getattr(p, who)
+    viewer.user_permissions.add(
+        *Permission.objects.filter(codename__in=["change_admissionpolicy", "view_admissionpolicy"])
+    )
+    (todo,) = push(p, 1)
+    services.claim(actor=p.as_agent(), todo_id=todo.id)
+    budget(p, max_in_flight=2)
+    pauses.queue_pause(actor=p.as_human(p.pauser), queue="outbox", reason="draining")
+    viewer.is_staff = True  # as seed_demo makes the demo's auditor: the admin's doors open
+    viewer.save()
+    client = signed_in(viewer)
+    link = re.compile(r'href="(/admin/[^"#?]*)"')
+    seen: set[str] = set()
+    pending = ["/admin/"]
+    refused = []
+    while pending:
+        url = pending.pop()
+        if url in seen or url.startswith(("/admin/logout", "/admin/password_change")):
+            continue
+        seen.add(url)
+        response = client.get(url)
+        if response.status_code != 200:
+            refused.append((url, response.status_code))
+            continue
+        if "text/html" in response["Content-Type"]:
+            pending += link.findall(response.content.decode())
+    assert not refused, refused
+    assert any(re.fullmatch(r"/admin/admission/admissionpolicy/[^/]+/change/", u) for u in seen)
+    if who == "auditor":
+        assert any(re.fullmatch(r"/admin/queues/endpoint/[^/]+/change/", u) for u in seen), seen
+        assert any(u.startswith("/admin/queues/queuepause/outbox") for u in seen), seen
+    policy = AdmissionPolicy.objects.get()
+    page = client.get(f"/admin/admission/admissionpolicy/{policy.pk}/change/").content.decode()
+    assert re.search(r'class="[^"]*field-updated_by[^"]*"', page) and "olive" in page
 
 
 def test_the_ledger_is_read_only_in_the_admin_even_for_a_superuser(personas: Personas) -> None:
