@@ -30,11 +30,18 @@ def _fold(name: str) -> str:
     return name.strip().casefold().replace(" ", "_")
 
 
+# How much of a refused name a refusal repeats: the longest zone name is 32 characters. A 10,000
+# character one was repeated whole, twice on the budget page.
+ECHOED = 64
+
+
 def not_a_zone(name: str) -> str:
     """Why ``name`` is refused, with the zone it was likely meant to be: IANA names are case
     sensitive, so ``europe/berlin`` and ``Europe/New York`` are not zones, but say which is."""
     meant = _by_folded_name().get(_fold(name)) if isinstance(name, str) else None
     hint = f" (did you mean {meant!r}?)" if meant and meant != name else ""
+    if isinstance(name, str) and len(name) > ECHOED:  # no zone is this long: the start says it
+        return f"{name[:ECHOED]!r}… ({len(name)} characters) is not a known IANA time zone"
     return f"{name!r} is not a known IANA time zone{hint}"
 
 

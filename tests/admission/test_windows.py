@@ -29,7 +29,7 @@ from admission.windows import (
     window_start,
     zone_exists,
 )
-from switchboard.core.zones import not_a_zone
+from switchboard.core.zones import ECHOED, not_a_zone, zones
 
 LA = "America/Los_Angeles"
 BERLIN = "Europe/Berlin"
@@ -543,3 +543,10 @@ def test_a_refused_zone_names_the_zone_it_was_likely_meant_to_be(
     said = not_a_zone(name)
     assert said.startswith(f"{name!r} is not a known IANA time zone")
     assert said.endswith(f" (did you mean {meant!r}?)" if meant else "time zone")
+
+
+def test_a_refused_zone_name_of_any_length_is_repeated_in_a_line() -> None:
+    # A 10,000-character zone typed in the budget form was repeated whole, twice on the page.
+    assert max(len(z) for z in zones()) < ECHOED
+    said = not_a_zone("x" * 10_000)
+    assert said == f"{'x' * ECHOED!r}… (10000 characters) is not a known IANA time zone"
