@@ -16,6 +16,7 @@ from switchboard.core import validation
 from switchboard.ledger import chain as ledger
 from switchboard.ledger.models import LedgerEntry, LedgerKind
 from tests.conftest import Personas, push
+from tests.limits.conftest import pool
 from tests.web.conftest import HTMX, budget, signed_in
 
 
@@ -268,6 +269,34 @@ def test_a_claim_a_gate_would_refuse_is_not_offered_and_the_page_says_until_when
     assert f"/todos/{todo.id}/claim" not in html
     assert "Claim is not offered: budget holds it until an operator acts" in html
     assert f"/todos/{todo.id}/discard" in html  # the other actions stay
+
+
+def _admission(html: str) -> str | None:
+    """The todo page's Admission section, or None when it has none."""
+    if 'aria-label="Admission"' not in html:
+        return None
+    section = html[html.index('aria-label="Admission"') :]
+    return section[: section.index("</section>")]
+
+
+def test_the_admission_section_says_only_what_is_so(personas: Personas) -> None:
+    """A dead letter's page had an Admission heading with nothing under it; a pending todo a
+    pool held read "No budget on this queue identity: a claim is admitted." above Gates saying
+    the pool held it."""
+    p = personas
+    client = signed_in(p.owner)
+    (free,) = push(p, 1)
+    said = _admission(client.get(f"/todos/{free.id}").content.decode())
+    assert said is not None and "No budget on this queue identity: a claim is admitted." in said
+    pool("gpu", slots=0)
+    (held,) = push(p, 1, pool="gpu")
+    html = client.get(f"/todos/{held.id}").content.decode()
+    said = _admission(html)
+    assert said is not None and "No budget on this queue identity." in said, said
+    assert "a claim is admitted" not in html and "Claim is not offered: pool holds it" in html
+    services.claim(actor=p.as_agent(), todo_id=free.id)
+    services.complete(actor=p.as_agent(), todo_id=free.id)
+    assert _admission(client.get(f"/todos/{free.id}").content.decode()) is None
 
 
 def test_an_operators_claim_is_a_ledger_row_naming_who_took_what(personas: Personas) -> None:
