@@ -295,5 +295,9 @@
   }
   document.addEventListener("htmx:afterSettle", follow); // history restores settle too
 
+  // What only a page that follows the stream may say ("Updates live."): hidden without script.
+  document.querySelectorAll("[data-live-only]").forEach(function (el) {
+    el.hidden = false;
+  });
   connect(root.getAttribute("data-live-url"));
 })();

@@ -137,6 +137,7 @@ def test_the_board_header_changes_live_after_claims_made_through_the_api(
     head = page.locator("#head-agent--inbox")
     expect(head.locator(".badge")).to_have_text("Healthy")
     expect(page.locator("[data-live-url]")).to_have_attribute("data-live", "open")
+    expect(page.get_by_text("Updates live.")).to_be_visible()  # said where it is so
 
     claimed = api_post(server, "/api/v1/agent/claim_next", p.agent_token)
     assert claimed["empty"] is False

@@ -23,6 +23,7 @@ def test_without_javascript_an_owner_edits_a_budget_by_full_page_posts(
     page = session.page(p.owner, javascript=False)
     page.goto("/")
     expect(page.locator("[data-live]")).to_have_count(0)  # live.js never ran
+    expect(page.get_by_text("Updates live.")).to_be_hidden()  # so the page does not say it does
     page.get_by_role("link", name="Edit budget").first.click()
     expect(page).to_have_url(re.compile(r"/budgets/agent/inbox$"))
     expect(page.locator("#id_max_in_flight")).to_have_value("5")
