@@ -558,6 +558,7 @@ def test_an_operator_claims_and_completes_a_todo_in_the_drawer(
     expect(drawer.locator("#complete-result-error")).to_contain_text("finite number")
     expect(drawer.locator("#complete-summary")).to_have_value("done by hand")
     expect(drawer.locator("#complete-result")).to_have_value('{"a": NaN}')
+    expect(drawer.locator("#complete-result")).to_be_focused()  # where the fix is to be made
     expect(drawer.locator(".todo-head .state-label")).to_have_text("claimed")
     drawer.locator("#complete-result").fill("")
     drawer.get_by_role("button", name="Complete").click()

@@ -299,6 +299,7 @@ def test_a_refused_complete_or_fail_gives_back_what_was_typed(personas: Personas
             value, error = _field(page, f"{action}-{name}")
             assert value == text, (action, name, len(value))
             assert bool(error) == (f"{action}-{name}" == refused), (action, name, error)
+        assert re.search(rf'id="{refused}"[^>]*autofocus', page), refused  # where to fix it
         # Shown once: the page loaded again has empty forms.
         assert _field(client.get(url).content.decode(), refused) == ("", "")
     assert Todo.objects.get(pk=todo.pk).state == TodoState.CLAIMED
