@@ -21,7 +21,7 @@ def call(user: Any, method: str, path: str, body: Any = None, **headers: str) ->
     token = human_token(user)
     return send(
         path,
-        json.dumps(body) if body is not None else None,
+        json.dumps(body) if body is not None else "",  # None is sent as the body "None"
         content_type="application/json",
         headers={"Authorization": f"Bearer {token}", **headers},
     )
