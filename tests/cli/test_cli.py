@@ -105,6 +105,21 @@ def test_endpoint_vend_refusals_name_the_field(personas: Personas) -> None:
         "endpoint", "vend", "--owner", "olive", "--name", "x", "--queues", "bad name"
     )
     assert code == 1 and error["field"] == "queues"
+    # What the API refuses in a list of names (a trailing newline, an empty name), refused
+    # alike; only the spaces around the commas are the list's own.
+    for queues in ["inbox\n", "inbox,,outbox", "inbox,", "\tinbox"]:
+        code, error = refusal(
+            "endpoint", "vend", "--owner", "olive", "--name", "x", "--queues", queues
+        )
+        assert code == 1 and error["field"] == "queues", queues
+    code, error = refusal(
+        "endpoint", "vend", "--owner", "olive", "--name", "x", "--queues", "inbox",
+        "--verbs", "claim_next,,complete",
+    )  # fmt: skip
+    assert code == 1 and error["field"] == "verbs"
+    assert not Endpoint.objects.filter(name="x").exists()
+    spaced = run("endpoint", "vend", "--owner", "olive", "--name", "y", "--queues", "inbox, outbox")
+    assert spaced["endpoint"]["scope_queues"] == ["inbox", "outbox"]
 
 
 def test_endpoint_list_and_revoke(personas: Personas) -> None:

@@ -40,7 +40,10 @@ from switchboard.core.times import iso
 
 
 def _csv(value: str) -> list[str]:
-    return [part.strip() for part in value.split(",") if part.strip()]
+    """A comma-separated list, the spaces around each comma left out ("inbox, outbox"); each
+    name is then the service's to check as the API's are: a trailing newline, or an empty name
+    ("a,,b"), was stripped or dropped here, so the CLI took what the API refuses."""
+    return [part.strip(" ") for part in value.split(",")]
 
 
 def _user(username: str, flag: str) -> Any:
