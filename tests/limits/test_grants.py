@@ -14,6 +14,7 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from django.utils import timezone
 
+from admission.limits.models import Pool
 from admission.limits.services import limit_quarantine, limit_set
 from admission.limits.verify import limits_verify, replay_grants
 from queues import services, sql
@@ -250,6 +251,20 @@ def test_verify_fails_at_the_row_of_a_forged_grant_over_an_enforced_pool(
     with pytest.raises(CommandError) as refused:
         call_command("limits", "verify", stdout=out)
     assert refused.value.returncode == 3 and f"grant at row {row.seq}" in out.getvalue()
+
+
+def test_verify_names_a_limit_changed_behind_the_ledgers_back(personas: Personas) -> None:
+    """``limits verify`` said "policies: 1 differ from the ledger" and not which; ``ledger
+    verify`` named it."""
+    pool("gpu", slots=5)
+    Pool.objects.filter(name="gpu").update(slots=9)
+    out = StringIO()
+    with pytest.raises(CommandError) as refused:
+        call_command("limits", "verify", stdout=out)
+    assert refused.value.returncode == 3
+    said = out.getvalue()
+    assert "policies: 1 differ from the ledger" in said
+    assert "limits/pool gpu: changed_outside_audit:" in said and "audited 5, now 9" in said
 
 
 def test_verify_counts_ended_grants_out_so_a_freed_slot_granted_again_is_no_drift(

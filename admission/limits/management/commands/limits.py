@@ -112,7 +112,9 @@ def _verify_text(report: LimitsReport) -> str:
     chain = report.ledger.chain
     lines = [f"chain: ok ({report.ledger.rows} rows)" if chain is None else f"chain: {chain.said}"]
     if report.ledger.drift:
+        # Each named, as ``ledger verify`` names them: "policies: 1 differ" said nothing of which.
         lines.append(f"policies: {len(report.ledger.drift)} differ from the ledger")
+        lines += [f"  {d.scope}/{d.queue}: {d.problem}: {d.detail}" for d in report.ledger.drift]
     if report.drift:
         lines.append(f"grants: {len(report.drift)} of {report.grants} the limits refuse")
         lines += [
@@ -136,9 +138,10 @@ class Command(SwitchboardCommand):
         verify = sub.add_parser(
             "verify",
             help="recompute the ledger and replay every grant",
-            description="Exit 0 when the ledger chain and every pool/tag grant verify; 3 (a "
-            "finding) naming the first bad row, or each grant the limits in force would have "
-            "refused; 2 a usage error.",
+            description="Exit 0 when the ledger chain, every budget and limit (as the ledger last "
+            "set them) and every grant (pool, tag and rate limit) verify; 3 (a finding) naming "
+            "the first bad row, each budget or limit that differs from the ledger, or each grant "
+            "the limits in force would have refused; 2 a usage error.",
         )
         verify.add_argument("--json", action="store_true", help="print JSON")
         setting = sub.add_parser("set", help="declare a limit or change the fields given")
