@@ -153,6 +153,15 @@ class Window:
         parts = (self.period, self.tz, self.start, self.weekday)
         return "|".join("" if part is None else str(part) for part in parts)
 
+    @property
+    def boundaries(self) -> tuple[str | None, ...]:
+        """What decides where the window starts and ends: an hour window's start counts by its
+        minutes alone (10:30 and 00:30 are both "every hour from :30")."""
+        start = self.start
+        if self.period == WindowPeriod.HOUR and start is not None:
+            start = start[-2:]
+        return (self.period, self.tz, start, self.weekday)
+
 
 @dataclass(frozen=True)
 class WindowLimit:
@@ -387,9 +396,10 @@ def _clean_windows(windows: Any) -> tuple[int, Mapping[str, Any], tuple[WindowLi
         if limit is None:
             raise InvalidArgument(f"{name}.limit must be a whole number", field=f"{name}.limit")
         window = _clean_window({k: v for k, v in item.items() if k != "limit"}, limit, name)
-        if any(w.window == window for w in cleaned):
+        if any(w.window.boundaries == window.boundaries for w in cleaned):
             raise InvalidArgument(
-                f"{name} repeats an earlier window (same period, tz, start and weekday)",
+                f"{name} repeats an earlier window (same period, tz, start and weekday; an hour "
+                "window starts at its minutes past every hour)",
                 field=f"{name}.period",
             )
         cleaned.append(WindowLimit(limit, window, window.key if cleaned else PRIMARY_WINDOW_KEY))

@@ -220,6 +220,17 @@ def test_the_api_takes_a_windows_list_and_names_the_wrong_row(personas: Personas
     both = api.put(path, {"windows": [day(1)], "max_claims_per_window": 3})
     assert both.status_code == 400 and both.json()["field"] == "windows"
     assert [w["limit"] for w in api.get(path).json()["policy"]["windows"]] == [100, 1000]
+    # An hour window starts at its minutes past every hour: 10:30 and 00:30 are one window.
+    hours = [
+        {"limit": n, "period": "hour", "tz": "UTC", "start": s}
+        for n, s in ((5, "10:30"), (6, "00:30"))
+    ]
+    again = api.put(path, {"windows": hours})
+    assert again.status_code == 400 and again.json()["field"] == "windows[1].period"
+    assert "past every hour" in again.json()["error"]
+    hours[1]["start"] = "00:45"
+    assert api.put(path, {"windows": hours}).status_code == 200
+    assert [w["limit"] for w in api.get(path).json()["policy"]["windows"]] == [5, 6]
 
 
 def test_the_spec_refuses_a_fifth_window_and_a_missing_limit() -> None:

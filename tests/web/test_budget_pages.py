@@ -379,7 +379,8 @@ def test_an_error_names_the_fields_by_their_labels_on_the_page(personas: Persona
         ),
         "more-0-period": (
             stacked_form(tz="Europe/Paris"),
-            "Window 2 repeats an earlier window (same period, zone, start and weekday)",
+            "Window 2 repeats an earlier window (same period, zone, start and weekday; an hour "
+            "window starts at its minutes past every hour)",
         ),
         # What was typed is quoted as typed, even where it looks like a field's API name.
         "window_tz": (
