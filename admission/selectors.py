@@ -26,7 +26,7 @@ from admission.models import PRIMARY_WINDOW_KEY, AdmissionPolicy, AdmissionWindo
 from admission.policy import PolicySpec
 from queues import access
 from queues.access import Actor, AgentActor, HumanActor
-from queues.models import QUARANTINE_QUEUE, Endpoint, Todo, TodoState
+from queues.models import QUARANTINE_QUEUE, Endpoint, Todo, TodoState, check_queue_name
 from switchboard.core import versions
 from switchboard.core.errors import InvalidArgument, NotFound
 from switchboard.ledger import chain as ledger
@@ -402,7 +402,9 @@ def policies_with_status(
 
 
 def policy_get(actor: Actor, endpoint: Endpoint | str, queue: str) -> AdmissionPolicy:
-    """One policy the actor may read; a missing policy is not_found like a foreign endpoint."""
+    """One policy the actor may read; a missing policy is not_found like a foreign endpoint. A
+    queue no name can be is refused naming it, as a write's is (it was looked up, not found)."""
+    check_queue_name(queue)
     found = endpoint_for(actor, endpoint, write=False)
     policy = (
         AdmissionPolicy.objects.select_related("endpoint", "updated_by")

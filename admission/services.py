@@ -31,7 +31,7 @@ from admission.models import PRIMARY_WINDOW_KEY, AdmissionPolicy, AdmissionWindo
 from admission.policy import FIELD_OF_CONSTRAINT, PolicySpec, Window
 from queues import access, wakes
 from queues.access import Actor, AgentActor, HumanActor
-from queues.models import Endpoint, EndpointState, Verb
+from queues.models import Endpoint, EndpointState, Verb, check_queue_name
 from queues.sql import gated
 from switchboard.core import counters, ratelimit, versions
 from switchboard.core.errors import (
@@ -349,6 +349,7 @@ def policy_clear(
     """Remove a queue identity's budget; the ledger keeps its history. Returns what was removed.
     ``expected``: clear only one of these versions, as ``policy_set``."""
     access.check_actor(actor)
+    check_queue_name(queue)  # before a write token is spent on a budget no name can have
     target = selectors.endpoint_for(actor, endpoint, write=True)
     access.check_policy_write(actor, target, queue, Verb.CLEAR_ADMISSION_POLICY)
     _take_write_token(actor)

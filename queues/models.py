@@ -60,7 +60,10 @@ def check_slug(slug: str) -> str:
     """An endpoint slug: lowercase letters, digits and '-', and never shaped like a UUID (so
     ``endpoint:<id>`` can never name two endpoints)."""
     if not fullmatch(SLUG_RE, slug):
-        raise InvalidArgument("slug must be lowercase letters, digits and '-'", field="slug")
+        raise InvalidArgument(
+            "slug must be 1-63 lowercase letters, digits and '-', starting with a letter or digit",
+            field="slug",
+        )
     if looks_like_uuid(slug):
         raise InvalidArgument("slug must not have the shape of an id (a UUID)", field="slug")
     return slug

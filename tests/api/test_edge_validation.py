@@ -218,6 +218,16 @@ def test_a_name_with_a_trailing_newline_is_refused_everywhere(
     paused = client.post("/api/v1/queues/pol%0A/pause", {"reason": "r"}, "application/json")
     assert paused.status_code == 400, paused.content
     assert validation.fullmatch(r"^[a-z]+$", "abc\n") is False
+    # A budget's read and clear refuse it too: they looked it up and said "no budget on ...".
+    budget = "/api/v1/admission/endpoint:agent/inbox%0A"
+    assert refused_field(owner_api.client.get(budget, headers=owner_api._headers())) == "queue"
+    assert refused_field(owner_api.delete(budget)) == "queue"
+    for subcommand in ("show", "clear"):
+        err = io.StringIO()
+        with pytest.raises(CommandError) as caught:
+            call_command("queue", "budget", subcommand, "agent", "inbox\n", "--as", "olive", "--json",
+                         stdout=io.StringIO(), stderr=err)  # fmt: skip
+        assert caught.value.returncode == 1 and json.loads(err.getvalue())["field"] == "queue"
 
 
 # --- query parameters ---------------------------------------------------------------------------

@@ -118,6 +118,11 @@ def test_endpoint_vend_refusals_name_the_field(personas: Personas) -> None:
     )  # fmt: skip
     assert code == 1 and error["field"] == "verbs"
     assert not Endpoint.objects.filter(name="x").exists()
+    # A slug too long was refused as if its letters were wrong.
+    code, error = refusal(
+        "endpoint", "vend", "--owner", "olive", "--name", "x", "--queues", "inbox", "--slug", "a" * 64
+    )  # fmt: skip
+    assert code == 1 and error["field"] == "slug" and "1-63" in error["error"]
     spaced = run("endpoint", "vend", "--owner", "olive", "--name", "y", "--queues", "inbox, outbox")
     assert spaced["endpoint"]["scope_queues"] == ["inbox", "outbox"]
 
