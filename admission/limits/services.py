@@ -299,8 +299,14 @@ def limit_delete(
         )
         count = live.count()
         if count:
+            # A rate limit has no 0 (its base limit is at least 1): its todos are ended first.
+            instead = (
+                "end or discard them first"
+                if kind == "rate"
+                else "set it to 0 to hold them instead"
+            )
             raise Conflict(
-                f"{count} live todo(s) name {k.name} {name!r}; set it to 0 to hold them instead",
+                f"{count} live todo(s) name {k.name} {name!r}; {instead}",
                 field="name",
                 live_todos=count,
             )

@@ -14,7 +14,7 @@ from admission.limits.models import Pool, RateLimit, TagLimit
 from switchboard.ledger import chain
 from switchboard.ledger.models import LedgerKind
 from tests.conftest import Personas, audit_rows, push
-from tests.limits.conftest import pool
+from tests.limits.conftest import pool, rate
 
 
 def limits(*args: str) -> str:
@@ -98,7 +98,14 @@ def test_a_limit_live_work_names_is_not_deleted(personas: Personas) -> None:
     push(personas, 1, pool="gpu")
     error = refusal("delete", "pool", "gpu", "--as", "ada")
     assert error["code"] == "conflict" and error["live_todos"] == 1
+    assert error["error"].endswith("set it to 0 to hold them instead")
     assert Pool.objects.filter(name="gpu").exists()
+    # A rate limit has no 0 to hold them with: the advice was one its set then refused.
+    rate("r1", 3)
+    push(personas, 1, rate_limit="r1")
+    error = refusal("delete", "rate", "r1", "--as", "ada")
+    assert error["code"] == "conflict" and error["error"].endswith("end or discard them first")
+    assert RateLimit.objects.filter(name="r1").exists()
 
 
 def test_an_auditor_or_owner_changes_no_fleet_wide_limit(personas: Personas) -> None:
