@@ -95,7 +95,7 @@ def register(subparsers: Any, parser: argparse.ArgumentParser) -> None:
     clear = sub.add_parser("clear", help="remove a queue's budget")
     clear.add_argument("endpoint", metavar="ENDPOINT", help="an endpoint slug or id")
     clear.add_argument("queue", metavar="QUEUE")
-    _if_version(clear, "")
+    _if_version(clear, "none: only where there is no budget (nothing to clear: exit 1)")
     add_common_options(clear)
     clear.set_defaults(handler=handle_clear)
 

@@ -25,7 +25,7 @@ EXIT_FINDING = 3
 
 
 class Command(SwitchboardCommand):
-    help = "Check the ledger: ledger verify [--json]."
+    help = "Check the ledger: ledger verify [--json] [--expect CHAIN:POSITION:HASH] [--reset-mark]."
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="subcommand", title="subcommands")
@@ -59,7 +59,10 @@ class Command(SwitchboardCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options.get("subcommand") != "verify":
-            raise usage("name a subcommand: ledger verify [--json]")
+            raise usage(
+                "name a subcommand: ledger verify [--json] [--expect CHAIN:POSITION:HASH] "
+                "[--reset-mark]"
+            )
         if options["reset_mark"]:
             LedgerCheck.objects.filter(pk=1).delete()
             self.stderr.write("the stored high-water mark was forgotten")

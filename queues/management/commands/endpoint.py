@@ -77,11 +77,22 @@ class Command(SwitchboardCommand):
             default=None,
             help="comma-separated verbs to grant (default: the basic todo verbs)",
         )
-        vend.add_argument("--lease-ttl", type=integer, default=None, metavar="S")
+        vend.add_argument(
+            "--lease-ttl",
+            type=integer,
+            default=None,
+            metavar="S",
+            help="seconds a claim is leased when the agent names none (1 to 86400; default 300)",
+        )
         vend.add_argument(
             "--rps", type=number, default=None, help="request rate limit (0 = unlimited)"
         )
-        vend.add_argument("--burst", type=integer, default=None)
+        vend.add_argument(
+            "--burst",
+            type=integer,
+            default=None,
+            help="the most requests at once (default: twice --rps, or the fleet's burst)",
+        )
         vend.add_argument("--slug", default=None, help="the URL slug (default: from the name)")
         vend.add_argument("--json", action="store_true", help="print JSON")
         add_as_option(vend)

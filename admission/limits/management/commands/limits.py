@@ -175,7 +175,10 @@ class Command(SwitchboardCommand):
             "--aging", dest="aging_seconds", type=integer, help="seconds of wait per priority step"
         )
         aging.add_argument("--no-aging", action="store_true", help="remove the aging")
-        pause = qverbs.add_parser("pause", help="pause a known queue fleet-wide (or resume it)")
+        pause = qverbs.add_parser(
+            "pause",
+            help="pause a queue fleet-wide (a name in use, or any with --create), or resume it",
+        )
         pause.add_argument("name", metavar="NAME")
         pause.add_argument(
             "--resume", action="store_true", help="resume it instead (takes no --reason, --create)"
