@@ -93,22 +93,23 @@ class ViewerZoneAdmin(admin.ModelAdmin):
     links it whatever the viewer may see, and an auditor reading an endpoint was one click from
     a 403 on its owner's user page."""
 
-    _shown_as_text: dict[str, Callable[[Any], str]]
+    def __init__(self, model: Any, admin_site: Any) -> None:
+        super().__init__(model, admin_site)
+        # Each foreign key's plain display, made once: the form leaves out the very object the
+        # page shows (requests on other threads share this admin).
+        self._shown_as_text = {
+            field.name: (field.related_model, _as_text(field.name, str(field.verbose_name)))
+            for field in model._meta.get_fields()
+            if (field.many_to_one or field.one_to_one) and not field.auto_created
+        }
 
     def _unlinked(self, request: HttpRequest) -> dict[str, Callable[[Any], str]]:
         """The foreign keys whose page this viewer may not open: each with its plain display."""
-        if "_shown_as_text" not in self.__dict__:
-            self._shown_as_text = {}
         unlinked = {}
-        for field in self.model._meta.get_fields():
-            if not (field.many_to_one or field.one_to_one) or field.auto_created:
-                continue
-            target = self.admin_site._registry.get(field.related_model)
-            if target is None or target.has_view_or_change_permission(request):
-                continue
-            if field.name not in self._shown_as_text:
-                self._shown_as_text[field.name] = _as_text(field.name, str(field.verbose_name))
-            unlinked[field.name] = self._shown_as_text[field.name]
+        for name, (related, shown) in self._shown_as_text.items():
+            target = self.admin_site._registry.get(related)
+            if target is not None and not target.has_view_or_change_permission(request):
+                unlinked[name] = shown
         return unlinked
 
     def unlinked(self, request: HttpRequest, names: Any) -> list[Any]:
