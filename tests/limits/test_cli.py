@@ -98,13 +98,13 @@ def test_a_limit_live_work_names_is_not_deleted(personas: Personas) -> None:
     push(personas, 1, pool="gpu")
     error = refusal("delete", "pool", "gpu", "--as", "ada")
     assert error["code"] == "conflict" and error["live_todos"] == 1
-    assert error["error"].endswith("set it to 0 to hold them instead")
+    assert str(error["error"]).endswith("set it to 0 to hold them instead")
     assert Pool.objects.filter(name="gpu").exists()
     # A rate limit has no 0 to hold them with: the advice was one its set then refused.
     rate("r1", 3)
     push(personas, 1, rate_limit="r1")
     error = refusal("delete", "rate", "r1", "--as", "ada")
-    assert error["code"] == "conflict" and error["error"].endswith("end or discard them first")
+    assert error["code"] == "conflict" and str(error["error"]).endswith("end or discard them first")
     assert RateLimit.objects.filter(name="r1").exists()
 
 
