@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -79,14 +80,19 @@ class RateLimited(DomainError):
 # Lists whose items a refusal names by index in brackets (``windows[1].tz``, issue 12), as the
 # services that validate them do; any other index stays dotted (``tags.1``).
 BRACKETED_LISTS = frozenset({"windows"})
+# The JSON a client stores as it is: a path inside one stays dotted whatever its keys are named.
+STORED_FIELDS = frozenset({"payload", "result", "error"})
 
 
-def field_path(parts: list[str]) -> str:
-    """A field's dotted path from its parts, an item of a bracketed list as ``name[i]``."""
+def field_path(parts: Sequence[str | int]) -> str:
+    """A field's dotted path from its parts (a list's index an int, as pydantic's locations and
+    the edge's JSON walk give it), an item of a bracketed list as ``name[i]``, except inside a
+    stored field."""
     out: list[str] = []
     for part in parts:
-        if part.isdigit() and out and out[-1] in BRACKETED_LISTS:
+        stored = bool(out) and out[0] in STORED_FIELDS
+        if isinstance(part, int) and out and out[-1] in BRACKETED_LISTS and not stored:
             out[-1] = f"{out[-1]}[{part}]"
         else:
-            out.append(part)
+            out.append(str(part))
     return ".".join(out)

@@ -310,7 +310,7 @@ def bounded(view: Callable[..., HttpResponse], limit: int = API_BODY_LIMIT) -> A
 def field_name(loc: list[Any] | tuple[Any, ...]) -> str:
     """Pydantic's error location without the request part: ("body", "payload", "window", "tz")
     → "window.tz"."""
-    parts = [str(p) for p in loc]
+    parts = list(loc)
     if parts and parts[0] in ("body", "query", "path", "header", "cookie", "form"):
         parts = parts[1:]
     if parts and parts[0] in ("payload", "body", "data"):

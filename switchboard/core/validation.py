@@ -32,7 +32,7 @@ import types
 from collections.abc import Iterator
 from typing import Annotated, Any, Union, get_args, get_origin
 
-from switchboard.core.errors import BRACKETED_LISTS, InvalidArgument
+from switchboard.core.errors import InvalidArgument, field_path
 
 # Nesting bound of any JSON a client sends (the body itself is level 1, so a payload may nest
 # MAX_JSON_DEPTH - 2 levels inside a verb's arguments). Deep enough for real documents; far below
@@ -136,21 +136,11 @@ def _flat_and_clean(value: Any) -> bool:
     return True
 
 
-# The JSON a client stores as it is: a path inside one stays dotted whatever its keys are named.
-STORED_FIELDS = frozenset({"payload", "result", "error"})
-
-
 def dotted(field: str, path: tuple[str | int, ...]) -> str:
-    """The name of a value at ``path`` below ``field``, as every refusal names it: dotted, an
-    item of a bracketed list (a budget's ``windows``) as ``windows[1]``."""
-    names = [field] if field else []
-    for part in path:
-        stored = bool(names) and names[0].split(".")[0] in STORED_FIELDS
-        if isinstance(part, int) and names and names[-1] in BRACKETED_LISTS and not stored:
-            names[-1] = f"{names[-1]}[{part}]"
-        elif part != "":
-            names.append(str(part).replace("\x00", "\\u0000"))
-    return ".".join(names) or "body"
+    """The name of a value at ``path`` below ``field``, as every refusal names it
+    (``errors.field_path``: ``payload.items.3``, ``windows[1].tz``)."""
+    parts = [p if isinstance(p, int) else p.replace("\x00", "\\u0000") for p in (field, *path)]
+    return field_path([p for p in parts if p != ""]) or "body"
 
 
 def refusal(field: str, problem: Refused) -> InvalidArgument:

@@ -300,7 +300,7 @@ def call_json(actor: AgentActor, spec: VerbSpec, data: BaseModel) -> bytes:
 
 
 def field_of(loc: Sequence[Any]) -> str:
-    return field_path([str(p) for p in loc]) or "body"
+    return field_path(list(loc)) or "body"
 
 
 def invalid_argument(exc: ValidationError) -> InvalidArgument:
