@@ -213,22 +213,38 @@ def _pause_refused(
         return reswap(retarget(response, f"#{form_id}"), "outerHTML")
     if field is None:  # not the reason's fault (quarantine, a conflict): the page's message
         messages.error(request, exc.message)
-    request.session[PAUSE_REFUSED] = {
-        "queue": name,
-        "reason": request.POST.get("reason", "")[:KEPT_REASON],
-        "error": exc.message if field else "",
-    }
+    _keep_refused(
+        request,
+        PAUSE_REFUSED,
+        name,
+        reason=request.POST.get("reason", "")[:KEPT_REASON],
+        error=exc.message if field else "",
+    )
     here = reverse("queue", args=[name])
     # The way back rides in the address, so it outlives a reload of the page.
     return HttpResponseRedirect(here if back == here else f"{here}?{urlencode({'next': back})}")
 
 
+def _keep_refused(request: HttpRequest, key: str, subject: str, **kept: Any) -> None:
+    """What a refused form held, kept in the session under ``key`` for the page of ``subject``
+    (a queue, a todo) that the refusal redirects to (post/redirect/get): ``_refused_for``."""
+    request.session[key] = {"subject": subject, **kept}
+
+
+def _refused_for(request: HttpRequest, key: str, subject: str) -> dict[str, Any] | None:
+    """What ``_keep_refused`` kept for ``subject``'s page, once; None for any other page."""
+    refused = request.session.get(key)
+    if not isinstance(refused, dict) or refused.get("subject") != subject:
+        return None
+    del request.session[key]
+    return refused
+
+
 def _refused_pause_form(request: HttpRequest, name: str) -> PauseForm | None:
     """The pause form a refusal without htmx left for this queue's page, shown once."""
-    refused = request.session.get(PAUSE_REFUSED)
-    if not isinstance(refused, dict) or refused.get("queue") != name:
+    refused = _refused_for(request, PAUSE_REFUSED, name)
+    if refused is None:
         return None
-    del request.session[PAUSE_REFUSED]
     form = PauseForm({"reason": refused.get("reason", "")})
     form.errors.clear()  # the service's words alone, as with htmx
     if refused.get("error"):
@@ -334,12 +350,14 @@ def _not_done(
     what = "Not completed" if action == "complete" else "Not failed"
     problems = "; ".join(f"{field}: {error}" for field, error in errors.items())
     messages.error(request, f"{what}: {problems}. Nothing was changed.")
-    request.session[TODO_REFUSED] = {
-        "todo": str(todo_id),
-        "action": action,
-        "typed": {f: request.POST.get(f, "")[:KEPT_TEXT] for f in TYPED[action]},
-        "errors": {f: e for f, e in errors.items() if f in TYPED[action]},
-    }
+    _keep_refused(
+        request,
+        TODO_REFUSED,
+        str(todo_id),
+        action=action,
+        typed={f: request.POST.get(f, "")[:KEPT_TEXT] for f in TYPED[action]},
+        errors={f: e for f, e in errors.items() if f in TYPED[action]},
+    )
     return HttpResponseRedirect(back)
 
 
@@ -350,11 +368,8 @@ def _form_errors(form: forms.Form) -> dict[str, str]:
 def _kept_typing(request: HttpRequest, todo_id: UUID) -> dict[str, Any]:
     """What a refused Complete or Fail of this todo left for its page, shown once: per action,
     the text typed per field and the errors beside them."""
-    refused = request.session.get(TODO_REFUSED)
-    if not isinstance(refused, dict) or refused.get("todo") != str(todo_id):
-        return {}
-    del request.session[TODO_REFUSED]
-    return {str(refused.get("action")): refused}
+    refused = _refused_for(request, TODO_REFUSED, str(todo_id))
+    return {} if refused is None else {str(refused.get("action")): refused}
 
 
 def _actions_for(state: str, dead_letter: bool) -> list[str]:
