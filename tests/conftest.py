@@ -109,6 +109,13 @@ def pytest_configure(config: pytest.Config) -> None:
     """Use REDIS_URL when set; otherwise start a Valkey of the run's own on a free port (not the
     console's), so concurrent runs and a running console never share or stop each other's."""
     global _valkey
+    # The Pythons the run starts (xdist's workers, `manage.py` commands, `serve` and its web
+    # server, workers and beat, the clean virtualenv's console) write the bytecode they compile,
+    # as on a fresh machine. With PYTHONDONTWRITEBYTECODE set (these machines set it), each one
+    # compiled every module it imported from source: about 0.3 s a process for our own modules,
+    # 4 to 5 s in the clean virtualenv (pip installs it without bytecode), whose `make run`
+    # alone starts five (tests/test_clean_install.py: 117 s of CPU alone before, 70 s after).
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     if _xdist_controller(config):
         return  # each worker (a process of its own) starts its own Valkey and test database
     base = given = os.environ.get("REDIS_URL", "")
