@@ -172,7 +172,16 @@ def session(browser: Browser, server: str, transactional_db: None) -> Iterator[S
     s.close()
 
 
-def screenshot(page: Page, name: str, *, full_page: bool = True) -> Path:
+# Screenshots are for a person to look at, and nothing reads them in a run: only taken when
+# SWITCHBOARD_SCREENSHOTS is set (`SWITCHBOARD_SCREENSHOTS=1 make test`). A full page's PNG was
+# about a tenth of Chromium's time in the files that take them.
+SCREENSHOTS = os.environ.get("SWITCHBOARD_SCREENSHOTS", "") not in ("", "0")
+
+
+def screenshot(page: Page, name: str, *, full_page: bool = True) -> Path | None:
+    """``tests/artifacts/<name>.png`` of the page as it is now, when screenshots are asked for."""
+    if not SCREENSHOTS:
+        return None
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=full_page)
