@@ -39,11 +39,14 @@ def sideways_overflow(page: Page) -> int:
     )
 
 
-def findings(page: Page) -> list[str]:
+def findings(page: Page, within: str | None = None) -> list[str]:
     """Every axe violation on the page, whatever its impact, one line each (rule, impact,
     where). Only critical and serious ones counted once; the moderate and minor ones this let
-    through were a heading level skipped, two regions of one name, and blank column headers."""
-    results: Any = AXE.run(page)
+    through were a heading level skipped, two regions of one name, and blank column headers.
+
+    ``within``: a CSS selector; only what it selects is checked (the part of a page an action
+    changed, when the whole page was checked before it)."""
+    results: Any = AXE.run(page, context=within)
     out = []
     for violation in results.response["violations"]:
         targets = [", ".join(node["target"]) for node in violation["nodes"][:3]]
