@@ -4,8 +4,9 @@ Revisions served:
 
 * **2026-07-28** (stateless): each POST is one self-contained request carrying its protocol
   version and client capabilities in ``params._meta``, mirrored in the ``MCP-Protocol-Version``,
-  ``Mcp-Method`` (and for ``tools/call`` ``Mcp-Name``) headers. Methods: ``server/discover``,
-  ``tools/list``, ``tools/call``, ``subscriptions/listen`` (the doorbell; see ``_listen``). No
+  ``Mcp-Method`` (and, for a ``tools/call`` or ``resources/read``, ``Mcp-Name``) headers.
+  Methods: ``server/discover``, ``tools/list``, ``tools/call``, ``subscriptions/listen`` (the
+  doorbell; see ``_listen``). No
   sessions. A request is routed here when its
   ``MCP-Protocol-Version`` header names a version outside the handshake era (as the SDK's
   server does), and the envelope ladder then checks it: ``-32602`` for a missing envelope key,
@@ -631,6 +632,10 @@ def _unsupported(requested: Any) -> RpcError:
     )
 
 
+# The methods whose target a 2026-07-28 request repeats in its Mcp-Name header: params' key.
+NAME_BEARING = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
+
+
 def _check_envelope(request: Incoming, req: Request, header_version: str) -> None:
     meta = req.params.get("_meta")
     if not isinstance(meta, dict):
@@ -647,15 +652,24 @@ def _check_envelope(request: Incoming, req: Request, header_version: str) -> Non
         raise RpcError(
             HEADER_MISMATCH, "the MCP-Protocol-Version header does not match params._meta"
         )
-    if _header(request, "Mcp-Method") != req.method:
+    method = _header(request, "Mcp-Method")
+    if method is None:
+        raise RpcError(HEADER_MISMATCH, "the Mcp-Method header is missing")
+    if method != req.method:
         raise RpcError(HEADER_MISMATCH, "the Mcp-Method header does not match the method")
-    name = req.params.get("name")
-    if (
-        req.method == "tools/call"
-        and name is not None
-        and _header_value(_header(request, "Mcp-Name")) != name
-    ):
-        raise RpcError(HEADER_MISMATCH, "the Mcp-Name header does not match params.name")
+    # Mcp-Name mirrors the target a request names (2026-07-28, "Standard headers"): a tool's or a
+    # prompt's name, a resource's URI. Each is checked, so a proxy routing on the header and this
+    # server acting on the body cannot be told two different things.
+    key = NAME_BEARING.get(req.method)
+    target = req.params.get(key) if key else None
+    if target is not None:
+        named = _header(request, "Mcp-Name")
+        if named is None:
+            raise RpcError(
+                HEADER_MISMATCH, f"the Mcp-Name header is missing (it gives params.{key})"
+            )
+        if _header_value(named) != target:
+            raise RpcError(HEADER_MISMATCH, f"the Mcp-Name header does not match params.{key}")
     if version not in MODERN_VERSIONS:
         raise _unsupported(version)
     if not isinstance(meta[CLIENT_CAPABILITIES_KEY], dict):

@@ -88,6 +88,8 @@ class Mcp:
         sent = {"MCP-Protocol-Version": MODERN, "Mcp-Method": method}
         if method == "tools/call":
             sent["Mcp-Name"] = (params or {}).get("name", "")
+        if method == "resources/read":
+            sent["Mcp-Name"] = (params or {}).get("uri", "")
         sent.update(headers or {})
         return self.post(message, **sent)
 
@@ -783,6 +785,45 @@ def test_modern_headers_must_match_the_body(agent: Mcp) -> None:
         "tools/call", {"name": "claim_next", "arguments": {}}, {"Mcp-Name": "complete"}
     )
     assert wrong_name.json()["error"]["code"] == -32020
+
+
+def test_a_resource_read_must_name_its_uri_in_mcp_name(agent: Mcp, personas: Personas) -> None:
+    # 2026-07-28 mirrors a resources/read's params.uri in Mcp-Name, as a tools/call's name: a
+    # proxy routing on the header must not be told one resource while another is read.
+    mine, another = push(personas, 2)
+    uri, other = (f"switchboard://todos/{t.id}" for t in (mine, another))
+    read = agent.modern("resources/read", {"uri": uri})
+    assert read.status_code == 200, read.content
+    assert read.json()["result"]["contents"][0]["uri"] == uri
+    for headers, says in [
+        ({"Mcp-Name": other}, "the Mcp-Name header does not match params.uri"),
+        ({"Mcp-Name": ""}, "the Mcp-Name header does not match params.uri"),
+    ]:
+        refused = agent.modern("resources/read", {"uri": uri}, headers)
+        assert refused.status_code == 400, refused.content
+        assert refused.json()["error"] == {"code": -32020, "message": says}
+    message = {
+        "jsonrpc": "2.0",
+        "id": "m2",
+        "method": "resources/read",
+        "params": {
+            "uri": uri,
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": MODERN,
+                "io.modelcontextprotocol/clientCapabilities": {},
+            },
+        },
+    }
+    for headers, says in [
+        ({"MCP-Protocol-Version": MODERN}, "the Mcp-Method header is missing"),
+        (
+            {"MCP-Protocol-Version": MODERN, "Mcp-Method": "resources/read"},
+            "the Mcp-Name header is missing (it gives params.uri)",
+        ),
+    ]:
+        refused = agent.post(message, **headers)
+        assert refused.status_code == 400, refused.content
+        assert refused.json()["error"] == {"code": -32020, "message": says}
 
 
 def test_an_unsupported_modern_version_names_the_supported_ones(agent: Mcp) -> None:
