@@ -15,7 +15,7 @@ import anyio
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
-from mcp.types import CallToolResult, TextContent
+from mcp.types import CallToolResult, TextContent, TextResourceContents
 
 from queues import services
 from queues.models import Todo, TodoState
@@ -61,6 +61,14 @@ def test_an_agent_does_its_whole_job_over_mcp(
             assert made.is_error is False
             assert made.structured_content is not None
             todo_id = made.structured_content["todo"]["id"]
+
+            # The todo as a resource: on 2026-07-28 the SDK repeats the URI in Mcp-Name, which
+            # the server checks against the body.
+            uri = f"switchboard://todos/{todo_id}"
+            read = await client.read_resource(uri)
+            (content,) = read.contents
+            assert str(content.uri) == uri and isinstance(content, TextResourceContents)
+            assert json.loads(content.text)["todo"]["title"] == "over mcp"
 
             claimed = await client.call_tool("claim_next", {"lease_ttl_seconds": 60})
             assert claimed.structured_content is not None
