@@ -7,9 +7,11 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.utils import timezone
 from playwright.sync_api import expect
 
 from queues import services
+from queues.models import Endpoint
 from tests.browser.conftest import PHONE, WIDTHS, Session, screenshot
 from tests.browser.helpers import findings, sideways_overflow
 from tests.browser.test_failures import mode, open_page
@@ -61,6 +63,10 @@ def test_the_agents_view_shows_what_each_endpoint_holds(
     session: Session, tx_personas: Personas, width: int, javascript: bool
 ) -> None:
     busy_fleet(tx_personas)
+    # A hook that gave up, with the longest error an endpoint keeps and no space in it.
+    Endpoint.objects.filter(pk=tx_personas.agent.pk).update(
+        hook_failed_at=timezone.now(), hook_error="HTTPConnectionPool:" + "x" * 481
+    )
     page = open_page(session, tx_personas.owner, width=width, javascript=javascript)
     page.goto("/agents")
 
@@ -69,6 +75,8 @@ def test_the_agents_view_shows_what_each_endpoint_holds(
     expect(first.locator(".agent-seen")).to_contain_text("holds 2 todos")
     expect(first.locator(".held li")).to_have_count(2)
     expect(page.locator(".agent").nth(1).locator(".agent-seen")).to_contain_text("never")
+    expect(first.locator(".agent-hook")).to_contain_text("Ready hook gave up at")
+    expect(page.locator(".agent-hook")).to_have_count(1)
     assert sideways_overflow(page) == 0
     assert findings(page) == []
     screenshot(page, f"agents-{width}-{mode(javascript)}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html as htmllib
 import re
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection
@@ -14,6 +15,7 @@ from django.utils import timezone
 
 from queues import activity, services
 from queues.access import HUMAN_PREFIX
+from queues.models import Endpoint
 from tests.conftest import FIXTURE, Personas, push
 from tests.web.conftest import signed_in
 
@@ -131,6 +133,22 @@ def test_the_agents_view_shows_when_each_was_seen_and_what_it_holds(personas: Pe
     assert 'href="/?endpoint=agent&amp;state=claimed"' in page
     assert p.foreign.slug not in page
     assert p.foreign.slug in signed_in(p.auditor).get("/agents").content.decode()
+
+
+def test_the_agents_view_says_when_an_endpoints_ready_hook_gave_up(personas: Personas) -> None:
+    # The API and the admin showed it; the page an owner reads about their agents did not.
+    p = personas
+    failed_at = datetime(2026, 12, 1, 14, 3, 9, tzinfo=UTC)
+    Endpoint.objects.filter(pk=p.agent.pk).update(
+        hook_failed_at=failed_at, hook_error="<b>Remote end closed connection</b>"
+    )
+    page = signed_in(p.owner).get("/agents").content.decode()
+    agent = page[page.index(f"{p.agent.slug} <span") :]
+    assert (
+        "Ready hook gave up at 2026-12-01 14:03:09 UTC, after every attempt: "
+        "<bdi>&lt;b&gt;Remote end closed connection&lt;/b&gt;</bdi>" in agent.split("</li>")[0]
+    )
+    assert page.count("Ready hook gave up") == 1  # agent2's hook never failed
 
 
 def test_the_agents_view_tells_a_persons_claims_from_the_agents(personas: Personas) -> None:
