@@ -57,7 +57,7 @@ import functools
 import hashlib
 import hmac
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -826,7 +826,7 @@ def _place_of(seq: int) -> int:
 
 
 def check(
-    batch: int = VERIFY_BATCH, *, expect: dict[int, dict[str, Any]] | None = None
+    batch: int = VERIFY_BATCH, *, expect: Sequence[tuple[int, dict[str, Any]]] = ()
 ) -> VerifyReport:
     """Verify now and keep the result (the beat task, "verify now" and ``ledger verify``).
 
@@ -838,7 +838,8 @@ def check(
     then verifies on its own, and only a record of the later head shows the rollback. The stored
     check is such a record, in the same database (so a writer who also rolls it back, or deletes
     it, is not caught here); ``expect`` (``ledger verify --expect``) holds heads recorded
-    outside it, checked the same way, and answered to the caller only: the stored check (the
+    outside it (``anchor_mark``'s pairs, several a chain if its holder kept several, each
+    checked), checked the same way, and answered to the caller only: the stored check (the
     console's badge, ``/metrics``) is what the database itself shows. An anchor is its holder's
     evidence: a mistyped one would otherwise raise everyone's alarm, which the next check,
     without it, cleared again.
@@ -869,8 +870,12 @@ def check(
                 "report": report.as_dict(),
             },
         )
-    if report.chain is None and expect:
-        report.chain = rolled_back(report, expect, anchors=True)
+    # Every anchor given, the earliest place first. (They were kept by chain, so of a chain's
+    # anchors only the last given was checked: one mistyped or from another ledger passed.)
+    for chain, mark in sorted(expect, key=lambda anchor: (anchor[0], anchor[1]["rows"])):
+        if report.chain is not None:
+            break
+        report.chain = rolled_back(report, {chain: mark}, anchors=True)
     return report
 
 

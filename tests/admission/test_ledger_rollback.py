@@ -132,6 +132,23 @@ def test_an_anchor_kept_elsewhere_catches_a_rollback_of_the_stored_check_too(db:
     assert "Either the anchor was mistyped or taken from another ledger, or rows were " in out
 
 
+def test_every_anchor_given_is_checked_not_only_a_chains_last(db: None) -> None:
+    # The anchors were kept by chain: of two given for one chain only the last was checked, so
+    # `--expect <mistyped> --expect <good>` exited 0 and the reverse order 3.
+    build_chain(3)
+    code, out = run_verify()
+    [early] = anchors(out)
+    build_chain(2)
+    code, out = run_verify()
+    [late] = anchors(out)
+    assert run_verify("--expect", early, "--expect", late)[0] == 0
+    typo = early[:-1] + ("0" if early[-1] != "0" else "1")
+    for given in ([typo, late], [late, typo]):
+        code, out = run_verify(*(arg for anchor in given for arg in ("--expect", anchor)))
+        assert code == 3, out
+        assert "chain: MISMATCH: the anchor given, chain position 3 " in out, out
+
+
 @pytest.mark.parametrize(
     "mark",
     [

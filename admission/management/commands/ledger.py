@@ -66,7 +66,7 @@ class Command(SwitchboardCommand):
         if options["reset_mark"]:
             LedgerCheck.objects.filter(pk=1).delete()
             self.stderr.write("the stored high-water mark was forgotten")
-        expect = dict(ledger.anchor_mark(*anchor) for anchor in options["expect"])
+        expect = [ledger.anchor_mark(*anchor) for anchor in options["expect"]]
         report = ledger.check(batch=options["batch"], expect=expect)
         emit(self, options, report.as_dict(), _text(report))
         if not report.ok:
