@@ -65,7 +65,7 @@ def test_the_agents_view_shows_what_each_endpoint_holds(
     busy_fleet(tx_personas)
     # A hook that gave up, with the longest error an endpoint keeps and no space in it.
     Endpoint.objects.filter(pk=tx_personas.agent.pk).update(
-        hook_failed_at=timezone.now(), hook_error="HTTPConnectionPool:" + "x" * 481
+        hook_failed_at=timezone.now(), hook_error="TimeoutError:" + "x" * 487
     )
     page = open_page(session, tx_personas.owner, width=width, javascript=javascript)
     page.goto("/agents")
