@@ -838,8 +838,8 @@ def check(
     then verifies on its own, and only a record of the later head shows the rollback. The stored
     check is such a record, in the same database (so a writer who also rolls it back, or deletes
     it, is not caught here); ``expect`` (``ledger verify --expect``) holds heads recorded
-    outside it (``anchor_mark``'s pairs, several a chain if its holder kept several, each
-    checked), checked the same way, and answered to the caller only: the stored check (the
+    outside it (``anchor_mark``'s pairs; a chain may have several, and each is checked) the same
+    way, and answered to the caller only: the stored check (the
     console's badge, ``/metrics``) is what the database itself shows. An anchor is its holder's
     evidence: a mistyped one would otherwise raise everyone's alarm, which the next check,
     without it, cleared again.
