@@ -5,7 +5,8 @@ process holds leases), then as fast as they can (the bucket runs dry).
 Usage: python -m tests.queues.rate_racer KEY RATE BURST THREADS PACE (seconds between a thread's
 calls while paced); prints "ready" once set up, then
 reads one line "START PACED_UNTIL END" (``time.time()`` seconds) and prints one JSON line:
-{"admitted": [times], "retry_after": [seconds of each refusal]}.
+{"admitted": [times], "retry_after": [seconds of each refusal], "calls": [times of this
+process's script calls to Redis]}.
 Environment: REDIS_URL, DJANGO_SETTINGS_MODULE (and DATABASE_URL, not used).
 """
 
@@ -15,6 +16,7 @@ import json
 import sys
 import threading
 import time
+from typing import Any
 
 
 def main(key: str, rate: float, burst: int, threads: int, pace: float) -> None:
@@ -23,6 +25,16 @@ def main(key: str, rate: float, burst: int, threads: int, pace: float) -> None:
     django.setup()
     from switchboard.core import ratelimit
 
+    # This process's own calls: Redis's command statistics count every client of the server
+    # (the other test workers' scripts too).
+    calls: list[float] = []
+    call = ratelimit._call
+
+    def counted(*args: Any, **kwargs: Any) -> tuple[int, int]:
+        calls.append(time.time())
+        return call(*args, **kwargs)
+
+    ratelimit._call = counted
     print("ready", flush=True)
     start, paced, end = (float(x) for x in sys.stdin.readline().split())
 
@@ -51,7 +63,8 @@ def main(key: str, rate: float, burst: int, threads: int, pace: float) -> None:
         w.start()
     for w in workers:
         w.join()
-    print(json.dumps({"admitted": admitted, "retry_after": retry_after}), flush=True)
+    report = {"admitted": admitted, "retry_after": retry_after, "calls": calls}
+    print(json.dumps(report), flush=True)
 
 
 if __name__ == "__main__":
