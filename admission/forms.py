@@ -270,11 +270,16 @@ class PolicyForm(forms.Form):
         if kwargs["max_claims_per_window"] is not None:
             per_window = {**base, "max_claims_per_window": kwargs["max_claims_per_window"]}
             trials.append({**per_window, "window": good_window})
+            # Each of period, zone and start tried with the others held valid; a week's period
+            # with a valid weekday too (the weekday's own trial, below, judges the one given).
+            held = {key: good_window for key in ("period", "tz", "start")}
+            if window.get("period") == WindowPeriod.WEEK:
+                held["period"] = {**good_window, "weekday": Weekday.MON}
             trials += [
                 {
                     **base,
                     "max_claims_per_window": 1,
-                    "window": {**good_window, key: window.get(key)},
+                    "window": {**held[key], key: window.get(key)},
                 }
                 for key in ("period", "tz", "start")
             ]

@@ -206,6 +206,23 @@ def test_every_wrong_field_is_named_in_one_submit_by_its_label(personas: Persona
     assert not AdmissionPolicy.objects.exists()
 
 
+def test_a_week_budget_s_wrong_field_is_the_only_one_named(personas: Personas) -> None:
+    # The period's trial held no weekday, so on a week budget every refusal also said "a week
+    # window needs Weekday" beside the Weekday chosen.
+    client = signed_in(personas.owner)
+    week = {"window_period": "week", "window_weekday": "Tue"}
+    for field, wrong in (("window_start", "24:00"), ("window_tz", "Mars/Olympus_Mons")):
+        html = client.post("/budgets/agent/inbox", policy_form(**week, **{field: wrong}))
+        assert html.status_code == 400, field
+        page = html.content.decode()
+        assert "1 field to correct" in page, field
+        assert f'id="id_{field}-error"' in page and 'id="id_window_weekday-error"' not in page
+    html = client.post("/budgets/agent/inbox", policy_form(**{**week, "window_weekday": "Montag"}))
+    page = html.content.decode()
+    assert html.status_code == 400 and 'id="id_window_weekday-error"' in page
+    assert not AdmissionPolicy.objects.exists()
+
+
 def test_a_number_that_is_not_one_and_a_bad_zone_are_both_named(personas: Personas) -> None:
     client = signed_in(personas.owner)
     html = client.post(
