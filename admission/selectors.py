@@ -56,14 +56,19 @@ def policy_row(policy: AdmissionPolicy) -> engine.PolicyRow:
 
 
 def evaluate_rows(
-    rows: Iterable[engine.PolicyRow], now: datetime | None = None
+    rows: Iterable[engine.PolicyRow],
+    now: datetime | None = None,
+    *,
+    counted_under: dict[UUID, dict[str, list[str]]] | None = None,
 ) -> dict[UUID, engine.Evaluation]:
     """Evaluate policy rows at ``now`` in one statement: each row's usage from admission_usage
     (migration 0005), the query the claim reads under the policy lock.
 
     The one place every read surface evaluates budgets (status, reopen, the budget preview of a
     definition not yet saved, the board, /metrics), so none of them can disagree with the claim.
-    A row's window counter is its policy's (a row whose id is no policy's has used nothing)."""
+    A row's window counter is its policy's (a row whose id is no policy's has used nothing).
+    ``counted_under``: by row id, window keys read from other stored keys, summed (the preview
+    of a save that moves counters: ``services.counters_after_save``)."""
     now = now or timezone.now()
     rows = list(rows)
     if not rows:
@@ -111,6 +116,22 @@ def evaluate_rows(
             )
             for (i, key, _), (n,) in zip(more, cursor.fetchall(), strict=True):
                 more_used[i][key] = n
+        first_used: dict[int, int] = {}
+        for i, row in enumerate(rows):
+            bounds = current[i]
+            for key, stored in ((counted_under or {}).get(row.id) or {}).items():
+                if bounds is None or key not in bounds:
+                    continue
+                cursor.execute(
+                    "SELECT coalesce(sum(n), 0)::integer"
+                    " FROM unnest(admission_windows_used(%s, %s::text[], %s::timestamptz[])) n",
+                    [row.id, stored, [bounds[key][0]] * len(stored)],
+                )
+                (n,) = cursor.fetchone()
+                if key == PRIMARY_WINDOW_KEY:
+                    first_used[i] = n
+                else:
+                    more_used[i][key] = n
         # A cap lowered below what is held frees a slot only once enough leases have lapsed
         # (``engine.frees_at``: a statement for such a row only).
         freed = [
@@ -118,9 +139,10 @@ def evaluate_rows(
             for row, (n, earliest, used) in zip(rows, usage, strict=True)
         ]
     out: dict[UUID, engine.Evaluation] = {}
-    for row, b, cur, extra, (n, earliest, used) in zip(
-        rows, first, current, more_used, freed, strict=True
+    for i, (row, b, cur, extra, (n, earliest, used)) in enumerate(
+        zip(rows, first, current, more_used, freed, strict=True)
     ):
+        used = first_used.get(i, used)
         out[row.id] = engine.evaluate(
             row,
             in_flight=n,

@@ -208,6 +208,24 @@ def _first_window(spec: PolicySpec) -> Window | None:
     return windows[0].window if windows else None
 
 
+def counters_after_save(before: PolicySpec | None, after: PolicySpec) -> dict[str, list[str]]:
+    """The stored counter keys each of ``after``'s windows reads (summed) once a save over
+    ``before`` has moved the counters (``_follow_first_window``); {} when nothing moves. The
+    budget preview evaluates the change with it, so it shows the count the save gives."""
+    if before is None:
+        return {}  # a new budget: a policy of its own, no counters
+    first_before, first_after = _first_window(before), _first_window(after)
+    if first_before == first_after or first_after is None:
+        return {}
+    read: dict[str, list[str]] = {}
+    for item in after.windows:
+        if item.key == PRIMARY_WINDOW_KEY:
+            read[item.key] = [first_after.key]  # its own definition's rows come to the front
+        elif first_before is not None and item.key == first_before.key:
+            read[item.key] = [PRIMARY_WINDOW_KEY, item.key]  # the old first's, merged in
+    return read
+
+
 # Rows of one counter key moved to another (merged into a row already there: each counted
 # claims charged under the same window definition).
 _MOVE_COUNTERS_SQL = """

@@ -41,7 +41,7 @@ from django.views.decorators.http import (
 from admission import engine, services
 from admission import selectors as admission_selectors
 from admission.forms import LedgerFilterForm, PolicyForm
-from admission.models import AdmissionPolicy
+from admission.models import PRIMARY_WINDOW_KEY, AdmissionPolicy
 from admission.policy import PolicySpec
 from queues.access import Viewer
 from queues.models import Endpoint, check_queue_name
@@ -101,14 +101,19 @@ def preview(
         queue=queue,
         **spec.columns(),
     )
-    proposed = admission_selectors.evaluate_rows([row], now)[row.id]
+    # A save that redefines the first window moves its counters (services._follow_first_window):
+    # the proposal reads the counts the save gives it.
+    moved = services.counters_after_save(
+        PolicySpec.of(policy) if policy is not None else None, spec
+    )
+    proposed = admission_selectors.evaluate_rows([row], now, counted_under={row.id: moved})[row.id]
     after = spec.audited(endpoint.id)
     before = admission_selectors.policy_dict(policy) if policy is not None else None
     new_count = (
         current is not None
         and current.window_start is not None
         and proposed.window_start is not None
-        and current.window_start != proposed.window_start
+        and (current.window_start != proposed.window_start or PRIMARY_WINDOW_KEY in moved)
     )
     return {
         "current": current,

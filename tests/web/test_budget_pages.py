@@ -9,9 +9,11 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from admission import selectors as admission_selectors
 from admission import services as admission_services
 from admission.models import AdmissionPolicy
 from admission.policy import PolicySpec
+from admission.views import preview
 from queues import services
 from queues.models import EndpointState
 from switchboard.core.errors import InvalidArgument
@@ -106,6 +108,87 @@ def test_the_preview_shows_usage_against_the_new_limit_and_the_window_it_would_c
         policy_form(max_claims_per_window="2", window_tz="Pacific/Kiritimati"),
     ).content.decode()
     assert "0 of 2" in other_zone and "starts a new window" in other_zone
+
+
+def _after_saving(html: str) -> str:
+    match = re.search(r'<dt>After saving</dt><dd><span class="badge[^"]*">([^<]*)</span>', html)
+    assert match, "the page shows no preview"
+    return unescape(match.group(1))
+
+
+def test_the_preview_of_a_redefined_window_shows_the_count_its_save_gives(
+    personas: Personas,
+) -> None:
+    """Each window definition keeps its own count: a save that redefines the first window
+    moves the counters. The preview read the old definition's wherever the new window started
+    at the same instant ("UTC" and "Etc/GMT" always do), so it said "window used up" of a save
+    that admitted, and 0 used of one that brought 3 back."""
+    p = personas
+    push(p, 5)
+    budget(p, max_claims_per_window=3, tz="UTC")
+    for _ in range(3):
+        services.claim_next(actor=p.as_agent())
+    client = signed_in(p.owner)
+    url = "/budgets/agent/inbox"
+    other = policy_form(max_in_flight="", max_claims_per_window="3", window_tz="Etc/GMT")
+    html = client.post(url, other).content.decode()
+    assert "<strong>0 of 3</strong>" in html and "(now: 3 of 3)" in html, html
+    assert "starts a new window" in html and _after_saving(html) == "Admitted"
+    assert client.post(url, {**other, "action": "save", **previewed(html)}).status_code == 302
+    now = admission_selectors.identity_status(p.agent.id, "inbox")
+    assert now is not None and now.used == 0 and now.admits
+    services.claim_next(actor=p.as_agent())
+    back = policy_form(max_in_flight="", max_claims_per_window="3", window_tz="UTC")
+    html = client.post(url, back).content.decode()
+    assert "<strong>3 of 3</strong>" in html and "(now: 1 of 3)" in html, html
+    assert _after_saving(html).startswith("Deferred · window used up")
+    assert client.post(url, {**back, "action": "save", **previewed(html)}).status_code == 302
+    now = admission_selectors.identity_status(p.agent.id, "inbox")
+    assert now is not None and now.used == 3 and not now.admits
+
+
+def test_every_redefinition_s_preview_reads_the_counts_its_save_gives(personas: Personas) -> None:
+    # Stacked windows too: the old first window moved behind a new one keeps its count (merged
+    # with what its definition counted there before), and a definition coming back to the front
+    # brings its own. "UTC" and "Etc/GMT" start every day at the same instant.
+    p = personas
+    push(p, 8)
+    utc = {"period": "day", "tz": "UTC", "start": "00:00"}
+    gmt = {**utc, "tz": "Etc/GMT"}
+    steps = [[utc], [gmt, utc], [utc, gmt], [gmt], [utc, gmt], [utc]]
+    seen = []
+    for windows in steps:
+        services.claim_next(actor=p.as_agent())
+        rows = [{"limit": 9, **w} for w in windows]
+        policy = AdmissionPolicy.objects.filter(endpoint=p.agent, queue="inbox").first()
+        spec = PolicySpec.clean(
+            queue="inbox", max_in_flight=None, max_claims_per_window=None, window=None, windows=rows
+        )
+        shown = preview(p.agent, "inbox", policy, spec)["proposed"]
+        admission_services.policy_set(
+            actor=p.as_human(),
+            endpoint=p.agent,
+            queue="inbox",
+            max_in_flight=None,
+            max_claims_per_window=None,
+            window=None,
+            windows=rows,
+        )
+        saved = admission_selectors.identity_status(p.agent.id, "inbox")
+        assert saved is not None
+        counts = [(w.tz, w.used) for w in saved.windows]
+        assert [(w.tz, w.used) for w in shown.windows] == counts, (windows, counts)
+        seen.append(counts)
+    # The first claim came before any budget; each one after counts under every window in
+    # force, and a definition's count is the claims charged while it was in force.
+    assert seen == [
+        [("UTC", 0)],
+        [("Etc/GMT", 0), ("UTC", 1)],
+        [("UTC", 2), ("Etc/GMT", 1)],
+        [("Etc/GMT", 2)],
+        [("UTC", 3), ("Etc/GMT", 3)],
+        [("UTC", 4)],
+    ]
 
 
 def test_a_revoked_endpoint_refuses_a_new_budget_as_a_form_error(personas: Personas) -> None:
