@@ -26,7 +26,8 @@ from admission.models import PRIMARY_WINDOW_KEY, AdmissionPolicy, AdmissionWindo
 from admission.policy import PolicySpec
 from queues import access
 from queues.access import Actor, AgentActor, HumanActor
-from queues.models import QUARANTINE_QUEUE, Endpoint, Todo, TodoState, check_queue_name
+from queues.models import QUARANTINE_QUEUE, Endpoint, check_queue_name
+from queues.sql import gated
 from switchboard.core import versions
 from switchboard.core.errors import InvalidArgument, NotFound
 from switchboard.ledger import chain as ledger
@@ -256,16 +257,11 @@ def usage(ev: engine.Evaluation) -> dict[str, Any]:
 
 
 def pending_count(endpoint_id: UUID, queue: str) -> int:
-    """How many todos wait in a queue identity (a deferral's ``pending``; SQL of its own, as
-    ``deferred_among``: a refused claim_next asks it each time)."""
+    """How much work a hold on a queue identity keeps back (a deferral's ``pending``): its
+    claimable todos, a lapsed claim or a due retry as much as a pending one
+    (``gated.claimable_counts``; a refused claim_next asks it each time)."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT count(*) FROM {Todo._meta.db_table} "
-            "WHERE endpoint_id = %s AND queue = %s AND state = %s",
-            [endpoint_id, queue, TodoState.PENDING.value],
-        )
-        (count,) = cursor.fetchone()
-    return int(count)
+        return gated.claimable_counts(cursor, endpoint_id, [queue]).get(queue, 0)
 
 
 def deferred_entry(ev: engine.Evaluation, endpoint_id: UUID) -> dict[str, Any]:

@@ -287,7 +287,10 @@ class DeferredQueueOut(Schema):
         description="Why the work waits: the gate's reason (window_exhausted, in_flight_full, "
         "a named limit's), or queue_paused"
     )
-    pending: int
+    pending: int = Field(
+        description="How many of the caller's todos in the queue it holds back: pending, a "
+        "lapsed claim or a due retry, each with attempts left"
+    )
     next_eligible_at: datetime | None = None
     exact: bool
     # Shaped by the budget gate (admission.schemas.WindowUseOut); queues does not import it.

@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
-from django.db import DatabaseError, transaction
-from django.db.models import Count
+from django.db import DatabaseError, connection, transaction
 
 from queues import access, gates, metrics, selectors, sql
 from queues.access import HUMAN_PREFIX, Actor, AgentActor, HumanActor, acting_endpoint_ids
 from queues.models import QUARANTINE_QUEUE, Endpoint, Todo, TodoState, check_queue_name
 from queues.services.endpoints import resolve_lease_ttl
+from queues.sql import gated
 from switchboard.core import availability, tokens, validation
 from switchboard.core.errors import Conflict, InvalidArgument, NotFound
 from switchboard.core.times import iso
@@ -468,7 +468,7 @@ def _paused_entries(
     endpoint_id: UUID, queues: list[str], *, listed: set[str] | frozenset[str] = frozenset()
 ) -> list[dict[str, Any]]:
     """An empty claim_next's deferred items for the paused queues among ``queues`` that hold
-    this endpoint's pending work (the claim statement passes a paused queue by): without them,
+    this endpoint's claimable work (the claim statement passes a paused queue by): without them,
     an agent could not tell a pause from an empty queue.
 
     Each such queue a gate holds as a whole (its budget: ``queues.gates.statuses``) also gets
@@ -479,14 +479,8 @@ def _paused_entries(
     if not paused:
         return []
     pauses = selectors.pauses_of(paused)
-    pending = dict(
-        Todo.objects.filter(
-            endpoint_id=endpoint_id, queue__in=list(pauses), state=TodoState.PENDING
-        )
-        .values("queue")
-        .annotate(n=Count("id"))
-        .values_list("queue", "n")
-    )
+    with connection.cursor() as cursor:  # a lapsed claim or a due retry waits as pending work does
+        pending = gated.claimable_counts(cursor, endpoint_id, list(pauses))
     held = [queue for queue in pauses if pending.get(queue)]
     statuses = gates.statuses((endpoint_id, queue) for queue in held if queue not in listed)
     out: list[dict[str, Any]] = []

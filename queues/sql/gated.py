@@ -16,7 +16,7 @@ from uuid import UUID
 
 from django.db.backends.utils import CursorWrapper
 
-from queues.claimable import CLAIMABLE, LAPSED_CLAIM_SET
+from queues.claimable import CLAIMABLE, CLAIMABLE_STATE, LAPSED_CLAIM_SET
 from queues.sql.attempts import ENDED_CLAIM, ended_attempt
 
 
@@ -125,6 +125,23 @@ def claimable_groups(
         [endpoint_id, queues],
     )
     return cursor.fetchall()
+
+
+def claimable_counts(cursor: CursorWrapper, endpoint_id: UUID, queues: list[str]) -> dict[str, int]:
+    """How many of the endpoint's todos in each of ``queues`` a claim could take but for its
+    gates and pauses: pending, a lapsed lease (a takeover) or a due retry, each with attempts
+    left (the claimable rule's state arms; never quarantine). What a deferral says it holds
+    back (its ``pending``); a queue with none is absent."""
+    cursor.execute(
+        f"""
+        SELECT t.queue, count(*)::integer FROM queues_todo t
+        WHERE t.endpoint_id = %s AND t.queue = ANY(%s) AND t.queue <> 'quarantine'
+          AND {CLAIMABLE_STATE}
+        GROUP BY 1
+        """,
+        [endpoint_id, queues],
+    )
+    return dict(cursor.fetchall())
 
 
 def pending_identities(

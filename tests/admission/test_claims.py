@@ -73,6 +73,27 @@ def test_the_eleventh_claim_in_a_window_of_ten_is_refused(personas: Personas) ->
     assert window_total(policy, "refused") == 1
 
 
+def test_a_spent_window_holding_back_a_lapsed_claim_or_a_due_retry_says_so(
+    personas: Personas,
+) -> None:
+    # Both are claimable as pending work is (a takeover, a retry). The deferral counted pending
+    # todos alone, so until a sweep made them pending the answer was {"empty": true} and no why.
+    p = personas
+    policy = budget(p, per="day", limit=2, start=far_start())
+    push(p, 2, max_attempts=3)
+    first = claimed(services.claim_next(actor=p.as_agent()))
+    second = claimed(services.claim_next(actor=p.as_agent()))
+    lapse(first.todo)
+    services.fail(actor=p.as_agent(), todo_id=second.todo.id, error={"type": "Flaky"})
+    (entry,) = nothing(services.claim_next(actor=p.as_agent())).deferred
+    assert entry["reason"] == "window_exhausted" and entry["pending"] == 1  # retry not due yet
+    make_retry_due(second.todo)
+    (entry,) = nothing(services.claim_next(actor=p.as_agent())).deferred
+    assert entry["queue"] == "inbox" and entry["reason"] == "window_exhausted"
+    assert entry["pending"] == 2
+    assert entry["next_eligible_at"] == windows.next_boundary(policy, timezone.now())
+
+
 def test_claim_next_with_no_pending_work_is_plainly_empty(personas: Personas) -> None:
     p = personas
     budget(p, per="day", limit=0, start=far_start())

@@ -13,7 +13,7 @@ from queues.access import HumanActor
 from queues.models import Attempt, Todo, TodoState
 from queues.services import Claimed, NothingClaimable
 from switchboard.core.errors import Conflict
-from tests.conftest import Personas, push
+from tests.conftest import Personas, lapse, push
 from tests.pause.helpers import pause, resume
 
 
@@ -55,6 +55,19 @@ def test_claim_next_on_a_paused_queue_answers_empty_and_says_the_pause_holds_its
     services.claim_next(actor=personas.as_agent(), queue="inbox")
     pause(personas.pauser, "outbox")
     assert services.claim_next(actor=personas.as_agent()) == NothingClaimable(deferred=[])
+
+
+def test_a_paused_queue_holding_only_a_lapsed_claim_says_so(personas: Personas) -> None:
+    # A lapsed claim is claimable (a takeover) as pending work is: the pause holds it back.
+    push(personas, 1, queue="inbox")
+    got = services.claim_next(actor=personas.as_agent(), queue="inbox")
+    assert isinstance(got, Claimed)
+    lapse(got.todo)
+    pause(personas.pauser, "inbox")
+    answer = services.claim_next(actor=personas.as_agent())
+    assert isinstance(answer, NothingClaimable)
+    [held] = answer.deferred
+    assert (held["queue"], held["reason"], held["pending"]) == ("inbox", "queue_paused", 1)
 
 
 def test_claim_next_still_hands_out_the_granted_queues_that_are_not_paused(
