@@ -113,7 +113,7 @@ from switchboard.core.http import (
     retry_after_seconds,
 )
 from switchboard.core.tokens import bearer_token
-from switchboard.core.validation import json_loads, not_json
+from switchboard.core.validation import NotClientJson, json_loads, not_json
 
 log = logging.getLogger(__name__)
 
@@ -397,6 +397,8 @@ def _post(request: Incoming, actor: AgentActor) -> Reply | HttpResponseBase:
         message = json_loads(request.body)
     except RecursionError:
         return _rpc_error(None, RpcError(PARSE_ERROR, "Parse error: the body is not JSON"), 400)
+    except NotClientJson as exc:  # UTF-16 or UTF-32, or a name given twice
+        return _rpc_error(None, RpcError(PARSE_ERROR, f"Parse error: the body {exc}"), 400)
     except ValueError as exc:
         error = RpcError(PARSE_ERROR, f"Parse error: the body is not JSON ({not_json(exc)})")
         return _rpc_error(None, error, 400)

@@ -195,6 +195,8 @@ def loads(raw: bytes | str, field: str = "") -> Any:
     try:
         # NaN and Infinity parse as floats here; the walk below refuses them with their path.
         value = json_loads(raw)
+    except NotClientJson as exc:
+        raise InvalidArgument(f"{name}: {exc}", field=name) from None
     except RecursionError:
         raise InvalidArgument(
             f"{name}: is nested deeper than {MAX_JSON_DEPTH} levels", field=name
@@ -213,20 +215,49 @@ def not_json(exc: ValueError) -> str:
     return why
 
 
+class NotClientJson(ValueError):
+    """A body ``json.loads`` reads that a client's JSON must not be: UTF-16 or UTF-32 (RFC 8259
+    8.1: JSON exchanged between systems is UTF-8), or an object giving one name twice (read, it
+    keeps the last value, where a proxy or a validator in front may act on the first)."""
+
+
+def _each_name_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        for name, _ in pairs:
+            if name in seen:
+                shown = json.dumps(name if len(name) <= 64 else name[:64] + "…")
+                raise NotClientJson(f"gives the name {shown} twice in one object; give it once")
+            seen.add(name)
+    return value
+
+
+_CLIENT_DECODER = json.JSONDecoder(object_pairs_hook=_each_name_once)
+_CLIENT_SCAN = _CLIENT_DECODER.scan_once  # type: ignore[attr-defined]
+_CLIENT_DECODE = _CLIENT_DECODER.decode
+
+
 def json_loads(raw: bytes | str) -> Any:
-    """``json.loads(raw)``: the same value, or the same error. A body as clients send it (bytes
-    opening with ``{`` and no NUL in the first four, which ``json.loads`` reads as UTF-8) is
-    decoded and scanned at once (``_decode``), without ``json.loads``' encoding detection and
-    whitespace matching: a few µs of every agent request (issue 11). Anything else, and bytes
-    that are not strict UTF-8 (``json.loads`` lets encoded surrogates through), go through
-    ``json.loads``."""
-    if isinstance(raw, bytes) and raw[:1] == b"{" and 0 not in raw[:4]:
-        try:
-            text = raw.decode()
-        except UnicodeDecodeError:
-            return json.loads(raw)
-        return _decode(text)
-    return json.loads(raw)
+    """A client's JSON: ``json.loads(raw)`` (the same value, or the same error) but that bytes
+    in UTF-16 or UTF-32, which ``json.loads`` detects and reads, and an object giving a name
+    twice are refused (``NotClientJson``). A body as clients send it (bytes opening with ``{``
+    and no NUL in the first four) is decoded and scanned at once, without ``json.loads``'
+    encoding detection and whitespace matching: a few µs of every agent request (issue 11).
+    Anything else, and bytes that are not strict UTF-8 (``json.loads`` lets encoded surrogates
+    through), go through ``json.loads``."""
+    if isinstance(raw, bytes):
+        if raw[:1] == b"{" and 0 not in raw[:4]:
+            try:
+                text = raw.decode()
+            except UnicodeDecodeError:
+                return json.loads(raw, object_pairs_hook=_each_name_once)
+            return _decode(text, _CLIENT_SCAN, _CLIENT_DECODE)
+        # What json.loads reads as UTF-16 or UTF-32: a NUL among the first four bytes (JSON
+        # text opens with an ASCII character, and holds no NUL in UTF-8), or their marks.
+        if 0 in raw[:4] or raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
+            raise NotClientJson("is not UTF-8 (RFC 8259: JSON between systems is UTF-8)")
+    return json.loads(raw, object_pairs_hook=_each_name_once)
 
 
 def renderable(value: Any) -> bool:
@@ -277,15 +308,15 @@ _DECODE = _DECODER.decode
 _SCAN = _DECODER.scan_once  # type: ignore[attr-defined]
 
 
-def _decode(text: str) -> Any:
-    """``_DECODE(text)``, the scanner called at once when ``text`` is one value with nothing
+def _decode(text: str, scan: Any = _SCAN, decode: Any = _DECODE) -> Any:
+    """``decode(text)``, the scanner called at once when ``text`` is one value with nothing
     around it (as PostgreSQL writes one); anything else (whitespace, extra data) goes through
     ``decode``, which answers or raises as it always does."""
     try:
-        value, end = _SCAN(text, 0)
+        value, end = scan(text, 0)
     except StopIteration:
-        return _DECODE(text)
-    return value if end == len(text) else _DECODE(text)
+        return decode(text)
+    return value if end == len(text) else decode(text)
 
 
 # What a stored value that cannot be read or shown is replaced with on every surface.

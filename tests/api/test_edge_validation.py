@@ -60,6 +60,34 @@ def test_a_nul_or_lone_surrogate_inside_json_is_refused_with_its_path(agent_api:
     assert not Todo.objects.exists()
 
 
+def test_a_body_not_in_utf8_or_giving_a_name_twice_is_refused_naming_the_body(
+    agent_api: Api,
+) -> None:
+    # json.loads reads UTF-16 and UTF-32 (RFC 8259: JSON between systems is UTF-8) and keeps
+    # the last of two values of one name, where a proxy or a validator may act on the first:
+    # both were taken, and acted on.
+    text = '{"queue": "inbox", "title": "t"}'
+    for encoding in ("utf-16", "utf-16-le", "utf-16-be", "utf-32"):
+        refused = agent_api.verb("create_todo", raw=text.encode(encoding))
+        assert refused_field(refused) == "body", encoding
+        assert (
+            refused.json()["error"]
+            == "body: is not UTF-8 (RFC 8259: JSON between systems is UTF-8)"
+        )
+    for raw, name in [
+        ('{"queue": "inbox", "title": "a", "title": "b"}', "title"),
+        ('{"queue": "inbox", "title": "t", "payload": {"k": 1, "k": 2}}', "k"),
+        ('{"queue": "inbox", "title": "t", "payload": [{"k": 1, "k": 1}]}', "k"),
+    ]:
+        refused = agent_api.verb("create_todo", raw=raw)
+        assert refused_field(refused) == "body", raw
+        assert f'"{name}" twice in one object' in refused.json()["error"], raw
+    assert not Todo.objects.exists()
+    # A UTF-8 byte order mark is ignored (RFC 8259 allows it), as before.
+    made = agent_api.verb("create_todo", raw=b"\xef\xbb\xbf" + text.encode())
+    assert made.status_code == 200, made.content and Todo.objects.count() == 1
+
+
 def test_a_budgets_window_is_named_in_brackets_whatever_refuses_it(
     personas: Personas, owner_api: Api, agent_api: Api
 ) -> None:

@@ -71,9 +71,7 @@ BODIES: list[bytes | str] = [
     b'{"a": "\xed\xa0\x80"}',  # an encoded surrogate: json.loads lets it through
     b'{"a": "\xff"}',  # not UTF-8
     b"\xef\xbb\xbf{}",  # a UTF-8 BOM
-    '{"a": 1}'.encode("utf-16-le"),
-    '{"a": 1}'.encode("utf-16"),
-    b"{\x00}",
+    b'{"a": {"b": 1}, "c": [{"d": 2}]}',
     b"{" * 100_000,  # too deep: RecursionError
     b"{",
     b"",
@@ -87,6 +85,28 @@ def test_a_body_is_read_as_json_loads_reads_it(raw: bytes | str) -> None:
     """``validation.json_loads`` (bodies opening with ``{`` scanned at once) answers what
     ``json.loads`` answers: the same value, or the same error and message."""
     assert _outcome(validation.json_loads, raw) == _outcome(json.loads, raw)
+
+
+NOT_CLIENT_JSON: list[bytes | str] = [
+    '{"a": 1}'.encode("utf-16-le"),  # json.loads reads these four
+    '{"a": 1}'.encode("utf-16"),
+    '{"a": 1}'.encode("utf-32-be"),
+    b"{\x00}",
+    b'{"a": 1, "a": 1}',  # json.loads keeps the last value of a name given twice
+    b' {"a": 1, "a": 2}',
+    b'{"a": "\xed\xa0\x80", "a": 2}',  # an encoded surrogate: json.loads' own path
+    b'[{"b": [{"c": 1, "c": 2}]}]',
+    '{"é": 1, "é": 2}',
+]
+
+
+@pytest.mark.parametrize("raw", NOT_CLIENT_JSON)
+def test_utf16_utf32_and_a_name_given_twice_are_refused(raw: bytes | str) -> None:
+    with pytest.raises(validation.NotClientJson):
+        validation.json_loads(raw)
+    with pytest.raises(InvalidArgument) as refused:
+        validation.loads(raw)
+    assert refused.value.field == "body"
 
 
 # A flat object (every verb's arguments, most payloads) is checked without the walk; each of

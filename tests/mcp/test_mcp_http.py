@@ -430,6 +430,29 @@ def test_malformed_json_is_a_parse_error(agent: Mcp) -> None:
     }
 
 
+def test_a_body_not_in_utf8_or_giving_a_name_twice_is_a_parse_error_and_runs_nothing(
+    personas: Personas, agent: Mcp
+) -> None:
+    [todo] = push(personas, 1)
+    agent.initialize()
+    call = '{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": %s}'
+    for raw, why in [
+        (call % '{"name": "claim", "arguments": {"id": "%s"}}' % todo.id, "is not UTF-8"),
+        (call % '{"name": "claim", "name": "claim", "arguments": {}}', '"name" twice'),
+        (
+            call % '{"name": "claim", "arguments": {"id": "%s", "id": "%s"}}' % (todo.id, todo.id),
+            '"id" twice',
+        ),
+    ]:
+        body = raw.encode("utf-16") if why == "is not UTF-8" else raw
+        response = agent.post(None, raw=body)
+        assert response.status_code == 400, raw
+        error = response.json()["error"]
+        assert error["code"] == -32700 and why in error["message"], error
+    todo.refresh_from_db()
+    assert todo.state == "pending"
+
+
 @pytest.mark.parametrize(
     "message",
     [
