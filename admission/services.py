@@ -208,6 +208,12 @@ def _first_window(spec: PolicySpec) -> Window | None:
     return windows[0].window if windows else None
 
 
+def _same_window(a: Window | None, b: Window | None) -> bool:
+    """Whether two first windows are one: equal, or starting and ending at the same instants
+    (an hour window's start counts by its minutes alone)."""
+    return a == b or (a is not None and b is not None and a.boundaries == b.boundaries)
+
+
 def counters_after_save(before: PolicySpec | None, after: PolicySpec) -> dict[str, list[str]]:
     """The stored counter keys each of ``after``'s windows reads (summed) once a save over
     ``before`` has moved the counters (``_follow_first_window``); {} when nothing moves. The
@@ -215,7 +221,7 @@ def counters_after_save(before: PolicySpec | None, after: PolicySpec) -> dict[st
     if before is None:
         return {}  # a new budget: a policy of its own, no counters
     first_before, first_after = _first_window(before), _first_window(after)
-    if first_before == first_after or first_after is None:
+    if _same_window(first_before, first_after) or first_after is None:
         return {}
     read: dict[str, list[str]] = {}
     for item in after.windows:
@@ -255,8 +261,11 @@ def _follow_first_window(policy_id: UUID, before: Window | None, after: Window |
     window whose start fell on the old one's took over its count. Here, under the policy row
     and every shard lock (so no claim charges meanwhile), the old first window's rows go to its
     definition's key and the new first window's come from theirs. A window's count is then the
-    claims charged while its definition was in force, wherever it stood in the list."""
-    if before == after:
+    claims charged while its definition was in force, wherever it stood in the list.
+
+    A first window written again with the same boundaries (an hour window's start at another
+    hour, same minute: ``Window.boundaries``) is the same window, and keeps its count."""
+    if _same_window(before, after):
         return
     with connection.cursor() as cursor:
         if before is not None:

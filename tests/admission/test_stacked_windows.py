@@ -165,6 +165,33 @@ def test_a_new_first_window_does_not_take_over_the_count_of_the_one_it_replaced(
     assert counters(policy) == {"": 5, f"day|UTC|{far_start()}|": 3}
 
 
+def test_an_hour_window_s_start_rewritten_at_another_hour_keeps_its_count(
+    personas: Personas,
+) -> None:
+    # "07:20" and "00:20" are one window, every hour from :20 (Window.boundaries; a second such
+    # window is refused as a repeat), but the save moved the count away as for a new window:
+    # 3 more claims in the hour under a limit of 3 in force throughout. Its preview says so too.
+    p = personas
+    push(p, 8)
+    hour = {"limit": 3, "period": "hour", "tz": "Asia/Kathmandu", "start": "07:20"}
+    policy = stacked(p, hour)
+    _claim(p, 3)
+    before = PolicySpec.of(AdmissionPolicy.objects.get(pk=policy.pk))
+    rewritten = {**hour, "start": "00:20"}
+    after = PolicySpec.clean(
+        queue="inbox", max_in_flight=None, max_claims_per_window=None, window=None,
+        windows=[rewritten],
+    )  # fmt: skip
+    assert services.counters_after_save(before, after) == {}
+    stacked(p, rewritten)
+    assert AdmissionPolicy.objects.get(pk=policy.pk).window_start == "00:20"
+    assert _admitted(p) == 0
+    assert counters(policy) == {"": 3}
+    # Another minute is another window: it starts from 0, its count its own.
+    stacked(p, {**hour, "start": "00:50"})
+    assert _admitted(p) == 3
+
+
 def test_the_binding_window_is_the_exhausted_one_that_resets_last(personas: Personas) -> None:
     p = personas
     stacked(p, day(2), week(2))
