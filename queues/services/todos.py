@@ -296,6 +296,13 @@ def _raise_unmatched(
         message = f"attempt {attempt} has not been made: this claim is attempt {current}"
     elif presented is None and token_hash is not None:
         message = "this claim was made with require_fence: present its lease_token"
+        if attempt is None and current > 1:
+            # A call naming neither its attempt nor a token cannot be told from one by the
+            # holder of an earlier attempt, whose claim was taken over: it is told which.
+            message += (
+                f" (it is attempt {current}: a holder of an earlier attempt was superseded; "
+                "name your attempt to know)"
+            )
     elif presented is not None and token_hash is None:
         message = "this claim has no lease token (it was made without require_fence)"
     elif presented != token_hash:

@@ -110,6 +110,26 @@ def test_a_fence_naming_no_claim_of_the_todo_is_a_mismatch_not_a_takeover(
 
 
 @pytest.mark.parametrize("verb", VERBS, ids=lambda v: v.__name__.strip("_"))
+def test_a_bare_call_to_a_fenced_claim_after_a_takeover_names_the_attempt(
+    personas: Personas, verb: Verb
+) -> None:
+    # A's unfenced claim lapsed and B took it over with a fence; A's call naming neither its
+    # attempt nor a token was told only to present the token, which tells a holder to keep
+    # working (README: "nothing took the work over").
+    todo = push(personas)[0]
+    agent = personas.as_agent()
+    services.claim(actor=agent, todo_id=todo.id, claimant="agent-a")
+    lapse(todo)
+    services.claim(actor=agent, todo_id=todo.id, require_fence=True, claimant="agent-b")
+    body = refusal(verb, actor=agent, todo_id=todo.id)
+    assert (body["reason"], body["attempt"]) == ("fence_mismatch", 2)
+    assert "it is attempt 2: a holder of an earlier attempt was superseded" in body["error"]
+    assert refusal(verb, actor=agent, todo_id=todo.id, attempt=1)["reason"] == "superseded"
+    after = Todo.objects.get(pk=todo.pk)
+    assert (after.state, after.attempt, after.owner) == ("claimed", 2, "agent-b")
+
+
+@pytest.mark.parametrize("verb", VERBS, ids=lambda v: v.__name__.strip("_"))
 @pytest.mark.parametrize("fenced", [False, True], ids=["unfenced", "fenced"])
 def test_a_lapsed_lease_is_refused_alike_by_every_verb(
     personas: Personas, verb: Verb, fenced: bool
