@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, timedelta
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.conf import settings
@@ -173,22 +174,24 @@ def test_an_hour_window_s_start_rewritten_at_another_hour_keeps_its_count(
     # 3 more claims in the hour under a limit of 3 in force throughout. Its preview says so too.
     p = personas
     push(p, 8)
-    hour = {"limit": 3, "period": "hour", "tz": "Asia/Kathmandu", "start": "07:20"}
+    # Minutes half an hour from now, so no hour boundary falls inside the test.
+    mm = (timezone.now().astimezone(ZoneInfo("Asia/Kathmandu")).minute + 30) % 60
+    hour = {"limit": 3, "period": "hour", "tz": "Asia/Kathmandu", "start": f"07:{mm:02d}"}
     policy = stacked(p, hour)
     _claim(p, 3)
     before = PolicySpec.of(AdmissionPolicy.objects.get(pk=policy.pk))
-    rewritten = {**hour, "start": "00:20"}
+    rewritten = {**hour, "start": f"00:{mm:02d}"}
     after = PolicySpec.clean(
         queue="inbox", max_in_flight=None, max_claims_per_window=None, window=None,
         windows=[rewritten],
     )  # fmt: skip
     assert services.counters_after_save(before, after) == {}
     stacked(p, rewritten)
-    assert AdmissionPolicy.objects.get(pk=policy.pk).window_start == "00:20"
+    assert AdmissionPolicy.objects.get(pk=policy.pk).window_start == f"00:{mm:02d}"
     assert _admitted(p) == 0
     assert counters(policy) == {"": 3}
     # Another minute is another window: it starts from 0, its count its own.
-    stacked(p, {**hour, "start": "00:50"})
+    stacked(p, {**hour, "start": f"00:{(mm + 1) % 60:02d}"})
     assert _admitted(p) == 3
 
 
