@@ -379,23 +379,12 @@ def test_a_limit_lowered_mid_run_never_over_admits(
     assert attempt_count(endpoint=p.agent) == claims
 
 
-def test_windows_reordered_mid_run_never_over_admit(
-    tx_personas: Personas, children: list[Child], settings: Any
-) -> None:
-    """A week limit of 20 in force throughout while the list is rewritten under the racers: the
-    week alone, then behind a day window, then behind an hour window, and round again. Its count
-    follows it to every place (admission.services._follow_first_window), so 20 claims in all."""
-    settings.POLICY_WRITE_RATE_LIMIT = (0, 0)
-    p = tx_personas
-    weekday = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")[
-        (timezone.now().astimezone(UTC).weekday() + 3) % 7
-    ]
-    week = {"limit": 20, "period": "week", "tz": "UTC", "start": "00:00", "weekday": weekday}
-    lists = [
-        [week],
-        [{"limit": 1000, "period": "day", "tz": "UTC", "start": far_start()}, week],
-        [{"limit": 1000, "period": "hour", "tz": "UTC", "start": "00:00"}, week],
-    ]
+def _rewritten_under_racers(
+    p: Personas, children: list[Child], lists: list[list[dict[str, Any]]], seed: str
+) -> tuple[AdmissionPolicy, int, Any]:
+    """Write ``lists[0]``, then rewrite the budget's windows round ``lists`` in a thread while
+    the racers claim in rounds (until it has been rewritten 10 times, or 10 rounds); returns
+    the policy, the claims made and a writer of a list."""
     actor = p.as_human(p.owner)
 
     def write(windows_list: list[dict[str, Any]]) -> AdmissionPolicy:
@@ -435,7 +424,7 @@ def test_windows_reordered_mid_run_never_over_admit(
         # Rounds until the list has been rewritten often under the racers (a round of 16 x 12
         # claims can take fewer than 10 rewrites' time on a quick machine).
         while rounds == 0 or (rewrites < 10 and rounds < 10):
-            _run(children, p.agent.id, threads=8, ops=12, seed=f"reordered-{rounds}")
+            _run(children, p.agent.id, threads=8, ops=12, seed=f"{seed}-{rounds}")
             claims += _claims(children)
             rounds += 1
     finally:
@@ -443,6 +432,27 @@ def test_windows_reordered_mid_run_never_over_admit(
         writer.join()
     assert write_errors == []  # no write refused (a deadlock's other victim)
     assert rewrites >= 10, "the list was hardly rewritten during the run"
+    return policy, claims, write
+
+
+def test_windows_reordered_mid_run_never_over_admit(
+    tx_personas: Personas, children: list[Child], settings: Any
+) -> None:
+    """A week limit of 20 in force throughout while the list is rewritten under the racers: the
+    week alone, then behind a day window, then behind an hour window, and round again. Its count
+    follows it to every place (admission.services._follow_first_window), so 20 claims in all."""
+    settings.POLICY_WRITE_RATE_LIMIT = (0, 0)
+    p = tx_personas
+    weekday = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")[
+        (timezone.now().astimezone(UTC).weekday() + 3) % 7
+    ]
+    week = {"limit": 20, "period": "week", "tz": "UTC", "start": "00:00", "weekday": weekday}
+    lists = [
+        [week],
+        [{"limit": 1000, "period": "day", "tz": "UTC", "start": far_start()}, week],
+        [{"limit": 1000, "period": "hour", "tz": "UTC", "start": "00:00"}, week],
+    ]
+    policy, claims, write = _rewritten_under_racers(p, children, lists, "reordered")
     assert claims == attempt_count(endpoint=p.agent) == 20
     # Claims were refused meanwhile, their refusals counted racing the writes that move the
     # counters (engine.record_refusal), and none failed (_claims: no racer reported an error;
@@ -451,6 +461,24 @@ def test_windows_reordered_mid_run_never_over_admit(
     week_key = f"week|UTC|00:00|{weekday}"
     write(lists[1])  # the week behind another window: its count under its own key
     assert _charged_under(policy, week_key) == 20
+
+
+def test_an_hour_window_s_start_rewritten_at_other_hours_mid_run_never_over_admits(
+    tx_personas: Personas, children: list[Child], settings: Any
+) -> None:
+    """An hour limit of 20, its start rewritten at another hour of the same minute under the
+    racers ("07:MM", "00:MM", "13:MM": one window, every hour from :MM): its count stays, so
+    20 claims in all. A save moved it away as for a new window, admitting 20 more each time."""
+    settings.POLICY_WRITE_RATE_LIMIT = (0, 0)
+    p = tx_personas
+    mm = (timezone.now().astimezone(UTC).minute + 30) % 60  # no boundary inside the test
+    lists = [
+        [{"limit": 20, "period": "hour", "tz": "UTC", "start": f"{hh}:{mm:02d}"}]
+        for hh in ("07", "00", "13")
+    ]
+    policy, claims, _ = _rewritten_under_racers(p, children, lists, "rewritten-hour")
+    assert claims == attempt_count(endpoint=p.agent) == 20
+    assert AdmissionWindow.objects.filter(policy=policy).aggregate(n=Sum("used"))["n"] == 20
 
 
 def test_a_refusal_waits_for_a_counter_row_holding_none(tx_personas: Personas) -> None:
