@@ -244,6 +244,18 @@ class LimitHold:
     def names(self) -> str:
         return ", ".join(self.state.limits)
 
+    def shows(self, other: GateState) -> bool:
+        """Whether ``other`` reads as this hold does in the head: the same gate, reason,
+        limits and time (``detail``, the todo page's, may differ)."""
+        mine = self.state
+        return (mine.gate, mine.reason, mine.limits, mine.next_eligible_at, mine.exact) == (
+            other.gate,
+            other.reason,
+            other.limits,
+            other.next_eligible_at,
+            other.exact,
+        )
+
     @property
     def words(self) -> str:
         reason = self.state.reason or ""
@@ -641,7 +653,9 @@ def _fill_limit_holds(found: list[Section]) -> None:
             "exact": binding.exact,
             "limits": [{"kind": noun, "name": name} for name in binding.limits],
         }
-        hold = next((h for h in s.holds if h.state == binding), None)
+        # One line per hold as the head shows it: explain's detail reads every limit a todo
+        # names, so two todos one full tag holds differ there when they name other tags too.
+        hold = next((h for h in s.holds if h.shows(binding)), None)
         if hold is None:
             hold = LimitHold(binding, noun)
             s.holds.append(hold)

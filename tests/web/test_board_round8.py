@@ -19,7 +19,7 @@ from switchboard.console.templatetags.console import at_zone
 from switchboard.core.zones import zone_named
 from tests.admission.test_api import human
 from tests.conftest import Personas, push
-from tests.limits.conftest import clear_of_a_minute_boundary, pool
+from tests.limits.conftest import clear_of_a_minute_boundary, pool, tag
 from tests.web.conftest import budget, signed_in
 
 ZONE = "Asia/Kolkata"
@@ -190,3 +190,24 @@ def test_holds_are_read_for_every_card_at_once(personas: Personas) -> None:
     push(p, 12, pool="gpu")
     push(p, 12, queue="outbox", pool="gpu")
     assert queries() == few
+
+
+def test_a_limit_holding_cards_that_name_different_limits_is_named_once(
+    personas: Personas,
+) -> None:
+    # The todo page's explain details every limit a todo names, so two waiting todos held by
+    # the one full tag (one naming it alone, one naming it and a tag with room) read apart
+    # there; the section's head names the hold itself, once, with both cards.
+    p = personas
+    tag("hx", 1)
+    tag("hy", 5)
+    (first,) = push(p, 1, tags=["hx"])
+    services.claim(actor=p.as_agent(), todo_id=first.id, lease_ttl_seconds=600)
+    (alone,) = push(p, 1, tags=["hx"])
+    (both,) = push(p, 1, tags=["hx", "hy"])
+    html = board(p)
+    top = head(html)
+    assert top.count("Held by tag") == 1, top
+    assert "Held by tag <bdi>hx</bdi>" in top and "holds 2 waiting cards below" in top
+    assert eligible(alone) == eligible(both)
+    assert f"full · eligible ≈ {eligible(alone)}" in top
