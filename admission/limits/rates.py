@@ -38,7 +38,9 @@ class RateState:
     decay_window_seconds: int
     posture: str
     observations: int
-    oldest_observation: datetime | None
+    # The newest NEWEST_READ of the observations in the window, oldest first: when the limit
+    # rises over the claims used, as they age out (an older one cannot be that one).
+    newest_observations: tuple[datetime, ...]
     used: int  # claims admitted this minute
     now: datetime
     decay_step: int = 1
@@ -53,27 +55,40 @@ class RateState:
 
     @property
     def next_eligible_at(self) -> datetime:
-        """The next minute boundary, or sooner the moment the oldest observation ages out (the
-        limit doubles then)."""
+        """The next minute boundary, or sooner the moment enough observations have aged out
+        that the limit (doubling as each does) is over this minute's claims."""
         boundary = minute_of(self.now) + timedelta(minutes=1)
-        if self.oldest_observation is None:
-            return boundary
-        ages_out = self.oldest_observation + timedelta(seconds=self.decay_window_seconds)
-        return min(boundary, ages_out)
+        window = timedelta(seconds=self.decay_window_seconds)
+        unread = self.observations - len(self.newest_observations)
+        for aged, observed in enumerate(self.newest_observations, start=unread + 1):
+            ages_out = observed + window
+            if ages_out >= boundary:
+                break
+            left = self.observations - aged
+            if effective_limit(self.base_limit, self.floor, left, self.decay_step) > self.used:
+                return ages_out
+        return boundary
 
     @property
     def exact(self) -> bool:
         return self.next_eligible_at == minute_of(self.now) + timedelta(minutes=1)
 
 
-_STATE_SQL = """
+# With this many observations left in the window the limit is its floor (``effective_limit``
+# shifts by at most 63), which the claims used have reached when the limit holds: the older
+# ones' age-outs raise nothing, so they are counted, not read.
+NEWEST_READ = 64
+
+_STATE_SQL = f"""
 SELECT r.id, r.name, r.base_limit, r.floor, r.decay_window_seconds, r.posture,
        (SELECT count(*) FROM limits_rateobservation o
         WHERE o.rate_limit_id = r.id AND o.observed_at <= %(now)s
           AND o.observed_at > %(now)s - make_interval(secs => r.decay_window_seconds)),
-       (SELECT min(o.observed_at) FROM limits_rateobservation o
-        WHERE o.rate_limit_id = r.id AND o.observed_at <= %(now)s
-          AND o.observed_at > %(now)s - make_interval(secs => r.decay_window_seconds)),
+       (SELECT array_agg(newest.observed_at ORDER BY newest.observed_at) FROM (
+          SELECT o.observed_at FROM limits_rateobservation o
+          WHERE o.rate_limit_id = r.id AND o.observed_at <= %(now)s
+            AND o.observed_at > %(now)s - make_interval(secs => r.decay_window_seconds)
+          ORDER BY o.observed_at DESC LIMIT {NEWEST_READ}) newest),
        coalesce((SELECT m.used FROM limits_rateminute m
                  WHERE m.rate_limit_id = r.id AND m.minute = %(minute)s), 0),
        r.decay_step
@@ -96,9 +111,9 @@ def read(cursor: Any, name: str, now: datetime | None = None) -> tuple[int, Rate
     row = cursor.fetchone()
     if row is None:
         return None
-    rid, name, base, floor, window, posture, observations, oldest, used, step = row
+    rid, name, base, floor, window, posture, observations, newest, used, step = row
     return rid, RateState(
-        name, base, floor, window, posture, observations, oldest, used, now, decay_step=step
+        name, base, floor, window, posture, observations, tuple(newest or ()), used, now, step
     )
 
 

@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 
 from admission.limits import rates
-from admission.limits.models import RateLimit, RateObservation
+from admission.limits.models import RateLimit, RateMinute, RateObservation
 from queues import services
 from queues.models import Verb
 from queues.services import Claimed, NothingClaimable
@@ -51,6 +51,36 @@ def test_the_floor_holds_and_the_window_is_tunable(db: None) -> None:
     assert rates.state("r", now=at(130)).effective == 3  # type: ignore[union-attr]
     assert rates.state("r", now=at(175)).effective == 4  # type: ignore[union-attr]
     assert rates.state("r", now=at(200)).effective == 8  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("window", "observed", "used", "eligible"),
+    [
+        (12, [1, 4], 2, 13),  # the first 429 ages out: 4 a minute, 2 used
+        (12, [1, 4], 4, 16),  # 4 used: only the second's age-out (8) lets one more through
+        (12, [1, 4], 7, 16),
+        (120, [1, 4], 2, 60),  # no age-out this minute: the next minute (exact)
+        (50, [i / 10 for i in range(1, 71)], 3, 56.9),  # 70 in the window: the 69th's age-out
+        (50, [i / 10 for i in range(1, 71)], 8, 60),  # back to 8 only after the minute
+    ],
+)
+def test_a_held_rate_s_time_is_when_the_limit_rises_over_the_claims_used(
+    db: None, window: int, observed: list[float], used: int, eligible: float
+) -> None:
+    # An age-out raises the limit, but not necessarily over this minute's claims: a time
+    # before the one that does let a claim through would be a promise broken.
+    rate = RateLimit.objects.create(name="r", base_limit=8, floor=1, decay_window_seconds=window)
+    for t in observed:
+        RateObservation.objects.create(rate_limit=rate, observed_at=T0 + timedelta(seconds=t))
+    RateMinute.objects.create(rate_limit=rate, minute=T0, used=used)
+    st = rates.state("r", now=at(8))
+    assert st is not None and st.exceeded
+    assert st.next_eligible_at == T0 + timedelta(seconds=eligible)
+    assert st.exact == (eligible == 60)
+    later = rates.state("r", now=st.next_eligible_at)
+    assert later is not None and (later.effective > used or later.used == 0)
+    before = rates.state("r", now=st.next_eligible_at - timedelta(microseconds=1))
+    assert before is not None and before.exceeded
 
 
 @pytest.mark.parametrize(
@@ -100,7 +130,7 @@ def test_claims_stop_at_the_effective_limit_with_the_next_minute_or_an_age_out(
     assert deferred["next_eligible_at"] == st.next_eligible_at
     assert st.next_eligible_at == min(
         rates.minute_of(st.now) + timedelta(minutes=1),
-        st.oldest_observation + timedelta(seconds=300),  # type: ignore[operator]
+        st.newest_observations[0] + timedelta(seconds=300),  # back to 4 a minute, 2 used
     )
 
 
