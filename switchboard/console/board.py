@@ -15,7 +15,6 @@ render these sections, so they cannot disagree.
 from __future__ import annotations
 
 import functools
-import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 from typing import Any
@@ -38,13 +37,13 @@ from queues.declared import UNDECLARED
 from queues.gates import GateState
 from queues.models import (
     QUARANTINE_QUEUE,
-    QUEUE_NAME_RE,
     Endpoint,
     EndpointState,
     Todo,
     TodoState,
 )
 from queues.sql import activity as activity_sql
+from switchboard.core.errors import InvalidArgument
 from switchboard.core.pages import identity_key
 from switchboard.core.zones import zone_named
 
@@ -75,7 +74,6 @@ STATE_CHOICES: tuple[tuple[str, str], ...] = (
     (TodoState.DONE, "done"),
     (TodoState.DISCARDED, "discarded"),
 )
-STATE_VALUES = tuple(v for v, _ in STATE_CHOICES)
 
 # What a refusal reason reads as on a chip and in the strip: the words of queues.conditions; a
 # named limit's (its claim gate's reasons), the condition's "Deferred" and which hold it is.
@@ -99,7 +97,6 @@ HOLD_TEXT: dict[str, str] = {
 _FOREVER = datetime.max.replace(tzinfo=UTC)
 # The todo row as the gates' SQL fragments name it in an ORM query over the todos.
 _TODO = Todo._meta.db_table
-MAX_SEARCH = selectors.MAX_SEARCH
 
 
 class Tone:
@@ -129,23 +126,25 @@ class Filters:
 
     @classmethod
     def from_query(cls, query: QueryDict) -> Filters:
+        """The filters a query asks for, or ``invalid_argument`` naming the first it cannot be:
+        dropping one would widen what the board shows, and what a bulk action changes."""
         endpoint = query.get("endpoint", "").strip()
         queue = query.get("queue", "").strip()
         state = query.get("state", "live").strip() or "live"
-        if state not in STATE_VALUES:
-            state = "live"
-        if queue and not re.fullmatch(QUEUE_NAME_RE, queue):
-            queue = ""
         condition = query.get("condition", "").strip()
-        if condition not in Condition.values:
-            condition = ""
+        q = query.get("q", "").strip()
+        # A bulk action's own check of its selection, then the board's one filter more.
+        selectors.Selection(endpoint=endpoint, queue=queue, state=state, q=q).check()
+        if condition and condition not in Condition.values:
+            choices = ", ".join(Condition.values)
+            raise InvalidArgument(f"condition must be one of {choices}", field="condition")
         return cls(
-            endpoint=endpoint[:63],
+            endpoint=endpoint,
             queue=queue,
             state=state,
             cursor=query.get("cursor", ""),
             condition=condition,
-            q=query.get("q", "").strip()[:MAX_SEARCH],
+            q=q,
         )
 
     @property

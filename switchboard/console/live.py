@@ -84,6 +84,7 @@ from queues.doorbell import doorbell
 from switchboard.console import board
 from switchboard.console.board import Filters, Section
 from switchboard.core.availability import is_outage, outage
+from switchboard.core.errors import InvalidArgument
 from switchboard.core.users import still_signed_in
 
 T = TypeVar("T")
@@ -405,7 +406,10 @@ async def live_view(request: HttpRequest) -> HttpResponseBase:
         # 204 tells EventSource to stop reconnecting; the page itself asks to sign in.
         return HttpResponse(status=204)
     viewer, csrf_token = found
-    filters = Filters.from_query(request.GET)
+    try:
+        filters = Filters.from_query(request.GET)
+    except InvalidArgument as exc:  # the board refused the same filters (EventSource stops)
+        return HttpResponse(exc.message, status=400, content_type="text/plain; charset=utf-8")
     here = _here(request, filters)
     seen = request.headers.get("Last-Event-ID") or request.GET.get("at", "")
     response = StreamingHttpResponse(

@@ -87,7 +87,10 @@ def board_context(request: HttpRequest, viewer: Viewer, filters: Filters) -> dic
 @console_login_required
 def board_view(request: HtmxHttpRequest) -> HttpResponse:
     viewer = Viewer.of(request)
-    filters = Filters.from_query(request.GET)
+    try:
+        filters = Filters.from_query(request.GET)
+    except InvalidArgument as exc:  # a typed or stale link: named, never widened to "all"
+        return refusal(request, exc)
     context = board_context(request, viewer, filters)
     if request.htmx and request.htmx.target == "sections":
         return render(request, "queues/board.html#sections", context)
@@ -577,7 +580,10 @@ def bulk_view(request: HttpRequest, action: str) -> HttpResponse:
     if action not in BULK_WORDS:
         return refusal(request, NotFound(f"no bulk action {action!r}"))
     viewer = Viewer.of(request)
-    filters = Filters.from_query(request.POST if request.method == "POST" else request.GET)
+    try:
+        filters = Filters.from_query(request.POST if request.method == "POST" else request.GET)
+    except InvalidArgument as exc:  # never a wider selection than the one asked for
+        return refusal(request, exc)
     if request.method != "POST":  # GET or HEAD: the page, never the action
         return _bulk_page(request, viewer, action, filters)
     try:

@@ -17,7 +17,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
-from switchboard.core.errors import DomainError, Forbidden
+from switchboard.core.errors import DomainError, Forbidden, InvalidArgument
 
 LOGIN = "login"
 # The cookie that carries the viewer's zone (an IANA name).
@@ -60,8 +60,9 @@ def safe_next(request: HttpRequest, fallback: str) -> str:
 
 
 def refusal(request: HttpRequest, exc: DomainError) -> HttpResponse:
-    """A refusal the page cannot show inline: 403 and 404 as pages of their own."""
-    status = 403 if isinstance(exc, Forbidden) else 404
+    """A refusal the page cannot show inline: 400 (a request it cannot read, the field named),
+    403 and 404 as pages of their own."""
+    status = 403 if isinstance(exc, Forbidden) else 400 if isinstance(exc, InvalidArgument) else 404
     template = "error.html#message" if getattr(request, "htmx", False) else "error.html"
     return render(request, template, {"error": exc.message, "status": status}, status=status)
 

@@ -20,7 +20,7 @@ def _open(page: Page, where: str, todo: Todo) -> Locator:
     if where == "page":
         page.goto(f"/todos/{todo.id}")
         return page.locator("main")
-    page.goto("/?endpoint=agent&queue=inbox&state=all")
+    page.goto("/?endpoint=agent&queue=inbox")
     expect(page.locator("[data-live-url]")).to_have_attribute("data-live", "open")
     page.locator(f'#sections a[href^="/todos/{todo.id}"]').click()
     expect(page.locator("#drawer .todo-head")).to_be_visible()

@@ -62,12 +62,14 @@ def test_filters_live_in_the_query_string(personas: Personas) -> None:
     assert 'class="card state-pending"' not in html
 
 
-def test_an_unknown_state_filter_falls_back_to_live_work(personas: Personas) -> None:
+def test_an_unknown_state_filter_is_refused_not_read_as_live_work(personas: Personas) -> None:
+    # It was read as the default, "live": a typo showed (and a bulk action took) every live todo.
     p = personas
     push(p, 1)
     response = signed_in(p.owner).get("/?state=nonsense")
-    assert response.status_code == 200
-    assert 'class="card state-pending"' in response.content.decode()
+    assert response.status_code == 400
+    page = response.content.decode()
+    assert "state must be one of pending, claimed" in page and "card state-pending" not in page
 
 
 def test_htmx_gets_only_the_sections_fragment_from_the_same_url(personas: Personas) -> None:

@@ -201,6 +201,41 @@ def test_a_condition_filter_narrows_the_selection_to_its_queues(personas: Person
     assert "of every endpoint you may change. Pending and failed todos" in everything
 
 
+BAD_FILTERS = [
+    ("state", "faild", "state must be one of pending, claimed"),
+    ("queue", "In Box", "queue is not a queue name"),
+    ("condition", "bogus", "condition must be one of "),
+    ("endpoint", "e" * 64, "endpoint is at most 63 characters"),
+    ("q", "x" * 201, "q is at most 200 characters"),
+]
+
+
+def test_a_filter_the_board_cannot_read_is_refused_never_widened(personas: Personas) -> None:
+    # A typed or stale link's filter was dropped: "state=faild" selected every live todo, and
+    # a bulk discard's confirmation discarded them. Each is refused naming it, nothing changed
+    # (the board's live stream too: tests/web/test_live.py).
+    p = personas
+    pending = push(p, 2)
+    dead = dead_letters(p, 1)
+    client = signed_in(p.owner)
+    for name, value, words in BAD_FILTERS:
+        query = {"endpoint": "agent", name: value}
+        for url in ("/", "/todos/bulk/discard", "/todos/bulk/retry"):
+            page = client.get(url, query)
+            assert page.status_code == 400, (url, name)
+            assert words in htmllib.unescape(page.content.decode()), (url, name)
+            assert 'name="selection"' not in page.content.decode()
+        good = client.get("/todos/bulk/discard", {"endpoint": "agent"}).content.decode()
+        posted = client.post("/todos/bulk/discard", {**hidden_fields(good), **query})
+        assert posted.status_code == 400, name
+        assert words in htmllib.unescape(posted.content.decode()), name
+    states = {t.id: Todo.objects.get(pk=t.id).state for t in [*pending, *dead]}
+    assert set(states.values()) == {TodoState.PENDING, TodoState.FAILED}
+    assert not audit_rows().filter(kind__in=["todo.discard", "todo.retry"]).exists()
+    # The same filters spelled right still work.
+    assert client.get("/", {"endpoint": "agent", "state": "failed"}).status_code == 200
+
+
 def test_nothing_to_act_on_says_so_and_offers_no_form(personas: Personas) -> None:
     p = personas
     push(p, 2)

@@ -23,6 +23,7 @@ from switchboard.console.board import Filters
 from switchboard.core.users import still_signed_in
 from tests.conftest import FIXTURE, Personas, database_down, push
 from tests.web.conftest import budget, in_thread, signed_in
+from tests.web.test_failure_pages import BAD_FILTERS
 
 
 def _viewer(user: Any) -> tuple[Any, Viewer]:
@@ -199,6 +200,14 @@ def test_the_stream_is_for_signed_in_viewers(tx_personas: Personas) -> None:
     assert response.status_code == 200
     assert response["Content-Type"] == "text/event-stream"
     assert response["Cache-Control"] == "no-cache, no-transform"
+
+
+def test_the_stream_refuses_filters_the_board_refuses(tx_personas: Personas) -> None:
+    client = signed_in(tx_personas.owner)
+    for name, value, words in BAD_FILTERS:
+        response = client.get("/live", {name: value, "here": "/"})
+        assert response.status_code == 400, name
+        assert words in response.content.decode(), name
 
 
 def _events(raw: str) -> list[tuple[str, dict[str, Any]]]:
