@@ -104,7 +104,7 @@ def _if_version(parser: argparse.ArgumentParser, more: str) -> None:
     parser.add_argument(
         "--if-version",
         metavar="V",
-        type=version_argument,
+        type=version_argument("queue budget show --json"),
         help="write only over this version of the budget (its `version`, as show --json prints "
         "it); if the budget is not as read, nothing is written (exit 1, precondition_failed)"
         + (f"; {more}" if more else ""),

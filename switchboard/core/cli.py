@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import re
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -72,13 +73,17 @@ def refused(command: BaseCommand, options: dict[str, Any], exc: DomainError) -> 
     raise CommandError(message, returncode=EXIT_REFUSED)
 
 
-def version_argument(value: str) -> str:
-    """``--if-version``'s type: a version as ``show --json`` prints it, or "none"; argparse
-    refuses anything else naming the option (usage error, exit 2)."""
-    try:
-        return versions.spelled(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def version_argument(listing: str) -> Callable[[str], str]:
+    """``--if-version``'s type: a version as ``listing`` (the command that prints it) prints
+    it, or "none"; argparse refuses anything else naming the option (usage error, exit 2)."""
+
+    def version(value: str) -> str:
+        try:
+            return versions.spelled(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{exc}; {listing} prints them") from None
+
+    return version
 
 
 def usage(message: str) -> CommandError:

@@ -42,7 +42,7 @@ def spelled(value: str) -> str:
     digits = value.lower()  # hex digits in either case; versions are written in lower case
     if len(digits) == 20 and all(c in "0123456789abcdef" for c in digits):
         return digits
-    raise ValueError(f"a version is 20 hex digits as show --json prints it, or {NONE_NAMED!r}")
+    raise ValueError(f"a version is 20 hex digits, or {NONE_NAMED!r}")
 
 
 def digest(definition: Any) -> str:

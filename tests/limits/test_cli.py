@@ -114,6 +114,25 @@ def test_an_auditor_or_owner_changes_no_fleet_wide_limit(personas: Personas) -> 
     assert not Pool.objects.exists()
 
 
+@pytest.mark.parametrize(
+    ("command", "args", "listing"),
+    [
+        ("limits", ["set", "pool", "gpu", "--slots", "1"], "limits list --json"),
+        ("queue", ["budget", "set", "agent", "inbox", "--max-in-flight", "1"], "queue budget show --json"),
+    ],
+)  # fmt: skip
+def test_a_version_that_is_none_is_a_usage_error_naming_the_listing_that_prints_them(
+    personas: Personas, command: str, args: list[str], listing: str
+) -> None:
+    # It said "as show --json prints it" of a limit too, where no limits show exists.
+    with pytest.raises(CommandError) as refused:
+        call_command(command, *args, "--if-version", "garbage", "--as", "ada", stderr=StringIO())
+    said = str(refused.value)
+    assert "--if-version" in said and "a version is 20 hex digits, or 'none'" in said
+    assert said.endswith(f"{listing} prints them"), said
+    assert not Pool.objects.exists()
+
+
 def test_a_write_over_the_version_read_is_refused_once_the_limit_moved(personas: Personas) -> None:
     # The CLI wrote whatever was there; with --if-version it writes over the limit as read, or
     # nothing (the API's If-Match, the version list --json prints).

@@ -74,7 +74,7 @@ def _if_version(parser: CommandParser) -> None:
     parser.add_argument(
         "--if-version",
         metavar="V",
-        type=version_argument,
+        type=version_argument("limits list --json"),
         help="write only over this version of the limit (its `version`, as list --json prints "
         "it; none: only where it is not declared yet); if the limit is not as read, nothing is "
         "written (exit 1, precondition_failed)",
