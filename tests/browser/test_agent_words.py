@@ -70,7 +70,7 @@ def test_a_bidi_control_in_an_agents_words_reorders_nothing_around_them(
     page.goto("/?queue=inbox")
     reads_left_to_right(page, ".card .card-meta", "attempt", "held by", "lease until")
     page.goto(f"/todos/{titled.id}")
-    reads_left_to_right(page, ".attempt-head .muted", "by", "via", "api")
+    reads_left_to_right(page, ".attempt-head .muted", "claimed by", "via", "api")
     page.goto(f"/todos/bulk/discard?queue=inbox&q=x{RLO}")
     selection = ".confirm-page > p:not(.banner)"
     reads_left_to_right(page, selection, "board's selection", "matching", "Pending", "discarded")

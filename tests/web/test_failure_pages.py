@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 
 from django.test import Client
 
-from queues import services
+from queues import services, tasks
 from queues.models import Todo, TodoState
 from switchboard.ledger.models import LedgerEntry, LedgerKind
 from tests.conftest import Personas, audit_rows, lapse, make_retry_due, push
@@ -452,3 +452,16 @@ def test_the_todo_pages_gate_table_marks_an_estimate_and_not_a_reset(personas: P
     page = htmllib.unescape(signed_in(p.owner).get(f"/todos/{second.id}").content.decode())
     lease = held.search(page)
     assert lease is not None and re.fullmatch(ESTIMATE_AT, lease.group(1)), page[:4000]
+
+
+def test_an_attempt_the_reaper_ended_names_its_claimant_as_the_claimant(personas: Personas) -> None:
+    # "expired · requeued by worker-7 via api" read as if the agent had ended it.
+    p = personas
+    (todo,) = push(p, 1)
+    services.claim(actor=p.as_agent(), todo_id=todo.id, claimant="worker-7")
+    lapse(todo)
+    tasks.reap_expired()
+    page = signed_in(p.owner).get(f"/todos/{todo.id}").content.decode()
+    head = page.split('<p class="attempt-head">')[1].split("</p>")[0]
+    assert "<strong>Attempt 1</strong> · expired" in head, head
+    assert "claimed by <bdi>worker-7</bdi> via api" in head, head
