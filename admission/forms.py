@@ -362,18 +362,30 @@ def labelled(message: str) -> str:
     )
 
 
+class IsoDateField(forms.DateField):
+    """A date as the page's date input sends it: YYYY-MM-DD in ASCII digits. Django's default
+    formats also read 07/12/2026, as 12 July, where a reader of day-first dates means 7
+    December, and strptime reads other scripts' digits."""
+
+    input_formats = ["%Y-%m-%d"]
+    default_error_messages = {"invalid": "Enter a date as YYYY-MM-DD."}
+
+    def to_python(self, value: Any) -> Any:
+        if isinstance(value, str) and not value.isascii():
+            raise forms.ValidationError(self.error_messages["invalid"], code="invalid")
+        return super().to_python(value)
+
+
 class LedgerFilterForm(forms.Form):
     scope = forms.CharField(required=False, max_length=100)
     queue = forms.CharField(required=False, max_length=64)
     actor = forms.CharField(required=False, max_length=150, help_text="human or endpoint")
     action = forms.ChoiceField(required=False, choices=[("", "any"), *LedgerKind.choices])
     # Labelled as the page shows them: an error names the field by its label.
-    since = forms.DateField(
+    since = IsoDateField(
         required=False, label="From", widget=forms.DateInput(attrs={"type": "date"})
     )
-    until = forms.DateField(
-        required=False, label="To", widget=forms.DateInput(attrs={"type": "date"})
-    )
+    until = IsoDateField(required=False, label="To", widget=forms.DateInput(attrs={"type": "date"}))
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}

@@ -105,6 +105,13 @@ def test_a_date_range_is_read_in_the_viewers_zone(personas: Personas) -> None:
     bad = client.get("/ledger?since=2026-03-10&until=2026-03-01")
     assert "the end of the range is before its start" in bad.content.decode()
     assert client.get("/ledger.csv?since=yesterday").status_code == 400
+    # The date input's own spelling only: 03/10/2026 was read as 10 March (month first), and
+    # other scripts' digits as ASCII ones.
+    for spelled in ("03/10/2026", "03/10/26", "Mar 10 2026", "\u0662\u0660\u0662\u0666-03-10"):
+        refused = client.get("/ledger", {"since": spelled}).content.decode()
+        assert "Enter a date as YYYY-MM-DD." in refused, spelled
+        assert '<span class="kind kind-' not in refused, spelled
+        assert client.get("/ledger.csv", {"since": spelled}).status_code == 400, spelled
     # The first and last days a date field takes, in zones either side of UTC: the whole ledger,
     # where the day after the last one was a server error.
     for zone in ("Pacific/Kiritimati", "America/Los_Angeles"):
@@ -212,7 +219,7 @@ def test_an_invalid_filter_names_the_fields_by_their_labels_and_offers_no_export
     assert "until:" not in error
     assert "Export CSV" not in html
     html = client.get("/ledger?since=yesterday").content.decode()
-    assert "From: Enter a valid date." in html and "since:" not in html
+    assert "From: Enter a date as YYYY-MM-DD." in html and "since:" not in html
     assert "Export CSV" not in html
     assert "Export CSV" in client.get("/ledger?since=2026-12-01").content.decode()
 
@@ -225,7 +232,7 @@ def test_an_export_with_a_refused_filter_is_the_ledger_page_naming_it(personas: 
     assert "Content-Disposition" not in response
     html = response.content.decode()
     error = html[html.index('<p class="error" role="alert">') :].split("</p>", 1)[0]
-    assert "From: Enter a valid date." in error
+    assert "From: Enter a date as YYYY-MM-DD." in error
     assert "Export CSV" not in html
 
 
