@@ -1,7 +1,8 @@
 """The scrape-time collector: Redis-backed counters and gauges read from PostgreSQL.
 
 Label values are capped at METRICS_MAX_QUEUES distinct queues (the busiest first); the rest are
-summed under ``__other__``. A value the collector cannot compute is omitted, never reported as
+reported together under ``__other__``: counts summed, a flag or a condition as how many of them
+have it, the oldest pending age as the oldest of theirs. A value the collector cannot compute is omitted, never reported as
 zero, and the failure is counted in ``switchboard_metrics_collection_errors_total{collector}``.
 """
 
@@ -117,18 +118,21 @@ class SwitchboardCollector(Collector):
         )
         oldest = GaugeMetricFamily(
             "switchboard_queue_oldest_pending_seconds",
-            "Age of the oldest pending todo.",
+            f"Age of the oldest pending todo (under {OTHER}: the oldest of its queues').",
             labels=["queue"],
         )
         paused = GaugeMetricFamily(
-            "switchboard_queue_paused", "1 when the queue is paused fleet-wide.", labels=["queue"]
+            "switchboard_queue_paused",
+            f"1 when the queue is paused fleet-wide (under {OTHER}: how many of its queues are).",
+            labels=["queue"],
         )
         condition = GaugeMetricFamily(
             "switchboard_queue_condition",
-            "1 for each condition a queue is in (the words the console and the API use).",
+            "1 for each condition a queue is in (the words the console and the API use; under "
+            f"{OTHER}: how many of its queues are in it).",
             labels=["queue", "condition"],
         )
-        held: set[tuple[str, str]] = set()
+        held: dict[tuple[str, str], int] = defaultdict(int)
         counts: dict[tuple[str, str], int] = defaultdict(int)
         ages: dict[str, float] = {}
         flags: dict[str, int] = {}
@@ -139,16 +143,17 @@ class SwitchboardCollector(Collector):
             age = s.oldest_pending_seconds
             if age is not None:
                 ages[q] = max(ages.get(q, 0.0), age)
-            flags[q] = max(flags.get(q, 0), 1 if s.paused else 0)
-            held.update((q, str(c)) for c in s.conditions)
+            flags[q] = flags.get(q, 0) + (1 if s.paused else 0)
+            for c in s.conditions:
+                held[(q, str(c))] += 1
         for (q, state), n in sorted(counts.items()):
             todos.add_metric([q, state], n)
         for q, age in sorted(ages.items()):
             oldest.add_metric([q], age)
         for q, flag in sorted(flags.items()):
             paused.add_metric([q], flag)
-        for q, c in sorted(held):
-            condition.add_metric([q, c], 1)
+        for (q, word), n in sorted(held.items()):
+            condition.add_metric([q, word], n)
         yield todos
         yield oldest
         yield paused

@@ -5,12 +5,14 @@ from __future__ import annotations
 import pytest
 from django.db import transaction
 from django.test import Client
+from django.utils import timezone
 
-from queues import services
+from queues import pauses, services
+from queues.models import Todo
 from queues.services import Claimed
 from switchboard.console.collectors import OTHER
 from switchboard.core import counters
-from tests.conftest import Personas, push
+from tests.conftest import FIXTURE, Personas, push
 
 TOKEN = "test-metrics-token"
 
@@ -87,3 +89,34 @@ def test_the_queue_label_is_capped_with_an_overflow_bucket(
     assert 'switchboard_queue_todos{queue="inbox",state="pending"} 2.0' in text
     assert 'switchboard_todos_created_total{queue="__other__",source="api"} 1.0' in text
     assert 'queue="outbox"' not in text
+
+
+def test_the_overflow_bucket_counts_its_queues_flags_and_keeps_the_oldest_age(
+    tx_personas: Personas, settings: object
+) -> None:
+    # A flag or a condition read 1 under __other__ however many of its queues had it.
+    settings.METRICS_MAX_QUEUES = 1  # type: ignore[attr-defined]
+    p = tx_personas
+    push(p, 3, queue="inbox")
+    others, _ = services.endpoint_vend(
+        actor=FIXTURE, owner=p.owner, name="Others", queues=["q1", "q2", "q3"], rps=0
+    )
+    for queue in ("q1", "q2", "q3"):
+        push(p, 1, queue=queue, endpoint=others)
+    for queue in ("q1", "q2"):
+        pauses.queue_pause(actor=p.as_human(p.admin), queue=queue, reason="draining")
+    text = scrape()
+    assert f'switchboard_queue_paused{{queue="{OTHER}"}} 2.0' in text
+    assert f'switchboard_queue_condition{{condition="paused",queue="{OTHER}"}} 2.0' in text
+    # q3, and the agent's outbox (in its scope, with no todo); its quarantine queue apart.
+    assert f'switchboard_queue_condition{{condition="healthy",queue="{OTHER}"}} 2.0' in text
+    assert f'switchboard_queue_condition{{condition="quarantine",queue="{OTHER}"}} 1.0' in text
+    assert f'switchboard_queue_todos{{queue="{OTHER}",state="pending"}} 3.0' in text
+    oldest = Todo.objects.filter(queue__in=["q1", "q2", "q3"]).order_by("created_at").first()
+    assert oldest is not None
+    (age,) = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(f'switchboard_queue_oldest_pending_seconds{{queue="{OTHER}"}}')
+    ]
+    assert age >= (timezone.now() - oldest.created_at).total_seconds() - 1
