@@ -762,7 +762,7 @@ def _check_head(
     if not hmac.compare_digest(head.mac, expected_mac):
         return ChainProblem(
             head.seq,
-            head.chain_pos if c == 0 else last.position,
+            _place_of(head.seq),
             "mutated",
             _named(c, f"the signed chain head (seq {head.seq}) does not match its signature"),
             c,

@@ -198,6 +198,19 @@ def test_a_head_taken_from_another_chain_is_caught(db: None) -> None:
     assert problem.problem == "mutated" and "signature" in problem.detail
 
 
+def test_a_forged_chain_zero_head_is_placed_in_seq_order(db: None) -> None:
+    # Its position was the head's chain position (3 here), where every other problem's is the
+    # row's place in seq order, as ChainProblem says (8).
+    build()
+    chain.append(kind=LedgerKind.QUEUE_PAUSE, actor=chain.Actor(human_name="h"), queue="late")
+    last = LedgerEntry.objects.filter(chain=0).order_by("-seq").first()
+    assert last is not None and last.chain_pos == 3 and position(last) == 8
+    LedgerHead.objects.filter(pk=0).update(mac="0" * 64)
+    problem = broken()
+    assert problem.problem == "mutated" and "signature" in problem.detail
+    assert (problem.seq, problem.position, problem.chain) == (last.seq, 8, 0)
+
+
 def test_a_row_past_a_grant_chains_head_is_caught_as_inserted(db: None) -> None:
     rows = build()
     LedgerHead.objects.filter(pk=rows[0].chain).update(seq=0)  # a stale head, re-signed...
