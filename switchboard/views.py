@@ -6,11 +6,17 @@ import hmac
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_safe
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from switchboard.core.tokens import bearer_token
 
 
+# A scrape reads: another method is 405 with Allow. CSRF exempt, so that answer is not the
+# CSRF check's 403 (a cookie's session never reaches it: a bearer token does).
+@csrf_exempt
+@require_safe
 def metrics_view(request: HttpRequest) -> HttpResponse:
     expected = settings.METRICS_TOKEN
     given = bearer_token(request.headers.get("Authorization", ""))

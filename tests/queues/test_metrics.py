@@ -34,6 +34,18 @@ def test_metrics_needs_the_bearer_token(db: None, settings: object) -> None:
     assert client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}").status_code == 200
 
 
+def test_a_scrape_reads_and_another_method_is_not_allowed(db: None) -> None:
+    # POST was the CSRF check's 403, "this page is out of date" (a machine path's JSON).
+    client = Client(enforce_csrf_checks=True)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    head = client.head("/metrics", headers=auth)
+    assert head.status_code == 200 and head["Content-Type"].startswith("text/plain")
+    for method in ("post", "put", "delete", "patch"):
+        refused = getattr(client, method)("/metrics", headers=auth)
+        assert refused.status_code == 405, method
+        assert refused["Allow"] == "GET, HEAD", method
+
+
 def test_metrics_refuses_everyone_when_no_token_is_configured(db: None, settings: object) -> None:
     settings.METRICS_TOKEN = ""  # type: ignore[attr-defined]
     assert Client().get("/metrics", HTTP_AUTHORIZATION="Bearer ").status_code == 403
