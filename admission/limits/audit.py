@@ -33,10 +33,15 @@ class LimitDrift:
     problem: str
     detail: str
     seq: int | None
+    # The declaration as a machine reads it: "pool", "tag", "rate" or "queue", and its name.
+    kind: str = ""
+    name: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "limit": f"{self.scope}/{self.queue}",
+            "kind": self.kind,
+            "name": self.name,
             "scope": self.scope,
             "queue": self.queue,
             "problem": self.problem,
@@ -110,6 +115,7 @@ class LimitTrail:
                         f"{what} is declared but the ledger never recorded it: it was written "
                         "outside the audited path",
                         None,
+                        *key,
                     )
                 )
             elif audited.deleted:
@@ -121,6 +127,7 @@ class LimitTrail:
                         f"{what} is declared but its last audited row (seq {audited.seq}) "
                         "deleted it",
                         audited.seq,
+                        *key,
                     )
                 )
             elif audited.state != state:
@@ -132,6 +139,7 @@ class LimitTrail:
                         f"{what} differs from its last audited state (seq {audited.seq}): "
                         f"{differences(audited.state or {}, state)}",
                         audited.seq,
+                        *key,
                     )
                 )
         for key, audited in sorted(self.last.items()):
@@ -146,6 +154,7 @@ class LimitTrail:
                     f"{what} is gone but its last audited row (seq {audited.seq}) says it is "
                     "declared",
                     audited.seq,
+                    *key,
                 )
             )
         return problems

@@ -145,6 +145,7 @@ def test_verify_names_a_grant_the_enforced_limit_in_force_would_have_refused(
     # The raise itself is the ledger's finding: the pool differs from its audited state.
     [changed] = report["ledger"]["drift"]
     assert (changed["limit"], changed["problem"]) == ("limits/pool gpu", "changed_outside_audit")
+    assert (changed["kind"], changed["name"]) == ("pool", "gpu")  # "queue" read "pool gpu"
     assert changed["detail"].endswith("slots audited 1, now 2")
     [drift] = report["grant_drift"]
     assert (drift["todo"], drift["problem"], drift["limit"], drift["held"]) == (
