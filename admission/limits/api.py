@@ -51,6 +51,8 @@ WRITE_ERRORS: dict[int, Any] = {
 CONDITIONAL_ERRORS: dict[int, Any] = {**WRITE_ERRORS, 412: ErrorOut}
 IF_MATCH = if_match_header("any limit")
 IF_NONE_MATCH = if_none_match_header("declare only, where it is not declared yet")
+IF_MATCH_SETTINGS = if_match_header("any settings")
+IF_NONE_MATCH_SETTINGS = if_none_match_header("create only, where the queue has none yet")
 
 
 # The kinds a path names (``/limits/queues/{queue}`` is a queue's priority, not a kind).
@@ -127,6 +129,7 @@ class QueueSettingsOut(Schema):
     queue: str
     priority: int
     aging_seconds: int | None
+    version: str = Field(description="the settings' version: the PUT's ETag, for If-Match")
 
 
 class QuarantineOut(Schema):
@@ -156,12 +159,28 @@ def limits_verify_report(request: HttpRequest) -> dict[str, Any]:
 
 @router.put(
     "/limits/queues/{queue}",
-    response={200: QueueSettingsOut, **WRITE_ERRORS},
+    response={200: QueueSettingsOut, **CONDITIONAL_ERRORS},
     summary="Set a queue's priority",
 )
-def put_queue_settings(request: HttpRequest, queue: str, payload: QueueSettingsIn) -> Any:
-    """Create or change a queue name's priority and aging (a ledger row when it changed)."""
-    return services.queue_settings_set(actor=_actor(request), queue=queue, **payload.model_dump())
+def put_queue_settings(
+    request: HttpRequest,
+    response: HttpResponse,
+    queue: str,
+    payload: QueueSettingsIn,
+    if_match: str | None = IF_MATCH_SETTINGS,
+    if_none_match: str | None = IF_NONE_MATCH_SETTINGS,
+) -> Any:
+    """Create or change a queue name's priority and aging (a ledger row when it changed). With
+    If-Match (the ETag read) only over that version; with If-None-Match: * only where the queue
+    has no settings yet: else 412."""
+    out = services.queue_settings_set(
+        actor=_actor(request),
+        queue=queue,
+        expected=write_preconditions(if_match, if_none_match),
+        **payload.model_dump(),
+    )
+    response["ETag"] = entity_tag(out["version"])
+    return out
 
 
 @router.post(

@@ -210,23 +210,39 @@ def limit_version(limit: dict[str, Any]) -> str:
     return versions.digest(shape)
 
 
+def _refuse_unless_held(
+    expected: Collection[str] | None,
+    version: str | None,
+    said: tuple[str, str, str],
+    **details: Any,
+) -> None:
+    """Refuse a conditional write over a version it did not read (under its lock). ``said``:
+    the refusal when there is none now, when there is one where none was asked for, and when
+    it changed."""
+    if versions.holds(expected, version):
+        return
+    missing, present, changed = said
+    if version is None:
+        message = missing
+    elif expected is not None and versions.ABSENT in expected:
+        message = present
+    else:
+        message = changed
+    raise PreconditionFailed(message, version=version, **details)
+
+
 def _check_expected(
     k: Kind, name: str, before: dict[str, Any] | None, expected: Collection[str] | None
 ) -> None:
     """Refuse a conditional write whose limit is not as its writer read it (under ``_lock``)."""
+    limit = f"the {k.name} limit {name!r}"
+    said = (
+        f"{limit} is not declared now: nothing was written",
+        f"{limit} is declared now: nothing was written",
+        f"{limit} changed since it was read: nothing was written; read it again",
+    )
     version = limit_version(before) if before is not None else None
-    if versions.holds(expected, version):
-        return
-    if before is None:
-        message = f"the {k.name} limit {name!r} is not declared now: nothing was written"
-    elif expected is not None and versions.ABSENT in expected:
-        message = f"the {k.name} limit {name!r} is declared now: nothing was written"
-    else:
-        message = (
-            f"the {k.name} limit {name!r} changed since it was read: nothing was written; "
-            "read it again"
-        )
-    raise PreconditionFailed(message, kind=k.name, name=name, version=version)
+    _refuse_unless_held(expected, version, said, kind=k.name, name=name)
 
 
 def limit_set(
@@ -414,6 +430,12 @@ def _queue_dict(row: QueueSettings) -> dict[str, Any]:
     return {"queue": row.queue, "priority": row.priority, "aging_seconds": row.aging_seconds}
 
 
+def queue_settings_out(settings: dict[str, Any]) -> dict[str, Any]:
+    """A queue's settings as the API and the CLI show them: with their ``version``
+    (``switchboard.core.versions``, a digest of the three; not in the ledger's rows)."""
+    return {**settings, "version": versions.digest(settings)}
+
+
 def queue_settings_set(
     *,
     actor: Actor | SystemActor,
@@ -421,10 +443,13 @@ def queue_settings_set(
     priority: int | None = None,
     aging_seconds: int | None = None,
     clear_aging: bool = False,
+    expected: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """Create or change a queue name's priority (higher first in claim_next) and aging (a
     waiting queue gains one priority step per ``aging_seconds`` of its oldest todo's wait);
-    one ``limits.queue`` ledger row when something changed."""
+    one ``limits.queue`` ledger row when something changed. ``expected``: only over one of
+    these versions (``queue_settings_out``; ``versions.ABSENT``: only where it has none yet),
+    checked under the row's lock; a change already made succeeds (RFC 9110 13.1.1)."""
     _check_perm(actor, "queuesettings")
     check_queue_name(queue)
     if priority is not None and (
@@ -451,16 +476,27 @@ def queue_settings_set(
             fields=["aging_seconds", "clear_aging"],
         )
     with transaction.atomic():
-        row = QueueSettings.objects.select_for_update().filter(queue=queue).first()
-        before = _queue_dict(row) if row is not None else None
-        if row is None:
-            row = QueueSettings(queue=queue)
+        # The row made first if missing, so that first writers at once queue on its row lock
+        # (the later ones then read the first's row: "only where it has none yet" lets one
+        # through, and none fails on the unique name); a refused write rolls it back.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {QueueSettings._meta.db_table} (queue, priority, created_at, "
+                "updated_at) VALUES (%s, 0, now(), now()) ON CONFLICT (queue) DO NOTHING "
+                "RETURNING id",
+                [queue],
+            )
+            made = cursor.fetchone() is not None
+        row = QueueSettings.objects.select_for_update().get(queue=queue)
+        before = None if made else _queue_dict(row)
         if priority is not None:
             row.priority = priority
         if aging_seconds is not None:
             row.aging_seconds = aging_seconds
         elif clear_aging:
             row.aging_seconds = None
+        if _queue_dict(row) != before:
+            _check_queue_expected(queue, before, expected)
         row.save()
         after = _queue_dict(row)
         queue_priority.learn(queue)  # this process orders by it from its next claim
@@ -473,7 +509,21 @@ def queue_settings_set(
                 before=before,
                 after=after,
             )
-    return after
+    return queue_settings_out(after)
+
+
+def _check_queue_expected(
+    queue: str, before: dict[str, Any] | None, expected: Collection[str] | None
+) -> None:
+    """Refuse a conditional write whose queue settings are not as read (under the row's lock)."""
+    said = (
+        f"queue {queue!r} has no priority settings now: nothing was written",
+        f"queue {queue!r} has priority settings now: nothing was written",
+        f"the priority settings of queue {queue!r} changed since they were read: nothing was "
+        "written; read them again",
+    )
+    version = queue_settings_out(before)["version"] if before is not None else None
+    _refuse_unless_held(expected, version, said, queue=queue)
 
 
 def limits_verify_now(*, actor: HumanActor) -> LimitsReport:
@@ -499,4 +549,4 @@ def limits_verify_now(*, actor: HumanActor) -> LimitsReport:
 
 
 def queue_settings_list() -> list[dict[str, Any]]:
-    return [_queue_dict(row) for row in QueueSettings.objects.order_by("queue")]
+    return [queue_settings_out(_queue_dict(row)) for row in QueueSettings.objects.order_by("queue")]

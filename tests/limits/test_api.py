@@ -151,9 +151,12 @@ def test_queue_settings_over_rest_name_a_bad_field_and_change_nothing(personas: 
     assert put(personas.auditor, "/api/v1/limits/queues/inbox", {"priority": 2}).status_code == 403
     ok = put(personas.admin, "/api/v1/limits/queues/inbox", {"priority": 2, "aging_seconds": 60})
     assert ok.status_code == 200
-    assert ok.json() == {"queue": "inbox", "priority": 2, "aging_seconds": 60}
+    version = ok.json()["version"]
+    assert ok.json() == {"queue": "inbox", "priority": 2, "aging_seconds": 60, "version": version}
     status = get(personas.owner, "/api/v1/limits/status").json()
-    assert status["queues"] == [{"queue": "inbox", "priority": 2, "aging_seconds": 60}]
+    assert status["queues"] == [
+        {"queue": "inbox", "priority": 2, "aging_seconds": 60, "version": version}
+    ]
 
 
 def test_the_document_states_the_bounds_the_service_checks(personas: Personas) -> None:

@@ -10,7 +10,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from admission.limits.models import Pool, RateLimit, TagLimit
+from admission.limits.models import Pool, QueueSettings, RateLimit, TagLimit
 from switchboard.ledger import chain
 from switchboard.ledger.models import LedgerKind
 from tests.conftest import Personas, audit_rows, push
@@ -158,3 +158,26 @@ def test_a_write_over_the_version_read_is_refused_once_the_limit_moved(personas:
     assert written["slots"] == 3 and written["version"] != now["version"]
     limits("delete", "pool", "gpu", "--if-version", written["version"], "--as", "ada")
     assert not Pool.objects.exists()
+
+
+def test_a_queue_s_priority_is_written_over_the_version_read(personas: Personas) -> None:
+    limits("queue", "create", "inbox", "--priority", "2", "--if-version", "none", "--as", "ada")
+    again = refusal(
+        "queue", "create", "inbox", "--priority", "3", "--if-version", "none", "--as", "ada"
+    )
+    assert again["code"] == "precondition_failed"
+    (read,) = json.loads(limits("status", "--json"))["queues"]
+    limits("queue", "create", "inbox", "--priority", "4", "--as", "ada")  # someone else's change
+    stale = refusal(
+        "queue",
+        "create",
+        "inbox",
+        "--priority",
+        "5",
+        "--if-version",
+        read["version"],
+        "--as",
+        "ada",
+    )
+    assert stale["code"] == "precondition_failed" and stale["version"] != read["version"]
+    assert QueueSettings.objects.get(queue="inbox").priority == 4

@@ -52,7 +52,10 @@ def test_the_seed_commands_declare_every_kind_and_status_shows_them(personas: Pe
     ]
     [rate] = status["rates"]
     assert (rate["base_limit"], rate["effective_limit"], rate["observations"]) == (8, 8, 0)
-    assert status["queues"] == [{"queue": "inbox", "priority": 5, "aging_seconds": 30}]
+    [settings] = status["queues"]
+    version = settings["version"]
+    assert settings == {"queue": "inbox", "priority": 5, "aging_seconds": 30, "version": version}
+    assert len(version) == 20
     assert (status["grants"], status["waivers"]) == (1, 0)
     assert status["quarantines"] == {"in_force": [], "recorded": 0}
     assert "pool gpu: 1/2 held (enforce)" in limits("status")

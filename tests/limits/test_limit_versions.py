@@ -10,7 +10,7 @@ import pytest
 from django.test import Client
 
 from admission.limits import services
-from admission.limits.models import Pool
+from admission.limits.models import Pool, QueueSettings
 from switchboard.core import versions
 from switchboard.core.errors import PreconditionFailed
 from switchboard.ledger.models import LedgerKind
@@ -32,6 +32,9 @@ class Operator(Api):
 
     def delete(self, **headers: str) -> Any:  # type: ignore[override]
         return super().delete(PATH, **headers)
+
+    def put_to(self, path: str, body: dict[str, Any], **headers: str) -> Any:
+        return super().put(path, body, **headers)
 
     def listed(self) -> list[dict[str, Any]]:
         return self.get("/api/v1/limits").json()["limits"]
@@ -142,3 +145,106 @@ def test_a_conditional_delete_that_does_not_hold_deletes_nothing(
             actor=personas.as_human(personas.admin), kind="pool", name="gpu", expected=expected
         )
     assert slots() == 1
+
+
+# A queue's priority settings: the same conditional writes (they were taken unconditionally
+# whatever If-Match said, where RFC 9110 13.1.1 has a server evaluate it).
+QUEUE_PATH = "/api/v1/limits/queues/inbox"
+
+
+def priority() -> int | None:
+    row = QueueSettings.objects.filter(queue="inbox").first()
+    return row.priority if row is not None else None
+
+
+def test_a_queue_s_settings_are_written_over_the_version_read_or_not_at_all(
+    personas: Personas,
+) -> None:
+    api = Operator(personas.admin)
+    made = api.put_to(QUEUE_PATH, {"priority": 2})
+    assert made.status_code == 200
+    version = made.json()["version"]
+    assert made["ETag"] == f'"{version}"' and len(version) == 20
+    listed = api.get("/api/v1/limits/status").json()["queues"]
+    assert [(q["queue"], q["version"]) for q in listed] == [("inbox", version)]
+    fresh = api.put_to(QUEUE_PATH, {"priority": 3})["ETag"]  # another operator's change
+    rows = audit_rows().count()
+    stale = api.put_to(QUEUE_PATH, {"priority": 9}, **{"If-Match": made["ETag"]})
+    assert stale.status_code == 412, stale.content
+    body = stale.json()
+    assert body["code"] == "precondition_failed" and f'"{body["version"]}"' == fresh
+    assert "changed since they were read" in body["error"]
+    assert priority() == 3 and audit_rows().count() == rows
+    # The change already made, over the stale tag: it holds, so 200 and nothing written.
+    assert api.put_to(QUEUE_PATH, {"priority": 3}, **{"If-Match": made["ETag"]}).status_code == 200
+    assert audit_rows().count() == rows
+    assert api.put_to(QUEUE_PATH, {"priority": 9}, **{"If-Match": fresh}).status_code == 200
+    assert priority() == 9
+    again = api.put_to(QUEUE_PATH, {"priority": 1}, **{"If-None-Match": "*"})
+    assert again.status_code == 412 and "has priority settings now" in again.json()["error"]
+    bad = api.put_to(QUEUE_PATH, {"priority": 1}, **{"If-Match": "inbox"})
+    assert bad.status_code == 400 and bad.json()["field"] == "If-Match"
+    assert priority() == 9
+    other = api.put_to("/api/v1/limits/queues/outbox", {"priority": 1}, **{"If-Match": "*"})
+    assert other.status_code == 412 and other.json()["version"] is None
+    assert not QueueSettings.objects.filter(queue="outbox").exists()
+    doc = api.get("/api/v1/openapi.json").json()["paths"]["/api/v1/limits/queues/{queue}"]["put"]
+    assert "412" in doc["responses"]
+    assert {p["name"] for p in doc["parameters"] if p["in"] == "header"} == {
+        "If-Match",
+        "If-None-Match",
+    }
+
+
+def test_of_eight_priority_writers_over_one_version_exactly_one_lands(
+    tx_personas: Personas,
+) -> None:
+    actor = tx_personas.as_human(tx_personas.admin)
+    read = services.queue_settings_set(actor=actor, queue="inbox", priority=1)["version"]
+
+    def write(i: int) -> str:
+        try:
+            services.queue_settings_set(
+                actor=actor, queue="inbox", priority=10 + i, expected=(read,)
+            )
+        except PreconditionFailed:
+            return "refused"
+        return "written"
+
+    outcomes = run_threads(8, write)
+    assert sorted(outcomes) == ["refused"] * 7 + ["written"]
+    assert priority() == 10 + outcomes.index("written")
+    assert audit_rows().filter(kind=LedgerKind.LIMITS_QUEUE).count() == 2
+
+
+@pytest.mark.parametrize("conditional", [True, False])
+def test_eight_first_writers_of_a_queue_s_settings_race_without_a_server_error(
+    tx_personas: Personas, conditional: bool
+) -> None:
+    # Each read no row and inserted one: all but one failed on the unique name (a 500), and
+    # every one passed "only where it has none yet".
+    actor = tx_personas.as_human(tx_personas.admin)
+
+    def create(i: int) -> str:
+        # Unconditional without ``expected`` at all, as callers wrote it before there was one.
+        write: Any = services.queue_settings_set
+        try:
+            write(
+                actor=actor,
+                queue="inbox",
+                priority=10 + i,
+                **({"expected": (versions.ABSENT,)} if conditional else {}),
+            )
+        except PreconditionFailed:
+            return "refused"
+        return "written"
+
+    outcomes = run_threads(8, create)
+    if conditional:
+        assert sorted(outcomes) == ["refused"] * 7 + ["written"]
+        assert priority() == 10 + outcomes.index("written")
+    else:
+        assert outcomes == ["written"] * 8
+    assert QueueSettings.objects.filter(queue="inbox").count() == 1
+    made = audit_rows().filter(kind=LedgerKind.LIMITS_QUEUE).order_by("seq")
+    assert made.count() == (1 if conditional else 8) and made[0].before is None

@@ -175,6 +175,14 @@ class Command(SwitchboardCommand):
             "--aging", dest="aging_seconds", type=integer, help="seconds of wait per priority step"
         )
         aging.add_argument("--no-aging", action="store_true", help="remove the aging")
+        create.add_argument(
+            "--if-version",
+            metavar="V",
+            type=version_argument("limits status --json"),
+            help="write only over this version of the queue's settings (its `version`, as "
+            "status --json prints it; none: only where it has none yet); if they are not as "
+            "read, nothing is written (exit 1, precondition_failed)",
+        )
         pause = qverbs.add_parser(
             "pause",
             help="pause a queue fleet-wide (a name in use, or any with --create), or resume it",
@@ -264,6 +272,7 @@ class Command(SwitchboardCommand):
                 priority=options.get("priority"),
                 aging_seconds=options.get("aging_seconds"),
                 clear_aging=bool(options.get("no_aging")),
+                expected=expected,
             )
             aging = settings["aging_seconds"]
             emit(
