@@ -19,9 +19,16 @@ from django.urls import reverse
 from admission import selectors, services
 from admission.models import AdmissionPolicy, AdmissionWindow
 from admission.policy import PolicySpec, arguments_from_columns, place_of_field
+from admission.schemas import WindowLimitIn
 from queues.access import HumanActor, visible_endpoints
 from queues.models import EndpointState
-from switchboard.core.admins import ServiceFormAdmin, ServiceModelForm, ViewerZoneAdmin
+from switchboard.core import validation
+from switchboard.core.admins import (
+    ClientJSONField,
+    ServiceFormAdmin,
+    ServiceModelForm,
+    ViewerZoneAdmin,
+)
 from switchboard.core.errors import DomainError, InvalidArgument
 from switchboard.ledger.admin import LedgerEntryAdmin, ReadOnlyAdmin
 from switchboard.ledger.models import LedgerEntry
@@ -43,6 +50,12 @@ class AdmissionPolicyForm(ServiceModelForm):
     unseen, and an add does not replace a budget set meanwhile."""
 
     version = forms.CharField(widget=forms.HiddenInput, required=False)
+    extra_windows = ClientJSONField(
+        name="extra_windows",
+        required=False,
+        help_text='Stacked windows after the first, e.g. [{"limit": 1000, "period": "day", '
+        '"tz": "Europe/Berlin", "start": "00:00"}]. Every one is charged on each claim.',
+    )
 
     class Meta:
         model = AdmissionPolicy
@@ -58,10 +71,6 @@ class AdmissionPolicyForm(ServiceModelForm):
             "extra_windows",
             "posture",
         ]
-        help_texts = {
-            "extra_windows": 'Stacked windows after the first, e.g. [{"limit": 1000, "period": '
-            '"day", "tz": "Europe/Berlin", "start": "00:00"}]. Every one is charged on each claim.'
-        }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -84,7 +93,8 @@ class AdmissionPolicyForm(ServiceModelForm):
                 "extra_windows must be a JSON list of windows, e.g. [] or "
                 '[{"limit": 1000, "period": "day", "tz": "UTC", "start": "00:00"}]'
             )
-        return windows
+        # A whole number written 3.0 is 3, as the API reads a window's limit.
+        return [validation.integral_numbers(WindowLimitIn, window) for window in windows]
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}

@@ -31,12 +31,14 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import transaction
 from django.db.models import QuerySet
+from django.forms.fields import InvalidJSONInput, JSONString
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 from django.utils import timezone
 
-from switchboard.core.errors import DomainError
+from switchboard.core import validation
+from switchboard.core.errors import DomainError, InvalidArgument
 from switchboard.core.pages import TZ_COOKIE
 from switchboard.core.zones import zone_named
 
@@ -198,6 +200,35 @@ class StrictAdmin(ViewerZoneAdmin):
         self.message_user(
             request, "Nothing done: the selection names no such item.", messages.WARNING
         )
+
+
+class ClientJSONField(forms.JSONField):
+    """An admin form's JSON read as a client's (``validation.loads``, its problems named below
+    ``name``): NaN, a number past the digit limit, a lone surrogate, a name given twice or too
+    deep are refused beside the field, where Django's ``json.loads`` let some through and
+    failed on others with a server error (the digit limit's ``ValueError``; a surrogate shown
+    again in the refused form). A refused text is shown again as typed."""
+
+    def __init__(self, *, name: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.name = name
+
+    def to_python(self, value: Any) -> Any:
+        if self.disabled or value in self.empty_values or not isinstance(value, str):
+            return super().to_python(value)
+        try:
+            parsed = validation.loads(value, self.name)
+        except InvalidArgument as exc:
+            raise ValidationError(exc.message, code="invalid") from None
+        return JSONString(parsed) if isinstance(parsed, str) else parsed
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        if self.disabled or data is None or not isinstance(data, str):
+            return super().bound_data(data, initial)
+        try:
+            return validation.loads(data, self.name)
+        except InvalidArgument:
+            return InvalidJSONInput(data)
 
 
 class ServiceModelForm(forms.ModelForm):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from html import unescape
 from pathlib import Path
 from typing import Any
 
@@ -328,6 +329,40 @@ def test_budgets_changed_in_the_admin_go_through_the_service_and_the_ledger(
     kinds = list(audit_rows().values_list("kind", flat=True))
     assert kinds == ["policy.create", "policy.update", "policy.delete"]
     assert not AdmissionWindow.objects.exists()
+
+
+def test_the_admin_reads_stacked_windows_as_a_client_s_json(personas: Personas) -> None:
+    # Django's json.loads: a number past the digit limit and a lone surrogate (shown again in
+    # the refused form) were server errors, a name given twice kept its last value; and a
+    # limit written 3.0 was refused where the API reads it as 3.
+    p = personas
+    client = signed_in(p.admin)
+    add = "/admin/admission/admissionpolicy/add/"
+    base = {
+        **admin_budget_form(p),
+        "max_claims_per_window": "100",
+        "window_period": "day",
+        "window_tz": "UTC",
+        "window_start": "00:00",
+    }
+    window = '"period": "hour", "tz": "UTC"}]'
+    refused = [
+        ('[{"limit": ' + "9" * 5000 + ", " + window, "a number has more than 4300 digits"),
+        ('[{"limit": 3, "period": "hour", "tz": "\\ud800"}]', "lone surrogate"),
+        ('[{"limit": 3, "limit": 4, ' + window, 'gives the name "limit" twice'),
+        ('[{"limit": NaN, ' + window, "extra_windows.0.limit: must be a finite number"),
+    ]
+    for typed, words in refused:
+        response = client.post(add, {**base, "extra_windows": typed})
+        html = unescape(response.content.decode())
+        assert response.status_code == 200 and words in html, words
+        assert typed[:60] in html, words  # shown again as typed
+        assert not AdmissionPolicy.objects.exists()
+    assert not audit_rows().exists()
+    saved = client.post(add, {**base, "extra_windows": '[{"limit": 3.0, ' + window})
+    assert saved.status_code == 302, saved.content.decode()[:2000]
+    [stacked] = AdmissionPolicy.objects.get().extra_windows
+    assert stacked["limit"] == 3 and type(stacked["limit"]) is int
 
 
 def test_the_admin_takes_a_blank_window_start_as_midnight_and_names_a_missing_weekday(
