@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django import forms
@@ -36,10 +37,23 @@ class TodoCompleteForm(forms.Form):
         try:
             value = validation.loads(raw, "result")
         except InvalidArgument as exc:
-            if "not valid JSON" not in exc.message:
+            if not _no_json_at_all(raw):
                 raise forms.ValidationError(exc.message) from None
             return raw
         return value
+
+
+def _no_json_at_all(raw: str) -> bool:
+    """Whether ``raw`` is text that is no JSON (kept as a string), not JSON a client's may not
+    be: a number past the digit limit ("is not valid JSON" too) or too deep, NaN, a name given
+    twice are refused, as the API refuses them."""
+    try:
+        json.loads(raw)
+    except json.JSONDecodeError:
+        return True
+    except (ValueError, RecursionError):
+        return False
+    return False
 
 
 class TodoFailForm(forms.Form):

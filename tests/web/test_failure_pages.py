@@ -322,6 +322,9 @@ def test_a_refused_complete_or_fail_gives_back_what_was_typed(personas: Personas
     big_error = "e" * 300_000
     cases = [
         ("complete", {"summary": "kept <b>", "result": '{"a": 1e309}'}, "complete-result"),
+        # JSON past the digit limit ("is not valid JSON" too) was kept as text, where the API
+        # refuses it; text that is no JSON at all is kept as a string (below).
+        ("complete", {"summary": "", "result": '{"n": ' + "1" * 4301 + "}"}, "complete-result"),
         ("complete", {"summary": long_summary, "result": "[1, 2]"}, "complete-summary"),
         ("fail", {"error": big_error}, "fail-error"),
     ]
@@ -339,6 +342,9 @@ def test_a_refused_complete_or_fail_gives_back_what_was_typed(personas: Personas
         assert _field(client.get(url).content.decode(), refused) == ("", "")
     assert Todo.objects.get(pk=todo.pk).state == TodoState.CLAIMED
     assert not audit_rows().filter(kind__in=[LedgerKind.TODO_COMPLETE, LedgerKind.TODO_FAIL])
+    client.post(f"{url}/complete", {"result": "all {done", "attempt": "1", "next": url})
+    done = Todo.objects.get(pk=todo.pk)
+    assert done.state == TodoState.DONE and done.result == "all {done"
 
 
 def test_releasing_a_last_attempt_says_it_is_a_dead_letter_now(personas: Personas) -> None:
