@@ -2,8 +2,9 @@
 
 Label values are capped at METRICS_MAX_QUEUES distinct queues (the busiest first); the rest are
 reported together under ``__other__``: counts summed, a flag or a condition as how many of them
-have it, the oldest pending age as the oldest of theirs. A value the collector cannot compute is omitted, never reported as
-zero, and the failure is counted in ``switchboard_metrics_collection_errors_total{collector}``.
+have it, the oldest pending age as the oldest of theirs. A value the collector cannot compute is
+omitted, never reported as zero, and the failure is counted in
+``switchboard_metrics_collection_errors_total{collector}``.
 """
 
 from __future__ import annotations
