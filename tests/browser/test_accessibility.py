@@ -27,9 +27,15 @@ def test_every_page_has_no_accessibility_findings(
     if not javascript:
         page.route("**/*.js", lambda route: route.abort())
     found = {}
-    for url in [*console_pages(p, fleet), "/?q=todo", "/?condition=dead_letters"]:
+    # The refusals a typed or stale link meets: a board filter and a ledger date it cannot read.
+    refused = ["/?state=faild", "/todos/bulk/discard?queue=In%20Box", "/ledger?since=07/12/2026"]
+    for url in [*console_pages(p, fleet), "/?q=todo", "/?condition=dead_letters", *refused]:
         page.goto(url)
         found[url] = findings(page)
+        if url in refused:
+            expect(page.get_by_role("alert")).to_contain_text(
+                "Enter a date as YYYY-MM-DD." if "since" in url else "Refused"
+            )
     if width == PHONE:
         page.goto("/")
         page.get_by_text("Menu", exact=True).click()
